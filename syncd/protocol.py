@@ -1,0 +1,80 @@
+"""The wire format that islands and syncd share.
+
+A message is a safetensors blob followed by a 32-byte HMAC-SHA256 tag of that
+blob under the run's secret. The metadata travels in the safetensors header as
+strings. Nothing is ever unpickled: safetensors holds raw tensor bytes and a
+JSON header, and the tag is checked before either is parsed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import struct
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+PROTOCOL_VERSION = 1
+TAG_BYTES = 32
+MAX_HEADER_BYTES = 1 << 20
+UPDATE_FIELDS = ("run", "island", "epoch", "fragment", "base_version", "seq", "tokens",
+                 "inner_steps", "compute_s", "codec")
+GLOBAL_FIELDS = ("run", "fragment", "version", "base_version", "codec")
+
+
+class ProtocolError(ValueError):
+    """A message that is not what it claims to be; the reason says why."""
+
+
+def encode_message(kind: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor],
+                   secret: bytes) -> bytes:
+    """Serialize and sign one message ("update" up to syncd, "global" down to islands)."""
+    required = UPDATE_FIELDS if kind == "update" else GLOBAL_FIELDS
+    missing = [f for f in required if f not in meta]
+    if kind not in ("update", "global") or missing:
+        raise ValueError(f"a {kind!r} message needs {', '.join(required)}; missing {missing}")
+    header = {"protocol": str(PROTOCOL_VERSION), "kind": kind,
+              **{k: json.dumps(v) for k, v in meta.items()}}
+    body = save_tensors({k: v.contiguous() for k, v in tensors.items()}, metadata=header)
+    return body + hmac.new(secret, body, hashlib.sha256).digest()
+
+
+def decode_message(blob: bytes, secret: bytes, max_bytes: int = 1 << 30
+                   ) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
+    """Verify and parse a message: (kind, metadata, tensors).
+
+    Raises:
+        ProtocolError: too large, truncated, badly signed, not safetensors, or of
+            another protocol version.
+    """
+    if len(blob) > max_bytes:
+        raise ProtocolError(f"message of {len(blob)} bytes exceeds the limit of {max_bytes}")
+    if len(blob) < 8 + TAG_BYTES:
+        raise ProtocolError(f"message of {len(blob)} bytes is truncated")
+    body, tag = blob[:-TAG_BYTES], blob[-TAG_BYTES:]
+    if not hmac.compare_digest(tag, hmac.new(secret, body, hashlib.sha256).digest()):
+        raise ProtocolError("bad signature: not signed with this run's secret")
+    (header_len,) = struct.unpack("<Q", body[:8])
+    if header_len > min(MAX_HEADER_BYTES, len(body) - 8):
+        raise ProtocolError(f"header of {header_len} bytes does not fit the message")
+    try:
+        header = json.loads(body[8:8 + header_len]).get("__metadata__") or {}
+        tensors = load_tensors(body)
+    except Exception as exc:  # safetensors raises its own error types
+        raise ProtocolError(f"not a safetensors message: {exc}") from exc
+    if header.get("protocol") != str(PROTOCOL_VERSION):
+        raise ProtocolError(f"protocol version {header.get('protocol')!r} is not "
+                            f"{PROTOCOL_VERSION}")
+    kind = header.get("kind")
+    required = {"update": UPDATE_FIELDS, "global": GLOBAL_FIELDS}.get(kind)
+    if required is None:
+        raise ProtocolError(f"unknown message kind {kind!r}")
+    try:
+        meta = {k: json.loads(header[k]) for k in required}
+    except (KeyError, ValueError) as exc:
+        raise ProtocolError(f"metadata is missing or malformed: {exc}") from exc
+    return kind, meta, tensors

@@ -1,0 +1,103 @@
+import pytest
+
+from trainer.config import ConfigError, parse_config
+from webapp.runs.models import Island, Run
+from webapp.runs.services import create_run, default_config
+
+pytestmark = pytest.mark.django_db
+
+TWO_ISLANDS = {
+    "sync": {"min_quorum": 1},
+    "islands": [
+        {"name": "east", "region": "us-east", "speed": 2.0, "batch_size": 16},
+        {"name": "west", "region": "us-west", "bandwidth_gbps": 0.5, "latency_ms": 80.0},
+    ],
+}
+
+
+def test_it_creates_a_draft_run_with_one_island_per_configured_island(operator):
+    run = create_run(name="two coasts", mode="decoupled", config=TWO_ISLANDS, user=operator)
+
+    run.refresh_from_db()
+    assert (run.name, run.mode, run.state, run.created_by) == (
+        "two coasts", "decoupled", "draft", operator)
+    islands = list(run.islands.all())
+    assert [(i.name, i.region) for i in islands] == [("east", "us-east"), ("west", "us-west")]
+    assert (islands[0].speed, islands[0].batch_size) == (2.0, 16)
+    assert (islands[1].bandwidth_gbps, islands[1].latency_ms) == (0.5, 80.0)
+    assert all(i.state == Island.State.PENDING for i in islands)
+
+
+def test_it_stores_the_whole_config_with_defaults_filled_in():
+    run = create_run(name="r", mode="elastic", config=TWO_ISLANDS, user=None)
+
+    assert run.config["sync"]["min_quorum"] == 1
+    assert run.config["sync"]["inner_steps"] == 50
+    assert run.run_config() == parse_config(TWO_ISLANDS, ["us-east", "us-west"])
+
+
+def test_it_strips_the_name():
+    run = create_run(name="  spaced  ", mode="decoupled", config={}, user=None)
+
+    assert run.name == "spaced"
+
+
+@pytest.mark.parametrize("name", ["", "   ", None, 7])
+def test_it_requires_a_name(name):
+    with pytest.raises(ConfigError) as e:
+        create_run(name=name, mode="decoupled", config={}, user=None)
+
+    assert e.value.errors == {"name": ["This field is required."]}
+
+
+def test_it_rejects_a_name_over_100_characters():
+    with pytest.raises(ConfigError) as e:
+        create_run(name="x" * 101, mode="decoupled", config={}, user=None)
+
+    assert e.value.errors == {"name": ["Must be at most 100 characters, got 101."]}
+
+
+def test_it_rejects_an_unknown_mode():
+    with pytest.raises(ConfigError) as e:
+        create_run(name="r", mode="synchronous", config={}, user=None)
+
+    assert e.value.errors == {
+        "mode": ["Must be one of decoupled, elastic, got 'synchronous'."]}
+
+
+def test_it_reports_every_problem_at_once_and_saves_nothing():
+    config = {"sync": {"min_quorum": 3}, "model": {"n_head": 5}}
+
+    with pytest.raises(ConfigError) as e:
+        create_run(name="", mode="nope", config=config, user=None)
+
+    assert set(e.value.errors) == {"name", "mode", "sync.min_quorum", "model.n_head"}
+    assert not Run.objects.exists()
+    assert not Island.objects.exists()
+
+
+def test_it_keeps_config_keys_named_like_run_fields_apart_from_them():
+    with pytest.raises(ConfigError) as e:
+        create_run(name="r", mode="decoupled", config={"name": "oops"}, user=None)
+
+    assert e.value.errors == {"config.name": ["Unknown field."]}
+
+
+def test_it_rejects_a_region_this_deployment_does_not_have(settings):
+    settings.REGIONS = ["eu-west"]
+
+    with pytest.raises(ConfigError) as e:
+        create_run(name="r", mode="decoupled", config={}, user=None)
+
+    assert "islands.0.region" in e.value.errors
+    assert "eu-west" in e.value.errors["islands.0.region"][0]
+
+
+def test_the_default_config_fits_the_deployments_regions(settings):
+    settings.REGIONS = ["eu-west", "eu-north"]
+
+    config = default_config()
+
+    assert {island["region"] for island in config["islands"]} == {"eu-west"}
+    run = create_run(name="r", mode="decoupled", config=config, user=None)
+    assert run.islands.count() == len(config["islands"])

@@ -1,0 +1,90 @@
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from webapp.settings import env_bool, env_int, env_list
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCTION_ONLY = ("DEBUG", "SECRET_KEY", "SECRET_KEY_FILE", "SECURE_SSL_REDIRECT",
+                   "SECURE_HSTS_SECONDS", "SECURE_HSTS_INCLUDE_SUBDOMAINS",
+                   "SECURE_HSTS_PRELOAD", "ALLOWED_HOSTS")
+
+
+def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run manage.py in a fresh process, so the settings are read from this environment."""
+    base = {k: v for k, v in os.environ.items() if k not in PRODUCTION_ONLY}
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env={**base, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_production_profile_passes_check_deploy_without_warnings():
+    result = manage("check", "--deploy", "--fail-level", "WARNING",
+                    ARCHIPELAGO_PROFILE="production", SECRET_KEY=secrets.token_urlsafe(50))
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WARNINGS" not in result.stdout + result.stderr
+
+
+def test_the_production_profile_reads_the_secret_key_from_a_file(tmp_path):
+    key_file = tmp_path / "secret_key"
+    key_file.write_text(secrets.token_urlsafe(50) + "\n")
+
+    result = manage("check", "--deploy", "--fail-level", "WARNING",
+                    ARCHIPELAGO_PROFILE="production", SECRET_KEY_FILE=str(key_file))
+
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_production_profile_refuses_to_start_without_a_secret_key():
+    result = manage("check", ARCHIPELAGO_PROFILE="production")
+
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert "SECRET_KEY" in result.stderr
+
+
+def test_env_bool_reads_common_spellings_and_refuses_others(monkeypatch):
+    monkeypatch.setenv("FLAG", "yes")
+    assert env_bool("FLAG") is True
+    monkeypatch.setenv("FLAG", "0")
+    assert env_bool("FLAG", True) is False
+    monkeypatch.setenv("FLAG", "")
+    assert env_bool("FLAG", True) is True
+    monkeypatch.setenv("FLAG", "maybe")
+    with pytest.raises(ImproperlyConfigured, match="FLAG must be 1 or 0"):
+        env_bool("FLAG")
+
+
+def test_env_int_refuses_a_value_that_is_not_a_whole_number(monkeypatch):
+    monkeypatch.setenv("COUNT", "12")
+    assert env_int("COUNT", 0) == 12
+    monkeypatch.setenv("COUNT", "1.5")
+    with pytest.raises(ImproperlyConfigured, match="COUNT must be a whole number"):
+        env_int("COUNT", 0)
+
+
+def test_env_list_drops_blank_items(monkeypatch):
+    monkeypatch.setenv("REGIONS_UNDER_TEST", " us-east, ,us-west,")
+    assert env_list("REGIONS_UNDER_TEST", "") == ["us-east", "us-west"]
+    monkeypatch.delenv("REGIONS_UNDER_TEST")
+    assert env_list("REGIONS_UNDER_TEST", "a,b") == ["a", "b"]
+
+
+def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(tmp_path):
+    show = ("from django.db import connection; c = connection.cursor(); "
+            "c.execute('PRAGMA journal_mode'); print(c.fetchone()[0]); "
+            "c.execute('PRAGMA busy_timeout'); print(c.fetchone()[0])")
+
+    database_url = f"sqlite:///{tmp_path / 'db.sqlite3'}"
+
+    result = manage("shell", "--no-imports", "-c", show, DATABASE_URL=database_url)
+
+    assert result.returncode == 0, result.stderr
+    journal_mode, busy_timeout_ms = result.stdout.split()
+    assert journal_mode == "wal"
+    assert int(busy_timeout_ms) >= 5000

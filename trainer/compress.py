@@ -1,0 +1,131 @@
+"""Codecs for outer gradients (up) and global fragment deltas (down).
+
+DiLoCo's outer gradients tolerate coarse quantization (arXiv 2311.08105 reports
+no loss down to 4 bits), which is most of what makes wide-area links enough.
+Every codec turns a dict of float tensors into a dict of tensors that
+safetensors can store, and back. The receiver already knows the shapes it
+expects, so shapes are not sent: decoding checks the payload against them.
+
+- none: float32 as is.
+- bf16: bfloat16, relative error at most 2**-8.
+- int8, int4: symmetric per-block quantization, one float32 scale per block of
+  BLOCK values; the error of a value is at most half a step, max|block| / (2*qmax).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+CODECS = ("none", "bf16", "int8", "int4")
+BLOCK = 64
+QMAX = {"int8": 127, "int4": 7}
+
+
+def encode(tensors: dict[str, torch.Tensor], codec: str) -> dict[str, torch.Tensor]:
+    """Encode float tensors for the wire with `codec` (one of CODECS)."""
+    if codec not in CODECS:
+        raise ValueError(f"codec must be one of {', '.join(CODECS)}, got {codec!r}")
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        t = t.detach().float().contiguous()
+        if codec == "none":
+            out[name] = t
+        elif codec == "bf16":
+            out[name] = t.to(torch.bfloat16)
+        else:
+            q, scale = _quantize(t.flatten(), QMAX[codec])
+            out[f"{name}:q"] = _pack_int4(q) if codec == "int4" else q
+            out[f"{name}:scale"] = scale
+    return out
+
+
+def decode(payload: dict[str, torch.Tensor], codec: str, shapes: dict[str, tuple[int, ...]]
+           ) -> dict[str, torch.Tensor]:
+    """Decode a payload into float32 tensors of the expected `shapes`.
+
+    Raises:
+        ValueError: when a tensor is missing, extra, or of the wrong dtype or size.
+    """
+    if codec not in CODECS:
+        raise ValueError(f"codec must be one of {', '.join(CODECS)}, got {codec!r}")
+    expected = set(_payload_names(shapes, codec))
+    if set(payload) != expected:
+        missing, extra = sorted(expected - set(payload)), sorted(set(payload) - expected)
+        raise ValueError(f"payload tensors do not match the fragment: missing {missing}, "
+                         f"unexpected {extra}")
+    out: dict[str, torch.Tensor] = {}
+    for name, shape in shapes.items():
+        numel = math.prod(shape)
+        if codec in ("none", "bf16"):
+            t = payload[name]
+            want = torch.float32 if codec == "none" else torch.bfloat16
+            _check(name, t, want, numel)
+            out[name] = t.float().reshape(shape)
+            continue
+        blocks = -(-numel // BLOCK)
+        q, scale = payload[f"{name}:q"], payload[f"{name}:scale"]
+        if codec == "int4":
+            _check(f"{name}:q", q, torch.uint8, -(-blocks * BLOCK // 2))
+            q = _unpack_int4(q)
+        else:
+            _check(f"{name}:q", q, torch.int8, blocks * BLOCK)
+        _check(f"{name}:scale", scale, torch.float32, blocks)
+        values = (q.view(blocks, BLOCK).float() * scale.view(blocks, 1)).flatten()
+        out[name] = values[:numel].reshape(shape)
+    return out
+
+
+def error_bound(t: torch.Tensor, codec: str) -> torch.Tensor:
+    """The largest round-trip error each element of `t` may have under `codec`."""
+    t = t.detach().float()
+    if codec == "none":
+        return torch.zeros_like(t)
+    if codec == "bf16":
+        return t.abs() * 2.0**-8
+    flat = t.flatten()
+    pad = (-len(flat)) % BLOCK
+    block_max = torch.nn.functional.pad(flat.abs(), (0, pad)).view(-1, BLOCK).amax(dim=1)
+    per_elem = (block_max / (2 * QMAX[codec])).repeat_interleave(BLOCK)[:len(flat)]
+    return (per_elem * (1 + 1e-6)).reshape(t.shape)
+
+
+def payload_nbytes(payload: dict[str, torch.Tensor]) -> int:
+    """Bytes of tensor data in a payload (the wire format adds its header)."""
+    return sum(t.numel() * t.element_size() for t in payload.values())
+
+
+def _payload_names(shapes: dict[str, tuple[int, ...]], codec: str) -> list[str]:
+    if codec in ("none", "bf16"):
+        return list(shapes)
+    return [f"{n}:{part}" for n in shapes for part in ("q", "scale")]
+
+
+def _check(name: str, t: torch.Tensor, dtype: torch.dtype, numel: int) -> None:
+    if t.dtype != dtype or t.numel() != numel:
+        raise ValueError(f"tensor {name} must be {numel} values of {dtype}, "
+                         f"got {t.numel()} of {t.dtype}")
+
+
+def _quantize(flat: torch.Tensor, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+    pad = (-len(flat)) % BLOCK
+    blocks = torch.nn.functional.pad(flat, (0, pad)).view(-1, BLOCK)
+    scale = blocks.abs().amax(dim=1) / qmax
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(blocks / safe.unsqueeze(1)).clamp_(-qmax, qmax).to(torch.int8)
+    return q.flatten(), scale.contiguous()
+
+
+def _pack_int4(q: torch.Tensor) -> torch.Tensor:
+    nibbles = (q.to(torch.int16) + 8).to(torch.uint8)  # -7..7 -> 1..15
+    if len(nibbles) % 2:
+        nibbles = torch.cat([nibbles, torch.full((1,), 8, dtype=torch.uint8)])
+    pairs = nibbles.view(-1, 2)
+    return (pairs[:, 0] | (pairs[:, 1] << 4)).contiguous()
+
+
+def _unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    low = (packed & 0x0F).to(torch.int16) - 8
+    high = (packed >> 4).to(torch.int16) - 8
+    return torch.stack([low, high], dim=1).flatten().to(torch.int8)

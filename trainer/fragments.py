@@ -1,0 +1,93 @@
+"""Fragments: the parameters cut into P parts that are synced at staggered times.
+
+Streaming DiLoCo (arXiv 2501.18512) syncs a different fragment of the model at
+different inner steps, so the bytes on the wide-area link are spread over the
+outer period instead of arriving all at once (peak bandwidth / P). Fragments
+here are made of whole tensors, packed greedily so that they are of similar
+size, and named by the modules they hold ("blocks.0-1+ln_f"), which reads well
+in logs and in the control room.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Fragment:
+    index: int
+    name: str
+    tensor_names: tuple[str, ...]
+    numel: int
+
+
+def partition(shapes: dict[str, int], num_fragments: int) -> list[Fragment]:
+    """Pack whole tensors into `num_fragments` fragments of similar size.
+
+    Greedy bin-packing: the largest tensor first, each into the fragment that is
+    currently the smallest. Ties go to the lower fragment index, so the result
+    depends only on the shapes.
+
+    Args:
+        shapes: tensor name -> number of elements, in model order.
+        num_fragments: P, at least 1 and at most the number of tensors.
+    """
+    if num_fragments < 1:
+        raise ValueError(f"num_fragments must be at least 1, got {num_fragments}")
+    if num_fragments > len(shapes):
+        raise ValueError(f"num_fragments must be at most the number of tensors "
+                         f"({len(shapes)}), got {num_fragments}")
+    order = {name: i for i, name in enumerate(shapes)}
+    bins: list[list[str]] = [[] for _ in range(num_fragments)]
+    sizes = [0] * num_fragments
+    for name in sorted(shapes, key=lambda n: (-shapes[n], order[n])):
+        p = min(range(num_fragments), key=lambda i: (sizes[i], i))
+        bins[p].append(name)
+        sizes[p] += shapes[name]
+    fragments = []
+    for p, names in enumerate(bins):
+        names = sorted(names, key=order.__getitem__)
+        fragments.append(Fragment(p, module_label(names), tuple(names), sizes[p]))
+    return fragments
+
+
+def module_label(tensor_names: Iterable[str]) -> str:
+    """A short readable name for a set of tensors: "blocks.0-2+lm_head"."""
+    indexed: dict[str, list[int]] = {}
+    plain: list[str] = []
+    for name in tensor_names:
+        match = re.match(r"^([A-Za-z_]+)\.(\d+)\.", name)
+        if match:
+            indexed.setdefault(match.group(1), []).append(int(match.group(2)))
+        else:
+            top = name.split(".")[0]
+            if top not in plain:
+                plain.append(top)
+    parts = []
+    for prefix, numbers in indexed.items():
+        parts.append(f"{prefix}.{_ranges(sorted(set(numbers)))}")
+    return "+".join(parts + plain)
+
+
+def _ranges(numbers: list[int]) -> str:
+    out, start = [], numbers[0]
+    for prev, cur in zip(numbers, [*numbers[1:], None], strict=True):
+        if cur != prev + 1:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ",".join(out)
+
+
+def sync_offset(fragment: int, inner_steps: int, num_fragments: int) -> int:
+    """The inner step (mod H) after which fragment p is due: floor(H*(p+1)/P) mod H."""
+    return (inner_steps * (fragment + 1) // num_fragments) % inner_steps
+
+
+def due_fragments(step: int, inner_steps: int, num_fragments: int) -> list[int]:
+    """Fragments due for sync after inner step `step` (counted from 1)."""
+    if step < 1:
+        raise ValueError(f"inner steps are counted from 1, got {step}")
+    return [p for p in range(num_fragments)
+            if step % inner_steps == sync_offset(p, inner_steps, num_fragments)]

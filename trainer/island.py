@@ -1,0 +1,163 @@
+"""One island: a full model copy that runs its own inner AdamW loop.
+
+The island never waits for other islands. After inner step t it sends the
+outer gradients of the fragments due at t (trainer.fragments.due_fragments),
+and `overlap_steps` steps later it mixes in the newest global version of each
+such fragment that has reached it (Streaming DiLoCo, arXiv 2501.18512):
+
+    theta_p = lerp(global_p, theta_p, alpha)
+
+An update is the increment since the island's last send of that fragment,
+(anchor_p - theta_p) minus what it already sent against the same anchor, so a
+second send before the merge of the first never counts the same progress
+twice, and the part a lossy codec dropped is sent again later (error feedback).
+The same class runs in the in-process cluster and in a worker's island process.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from trainer import compress
+from trainer.config import RunConfig
+from trainer.data import Corpus, ShardSampler
+from trainer.fragments import Fragment
+from trainer.model import GPT, GPTConfig
+
+
+@dataclass
+class FragmentState:
+    anchor: dict[str, torch.Tensor]  # the global version last mixed in
+    version: int = 0
+    sent: dict[str, torch.Tensor] | None = None  # decoded sum sent against this anchor
+    tokens: int = 0  # since the last send
+    inner_steps: int = 0
+    sent_seq: int = -1  # the island's inner step at its last send
+
+
+def gpt_config(config: RunConfig) -> GPTConfig:
+    m = config.model
+    return GPTConfig(n_layer=m.n_layer, n_embd=m.n_embd, n_head=m.n_head,
+                     block_size=m.block_size)
+
+
+def initial_model(config: RunConfig) -> GPT:
+    """The model every island and the synchronizer start from, made from the seed."""
+    torch.manual_seed(config.seed)
+    return GPT(gpt_config(config))
+
+
+def inner_lr(step: int, peak: float, warmup_steps: int) -> float:
+    """Linear warmup to `peak`, then constant: islands have no shared end to decay to."""
+    if warmup_steps and step <= warmup_steps:
+        return peak * step / warmup_steps
+    return peak
+
+
+class Island:
+    """An island's model, inner optimizer, data shard and per-fragment sync state.
+
+    Args:
+        index: position in the run's island list; also picks the data shard.
+        config: the run config.
+        corpus: the loaded corpus; the island trains on shard `index` of M.
+        fragments: the partition shared with the synchronizer.
+        init_state: the global starting parameters.
+        device: where the model lives ("cpu", "cuda").
+    """
+
+    def __init__(self, index: int, config: RunConfig, corpus: Corpus, fragments: list[Fragment],
+                 init_state: dict[str, torch.Tensor], device: str = "cpu"):
+        if not 0 <= index < len(config.islands):
+            raise ValueError(f"island index must be between 0 and {len(config.islands) - 1}, "
+                             f"got {index}")
+        self.index = index
+        self.spec = config.islands[index]
+        self.name = self.spec.name
+        self.config = config
+        self.device = device
+        self.model = GPT(gpt_config(config)).to(device)
+        self.model.load_state_dict(init_state)
+        o = config.optim
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.inner_lr,
+                                           betas=(0.9, 0.95), weight_decay=o.weight_decay)
+        self.sampler = ShardSampler(corpus, index, len(config.islands), config.model.block_size,
+                                    config.seed)
+        self.fragments = fragments
+        self.params = dict(self.model.named_parameters())
+        self.state = [FragmentState(anchor={n: self.params[n].detach().clone()
+                                            for n in f.tensor_names}) for f in fragments]
+        self.step = 0
+        self.tokens = 0
+        self.last_loss = math.nan
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.spec.batch_size * self.config.model.block_size
+
+    def inner_step(self) -> float:
+        """One AdamW step on a batch of this island's shard; returns the loss."""
+        self.step += 1
+        lr = inner_lr(self.step, self.config.optim.inner_lr, self.config.optim.warmup_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        x, y = self.sampler.batch(self.spec.batch_size)
+        _, loss = self.model(x.to(self.device), y.to(self.device))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.tokens += self.tokens_per_step
+        for s in self.state:
+            s.tokens += self.tokens_per_step
+            s.inner_steps += 1
+        self.last_loss = loss.item()
+        return self.last_loss
+
+    @torch.no_grad()
+    def make_update(self, p: int, codec: str) -> tuple[dict, dict[str, torch.Tensor]]:
+        """The encoded outer-gradient increment of fragment p and its metadata."""
+        s = self.state[p]
+        delta = {n: (s.anchor[n] - self.params[n].detach()).float().cpu() for n in s.anchor}
+        if s.sent is not None:
+            delta = {n: delta[n] - s.sent[n] for n in delta}
+        payload = compress.encode(delta, codec)
+        shapes = {n: tuple(t.shape) for n, t in delta.items()}
+        decoded = compress.decode(payload, codec, shapes)
+        s.sent = decoded if s.sent is None else {n: s.sent[n] + decoded[n] for n in decoded}
+        s.sent_seq = self.step
+        meta = {"fragment": p, "base_version": s.version, "tokens": s.tokens,
+                "inner_steps": s.inner_steps, "seq": self.step}
+        s.tokens = 0
+        s.inner_steps = 0
+        return meta, payload
+
+    @torch.no_grad()
+    def mix_global(self, p: int, global_tensors: dict[str, torch.Tensor], version: int) -> None:
+        """Mix in a global fragment; it becomes the new anchor.
+
+        theta_p = lerp(global_p, theta_p, alpha). The inner steps trained since
+        the last send (the overlap, tau > 0) are not in any update yet, so they
+        are kept on top: the lerp uses theta_p as it was sent, and the progress
+        since then is added back. Without that, every mix would throw away tau
+        steps of this island's work.
+        """
+        alpha = self.config.sync.alpha
+        s = self.state[p]
+        for n, g in global_tensors.items():
+            g = g.to(self.device)
+            theta = self.params[n]
+            if s.inner_steps and s.sent is not None:
+                at_send = s.anchor[n] - s.sent[n].to(self.device)
+                theta.copy_(torch.lerp(g, at_send, alpha) + (theta - at_send))
+            else:
+                theta.copy_(torch.lerp(g, theta, alpha) if alpha else g)
+            s.anchor[n] = g.clone()
+        s.version = version
+        s.sent = None
+
+    def fragment_params(self, p: int) -> dict[str, torch.Tensor]:
+        return {n: self.params[n].detach() for n in self.fragments[p].tensor_names}

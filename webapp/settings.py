@@ -1,0 +1,192 @@
+"""Settings for the Archipelago web app: one file, every knob read from the environment.
+
+Two profiles: development (the default: a dev secret key, plain cookies) and
+production (ARCHIPELAGO_PROFILE=production: the secret key must be given, cookies
+are secure, HSTS and the HTTPS redirect are on) so that `check --deploy` is clean.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name} must be 1 or 0 (or true/false), got {value!r}.")
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a whole number, got {value!r}.") from None
+
+
+def env_list(name: str, default: str) -> list[str]:
+    """A comma-separated list; blank items are dropped."""
+    return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
+
+
+def read_secret_key(debug: bool, production: bool) -> str:
+    if key := env_str("SECRET_KEY"):
+        return key
+    if path := env_str("SECRET_KEY_FILE"):
+        try:
+            key = Path(path).read_text().strip()
+        except OSError as e:
+            raise ImproperlyConfigured(f"SECRET_KEY_FILE {path!r} cannot be read: {e}") from e
+        if not key:
+            raise ImproperlyConfigured(f"SECRET_KEY_FILE {path!r} is empty.")
+        return key
+    if debug or not production:
+        return "django-insecure-archipelago-development-key-never-use-in-production"
+    raise ImproperlyConfigured(
+        "In the production profile set SECRET_KEY, or SECRET_KEY_FILE naming a file that "
+        "holds it (50 or more random characters).")
+
+
+PROFILE = env_str("ARCHIPELAGO_PROFILE", "development")
+if PROFILE not in ("development", "production"):
+    raise ImproperlyConfigured(
+        f"ARCHIPELAGO_PROFILE must be development or production, got {PROFILE!r}.")
+PRODUCTION = PROFILE == "production"
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = read_secret_key(DEBUG, PRODUCTION)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
+# API clients get their CSRF failures in JSON.
+CSRF_FAILURE_VIEW = "webapp.api.views.csrf_failure"
+
+VAR_DIR = BASE_DIR / "var"
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+INSTALLED_APPS = [
+    # First, so that runserver serves the ASGI application (HTTP and websockets).
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "webapp.runs",
+    "webapp.api",
+    "webapp.dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "webapp.urls"
+ASGI_APPLICATION = "webapp.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}")),
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets the web app read while syncd writes; IMMEDIATE takes the write lock at
+    # BEGIN, so two writers wait for each other (up to the timeout) instead of failing
+    # with "database is locked" halfway through a transaction.
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard:runs"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# Archipelago itself.
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+REGIONS = env_list("REGIONS", "us-east,us-central,us-west,us-south")
+CHECKPOINT_DIR = Path(env_str("CHECKPOINT_DIR", str(VAR_DIR / "checkpoints")))
+
+CELERY_BROKER_URL = REDIS_URL
+# An island is one long task: acknowledge it when it ends, so a worker that dies
+# mid-run gives it back, and take one task at a time so none waits behind it.
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Redis hands an unacknowledged task to another worker after this many seconds; it
+# must outlast the longest island task, or one island would run twice.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 7 * 24 * 3600),
+}
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
+    },
+}
+
+SESSION_COOKIE_SECURE = PRODUCTION
+CSRF_COOKIE_SECURE = PRODUCTION
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", PRODUCTION)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 365 * 24 * 3600 if PRODUCTION else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", PRODUCTION)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", PRODUCTION)
+if env_bool("TRUST_X_FORWARDED_PROTO", False):
+    # Behind a proxy that ends TLS, its header tells Django the request was HTTPS;
+    # without it SECURE_SSL_REDIRECT would redirect forever.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
