@@ -49,7 +49,8 @@ class LocalResult:
     tokens: int
     tokens_merged: int
     bytes_sent: int
-    peak_bytes_per_window: int
+    peak_bytes_per_window: int  # uplink: what streaming fragments spreads out
+    peak_down_bytes_per_window: int
     virtual_time_s: float
     outer_steps: int
     merges: int
@@ -60,20 +61,25 @@ class LocalResult:
 
 
 class LinkMeter:
-    """Bytes per island link, both directions, and the busiest window of inner steps."""
+    """Bytes on each island's link, both directions, and the busiest window.
+
+    The peak is per island and direction: the most bytes one link carried one
+    way within a window of `window_steps` of that island's inner steps.
+    """
 
     def __init__(self, window_steps: int):
         self.window_steps = max(1, window_steps)
         self.total = 0
-        self.windows: dict[tuple[int, int], int] = defaultdict(int)
+        self.windows: dict[tuple[int, str, int], int] = defaultdict(int)
 
-    def add(self, island: int, step: int, nbytes: int) -> None:
+    def add(self, island: int, direction: str, step: int, nbytes: int,
+            in_window: bool = True) -> None:
         self.total += nbytes
-        self.windows[(island, max(step - 1, 0) // self.window_steps)] += nbytes
+        if in_window:
+            self.windows[(island, direction, max(step - 1, 0) // self.window_steps)] += nbytes
 
-    @property
-    def peak(self) -> int:
-        return max(self.windows.values(), default=0)
+    def peak(self, direction: str) -> int:
+        return max((v for (_, d, _), v in self.windows.items() if d == direction), default=0)
 
 
 def transfer_time(island: IslandConfig, nbytes: int, bytes_scale: float) -> float:
@@ -154,12 +160,13 @@ class _Cluster:
             if self.progress:
                 self.progress(point)
 
-    def _send(self, island: Island, p: int) -> bytes:
+    def _send(self, island: Island, p: int, final: bool = False) -> bytes:
         meta, payload = island.make_update(p, self.config.sync.compression)
         meta.update(run="local", island=island.name, epoch=0, compute_s=0.0,
                     codec=self.config.sync.compression)
         blob = encode_message("update", meta, payload, SECRET)
-        self.meter.add(island.index, island.step, len(blob))
+        # The final flush happens once per run; the peak is about steady state.
+        self.meter.add(island.index, "up", island.step, len(blob), in_window=not final)
         return blob
 
     def _receive(self, sync: Synchronizer, blob: bytes, now: float) -> tuple[str, int, str | None]:
@@ -178,7 +185,7 @@ class _Cluster:
         if not pubs:
             return now
         nbytes = sum(len(self._global_message(p, pub)) for pub in pubs)
-        self.meter.add(island.index, island.step, nbytes)
+        self.meter.add(island.index, "down", island.step, nbytes)
         new = apply_published(island.state[p].anchor, pubs, sync.shapes[p])
         island.mix_global(p, new, sync.versions[p])
         arrival = pubs[-1].time + transfer_time(island.spec, nbytes,
@@ -206,7 +213,8 @@ class _Cluster:
         self.milestones = [self.tokens]
         self._maybe_eval(lambda: params, outer_steps)
         return LocalResult(mode, self.curve[-1]["eval_loss"], self.tokens, self.tokens_merged,
-                           self.meter.total, self.meter.peak, self.now, outer_steps,
+                           self.meter.total, self.meter.peak("up"), self.meter.peak("down"),
+                           self.now, outer_steps,
                            self.merges, self.rejected, sum(t.numel() for t in params.values()),
                            self.curve, params)
 
@@ -256,7 +264,7 @@ class _Cluster:
                 isl = islands[data]
                 for p in range(len(self.fragments)):
                     if isl.state[p].inner_steps:
-                        blob = self._send(isl, p)
+                        blob = self._send(isl, p, final=True)
                         push(self.now + transfer_time(isl.spec, len(blob),
                                                       config.emulation.bytes_scale),
                              "arrive", blob)
@@ -340,7 +348,7 @@ class _Cluster:
                     for i in range(m)]
         n_params = sum(p.numel() for p in model.parameters())
         # A ring all-reduce sends and receives 2(M-1)/M of the fp32 gradient per worker.
-        per_island = 2 * (2 * (m - 1) * n_params * 4 // m)
+        per_direction = 2 * (m - 1) * n_params * 4 // m
         step = 0
         tokens_per_step = sum(i.batch_size for i in config.islands) * config.model.block_size
         while self.tokens < config.budget.total_tokens:
@@ -357,7 +365,8 @@ class _Cluster:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             for i in range(m):
-                self.meter.add(i, step, per_island)
+                for direction in ("up", "down"):
+                    self.meter.add(i, direction, step, per_direction)
             self.tokens += tokens_per_step
             self.tokens_merged = self.tokens
             self.now += max(self.step_dur)

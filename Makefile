@@ -1,0 +1,54 @@
+# Archipelago: `make start` installs and starts everything; `make test` installs and tests.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# Database URLs the database tests run against, one pass each.
+TEST_DATABASES ?= sqlite:///var/test.sqlite3 postgres://postgres@127.0.0.1:5432/archipelago
+
+.PHONY: install install-test start demo test test-unit test-db lint bench-quality clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+# Embedded defaults: SQLite under var/, no service to set up.
+start: install
+	mkdir -p var
+	$(PY) manage.py migrate --noinput
+	$(PY) -m trainer.demo
+
+demo: start
+
+test: install-test lint test-unit test-db
+
+lint: install-test
+	$(VENV)/bin/ruff check .
+
+# Unit tier: pure modules and the in-process cluster, no services.
+test-unit: install-test
+	$(VENV)/bin/pytest tests/trainer tests/syncd -q -p no:cacheprovider
+
+# Database tier: the Django tests, once per database in TEST_DATABASES.
+test-db: install-test
+	mkdir -p var
+	@for url in $(TEST_DATABASES); do \
+		echo "== database tests on $$url"; \
+		DATABASE_URL=$$url $(VENV)/bin/pytest tests/webapp -q -p no:cacheprovider || exit 1; \
+	done
+
+bench-quality: install
+	$(PY) -m bench quality
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache

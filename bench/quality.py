@@ -1,0 +1,164 @@
+"""Quality at equal tokens: data-parallel, plain DiLoCo, Decoupled DiLoCo, and int4.
+
+`python -m bench quality` trains the same model on the default corpus to the
+same token budget in four ways, side by side in one run, over two seeds:
+
+- dp: one model, global batch = all islands' batches, fp32 ring all-reduce
+  of the gradient every step;
+- diloco_sync: plain DiLoCo, unfragmented, every island merges every H steps
+  with equal weights;
+- decoupled: 4 islands of speeds 1.0, 1.0, 0.7, 0.5 and batch sizes 12, 8, 8, 4,
+  min_quorum 2, grace on, token weights, 4 fragments;
+- decoupled_int4: the same with int4 outer gradients up and int4 deltas down.
+
+Then a sweep over H for decoupled and decoupled_int4 (eval loss against bytes
+per token). It writes bench/results/quality.json and prints a table, and exits
+non-zero if a relation the issue asks for does not hold.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+from typing import Any
+
+from bench import results
+from trainer.config import RunConfig, parse_config
+from trainer.local import LocalResult, run_local
+
+ISLANDS = [("fast-a", 12, 1.0), ("fast-b", 8, 1.0), ("mid", 8, 0.7), ("slow", 4, 0.5)]
+
+# Full run: about half an hour on 2 cores. Quick run: under 3 minutes.
+PROFILES: dict[str, dict[str, Any]] = {
+    "full": {"model": {"n_layer": 3, "n_embd": 96, "n_head": 4, "block_size": 64},
+             "tokens": 4_000_000, "inner_steps": 100, "warmup": 100, "eval_tokens": 65536,
+             "seeds": [0, 1], "sweep": [10, 25, 50, 100],
+             "bounds": {"decoupled_vs_sync": 1.02, "sync_vs_dp": 1.05, "int4_vs_decoupled": 1.01,
+                        "bytes_ratio": 300.0, "peak_ratio": 1.25}},
+    "quick": {"model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 64},
+              "tokens": 600_000, "inner_steps": 50, "warmup": 50, "eval_tokens": 16384,
+              "seeds": [0], "sweep": [25, 50],
+              "bounds": {"decoupled_vs_sync": 1.05, "sync_vs_dp": 1.10, "int4_vs_decoupled": 1.03,
+                         "bytes_ratio": 100.0, "peak_ratio": 1.25}},
+}
+MAIN = ("dp", "diloco_sync", "decoupled", "decoupled_int4")
+
+
+def make_config(profile: dict[str, Any], seed: int, inner_steps: int, codec: str = "none",
+                fragments: int = 4) -> RunConfig:
+    data = {
+        "seed": seed,
+        "model": profile["model"],
+        "sync": {"inner_steps": inner_steps, "fragments": fragments,
+                 "overlap_steps": max(1, inner_steps // 20), "alpha": 0.0, "min_quorum": 2,
+                 "grace_gamma": 1.0, "weighting": "tokens", "compression": codec,
+                 "downlink_compression": codec, "max_staleness": 8},
+        "optim": {"inner_lr": 2e-3, "outer_lr": 0.7, "outer_momentum": 0.9,
+                  "weight_decay": 0.1, "warmup_steps": profile["warmup"]},
+        "eval": {"tokens": profile["eval_tokens"]},
+        "budget": {"total_tokens": profile["tokens"]},
+        "islands": [{"name": n, "region": "us-east", "batch_size": b, "speed": s}
+                    for n, b, s in ISLANDS],
+    }
+    return parse_config(data, ["us-east"])
+
+
+def run_one(label: str, config: RunConfig, mode: str, window_steps: int) -> LocalResult:
+    started = time.time()
+
+    def progress(point: dict) -> None:
+        results.say(f"  {label}: {point['tokens']:>9,} tokens  eval loss "
+                    f"{point['eval_loss']:.4f}  ({time.time() - started:.0f} s)")
+
+    result = run_local(config, mode, window_steps=window_steps, progress=progress)
+    results.say(f"{label}: eval loss {result.eval_loss:.4f}, {result.bytes_sent:,} bytes, "
+                f"{time.time() - started:.0f} s")
+    return result
+
+
+def summary(runs: list[LocalResult]) -> dict[str, Any]:
+    losses = [r.eval_loss for r in runs]
+    first = runs[0]
+    return {"eval_loss": statistics.fmean(losses), "eval_loss_seeds": losses,
+            "eval_loss_spread": max(losses) - min(losses), "tokens": first.tokens,
+            "tokens_merged": first.tokens_merged, "bytes_sent": first.bytes_sent,
+            "bytes_per_token": first.bytes_sent / first.tokens,
+            "peak_bytes_per_window": first.peak_bytes_per_window,
+            "peak_down_bytes_per_window": first.peak_down_bytes_per_window,
+            "outer_steps": first.outer_steps, "merges": first.merges}
+
+
+def main(quick: bool = False) -> int:
+    profile = PROFILES["quick" if quick else "full"]
+    started = time.time()
+    h = profile["inner_steps"]
+    window = h // 4  # a sync window of the fragmented runs: H/P inner steps
+    runs: dict[str, list[LocalResult]] = {k: [] for k in MAIN}
+    for seed in profile["seeds"]:
+        base = make_config(profile, seed, h)
+        results.say(f"seed {seed}")
+        runs["dp"].append(run_one("dp", base, "dp", window))
+        unfragmented = replace(base, sync=replace(base.sync, fragments=1))
+        runs["diloco_sync"].append(run_one("diloco_sync", unfragmented, "sync", window))
+        runs["decoupled"].append(run_one("decoupled", base, "decoupled", window))
+        int4 = make_config(profile, seed, h, codec="int4")
+        runs["decoupled_int4"].append(run_one("decoupled_int4", int4, "decoupled", window))
+    out: dict[str, Any] = {name: summary(rs) for name, rs in runs.items()}
+    out["model_params"] = runs["dp"][0].model_params
+
+    sweep = []
+    for inner_steps in profile["sweep"]:
+        for codec, key in (("none", "decoupled"), ("int4", "decoupled_int4")):
+            if inner_steps == h:
+                r = runs[key][0]
+            else:
+                config = make_config(profile, profile["seeds"][0], inner_steps, codec)
+                r = run_one(f"{key} H={inner_steps}", config, "decoupled",
+                            max(1, inner_steps // 4))
+            sweep.append({"inner_steps": inner_steps, "compression": codec,
+                          "eval_loss": r.eval_loss, "bytes_per_token": r.bytes_sent / r.tokens})
+    out["h_sweep"] = sweep
+    out["checks"] = checks(out, profile["bounds"])
+    out["profile"] = "quick" if quick else "full"
+    out["settings"] = {k: v for k, v in profile.items() if k != "bounds"}
+    out["seconds"] = round(time.time() - started, 1)
+    path = results.write("quality", out)
+
+    print(results.table([{"run": k, **{c: out[k][c] for c in (
+        "eval_loss", "eval_loss_spread", "tokens", "bytes_per_token", "peak_bytes_per_window")}}
+        for k in MAIN], ["run", "eval_loss", "eval_loss_spread", "tokens", "bytes_per_token",
+                         "peak_bytes_per_window"]))
+    print()
+    print(results.table(sweep, ["inner_steps", "compression", "eval_loss", "bytes_per_token"]))
+    print()
+    print(results.table([{"check": k, **v} for k, v in out["checks"].items()],
+                        ["check", "value", "bound", "ok"]))
+    print(f"\nmodel: {out['model_params']:,} parameters; {out['seconds']} s; wrote {path}")
+    return 0 if all(c["ok"] for c in out["checks"].values()) else 1
+
+
+def checks(out: dict[str, Any], bounds: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """The relations the issue asks for, with this profile's bounds."""
+    def loss(k: str) -> float:
+        return out[k]["eval_loss"]
+
+    def per_token(k: str) -> float:
+        return out[k]["bytes_per_token"]
+
+    rows = {
+        "decoupled / diloco_sync eval loss": (loss("decoupled") / loss("diloco_sync"),
+                                              bounds["decoupled_vs_sync"], "<="),
+        "diloco_sync / dp eval loss": (loss("diloco_sync") / loss("dp"), bounds["sync_vs_dp"],
+                                       "<="),
+        "decoupled_int4 / decoupled eval loss": (loss("decoupled_int4") / loss("decoupled"),
+                                                 bounds["int4_vs_decoupled"], "<="),
+        "dp / decoupled_int4 bytes per token": (per_token("dp") / per_token("decoupled_int4"),
+                                                bounds["bytes_ratio"], ">="),
+        "decoupled / diloco_sync peak uplink bytes per window x P": (
+            4 * out["decoupled"]["peak_bytes_per_window"]
+            / out["diloco_sync"]["peak_bytes_per_window"], bounds["peak_ratio"], "<="),
+    }
+    return {name: {"value": round(v, 4), "bound": f"{op} {b}",
+                   "ok": v <= b if op == "<=" else v >= b}
+            for name, (v, b, op) in rows.items()}
