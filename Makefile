@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # Database URLs the database tests run against, one pass each.
 TEST_DATABASES ?= sqlite:///var/test.sqlite3 postgres://postgres@127.0.0.1:5432/archipelago
 
-.PHONY: install install-test start demo test test-unit test-db lint bench-quality clean
+.PHONY: install install-test start demo test test-unit test-db test-browser lint bench-quality clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,7 @@ start: install
 
 demo: start
 
-test: install-test lint test-unit test-db
+test: install-test lint test-unit test-db test-browser
 
 lint: install-test
 	$(VENV)/bin/ruff check .
@@ -46,6 +46,11 @@ test-db: install-test
 		echo "== database tests on $$url"; \
 		DATABASE_URL=$$url $(VENV)/bin/pytest tests/webapp -q -p no:cacheprovider || exit 1; \
 	done
+
+# Browser tier: a real Chromium (Debian's package) driven by Playwright.
+test-browser: install-test
+	mkdir -p var
+	$(VENV)/bin/pytest tests/browser -q -p no:cacheprovider
 
 bench-quality: install
 	$(PY) -m bench quality

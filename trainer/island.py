@@ -139,10 +139,11 @@ class Island:
     def mix_global(self, p: int, global_tensors: dict[str, torch.Tensor], version: int) -> None:
         """Mix in a global fragment; it becomes the new anchor.
 
-        theta_p = lerp(global_p, theta_p, alpha). The inner steps trained since
-        the last send (the overlap, tau > 0) are not in any update yet, so they
-        are kept on top: the lerp uses theta_p as it was sent, and the progress
-        since then is added back. Without that, every mix would throw away tau
+        theta_p = lerp(global_p, theta_p, alpha). What no update carries yet is
+        kept on top: the inner steps trained since the last send (the overlap,
+        tau > 0) and what a lossy codec dropped from the sends. So the lerp uses
+        theta_p as the synchronizer received it (anchor minus the decoded sends)
+        and the rest is added back. Without that, every mix would throw away tau
         steps of this island's work.
         """
         alpha = self.config.sync.alpha
@@ -150,11 +151,11 @@ class Island:
         for n, g in global_tensors.items():
             g = g.to(self.device)
             theta = self.params[n]
-            if s.inner_steps and s.sent is not None:
+            if s.sent is not None:
                 at_send = s.anchor[n] - s.sent[n].to(self.device)
                 theta.copy_(torch.lerp(g, at_send, alpha) + (theta - at_send))
             else:
-                theta.copy_(torch.lerp(g, theta, alpha) if alpha else g)
+                theta.copy_(torch.lerp(g, theta, alpha))
             s.anchor[n] = g.clone()
         s.version = version
         s.sent = None

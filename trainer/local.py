@@ -47,7 +47,7 @@ class LocalResult:
     mode: str
     eval_loss: float
     tokens: int
-    tokens_merged: int
+    tokens_merged: float  # summed over merges, averaged over fragments
     bytes_sent: int
     peak_bytes_per_window: int  # uplink: what streaming fragments spreads out
     peak_down_bytes_per_window: int
@@ -139,7 +139,7 @@ class _Cluster:
         self.curve: list[dict] = []
         self.progress = progress
         self.tokens = 0
-        self.tokens_merged = 0
+        self.tokens_merged = 0.0
         self.merges = 0
         self.rejected = 0
         self.now = 0.0

@@ -7,8 +7,13 @@ import pytest
 import torch
 from safetensors.torch import save as save_tensors
 
-from syncd.protocol import PROTOCOL_VERSION, TAG_BYTES, ProtocolError, decode_message, \
-    encode_message
+from syncd.protocol import (
+    PROTOCOL_VERSION,
+    TAG_BYTES,
+    ProtocolError,
+    decode_message,
+    encode_message,
+)
 
 SECRET = b"run-7-secret"
 UPDATE_META = {"run": "run-7", "island": "island-1", "epoch": 2, "fragment": 3,

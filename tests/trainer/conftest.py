@@ -1,7 +1,7 @@
 """A small text corpus and tiny run configs for the trainer's tests.
 
 The default corpus (the standard library's sources) takes seconds to read; the
-tests that do not test it train on a few tens of kilobytes of generated text.
+tests that do not test it train on a few hundred kilobytes of generated text.
 """
 
 import random
@@ -17,13 +17,14 @@ REGIONS = ["us-east", "eu-west"]
 # step hundreds of times slower.
 torch.set_num_threads(1)
 
-WORDS = ("island fragment quorum grace merge outer inner step token weight anchor "
-         "global version delta sync region link bandwidth latency model data").split()
+WORDS = ("island", "fragment", "quorum", "grace", "merge", "outer", "inner", "step", "token",
+         "weight", "anchor", "global", "version", "delta", "sync", "region", "link",
+         "bandwidth", "latency", "model", "data")
 
 
 @pytest.fixture(scope="session")
 def text_path(tmp_path_factory) -> str:
-    """One text file of about 48 KB; the same path all session, so load_corpus caches it."""
+    """One text file of about 200 KB; the same path all session, so load_corpus caches it."""
     rng = random.Random(0)
     lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) + "."
              for _ in range(4000)]

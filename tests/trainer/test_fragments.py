@@ -1,4 +1,5 @@
 from collections import Counter
+from itertools import pairwise
 
 import pytest
 
@@ -106,6 +107,6 @@ def test_every_fragment_is_due_once_per_h_steps_spread_evenly(inner_steps, num_f
         window = [p for t in range(start, start + h) for p in due[t]]
         assert sorted(window) == list(range(num_fragments))
     steps = sorted(t for t, ps in due.items() if ps)
-    gaps = {b - a for a, b in zip(steps, steps[1:], strict=False)}
+    gaps = {b - a for a, b in pairwise(steps)}
     assert max(gaps) - min(gaps) <= 1
     assert all(len(ps) <= 1 for ps in due.values())

@@ -100,7 +100,8 @@ def test_mixing_with_alpha_0_and_no_steps_since_the_send_replaces_the_fragment(i
     island.mix_global(0, global_0, version=3)
 
     for n, theta in island.fragment_params(0).items():
-        assert torch.equal(theta, global_0[n])
+        # Equal up to float rounding: theta - (anchor - sent) is zero only in exact arithmetic.
+        assert torch.allclose(theta, global_0[n], atol=1e-6)
         assert torch.equal(island.state[0].anchor[n], global_0[n])
     for n, theta in island.fragment_params(1).items():
         assert torch.equal(theta, other[n])

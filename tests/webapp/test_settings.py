@@ -17,7 +17,9 @@ PRODUCTION_ONLY = ("DEBUG", "SECRET_KEY", "SECRET_KEY_FILE", "SECURE_SSL_REDIREC
 
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run manage.py in a fresh process, so the settings are read from this environment."""
-    base = {k: v for k, v in os.environ.items() if k not in PRODUCTION_ONLY}
+    # The browser tests' DJANGO_ALLOW_ASYNC_UNSAFE must not reach a production check.
+    base = {k: v for k, v in os.environ.items()
+            if k not in PRODUCTION_ONLY and k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env={**base, **env},
                           capture_output=True, text=True, timeout=120)
 
