@@ -32,7 +32,8 @@ def test_an_operator_signs_in_and_creates_a_run(page, live_server, operator_with
     sign_in(page, live_server, "olga", "islands-4-ever")
     page.goto(f"{live_server.url}/runs/new/")
     page.fill("input[name=name]", "browser run")
-    page.get_by_role("button", name="Create run").click()  # the form comes filled with a valid default config
+    # The form comes filled with a valid default config.
+    page.get_by_role("button", name="Create run").click()
     page.wait_for_url("**/runs/*/")
     run = Run.objects.get(name="browser run")
     assert page.url.endswith(f"/runs/{run.pk}/")
