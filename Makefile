@@ -22,13 +22,14 @@ install: $(VENV)/.installed
 
 install-test: $(VENV)/.installed-test
 
-# Embedded defaults: SQLite under var/, no service to set up.
+# The whole system on embedded defaults (SQLite and Redis under var/, nothing to set
+# up): web app, syncd, a Celery worker per region, the demo run. Ctrl-C stops it all.
 start: install
-	mkdir -p var
-	$(PY) manage.py migrate --noinput
-	$(PY) -m trainer.demo
+	$(PY) -m webapp.start
 
-demo: start
+# The demo run's method alone, in one process, with no services.
+demo: install
+	$(PY) -m trainer.demo
 
 test: install-test lint test-unit test-db test-browser
 

@@ -31,8 +31,8 @@ ISLANDS = [("fast-a", 12, 1.0), ("fast-b", 8, 1.0), ("mid", 8, 0.7), ("slow", 4,
 
 # Full run: about half an hour on 2 cores. Quick run: under 3 minutes.
 PROFILES: dict[str, dict[str, Any]] = {
-    "full": {"model": {"n_layer": 3, "n_embd": 96, "n_head": 4, "block_size": 64},
-             "tokens": 4_000_000, "inner_steps": 50, "warmup": 100, "eval_tokens": 65536,
+    "full": {"model": {"n_layer": 3, "n_embd": 64, "n_head": 4, "block_size": 64},
+             "tokens": 3_000_000, "inner_steps": 50, "warmup": 100, "eval_tokens": 65536,
              "seeds": [0, 1], "sweep": [10, 25, 50, 100],
              "bounds": {"decoupled_vs_sync": 1.02, "sync_vs_dp": 1.05, "int4_vs_decoupled": 1.01,
                         "bytes_ratio": 300.0, "peak_ratio": 1.25}},
@@ -54,7 +54,7 @@ def make_config(profile: dict[str, Any], seed: int, inner_steps: int, codec: str
                  "overlap_steps": max(1, inner_steps // 20), "alpha": 0.0, "min_quorum": 2,
                  "grace_gamma": 1.0, "weighting": "tokens", "compression": codec,
                  "downlink_compression": codec, "max_staleness": 8},
-        "optim": {"inner_lr": 2e-3, "outer_lr": 0.7, "outer_momentum": 0.9,
+        "optim": {"inner_lr": 2e-3, "outer_lr": 0.8, "outer_momentum": 0.8,
                   "weight_decay": 0.1, "warmup_steps": profile["warmup"]},
         "eval": {"tokens": profile["eval_tokens"]},
         "budget": {"total_tokens": profile["tokens"]},

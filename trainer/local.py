@@ -231,7 +231,8 @@ class _Cluster:
         def push(t: float, kind: str, data: object) -> None:
             heapq.heappush(heap, (t, next(order), kind, data))
 
-        mix_at: list[dict[int, int]] = [{} for _ in islands]  # fragment -> inner step
+        # fragment -> (inner step to mix at, seq of the send that must be handled first)
+        mix_at: list[dict[int, tuple[int, int]]] = [{} for _ in islands]
         waiting: dict[int, int] = {}  # island -> fragment it waits for (tau = 0)
         last_sync_s = 0.0
 
@@ -274,9 +275,8 @@ class _Cluster:
                 isl.inner_step()
                 self.tokens += isl.tokens_per_step
                 ready = self.now
-                for p, step in list(mix_at[i].items()):
-                    if isl.step >= step and sync.has_handled(p, isl.name,
-                                                             isl.state[p].sent_seq):
+                for p, (step, seq) in list(mix_at[i].items()):
+                    if isl.step >= step and sync.has_handled(p, isl.name, seq):
                         del mix_at[i][p]
                         ready = max(ready, self._pull(sync, isl, p, self.now))
                 for p in due_fragments(isl.step, s.inner_steps, s.fragments):
@@ -286,7 +286,9 @@ class _Cluster:
                     if s.overlap_steps == 0:
                         waiting[i] = p
                     else:
-                        mix_at[i][p] = isl.step + s.overlap_steps
+                        # A second send before the mix keeps the first one's target:
+                        # waiting for the newest send could put off mixing forever.
+                        mix_at[i].setdefault(p, (isl.step + s.overlap_steps, isl.step))
                 if i not in waiting:
                     push(ready + self.step_dur[i], "step", i)
                 self._maybe_eval(sync.global_params, sync.outer_steps)

@@ -158,10 +158,16 @@ STATIC_ROOT = VAR_DIR / "static"
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 REGIONS = env_list("REGIONS", "us-east,us-central,us-west,us-south")
 CHECKPOINT_DIR = Path(env_str("CHECKPOINT_DIR", str(VAR_DIR / "checkpoints")))
+# Island logs (run-<id>/<island>.log) and, under `python -m webapp.start`, one log
+# per process.
+LOG_DIR = Path(env_str("LOG_DIR", str(VAR_DIR / "logs")))
 
 CELERY_BROKER_URL = REDIS_URL
-# An island is one long task: acknowledge it when it ends, so a worker that dies
-# mid-run gives it back, and take one task at a time so none waits behind it.
+# An island is one long task. It is acknowledged when it ends, so a worker shut
+# down mid-run puts its islands back on their queue (the next start finds them; an
+# island whose epoch was moved on since does not start, see trainer.supervisor); and
+# each worker process takes one task at a time, so no island waits behind another in
+# a prefetch buffer.
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Redis hands an unacknowledged task to another worker after this many seconds; it
@@ -169,6 +175,15 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 7 * 24 * 3600),
 }
+# A worker process that dies mid-task (SIGKILL, out of memory, its host gone) loses
+# that island: the task is acknowledged as failed, not handed to another worker. On
+# purpose: a redelivered island would come back with the same epoch beside a copy
+# that may still be training, and the method already heals a lost island. syncd
+# marks it lost when its heartbeats stop; a rejoin (next epoch) brings it back.
+CELERY_TASK_REJECT_ON_WORKER_LOST = False
+# Tasks not routed elsewhere are short jobs: the control queue and its worker.
+CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"

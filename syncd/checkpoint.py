@@ -1,0 +1,58 @@
+"""Checkpoints: global parameters, outer optimizer state and the version vector.
+
+Written atomically (a temporary file, fsync, rename, fsync of the folder) as
+safetensors, with the versions in the header, so a crash mid-write leaves the
+previous checkpoint whole and a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+
+def save(path: Path, params: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],
+         versions: list[int], tokens_merged: int) -> tuple[str, int]:
+    """Write a checkpoint; returns its sha256 and size in bytes."""
+    tensors = {f"param.{k}": v.contiguous() for k, v in params.items()}
+    tensors.update({f"momentum.{k}": v.contiguous() for k, v in momentum.items()})
+    body = save_tensors(tensors, metadata={"versions": json.dumps(versions),
+                                           "tokens_merged": str(tokens_merged)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+    return hashlib.sha256(body).hexdigest(), len(body)
+
+
+def load(path: Path, sha256: str | None = None
+         ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[int], int]:
+    """Read a checkpoint: (params, momentum, versions, tokens_merged).
+
+    Raises:
+        ValueError: when `sha256` is given and the file does not match it.
+    """
+    body = Path(path).read_bytes()
+    if sha256 is not None and hashlib.sha256(body).hexdigest() != sha256:
+        raise ValueError(f"checkpoint {path} does not match its sha256")
+    tensors = load_tensors(body)
+    header_len = int.from_bytes(body[:8], "little")
+    meta = json.loads(body[8:8 + header_len])["__metadata__"]
+    params = {k.removeprefix("param."): v for k, v in tensors.items() if k.startswith("param.")}
+    momentum = {k.removeprefix("momentum."): v for k, v in tensors.items()
+                if k.startswith("momentum.")}
+    return params, momentum, json.loads(meta["versions"]), int(meta["tokens_merged"])

@@ -1,0 +1,91 @@
+"""Checking an update before it may touch a merge.
+
+Everything that arrives over the wire is hostile until shown otherwise: the
+signature, the metadata against the stream entry that referenced it, the
+island's epoch, the tensors' names, dtypes and shapes, finite values, a token
+count that matches the island's batch, and a norm that is not absurd next to
+recent updates of the same fragment. A failed check raises Rejection with a
+reason that syncd logs, counts per island and shows; nothing is merged.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from syncd.merge import Update
+from syncd.protocol import ProtocolError, decode_message
+from syncd.store import UpdateRef
+from trainer import compress
+
+NORM_FACTOR = 20.0  # an update this many times the recent median norm per step is refused
+NORM_WARMUP = 4  # updates seen before the norm bound applies
+
+
+class Rejection(ValueError):
+    """An update that must not be merged; str() is the reason."""
+
+
+@dataclass(frozen=True)
+class IslandFacts:
+    """What syncd knows about the sender, to check the update against."""
+
+    epoch: int
+    tokens_per_step: int
+
+
+def check_update(blob: bytes | None, ref: UpdateRef, secret: bytes, facts: IslandFacts | None,
+                 shapes: dict[str, tuple[int, ...]], recent_norms: list[float],
+                 max_bytes: int) -> tuple[Update, float]:
+    """Decode and check one update; returns it and its norm per inner step.
+
+    Args:
+        blob: the message the stream entry points to (None: expired or missing).
+        ref: the stream entry.
+        secret: the run's HMAC key.
+        facts: the island's current epoch and tokens per step, None if unknown.
+        shapes: the fragment's tensor shapes.
+        recent_norms: norms per inner step of recent accepted updates of this fragment.
+        max_bytes: the largest message accepted.
+    """
+    if facts is None:
+        raise Rejection(f"unknown island {ref.island!r}")
+    if ref.epoch < facts.epoch:
+        raise Rejection(f"old epoch {ref.epoch}: island {ref.island} is at epoch {facts.epoch}")
+    if blob is None:
+        raise Rejection("the update's message expired or is missing")
+    try:
+        kind, meta, tensors = decode_message(blob, secret, max_bytes)
+    except ProtocolError as exc:
+        raise Rejection(str(exc)) from exc
+    if kind != "update":
+        raise Rejection(f"a {kind!r} message where an update belongs")
+    claimed = (meta["island"], meta["epoch"], meta["fragment"], meta["seq"])
+    if claimed != (ref.island, ref.epoch, ref.fragment, ref.seq):
+        raise Rejection(f"metadata {claimed} does not match the stream entry "
+                        f"{(ref.island, ref.epoch, ref.fragment, ref.seq)}")
+    steps, tokens = meta["inner_steps"], meta["tokens"]
+    if not isinstance(steps, int) or not isinstance(tokens, int) or steps < 1:
+        raise Rejection(f"inner_steps must be a positive whole number, got {steps!r}")
+    if tokens != steps * facts.tokens_per_step:
+        raise Rejection(f"{tokens} tokens do not match {steps} inner steps of "
+                        f"{facts.tokens_per_step} tokens")
+    try:
+        delta = compress.decode(tensors, meta["codec"], shapes)
+    except ValueError as exc:
+        raise Rejection(str(exc)) from exc
+    squares = 0.0
+    for name, t in delta.items():
+        if not torch.isfinite(t).all():
+            raise Rejection(f"tensor {name} has non-finite values")
+        squares += float(t.double().pow(2).sum())
+    per_step = math.sqrt(squares) / steps
+    if len(recent_norms) >= NORM_WARMUP:
+        bound = NORM_FACTOR * statistics.median(recent_norms)
+        if per_step > bound:
+            raise Rejection(f"norm {per_step:.3g} per step exceeds {bound:.3g} "
+                            f"({NORM_FACTOR:g}x the recent median)")
+    return Update(ref.island, meta["base_version"], tokens, steps, delta, ref.seq), per_step

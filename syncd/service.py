@@ -1,0 +1,366 @@
+"""syncd's live loop: ingest updates from Redis, merge, publish, watch islands.
+
+One RunSync per active run holds a Synchronizer (the same class the
+in-process cluster uses) and feeds it from the run's update stream. A merge is
+acknowledged once RunStore.publish has committed it. State survives a restart
+of syncd: the globals, versions, momentum and handled seqs are in Redis, and
+the updates of open rounds are read again from the stream, where ingestion is
+idempotent (an update whose seq is already handled or pending is skipped).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+from syncd import checkpoint
+from syncd.ingest import IslandFacts, Rejection, check_update
+from syncd.policy import RoundStats
+from syncd.protocol import decode_message, encode_message
+from syncd.records import Recorder
+from syncd.store import RunStore, UpdateRef, connect
+from syncd.synchronizer import HISTORY, Synchronizer
+from trainer.fragments import partition
+from trainer.island import initial_model
+from trainer.local import Evaluator, transfer_time
+from trainer.model import embedding_tensor_names
+from trainer.runner import config_from_spec
+
+log = logging.getLogger("archipelago.syncd")
+MAX_MESSAGE_BYTES = 1 << 30
+STATUS_EVERY_S = 0.5
+FLUSH_EVERY_S = 1.0
+
+
+class RunSync:
+    """The synchronizer of one run, fed from Redis.
+
+    Args:
+        store: the run's Redis keys.
+        recorder: batches the run's database rows.
+        checkpoint_dir: where this run's checkpoints go.
+        clock: the time source (seconds).
+    """
+
+    def __init__(self, store: RunStore, recorder: Recorder, checkpoint_dir: Path,
+                 clock: Callable[[], float] = time.time):
+        self.store = store
+        self.recorder = recorder
+        self.clock = clock
+        self.checkpoint_dir = checkpoint_dir
+        spec = store.spec()
+        if spec is None:
+            raise ValueError(f"run {store.run_id} has no spec in Redis")
+        self.config = config = config_from_spec(spec)
+        self.secret = bytes.fromhex(spec["secret"])
+        params = {k: v.detach() for k, v in initial_model(config).state_dict().items()}
+        self.fragments = partition({k: v.numel() for k, v in params.items()},
+                                   config.sync.fragments)
+        round_tokens = config.sync.inner_steps * config.model.block_size * sum(
+            i.batch_size for i in config.islands)
+        self.sync = Synchronizer(params, self.fragments, config.sync, config.optim,
+                                 round_tokens, embedding_tensor_names())
+        self.after = b"0-0"
+        self.pending_ids: dict[tuple[int, str], bytes] = {}
+        self.norms = [deque(maxlen=32) for _ in self.fragments]
+        self.rejections: Counter[str] = Counter()
+        self.step_time: dict[str, float] = {}
+        self.last_update: dict[tuple[str, int], tuple[float, int]] = {}
+        self.last_merge: list[dict[str, Any]] = [{} for _ in self.fragments]
+        self.lost: set[str] = set()
+        self.waiting_alert = False
+        self.epochs: dict[str, int] = {}
+        self.heartbeats: dict[str, dict[str, Any]] = {}
+        self.next_status = self.next_flush = 0.0
+        self.next_checkpoint = clock() + config.checkpoint.interval_s
+        self.eval_loss: float | None = None
+        self.completed = False
+        self._restore_or_publish_initial()
+
+    # -- state in Redis --------------------------------------------------------
+
+    def _global_message(self, p: int, version: int) -> bytes:
+        meta = {"run": self.store.run_id, "fragment": p, "version": version, "base_version": -1,
+                "codec": "none"}
+        return encode_message("global", meta, self.sync.globals[p], self.secret)
+
+    def _restore_or_publish_initial(self) -> None:
+        versions = self.store.versions()
+        for p in range(len(self.fragments)):
+            if p not in versions:
+                self.store.publish(p, 0, self._global_message(p, 0), None,
+                                   save_tensors({}), {}, 0, HISTORY)
+                continue
+            _, meta, tensors = decode_message(self.store.full(p), self.secret)
+            self.sync.globals[p] = {n: t.float() for n, t in tensors.items()}
+            self.sync.versions[p] = meta["version"]
+            momentum = self.store.momentum(p)
+            if momentum:
+                self.sync.optimizers[p].load_state_dict(load_tensors(momentum))
+            self.sync.handled[p] = self.store.handled(p)
+        if versions:
+            log.info("run %s restored at versions %s", self.store.run_id, self.sync.versions)
+
+    def _publish(self, p: int, result_tokens: int) -> None:
+        version = self.sync.versions[p]
+        diff = None
+        if self.config.sync.downlink_compression != "none":
+            pub = self.sync.history[p][-1]
+            meta = {"run": self.store.run_id, "fragment": p, "version": version,
+                    "base_version": version - 1, "codec": pub.codec}
+            diff = encode_message("global", meta, pub.payload, self.secret)
+        momentum = save_tensors(self.sync.optimizers[p].state_dict())
+        self.store.publish(p, version, self._global_message(p, version), diff, momentum,
+                           dict(self.sync.handled[p]), result_tokens, HISTORY)
+
+    # -- one pass ------------------------------------------------------------
+
+    def tick(self) -> bool:
+        """Ingest what arrived, merge what may merge, watch liveness; True if busy."""
+        now = self.clock()
+        self.epochs = self.store.epochs()
+        self.heartbeats = self.store.heartbeats()
+        refs = self.store.read_updates(self.after, count=256)
+        for ref in refs:
+            self.after = ref.stream_id
+            self._ingest(ref, now)
+        live = self._liveness(now)
+        for p in range(len(self.fragments)):
+            self._maybe_merge(p, now, live)
+        self._trim()
+        if now >= self.next_status:
+            self.next_status = now + STATUS_EVERY_S
+            self.store.put_status(self.status(now, live))
+        if now >= self.next_checkpoint:
+            self.next_checkpoint = now + self.config.checkpoint.interval_s
+            self.save_checkpoint()
+        self._check_budget()
+        if now >= self.next_flush or self.completed:
+            self.next_flush = now + FLUSH_EVERY_S
+            self.recorder.flush()
+        return bool(refs)
+
+    def _ingest(self, ref: UpdateRef, now: float) -> None:
+        p = ref.fragment
+        if not 0 <= p < len(self.fragments):
+            self._reject(ref, f"no fragment {p}")
+            return
+        pending = self.sync.rounds[p].get(ref.island)
+        if ref.seq <= self.sync.handled[p].get(ref.island, -1) or (
+                pending is not None and ref.seq <= pending.update.seq):
+            return  # a replay or a redelivery: merged at most once
+        island = next((i for i in self.config.islands if i.name == ref.island), None)
+        facts = None if island is None else IslandFacts(
+            self.epochs.get(ref.island, 0), island.batch_size * self.config.model.block_size)
+        try:
+            update, norm = check_update(self.store.blob(ref.key), ref, self.secret, facts,
+                                        self.sync.shapes[p], list(self.norms[p]),
+                                        MAX_MESSAGE_BYTES)
+        except Rejection as exc:
+            self._reject(ref, str(exc))
+            return
+        reason = self.sync.submit(update, p, now)
+        if reason is not None:
+            self._reject(ref, reason)
+            return
+        self.norms[p].append(norm)
+        self.pending_ids.setdefault((p, ref.island), ref.stream_id)
+        previous = self.last_update.get((ref.island, p))
+        if previous is not None and ref.seq > previous[1]:
+            self.step_time[ref.island] = (now - previous[0]) / (ref.seq - previous[1])
+        self.last_update[(ref.island, p)] = (now, ref.seq)
+
+    def _reject(self, ref: UpdateRef, reason: str) -> None:
+        log.warning("run %s: rejected update %s/%s seq %s from %s: %s", self.store.run_id,
+                    ref.fragment, ref.epoch, ref.seq, ref.island, reason)
+        self.rejections[ref.island] += 1
+        self.recorder.event("rejection", ref.island, reason=reason, fragment=ref.fragment,
+                            seq=ref.seq, epoch=ref.epoch)
+        p = ref.fragment
+        if 0 <= p < len(self.fragments) and ref.island not in self.sync.rounds[p]:
+            # The island may be waiting for this update's fate; it is settled.
+            self.sync.handled[p][ref.island] = max(ref.seq,
+                                                   self.sync.handled[p].get(ref.island, -1))
+            self.store.mark_handled(p, {ref.island: self.sync.handled[p][ref.island]})
+
+    def _stats(self) -> RoundStats:
+        times = list(self.step_time.values()) or [1.0]
+        fragment_bytes = max(sum(t.numel() * 4 for t in g.values()) for g in self.sync.globals)
+        sync_s = statistics.median(transfer_time(i, fragment_bytes,
+                                                 self.config.emulation.bytes_scale)
+                                   for i in self.config.islands)
+        return RoundStats(statistics.median(times), sync_s)
+
+    def _maybe_merge(self, p: int, now: float, live: int) -> None:
+        if not self.sync.rounds[p]:
+            return
+        decision = self.sync.decide(p, now, max(live, 1), self._stats())
+        if not decision.merge:
+            return
+        participants = list(self.sync.rounds[p])
+        result = self.sync.merge(p, now)
+        for island in participants:
+            self.pending_ids.pop((p, island), None)
+        if result is None:
+            self.store.mark_handled(p, dict(self.sync.handled[p]))
+            return
+        self._publish(p, result.tokens)
+        self.last_merge[p] = {"version": result.version, "weights": result.weights,
+                              "reason": decision.reason, "dropped": result.dropped_stale}
+        self.recorder.event("merge", None, fragment=p, version=result.version,
+                            weights=result.weights, tokens=result.tokens,
+                            reason=decision.reason)
+
+    def _trim(self) -> None:
+        floor = min(self.pending_ids.values(), default=self.after)
+        major, minor = (int(x) for x in floor.split(b"-"))
+        if (major, minor) > (0, 0):
+            self.store.trim_updates(floor)
+
+    def _liveness(self, now: float) -> int:
+        """Mark islands lost or revived from their heartbeats; returns how many are alive."""
+        timeout = self.config.liveness.heartbeat_timeout_s
+        alive = 0
+        for island in self.config.islands:
+            beat = self.heartbeats.get(island.name)
+            current = beat is not None and beat["epoch"] >= self.epochs.get(island.name, 0)
+            fresh = current and now - beat["time"] <= timeout
+            if fresh and beat.get("state") != "stopped":
+                alive += 1
+                if island.name in self.lost:
+                    self.lost.discard(island.name)
+                    self.recorder.event("island_revived", island.name, epoch=beat["epoch"])
+                self.recorder.island(island.name, state="training", tokens=beat["tokens"],
+                                     inner_steps=beat["step"])
+            elif current and not fresh and island.name not in self.lost:
+                self.lost.add(island.name)
+                self.recorder.event("island_lost", island.name,
+                                    silent_s=round(now - beat["time"], 1))
+                self.recorder.island(island.name, state="lost")
+        k = self.config.sync.min_quorum
+        if alive < k and not self.waiting_alert and self.heartbeats:
+            self.recorder.event("alert", None, message=f"waiting: {alive} of the {k} islands "
+                                f"needed for a merge are alive")
+        self.waiting_alert = alive < k
+        return alive
+
+    # -- budget, checkpoints, status -----------------------------------------
+
+    def tokens_merged(self) -> int:
+        per_fragment = self.store.tokens_merged()
+        return sum(per_fragment.values()) // len(self.fragments)
+
+    def _check_budget(self) -> None:
+        if self.completed:
+            return
+        tokens = self.tokens_merged()
+        if tokens < self.config.budget.total_tokens:
+            return
+        self.completed = True
+        self.store.mark_done()
+        self.eval_loss = self.evaluate()
+        self.save_checkpoint()
+        self.recorder.run_tokens(tokens)
+        self.recorder.flush()
+        self.recorder.complete()
+        self.store.deactivate()
+        log.info("run %s completed: %d tokens merged, eval loss %.4f", self.store.run_id,
+                 tokens, self.eval_loss)
+
+    def evaluate(self) -> float:
+        from trainer.data import load_corpus
+        corpus = load_corpus(self.config.data.path, self.config.data.eval_fraction)
+        return Evaluator(self.config, corpus)(self.sync.global_params())
+
+    def save_checkpoint(self) -> None:
+        versions = list(self.sync.versions)
+        momentum = {f"{p}.{k}": v for p, opt in enumerate(self.sync.optimizers)
+                    for k, v in opt.state_dict().items()}
+        path = self.checkpoint_dir / f"run-{self.store.run_id}" / (
+            f"outer-{min(versions)}-{int(self.clock() * 1000)}.safetensors")
+        sha, nbytes = checkpoint.save(path, self.sync.global_params(), momentum, versions,
+                                      self.tokens_merged())
+        for old in self.recorder.checkpoint(versions, str(path), sha, nbytes, self.eval_loss,
+                                            self.config.checkpoint.keep):
+            Path(old).unlink(missing_ok=True)
+        self.recorder.event("checkpoint", None, versions=versions, sha256=sha, bytes=nbytes)
+
+    def status(self, now: float, live: int) -> dict[str, Any]:
+        newest = max(self.sync.versions)
+        islands = {}
+        for island in self.config.islands:
+            beat = self.heartbeats.get(island.name, {})
+            bases = [self.sync.rounds[p][island.name].update.base_version
+                     for p in range(len(self.fragments)) if island.name in self.sync.rounds[p]]
+            islands[island.name] = {
+                "region": island.region, "epoch": self.epochs.get(island.name, 0),
+                "state": "lost" if island.name in self.lost else beat.get("state", "pending"),
+                "heartbeat_age_s": round(now - beat["time"], 2) if beat else None,
+                "tokens": beat.get("tokens", 0), "inner_steps": beat.get("step", 0),
+                "loss": beat.get("loss"), "bytes_up": beat.get("bytes_up", 0),
+                "bytes_down": beat.get("bytes_down", 0),
+                "version_lag": newest - min(bases) if bases else 0,
+                "rejections": self.rejections[island.name]}
+        fragments = []
+        for p, f in enumerate(self.fragments):
+            decision = self.sync.decide(p, now, max(live, 1), self._stats())
+            fragments.append({"index": p, "name": f.name, "version": self.sync.versions[p],
+                              "arrivals": len(self.sync.rounds[p]),
+                              "min_quorum": self.config.sync.min_quorum,
+                              "grace_left_s": round(decision.deadline - now, 2)
+                              if decision.deadline else None,
+                              "waiting": decision.reason, "last_merge": self.last_merge[p]})
+        return {"run": self.store.run_id, "time": now, "live_islands": live,
+                "versions": list(self.sync.versions), "outer_steps": self.sync.outer_steps,
+                "tokens_merged": self.tokens_merged(), "eval_loss": self.eval_loss,
+                "islands": islands, "fragments": fragments}
+
+
+
+class Syncd:
+    """Serves every run in arch:runs; one process, runs ticked in turn.
+
+    Args:
+        redis_url: where the runtime's Redis is.
+        checkpoint_dir: the folder for checkpoints (one subfolder per run).
+    """
+
+    def __init__(self, redis_url: str, checkpoint_dir: str | Path):
+        self.client = connect(redis_url)
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.runs: dict[str, RunSync] = {}
+        self.stopping = False
+
+    def tick(self) -> bool:
+        active = set(RunStore.active_runs(self.client))
+        for run_id in list(self.runs):
+            if run_id not in active:
+                del self.runs[run_id]
+        busy = False
+        for run_id in sorted(active):
+            try:
+                if run_id not in self.runs:
+                    store = RunStore(self.client, run_id)
+                    self.runs[run_id] = RunSync(store, Recorder(int(run_id)),
+                                                self.checkpoint_dir)
+                    log.info("serving run %s", run_id)
+                busy |= self.runs[run_id].tick()
+            except Exception:
+                # One broken run must not stop the others; it is retried next tick.
+                log.exception("run %s failed a tick", run_id)
+                self.runs.pop(run_id, None)
+        return busy
+
+    def serve_forever(self, idle_sleep_s: float = 0.02) -> None:
+        log.info("syncd serving %s", self.checkpoint_dir)
+        while not self.stopping:
+            if not self.tick():
+                time.sleep(idle_sleep_s)

@@ -1,0 +1,204 @@
+"""Redis as the runtime's shared memory: one place that names every key.
+
+Islands, syncd and the web app talk through these keys and nothing else. Every
+value that holds tensors is a signed wire message (syncd.protocol); the rest is
+small JSON. A merge is acknowledged when `publish` has committed: the new
+global fragment, its version, the outer optimizer's momentum and the updates it
+took in are written in one MULTI/EXEC, so a crash of syncd either loses the
+whole merge (and the updates are merged again from the stream) or none of it.
+
+Keys, for run R:
+    arch:runs                      set of active run ids, for syncd
+    arch:R:spec                    JSON {mode, config, secret}
+    arch:R:epochs                  hash island -> current epoch (older are refused)
+    arch:R:updates                 stream of {island, epoch, fragment, seq, key}
+    arch:R:blob:<uuid>             an update message, with a TTL
+    arch:R:versions                hash fragment -> newest global version
+    arch:R:full:<p>                newest global fragment p as a full message
+    arch:R:pub:<p>:<v>             published difference v-1 -> v (lossy downlink)
+    arch:R:momentum:<p>            outer optimizer buffers of fragment p
+    arch:R:handled:<p>             hash island -> newest seq merged or dropped
+    arch:R:heartbeats              hash island -> JSON {epoch, time, step, tokens}
+    arch:R:control:<island>        list of JSON commands for the island's supervisor
+    arch:R:cursor:<island>         JSON data cursor, so a rejoin goes on in its shard
+    arch:R:status                  JSON snapshot with its sequence number
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+BLOB_TTL_S = 3600
+STREAM_MAXLEN = 100_000
+
+
+def connect(url: str) -> redis.Redis:
+    """A binary-safe client; every caller decodes what it reads itself."""
+    return redis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+
+
+@dataclass(frozen=True)
+class UpdateRef:
+    stream_id: bytes
+    island: str
+    epoch: int
+    fragment: int
+    seq: int
+    key: bytes
+
+
+class RunStore:
+    """The Redis keys of one run.
+
+    Args:
+        client: a connection from `connect`.
+        run_id: the run's primary key.
+    """
+
+    def __init__(self, client: redis.Redis, run_id: int | str):
+        self.r = client
+        self.run_id = str(run_id)
+        self.prefix = f"arch:{run_id}:"
+
+    def key(self, *parts: object) -> str:
+        return self.prefix + ":".join(str(p) for p in parts)
+
+    # -- run spec and membership ---------------------------------------------
+
+    def put_spec(self, mode: str, config: dict[str, Any], secret: str) -> None:
+        self.r.set(self.key("spec"), json.dumps({"mode": mode, "config": config,
+                                                  "secret": secret}))
+        self.r.sadd("arch:runs", self.run_id)
+
+    def spec(self) -> dict[str, Any] | None:
+        raw = self.r.get(self.key("spec"))
+        return json.loads(raw) if raw else None
+
+    def deactivate(self) -> None:
+        self.r.srem("arch:runs", self.run_id)
+
+    @staticmethod
+    def active_runs(client: redis.Redis) -> list[str]:
+        return sorted(m.decode() for m in client.smembers("arch:runs"))
+
+    def set_epoch(self, island: str, epoch: int) -> None:
+        self.r.hset(self.key("epochs"), island, epoch)
+
+    def epochs(self) -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in self.r.hgetall(self.key("epochs")).items()}
+
+    # -- updates: islands -> syncd -------------------------------------------
+
+    def push_update(self, island: str, epoch: int, fragment: int, seq: int, blob: bytes) -> None:
+        """Store an update message with a TTL and reference it from the stream."""
+        blob_key = self.key("blob", uuid.uuid4().hex)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(blob_key, blob, ex=BLOB_TTL_S)
+        pipe.xadd(self.key("updates"), {"island": island, "epoch": epoch, "fragment": fragment,
+                                        "seq": seq, "key": blob_key},
+                  maxlen=STREAM_MAXLEN, approximate=True)
+        pipe.execute()
+
+    def read_updates(self, after: bytes = b"0-0", count: int = 64, block_ms: int | None = None
+                     ) -> list[UpdateRef]:
+        reply = self.r.xread({self.key("updates"): after}, count=count, block=block_ms)
+        refs = []
+        for _, entries in reply or []:
+            for stream_id, f in entries:
+                refs.append(UpdateRef(stream_id, f[b"island"].decode(), int(f[b"epoch"]),
+                                      int(f[b"fragment"]), int(f[b"seq"]), f[b"key"]))
+        return refs
+
+    def blob(self, key: bytes) -> bytes | None:
+        return self.r.get(key)
+
+    def trim_updates(self, min_id: bytes) -> None:
+        """Forget stream entries older than `min_id`: all of them are handled."""
+        self.r.xtrim(self.key("updates"), minid=min_id)
+
+    # -- globals: syncd -> islands -------------------------------------------
+
+    def publish(self, fragment: int, version: int, full: bytes, diff: bytes | None,
+                momentum: bytes, handled: dict[str, int], tokens: int, keep: int) -> None:
+        """Commit one merge: the new version, its messages, momentum and handled seqs."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(self.key("full", fragment), full)
+        if diff is not None:
+            pipe.set(self.key("pub", fragment, version), diff)
+            pipe.delete(self.key("pub", fragment, version - keep))
+        pipe.set(self.key("momentum", fragment), momentum)
+        if handled:
+            pipe.hset(self.key("handled", fragment), mapping=handled)
+        pipe.hset(self.key("versions"), fragment, version)
+        pipe.hincrby(self.key("tokens_merged"), fragment, tokens)
+        pipe.execute()
+
+    def mark_handled(self, fragment: int, handled: dict[str, int]) -> None:
+        if handled:
+            self.r.hset(self.key("handled", fragment), mapping=handled)
+
+    def versions(self) -> dict[int, int]:
+        return {int(k): int(v) for k, v in self.r.hgetall(self.key("versions")).items()}
+
+    def handled(self, fragment: int) -> dict[str, int]:
+        raw = self.r.hgetall(self.key("handled", fragment))
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    def full(self, fragment: int) -> bytes | None:
+        return self.r.get(self.key("full", fragment))
+
+    def diffs(self, fragment: int, versions: Iterable[int]) -> list[bytes | None]:
+        return self.r.mget([self.key("pub", fragment, v) for v in versions])
+
+    def momentum(self, fragment: int) -> bytes | None:
+        return self.r.get(self.key("momentum", fragment))
+
+    def tokens_merged(self) -> dict[int, int]:
+        """Tokens behind the updates merged into each fragment."""
+        raw = self.r.hgetall(self.key("tokens_merged"))
+        return {int(k): int(v) for k, v in raw.items()}
+
+    def mark_done(self) -> None:
+        """The budget is spent: islands stop at their next step."""
+        self.r.set(self.key("done"), 1)
+
+    # -- heartbeats, commands, cursors, status -------------------------------
+
+    def heartbeat(self, island: str, epoch: int, step: int, tokens: int, **extra: Any) -> None:
+        beat = {"epoch": epoch, "time": time.time(), "step": step, "tokens": tokens, **extra}
+        self.r.hset(self.key("heartbeats"), island, json.dumps(beat))
+
+    def heartbeats(self) -> dict[str, dict[str, Any]]:
+        raw = self.r.hgetall(self.key("heartbeats"))
+        return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+    def send_command(self, island: str, kind: str, **args: Any) -> None:
+        self.r.rpush(self.key("control", island), json.dumps({"kind": kind, **args}))
+
+    def next_command(self, island: str) -> dict[str, Any] | None:
+        raw = self.r.lpop(self.key("control", island))
+        return json.loads(raw) if raw else None
+
+    def save_cursor(self, island: str, cursor: dict[str, Any]) -> None:
+        self.r.set(self.key("cursor", island), json.dumps(cursor))
+
+    def cursor(self, island: str) -> dict[str, Any] | None:
+        raw = self.r.get(self.key("cursor", island))
+        return json.loads(raw) if raw else None
+
+    def put_status(self, status: dict[str, Any]) -> int:
+        """Store the status snapshot under the next sequence number; returns it."""
+        seq = self.r.incr(self.key("status_seq"))
+        self.r.set(self.key("status"), json.dumps({**status, "seq": seq}))
+        return seq
+
+    def status(self) -> dict[str, Any] | None:
+        raw = self.r.get(self.key("status"))
+        return json.loads(raw) if raw else None

@@ -1,0 +1,322 @@
+"""The island supervisor with real child processes and a store that stands in for Redis."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from trainer.supervisor import IslandSupervisor, island_log_path, tail_lines
+
+POLL_S = 0.02
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+# A training loop in miniature: says it is ready, then works; on SIGTERM it finishes
+# ("saves its cursor") and exits 0.
+GRACEFUL = python("""
+    import signal, sys, time
+    def stop(*_):
+        print("cursor saved", flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    print("ready", flush=True)
+    while True:
+        time.sleep(0.01)
+""")
+STUBBORN = python("""
+    import signal, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("ready", flush=True)
+    time.sleep(60)
+""")
+
+
+class FakeStore:
+    """Commands and epochs of one island, as RunStore gives them.
+
+    Commands are handed out only once `ready()` is true (the child said "ready"),
+    so a test never races the child's start.
+    """
+
+    def __init__(self, commands=(), epochs=None, ready=lambda: True):
+        self.commands = list(commands)
+        self.epochs_ = dict(epochs or {})
+        self.ready = ready
+        self.sent_back = []
+        self.failures = 0
+
+    def next_command(self, island):
+        if self.failures:
+            self.failures -= 1
+            raise redis.ConnectionError("Redis is away")
+        if not self.ready() or not self.commands:
+            return None
+        return self.commands.pop(0)
+
+    def send_command(self, island, kind, **args):
+        self.sent_back.append({"kind": kind, **args})
+
+    def epochs(self):
+        return dict(self.epochs_)
+
+
+def says(log: Path, line: str):
+    """Whether the child wrote `line` (a whole line: the supervisor's notes quote the code)."""
+    return lambda: log.exists() and line in log.read_text().splitlines()
+
+
+def wait_until(check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def process_state(pid: int) -> str:
+    """R, S, T (stopped), Z...; '' once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return ""
+
+
+def supervisor(tmp_path, command, store, epoch=1, **kwargs):
+    return IslandSupervisor(command, store, "island-0", epoch, tmp_path / "island-0.log",
+                            poll_s=POLL_S, **kwargs)
+
+
+def test_it_kills_the_island_with_sigkill_on_a_kill_command(tmp_path):
+    log = tmp_path / "island-0.log"
+    store = FakeStore([{"kind": "kill", "epoch": 1}], ready=says(log, "ready"))
+
+    result = supervisor(tmp_path, STUBBORN, store).run()
+
+    assert result == {"island": "island-0", "epoch": 1, "exit_code": -signal.SIGKILL,
+                      "ended": "killed"}
+    assert "kill: SIGKILL" in log.read_text()
+
+
+def test_a_stop_lets_the_island_save_its_cursor_and_exit_0(tmp_path):
+    log = tmp_path / "island-0.log"
+    store = FakeStore([{"kind": "stop", "epoch": 1}], ready=says(log, "ready"))
+
+    result = supervisor(tmp_path, GRACEFUL, store).run()
+
+    assert (result["ended"], result["exit_code"]) == ("stopped", 0)
+    assert "forced" not in result
+    assert says(log, "cursor saved")()
+
+
+def test_a_stop_the_island_ignores_ends_in_sigkill_after_the_grace(tmp_path):
+    log = tmp_path / "island-0.log"
+    store = FakeStore([{"kind": "stop"}], ready=says(log, "ready"))
+
+    started = time.monotonic()
+    result = supervisor(tmp_path, STUBBORN, store, stop_grace_s=0.3).run()
+
+    assert (result["ended"], result["exit_code"], result["forced"]) == (
+        "stopped", -signal.SIGKILL, True)
+    assert time.monotonic() - started < 10
+
+
+def test_it_ignores_commands_for_another_epoch(tmp_path):
+    log = tmp_path / "island-0.log"
+    store = FakeStore([{"kind": "kill", "epoch": 1},    # the incarnation before
+                       {"kind": "kill", "epoch": 3},    # the one after: put back for it
+                       {"kind": "stop", "epoch": 2}],
+                      ready=says(log, "ready"))
+
+    result = supervisor(tmp_path, GRACEFUL, store, epoch=2).run()
+
+    assert (result["ended"], result["exit_code"]) == ("stopped", 0)
+    assert store.sent_back == [{"kind": "kill", "epoch": 3}]
+    assert "command for older epoch 1 dropped" in log.read_text()
+
+
+def test_an_incarnation_superseded_before_it_starts_never_starts(tmp_path):
+    store = FakeStore(epochs={"island-0": 2})
+
+    result = supervisor(tmp_path, python("open('started', 'w')"), store, epoch=1,
+                        cwd=tmp_path).run()
+
+    assert result == {"island": "island-0", "epoch": 1, "exit_code": None,
+                      "ended": "superseded"}
+    assert not (tmp_path / "started").exists()
+
+
+def test_a_newer_epoch_stops_the_running_incarnation_even_without_a_command(tmp_path):
+    log = tmp_path / "island-0.log"
+    store = FakeStore(epochs={"island-0": 1})
+    sup = supervisor(tmp_path, GRACEFUL, store)
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.update(sup.run()))
+    thread.start()
+    wait_until(says(log, "ready"))
+
+    store.epochs_["island-0"] = 2  # a rejoin started epoch 2; its "stop" went astray
+    thread.join(timeout=10)
+
+    assert (outcome["ended"], outcome["exit_code"]) == ("superseded", 0)
+    assert says(log, "cursor saved")()
+
+
+def test_pause_freezes_the_process_and_resume_lets_it_go_on(tmp_path):
+    log = tmp_path / "island-0.log"
+    store = FakeStore()
+    sup = supervisor(tmp_path, GRACEFUL, store)
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.update(sup.run()))
+    thread.start()
+    wait_until(says(log, "ready"))
+    pid = sup.child.pid
+
+    store.commands.append({"kind": "pause", "epoch": 1})
+    wait_until(lambda: process_state(pid) == "T")
+    store.commands.append({"kind": "resume", "epoch": 1})
+    wait_until(lambda: process_state(pid) in ("R", "S"))
+    store.commands.append({"kind": "pause", "epoch": 1})
+    wait_until(lambda: process_state(pid) == "T")
+    # A stop reaches a paused island too: it is woken up to see its SIGTERM.
+    store.commands.append({"kind": "stop", "epoch": 1})
+    thread.join(timeout=10)
+
+    assert (outcome["ended"], outcome["exit_code"]) == ("stopped", 0)
+
+
+def test_it_reports_a_process_that_fails_with_the_end_of_its_log(tmp_path):
+    command = python("""
+        import sys
+        print("loading the corpus", flush=True)
+        sys.exit("no such corpus: /nowhere")
+    """)
+
+    result = supervisor(tmp_path, command, FakeStore()).run()
+
+    assert (result["ended"], result["exit_code"]) == ("failed", 1)
+    assert result["log_tail"][-2] == "no such corpus: /nowhere"
+
+
+def test_a_process_that_finishes_on_its_own_has_exited(tmp_path):
+    result = supervisor(tmp_path, python("print('run done')"), FakeStore()).run()
+
+    assert (result["ended"], result["exit_code"]) == ("exited", 0)
+    assert says(tmp_path / "island-0.log", "run done")()
+
+
+def test_the_island_keeps_running_while_redis_is_away(tmp_path):
+    log = tmp_path / "island-0.log"
+    store = FakeStore([{"kind": "kill"}], ready=says(log, "ready"))
+    store.failures = 5
+
+    result = supervisor(tmp_path, STUBBORN, store).run()
+
+    assert result["ended"] == "killed"
+    text = log.read_text()
+    assert "cannot reach Redis" in text and "Redis is back" in text
+
+
+def supervisor_process(tmp_path, handle_sigterm=False) -> subprocess.Popen:
+    """A supervisor in a process of its own, as in a Celery pool process; its island
+    writes its pid to child.pid, and "cursor saved" to the log when it gets SIGTERM."""
+    script = textwrap.dedent(f"""
+        import sys
+        from trainer.supervisor import IslandSupervisor
+
+        class Store:
+            def next_command(self, island): return None
+            def send_command(self, island, kind, **args): pass
+            def epochs(self): return {{}}
+
+        command = [sys.executable, "-c",
+                   "import os, signal, sys, time\\n"
+                   "def stop(*_): print('cursor saved', flush=True); sys.exit(0)\\n"
+                   "signal.signal(signal.SIGTERM, stop)\\n"
+                   "open('child.pid', 'w').write(str(os.getpid()))\\n"
+                   "time.sleep(60)"]
+        result = IslandSupervisor(command, Store(), "island-0", 1, "island-0.log",
+                                  poll_s=0.02, cwd={str(tmp_path)!r}).run({handle_sigterm})
+        print(result["ended"], result["exit_code"], flush=True)
+    """)
+    return subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+                            stdout=subprocess.PIPE, text=True)
+
+
+def island_pid(tmp_path) -> int:
+    pid_file = tmp_path / "child.pid"
+    wait_until(lambda: pid_file.exists() and pid_file.read_text())
+    return int(pid_file.read_text())
+
+
+def test_the_island_gets_sigterm_when_its_supervisor_dies(tmp_path):
+    """A killed worker must not leave its island training beyond kill and stop."""
+    parent = supervisor_process(tmp_path)
+    try:
+        child = island_pid(tmp_path)
+
+        parent.kill()
+        parent.wait(timeout=10)
+
+        wait_until(lambda: process_state(child) in ("", "Z"))
+        wait_until(says(tmp_path / "island-0.log", "cursor saved"))
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        parent.communicate()
+
+
+def test_sigterm_to_the_supervisor_stops_its_island_and_ends_the_task(tmp_path):
+    """A Celery worker shut down with its process group: its tasks end, none is lost."""
+    parent = supervisor_process(tmp_path, handle_sigterm=True)
+    try:
+        island_pid(tmp_path)
+
+        parent.terminate()
+        out, _ = parent.communicate(timeout=10)
+
+        assert (parent.returncode, out.split()) == (0, ["stopped", "0"])
+        assert says(tmp_path / "island-0.log", "cursor saved")()
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.communicate()
+
+
+def test_island_logs_are_per_run_and_island_with_safe_file_names(tmp_path):
+    assert island_log_path(tmp_path, 7, "us-east-a") == tmp_path / "run-7" / "us-east-a.log"
+    odd = island_log_path(tmp_path, 7, "../../etc/passwd")
+    assert odd.parent == tmp_path / "run-7"
+    assert "/" not in odd.name and not odd.name.startswith(".")
+    assert odd != island_log_path(tmp_path, 7, "__.._etc_passwd")
+
+
+@pytest.mark.parametrize("lines", [0, 1, 3, 100])
+def test_tail_lines_reads_the_last_lines(tmp_path, lines):
+    path = tmp_path / "log"
+    path.write_text("".join(f"line {i}\n" for i in range(5000)))
+
+    tail = tail_lines(path, lines, block=64)
+
+    assert tail == [f"line {i}" for i in range(5000 - lines, 5000)]
+
+
+def test_tail_lines_of_a_missing_log_is_empty(tmp_path):
+    assert tail_lines(tmp_path / "nope.log") == []
+
+
+def test_it_checks_its_arguments(tmp_path):
+    with pytest.raises(ValueError, match="poll_s must be more than 0"):
+        IslandSupervisor(["true"], FakeStore(), "i", 1, tmp_path / "l", poll_s=0)
+    with pytest.raises(ValueError, match="command must name the program"):
+        IslandSupervisor([], FakeStore(), "i", 1, tmp_path / "l")
+

@@ -1,0 +1,306 @@
+"""python -m trainer.runner: one incarnation of one island, as its own process.
+
+The supervisor (trainer/supervisor.py, inside a Celery task) starts it and can
+kill it at any instant. It needs only Redis: it reads the run's spec, takes the
+newest global fragments that syncd published, trains with trainer.island.Island,
+sends updates through an emulated wide-area link, heartbeats, and keeps its data
+cursor in Redis after each send so that a later incarnation (a rejoin) goes on
+where this one was in its shard.
+
+Faults other than kill and stop reach it through the key `arch:R:fault:<island>`
+(JSON {kind, until, factor}): straggle multiplies its step time, partition holds
+its sends and heartbeats, degrade divides its bandwidth, corrupt poisons its next
+update with NaN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import queue
+import signal
+import threading
+import time
+from typing import Any
+
+import torch
+
+from syncd.protocol import decode_message, encode_message
+from syncd.store import RunStore, connect
+from syncd.synchronizer import Published, apply_published
+from trainer.config import RunConfig, parse_config
+from trainer.data import load_corpus
+from trainer.fragments import due_fragments, partition
+from trainer.island import Island, initial_model
+
+log = logging.getLogger("archipelago.island")
+POLL_S = 0.05
+HEARTBEAT_S = 0.25
+
+
+def config_from_spec(spec: dict[str, Any]) -> RunConfig:
+    """The run config stored by the web app; it was validated when the run was made."""
+    regions = sorted({i["region"] for i in spec["config"]["islands"]})
+    return parse_config(spec["config"], regions)
+
+
+class Link:
+    """An emulated wide-area link: a sender thread that holds each message for
+    latency + bytes * bytes_scale * 8 / bandwidth before it reaches Redis.
+
+    The queue is bounded: when syncd or Redis cannot keep up, the island waits
+    to send (backpressure) instead of piling up updates in memory.
+    """
+
+    def __init__(self, island: ProcessIsland, max_pending: int):
+        self.island = island
+        self.queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        self.bytes_up = 0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name="link")
+        self.thread.start()
+
+    def send(self, fragment: int, seq: int, blob: bytes) -> None:
+        if self.error:
+            raise RuntimeError("the link thread failed") from self.error
+        self.queue.put((fragment, seq, blob))
+
+    def _run(self) -> None:
+        try:
+            while True:
+                fragment, seq, blob = self.queue.get()
+                self.island.wait_while_partitioned()
+                time.sleep(self.island.transfer_time(len(blob)))
+                self.island.store.push_update(self.island.name, self.island.epoch, fragment,
+                                              seq, blob)
+                self.bytes_up += len(blob)
+                self.queue.task_done()
+        except BaseException as exc:  # surfaced on the next send
+            self.error = exc
+
+    def drain(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while self.queue.unfinished_tasks and time.time() < deadline and not self.error:
+            time.sleep(POLL_S)
+
+
+class ProcessIsland:
+    """The island's training loop around trainer.island.Island.
+
+    Args:
+        store: the run's Redis keys.
+        name: the island's name in the run config.
+        epoch: this incarnation's number; syncd refuses updates of older ones.
+        device: "cpu" or "cuda"; default: cuda when present.
+    """
+
+    def __init__(self, store: RunStore, name: str, epoch: int, device: str | None = None):
+        self.store = store
+        self.name = name
+        self.epoch = epoch
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        spec = store.spec()
+        if spec is None:
+            raise ValueError(f"run {store.run_id} has no spec in Redis; was it started?")
+        self.config = config_from_spec(spec)
+        self.secret = bytes.fromhex(spec["secret"])
+        self.index = self.config.island_index(name)
+        self.spec = self.config.islands[self.index]
+        self.stopping = False
+        self.bytes_down = 0
+        self._fault: dict[str, Any] = {}
+        self._fault_read = 0.0
+        self._last_beat = 0.0
+
+    # -- faults and the emulated link ----------------------------------------
+
+    def fault(self) -> dict[str, Any]:
+        now = time.time()
+        if now - self._fault_read > 0.2:
+            raw = self.store.r.get(self.store.key("fault", self.name))
+            fault = json.loads(raw) if raw else {}
+            self._fault = fault if fault.get("until", 0) > now else {}
+            self._fault_read = now
+        return self._fault
+
+    def transfer_time(self, nbytes: int) -> float:
+        bandwidth = self.spec.bandwidth_gbps
+        if self.fault().get("kind") == "degrade":
+            bandwidth /= max(float(self.fault().get("factor", 10.0)), 1.0)
+        scaled = nbytes * self.config.emulation.bytes_scale
+        return self.spec.latency_ms / 1000 + scaled * 8 / (bandwidth * 1e9)
+
+    def wait_while_partitioned(self) -> None:
+        while self.fault().get("kind") == "partition" and not self.stopping:
+            time.sleep(POLL_S)
+
+    def beat(self, state: str, force: bool = False, **extra: Any) -> None:
+        now = time.time()
+        if not force and now - self._last_beat < HEARTBEAT_S:
+            return
+        if self.fault().get("kind") == "partition":
+            return  # a cut link carries no heartbeats either
+        self._last_beat = now
+        island = getattr(self, "island", None)
+        self.store.heartbeat(self.name, self.epoch, island.step if island else 0,
+                             island.tokens if island else 0, state=state,
+                             bytes_down=self.bytes_down, **extra)
+
+    # -- globals -------------------------------------------------------------
+
+    def _wait_for_globals(self, num_fragments: int) -> dict[int, int]:
+        while not self.stopping:
+            versions = self.store.versions()
+            if len(versions) >= num_fragments:
+                return versions
+            self.beat("starting")
+            time.sleep(POLL_S)
+        raise SystemExit(0)
+
+    def _full(self, p: int) -> tuple[int, dict[str, torch.Tensor]]:
+        blob = self.store.full(p)
+        if blob is None:
+            raise RuntimeError(f"global fragment {p} is missing from Redis")
+        self.bytes_down += len(blob)
+        _, meta, tensors = decode_message(blob, self.secret)
+        return meta["version"], tensors
+
+    def pull(self, p: int) -> None:
+        """Mix in the newest global version of fragment p."""
+        state = self.island.state[p]
+        newest = self.store.versions().get(p, state.version)
+        if newest <= state.version:
+            return
+        blobs = []
+        if self.config.sync.downlink_compression != "none":
+            blobs = self.store.diffs(p, range(state.version + 1, newest + 1))
+        if blobs and all(b is not None for b in blobs):
+            published = []
+            for blob in blobs:
+                _, meta, tensors = decode_message(blob, self.secret)
+                published.append(Published(meta["version"], 0.0, meta["codec"], tensors))
+                self.bytes_down += len(blob)
+            version = published[-1].version
+        else:
+            version, tensors = self._full(p)
+            published = [Published(version, 0.0, "none", tensors)]
+        time.sleep(self.transfer_time(0))  # the latency of the request
+        shapes = {n: tuple(t.shape) for n, t in state.anchor.items()}
+        anchor = {n: t.cpu() for n, t in state.anchor.items()}
+        self.island.mix_global(p, apply_published(anchor, published, shapes), version)
+
+    def handled(self, p: int, seq: int) -> bool:
+        """Whether syncd merged or dropped this island's update `seq` of fragment p."""
+        done = self.store.r.hget(self.store.key("handled", p), self.name)
+        return done is not None and int(done) >= seq
+
+    # -- the loop ------------------------------------------------------------
+
+    def setup(self) -> None:
+        config = self.config
+        shapes = {k: v.numel() for k, v in initial_model(config).state_dict().items()}
+        fragments = partition(shapes, config.sync.fragments)
+        versions = self._wait_for_globals(len(fragments))
+        init: dict[str, torch.Tensor] = {}
+        for p in range(len(fragments)):
+            _, tensors = self._full(p)
+            init.update(tensors)
+        corpus = load_corpus(config.data.path, config.data.eval_fraction)
+        self.island = Island(self.index, config, corpus, fragments, init, self.device)
+        for p, state in enumerate(self.island.state):
+            state.version = versions[p]
+        cursor = self.store.cursor(self.name)
+        if cursor:
+            self.island.step = cursor["step"]
+            self.island.tokens = cursor["tokens"]
+            state = torch.frombuffer(bytearray(base64.b64decode(cursor["rng"])), dtype=torch.uint8)
+            self.island.sampler.set_state(state)
+        self.link = Link(self, max_pending=2 * len(fragments))
+
+    def save_cursor(self) -> None:
+        rng = base64.b64encode(self.island.sampler.state().numpy().tobytes()).decode()
+        self.store.save_cursor(self.name, {"step": self.island.step,
+                                           "tokens": self.island.tokens, "rng": rng})
+
+    def done(self) -> bool:
+        return bool(self.store.r.exists(self.store.key("done")))
+
+    def send(self, p: int) -> None:
+        s = self.config.sync
+        meta, payload = self.island.make_update(p, s.compression)
+        if self.fault().get("kind") == "corrupt":
+            payload = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+                       for k, v in payload.items()}
+            self.store.r.delete(self.store.key("fault", self.name))
+            self._fault = {}
+        meta.update(run=self.store.run_id, island=self.name, epoch=self.epoch,
+                    compute_s=self.compute_s, codec=s.compression)
+        self.link.send(p, meta["seq"], encode_message("update", meta, payload, self.secret))
+        self.save_cursor()
+
+    def step(self) -> None:
+        started = time.time()
+        loss = self.island.inner_step()
+        elapsed = time.time() - started
+        slow = 1.0 / self.spec.speed
+        if self.fault().get("kind") == "straggle":
+            slow *= max(float(self.fault().get("factor", 4.0)), 1.0)
+        if slow > 1.0:
+            time.sleep(elapsed * (slow - 1.0))
+        self.compute_s += time.time() - started
+        self.beat("training", loss=loss, bytes_up=self.link.bytes_up)
+
+    def run(self) -> int:
+        self.compute_s = 0.0
+        self.setup()
+        s = self.config.sync
+        # fragment -> (inner step to mix at, seq of the send that must be handled first);
+        # a second send before the mix keeps the first one's target.
+        mix_at: dict[int, tuple[int, int]] = {}
+        while not self.stopping and not self.done():
+            self.step()
+            for p, (at, seq) in list(mix_at.items()):
+                if self.island.step >= at and self.handled(p, seq):
+                    del mix_at[p]
+                    self.pull(p)
+            for p in due_fragments(self.island.step, s.inner_steps, s.fragments):
+                self.send(p)
+                seq = self.island.step
+                if s.overlap_steps == 0:
+                    while not self.handled(p, seq) and not self.stopping and not self.done():
+                        self.beat("waiting")
+                        time.sleep(POLL_S)
+                    self.pull(p)
+                else:
+                    mix_at.setdefault(p, (seq + s.overlap_steps, seq))
+        self.link.drain(timeout=5.0)
+        self.beat("stopped", force=True)
+        return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--island", required=True)
+    parser.add_argument("--epoch", type=int, required=True)
+    parser.add_argument("--device", default=None)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    torch.set_num_threads(1)  # several islands share a host's cores
+    island = ProcessIsland(RunStore(connect(args.redis_url), args.run), args.island, args.epoch,
+                           args.device)
+
+    def stop(signum: int, frame: object) -> None:
+        island.stopping = True  # finish the current step, save the cursor, exit
+
+    signal.signal(signal.SIGTERM, stop)
+    log.info("island %s epoch %d of run %s starting on %s", args.island, args.epoch, args.run,
+             island.device)
+    raise SystemExit(island.run())
+
+
+if __name__ == "__main__":
+    main()

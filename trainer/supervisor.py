@@ -1,0 +1,321 @@
+"""Supervise one incarnation of an island: its training process and the commands sent to it.
+
+An island is one long Celery task on its region's worker. The task does not
+train: it starts the training loop (`python -m trainer.runner`) as a child
+process and watches the island's control list in Redis, so that a "kill" fault
+is carried out on the island's own host, mid-step, whichever machine asked for
+it (DESIGN.md, Processes). The child is started with subprocess because
+Celery's prefork pool processes are daemonic and multiprocessing refuses them
+children of their own.
+
+Commands (JSON objects in the island's control list, see syncd.store):
+    kill     SIGKILL at once: the island dies mid-step, as a crashed host would.
+    stop     SIGTERM: the loop finishes its step, saves its data cursor and exits 0;
+             SIGKILL if it is still there after the grace period.
+    pause    SIGSTOP.
+    resume   SIGCONT.
+A command may name an epoch. One for an older incarnation is dropped; one for a
+newer incarnation is put back for it. An incarnation whose epoch is no longer
+the island's current one (a rejoin started the next) stops itself, so a rejoin
+never leaves two copies of an island training, even if its "stop" went astray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+import redis
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+POLL_S = 0.2
+STOP_GRACE_S = 30.0
+# Commands taken from the control list per poll; more wait for the next poll.
+COMMANDS_PER_POLL = 16
+_PR_SET_PDEATHSIG = 1
+
+
+class ControlStore(Protocol):
+    """What the supervisor needs of a syncd.store.RunStore."""
+
+    def next_command(self, island: str) -> dict[str, Any] | None: ...
+
+    def send_command(self, island: str, kind: str, **args: Any) -> None: ...
+
+    def epochs(self) -> dict[str, int]: ...
+
+
+class IslandSupervisor:
+    """Runs one island process to its end and carries out the commands sent to it.
+
+    Args:
+        command: the island process's argv.
+        store: where the island's commands and current epoch are read (a RunStore).
+        island: the island's name.
+        epoch: this incarnation's epoch.
+        log_path: the child's stdout and stderr are appended here, with a line from
+            the supervisor when it starts and when it ends.
+        poll_s: seconds between two looks at the control list and the child.
+        stop_grace_s: seconds a stopped child has to exit before it is killed.
+        env: the child's environment; default: this process's.
+        cwd: the child's working directory; default: the project root.
+    """
+
+    def __init__(self, command: Sequence[str], store: ControlStore, island: str, epoch: int,
+                 log_path: str | Path, *, poll_s: float = POLL_S,
+                 stop_grace_s: float = STOP_GRACE_S, env: dict[str, str] | None = None,
+                 cwd: str | Path | None = None):
+        if not command:
+            raise ValueError("command must name the program to run, got an empty list")
+        if poll_s <= 0:
+            raise ValueError(f"poll_s must be more than 0 seconds, got {poll_s}")
+        if stop_grace_s < 0:
+            raise ValueError(f"stop_grace_s must be 0 seconds or more, got {stop_grace_s}")
+        self.command = list(command)
+        self.store = store
+        self.island = island
+        self.epoch = epoch
+        self.log_path = Path(log_path)
+        self.poll_s = poll_s
+        self.stop_grace_s = stop_grace_s
+        self.env = env
+        self.cwd = cwd if cwd is not None else PROJECT_ROOT
+        self.child: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._paused = False
+        self._store_down = False
+        self._sigterm = False
+
+    def run(self, handle_sigterm: bool = False) -> dict[str, Any]:
+        """Start the island process, supervise it until it ends, and say how it ended.
+
+        Args:
+            handle_sigterm: treat a SIGTERM to this process as a "stop" (main thread
+                only). A Celery worker shut down with its process group then stops its
+                islands as a stop command would, and its tasks end instead of dying.
+
+        Returns:
+            {"island", "epoch", "exit_code", "ended"}, with "ended" one of: exited
+            (0, on its own), failed (non-zero on its own; "log_tail" says why), killed,
+            stopped, superseded (a newer epoch took over; exit_code None if the
+            process was never started). A stop that needed SIGKILL adds "forced".
+        """
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as self._log:
+            if self._superseded():
+                self._note(f"epoch {self.epoch} not started: a newer epoch took over")
+                return self._result("superseded", None)
+            previous = signal.signal(signal.SIGTERM, self._on_sigterm) if handle_sigterm \
+                else None
+            try:
+                self._note(f"start epoch {self.epoch}: {shlex.join(self.command)}")
+                self.child = subprocess.Popen(
+                    self.command, stdin=subprocess.DEVNULL, stdout=self._log,
+                    stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
+                    preexec_fn=_end_with_parent(os.getpid()))
+                ended, forced = self._watch()
+            finally:
+                if handle_sigterm:
+                    signal.signal(signal.SIGTERM, previous)
+            code = self.child.returncode
+            self._note(f"epoch {self.epoch} ended ({ended}), exit code {code}")
+        result = self._result(ended, code)
+        if forced:
+            result["forced"] = True
+        if ended == "failed":
+            result["log_tail"] = tail_lines(self.log_path, 20)
+        return result
+
+    # -- the loop -------------------------------------------------------------
+
+    def _watch(self) -> tuple[str, bool]:
+        """Poll the child and the commands until the child is gone: (how it ended, forced)."""
+        assert self.child is not None
+        ended: str | None = None
+        stop_deadline: float | None = None
+        while True:
+            code = self.child.poll()
+            if code is not None:
+                return ended or ("exited" if code == 0 else "failed"), False
+            if stop_deadline is not None and time.monotonic() >= stop_deadline:
+                self._note(f"still running {self.stop_grace_s:g} s after SIGTERM: SIGKILL")
+                self._signal(signal.SIGKILL)
+                self.child.wait()
+                return ended or "stopped", True
+            if self._sigterm and stop_deadline is None:
+                self._note("SIGTERM: stopping")
+                ended, stop_deadline = "stopped", self._terminate()
+            if ended != "superseded":
+                if self._superseded():
+                    self._note("a newer epoch of this island started: stopping")
+                    ended, stop_deadline = "superseded", self._terminate()
+                    continue
+                for command in self._commands():
+                    kind = command.get("kind")
+                    if kind == "kill":
+                        self._note("kill: SIGKILL")
+                        self._signal(signal.SIGKILL)
+                        self.child.wait()
+                        return "killed", False
+                    if kind == "stop" and stop_deadline is None:
+                        self._note("stop: SIGTERM")
+                        ended, stop_deadline = "stopped", self._terminate()
+                    elif kind == "pause" and stop_deadline is None:
+                        self._note("pause: SIGSTOP")
+                        self._signal(signal.SIGSTOP)
+                        self._paused = True
+                    elif kind == "resume" and self._paused:
+                        self._note("resume: SIGCONT")
+                        self._signal(signal.SIGCONT)
+                        self._paused = False
+                    elif kind not in ("stop", "pause", "resume"):
+                        self._note(f"unknown command {command!r} ignored")
+            time.sleep(self.poll_s)
+
+    def _commands(self) -> list[dict[str, Any]]:
+        """Take this incarnation's pending commands; drop older ones, put newer ones back."""
+        mine = []
+        for _ in range(COMMANDS_PER_POLL):
+            command = self._store_call(self.store.next_command, self.island)
+            if command is None:
+                break
+            epoch = command.get("epoch")
+            if epoch is None or epoch == self.epoch:
+                mine.append(command)
+            elif epoch < self.epoch:
+                self._note(f"command for older epoch {epoch} dropped: {command!r}")
+            else:
+                # For the incarnation that replaces us: leave it to that one, and take
+                # nothing more this round so we do not pick the same command again.
+                args = {k: v for k, v in command.items() if k != "kind"}
+                self._store_call(self.store.send_command, self.island, command["kind"], **args)
+                break
+        return mine
+
+    def _superseded(self) -> bool:
+        epochs = self._store_call(self.store.epochs)
+        return bool(epochs) and epochs.get(self.island, self.epoch) > self.epoch
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        self._sigterm = True
+
+    def _terminate(self) -> float:
+        """SIGTERM (and SIGCONT, or a paused child never sees it); returns the kill deadline."""
+        self._signal(signal.SIGTERM)
+        if self._paused:
+            self._signal(signal.SIGCONT)
+            self._paused = False
+        return time.monotonic() + self.stop_grace_s
+
+    def _signal(self, sig: int) -> None:
+        assert self.child is not None
+        with contextlib.suppress(ProcessLookupError):  # it ended since our last poll
+            self.child.send_signal(sig)
+
+    def _store_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call the store; while Redis is away the island keeps training, unsupervised."""
+        try:
+            value = fn(*args, **kwargs)
+        except (redis.RedisError, OSError) as e:
+            if not self._store_down:
+                self._note(f"cannot reach Redis ({e}); the island keeps running")
+                self._store_down = True
+            return None
+        if self._store_down:
+            self._note("Redis is back")
+            self._store_down = False
+        return value
+
+    def _note(self, message: str) -> None:
+        if self._log is None:
+            return
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        self._log.write(f"[supervisor {stamp}] {message}\n".encode())
+        self._log.flush()
+
+    def _result(self, ended: str, code: int | None) -> dict[str, Any]:
+        return {"island": self.island, "epoch": self.epoch, "exit_code": code, "ended": ended}
+
+
+def _end_with_parent(parent_pid: int) -> Callable[[], None] | None:
+    """In the child before exec: SIGTERM when the supervisor dies (Linux only).
+
+    A worker that is killed must not leave its islands training unsupervised,
+    beyond the reach of kill and stop; SIGTERM lets the loop save its cursor.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+# -- island logs ----------------------------------------------------------------
+
+def island_log_path(log_dir: str | Path, run_id: int | str, island: str) -> Path:
+    """Where an island's log lives: <log_dir>/run-<id>/<island>.log, whatever the name holds."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", island).lstrip(".")
+    if safe != island or not safe:
+        # Two names that differ only in unsafe characters still get two files.
+        safe = f"{safe}-{hashlib.sha1(island.encode()).hexdigest()[:8]}"
+    return Path(log_dir) / f"run-{run_id}" / f"{safe}.log"
+
+
+def tail_lines(path: str | Path, lines: int = 50, block: int = 8192) -> list[str]:
+    """The last `lines` lines of a text file, read from its end; [] if it does not exist."""
+    if lines <= 0:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            end = pos = f.tell()
+            data = b""
+            while pos > 0 and data.count(b"\n") <= lines:
+                pos = max(0, pos - block)
+                f.seek(pos)
+                data = f.read(end - pos)
+    except FileNotFoundError:
+        return []
+    return data.decode("utf-8", errors="replace").splitlines()[-lines:]
+
+
+# -- the Celery task's body --------------------------------------------------------
+
+def island_command(redis_url: str, run_id: int, island: str, epoch: int) -> list[str]:
+    return [sys.executable, "-m", "trainer.runner", "--redis-url", redis_url,
+            "--run", str(run_id), "--island", island, "--epoch", str(epoch)]
+
+
+def supervise_island(run_id: int, island: str, epoch: int, redis_url: str,
+                     log_dir: str | Path) -> dict[str, Any]:
+    """Run one incarnation of an island unless its run is no longer active."""
+    from syncd.store import RunStore, connect
+
+    store = RunStore(connect(redis_url), run_id)
+    if store.run_id not in RunStore.active_runs(store.r):
+        return {"island": island, "epoch": epoch, "exit_code": None, "ended": "inactive"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    supervisor = IslandSupervisor(island_command(redis_url, run_id, island, epoch), store,
+                                  island, epoch, island_log_path(log_dir, run_id, island),
+                                  env=env)
+    # Celery's pool processes die of SIGTERM by default: the island would be left
+    # without its supervisor, and the task would fail as a lost worker.
+    return supervisor.run(handle_sigterm=threading.current_thread() is threading.main_thread())

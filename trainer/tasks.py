@@ -1,0 +1,17 @@
+"""Celery tasks of the trainer: thin glue around trainer.supervisor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+
+
+@shared_task(name="trainer.run_island", acks_late=True)
+def run_island(run_id: int, island: str, epoch: int, redis_url: str) -> dict[str, Any]:
+    """One incarnation of one island, on its region's queue, for as long as it trains."""
+    from django.conf import settings
+
+    from trainer.supervisor import supervise_island
+
+    return supervise_island(run_id, island, epoch, redis_url, settings.LOG_DIR)

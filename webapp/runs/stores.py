@@ -1,0 +1,29 @@
+"""A run's Redis keys (syncd.store.RunStore) on the Redis that settings.REDIS_URL names.
+
+The run services take their store from here and nowhere else, so a test that
+points settings.REDIS_URL at its own Redis moves every service with it.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import redis
+from django.conf import settings
+
+from syncd.store import RunStore, connect
+
+if TYPE_CHECKING:
+    from webapp.runs.models import Run
+
+
+@lru_cache(maxsize=8)
+def redis_client(url: str) -> redis.Redis:
+    """One connection pool per URL for the whole process."""
+    return connect(url)
+
+
+def run_store(run: Run | int) -> RunStore:
+    run_id = run if isinstance(run, int) else run.pk
+    return RunStore(redis_client(settings.REDIS_URL), run_id)

