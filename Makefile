@@ -38,14 +38,17 @@ lint: install-test
 
 # Unit tier: pure modules and the in-process cluster, no services.
 test-unit: install-test
-	$(VENV)/bin/pytest tests/trainer tests/syncd -q -p no:cacheprovider
+	$(VENV)/bin/pytest tests/trainer tests/syncd -m "not integration" -q -p no:cacheprovider
 
-# Database tier: the Django tests, once per database in TEST_DATABASES.
+# Database tier, once per database in TEST_DATABASES: the web app, syncd against a
+# Redis of the tests' own, and the runtime with real worker, syncd and island processes.
 test-db: install-test
 	mkdir -p var
 	@for url in $(TEST_DATABASES); do \
 		echo "== database tests on $$url"; \
 		DATABASE_URL=$$url $(VENV)/bin/pytest tests/webapp -q -p no:cacheprovider || exit 1; \
+		DATABASE_URL=$$url $(VENV)/bin/pytest tests/trainer tests/syncd -m integration \
+			-q -p no:cacheprovider || exit 1; \
 	done
 
 # Browser tier: a real Chromium (Debian's package) driven by Playwright.

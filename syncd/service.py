@@ -10,6 +10,7 @@ idempotent (an update whose seq is already handled or pending is skipped).
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
 import time
@@ -59,15 +60,14 @@ class RunSync:
         spec = store.spec()
         if spec is None:
             raise ValueError(f"run {store.run_id} has no spec in Redis")
+        self.spec_raw = self.store.r.get(self.store.key("spec"))
         self.config = config = config_from_spec(spec)
         self.secret = bytes.fromhex(spec["secret"])
         params = {k: v.detach() for k, v in initial_model(config).state_dict().items()}
         self.fragments = partition({k: v.numel() for k, v in params.items()},
                                    config.sync.fragments)
-        round_tokens = config.sync.inner_steps * config.model.block_size * sum(
-            i.batch_size for i in config.islands)
         self.sync = Synchronizer(params, self.fragments, config.sync, config.optim,
-                                 round_tokens, embedding_tensor_names())
+                                 config.round_tokens(), embedding_tensor_names())
         self.after = b"0-0"
         self.pending_ids: dict[tuple[int, str], bytes] = {}
         self.norms = [deque(maxlen=32) for _ in self.fragments]
@@ -86,6 +86,15 @@ class RunSync:
         self._restore_or_publish_initial()
 
     # -- state in Redis --------------------------------------------------------
+
+    def _refresh_spec(self) -> None:
+        """Islands may be added to or removed from a running run: follow its spec."""
+        raw = self.store.r.get(self.store.key("spec"))
+        if raw is None or raw == self.spec_raw:
+            return
+        self.spec_raw = raw
+        self.config = config_from_spec(json.loads(raw))
+        self.sync.round_tokens = self.config.round_tokens()
 
     def _global_message(self, p: int, version: int) -> bytes:
         meta = {"run": self.store.run_id, "fragment": p, "version": version, "base_version": -1,
@@ -126,6 +135,7 @@ class RunSync:
     def tick(self) -> bool:
         """Ingest what arrived, merge what may merge, watch liveness; True if busy."""
         now = self.clock()
+        self._refresh_spec()
         self.epochs = self.store.epochs()
         self.heartbeats = self.store.heartbeats()
         refs = self.store.read_updates(self.after, count=256)
@@ -228,6 +238,8 @@ class RunSync:
     def _liveness(self, now: float) -> int:
         """Mark islands lost or revived from their heartbeats; returns how many are alive."""
         timeout = self.config.liveness.heartbeat_timeout_s
+        if self.store.paused():
+            return 0  # a paused island is silent on purpose: neither lost nor alive
         alive = 0
         for island in self.config.islands:
             beat = self.heartbeats.get(island.name)

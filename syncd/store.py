@@ -21,6 +21,9 @@ Keys, for run R:
     arch:R:heartbeats              hash island -> JSON {epoch, time, step, tokens}
     arch:R:control:<island>        list of JSON commands for the island's supervisor
     arch:R:cursor:<island>         JSON data cursor, so a rejoin goes on in its shard
+    arch:R:fault:<island>          JSON {kind, until, factor}: the island's active fault
+    arch:R:paused                  set while a user has paused the run
+    arch:R:done                    set when the budget is spent: islands stop
     arch:R:status                  JSON snapshot with its sequence number
 """
 
@@ -192,6 +195,15 @@ class RunStore:
     def cursor(self, island: str) -> dict[str, Any] | None:
         raw = self.r.get(self.key("cursor", island))
         return json.loads(raw) if raw else None
+
+    def set_paused(self, paused: bool) -> None:
+        if paused:
+            self.r.set(self.key("paused"), 1)
+        else:
+            self.r.delete(self.key("paused"))
+
+    def paused(self) -> bool:
+        return bool(self.r.exists(self.key("paused")))
 
     def put_status(self, status: dict[str, Any]) -> int:
         """Store the status snapshot under the next sequence number; returns it."""

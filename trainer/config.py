@@ -147,6 +147,11 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def round_tokens(self) -> int:
+        """Tokens all islands train in one outer period of H inner steps."""
+        return self.sync.inner_steps * self.model.block_size * sum(
+            i.batch_size for i in self.islands)
+
     def island_index(self, name: str) -> int:
         for i, island in enumerate(self.islands):
             if island.name == name:

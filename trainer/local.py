@@ -198,11 +198,6 @@ class _Cluster:
                 "codec": pub.codec}
         return encode_message("global", meta, pub.payload, SECRET)
 
-    @staticmethod
-    def round_tokens(config: RunConfig) -> int:
-        return config.sync.inner_steps * config.model.block_size * sum(
-            i.batch_size for i in config.islands)
-
     def _account(self, result: MergeResult | None) -> None:
         if result is not None:
             self.merges += 1
@@ -223,7 +218,7 @@ class _Cluster:
     def run_decoupled(self) -> LocalResult:
         config, s = self.config, self.config.sync
         islands = self._islands(config)
-        sync = Synchronizer(self.init, self.fragments, s, config.optim, self.round_tokens(config),
+        sync = Synchronizer(self.init, self.fragments, s, config.optim, config.round_tokens(),
                             embedding_tensor_names())
         heap: list = []
         order = itertools.count()
@@ -317,7 +312,7 @@ class _Cluster:
                                                    max_staleness=0))
         islands = self._islands(config)
         sync = Synchronizer(self.init, self.fragments, config.sync, config.optim,
-                            self.round_tokens(config), embedding_tensor_names())
+                            config.round_tokens(), embedding_tensor_names())
         budget = config.budget.total_tokens
         per_step = sum(isl.tokens_per_step for isl in islands)
         while self.tokens < budget:

@@ -134,6 +134,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 20,
         "transaction_mode": "IMMEDIATE",
     }
+    # The test database is a file beside the real one, so that the processes the
+    # runtime tests start (syncd, workers) open the same database as the tests.
+    db_path = Path(DATABASES["default"]["NAME"])
+    DATABASES["default"]["TEST"] = {"NAME": str(db_path.with_name(f"test_{db_path.name}"))}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

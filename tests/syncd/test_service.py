@@ -1,0 +1,169 @@
+"""syncd's RunSync against a real Redis and the real database, driven tick by tick.
+
+Updates are written into the run's stream exactly as an island would write
+them (or as an attacker could), and each tick is one pass of the live loop.
+"""
+
+import json
+import math
+
+import pytest
+import torch
+
+from syncd.protocol import encode_message
+from syncd.records import Recorder
+from syncd.service import RunSync
+from syncd.store import RunStore, connect
+from trainer import compress
+from webapp.runs.models import Event
+from webapp.runs.services import create_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
+
+CONFIG = {
+    "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
+    "sync": {"inner_steps": 4, "fragments": 2, "overlap_steps": 1, "min_quorum": 2,
+             "max_staleness": 1},
+    "eval": {"tokens": 256},
+    "budget": {"total_tokens": 10**9},
+    "islands": [{"name": "a", "region": "us-east", "batch_size": 2},
+                {"name": "b", "region": "us-east", "batch_size": 2}],
+}
+TOKENS_PER_STEP = 2 * 16
+
+
+@pytest.fixture
+def run_sync(redis_url, tmp_path):
+    run = create_run(name="syncd test", mode="decoupled", config=CONFIG, user=None)
+    store = RunStore(connect(redis_url), run.pk)
+    store.put_spec(run.mode, run.config, run.secret)
+    store.set_epoch("a", 1)
+    store.set_epoch("b", 1)
+    clock = {"now": 1000.0}
+    sync = RunSync(store, Recorder(run.pk), tmp_path, clock=lambda: clock["now"])
+    sync.clock_state = clock
+    return sync
+
+
+def send(sync: RunSync, island: str, fragment: int, seq: int, *, epoch: int = 1,
+         base_version: int = 0, steps: int = 4, value: float = 0.01, codec: str = "none",
+         secret: bytes | None = None, shapes: dict | None = None, tokens: int | None = None
+         ) -> None:
+    shapes = shapes or sync.sync.shapes[fragment]
+    delta = {n: torch.full(s, value) for n, s in shapes.items()}
+    meta = {"run": sync.store.run_id, "island": island, "epoch": epoch, "fragment": fragment,
+            "base_version": base_version, "seq": seq,
+            "tokens": steps * TOKENS_PER_STEP if tokens is None else tokens,
+            "inner_steps": steps, "compute_s": 1.0, "codec": codec}
+    blob = encode_message("update", meta, compress.encode(delta, codec), secret or sync.secret)
+    sync.store.push_update(island, epoch, fragment, seq, blob)
+
+
+def heartbeat_all(sync: RunSync) -> None:
+    for island in ("a", "b"):
+        sync.store.heartbeat(island, 1, 4, 128, state="training")
+
+
+def rejections(sync: RunSync) -> list[str]:
+    sync.recorder.flush()
+    return [e.detail["reason"] for e in Event.objects.filter(run_id=sync.recorder.run_id,
+                                                             kind="rejection")]
+
+
+def test_it_publishes_version_zero_of_every_fragment_when_a_run_starts(run_sync):
+    assert run_sync.store.versions() == {0: 0, 1: 0}
+
+
+def test_two_good_updates_merge_into_version_one(run_sync):
+    heartbeat_all(run_sync)
+    before = {n: t.clone() for n, t in run_sync.sync.globals[0].items()}
+    send(run_sync, "a", 0, 4)
+    send(run_sync, "b", 0, 4)
+    run_sync.tick()
+    assert run_sync.store.versions()[0] == 1
+    assert run_sync.store.handled(0) == {"a": 4, "b": 4}
+    moved = any(not torch.equal(before[n], t) for n, t in run_sync.sync.globals[0].items())
+    assert moved
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ({"secret": b"another run's secret"}, "bad signature"),
+    ({"value": math.nan}, "non-finite"),
+    ({"epoch": 0}, "old epoch"),
+    ({"tokens": 7}, "do not match"),
+    ({"shapes": {"nonsense.weight": (3, 3)}}, "do not match the fragment"),
+])
+def test_it_rejects_a_bad_update_with_a_reason_and_never_merges_it(run_sync, bad, reason):
+    heartbeat_all(run_sync)
+    send(run_sync, "a", 0, 4, **bad)
+    send(run_sync, "b", 0, 4)
+    run_sync.tick()
+    assert any(reason in r for r in rejections(run_sync)), rejections(run_sync)
+    # Only b's update is waiting; a bad one never counts towards the quorum.
+    assert run_sync.store.versions()[0] == 0
+    assert list(run_sync.sync.rounds[0]) == ["b"]
+
+
+def test_a_replayed_update_is_merged_at_most_once(run_sync):
+    heartbeat_all(run_sync)
+    send(run_sync, "a", 0, 4)
+    send(run_sync, "b", 0, 4)
+    run_sync.tick()
+    send(run_sync, "a", 0, 4)  # the same seq again
+    send(run_sync, "b", 0, 8)
+    run_sync.tick()
+    assert run_sync.store.versions()[0] == 1
+    assert list(run_sync.sync.rounds[0]) == ["b"]
+
+
+def test_an_update_based_on_a_version_too_old_is_dropped_as_stale(run_sync):
+    heartbeat_all(run_sync)
+    for seq in (4, 8):
+        send(run_sync, "a", 0, seq, base_version=seq // 4 - 1)
+        send(run_sync, "b", 0, seq, base_version=seq // 4 - 1)
+        run_sync.tick()
+    assert run_sync.store.versions()[0] == 2
+    send(run_sync, "a", 0, 12, base_version=0)
+    run_sync.tick()
+    assert any("stale" in r for r in rejections(run_sync))
+    assert "a" not in run_sync.sync.rounds[0]
+
+
+def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
+    heartbeat_all(run_sync)
+    send(run_sync, "a", 0, 4)
+    send(run_sync, "b", 0, 4)
+    send(run_sync, "a", 1, 4)  # waiting in fragment 1's round when syncd dies
+    run_sync.tick()
+    merged = {n: t.clone() for n, t in run_sync.sync.globals[0].items()}
+
+    again = RunSync(run_sync.store, Recorder(run_sync.recorder.run_id), tmp_path,
+                    clock=lambda: 1000.0)
+    again.tick()
+    assert again.sync.versions == [1, 0]
+    assert all(torch.equal(merged[n], t) for n, t in again.sync.globals[0].items())
+    assert list(again.sync.rounds[1]) == ["a"]  # read again from the stream
+    assert list(again.sync.rounds[0]) == []  # merged ones are not merged twice
+
+
+def beat_at(sync: RunSync, island: str, time: float) -> None:
+    beat = {"epoch": 1, "time": time, "step": 4, "tokens": 128, "state": "training"}
+    sync.store.r.hset(sync.store.key("heartbeats"), island, json.dumps(beat))
+
+
+def test_an_island_silent_past_the_timeout_is_lost_and_revived_when_it_speaks(run_sync):
+    beat_at(run_sync, "a", 1000.0)
+    beat_at(run_sync, "b", 1000.0)
+    run_sync.tick()
+    run_sync.clock_state["now"] = 1000.0 + 60  # past the 10 s heartbeat timeout
+    beat_at(run_sync, "b", 1060.0)
+    run_sync.tick()
+    assert run_sync.lost == {"a"}
+    beat_at(run_sync, "a", 1060.0)
+    run_sync.tick()
+    assert run_sync.lost == set()
+    run_sync.recorder.flush()
+    kinds = list(Event.objects.filter(run_id=run_sync.recorder.run_id)
+                 .values_list("kind", flat=True))
+    assert kinds.count("island_lost") == 1
+    assert kinds.count("island_revived") == 1

@@ -1,0 +1,176 @@
+"""The runtime for real: a Celery worker, syncd and island processes on a Redis of
+the tests' own, driven through the run services, with processes really killed.
+
+Every wait polls a condition with a deadline; none sleeps and hopes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from syncd.store import RunStore, connect
+from webapp.runs.models import Run
+from webapp.runs.services import create_run, kill_island, rejoin_island, start_run, stop_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def database_url() -> str:
+    """The test database, for the processes the tests start."""
+    s = connection.settings_dict
+    if s["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{s['NAME']}"
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class Processes:
+    def __init__(self, env: dict[str, str], logs: Path):
+        self.env, self.logs = env, logs
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, *argv: str) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        self.procs[name] = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=self.env,
+                                            stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        return self.procs[name]
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture
+def system(redis_url, tmp_path, settings):
+    """syncd and a worker for region us-east, on the test Redis and the test database."""
+    from webapp.celery import app
+
+    app.conf.broker_url = redis_url
+    settings.LOG_DIR = tmp_path / "logs"
+    env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url(),
+           "CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "LOG_DIR": str(tmp_path / "logs"),
+           "DJANGO_SETTINGS_MODULE": "webapp.settings", "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    processes = Processes(env, tmp_path)
+    processes.start("syncd", "-m", "syncd")
+    processes.start("worker", "-m", "celery", "-A", "webapp", "worker", "-Q", "region.us-east",
+                    "--concurrency", "3", "--pool", "prefork", "-n", "us-east@test",
+                    "--without-gossip", "--without-mingle", "--loglevel", "WARNING")
+    yield processes
+    processes.stop_all()
+
+
+@pytest.fixture
+def corpus_file(tmp_path) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(f"line {i}: the islands train and the merge goes on.\n"
+                            for i in range(4000)))
+    return path
+
+
+def tiny_run(corpus_file: Path, total_tokens: int) -> Run:
+    config = {
+        "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
+        "data": {"path": str(corpus_file)},
+        "sync": {"inner_steps": 4, "fragments": 2, "overlap_steps": 1, "min_quorum": 2,
+                 "max_staleness": 8},
+        "eval": {"tokens": 256},
+        "liveness": {"heartbeat_timeout_s": 3.0},
+        "checkpoint": {"interval_s": 5.0},
+        "budget": {"total_tokens": total_tokens},
+        "islands": [{"name": f"island-{i}", "region": "us-east", "batch_size": 2,
+                     "speed": 0.5} for i in range(3)],
+    }
+    return create_run(name="runtime test", mode="decoupled", config=config, user=None)
+
+
+def newest_versions(store: RunStore) -> list[int]:
+    versions = store.versions()
+    return [versions[p] for p in sorted(versions)]
+
+
+def test_islands_on_a_real_worker_merge_through_syncd_survive_a_kill_and_rejoin(
+        system, corpus_file, redis_url):
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    store = RunStore(connect(redis_url), run.pk)
+    start_run(run, by=None)
+    wait_until(lambda: min(newest_versions(store) or [0]) >= 3, 120, "3 global versions")
+
+    kill_island(run, "island-0", by=None)
+    wait_until(lambda: (store.status() or {}).get("islands", {}).get("island-0", {})
+               .get("state") == "lost", 30, "island-0 to be lost")
+    at_loss = sum(newest_versions(store))
+    # K = 2 of the 3 islands are alive: the run does not wait for the dead one.
+    wait_until(lambda: sum(newest_versions(store)) >= at_loss + 4, 60,
+               "versions to advance without island-0")
+
+    rejoin_island(run, "island-0", by=None)
+    wait_until(lambda: store.heartbeats().get("island-0", {}).get("epoch") == 2
+               and store.heartbeats()["island-0"].get("state") == "training", 60,
+               "island-0's second incarnation to train")
+
+    def merged_again() -> bool:
+        fragments = (store.status() or {}).get("fragments", [])
+        return any("island-0" in (f.get("last_merge") or {}).get("weights", {})
+                   for f in fragments)
+
+    wait_until(merged_again, 60, "an update of the rejoined island-0 to be merged")
+    stop_run(run, by=None)
+    run.refresh_from_db()
+    assert run.state == Run.State.STOPPED
+    kinds = set(run.events.values_list("kind", flat=True))
+    assert {"merge", "island_lost", "rejoin"} <= kinds
+
+
+def test_a_kill_9_of_syncd_loses_no_version_and_the_run_completes(
+        system, corpus_file, redis_url):
+    run = tiny_run(corpus_file, total_tokens=60_000)
+    store = RunStore(connect(redis_url), run.pk)
+    start_run(run, by=None)
+    wait_until(lambda: min(newest_versions(store) or [0]) >= 2, 120, "2 global versions")
+
+    seen: list[list[int]] = []
+    os.killpg(system.procs["syncd"].pid, signal.SIGKILL)
+    system.procs["syncd"].wait()
+    before = newest_versions(store)
+    seen.append(before)
+    system.start("syncd", "-m", "syncd")
+
+    def completed() -> bool:
+        versions = newest_versions(store)
+        assert all(v >= b for v, b in zip(versions, seen[-1], strict=True)), (seen[-1], versions)
+        seen.append(versions)
+        run.refresh_from_db()
+        return run.state == Run.State.COMPLETED
+
+    wait_until(completed, 180, "the run to complete after the restart")
+    assert sum(seen[-1]) > sum(before)
+    assert run.checkpoints.exists()
