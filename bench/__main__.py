@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from bench import quality
+from bench import merge, overhead, quality
 
-BENCHMARKS = {"quality": quality.main}
+BENCHMARKS = {"quality": quality.main, "overhead": overhead.main, "merge": merge.main}
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from syncd.ingest import IslandFacts, Rejection, check_update
 from syncd.policy import RoundStats
 from syncd.protocol import decode_message, encode_message
 from syncd.records import Recorder
+from syncd.status import run_status
 from syncd.store import RunStore, UpdateRef, connect
 from syncd.synchronizer import HISTORY, Synchronizer
 from trainer.fragments import partition
@@ -39,6 +40,7 @@ log = logging.getLogger("archipelago.syncd")
 MAX_MESSAGE_BYTES = 1 << 30
 STATUS_EVERY_S = 0.5
 FLUSH_EVERY_S = 1.0
+DEFAULT_RESTART_DELAY_S = 5.0
 
 
 class RunSync:
@@ -63,6 +65,10 @@ class RunSync:
         self.spec_raw = self.store.r.get(self.store.key("spec"))
         self.config = config = config_from_spec(spec)
         self.secret = bytes.fromhex(spec["secret"])
+        # The elastic baseline: a barrier over live islands at every outer step, a
+        # checkpoint after each, and a whole-job restart from it on any island loss.
+        self.elastic = spec["mode"] == "elastic"
+        self.restore_point: tuple[list[dict], list[dict]] | None = None
         params = {k: v.detach() for k, v in initial_model(config).state_dict().items()}
         self.fragments = partition({k: v.numel() for k, v in params.items()},
                                    config.sync.fragments)
@@ -148,7 +154,7 @@ class RunSync:
         self._trim()
         if now >= self.next_status:
             self.next_status = now + STATUS_EVERY_S
-            self.store.put_status(self.status(now, live))
+            self.store.put_status(run_status(self, now, live))
         if now >= self.next_checkpoint:
             self.next_checkpoint = now + self.config.checkpoint.interval_s
             self.save_checkpoint()
@@ -201,7 +207,7 @@ class RunSync:
                                                    self.sync.handled[p].get(ref.island, -1))
             self.store.mark_handled(p, {ref.island: self.sync.handled[p][ref.island]})
 
-    def _stats(self) -> RoundStats:
+    def round_stats(self) -> RoundStats:
         times = list(self.step_time.values()) or [1.0]
         fragment_bytes = max(sum(t.numel() * 4 for t in g.values()) for g in self.sync.globals)
         sync_s = statistics.median(transfer_time(i, fragment_bytes,
@@ -212,10 +218,11 @@ class RunSync:
     def _maybe_merge(self, p: int, now: float, live: int) -> None:
         if not self.sync.rounds[p]:
             return
-        decision = self.sync.decide(p, now, max(live, 1), self._stats())
+        decision = self.sync.decide(p, now, max(live, 1), self.round_stats(), self.elastic)
         if not decision.merge:
             return
         participants = list(self.sync.rounds[p])
+        outer_steps = self.sync.outer_steps
         result = self.sync.merge(p, now)
         for island in participants:
             self.pending_ids.pop((p, island), None)
@@ -228,6 +235,38 @@ class RunSync:
         self.recorder.event("merge", None, fragment=p, version=result.version,
                             weights=result.weights, tokens=result.tokens,
                             reason=decision.reason)
+        if self.elastic and self.sync.outer_steps > outer_steps:
+            self.restore_point = ([{n: t.clone() for n, t in g.items()}
+                                   for g in self.sync.globals],
+                                  [opt.state_dict() for opt in self.sync.optimizers])
+            self.save_checkpoint()
+
+    def restart_delay(self) -> float:
+        """elastic.restart_delay_s, or the measured time for an island process to
+        start and load state (the median its incarnations reported)."""
+        if self.config.elastic.restart_delay_s is not None:
+            return self.config.elastic.restart_delay_s
+        measured = [b["startup_s"] for b in self.heartbeats.values() if b.get("startup_s")]
+        return statistics.median(measured) if measured else DEFAULT_RESTART_DELAY_S
+
+    def restart_job(self, now: float, lost_island: str) -> None:
+        """Elastic: every island rolls back to the last checkpoint and pauses for the
+        restart delay, as a whole-job restart would make it."""
+        if self.restore_point is None:
+            params = [{n: t.clone() for n, t in g.items()} for g in self.sync.globals]
+            momentum = [opt.state_dict() for opt in self.sync.optimizers]
+        else:
+            params, momentum = self.restore_point
+        discarded = set()
+        for p in range(len(self.fragments)):
+            discarded.update(self.sync.roll_back(p, params[p], momentum[p], now))
+            self.pending_ids = {k: v for k, v in self.pending_ids.items() if k[0] != p}
+            self._publish(p, 0)
+        delay = self.restart_delay()
+        generation = self.store.restart_job(now + delay)
+        self.recorder.event("rollback", lost_island, versions=list(self.sync.versions),
+                            restart_delay_s=round(delay, 2), generation=generation,
+                            discarded=sorted(discarded))
 
     def _trim(self) -> None:
         floor = min(self.pending_ids.values(), default=self.after)
@@ -257,6 +296,8 @@ class RunSync:
                 self.recorder.event("island_lost", island.name,
                                     silent_s=round(now - beat["time"], 1))
                 self.recorder.island(island.name, state="lost")
+                if self.elastic:
+                    self.restart_job(now, island.name)
         k = self.config.sync.min_quorum
         if alive < k and not self.waiting_alert and self.heartbeats:
             self.recorder.event("alert", None, message=f"waiting: {alive} of the {k} islands "
@@ -304,37 +345,6 @@ class RunSync:
                                             self.config.checkpoint.keep):
             Path(old).unlink(missing_ok=True)
         self.recorder.event("checkpoint", None, versions=versions, sha256=sha, bytes=nbytes)
-
-    def status(self, now: float, live: int) -> dict[str, Any]:
-        newest = max(self.sync.versions)
-        islands = {}
-        for island in self.config.islands:
-            beat = self.heartbeats.get(island.name, {})
-            bases = [self.sync.rounds[p][island.name].update.base_version
-                     for p in range(len(self.fragments)) if island.name in self.sync.rounds[p]]
-            islands[island.name] = {
-                "region": island.region, "epoch": self.epochs.get(island.name, 0),
-                "state": "lost" if island.name in self.lost else beat.get("state", "pending"),
-                "heartbeat_age_s": round(now - beat["time"], 2) if beat else None,
-                "tokens": beat.get("tokens", 0), "inner_steps": beat.get("step", 0),
-                "loss": beat.get("loss"), "bytes_up": beat.get("bytes_up", 0),
-                "bytes_down": beat.get("bytes_down", 0),
-                "version_lag": newest - min(bases) if bases else 0,
-                "rejections": self.rejections[island.name]}
-        fragments = []
-        for p, f in enumerate(self.fragments):
-            decision = self.sync.decide(p, now, max(live, 1), self._stats())
-            fragments.append({"index": p, "name": f.name, "version": self.sync.versions[p],
-                              "arrivals": len(self.sync.rounds[p]),
-                              "min_quorum": self.config.sync.min_quorum,
-                              "grace_left_s": round(decision.deadline - now, 2)
-                              if decision.deadline else None,
-                              "waiting": decision.reason, "last_merge": self.last_merge[p]})
-        return {"run": self.store.run_id, "time": now, "live_islands": live,
-                "versions": list(self.sync.versions), "outer_steps": self.sync.outer_steps,
-                "tokens_merged": self.tokens_merged(), "eval_loss": self.eval_loss,
-                "islands": islands, "fragments": fragments}
-
 
 
 class Syncd:

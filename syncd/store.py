@@ -24,6 +24,7 @@ Keys, for run R:
     arch:R:fault:<island>          JSON {kind, until, factor}: the island's active fault
     arch:R:paused                  set while a user has paused the run
     arch:R:done                    set when the budget is spent: islands stop
+    arch:R:restart                 hash {generation, until}: elastic whole-job restarts
     arch:R:status                  JSON snapshot with its sequence number
 """
 
@@ -195,6 +196,17 @@ class RunStore:
     def cursor(self, island: str) -> dict[str, Any] | None:
         raw = self.r.get(self.key("cursor", island))
         return json.loads(raw) if raw else None
+
+    def restart_job(self, until: float) -> int:
+        """Elastic: ask every island to roll back and pause until `until`; returns the
+        restart's generation number."""
+        generation = self.r.hincrby(self.key("restart"), "generation", 1)
+        self.r.hset(self.key("restart"), "until", until)
+        return generation
+
+    def restart(self) -> tuple[int, float]:
+        raw = self.r.hgetall(self.key("restart"))
+        return int(raw.get(b"generation", 0)), float(raw.get(b"until", 0.0))
 
     def set_paused(self, paused: bool) -> None:
         if paused:

@@ -116,12 +116,36 @@ class Synchronizer:
         """Whether the island's update `seq` was merged into a version or dropped."""
         return self.handled[fragment].get(island, -1) >= seq
 
-    def decide(self, fragment: int, now: float, live_islands: int, stats: RoundStats) -> Decision:
+    def decide(self, fragment: int, now: float, live_islands: int, stats: RoundStats,
+               barrier: bool = False) -> Decision:
+        """Whether the fragment's round merges now; `barrier` waits for every live island
+        (the elastic baseline) instead of the quorum and grace window."""
         arrivals = [Arrival(i, p.arrival_time, p.update.base_version)
                     for i, p in self.rounds[fragment].items()]
-        return decide(arrivals, now, min_quorum=self.sync.min_quorum, live_islands=live_islands,
-                      gamma=self.sync.grace_gamma,
+        return decide(arrivals, now,
+                      min_quorum=max(live_islands, 1) if barrier else self.sync.min_quorum,
+                      live_islands=live_islands, gamma=0.0 if barrier else self.sync.grace_gamma,
                       overlap_steps=self.sync.overlap_steps, stats=stats)
+
+    def roll_back(self, fragment: int, params: dict[str, torch.Tensor],
+                  momentum: dict[str, torch.Tensor], now: float) -> list[str]:
+        """Put a fragment back to a checkpoint, as a new version.
+
+        Versions never go backwards: the checkpoint's content is published as the
+        next version, so every island sees it as newer than what it holds. The
+        open round is thrown away; returns the islands whose updates were in it.
+        """
+        discarded = list(self.rounds[fragment])
+        for island, pending in self.rounds[fragment].items():
+            self._handled(fragment, island, pending.update.seq)
+        self.rounds[fragment] = {}
+        self.globals[fragment] = {n: t.clone() for n, t in params.items()}
+        self.optimizers[fragment].load_state_dict(momentum)
+        self.versions[fragment] += 1
+        self.history[fragment].clear()  # a difference across a rollback means nothing
+        self.history[fragment].append(Published(self.versions[fragment], now, "none",
+                                                self.globals[fragment]))
+        return discarded
 
     @torch.no_grad()
     def merge(self, fragment: int, now: float) -> MergeResult | None:

@@ -160,5 +160,19 @@ class Island:
         s.version = version
         s.sent = None
 
+    @torch.no_grad()
+    def reset_fragment(self, p: int, global_tensors: dict[str, torch.Tensor],
+                       version: int) -> None:
+        """Take a global fragment whole, dropping local progress (an elastic restart)."""
+        s = self.state[p]
+        for n, g in global_tensors.items():
+            g = g.to(self.device)
+            self.params[n].copy_(g)
+            s.anchor[n] = g.clone()
+        s.version = version
+        s.sent = None
+        s.tokens = 0
+        s.inner_steps = 0
+
     def fragment_params(self, p: int) -> dict[str, torch.Tensor]:
         return {n: self.params[n].detach() for n in self.fragments[p].tensor_names}

@@ -105,10 +105,14 @@ class ProcessIsland:
         if spec is None:
             raise ValueError(f"run {store.run_id} has no spec in Redis; was it started?")
         self.config = config_from_spec(spec)
+        self.elastic = spec["mode"] == "elastic"
         self.secret = bytes.fromhex(spec["secret"])
         self.index = self.config.island_index(name)
         self.spec = self.config.islands[self.index]
         self.stopping = False
+        self.started = time.time()
+        self.startup_s: float | None = None  # process start to first step: elastic's delay
+        self.restart_generation = store.restart()[0]
         self.bytes_down = 0
         self._fault: dict[str, Any] = {}
         self._fault_read = 0.0
@@ -146,7 +150,7 @@ class ProcessIsland:
         island = getattr(self, "island", None)
         self.store.heartbeat(self.name, self.epoch, island.step if island else 0,
                              island.tokens if island else 0, state=state,
-                             bytes_down=self.bytes_down, **extra)
+                             bytes_down=self.bytes_down, startup_s=self.startup_s, **extra)
 
     # -- globals -------------------------------------------------------------
 
@@ -190,6 +194,21 @@ class ProcessIsland:
         shapes = {n: tuple(t.shape) for n, t in state.anchor.items()}
         anchor = {n: t.cpu() for n, t in state.anchor.items()}
         self.island.mix_global(p, apply_published(anchor, published, shapes), version)
+
+    def follow_restart(self, mix_at: dict) -> None:
+        """Elastic: when syncd restarts the whole job, pause for the restart delay, then
+        take the rolled-back global model whole and go on from there."""
+        generation, until = self.store.restart()
+        if generation <= self.restart_generation:
+            return
+        self.restart_generation = generation
+        while time.time() < until and not self.stopping:
+            self.beat("restarting")
+            time.sleep(POLL_S)
+        mix_at.clear()
+        for p in range(len(self.island.fragments)):
+            version, tensors = self._full(p)
+            self.island.reset_fragment(p, tensors, version)
 
     def handled(self, p: int, seq: int) -> bool:
         """Whether syncd merged or dropped this island's update `seq` of fragment p."""
@@ -261,6 +280,10 @@ class ProcessIsland:
         mix_at: dict[int, tuple[int, int]] = {}
         while not self.stopping and not self.done():
             self.step()
+            if self.startup_s is None:
+                self.startup_s = time.time() - self.started
+            if self.elastic:
+                self.follow_restart(mix_at)
             for p, (at, seq) in list(mix_at.items()):
                 if self.island.step >= at and self.handled(p, seq):
                     del mix_at[p]

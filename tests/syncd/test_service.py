@@ -32,9 +32,8 @@ CONFIG = {
 TOKENS_PER_STEP = 2 * 16
 
 
-@pytest.fixture
-def run_sync(redis_url, tmp_path):
-    run = create_run(name="syncd test", mode="decoupled", config=CONFIG, user=None)
+def make_run_sync(redis_url: str, tmp_path, mode: str) -> RunSync:
+    run = create_run(name="syncd test", mode=mode, config=CONFIG, user=None)
     store = RunStore(connect(redis_url), run.pk)
     store.put_spec(run.mode, run.config, run.secret)
     store.set_epoch("a", 1)
@@ -43,6 +42,11 @@ def run_sync(redis_url, tmp_path):
     sync = RunSync(store, Recorder(run.pk), tmp_path, clock=lambda: clock["now"])
     sync.clock_state = clock
     return sync
+
+
+@pytest.fixture
+def run_sync(redis_url, tmp_path):
+    return make_run_sync(redis_url, tmp_path, "decoupled")
 
 
 def send(sync: RunSync, island: str, fragment: int, seq: int, *, epoch: int = 1,
@@ -167,3 +171,36 @@ def test_an_island_silent_past_the_timeout_is_lost_and_revived_when_it_speaks(ru
                  .values_list("kind", flat=True))
     assert kinds.count("island_lost") == 1
     assert kinds.count("island_revived") == 1
+
+
+def test_elastic_rolls_back_to_the_last_outer_step_and_pauses_every_island_on_a_loss(
+        redis_url, tmp_path):
+    sync = make_run_sync(redis_url, tmp_path, "elastic")
+    beat_at(sync, "a", 1000.0)
+    beat_at(sync, "b", 1000.0)
+    for p in (0, 1):  # outer step 1: both fragments merged by both islands
+        send(sync, "a", p, 4)
+        send(sync, "b", p, 4)
+    sync.tick()
+    assert sync.sync.versions == [1, 1]
+    checkpointed = {n: t.clone() for n, t in sync.sync.globals[0].items()}
+    send(sync, "a", 0, 8, base_version=1)
+    send(sync, "b", 0, 8, base_version=1)
+    send(sync, "a", 1, 8, base_version=1)  # fragment 1 waits at the barrier for b
+    sync.tick()
+    assert sync.sync.versions == [2, 1]
+
+    sync.clock_state["now"] = 1060.0  # b falls silent past the timeout
+    beat_at(sync, "a", 1060.0)
+    sync.tick()
+
+    assert sync.lost == {"b"}
+    assert sync.sync.versions == [3, 2]  # the rollback is published as newer versions
+    assert all(torch.equal(checkpointed[n], t) for n, t in sync.sync.globals[0].items())
+    assert sync.sync.rounds[1] == {}  # the half-done barrier is thrown away
+    generation, until = sync.store.restart()
+    assert generation == 1 and until == pytest.approx(1060.0 + 5.0)
+    sync.recorder.flush()
+    rollback = Event.objects.get(run_id=sync.recorder.run_id, kind="rollback")
+    assert rollback.detail["versions"] == [3, 2]
+    assert rollback.detail["discarded"] == ["a"]

@@ -174,3 +174,26 @@ def test_a_kill_9_of_syncd_loses_no_version_and_the_run_completes(
     wait_until(completed, 180, "the run to complete after the restart")
     assert sum(seen[-1]) > sum(before)
     assert run.checkpoints.exists()
+
+
+def test_elastic_mode_rolls_back_and_pauses_every_island_when_one_is_lost(
+        system, corpus_file, redis_url):
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    run.mode = Run.Mode.ELASTIC
+    run.config["elastic"] = {"restart_delay_s": 2.0}
+    run.save(update_fields=["mode", "config"])
+    store = RunStore(connect(redis_url), run.pk)
+    start_run(run, by=None)
+    wait_until(lambda: min(newest_versions(store) or [0]) >= 2, 120, "2 outer steps")
+
+    kill_island(run, "island-0", by=None)
+    wait_until(lambda: store.restart()[0] == 1, 30, "a whole-job restart")
+    paused = wait_until(lambda: [n for n, b in store.heartbeats().items()
+                                 if b.get("state") == "restarting"], 10,
+                        "the survivors to pause for the restart delay")
+    assert "island-0" not in paused
+    after_restart = sum(newest_versions(store))
+    wait_until(lambda: sum(newest_versions(store)) >= after_restart + 2, 60,
+               "the survivors to go on after the restart")
+    wait_until(lambda: run.events.filter(kind="rollback").exists(), 10, "the rollback event")
+    stop_run(run, by=None)

@@ -1,0 +1,328 @@
+"""Goodput and uptime of a run, per island and per run, as DESIGN.md defines them.
+
+Goodput = useful island-seconds / allocated island-seconds.
+
+- Useful: the inner steps whose update was merged into the global model with a
+  weight above zero and never rolled back, each valued at the island's
+  fault-free seconds per step measured in the same run (the median of what the
+  caller observed while the island had no active fault; an island with none
+  yet is valued at the median over every island's fault-free observations),
+  never at the island's own report.
+- Allocated: every island slot from its start (the run's, or when the island
+  was added) to its end (the run's, or when it was removed), whatever its
+  state; only a user's pause is left out, for every island.
+
+Uptime = 1 - (sum of the gaps between successive merges that exceed theta) /
+wall time, theta = 2 x the median merge gap of the same mode without faults
+(`uptime_theta`). Wall time and gaps leave a user's pause out; the run's start
+is the first mark, so a run that has not merged yet is down once theta has
+passed, and an open gap counts up to `now` once it exceeds theta.
+
+Pure: no Django, Celery, Redis or clock. Every method takes `now` in seconds on
+one clock chosen by the caller (the live syncd's, a simulator's virtual one).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+LOST_CAUSES = ("in_flight", "stale", "rejected", "rollback", "restart_pause", "barrier_wait")
+
+
+def uptime_theta(fault_free_median_gap_s: float) -> float:
+    """theta for `uptime`: 2 x the median merge gap of the same mode without faults."""
+    return 2.0 * _seconds("fault_free_median_gap_s", fault_free_median_gap_s, positive=True)
+
+
+def _seconds(name: str, value: float, *, positive: bool = False) -> float:
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        bound = "above 0" if positive else "0 or more"
+        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class MergeEntry:
+    """One island's update merged into the global model."""
+
+    time: float
+    island: str
+    inner_steps: int
+    weight: float
+    fragment: int | None = None
+    version: int | None = None
+
+
+@dataclass
+class _Island:
+    windows: list[list[float | None]]  # [added, removed or None]
+    step_times: deque[float]
+    useful_steps: int = 0
+    rolled_back_steps: int = 0
+    lost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOST_CAUSES, 0.0))
+
+
+class RunAccounting:
+    """Goodput and uptime of one run (DESIGN.md, "The method, in one screen").
+
+    Args:
+        islands: the names of the islands allocated from `start`.
+        start: the run's start, in the caller's seconds.
+        step_time_window: the fault-free step times kept per island for its median.
+    """
+
+    def __init__(self, islands: Iterable[str], start: float, *,
+                 step_time_window: int = 1024) -> None:
+        if step_time_window < 1:
+            raise ValueError(f"step_time_window must be 1 or more, got {step_time_window}")
+        self.start = _seconds("start", start)
+        self.end: float | None = None
+        self.step_time_window = step_time_window
+        self.islands: dict[str, _Island] = {}
+        self.pauses: list[list[float | None]] = []  # [paused, resumed or None]
+        self.entries: list[MergeEntry] = []
+        for island in islands:
+            self.add_island(island, self.start)
+
+
+    def add_island(self, island: str, now: float) -> None:
+        """Allocate `island` from `now` on (again, if it was removed)."""
+        now = self._now(now)
+        if self.end is not None:
+            raise ValueError(f"the run ended at {self.end}; no island can be added")
+        if island in self.islands:
+            state = self.islands[island]
+            if state.windows[-1][1] is None:
+                raise ValueError(f"island {island!r} is already allocated")
+            state.windows.append([now, None])
+        else:
+            self.islands[island] = _Island([[now, None]], deque(maxlen=self.step_time_window))
+
+    def remove_island(self, island: str, now: float) -> None:
+        """End `island`'s allocation at `now`; its merged steps stay useful."""
+        window = self._island(island).windows[-1]
+        if window[1] is not None:
+            raise ValueError(f"island {island!r} was already removed")
+        window[1] = max(self._now(now), window[0])
+
+    def pause(self, now: float) -> None:
+        """A user's pause from `now`: left out of allocation and wall time."""
+        now = self._now(now)
+        if self.paused:
+            raise ValueError("the run is already paused")
+        self.pauses.append([now, None])
+
+    def resume(self, now: float) -> None:
+        """End the user's pause at `now`."""
+        if not self.paused:
+            raise ValueError("the run is not paused")
+        self.pauses[-1][1] = max(self._now(now), self.pauses[-1][0])
+
+    @property
+    def paused(self) -> bool:
+        return bool(self.pauses) and self.pauses[-1][1] is None
+
+    def finish(self, now: float) -> None:
+        """The run's end: allocation and wall time stop at `now` (a pause is closed)."""
+        now = self._now(now)
+        if self.end is not None:
+            raise ValueError(f"the run already ended at {self.end}")
+        if self.paused:
+            self.pauses[-1][1] = now
+        self.end = now
+
+
+    def observe_step_time(self, island: str, seconds_per_step: float, faulted: bool) -> None:
+        """An observed inner step time of `island`; only fault-free ones value useful steps.
+
+        Args:
+            island: the island that took the steps.
+            seconds_per_step: measured seconds per inner step (above 0).
+            faulted: whether the island had an active fault (straggle, degrade, ...).
+        """
+        state = self._island(island)
+        seconds = _seconds("seconds_per_step", seconds_per_step, positive=True)
+        if not faulted:
+            state.step_times.append(seconds)
+
+    def merged(self, island: str, inner_steps: int, weight: float, now: float, *,
+               fragment: int | None = None, version: int | None = None) -> None:
+        """`island`'s update of `inner_steps` steps was merged with `weight` at `now`.
+
+        Every merge is a mark for uptime; only a weight above 0 makes its steps useful.
+        `fragment` and `version` name the published global (fragment for `uptime`).
+        """
+        state = self._island(island)
+        if isinstance(inner_steps, bool) or not isinstance(inner_steps, int) or inner_steps < 0:
+            raise ValueError(f"inner_steps must be an integer 0 or more, got {inner_steps!r}")
+        weight = float(weight)
+        if not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"weight must be a finite number 0 or more, got {weight}")
+        self.entries.append(MergeEntry(self._now(now), island, inner_steps, weight,
+                                       fragment, version))
+        if weight > 0:
+            state.useful_steps += inner_steps
+
+    def merged_round(self, weights: Mapping[str, float], inner_steps: Mapping[str, int],
+                     now: float, *, fragment: int | None = None,
+                     version: int | None = None) -> None:
+        """Every island of one merge (a synchronizer's MergeResult: weights, inner_steps)."""
+        for island, weight in weights.items():
+            self.merged(island, inner_steps.get(island, 0), weight, now,
+                        fragment=fragment, version=version)
+
+    def rollback(self, after_time: float, now: float, *, fragment: int | None = None) -> int:
+        """Take back every merge newer than `after_time` (of `fragment`, or all).
+
+        Their steps are no longer useful and count as lost to "rollback"; they stop
+        being uptime marks. Returns the inner steps taken back.
+        """
+        after_time, now = self._now(after_time), self._now(now)
+        if after_time > now:
+            raise ValueError(f"after_time ({after_time}) must not be later than now ({now})")
+        kept, taken = [], 0
+        for entry in self.entries:
+            if entry.time <= after_time or fragment not in (None, entry.fragment):
+                kept.append(entry)
+            elif entry.weight > 0:
+                state = self.islands[entry.island]
+                state.useful_steps -= entry.inner_steps
+                state.rolled_back_steps += entry.inner_steps
+                taken += entry.inner_steps
+        self.entries = kept
+        return taken
+
+    def lost(self, island: str, seconds: float, cause: str) -> None:
+        """`seconds` of `island`'s time lost to `cause` (one of LOST_CAUSES).
+
+        Merged steps taken back by `rollback` are counted under "rollback" already;
+        report there only work that was never merged.
+        """
+        state = self._island(island)
+        if cause not in LOST_CAUSES:
+            raise ValueError(f"cause must be one of {', '.join(LOST_CAUSES)}, got {cause!r}")
+        state.lost[cause] += _seconds("seconds", seconds)
+
+
+    def step_time(self, island: str) -> float | None:
+        """The fault-free seconds per step that values `island`'s useful steps."""
+        own = self._island(island).step_times
+        if own:
+            return statistics.median(own)
+        pooled = [t for state in self.islands.values() for t in state.step_times]
+        return statistics.median(pooled) if pooled else None
+
+    def wall_seconds(self, now: float) -> float:
+        """Seconds from the run's start to `now` (or its end), pauses left out."""
+        return self._active(self._now(now))
+
+    def allocated_seconds(self, island: str, now: float) -> float:
+        now = self._now(now)
+        return sum(self._active(now if b is None else min(b, now)) - self._active(a)
+                   for a, b in self._island(island).windows if a <= now)
+
+    def useful_seconds(self, island: str) -> float | None:
+        """None while `island` has useful steps but no step time to value them."""
+        state = self._island(island)
+        return self._value(island, state.useful_steps)
+
+    def goodput(self, now: float) -> float | None:
+        """Run goodput: useful / allocated island-seconds (None if either is unknown or 0)."""
+        useful = self._total_useful()
+        allocated = sum(self.allocated_seconds(name, now) for name in self.islands)
+        return None if useful is None or allocated == 0 else useful / allocated
+
+    def uptime(self, now: float, theta: float, *, fragment: int | None = None) -> float:
+        """1 - (sum of the gaps between merges longer than `theta`) / wall time."""
+        theta = _seconds("theta", theta, positive=True)
+        gaps = self._gaps(now, fragment)
+        wall = self.wall_seconds(now)
+        return 1.0 if wall == 0 else 1.0 - sum(g for g in gaps if g > theta) / wall
+
+    def max_stall(self, now: float, *, fragment: int | None = None) -> float:
+        """The longest gap between successive merges, the open one up to `now` included."""
+        return max(self._gaps(now, fragment))
+
+    def median_merge_gap(self, *, fragment: int | None = None) -> float | None:
+        """The median gap between successive merges (a fault-free run's gives theta)."""
+        marks = self._marks(fragment)
+        gaps = [b - a for a, b in itertools.pairwise(marks)]
+        return statistics.median(gaps) if gaps else None
+
+    def snapshot(self, now: float, theta: float | None = None) -> dict:
+        """Every figure at `now`; uptime figures are None when no `theta` is known."""
+        islands, lost = {}, dict.fromkeys(LOST_CAUSES, 0.0)
+        for name, state in self.islands.items():
+            allocated, useful = self.allocated_seconds(name, now), self.useful_seconds(name)
+            island_lost = dict(state.lost)
+            island_lost["rollback"] += self._value(name, state.rolled_back_steps) or 0.0
+            for cause, seconds in island_lost.items():
+                lost[cause] += seconds
+            islands[name] = {
+                "allocated_s": allocated, "useful_s": useful,
+                "goodput": None if useful is None or allocated == 0 else useful / allocated,
+                "useful_steps": state.useful_steps,
+                "rolled_back_steps": state.rolled_back_steps,
+                "step_time_s": self.step_time(name), "lost_s": island_lost,
+                "in_run": state.windows[-1][1] is None and self.end is None,
+            }
+        useful = self._total_useful()
+        allocated = sum(i["allocated_s"] for i in islands.values())
+        return {
+            "time": now, "wall_s": self.wall_seconds(now), "paused": self.paused,
+            "allocated_s": allocated, "useful_s": useful,
+            "goodput": self.goodput(now), "lost_s": lost,
+            "unattributed_s": None if useful is None
+            else allocated - useful - sum(lost.values()),
+            "merges": len(self.entries), "merge_events": len(self._marks(None)),
+            "islands": islands, "theta_s": theta,
+            "uptime": None if theta is None else self.uptime(now, theta),
+            "max_stall_s": self.max_stall(now),
+            "median_merge_gap_s": self.median_merge_gap(),
+        }
+
+
+    def _island(self, island: str) -> _Island:
+        if island not in self.islands:
+            known = ", ".join(map(repr, self.islands)) or "none"
+            raise ValueError(f"unknown island {island!r}; the run's islands: {known}")
+        return self.islands[island]
+
+    def _now(self, now: float) -> float:
+        now = float(now)
+        if not math.isfinite(now) or now < self.start:
+            raise ValueError(f"time must be finite and not before the run's start "
+                             f"({self.start}), got {now}")
+        return now
+
+    def _active(self, t: float) -> float:
+        """Seconds from the start to `t` (clamped to the end), pauses left out."""
+        t = t if self.end is None else min(t, self.end)
+        paused = sum(max(0.0, (t if b is None else min(b, t)) - a) for a, b in self.pauses)
+        return t - self.start - paused
+
+    def _total_useful(self) -> float | None:
+        useful = [self.useful_seconds(name) for name in self.islands]
+        return None if None in useful else math.fsum(u for u in useful if u is not None)
+
+    def _value(self, island: str, steps: int) -> float | None:
+        if steps == 0:
+            return 0.0
+        step_time = self.step_time(island)
+        return None if step_time is None else steps * step_time
+
+    def _marks(self, fragment: int | None) -> list[float]:
+        return sorted({self._active(e.time) for e in self.entries
+                       if fragment in (None, e.fragment)})
+
+    def _gaps(self, now: float, fragment: int | None) -> list[float]:
+        """Gaps between the start, each merge and `now` (the open gap last)."""
+        wall = self.wall_seconds(now)
+        marks = [0.0, *(m for m in self._marks(fragment) if m <= wall), wall]
+        return [b - a for a, b in itertools.pairwise(marks)]

@@ -1,0 +1,43 @@
+"""The status snapshot of a run that syncd keeps in Redis for the control room."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from syncd.service import RunSync
+
+
+def run_status(run: RunSync, now: float, live: int) -> dict[str, Any]:
+    """Per island state, tokens, version lag and bytes; per fragment arrivals/K, grace
+    left and the last merge; the run's versions and progress."""
+    newest = max(run.sync.versions)
+    islands = {}
+    for island in run.config.islands:
+        beat = run.heartbeats.get(island.name, {})
+        bases = [run.sync.rounds[p][island.name].update.base_version
+                 for p in range(len(run.fragments)) if island.name in run.sync.rounds[p]]
+        islands[island.name] = {
+            "region": island.region, "epoch": run.epochs.get(island.name, 0),
+            "state": "lost" if island.name in run.lost else beat.get("state", "pending"),
+            "heartbeat_age_s": round(now - beat["time"], 2) if beat else None,
+            "tokens": beat.get("tokens", 0), "inner_steps": beat.get("step", 0),
+            "loss": beat.get("loss"), "bytes_up": beat.get("bytes_up", 0),
+            "bytes_down": beat.get("bytes_down", 0),
+            "version_lag": newest - min(bases) if bases else 0,
+            "rejections": run.rejections[island.name]}
+    fragments = []
+    for p, f in enumerate(run.fragments):
+        decision = run.sync.decide(p, now, max(live, 1), run.round_stats(), run.elastic)
+        fragments.append({"index": p, "name": f.name, "version": run.sync.versions[p],
+                          "arrivals": len(run.sync.rounds[p]),
+                          "min_quorum": max(live, 1) if run.elastic else run.config.sync.min_quorum,
+                          "grace_left_s": round(decision.deadline - now, 2)
+                          if decision.deadline else None,
+                          "waiting": decision.reason, "last_merge": run.last_merge[p]})
+    return {"run": run.store.run_id, "time": now, "live_islands": live,
+            "versions": list(run.sync.versions), "outer_steps": run.sync.outer_steps,
+            "tokens_merged": run.tokens_merged(), "eval_loss": run.eval_loss,
+            "islands": islands, "fragments": fragments}
+
+
