@@ -19,11 +19,11 @@ def main() -> None:
     django.setup()
     from django.conf import settings
 
-    from syncd.service import Syncd
+    from syncd.server import Syncd, channel_notifier
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s "
                                                    "%(message)s")
-    service = Syncd(settings.REDIS_URL, settings.CHECKPOINT_DIR)
+    service = Syncd(settings.REDIS_URL, settings.CHECKPOINT_DIR, channel_notifier())
 
     def stop(signum: int, frame: object) -> None:
         service.stopping = True

@@ -1,25 +1,13 @@
-"""Goodput and uptime of a run, per island and per run, as DESIGN.md defines them.
+"""Goodput and uptime, per island and per run, exactly as DESIGN.md defines them.
 
-Goodput = useful island-seconds / allocated island-seconds.
-
-- Useful: the inner steps whose update was merged into the global model with a
-  weight above zero and never rolled back, each valued at the island's
-  fault-free seconds per step measured in the same run (the median of what the
-  caller observed while the island had no active fault; an island with none
-  yet is valued at the median over every island's fault-free observations),
-  never at the island's own report.
-- Allocated: every island slot from its start (the run's, or when the island
-  was added) to its end (the run's, or when it was removed), whatever its
-  state; only a user's pause is left out, for every island.
-
-Uptime = 1 - (sum of the gaps between successive merges that exceed theta) /
-wall time, theta = 2 x the median merge gap of the same mode without faults
-(`uptime_theta`). Wall time and gaps leave a user's pause out; the run's start
-is the first mark, so a run that has not merged yet is down once theta has
-passed, and an open gap counts up to `now` once it exceeds theta.
-
-Pure: no Django, Celery, Redis or clock. Every method takes `now` in seconds on
-one clock chosen by the caller (the live syncd's, a simulator's virtual one).
+Goodput = useful island-seconds / allocated island-seconds. Useful: the inner
+steps merged into the global model with a weight above zero and never rolled
+back, valued at the island's fault-free seconds per step measured in the same
+run. Allocated: every island slot from run start to run end, whatever its state;
+only a user's pause is left out. Uptime = 1 - (sum of the gaps between
+successive merges that exceed theta) / wall time, theta = 2 x the median merge
+gap of the same mode without faults. Pure: no Django, Celery, Redis or clock;
+every method takes `now` in seconds on the caller's clock (syncd's or a virtual one).
 """
 
 from __future__ import annotations
@@ -49,7 +37,7 @@ def _seconds(name: str, value: float, *, positive: bool = False) -> float:
 
 @dataclass(frozen=True, slots=True)
 class MergeEntry:
-    """One island's update merged into the global model."""
+    """One island's update merged into the global model at `time`."""
 
     time: float
     island: str
@@ -62,19 +50,24 @@ class MergeEntry:
 @dataclass
 class _Island:
     windows: list[list[float | None]]  # [added, removed or None]
-    step_times: deque[float]
+    step_times: deque[float]  # fault-free seconds per step, the latest ones
     useful_steps: int = 0
     rolled_back_steps: int = 0
     lost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOST_CAUSES, 0.0))
 
 
 class RunAccounting:
-    """Goodput and uptime of one run (DESIGN.md, "The method, in one screen").
+    """Goodput and uptime of one run, fed by syncd, the in-process cluster or a simulator.
+
+    A step is valued at the median of the island's fault-free step times (or, while
+    it has none, of every island's), never at its own report. A user's pause is left
+    out of allocation, gaps and wall time. The run's start is the first uptime mark,
+    and the open gap counts up to `now` once it exceeds theta.
 
     Args:
         islands: the names of the islands allocated from `start`.
-        start: the run's start, in the caller's seconds.
-        step_time_window: the fault-free step times kept per island for its median.
+        start: the run's start, in seconds on the caller's clock.
+        step_time_window: the latest fault-free step times per island kept for the median.
     """
 
     def __init__(self, islands: Iterable[str], start: float, *,
@@ -90,19 +83,18 @@ class RunAccounting:
         for island in islands:
             self.add_island(island, self.start)
 
-
     def add_island(self, island: str, now: float) -> None:
         """Allocate `island` from `now` on (again, if it was removed)."""
         now = self._now(now)
         if self.end is not None:
             raise ValueError(f"the run ended at {self.end}; no island can be added")
-        if island in self.islands:
-            state = self.islands[island]
-            if state.windows[-1][1] is None:
-                raise ValueError(f"island {island!r} is already allocated")
-            state.windows.append([now, None])
-        else:
+        state = self.islands.get(island)
+        if state is None:
             self.islands[island] = _Island([[now, None]], deque(maxlen=self.step_time_window))
+        elif state.windows[-1][1] is None:
+            raise ValueError(f"island {island!r} is already allocated")
+        else:
+            state.windows.append([now, None])
 
     def remove_island(self, island: str, now: float) -> None:
         """End `island`'s allocation at `now`; its merged steps stay useful."""
@@ -111,8 +103,12 @@ class RunAccounting:
             raise ValueError(f"island {island!r} was already removed")
         window[1] = max(self._now(now), window[0])
 
+    @property
+    def paused(self) -> bool:  # by the user
+        return bool(self.pauses) and self.pauses[-1][1] is None
+
     def pause(self, now: float) -> None:
-        """A user's pause from `now`: left out of allocation and wall time."""
+        """A user's pause from `now`: left out of every island's allocation and of wall time."""
         now = self._now(now)
         if self.paused:
             raise ValueError("the run is already paused")
@@ -124,12 +120,8 @@ class RunAccounting:
             raise ValueError("the run is not paused")
         self.pauses[-1][1] = max(self._now(now), self.pauses[-1][0])
 
-    @property
-    def paused(self) -> bool:
-        return bool(self.pauses) and self.pauses[-1][1] is None
-
     def finish(self, now: float) -> None:
-        """The run's end: allocation and wall time stop at `now` (a pause is closed)."""
+        """The run's end: allocation and wall time stop at `now` (an open pause ends too)."""
         now = self._now(now)
         if self.end is not None:
             raise ValueError(f"the run already ended at {self.end}")
@@ -137,15 +129,9 @@ class RunAccounting:
             self.pauses[-1][1] = now
         self.end = now
 
-
     def observe_step_time(self, island: str, seconds_per_step: float, faulted: bool) -> None:
-        """An observed inner step time of `island`; only fault-free ones value useful steps.
-
-        Args:
-            island: the island that took the steps.
-            seconds_per_step: measured seconds per inner step (above 0).
-            faulted: whether the island had an active fault (straggle, degrade, ...).
-        """
+        """`island` took `seconds_per_step` (> 0) per inner step; only steps taken
+        while `faulted` is False (no active fault) value useful steps."""
         state = self._island(island)
         seconds = _seconds("seconds_per_step", seconds_per_step, positive=True)
         if not faulted:
@@ -153,11 +139,9 @@ class RunAccounting:
 
     def merged(self, island: str, inner_steps: int, weight: float, now: float, *,
                fragment: int | None = None, version: int | None = None) -> None:
-        """`island`'s update of `inner_steps` steps was merged with `weight` at `now`.
-
-        Every merge is a mark for uptime; only a weight above 0 makes its steps useful.
-        `fragment` and `version` name the published global (fragment for `uptime`).
-        """
+        """`island`'s update of `inner_steps` was merged with `weight` (useful only
+        above 0) into the global published at `now` (an uptime mark) as `fragment`
+        `version` (optional; `fragment` filters `uptime`)."""
         state = self._island(island)
         if isinstance(inner_steps, bool) or not isinstance(inner_steps, int) or inner_steps < 0:
             raise ValueError(f"inner_steps must be an integer 0 or more, got {inner_steps!r}")
@@ -172,17 +156,15 @@ class RunAccounting:
     def merged_round(self, weights: Mapping[str, float], inner_steps: Mapping[str, int],
                      now: float, *, fragment: int | None = None,
                      version: int | None = None) -> None:
-        """Every island of one merge (a synchronizer's MergeResult: weights, inner_steps)."""
+        """Every island of one merge (a synchronizer MergeResult's weights and inner_steps)."""
         for island, weight in weights.items():
             self.merged(island, inner_steps.get(island, 0), weight, now,
                         fragment=fragment, version=version)
 
     def rollback(self, after_time: float, now: float, *, fragment: int | None = None) -> int:
-        """Take back every merge newer than `after_time` (of `fragment`, or all).
-
-        Their steps are no longer useful and count as lost to "rollback"; they stop
-        being uptime marks. Returns the inner steps taken back.
-        """
+        """Take back every merge newer than `after_time` (of `fragment`, or of all): its
+        steps count as lost to "rollback", not useful, and it stops being an uptime
+        mark. Returns the inner steps taken back."""
         after_time, now = self._now(after_time), self._now(now)
         if after_time > now:
             raise ValueError(f"after_time ({after_time}) must not be later than now ({now})")
@@ -191,85 +173,75 @@ class RunAccounting:
             if entry.time <= after_time or fragment not in (None, entry.fragment):
                 kept.append(entry)
             elif entry.weight > 0:
-                state = self.islands[entry.island]
-                state.useful_steps -= entry.inner_steps
-                state.rolled_back_steps += entry.inner_steps
+                self.islands[entry.island].useful_steps -= entry.inner_steps
+                self.islands[entry.island].rolled_back_steps += entry.inner_steps
                 taken += entry.inner_steps
         self.entries = kept
         return taken
 
     def lost(self, island: str, seconds: float, cause: str) -> None:
-        """`seconds` of `island`'s time lost to `cause` (one of LOST_CAUSES).
-
-        Merged steps taken back by `rollback` are counted under "rollback" already;
-        report there only work that was never merged.
-        """
+        """`seconds` of `island`'s time lost to `cause`, one of LOST_CAUSES (report
+        under "rollback" only work never merged: `rollback` counts merged steps)."""
         state = self._island(island)
         if cause not in LOST_CAUSES:
             raise ValueError(f"cause must be one of {', '.join(LOST_CAUSES)}, got {cause!r}")
         state.lost[cause] += _seconds("seconds", seconds)
 
-
     def step_time(self, island: str) -> float | None:
-        """The fault-free seconds per step that values `island`'s useful steps."""
+        """The fault-free seconds per step that value `island`'s useful steps."""
         own = self._island(island).step_times
-        if own:
-            return statistics.median(own)
-        pooled = [t for state in self.islands.values() for t in state.step_times]
-        return statistics.median(pooled) if pooled else None
+        times = own or [t for state in self.islands.values() for t in state.step_times]
+        return statistics.median(times) if times else None
 
     def wall_seconds(self, now: float) -> float:
         """Seconds from the run's start to `now` (or its end), pauses left out."""
         return self._active(self._now(now))
 
     def allocated_seconds(self, island: str, now: float) -> float:
+        """`island`'s allocated seconds up to `now`: its windows, pauses left out."""
         now = self._now(now)
         return sum(self._active(now if b is None else min(b, now)) - self._active(a)
                    for a, b in self._island(island).windows if a <= now)
 
     def useful_seconds(self, island: str) -> float | None:
-        """None while `island` has useful steps but no step time to value them."""
-        state = self._island(island)
-        return self._value(island, state.useful_steps)
+        """None while `island` has useful steps but no step time measured to value them."""
+        return self._value(island, self._island(island).useful_steps)
 
     def goodput(self, now: float) -> float | None:
-        """Run goodput: useful / allocated island-seconds (None if either is unknown or 0)."""
+        """Useful / allocated island-seconds of the run (None if unknown or nothing allocated)."""
         useful = self._total_useful()
         allocated = sum(self.allocated_seconds(name, now) for name in self.islands)
         return None if useful is None or allocated == 0 else useful / allocated
 
     def uptime(self, now: float, theta: float, *, fragment: int | None = None) -> float:
-        """1 - (sum of the gaps between merges longer than `theta`) / wall time."""
-        theta = _seconds("theta", theta, positive=True)
-        gaps = self._gaps(now, fragment)
-        wall = self.wall_seconds(now)
-        return 1.0 if wall == 0 else 1.0 - sum(g for g in gaps if g > theta) / wall
+        """1 - (sum of the gaps between successive merges longer than `theta`) / wall time."""
+        theta, wall = _seconds("theta", theta, positive=True), self.wall_seconds(now)
+        down = sum(g for g in self._gaps(now, fragment) if g > theta)
+        return 1.0 if wall == 0 else 1.0 - down / wall
 
     def max_stall(self, now: float, *, fragment: int | None = None) -> float:
         """The longest gap between successive merges, the open one up to `now` included."""
         return max(self._gaps(now, fragment))
 
     def median_merge_gap(self, *, fragment: int | None = None) -> float | None:
-        """The median gap between successive merges (a fault-free run's gives theta)."""
-        marks = self._marks(fragment)
-        gaps = [b - a for a, b in itertools.pairwise(marks)]
+        """The median gap between successive merges; a fault-free run's gives theta."""
+        gaps = [b - a for a, b in itertools.pairwise(self._marks(fragment))]
         return statistics.median(gaps) if gaps else None
 
     def snapshot(self, now: float, theta: float | None = None) -> dict:
-        """Every figure at `now`; uptime figures are None when no `theta` is known."""
+        """Every figure at `now`, per run and per island; uptime is None without `theta`."""
         islands, lost = {}, dict.fromkeys(LOST_CAUSES, 0.0)
         for name, state in self.islands.items():
             allocated, useful = self.allocated_seconds(name, now), self.useful_seconds(name)
-            island_lost = dict(state.lost)
+            island_lost = dict(state.lost)  # and the merged steps rollback took back:
             island_lost["rollback"] += self._value(name, state.rolled_back_steps) or 0.0
             for cause, seconds in island_lost.items():
                 lost[cause] += seconds
             islands[name] = {
                 "allocated_s": allocated, "useful_s": useful,
                 "goodput": None if useful is None or allocated == 0 else useful / allocated,
-                "useful_steps": state.useful_steps,
-                "rolled_back_steps": state.rolled_back_steps,
-                "step_time_s": self.step_time(name), "lost_s": island_lost,
+                "useful_steps": state.useful_steps, "step_time_s": self.step_time(name),
+                "rolled_back_steps": state.rolled_back_steps, "lost_s": island_lost,
                 "in_run": state.windows[-1][1] is None and self.end is None,
             }
         useful = self._total_useful()
@@ -277,16 +249,14 @@ class RunAccounting:
         return {
             "time": now, "wall_s": self.wall_seconds(now), "paused": self.paused,
             "allocated_s": allocated, "useful_s": useful,
-            "goodput": self.goodput(now), "lost_s": lost,
-            "unattributed_s": None if useful is None
+            "goodput": None if useful is None or allocated == 0 else useful / allocated,
+            "lost_s": lost, "unattributed_s": None if useful is None
             else allocated - useful - sum(lost.values()),
             "merges": len(self.entries), "merge_events": len(self._marks(None)),
             "islands": islands, "theta_s": theta,
             "uptime": None if theta is None else self.uptime(now, theta),
-            "max_stall_s": self.max_stall(now),
-            "median_merge_gap_s": self.median_merge_gap(),
+            "max_stall_s": self.max_stall(now), "median_merge_gap_s": self.median_merge_gap(),
         }
-
 
     def _island(self, island: str) -> _Island:
         if island not in self.islands:
@@ -297,12 +267,11 @@ class RunAccounting:
     def _now(self, now: float) -> float:
         now = float(now)
         if not math.isfinite(now) or now < self.start:
-            raise ValueError(f"time must be finite and not before the run's start "
-                             f"({self.start}), got {now}")
+            raise ValueError(f"time must be finite, not before the start {self.start}: {now}")
         return now
 
     def _active(self, t: float) -> float:
-        """Seconds from the start to `t` (clamped to the end), pauses left out."""
+        """Seconds from the start to `t` (at most the end), pauses left out."""
         t = t if self.end is None else min(t, self.end)
         paused = sum(max(0.0, (t if b is None else min(b, t)) - a) for a, b in self.pauses)
         return t - self.start - paused
@@ -312,12 +281,11 @@ class RunAccounting:
         return None if None in useful else math.fsum(u for u in useful if u is not None)
 
     def _value(self, island: str, steps: int) -> float | None:
-        if steps == 0:
-            return 0.0
-        step_time = self.step_time(island)
+        step_time = self.step_time(island) if steps else 0.0
         return None if step_time is None else steps * step_time
 
     def _marks(self, fragment: int | None) -> list[float]:
+        """Distinct merge times, as seconds of wall time since the start."""
         return sorted({self._active(e.time) for e in self.entries
                        if fragment in (None, e.fragment)})
 

@@ -28,7 +28,7 @@ from syncd.policy import RoundStats
 from syncd.protocol import decode_message, encode_message
 from syncd.records import Recorder
 from syncd.status import run_status
-from syncd.store import RunStore, UpdateRef, connect
+from syncd.store import RunStore, UpdateRef
 from syncd.synchronizer import HISTORY, Synchronizer
 from trainer.fragments import partition
 from trainer.island import initial_model
@@ -51,11 +51,15 @@ class RunSync:
         recorder: batches the run's database rows.
         checkpoint_dir: where this run's checkpoints go.
         clock: the time source (seconds).
+        notify: called with (run id, sequence number, status) at each new snapshot,
+            to push it to the control room.
     """
 
     def __init__(self, store: RunStore, recorder: Recorder, checkpoint_dir: Path,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 notify: Callable[[str, int, dict], None] | None = None):
         self.store = store
+        self.notify = notify
         self.recorder = recorder
         self.clock = clock
         self.checkpoint_dir = checkpoint_dir
@@ -154,7 +158,10 @@ class RunSync:
         self._trim()
         if now >= self.next_status:
             self.next_status = now + STATUS_EVERY_S
-            self.store.put_status(run_status(self, now, live))
+            status = run_status(self, now, live)
+            seq = self.store.put_status(status)
+            if self.notify:
+                self.notify(self.store.run_id, seq, status)
         if now >= self.next_checkpoint:
             self.next_checkpoint = now + self.config.checkpoint.interval_s
             self.save_checkpoint()
@@ -279,6 +286,7 @@ class RunSync:
         timeout = self.config.liveness.heartbeat_timeout_s
         if self.store.paused():
             return 0  # a paused island is silent on purpose: neither lost nor alive
+        rejoins = self.store.rejoin_requests()
         alive = 0
         for island in self.config.islands:
             beat = self.heartbeats.get(island.name)
@@ -286,6 +294,12 @@ class RunSync:
             fresh = current and now - beat["time"] <= timeout
             if fresh and beat.get("state") != "stopped":
                 alive += 1
+                asked = rejoins.get(island.name)
+                if asked is not None and beat.get("state") == "training" \
+                        and beat["epoch"] == self.epochs.get(island.name):
+                    self.store.close_rejoin_request(island.name)
+                    self.recorder.event("rejoin", island.name, epoch=beat["epoch"],
+                                        seconds_to_first_step=round(beat["time"] - asked, 2))
                 if island.name in self.lost:
                     self.lost.discard(island.name)
                     self.recorder.event("island_revived", island.name, epoch=beat["epoch"])
@@ -346,43 +360,3 @@ class RunSync:
             Path(old).unlink(missing_ok=True)
         self.recorder.event("checkpoint", None, versions=versions, sha256=sha, bytes=nbytes)
 
-
-class Syncd:
-    """Serves every run in arch:runs; one process, runs ticked in turn.
-
-    Args:
-        redis_url: where the runtime's Redis is.
-        checkpoint_dir: the folder for checkpoints (one subfolder per run).
-    """
-
-    def __init__(self, redis_url: str, checkpoint_dir: str | Path):
-        self.client = connect(redis_url)
-        self.checkpoint_dir = Path(checkpoint_dir)
-        self.runs: dict[str, RunSync] = {}
-        self.stopping = False
-
-    def tick(self) -> bool:
-        active = set(RunStore.active_runs(self.client))
-        for run_id in list(self.runs):
-            if run_id not in active:
-                del self.runs[run_id]
-        busy = False
-        for run_id in sorted(active):
-            try:
-                if run_id not in self.runs:
-                    store = RunStore(self.client, run_id)
-                    self.runs[run_id] = RunSync(store, Recorder(int(run_id)),
-                                                self.checkpoint_dir)
-                    log.info("serving run %s", run_id)
-                busy |= self.runs[run_id].tick()
-            except Exception:
-                # One broken run must not stop the others; it is retried next tick.
-                log.exception("run %s failed a tick", run_id)
-                self.runs.pop(run_id, None)
-        return busy
-
-    def serve_forever(self, idle_sleep_s: float = 0.02) -> None:
-        log.info("syncd serving %s", self.checkpoint_dir)
-        while not self.stopping:
-            if not self.tick():
-                time.sleep(idle_sleep_s)

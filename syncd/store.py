@@ -25,6 +25,8 @@ Keys, for run R:
     arch:R:paused                  set while a user has paused the run
     arch:R:done                    set when the budget is spent: islands stop
     arch:R:restart                 hash {generation, until}: elastic whole-job restarts
+    arch:R:rejoin                  hash island -> when a rejoin was asked for
+    arch:syncd:control             list of commands for syncd ("kill")
     arch:R:status                  JSON snapshot with its sequence number
 """
 
@@ -41,6 +43,16 @@ import redis
 
 BLOB_TTL_S = 3600
 STREAM_MAXLEN = 100_000
+
+
+def kill_syncd(client: redis.Redis) -> None:
+    """Ask syncd to SIGKILL itself (a fault for admins); works wherever it runs."""
+    client.rpush("arch:syncd:control", "kill")
+
+
+def syncd_command(client: redis.Redis) -> str | None:
+    raw = client.lpop("arch:syncd:control")
+    return raw.decode() if raw else None
 
 
 def connect(url: str) -> redis.Redis:
@@ -207,6 +219,16 @@ class RunStore:
     def restart(self) -> tuple[int, float]:
         raw = self.r.hgetall(self.key("restart"))
         return int(raw.get(b"generation", 0)), float(raw.get(b"until", 0.0))
+
+    def rejoin_requested(self, island: str, at: float) -> None:
+        self.r.hset(self.key("rejoin"), island, at)
+
+    def rejoin_requests(self) -> dict[str, float]:
+        """Open rejoin requests: island -> when it was asked for."""
+        return {k.decode(): float(v) for k, v in self.r.hgetall(self.key("rejoin")).items()}
+
+    def close_rejoin_request(self, island: str) -> None:
+        self.r.hdel(self.key("rejoin"), island)
 
     def set_paused(self, paused: bool) -> None:
         if paused:

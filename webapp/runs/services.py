@@ -224,9 +224,29 @@ def rejoin_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
     old_epoch = island.epoch
     store = run_store(run)
     store.send_command(island.name, "stop", epoch=old_epoch)
+    store.rejoin_requested(island.name, time.time())  # syncd reports the time to train
     island = _next_incarnation(run, island, store)
     _event(run, island, Event.Kind.REJOIN, by, from_epoch=old_epoch, epoch=island.epoch)
     return island
+
+
+def kill_syncd(by: AbstractBaseUser) -> None:
+    """Kill syncd with SIGKILL, wherever it runs; its supervisor brings it back.
+
+    Only admins may: every run stalls until syncd is back.
+
+    Raises:
+        PermissionError: when `by` is not a superuser.
+    """
+    if not getattr(by, "is_superuser", False):
+        raise PermissionError("Only admins may kill syncd.")
+    from syncd.store import connect
+    from syncd.store import kill_syncd as send_kill
+
+    send_kill(connect(settings.REDIS_URL))
+    for run in Run.objects.filter(state__in=LIVE_STATES):
+        Event.objects.create(run=run, kind=Event.Kind.FAULT, actor=by,
+                             detail={"fault": "kill_syncd"})
 
 
 def add_island(run: Run, island_config: dict[str, Any], by: AbstractBaseUser | None) -> Island:

@@ -19,7 +19,14 @@ from django.db import connection
 
 from syncd.store import RunStore, connect
 from webapp.runs.models import Run
-from webapp.runs.services import create_run, kill_island, rejoin_island, start_run, stop_run
+from webapp.runs.services import (
+    create_run,
+    kill_island,
+    kill_syncd,
+    rejoin_island,
+    start_run,
+    stop_run,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parents[3]
@@ -143,6 +150,10 @@ def test_islands_on_a_real_worker_merge_through_syncd_survive_a_kill_and_rejoin(
                    for f in fragments)
 
     wait_until(merged_again, 60, "an update of the rejoined island-0 to be merged")
+    timed = wait_until(lambda: run.events.filter(kind="rejoin", actor=None,
+                                                 detail__has_key="seconds_to_first_step").first(),
+                       10, "syncd to report the time from the rejoin to the first step")
+    assert 0 < timed.detail["seconds_to_first_step"] < 60
     stop_run(run, by=None)
     run.refresh_from_db()
     assert run.state == Run.State.STOPPED
@@ -151,15 +162,16 @@ def test_islands_on_a_real_worker_merge_through_syncd_survive_a_kill_and_rejoin(
 
 
 def test_a_kill_9_of_syncd_loses_no_version_and_the_run_completes(
-        system, corpus_file, redis_url):
+        system, corpus_file, redis_url, django_user_model):
+    admin = django_user_model.objects.create_superuser("root", password=None)
     run = tiny_run(corpus_file, total_tokens=60_000)
     store = RunStore(connect(redis_url), run.pk)
     start_run(run, by=None)
     wait_until(lambda: min(newest_versions(store) or [0]) >= 2, 120, "2 global versions")
 
     seen: list[list[int]] = []
-    os.killpg(system.procs["syncd"].pid, signal.SIGKILL)
-    system.procs["syncd"].wait()
+    kill_syncd(admin)  # the admins' fault: syncd SIGKILLs itself wherever it runs
+    assert system.procs["syncd"].wait(timeout=30) == -signal.SIGKILL
     before = newest_versions(store)
     seen.append(before)
     system.start("syncd", "-m", "syncd")
