@@ -23,6 +23,7 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from syncd import checkpoint
+from syncd.accounting import RunAccounting
 from syncd.ingest import IslandFacts, Rejection, check_update
 from syncd.policy import RoundStats
 from syncd.protocol import decode_message, encode_message
@@ -93,6 +94,10 @@ class RunSync:
         self.next_checkpoint = clock() + config.checkpoint.interval_s
         self.eval_loss: float | None = None
         self.completed = False
+        # Goodput and uptime of this syncd's watch; a restart of syncd starts them anew.
+        self.accounting = RunAccounting([i.name for i in config.islands], clock())
+        self.restore_time = clock()
+        self.faults: dict[str, str] = {}
         self._restore_or_publish_initial()
 
     # -- state in Redis --------------------------------------------------------
@@ -103,7 +108,14 @@ class RunSync:
         if raw is None or raw == self.spec_raw:
             return
         self.spec_raw = raw
+        before = {i.name for i in self.config.islands}
         self.config = config_from_spec(json.loads(raw))
+        after = {i.name for i in self.config.islands}
+        now = self.clock()
+        for island in sorted(after - before):
+            self.accounting.add_island(island, now)
+        for island in sorted(before - after):
+            self.accounting.remove_island(island, now)
         self.sync.round_tokens = self.config.round_tokens()
 
     def _global_message(self, p: int, version: int) -> bytes:
@@ -148,6 +160,9 @@ class RunSync:
         self._refresh_spec()
         self.epochs = self.store.epochs()
         self.heartbeats = self.store.heartbeats()
+        self.faults = self.store.faults([i.name for i in self.config.islands])
+        if self.store.paused() != self.accounting.paused:
+            (self.accounting.pause if self.store.paused() else self.accounting.resume)(now)
         refs = self.store.read_updates(self.after, count=256)
         for ref in refs:
             self.after = ref.stream_id
@@ -197,14 +212,17 @@ class RunSync:
         self.norms[p].append(norm)
         self.pending_ids.setdefault((p, ref.island), ref.stream_id)
         previous = self.last_update.get((ref.island, p))
-        if previous is not None and ref.seq > previous[1]:
+        if previous is not None and ref.seq > previous[1] and now > previous[0]:
             self.step_time[ref.island] = (now - previous[0]) / (ref.seq - previous[1])
+            self.accounting.observe_step_time(ref.island, self.step_time[ref.island],
+                                              faulted=ref.island in self.faults)
         self.last_update[(ref.island, p)] = (now, ref.seq)
 
     def _reject(self, ref: UpdateRef, reason: str) -> None:
         log.warning("run %s: rejected update %s/%s seq %s from %s: %s", self.store.run_id,
                     ref.fragment, ref.epoch, ref.seq, ref.island, reason)
         self.rejections[ref.island] += 1
+        self._account_lost_update(ref, reason)
         self.recorder.event("rejection", ref.island, reason=reason, fragment=ref.fragment,
                             seq=ref.seq, epoch=ref.epoch)
         p = ref.fragment
@@ -237,6 +255,8 @@ class RunSync:
             self.store.mark_handled(p, dict(self.sync.handled[p]))
             return
         self._publish(p, result.tokens)
+        self.accounting.merged_round(result.weights, result.inner_steps, now, fragment=p,
+                                     version=result.version)
         self.last_merge[p] = {"version": result.version, "weights": result.weights,
                               "reason": decision.reason, "dropped": result.dropped_stale}
         self.recorder.event("merge", None, fragment=p, version=result.version,
@@ -246,7 +266,19 @@ class RunSync:
             self.restore_point = ([{n: t.clone() for n, t in g.items()}
                                    for g in self.sync.globals],
                                   [opt.state_dict() for opt in self.sync.optimizers])
+            self.restore_time = now
             self.save_checkpoint()
+
+    def _account_lost_update(self, ref: UpdateRef, reason: str) -> None:
+        """The island-seconds behind a refused update: its steps since the island's
+        previous handled update of that fragment, at its fault-free step time."""
+        if not 0 <= ref.fragment < len(self.fragments) or ref.island not in {
+                i.name for i in self.config.islands}:
+            return
+        previous = self.sync.handled[ref.fragment].get(ref.island, ref.seq)
+        step_time = self.accounting.step_time(ref.island) or 0.0
+        cause = "stale" if reason.startswith("stale") else "rejected"
+        self.accounting.lost(ref.island, step_time * max(ref.seq - previous, 0), cause)
 
     def restart_delay(self) -> float:
         """elastic.restart_delay_s, or the measured time for an island process to
@@ -271,6 +303,10 @@ class RunSync:
             self._publish(p, 0)
         delay = self.restart_delay()
         generation = self.store.restart_job(now + delay)
+        self.accounting.rollback(self.restore_time, now)
+        for island in self.config.islands:
+            if island.name not in self.lost:
+                self.accounting.lost(island.name, delay, "restart_pause")
         self.recorder.event("rollback", lost_island, versions=list(self.sync.versions),
                             restart_delay_s=round(delay, 2), generation=generation,
                             discarded=sorted(discarded))

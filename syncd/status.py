@@ -35,7 +35,17 @@ def run_status(run: RunSync, now: float, live: int) -> dict[str, Any]:
                           "grace_left_s": round(decision.deadline - now, 2)
                           if decision.deadline else None,
                           "waiting": decision.reason, "last_merge": run.last_merge[p]})
+    gap = run.accounting.median_merge_gap()
+    # Live, theta is twice this run's own median merge gap: the benchmarks, which
+    # run the same schedule without faults, use the fault-free median instead.
+    accounting = run.accounting.snapshot(now, 2 * gap if gap else None)
+    for name, figures in accounting["islands"].items():
+        if name in islands:
+            islands[name]["goodput"] = figures["goodput"]
+            islands[name]["fault"] = run.faults.get(name, "none")
     return {"run": run.store.run_id, "time": now, "live_islands": live,
+            "goodput": accounting["goodput"], "uptime": accounting["uptime"],
+            "max_stall_s": accounting["max_stall_s"], "lost_s": accounting["lost_s"],
             "versions": list(run.sync.versions), "outer_steps": run.sync.outer_steps,
             "tokens_merged": run.tokens_merged(), "eval_loss": run.eval_loss,
             "islands": islands, "fragments": fragments}

@@ -230,6 +230,15 @@ class RunStore:
     def close_rejoin_request(self, island: str) -> None:
         self.r.hdel(self.key("rejoin"), island)
 
+    def faults(self, islands: list[str]) -> dict[str, str]:
+        """island -> kind of its active fault (straggle, partition, degrade, corrupt)."""
+        if not islands:
+            return {}
+        values = self.r.mget([self.key("fault", i) for i in islands])
+        now = time.time()
+        active = {i: json.loads(v) for i, v in zip(islands, values, strict=True) if v}
+        return {i: f["kind"] for i, f in active.items() if f.get("until", 0) > now}
+
     def set_paused(self, paused: bool) -> None:
         if paused:
             self.r.set(self.key("paused"), 1)

@@ -204,3 +204,20 @@ def test_elastic_rolls_back_to_the_last_outer_step_and_pauses_every_island_on_a_
     rollback = Event.objects.get(run_id=sync.recorder.run_id, kind="rollback")
     assert rollback.detail["versions"] == [3, 2]
     assert rollback.detail["discarded"] == ["a"]
+
+
+def test_the_status_carries_goodput_once_step_times_are_known(run_sync):
+    for round_, now in enumerate((1000.0, 1004.0)):  # 4 inner steps in 4 s: 1 s a step
+        run_sync.clock_state["now"] = now
+        beat_at(run_sync, "a", now)
+        beat_at(run_sync, "b", now)
+        seq = 4 * (round_ + 1)
+        send(run_sync, "a", 0, seq, base_version=round_)
+        send(run_sync, "b", 0, seq, base_version=round_)
+        run_sync.next_status = 0.0
+        run_sync.tick()
+    status = run_sync.store.status()
+    assert status["versions"] == [2, 0]
+    assert 0 < status["goodput"] <= 1
+    assert status["islands"]["a"]["goodput"] > 0
+    assert status["islands"]["a"]["fault"] == "none"
