@@ -51,8 +51,8 @@ class MergeEntry:
 class _Island:
     windows: list[list[float | None]]  # [added, removed or None]
     step_times: deque[float]  # fault-free seconds per step, the latest ones
-    useful_steps: int = 0
-    rolled_back_steps: int = 0
+    useful_steps: float = 0.0
+    rolled_back_steps: float = 0.0
     lost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOST_CAUSES, 0.0))
 
 
@@ -68,10 +68,15 @@ class RunAccounting:
         islands: the names of the islands allocated from `start`.
         start: the run's start, in seconds on the caller's clock.
         step_time_window: the latest fault-free step times per island kept for the median.
+        fragments: P. Every inner step is in the update of each of the P fragments,
+            so a merge of one fragment stands for 1/P of the steps it carries.
     """
 
     def __init__(self, islands: Iterable[str], start: float, *,
-                 step_time_window: int = 1024) -> None:
+                 step_time_window: int = 1024, fragments: int = 1) -> None:
+        if fragments < 1:
+            raise ValueError(f"fragments must be 1 or more, got {fragments}")
+        self.fragments = fragments
         if step_time_window < 1:
             raise ValueError(f"step_time_window must be 1 or more, got {step_time_window}")
         self.start = _seconds("start", start)
@@ -151,7 +156,7 @@ class RunAccounting:
         self.entries.append(MergeEntry(self._now(now), island, inner_steps, weight,
                                        fragment, version))
         if weight > 0:
-            state.useful_steps += inner_steps
+            state.useful_steps += inner_steps / self.fragments
 
     def merged_round(self, weights: Mapping[str, float], inner_steps: Mapping[str, int],
                      now: float, *, fragment: int | None = None,
@@ -161,21 +166,23 @@ class RunAccounting:
             self.merged(island, inner_steps.get(island, 0), weight, now,
                         fragment=fragment, version=version)
 
-    def rollback(self, after_time: float, now: float, *, fragment: int | None = None) -> int:
+    def rollback(self, after_time: float, now: float, *, fragment: int | None = None
+                 ) -> float:
         """Take back every merge newer than `after_time` (of `fragment`, or of all): its
         steps count as lost to "rollback", not useful, and it stops being an uptime
         mark. Returns the inner steps taken back."""
         after_time, now = self._now(after_time), self._now(now)
         if after_time > now:
             raise ValueError(f"after_time ({after_time}) must not be later than now ({now})")
-        kept, taken = [], 0
+        kept, taken = [], 0.0
         for entry in self.entries:
             if entry.time <= after_time or fragment not in (None, entry.fragment):
                 kept.append(entry)
             elif entry.weight > 0:
-                self.islands[entry.island].useful_steps -= entry.inner_steps
-                self.islands[entry.island].rolled_back_steps += entry.inner_steps
-                taken += entry.inner_steps
+                steps = entry.inner_steps / self.fragments
+                self.islands[entry.island].useful_steps -= steps
+                self.islands[entry.island].rolled_back_steps += steps
+                taken += steps
         self.entries = kept
         return taken
 

@@ -95,7 +95,8 @@ class RunSync:
         self.eval_loss: float | None = None
         self.completed = False
         # Goodput and uptime of this syncd's watch; a restart of syncd starts them anew.
-        self.accounting = RunAccounting([i.name for i in config.islands], clock())
+        self.accounting = RunAccounting([i.name for i in config.islands], clock(),
+                                        fragments=len(self.fragments))
         self.restore_time = clock()
         self.faults: dict[str, str] = {}
         self._restore_or_publish_initial()
