@@ -54,6 +54,11 @@ class Recorder:
         Checkpoint.objects.filter(pk__in=[c.pk for c in old]).delete()
         return [c.path for c in old]
 
+    def checkpoints(self) -> list[tuple[str, str]]:
+        """(path, sha256) of this run's checkpoints, newest first."""
+        return list(Checkpoint.objects.filter(run_id=self.run_id)
+                    .order_by("-created_at", "-id").values_list("path", "sha256"))
+
     def run_tokens(self, tokens: int) -> None:
         Run.objects.filter(pk=self.run_id).update(tokens=tokens)
 

@@ -126,6 +126,8 @@ class RunSync:
 
     def _restore_or_publish_initial(self) -> None:
         versions = self.store.versions()
+        if not versions and self._fall_back_to_checkpoint():
+            return
         for p in range(len(self.fragments)):
             if p not in versions:
                 self.store.publish(p, 0, self._global_message(p, 0), None,
@@ -140,6 +142,31 @@ class RunSync:
             self.sync.handled[p] = self.store.handled(p)
         if versions:
             log.info("run %s restored at versions %s", self.store.run_id, self.sync.versions)
+
+    def _fall_back_to_checkpoint(self) -> bool:
+        """Redis lost the run's published versions (its data is really gone): go on
+        from the newest checkpoint that verifies, as a declared rollback."""
+        for path, sha256 in self.recorder.checkpoints():
+            try:
+                params, momentum, versions, tokens = checkpoint.load(Path(path), sha256)
+            except (OSError, ValueError) as exc:
+                log.warning("run %s: checkpoint %s is unusable: %s", self.store.run_id, path, exc)
+                continue
+            for p, fragment in enumerate(self.fragments):
+                # Published as the version after the checkpoint's, so that no island
+                # that held the checkpoint's versions sees them go backwards.
+                self.sync.globals[p] = {n: params[n].float() for n in fragment.tensor_names}
+                self.sync.optimizers[p].load_state_dict(
+                    {k.removeprefix(f"{p}."): v for k, v in momentum.items()
+                     if k.startswith(f"{p}.")})
+                self.sync.versions[p] = versions[p] + 1
+                self._publish(p, tokens)
+            self.recorder.event("rollback", None, reason="Redis lost the run's state",
+                                checkpoint=path, versions=list(self.sync.versions))
+            log.warning("run %s: Redis had no versions; rolled back to %s", self.store.run_id,
+                        path)
+            return True
+        return False
 
     def _publish(self, p: int, result_tokens: int) -> None:
         version = self.sync.versions[p]

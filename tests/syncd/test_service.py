@@ -223,3 +223,25 @@ def test_the_status_carries_goodput_once_step_times_are_known(run_sync):
     assert status["goodput"] == pytest.approx(0.75)
     assert status["islands"]["a"]["goodput"] > 0
     assert status["islands"]["a"]["fault"] == "none"
+
+
+def test_when_redis_loses_its_data_the_run_goes_on_from_its_last_checkpoint(run_sync, tmp_path):
+    heartbeat_all(run_sync)
+    send(run_sync, "a", 0, 4)
+    send(run_sync, "b", 0, 4)
+    run_sync.tick()
+    run_sync.save_checkpoint()
+    run_sync.recorder.flush()
+    saved = {n: t.clone() for n, t in run_sync.sync.globals[0].items()}
+    store = run_sync.store
+    spec = store.spec()
+    store.r.flushall()  # the data is really gone
+    store.put_spec(spec["mode"], spec["config"], spec["secret"])
+
+    again = RunSync(store, Recorder(run_sync.recorder.run_id), tmp_path, clock=lambda: 2000.0)
+    again.recorder.flush()
+
+    assert store.versions() == {0: 2, 1: 1}  # newer than the checkpoint's [1, 0]
+    assert all(torch.equal(saved[n], t) for n, t in again.sync.globals[0].items())
+    rollback = Event.objects.get(run_id=run_sync.recorder.run_id, kind="rollback")
+    assert rollback.detail["reason"] == "Redis lost the run's state"
