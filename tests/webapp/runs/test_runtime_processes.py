@@ -21,6 +21,7 @@ from syncd.store import RunStore, connect
 from webapp.runs.models import Run
 from webapp.runs.services import (
     create_run,
+    inject_fault,
     kill_island,
     kill_syncd,
     rejoin_island,
@@ -208,4 +209,38 @@ def test_elastic_mode_rolls_back_and_pauses_every_island_when_one_is_lost(
     wait_until(lambda: sum(newest_versions(store)) >= after_restart + 2, 60,
                "the survivors to go on after the restart")
     wait_until(lambda: run.events.filter(kind="rollback").exists(), 10, "the rollback event")
+    stop_run(run, by=None)
+
+
+def runner_processes(run: Run, island: str, epoch: int) -> list[str]:
+    """PIDs of island processes of this incarnation, found in the process table."""
+    pattern = f"trainer.runner .*--run {run.pk} --island {island} --epoch {epoch}$"
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return found.stdout.split()
+
+
+def test_a_partitioned_island_is_lost_then_revived_and_a_rejoin_leaves_one_incarnation(
+        system, corpus_file, redis_url):
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    store = RunStore(connect(redis_url), run.pk)
+    start_run(run, by=None)
+    wait_until(lambda: min(newest_versions(store) or [0]) >= 2, 120, "2 global versions")
+
+    def state(island: str) -> str | None:
+        return (store.status() or {}).get("islands", {}).get(island, {}).get("state")
+
+    inject_fault(run, "island-1", "partition", seconds=6.0, by=None)
+    wait_until(lambda: state("island-1") == "lost", 30, "the cut-off island-1 to be lost")
+    wait_until(lambda: state("island-1") == "training", 30, "island-1 back when its link is")
+    wait_until(lambda: run.events.filter(kind="island_revived", island__name="island-1").exists(),
+               10, "the island_revived event")
+
+    assert runner_processes(run, "island-2", 1)  # still running when the rejoin is asked
+    rejoin_island(run, "island-2", by=None)
+    wait_until(lambda: store.heartbeats().get("island-2", {}).get("epoch") == 2
+               and store.heartbeats()["island-2"].get("state") == "training", 60,
+               "island-2's second incarnation to train")
+    wait_until(lambda: not runner_processes(run, "island-2", 1), 30,
+               "the first incarnation of island-2 to be gone")
+    assert len(runner_processes(run, "island-2", 2)) == 1
     stop_run(run, by=None)
