@@ -205,7 +205,7 @@ class RunSync:
             seq = self.store.put_status(status)
             if self.notify:
                 self.notify(self.store.run_id, seq, status)
-        if now >= self.next_checkpoint:
+        if now >= self.next_checkpoint or self.store.take_checkpoint_request():
             self.next_checkpoint = now + self.config.checkpoint.interval_s
             self.save_checkpoint()
         self._check_budget()

@@ -26,6 +26,7 @@ Keys, for run R:
     arch:R:done                    set when the budget is spent: islands stop
     arch:R:restart                 hash {generation, until}: elastic whole-job restarts
     arch:R:rejoin                  hash island -> when a rejoin was asked for
+    arch:R:checkpoint_now          set when a user asks for a checkpoint
     arch:syncd:control             list of commands for syncd ("kill")
     arch:R:status                  JSON snapshot with its sequence number
 """
@@ -238,6 +239,13 @@ class RunStore:
         now = time.time()
         active = {i: json.loads(v) for i, v in zip(islands, values, strict=True) if v}
         return {i: f["kind"] for i, f in active.items() if f.get("until", 0) > now}
+
+    def request_checkpoint(self) -> None:
+        self.r.set(self.key("checkpoint_now"), 1)
+
+    def take_checkpoint_request(self) -> bool:
+        """Whether a checkpoint was asked for since the last call."""
+        return bool(self.r.delete(self.key("checkpoint_now")))
 
     def set_paused(self, paused: bool) -> None:
         if paused:

@@ -178,6 +178,7 @@ class ProcessIsland:
         if newest <= state.version:
             return
         blobs = []
+        bytes_before = self.bytes_down
         if self.config.sync.downlink_compression != "none":
             blobs = self.store.diffs(p, range(state.version + 1, newest + 1))
         if blobs and all(b is not None for b in blobs):
@@ -190,7 +191,7 @@ class ProcessIsland:
         else:
             version, tensors = self._full(p)
             published = [Published(version, 0.0, "none", tensors)]
-        time.sleep(self.transfer_time(0))  # the latency of the request
+        time.sleep(self.transfer_time(self.bytes_down - bytes_before))  # the emulated link
         shapes = {n: tuple(t.shape) for n, t in state.anchor.items()}
         anchor = {n: t.cpu() for n, t in state.anchor.items()}
         self.island.mix_global(p, apply_published(anchor, published, shapes), version)

@@ -6,10 +6,12 @@ them (or as an attacker could), and each tick is one pass of the live loop.
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
+from syncd import checkpoint
 from syncd.protocol import encode_message
 from syncd.records import Recorder
 from syncd.service import RunSync
@@ -245,3 +247,17 @@ def test_when_redis_loses_its_data_the_run_goes_on_from_its_last_checkpoint(run_
     assert all(torch.equal(saved[n], t) for n, t in again.sync.globals[0].items())
     rollback = Event.objects.get(run_id=run_sync.recorder.run_id, kind="rollback")
     assert rollback.detail["reason"] == "Redis lost the run's state"
+
+
+def test_a_checkpoint_asked_for_is_written_at_the_next_pass(run_sync):
+    run_sync.store.request_checkpoint()
+    run_sync.tick()
+    run_sync.recorder.flush()
+    checkpoints = run_sync.recorder.checkpoints()
+    assert len(checkpoints) == 1
+    path, sha256 = checkpoints[0]
+    params, _, versions, _ = checkpoint.load(Path(path), sha256)
+    assert versions == [0, 0]
+    assert set(params) == set(run_sync.sync.global_params())
+    run_sync.tick()
+    assert len(run_sync.recorder.checkpoints()) == 1  # asked once, written once

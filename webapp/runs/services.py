@@ -230,6 +230,24 @@ def rejoin_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
     return island
 
 
+def record_island_failure(run_id: int, island: str, result: dict[str, Any]) -> None:
+    """An island process died on its own: an alert with its exit code and last log lines,
+    so the control room can say why. A rejoin starts it again."""
+    row = Island.objects.filter(run_id=run_id, name=island).first()
+    Event.objects.create(run_id=run_id, island=row, kind=Event.Kind.ALERT,
+                         detail={"message": f"island {island} epoch {result['epoch']} crashed "
+                                            f"with exit code {result['exit_code']}",
+                                 "log": result.get("log_tail", [])})
+
+
+def checkpoint_now(run: Run, by: AbstractBaseUser | None) -> None:
+    """Ask syncd for a checkpoint of the run at its next pass."""
+    _require_state(run, LIVE_STATES, "checkpoint a run")
+    run_store(run).request_checkpoint()
+    Event.objects.create(run=run, kind=Event.Kind.CHECKPOINT, actor=by,
+                         detail={"requested": True})
+
+
 def kill_syncd(by: AbstractBaseUser) -> None:
     """Kill syncd with SIGKILL, wherever it runs; its supervisor brings it back.
 

@@ -16,12 +16,15 @@ from trainer.tasks import run_island
 from webapp.runs.models import Event, Island, Run
 from webapp.runs.services import (
     add_island,
+    checkpoint_now,
     create_run,
     inject_fault,
     island_log,
     kill_island,
     kill_region,
+    kill_syncd,
     pause_run,
+    record_island_failure,
     rejoin_island,
     remove_island,
     resume_after_restart,
@@ -350,3 +353,28 @@ def test_the_island_task_does_not_start_a_superseded_incarnation(running, redis_
     assert result == {"island": "east-a", "epoch": 1, "exit_code": None,
                       "ended": "superseded"}
     assert "not started: a newer epoch took over" in island_log(running, "east-a")[-1]
+
+
+def test_checkpoint_now_asks_syncd_and_records_who_asked(running, store, operator):
+    checkpoint_now(running, operator)
+    assert store(running).take_checkpoint_request() is True
+    assert Event.objects.filter(run=running, kind="checkpoint", actor=operator).exists()
+
+
+def test_only_an_admin_may_kill_syncd(running, operator, django_user_model, redis_url):
+    with pytest.raises(PermissionError):
+        kill_syncd(operator)
+    admin = django_user_model.objects.create_superuser("root", password=None)
+    kill_syncd(admin)
+    assert connect(redis_url).lpop("arch:syncd:control") == b"kill"
+    assert Event.objects.filter(run=running, kind="fault", actor=admin,
+                                detail__fault="kill_syncd").exists()
+
+
+def test_a_crashed_island_leaves_an_alert_saying_why(running):
+    record_island_failure(running.pk, "east-a", {"epoch": 1, "exit_code": 1,
+                                                 "log_tail": ["Traceback ...", "OSError: disk"]})
+    alert = Event.objects.get(run=running, kind="alert")
+    assert alert.island.name == "east-a"
+    assert "exit code 1" in alert.detail["message"]
+    assert alert.detail["log"][-1] == "OSError: disk"
