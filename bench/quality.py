@@ -123,7 +123,8 @@ def main(quick: bool = False) -> int:
     out["profile"] = "quick" if quick else "full"
     out["settings"] = {k: v for k, v in profile.items() if k != "bounds"}
     out["seconds"] = round(time.time() - started, 1)
-    path = results.write("quality", out)
+    # A quick run keeps its own file, so it never hides the figures of the full one.
+    path = results.write("quality-quick" if quick else "quality", out)
 
     print(results.table([{"run": k, **{c: out[k][c] for c in (
         "eval_loss", "eval_loss_spread", "tokens", "bytes_per_token", "peak_bytes_per_window")}}
