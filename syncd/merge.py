@@ -90,14 +90,17 @@ def radial_directional_average(vectors: list[torch.Tensor], weights: list[float]
                                ) -> torch.Tensor:
     """(sum w*|v| / sum w) * unit(sum w * unit(v)): the mean norm along the mean direction."""
     total = sum(weights)
-    norms = [v.norm() for v in vectors]
+    norms = [float(v.norm()) for v in vectors]
     radius = sum(w * n for w, n in zip(weights, norms, strict=True)) / total
-    units = [v / n if n > 0 else torch.zeros_like(v) for v, n in zip(vectors, norms, strict=True)]
-    direction = _weighted_sum(units, weights)
-    length = direction.norm()
+    # sum w * unit(v) is sum (w / |v|) * v: one pass per vector, no unit copies.
+    direction = torch.zeros_like(vectors[0])
+    for v, w, n in zip(vectors, weights, norms, strict=True):
+        if n > 0:
+            direction.add_(v, alpha=w / n)
+    length = float(direction.norm())
     if length == 0:
-        return torch.zeros_like(vectors[0])
-    return direction / length * radius
+        return direction
+    return direction.mul_(radius / length)
 
 
 def _weighted_sum(vectors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:

@@ -68,11 +68,12 @@ def decode(payload: dict[str, torch.Tensor], codec: str, shapes: dict[str, tuple
         q, scale = payload[f"{name}:q"], payload[f"{name}:scale"]
         if codec == "int4":
             _check(f"{name}:q", q, torch.uint8, -(-blocks * BLOCK // 2))
-            q = _unpack_int4(q)
+            values = _unpack_int4_float(q)
         else:
             _check(f"{name}:q", q, torch.int8, blocks * BLOCK)
+            values = q.float()
         _check(f"{name}:scale", scale, torch.float32, blocks)
-        values = (q.view(blocks, BLOCK).float() * scale.view(blocks, 1)).flatten()
+        values = values.view(blocks, BLOCK).mul_(scale.view(blocks, 1)).view(-1)
         out[name] = values[:numel].reshape(shape)
     return out
 
@@ -128,7 +129,9 @@ def _pack_int4(q: torch.Tensor) -> torch.Tensor:
     return (pairs[:, 0] | (pairs[:, 1] << 4)).contiguous()
 
 
-def _unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    low = (packed & 0x0F).to(torch.int16) - 8
-    high = (packed >> 4).to(torch.int16) - 8
-    return torch.stack([low, high], dim=1).flatten().to(torch.int8)
+def _unpack_int4_float(packed: torch.Tensor) -> torch.Tensor:
+    """Two nibbles per byte, low first, as float32 values -7..7."""
+    out = torch.empty(len(packed), 2, dtype=torch.float32)
+    out[:, 0] = packed & 0x0F
+    out[:, 1] = packed >> 4
+    return out.view(-1).sub_(8.0)
