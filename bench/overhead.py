@@ -1,8 +1,9 @@
 """Island overhead: an island's inner-loop tokens/s against a bare PyTorch loop.
 
 `python -m bench overhead` trains the same model two ways, side by side in one
-run, interleaved in rounds whose order alternates (island, bare, then bare,
-island, ...) so that drift of the machine's speed falls on both alike:
+run, in rounds of H steps each; within a round the two loops take turns step
+by step (island, bare, island, bare, ...; the next round starts with bare), so
+drift of the machine's speed and bursts of other work fall on both alike:
 
 - island: trainer.island.Island.inner_step, the loop every island runs:
   warmup schedule, AdamW, gradient clipping, token accounting, loss.item();
@@ -13,11 +14,13 @@ island, ...) so that drift of the machine's speed falls on both alike:
 
 Both draw their batches with a ShardSampler of the same shard and seed, so they
 see the same data in the same order and pay the same for it; what differs is
-what the island adds. `ratio` is island/bare tokens/s without the sends (the
-median of the per-round ratios); `ratio_with_sync` counts the sends too, one
-per fragment per H steps, which is an island's whole per-step cost before it
-mixes in globals. It writes bench/results/overhead.json, prints a table, and
-exits non-zero if island/bare is below its bound.
+what the island adds. Torch runs on one thread, as an island process does
+(trainer/runner.py: several islands share a host's cores). `ratio` is
+island/bare tokens/s without the sends (the median of the per-round ratios);
+`ratio_with_sync` counts the sends too, one per fragment per H steps, which is
+an island's whole per-step cost before it mixes in globals. It writes
+bench/results/overhead.json, prints a table, and exits non-zero if island/bare
+is below its bound.
 """
 
 from __future__ import annotations
@@ -43,10 +46,10 @@ SECRET = b"bench-overhead"
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {"model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 64},
              "batch_size": 8, "inner_steps": 50, "fragments": 4, "codec": "int4",
-             "rounds": 20, "data_path": "", "bounds": {"ratio": 0.95}},
+             "rounds": 40, "data_path": "", "bounds": {"ratio": 0.95}},
     "quick": {"model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 64},
               "batch_size": 8, "inner_steps": 20, "fragments": 4, "codec": "int4",
-              "rounds": 4, "data_path": "", "bounds": {"ratio": 0.90}},
+              "rounds": 8, "data_path": "", "bounds": {"ratio": 0.90}},
 }
 
 
@@ -82,34 +85,50 @@ class BareLoop:
         self.optimizer.step()
 
 
-def run_bare(loop: BareLoop, steps: int) -> float:
-    started = time.perf_counter()
-    for _ in range(steps):
-        loop.step()
-    return time.perf_counter() - started
-
-
-def run_island(island: Island, steps: int) -> tuple[float, float]:
-    """(seconds in all, seconds of them in sends) for `steps` inner steps."""
+def send_due(island: Island) -> None:
+    """Send the fragments due after the island's last step, as trainer/runner.py does."""
     s = island.config.sync
-    sending = 0.0
-    started = time.perf_counter()
+    for p in due_fragments(island.step, s.inner_steps, s.fragments):
+        meta, payload = island.make_update(p, s.compression)
+        meta.update(run="bench", island=island.name, epoch=0, compute_s=0.0,
+                    codec=s.compression)
+        encode_message("update", meta, payload, SECRET)
+
+
+def run_round(island: Island, bare: BareLoop, steps: int, island_first: bool
+              ) -> tuple[float, float, float]:
+    """(island, of which sends, bare) seconds for `steps` steps of each, taken in turns.
+
+    Steps alternate one by one, so a burst of other work on the machine lands
+    on both loops alike; the order within a pair flips from round to round.
+    """
+    clock = time.perf_counter
+    island_s = sync_s = bare_s = 0.0
     for _ in range(steps):
-        island.inner_step()
-        due = due_fragments(island.step, s.inner_steps, s.fragments)
-        if due:
-            sent = time.perf_counter()
-            for p in due:
-                meta, payload = island.make_update(p, s.compression)
-                meta.update(run="bench", island=island.name, epoch=0, compute_s=0.0,
-                            codec=s.compression)
-                encode_message("update", meta, payload, SECRET)
-            sending += time.perf_counter() - sent
-    return time.perf_counter() - started, sending
+        for arm in ("island", "bare") if island_first else ("bare", "island"):
+            started = clock()
+            if arm == "bare":
+                bare.step()
+                bare_s += clock() - started
+                continue
+            island.inner_step()
+            stepped = clock()
+            send_due(island)
+            sync_s += clock() - stepped
+            island_s += clock() - started
+    return island_s, sync_s, bare_s
 
 
 def main(quick: bool = False) -> int:
-    profile = PROFILES["quick" if quick else "full"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return measure(PROFILES["quick" if quick else "full"], quick)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def measure(profile: dict[str, Any], quick: bool) -> int:
     started = time.time()
     config = make_config(profile)
     corpus = load_corpus(config.data.path, config.data.eval_fraction)
@@ -123,16 +142,11 @@ def main(quick: bool = False) -> int:
     results.say(f"overhead: {params:,} parameters, batch {profile['batch_size']} x "
                 f"{config.model.block_size}, {profile['rounds']} rounds of {steps} steps, "
                 f"{torch.get_num_threads()} threads")
-    run_island(island, steps)  # warm up both: allocator, AdamW state, first sends
-    run_bare(bare, steps)
+    run_round(island, bare, steps, True)  # warm up both: allocator, AdamW state, first sends
 
     rows = []
     for r in range(profile["rounds"]):
-        if r % 2 == 0:
-            (total, sending), plain = run_island(island, steps), run_bare(bare, steps)
-        else:
-            plain = run_bare(bare, steps)
-            total, sending = run_island(island, steps)
+        total, sending, plain = run_round(island, bare, steps, island_first=r % 2 == 0)
         rows.append({"round": r + 1, "island_s": total - sending, "sync_s": sending,
                      "bare_s": plain, "ratio": plain / (total - sending),
                      "ratio_with_sync": plain / total})
@@ -169,7 +183,8 @@ def main(quick: bool = False) -> int:
 
     print(results.table([
         {"loop": "bare", "tokens_per_s": out["bare_tokens_per_s"], "ratio_to_bare": 1.0},
-        {"loop": "island", "tokens_per_s": out["island_tokens_per_s"], "ratio_to_bare": out["ratio"]},
+        {"loop": "island", "tokens_per_s": out["island_tokens_per_s"],
+         "ratio_to_bare": out["ratio"]},
         {"loop": "island + sync", "tokens_per_s": out["island_with_sync_tokens_per_s"],
          "ratio_to_bare": out["ratio_with_sync"]},
     ], ["loop", "tokens_per_s", "ratio_to_bare"]))
