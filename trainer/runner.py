@@ -219,6 +219,7 @@ class ProcessIsland:
     # -- the loop ------------------------------------------------------------
 
     def setup(self) -> None:
+        self.beat("starting", force=True)  # syncd knows this incarnation from now on
         config = self.config
         shapes = {k: v.numel() for k, v in initial_model(config).state_dict().items()}
         fragments = partition(shapes, config.sync.fragments)

@@ -120,6 +120,15 @@ def tiny_run(corpus_file: Path, total_tokens: int) -> Run:
     return create_run(name="runtime test", mode="decoupled", config=config, user=None)
 
 
+def wait_all_training(store: RunStore, islands: int = 3) -> None:
+    """Faults go to islands that are known to be up, not ones still starting."""
+    def training() -> bool:
+        beats = store.heartbeats()
+        return len(beats) == islands and all(b.get("state") == "training" for b in beats.values())
+
+    wait_until(training, 60, f"all {islands} islands to train")
+
+
 def newest_versions(store: RunStore) -> list[int]:
     versions = store.versions()
     return [versions[p] for p in sorted(versions)]
@@ -131,6 +140,7 @@ def test_islands_on_a_real_worker_merge_through_syncd_survive_a_kill_and_rejoin(
     store = RunStore(connect(redis_url), run.pk)
     start_run(run, by=None)
     wait_until(lambda: min(newest_versions(store) or [0]) >= 3, 120, "3 global versions")
+    wait_all_training(store)
 
     kill_island(run, "island-0", by=None)
     wait_until(lambda: (store.status() or {}).get("islands", {}).get("island-0", {})
@@ -198,6 +208,7 @@ def test_elastic_mode_rolls_back_and_pauses_every_island_when_one_is_lost(
     store = RunStore(connect(redis_url), run.pk)
     start_run(run, by=None)
     wait_until(lambda: min(newest_versions(store) or [0]) >= 2, 120, "2 outer steps")
+    wait_all_training(store)
 
     kill_island(run, "island-0", by=None)
     wait_until(lambda: store.restart()[0] == 1, 30, "a whole-job restart")
@@ -229,6 +240,7 @@ def test_a_partitioned_island_is_lost_then_revived_and_a_rejoin_leaves_one_incar
     def state(island: str) -> str | None:
         return (store.status() or {}).get("islands", {}).get(island, {}).get("state")
 
+    wait_all_training(store)
     inject_fault(run, "island-1", "partition", seconds=6.0, by=None)
     wait_until(lambda: state("island-1") == "lost", 30, "the cut-off island-1 to be lost")
     wait_until(lambda: state("island-1") == "training", 30, "island-1 back when its link is")
