@@ -99,6 +99,8 @@ class RunSync:
                                         fragments=len(self.fragments))
         self.restore_time = clock()
         self.faults: dict[str, str] = {}
+        self.rate_marks: dict[str, tuple[float, int]] = {}  # island -> (time, tokens)
+        self.tokens_per_s: dict[str, float] = {}
         self._restore_or_publish_initial()
 
     # -- state in Redis --------------------------------------------------------
@@ -297,6 +299,15 @@ class RunSync:
             self.restore_time = now
             self.save_checkpoint()
 
+    def _track_rate(self, island: str, beat: dict[str, Any]) -> None:
+        """Tokens per second of an island, over at least a second of its heartbeats."""
+        mark = self.rate_marks.get(island)
+        if mark is None or beat["tokens"] < mark[1]:
+            self.rate_marks[island] = (beat["time"], beat["tokens"])
+        elif beat["time"] - mark[0] >= 1.0:
+            self.tokens_per_s[island] = (beat["tokens"] - mark[1]) / (beat["time"] - mark[0])
+            self.rate_marks[island] = (beat["time"], beat["tokens"])
+
     def _account_lost_update(self, ref: UpdateRef, reason: str) -> None:
         """The island-seconds behind a refused update: its steps since the island's
         previous handled update of that fragment, at its fault-free step time."""
@@ -369,6 +380,7 @@ class RunSync:
                     self.recorder.event("island_revived", island.name, epoch=beat["epoch"])
                 self.recorder.island(island.name, state="training", tokens=beat["tokens"],
                                      inner_steps=beat["step"])
+                self._track_rate(island.name, beat)
             elif current and not fresh and island.name not in self.lost:
                 self.lost.add(island.name)
                 self.recorder.event("island_lost", island.name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from statistics import median as _median
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -9,9 +10,11 @@ if TYPE_CHECKING:
 
 
 def run_status(run: RunSync, now: float, live: int) -> dict[str, Any]:
-    """Per island state, tokens, version lag and bytes; per fragment arrivals/K, grace
-    left and the last merge; the run's versions and progress."""
+    """Per island state, active fault, tokens, tokens/s, version lag and bytes (real
+    and as emulated); per fragment arrivals/K, grace left and the last merge; the
+    run's versions, goodput, uptime, train and eval loss."""
     newest = max(run.sync.versions)
+    scale = run.config.emulation.bytes_scale
     islands = {}
     for island in run.config.islands:
         beat = run.heartbeats.get(island.name, {})
@@ -24,6 +27,9 @@ def run_status(run: RunSync, now: float, live: int) -> dict[str, Any]:
             "tokens": beat.get("tokens", 0), "inner_steps": beat.get("step", 0),
             "loss": beat.get("loss"), "bytes_up": beat.get("bytes_up", 0),
             "bytes_down": beat.get("bytes_down", 0),
+            "emulated_bytes_up": beat.get("bytes_up", 0) * scale,
+            "emulated_bytes_down": beat.get("bytes_down", 0) * scale,
+            "tokens_per_s": round(run.tokens_per_s.get(island.name, 0.0), 1),
             "version_lag": newest - min(bases) if bases else 0,
             "rejections": run.rejections[island.name]}
     fragments = []
@@ -45,9 +51,15 @@ def run_status(run: RunSync, now: float, live: int) -> dict[str, Any]:
             islands[name]["fault"] = run.faults.get(name, "none")
     return {"run": run.store.run_id, "time": now, "live_islands": live,
             "goodput": accounting["goodput"], "uptime": accounting["uptime"],
+            "train_loss": median([i["loss"] for i in islands.values()
+                                  if i["loss"] is not None and i["state"] == "training"]),
             "max_stall_s": accounting["max_stall_s"], "lost_s": accounting["lost_s"],
             "versions": list(run.sync.versions), "outer_steps": run.sync.outer_steps,
             "tokens_merged": run.tokens_merged(), "eval_loss": run.eval_loss,
             "islands": islands, "fragments": fragments}
 
 
+
+
+def median(values: list[float]) -> float | None:
+    return _median(values) if values else None

@@ -261,3 +261,17 @@ def test_a_checkpoint_asked_for_is_written_at_the_next_pass(run_sync):
     assert set(params) == set(run_sync.sync.global_params())
     run_sync.tick()
     assert len(run_sync.recorder.checkpoints()) == 1  # asked once, written once
+
+
+def test_the_status_has_each_islands_tokens_per_second_and_the_train_loss(run_sync):
+    for now, tokens, loss in ((1000.0, 0, 3.0), (1002.0, 640, 2.0)):
+        run_sync.clock_state["now"] = now
+        for island in ("a", "b"):
+            beat = {"epoch": 1, "time": now, "step": tokens // 32, "tokens": tokens,
+                    "state": "training", "loss": loss + (island == "b")}
+            run_sync.store.r.hset(run_sync.store.key("heartbeats"), island, json.dumps(beat))
+        run_sync.next_status = 0.0
+        run_sync.tick()
+    status = run_sync.store.status()
+    assert status["islands"]["a"]["tokens_per_s"] == pytest.approx(320.0)
+    assert status["train_loss"] == pytest.approx(2.5)  # the median of 2.0 and 3.0
