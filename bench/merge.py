@@ -180,14 +180,9 @@ def main(quick: bool = False) -> int:
          "ratio_to_memcpy": out["ingest_ratio_to_memcpy"], "seconds": out["ingest_s"]},
     ], ["pass", "GB_per_s", "ratio_to_memcpy", "seconds"]))
     print()
-    print(results.table([{"check": k, **v} for k, v in out["checks"].items()],
-                        ["check", "value", "bound", "ok"]))
+    print(results.checks_table(out["checks"]))
     print(f"\n{m} updates of {params:,} parameters ({merged_bytes / 2**20:,.0f} MiB fp32 merged "
           f"per round, {len(blobs[0]) / 2**20:.1f} MiB per {CODEC} message); memcpy counts bytes "
           f"copied; {out['threads']} threads; ratios are medians of per-round ratios; "
           f"{out['seconds']} s; wrote {path}")
-    failed = [k for k, c in out["checks"].items() if not c["ok"]]
-    for name in failed:
-        c = out["checks"][name]
-        results.say(f"FAILED: {name} is {c['value']}, the target is {c['bound']}")
-    return 1 if failed else 0
+    return results.exit_code(out["checks"])

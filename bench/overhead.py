@@ -189,15 +189,10 @@ def measure(profile: dict[str, Any], quick: bool) -> int:
          "ratio_to_bare": out["ratio_with_sync"]},
     ], ["loop", "tokens_per_s", "ratio_to_bare"]))
     print()
-    print(results.table([{"check": k, **v} for k, v in out["checks"].items()],
-                        ["check", "value", "bound", "ok"]))
+    print(results.checks_table(out["checks"]))
     print(f"\nmodel: {params:,} parameters, batch {profile['batch_size']} x "
           f"{config.model.block_size}, {out['steps']} steps per loop, sync "
           f"{out['sync_ms_per_step']:.3f} ms/step ({profile['codec']}, H={steps}, "
           f"P={config.sync.fragments}); ratios are medians of per-round ratios; "
           f"{out['seconds']} s; wrote {path}")
-    failed = [k for k, c in out["checks"].items() if not c["ok"]]
-    for name in failed:
-        c = out["checks"][name]
-        results.say(f"FAILED: {name} is {c['value']}, the target is {c['bound']}")
-    return 1 if failed else 0
+    return results.exit_code(out["checks"])

@@ -133,10 +133,9 @@ def main(quick: bool = False) -> int:
     print()
     print(results.table(sweep, ["inner_steps", "compression", "eval_loss", "bytes_per_token"]))
     print()
-    print(results.table([{"check": k, **v} for k, v in out["checks"].items()],
-                        ["check", "value", "bound", "ok"]))
+    print(results.checks_table(out["checks"]))
     print(f"\nmodel: {out['model_params']:,} parameters; {out['seconds']} s; wrote {path}")
-    return 0 if all(c["ok"] for c in out["checks"].values()) else 1
+    return results.exit_code(out["checks"])
 
 
 def checks(out: dict[str, Any], bounds: dict[str, float]) -> dict[str, dict[str, Any]]:

@@ -39,3 +39,15 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 def say(message: str) -> None:
     print(message, flush=True, file=sys.stderr)
+
+
+def checks_table(checks: dict[str, dict[str, Any]]) -> str:
+    return table([{"check": k, **v} for k, v in checks.items()], ["check", "value", "bound", "ok"])
+
+
+def exit_code(checks: dict[str, dict[str, Any]]) -> int:
+    """0 when every check holds; otherwise says which failed and returns 1."""
+    failed = [k for k, c in checks.items() if not c["ok"]]
+    for name in failed:
+        say(f"FAILED: {name} is {checks[name]['value']}, the target is {checks[name]['bound']}")
+    return 1 if failed else 0
