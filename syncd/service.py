@@ -22,7 +22,7 @@ from typing import Any
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from syncd import checkpoint
+from syncd import recovery
 from syncd.accounting import RunAccounting
 from syncd.ingest import IslandFacts, Rejection, check_update
 from syncd.policy import RoundStats
@@ -41,7 +41,6 @@ log = logging.getLogger("archipelago.syncd")
 MAX_MESSAGE_BYTES = 1 << 30
 STATUS_EVERY_S = 0.5
 FLUSH_EVERY_S = 1.0
-DEFAULT_RESTART_DELAY_S = 5.0
 
 
 class RunSync:
@@ -128,7 +127,7 @@ class RunSync:
 
     def _restore_or_publish_initial(self) -> None:
         versions = self.store.versions()
-        if not versions and self._fall_back_to_checkpoint():
+        if not versions and recovery.fall_back_to_checkpoint(self):
             return
         for p in range(len(self.fragments)):
             if p not in versions:
@@ -145,32 +144,7 @@ class RunSync:
         if versions:
             log.info("run %s restored at versions %s", self.store.run_id, self.sync.versions)
 
-    def _fall_back_to_checkpoint(self) -> bool:
-        """Redis lost the run's published versions (its data is really gone): go on
-        from the newest checkpoint that verifies, as a declared rollback."""
-        for path, sha256 in self.recorder.checkpoints():
-            try:
-                params, momentum, versions, tokens = checkpoint.load(Path(path), sha256)
-            except (OSError, ValueError) as exc:
-                log.warning("run %s: checkpoint %s is unusable: %s", self.store.run_id, path, exc)
-                continue
-            for p, fragment in enumerate(self.fragments):
-                # Published as the version after the checkpoint's, so that no island
-                # that held the checkpoint's versions sees them go backwards.
-                self.sync.globals[p] = {n: params[n].float() for n in fragment.tensor_names}
-                self.sync.optimizers[p].load_state_dict(
-                    {k.removeprefix(f"{p}."): v for k, v in momentum.items()
-                     if k.startswith(f"{p}.")})
-                self.sync.versions[p] = versions[p] + 1
-                self._publish(p, tokens)
-            self.recorder.event("rollback", None, reason="Redis lost the run's state",
-                                checkpoint=path, versions=list(self.sync.versions))
-            log.warning("run %s: Redis had no versions; rolled back to %s", self.store.run_id,
-                        path)
-            return True
-        return False
-
-    def _publish(self, p: int, result_tokens: int) -> None:
+    def publish(self, p: int, result_tokens: int) -> None:
         version = self.sync.versions[p]
         diff = None
         if self.config.sync.downlink_compression != "none":
@@ -209,7 +183,7 @@ class RunSync:
                 self.notify(self.store.run_id, seq, status)
         if now >= self.next_checkpoint or self.store.take_checkpoint_request():
             self.next_checkpoint = now + self.config.checkpoint.interval_s
-            self.save_checkpoint()
+            recovery.save_checkpoint(self)
         self._check_budget()
         if now >= self.next_flush or self.completed:
             self.next_flush = now + FLUSH_EVERY_S
@@ -284,7 +258,7 @@ class RunSync:
         if result is None:
             self.store.mark_handled(p, dict(self.sync.handled[p]))
             return
-        self._publish(p, result.tokens)
+        self.publish(p, result.tokens)
         self.accounting.merged_round(result.weights, result.inner_steps, now, fragment=p,
                                      version=result.version)
         self.last_merge[p] = {"version": result.version, "weights": result.weights,
@@ -297,7 +271,7 @@ class RunSync:
                                    for g in self.sync.globals],
                                   [opt.state_dict() for opt in self.sync.optimizers])
             self.restore_time = now
-            self.save_checkpoint()
+            recovery.save_checkpoint(self)
 
     def _track_rate(self, island: str, beat: dict[str, Any]) -> None:
         """Tokens per second of an island, over at least a second of its heartbeats."""
@@ -318,37 +292,6 @@ class RunSync:
         step_time = self.accounting.step_time(ref.island) or 0.0
         cause = "stale" if reason.startswith("stale") else "rejected"
         self.accounting.lost(ref.island, step_time * max(ref.seq - previous, 0), cause)
-
-    def restart_delay(self) -> float:
-        """elastic.restart_delay_s, or the measured time for an island process to
-        start and load state (the median its incarnations reported)."""
-        if self.config.elastic.restart_delay_s is not None:
-            return self.config.elastic.restart_delay_s
-        measured = [b["startup_s"] for b in self.heartbeats.values() if b.get("startup_s")]
-        return statistics.median(measured) if measured else DEFAULT_RESTART_DELAY_S
-
-    def restart_job(self, now: float, lost_island: str) -> None:
-        """Elastic: every island rolls back to the last checkpoint and pauses for the
-        restart delay, as a whole-job restart would make it."""
-        if self.restore_point is None:
-            params = [{n: t.clone() for n, t in g.items()} for g in self.sync.globals]
-            momentum = [opt.state_dict() for opt in self.sync.optimizers]
-        else:
-            params, momentum = self.restore_point
-        discarded = set()
-        for p in range(len(self.fragments)):
-            discarded.update(self.sync.roll_back(p, params[p], momentum[p], now))
-            self.pending_ids = {k: v for k, v in self.pending_ids.items() if k[0] != p}
-            self._publish(p, 0)
-        delay = self.restart_delay()
-        generation = self.store.restart_job(now + delay)
-        self.accounting.rollback(self.restore_time, now)
-        for island in self.config.islands:
-            if island.name not in self.lost:
-                self.accounting.lost(island.name, delay, "restart_pause")
-        self.recorder.event("rollback", lost_island, versions=list(self.sync.versions),
-                            restart_delay_s=round(delay, 2), generation=generation,
-                            discarded=sorted(discarded))
 
     def _trim(self) -> None:
         floor = min(self.pending_ids.values(), default=self.after)
@@ -387,7 +330,7 @@ class RunSync:
                                     silent_s=round(now - beat["time"], 1))
                 self.recorder.island(island.name, state="lost")
                 if self.elastic:
-                    self.restart_job(now, island.name)
+                    recovery.restart_job(self, now, island.name)
         k = self.config.sync.min_quorum
         if alive < k and not self.waiting_alert and self.heartbeats:
             self.recorder.event("alert", None, message=f"waiting: {alive} of the {k} islands "
@@ -410,7 +353,7 @@ class RunSync:
         self.completed = True
         self.store.mark_done()
         self.eval_loss = self.evaluate()
-        self.save_checkpoint()
+        recovery.save_checkpoint(self)
         self.recorder.run_tokens(tokens)
         self.recorder.flush()
         self.recorder.complete()
@@ -422,17 +365,3 @@ class RunSync:
         from trainer.data import load_corpus
         corpus = load_corpus(self.config.data.path, self.config.data.eval_fraction)
         return Evaluator(self.config, corpus)(self.sync.global_params())
-
-    def save_checkpoint(self) -> None:
-        versions = list(self.sync.versions)
-        momentum = {f"{p}.{k}": v for p, opt in enumerate(self.sync.optimizers)
-                    for k, v in opt.state_dict().items()}
-        path = self.checkpoint_dir / f"run-{self.store.run_id}" / (
-            f"outer-{min(versions)}-{int(self.clock() * 1000)}.safetensors")
-        sha, nbytes = checkpoint.save(path, self.sync.global_params(), momentum, versions,
-                                      self.tokens_merged())
-        for old in self.recorder.checkpoint(versions, str(path), sha, nbytes, self.eval_loss,
-                                            self.config.checkpoint.keep):
-            Path(old).unlink(missing_ok=True)
-        self.recorder.event("checkpoint", None, versions=versions, sha256=sha, bytes=nbytes)
-

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from syncd import checkpoint
+from syncd import checkpoint, recovery
 from syncd.protocol import encode_message
 from syncd.records import Recorder
 from syncd.service import RunSync
@@ -232,7 +232,7 @@ def test_when_redis_loses_its_data_the_run_goes_on_from_its_last_checkpoint(run_
     send(run_sync, "a", 0, 4)
     send(run_sync, "b", 0, 4)
     run_sync.tick()
-    run_sync.save_checkpoint()
+    recovery.save_checkpoint(run_sync)
     run_sync.recorder.flush()
     saved = {n: t.clone() for n, t in run_sync.sync.globals[0].items()}
     store = run_sync.store
