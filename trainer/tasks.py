@@ -16,7 +16,7 @@ def run_island(run_id: int, island: str, epoch: int, redis_url: str) -> dict[str
 
     result = supervise_island(run_id, island, epoch, redis_url, settings.LOG_DIR)
     if result["ended"] == "failed":
-        from webapp.runs.services import record_island_failure
+        from webapp.runs.faults import record_island_failure
 
         record_island_failure(run_id, island, result)
     return result

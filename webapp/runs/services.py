@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -84,16 +82,6 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
 # for the island supervisors, fault flags). Each service below changes the database
 # first, where a bad request is refused, and then tells the processes.
 
-FAULT_KINDS = ("straggle", "partition", "degrade", "corrupt")
-# What a fault does (trainer/runner.py acts it out), what its factor means there, and
-# the factor it takes when none is given.
-FAULT_FACTORS = {
-    "straggle": ("each inner step takes factor times as long", 4.0),
-    "partition": ("the link is down, heartbeats too; the factor is not used", 1.0),
-    "degrade": ("the link's bandwidth is divided by factor", 10.0),
-    "corrupt": ("the next update carries NaN; the factor is not used", 1.0),
-}
-MAX_FAULT_SECONDS = 24 * 3600
 LIVE_STATES = (Run.State.RUNNING, Run.State.PAUSED)
 
 
@@ -110,7 +98,7 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
     try:
         store = run_store(run)
         store.put_spec(run.mode, run.config, run.secret)
-        islands = list(_live_islands(run))
+        islands = list(live_islands(run))
         with transaction.atomic():
             for island in islands:
                 island.epoch = 1
@@ -133,7 +121,7 @@ def stop_run(run: Run, by: AbstractBaseUser | None) -> None:
     """
     run.transition(Run.State.STOPPED, by=by)
     store = run_store(run)
-    for island in _live_islands(run):
+    for island in live_islands(run):
         store.send_command(island.name, "stop", epoch=island.epoch)
     store.deactivate()
 
@@ -152,119 +140,29 @@ def resume_run(run: Run, by: AbstractBaseUser | None) -> None:
     run_store(run).set_paused(False)
 
 
-def kill_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -> Island:
-    """Kill an island's process with SIGKILL, mid-step, on its own host."""
-    _require_state(run, LIVE_STATES, "kill an island")
-    island = _island(run, island)
-    run_store(run).send_command(island.name, "kill", epoch=island.epoch)
-    _event(run, island, Event.Kind.FAULT, by, fault="kill", epoch=island.epoch)
-    return island
-
-
-def kill_region(run: Run, region: str, by: AbstractBaseUser | None) -> list[Island]:
-    """A region outage: every island of the run in that region is killed."""
-    _require_state(run, LIVE_STATES, "kill a region")
-    islands = [island for island in _live_islands(run) if island.region == region]
-    if not islands:
-        regions = sorted({island.region for island in _live_islands(run)})
-        raise ValueError(f"run {run.name!r} has no island in region {region!r} "
-                         f"(its regions: {', '.join(regions)})")
-    store = run_store(run)
-    for island in islands:
-        store.send_command(island.name, "kill", epoch=island.epoch)
-        _event(run, island, Event.Kind.FAULT, by, fault="kill", region=region,
-               epoch=island.epoch)
-    return islands
-
-
-def inject_fault(run: Run, island: Island | str, kind: str, seconds: float,
-                 factor: float | None = None, by: AbstractBaseUser | None = None) -> Island:
-    """Break an island for `seconds`: the island process reads the fault and acts it out.
-
-    Args:
-        kind: straggle, partition, degrade or corrupt (FAULT_FACTORS says what each does
-            with its factor).
-        seconds: how long the fault lasts, more than 0 and at most a day.
-        factor: see FAULT_FACTORS; None takes its default there.
-
-    Raises:
-        ValueError: for an unknown kind, a bad duration or factor, an island the run
-            does not have, or a run that is not running.
-    """
-    if kind not in FAULT_KINDS:
-        raise ValueError(f"fault kind must be one of {', '.join(FAULT_KINDS)}, got {kind!r} "
-                         "(kill_island and kill_region kill processes)")
-    if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
-            or not math.isfinite(seconds) or not 0 < seconds <= MAX_FAULT_SECONDS):
-        raise ValueError(f"seconds must be more than 0 and at most {MAX_FAULT_SECONDS}, "
-                         f"got {seconds!r}")
-    factor = _fault_factor(kind, factor)
-    _require_state(run, (Run.State.RUNNING,), "inject a fault")
-    island = _island(run, island)
-    until = time.time() + seconds
-    store = run_store(run)
-    # The key outlives the fault a little, so the island reads its end from "until"
-    # rather than from the key vanishing mid-read; then Redis forgets it.
-    store.r.set(store.key("fault", island.name),
-                json.dumps({"kind": kind, "until": until, "factor": factor}),
-                ex=math.ceil(seconds) + 60)
-    _event(run, island, Event.Kind.FAULT, by, fault=kind, seconds=seconds, factor=factor,
-           until=until, epoch=island.epoch)
-    return island
-
-
 def rejoin_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -> Island:
     """Start the island's next incarnation; the one before it, if it still runs, stops.
 
     The new incarnation pulls the newest global fragments and resumes from the
     island's data cursor; syncd refuses updates from the older epoch from now on.
     """
-    _require_state(run, LIVE_STATES, "rejoin an island")
-    island = _island(run, island)
+    require_state(run, LIVE_STATES, "rejoin an island")
+    island = get_island(run, island)
     old_epoch = island.epoch
     store = run_store(run)
     store.send_command(island.name, "stop", epoch=old_epoch)
     store.rejoin_requested(island.name, time.time())  # syncd reports the time to train
     island = _next_incarnation(run, island, store)
-    _event(run, island, Event.Kind.REJOIN, by, from_epoch=old_epoch, epoch=island.epoch)
+    record_event(run, island, Event.Kind.REJOIN, by, from_epoch=old_epoch, epoch=island.epoch)
     return island
-
-
-def record_island_failure(run_id: int, island: str, result: dict[str, Any]) -> None:
-    """An island process died on its own: an alert with its exit code and last log lines,
-    so the control room can say why. A rejoin starts it again."""
-    row = Island.objects.filter(run_id=run_id, name=island).first()
-    Event.objects.create(run_id=run_id, island=row, kind=Event.Kind.ALERT,
-                         detail={"message": f"island {island} epoch {result['epoch']} crashed "
-                                            f"with exit code {result['exit_code']}",
-                                 "log": result.get("log_tail", [])})
 
 
 def checkpoint_now(run: Run, by: AbstractBaseUser | None) -> None:
     """Ask syncd for a checkpoint of the run at its next pass."""
-    _require_state(run, LIVE_STATES, "checkpoint a run")
+    require_state(run, LIVE_STATES, "checkpoint a run")
     run_store(run).request_checkpoint()
     Event.objects.create(run=run, kind=Event.Kind.CHECKPOINT, actor=by,
                          detail={"requested": True})
-
-
-def kill_syncd(by: AbstractBaseUser) -> None:
-    """Kill syncd with SIGKILL, wherever it runs; its supervisor brings it back.
-
-    Only admins may: every run stalls until syncd is back.
-
-    Raises:
-        PermissionError: when `by` is not a superuser.
-    """
-    if not getattr(by, "is_superuser", False):
-        raise PermissionError("Only admins may kill syncd.")
-    from syncd.store import connect
-    from syncd.store import kill_syncd as send_kill
-
-    send_kill(connect(settings.REDIS_URL))
-    for run in Run.objects.filter(state__in=LIVE_STATES):
-        Event.objects.create(run=run, kind=Event.Kind.FAULT, actor=by,
-                             detail={"fault": "kill_syncd"})
 
 
 def add_island(run: Run, island_config: dict[str, Any], by: AbstractBaseUser | None) -> Island:
@@ -274,7 +172,7 @@ def add_island(run: Run, island_config: dict[str, Any], by: AbstractBaseUser | N
         ConfigError: when the island does not fit the config (keyed "islands.N.name", ...).
         ValueError: when the run is neither a draft nor live.
     """
-    _require_state(run, (Run.State.DRAFT, *LIVE_STATES), "add an island")
+    require_state(run, (Run.State.DRAFT, *LIVE_STATES), "add an island")
     config = parse_config({**run.config, "islands": [*run.config["islands"], island_config]},
                           settings.REGIONS)
     new = config.islands[-1]
@@ -300,8 +198,8 @@ def remove_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
         ConfigError: when the run would be left with too few islands for its quorum.
         ValueError: when the run has no such island or is neither a draft nor live.
     """
-    _require_state(run, (Run.State.DRAFT, *LIVE_STATES), "remove an island")
-    island = _island(run, island)
+    require_state(run, (Run.State.DRAFT, *LIVE_STATES), "remove an island")
+    island = get_island(run, island)
     config = parse_config({**run.config, "islands": [
         i for i in run.config["islands"] if i["name"] != island.name]}, settings.REGIONS)
     with transaction.atomic():
@@ -334,7 +232,7 @@ def resume_after_restart() -> list[Run]:
     for run in runs:
         store = run_store(run)
         store.put_spec(run.mode, run.config, run.secret)
-        for island in _live_islands(run):
+        for island in live_islands(run):
             _next_incarnation(run, island, store)
     return runs
 
@@ -347,37 +245,25 @@ def island_log(run: Run, island: Island | str, lines: int = 50) -> list[str]:
 
 # -- helpers ------------------------------------------------------------------------
 
-def _live_islands(run: Run) -> QuerySet[Island]:
+def live_islands(run: Run) -> QuerySet[Island]:
     """The islands in the run's config (removed islands keep their rows)."""
     return run.islands.filter(name__in=[i["name"] for i in run.config.get("islands", [])])
 
 
-def _island(run: Run, island: Island | str) -> Island:
+def get_island(run: Run, island: Island | str) -> Island:
     name = island.name if isinstance(island, Island) else island
-    found = _live_islands(run).filter(name=name).first()
+    found = live_islands(run).filter(name=name).first()
     if found is None:
-        names = ", ".join(_live_islands(run).values_list("name", flat=True))
+        names = ", ".join(live_islands(run).values_list("name", flat=True))
         raise ValueError(f"run {run.name!r} has no island named {name!r} (it has {names})")
     return found
 
 
-def _require_state(run: Run, states: tuple[str, ...], action: str) -> None:
+def require_state(run: Run, states: tuple[str, ...], action: str) -> None:
     run.refresh_from_db(fields=["state"])
     if run.state not in states:
         raise ValueError(f"cannot {action} of a run that is {run.state} "
                          f"(it must be {' or '.join(states)})")
-
-
-def _fault_factor(kind: str, factor: float | None) -> float:
-    if factor is None:
-        return FAULT_FACTORS[kind][1]
-    if isinstance(factor, bool) or not isinstance(factor, int | float) \
-            or not math.isfinite(factor):
-        raise ValueError(f"factor must be a finite number, got {factor!r}")
-    if kind in ("straggle", "degrade") and not 1 <= factor <= 1e6:
-        raise ValueError(f"factor of {kind} must be between 1 and 1e6 "
-                         f"({FAULT_FACTORS[kind][0]}), got {factor:g}")
-    return float(factor)
 
 
 def _next_incarnation(run: Run, island: Island, store: RunStore) -> Island:
@@ -402,11 +288,11 @@ def _enqueue(run: Run, island: Island) -> None:
 
 def _command_all(run: Run, kind: str) -> None:
     store = run_store(run)
-    for island in _live_islands(run):
+    for island in live_islands(run):
         store.send_command(island.name, kind, epoch=island.epoch)
 
 
-def _event(run: Run, island: Island, kind: str, by: AbstractBaseUser | None,
+def record_event(run: Run, island: Island, kind: str, by: AbstractBaseUser | None,
            **detail: Any) -> Event:
     return Event.objects.create(run=run, island=island, kind=kind, actor=by,
                                 detail={"island": island.name, **detail})

@@ -18,12 +18,14 @@ import pytest
 from django.db import connection
 
 from syncd.store import RunStore, connect
-from webapp.runs.models import Run
-from webapp.runs.services import (
-    create_run,
+from webapp.runs.faults import (
     inject_fault,
     kill_island,
     kill_syncd,
+)
+from webapp.runs.models import Run
+from webapp.runs.services import (
+    create_run,
     rejoin_island,
     start_run,
     stop_run,

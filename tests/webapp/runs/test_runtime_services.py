@@ -13,18 +13,20 @@ import redis
 from syncd.store import RunStore, connect
 from trainer.config import ConfigError
 from trainer.tasks import run_island
+from webapp.runs.faults import (
+    inject_fault,
+    kill_island,
+    kill_region,
+    kill_syncd,
+    record_island_failure,
+)
 from webapp.runs.models import Event, Island, Run
 from webapp.runs.services import (
     add_island,
     checkpoint_now,
     create_run,
-    inject_fault,
     island_log,
-    kill_island,
-    kill_region,
-    kill_syncd,
     pause_run,
-    record_island_failure,
     rejoin_island,
     remove_island,
     resume_after_restart,
