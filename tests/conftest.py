@@ -49,3 +49,16 @@ def redis_url(redis_server, settings):
     client.close()
     settings.REDIS_URL = redis_server
     return redis_server
+
+
+@pytest.fixture
+def channel_layer(redis_url, settings):
+    """The Channels layer on the test Redis."""
+    from channels import layers
+
+    settings.CHANNEL_LAYERS = {"default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [redis_url]}}}
+    layers.channel_layers.backends.clear()
+    yield layers.get_channel_layer()
+    layers.channel_layers.backends.clear()

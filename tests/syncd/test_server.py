@@ -17,18 +17,6 @@ CONFIG = {
 }
 
 
-@pytest.fixture
-def channel_layer(redis_url, settings):
-    from channels import layers
-
-    settings.CHANNEL_LAYERS = {"default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [redis_url]}}}
-    layers.channel_layers.backends.clear()
-    yield layers.get_channel_layer()
-    layers.channel_layers.backends.clear()
-
-
 def test_a_served_run_pushes_numbered_status_snapshots(redis_url, tmp_path):
     run = create_run(name="pushed", mode="decoupled", config=CONFIG, user=None)
     RunStore(connect(redis_url), run.pk).put_spec(run.mode, run.config, run.secret)

@@ -1,5 +1,9 @@
-"""Websocket routes of the dashboard; the live run consumers will be added here."""
+"""Websocket routes of the dashboard."""
 
-from django.urls import URLPattern
+from django.urls import path
 
-websocket_urlpatterns: list[URLPattern] = []
+from webapp.dashboard.consumers import RunStatusConsumer
+
+websocket_urlpatterns = [
+    path("ws/runs/<int:run_id>/", RunStatusConsumer.as_asgi()),
+]

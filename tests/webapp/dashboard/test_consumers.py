@@ -1,0 +1,67 @@
+"""The live run websocket with a real channel layer on the tests' own Redis."""
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from syncd.server import channel_notifier
+from syncd.store import RunStore, connect
+from webapp.asgi import application
+from webapp.dashboard.consumers import NOT_FOUND, UNAUTHORIZED, RunStatusConsumer
+from webapp.runs.services import create_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def communicator(path: str, user=None) -> WebsocketCommunicator:
+    run_id = int(path.rstrip("/").split("/")[-1])
+    com = WebsocketCommunicator(RunStatusConsumer.as_asgi(), path)
+    com.scope["user"] = user
+    com.scope["url_route"] = {"kwargs": {"run_id": run_id}}
+    return com
+
+
+@pytest.fixture
+def run(redis_url):
+    run = create_run(name="live", mode="decoupled", config={}, user=None)
+    RunStore(connect(redis_url), run.pk).put_status({"versions": [3, 4]})
+    return run
+
+
+def test_a_signed_in_user_gets_the_snapshot_then_the_pushes(run, viewer, channel_layer):
+    com = communicator(f"/ws/runs/{run.pk}/", viewer)
+    notify = channel_notifier()
+
+    async def session() -> tuple[bool, dict, dict]:
+        # One event loop for the whole conversation: the consumer lives in it.
+        connected, _ = await com.connect()
+        snapshot = await com.receive_json_from()
+        await sync_to_async(notify)(str(run.pk), 2, {"versions": [4, 4]})
+        pushed = await com.receive_json_from(timeout=5)
+        await com.disconnect()
+        return connected, snapshot, pushed
+
+    connected, snapshot, pushed = async_to_sync(session)()
+    assert connected
+    assert snapshot == {"type": "snapshot", "seq": 1, "status": {"versions": [3, 4], "seq": 1}}
+    assert pushed == {"type": "status", "seq": 2, "status": {"versions": [4, 4]}}
+
+
+def test_an_anonymous_connection_is_refused(run, channel_layer):
+    from django.contrib.auth.models import AnonymousUser
+
+    connected, code = async_to_sync(communicator(f"/ws/runs/{run.pk}/", AnonymousUser()).connect)()
+    assert not connected and code == UNAUTHORIZED
+
+
+def test_a_run_that_does_not_exist_is_refused(viewer, channel_layer, redis_url):
+    connected, code = async_to_sync(communicator("/ws/runs/999999/", viewer).connect)()
+    assert not connected and code == NOT_FOUND
+
+
+def test_the_asgi_application_routes_the_run_websocket_through_auth(run, channel_layer):
+    com = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/",
+                                headers=[(b"origin", b"http://localhost"),
+                                         (b"host", b"localhost")])
+    connected, code = async_to_sync(com.connect)()
+    assert not connected and code == UNAUTHORIZED  # no session cookie: anonymous
