@@ -41,6 +41,7 @@ log = logging.getLogger("archipelago.syncd")
 MAX_MESSAGE_BYTES = 1 << 30
 STATUS_EVERY_S = 0.5
 FLUSH_EVERY_S = 1.0
+CONTROL_EVERY_S = 0.2
 
 
 class RunSync:
@@ -53,11 +54,14 @@ class RunSync:
         clock: the time source (seconds).
         notify: called with (run id, sequence number, status) at each new snapshot,
             to push it to the control room.
+        control_every_s: how often heartbeats, faults, pauses, requests and the spec
+            are read from Redis (updates are read on every pass).
     """
 
     def __init__(self, store: RunStore, recorder: Recorder, checkpoint_dir: Path,
                  clock: Callable[[], float] = time.time,
-                 notify: Callable[[str, int, dict], None] | None = None):
+                 notify: Callable[[str, int, dict], None] | None = None,
+                 control_every_s: float = CONTROL_EVERY_S):
         self.store = store
         self.notify = notify
         self.recorder = recorder
@@ -89,7 +93,10 @@ class RunSync:
         self.waiting_alert = False
         self.epochs: dict[str, int] = {}
         self.heartbeats: dict[str, dict[str, Any]] = {}
-        self.next_status = self.next_flush = 0.0
+        self.next_status = self.next_flush = self.next_control = 0.0
+        self.control_every_s = control_every_s
+        self.live = 0
+        self.checkpoint_asked = False
         self.next_checkpoint = clock() + config.checkpoint.interval_s
         self.eval_loss: float | None = None
         self.completed = False
@@ -161,34 +168,45 @@ class RunSync:
     def tick(self) -> bool:
         """Ingest what arrived, merge what may merge, watch liveness; True if busy."""
         now = self.clock()
-        self._refresh_spec()
+        # Epochs every pass: they fence off old incarnations before their updates count.
         self.epochs = self.store.epochs()
-        self.heartbeats = self.store.heartbeats()
-        self.faults = self.store.faults([i.name for i in self.config.islands])
-        if self.store.paused() != self.accounting.paused:
-            (self.accounting.pause if self.store.paused() else self.accounting.resume)(now)
+        if now >= self.next_control:
+            self.next_control = now + self.control_every_s
+            self._watch(now)
         refs = self.store.read_updates(self.after, count=256)
         for ref in refs:
             self.after = ref.stream_id
             self._ingest(ref, now)
-        live = self._liveness(now)
         for p in range(len(self.fragments)):
-            self._maybe_merge(p, now, live)
-        self._trim()
+            self._maybe_merge(p, now, self.live)
         if now >= self.next_status:
             self.next_status = now + STATUS_EVERY_S
-            status = run_status(self, now, live)
+            status = run_status(self, now, self.live)
             seq = self.store.put_status(status)
             if self.notify:
                 self.notify(self.store.run_id, seq, status)
-        if now >= self.next_checkpoint or self.store.take_checkpoint_request():
+        if now >= self.next_checkpoint or self.checkpoint_asked:
             self.next_checkpoint = now + self.config.checkpoint.interval_s
+            self.checkpoint_asked = False
             recovery.save_checkpoint(self)
-        self._check_budget()
         if now >= self.next_flush or self.completed:
             self.next_flush = now + FLUSH_EVERY_S
             self.recorder.flush()
         return bool(refs)
+
+    def _watch(self, now: float) -> None:
+        """What changes at human or heartbeat pace, read a few times a second rather
+        than on every pass: the spec, heartbeats, faults, a pause, requests, the budget."""
+        self._refresh_spec()
+        self.heartbeats = self.store.heartbeats()
+        self.faults = self.store.faults([i.name for i in self.config.islands])
+        paused = self.store.paused()
+        if paused != self.accounting.paused:
+            (self.accounting.pause if paused else self.accounting.resume)(now)
+        self.live = 0 if paused else self._liveness(now)
+        self.checkpoint_asked |= self.store.take_checkpoint_request()
+        self._trim()
+        self._check_budget()
 
     def _ingest(self, ref: UpdateRef, now: float) -> None:
         p = ref.fragment
@@ -300,10 +318,9 @@ class RunSync:
             self.store.trim_updates(floor)
 
     def _liveness(self, now: float) -> int:
-        """Mark islands lost or revived from their heartbeats; returns how many are alive."""
+        """Mark islands lost or revived from their heartbeats; returns how many are alive.
+        Not called while the run is paused: a paused island is silent on purpose."""
         timeout = self.config.liveness.heartbeat_timeout_s
-        if self.store.paused():
-            return 0  # a paused island is silent on purpose: neither lost nor alive
         rejoins = self.store.rejoin_requests()
         alive = 0
         for island in self.config.islands:

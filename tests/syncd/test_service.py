@@ -41,7 +41,9 @@ def make_run_sync(redis_url: str, tmp_path, mode: str) -> RunSync:
     store.set_epoch("a", 1)
     store.set_epoch("b", 1)
     clock = {"now": 1000.0}
-    sync = RunSync(store, Recorder(run.pk), tmp_path, clock=lambda: clock["now"])
+    # Every tick reads everything: the tests step a frozen clock.
+    sync = RunSync(store, Recorder(run.pk), tmp_path, clock=lambda: clock["now"],
+                   control_every_s=0.0)
     sync.clock_state = clock
     return sync
 
@@ -144,7 +146,7 @@ def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
     merged = {n: t.clone() for n, t in run_sync.sync.globals[0].items()}
 
     again = RunSync(run_sync.store, Recorder(run_sync.recorder.run_id), tmp_path,
-                    clock=lambda: 1000.0)
+                    clock=lambda: 1000.0, control_every_s=0.0)
     again.tick()
     assert again.sync.versions == [1, 0]
     assert all(torch.equal(merged[n], t) for n, t in again.sync.globals[0].items())
