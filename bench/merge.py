@@ -165,9 +165,7 @@ def main(quick: bool = False) -> int:
         "threads": torch.get_num_threads(), "rounds": len(rows), "per_round": rows,
     }
     bound = profile["bounds"]["ratio_to_memcpy"]
-    out["checks"] = {"merge / memcpy bytes/s": {"value": round(out["ratio_to_memcpy"], 4),
-                                                "bound": f">= {bound}",
-                                                "ok": out["ratio_to_memcpy"] >= bound}}
+    out["checks"] = {"merge / memcpy bytes/s": results.check(out["ratio_to_memcpy"], bound)}
     out["profile"] = "quick" if quick else "full"
     out["seconds"] = round(time.time() - started, 1)
     path = results.write("merge", out)

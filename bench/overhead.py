@@ -174,9 +174,7 @@ def measure(profile: dict[str, Any], quick: bool) -> int:
         "threads": torch.get_num_threads(), "per_round": rows,
     }
     bound = profile["bounds"]["ratio"]
-    out["checks"] = {"island / bare tokens/s": {"value": round(out["ratio"], 4),
-                                                 "bound": f">= {bound}",
-                                                 "ok": out["ratio"] >= bound}}
+    out["checks"] = {"island / bare tokens/s": results.check(out["ratio"], bound)}
     out["profile"] = "quick" if quick else "full"
     out["seconds"] = round(time.time() - started, 1)
     path = results.write("overhead", out)

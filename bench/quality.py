@@ -159,6 +159,4 @@ def checks(out: dict[str, Any], bounds: dict[str, float]) -> dict[str, dict[str,
             4 * out["decoupled"]["peak_bytes_per_window"]
             / out["diloco_sync"]["peak_bytes_per_window"], bounds["peak_ratio"], "<="),
     }
-    return {name: {"value": round(v, 4), "bound": f"{op} {b}",
-                   "ok": v <= b if op == "<=" else v >= b}
-            for name, (v, b, op) in rows.items()}
+    return {name: results.check(v, b, at_least=op == ">=") for name, (v, b, op) in rows.items()}

@@ -41,6 +41,12 @@ def say(message: str) -> None:
     print(message, flush=True, file=sys.stderr)
 
 
+def check(value: float, bound: float, at_least: bool = True) -> dict[str, Any]:
+    """One relation a benchmark must show: its value, its bound and whether it holds."""
+    ok = value >= bound if at_least else value <= bound
+    return {"value": round(value, 4), "bound": f"{'>=' if at_least else '<='} {bound}", "ok": ok}
+
+
 def checks_table(checks: dict[str, dict[str, Any]]) -> str:
     return table([{"check": k, **v} for k, v in checks.items()], ["check", "value", "bound", "ok"])
 

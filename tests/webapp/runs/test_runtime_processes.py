@@ -136,12 +136,19 @@ def newest_versions(store: RunStore) -> list[int]:
     return [versions[p] for p in sorted(versions)]
 
 
+def start_and_wait(run: Run, redis_url: str, versions: int) -> RunStore:
+    """Start the run and wait until every fragment reached `versions`."""
+    store = RunStore(connect(redis_url), run.pk)
+    start_run(run, by=None)
+    wait_until(lambda: min(newest_versions(store) or [0]) >= versions, 120,
+               f"{versions} global versions")
+    return store
+
+
 def test_islands_on_a_real_worker_merge_through_syncd_survive_a_kill_and_rejoin(
         system, corpus_file, redis_url):
     run = tiny_run(corpus_file, total_tokens=10**9)
-    store = RunStore(connect(redis_url), run.pk)
-    start_run(run, by=None)
-    wait_until(lambda: min(newest_versions(store) or [0]) >= 3, 120, "3 global versions")
+    store = start_and_wait(run, redis_url, 3)
     wait_all_training(store)
 
     kill_island(run, "island-0", by=None)
@@ -178,9 +185,7 @@ def test_a_kill_9_of_syncd_loses_no_version_and_the_run_completes(
         system, corpus_file, redis_url, django_user_model):
     admin = django_user_model.objects.create_superuser("root", password=None)
     run = tiny_run(corpus_file, total_tokens=60_000)
-    store = RunStore(connect(redis_url), run.pk)
-    start_run(run, by=None)
-    wait_until(lambda: min(newest_versions(store) or [0]) >= 2, 120, "2 global versions")
+    store = start_and_wait(run, redis_url, 2)
 
     seen: list[list[int]] = []
     kill_syncd(admin)  # the admins' fault: syncd SIGKILLs itself wherever it runs
@@ -207,9 +212,7 @@ def test_elastic_mode_rolls_back_and_pauses_every_island_when_one_is_lost(
     run.mode = Run.Mode.ELASTIC
     run.config["elastic"] = {"restart_delay_s": 2.0}
     run.save(update_fields=["mode", "config"])
-    store = RunStore(connect(redis_url), run.pk)
-    start_run(run, by=None)
-    wait_until(lambda: min(newest_versions(store) or [0]) >= 2, 120, "2 outer steps")
+    store = start_and_wait(run, redis_url, 2)
     wait_all_training(store)
 
     kill_island(run, "island-0", by=None)
@@ -235,9 +238,7 @@ def runner_processes(run: Run, island: str, epoch: int) -> list[str]:
 def test_a_partitioned_island_is_lost_then_revived_and_a_rejoin_leaves_one_incarnation(
         system, corpus_file, redis_url):
     run = tiny_run(corpus_file, total_tokens=10**9)
-    store = RunStore(connect(redis_url), run.pk)
-    start_run(run, by=None)
-    wait_until(lambda: min(newest_versions(store) or [0]) >= 2, 120, "2 global versions")
+    store = start_and_wait(run, redis_url, 2)
 
     def state(island: str) -> str | None:
         return (store.status() or {}).get("islands", {}).get(island, {}).get("state")
