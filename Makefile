@@ -38,7 +38,7 @@ lint: install-test
 
 # Unit tier: pure modules and the in-process cluster, no services.
 test-unit: install-test
-	$(VENV)/bin/pytest tests/trainer tests/syncd tests/bench -m "not integration" -q -p no:cacheprovider
+	$(VENV)/bin/pytest tests/test_compose.py tests/trainer tests/syncd tests/bench -m "not integration" -q -p no:cacheprovider
 
 # Database tier, once per database in TEST_DATABASES: the web app, syncd against a
 # Redis of the tests' own, and the runtime with real worker, syncd and island processes.

@@ -1,9 +1,10 @@
-"""The syncd process: every active run served in one loop, status pushed live.
+"""The syncd process: its share of the active runs served in one loop, status pushed live.
 
-It finds active runs in Redis (arch:runs), keeps one RunSync for each and ticks
-them in turn; one broken run is logged and retried, never allowed to stop the
-others. Each new status snapshot goes to the channel layer group "run-<id>",
-where the control room's websockets listen.
+It finds active runs in Redis (arch:runs), takes a lease on its share of them
+(several syncd may split the runs, see syncd/lease.py), keeps one RunSync for
+each run it holds and ticks them in turn; one broken run is logged and retried,
+never allowed to stop the others. Each new status snapshot goes to the channel
+layer group "run-<id>", where the control room's websockets listen.
 """
 
 from __future__ import annotations
@@ -12,80 +13,161 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from syncd import lease
+from syncd.lease import Lease, LeaseLost
+from syncd.live import LiveNotifier, status_group
 from syncd.records import Recorder
 from syncd.service import RunSync
 from syncd.store import RunStore, connect, syncd_command
 
 log = logging.getLogger("archipelago.syncd")
+# How long a run's lease outlives its holder's last renewal (SYNCD_LEASE_TTL_S).
+LEASE_TTL_S = 10.0
 
 
-def status_group(run_id: int | str) -> str:
-    """The channel layer group that carries a run's live status."""
-    return f"run-{run_id}"
-
-
-def channel_notifier() -> Callable[[str, int, dict], None]:
-    """Push status snapshots to the run's channel layer group (Channels, Redis)."""
+def channel_notifier() -> LiveNotifier:
+    """Push status snapshots to the run's channel layer group (Channels, Redis), as
+    numbered deltas (syncd/live.py)."""
     from asgiref.sync import async_to_sync
     from channels.layers import get_channel_layer
 
-    group_send = async_to_sync(get_channel_layer().group_send)
-
-    def notify(run_id: str, seq: int, status: dict) -> None:
-        try:
-            group_send(status_group(run_id), {"type": "run.status", "seq": seq,
-                                              "status": status})
-        except Exception:  # a full or unreachable channel layer must not stop merging
-            log.exception("could not push the status of run %s", run_id)
-
-    return notify
+    return LiveNotifier(async_to_sync(get_channel_layer().group_send), status_group)
 
 
 class Syncd:
-    """Serves every run in arch:runs; one process, runs ticked in turn.
+    """Serves its share of the runs in arch:runs, ticking them in turn.
+
+    Several syncd processes may share one Redis, on one host or many. Each serves
+    the runs whose lease it holds (syncd/lease.py): it takes unowned runs up to its
+    fair share, ceil(active runs / live syncd processes), hands the runs beyond it
+    over, and takes over the runs of a syncd that stopped renewing (killed, its host
+    gone) once their leases expire. Every write for a run is fenced by its lease, so
+    two syncd never write one run, and a slow run holds back only the runs of its
+    own process.
 
     Args:
         redis_url: where the runtime's Redis is.
         checkpoint_dir: the folder for checkpoints (one subfolder per run).
         notify: pushes each run's status snapshots (see channel_notifier).
+        lease_ttl_s: how long a lease outlives its holder's last renewal (renewed
+            every third of it): the runs of a dead syncd wait this long for another.
+        owner: this process's name in the leases; default host, pid and a random part.
+        clock: monotonic seconds, for the renewal schedule.
     """
 
     def __init__(self, redis_url: str, checkpoint_dir: str | Path,
-                 notify: Callable[[str, int, dict], None] | None = None):
+                 notify: Callable[[str, int, dict], None] | None = None, *,
+                 lease_ttl_s: float = LEASE_TTL_S, owner: str | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        if lease_ttl_s <= 0:
+            raise ValueError(f"lease_ttl_s must be above 0 seconds, got {lease_ttl_s}")
         self.client = connect(redis_url)
         self.checkpoint_dir = Path(checkpoint_dir)
         self.runs: dict[str, RunSync] = {}
+        self.leases: dict[str, Lease] = {}
         self.stopping = False
         self.notify = notify
+        self.lease_ttl_s = lease_ttl_s
+        self.owner = owner or lease.new_owner()
+        self.clock = clock
+        self.members = 1
+        self.next_renewal = 0.0
+        self.last_active: set[str] = set()
 
     def tick(self) -> bool:
+        """Renew leases when due, take or hand over runs, tick every run held; True if
+        any run had work."""
         if syncd_command(self.client) == "kill":
             log.warning("killed by an admin's fault injection")
             os.kill(os.getpid(), signal.SIGKILL)
         active = set(RunStore.active_runs(self.client))
-        for run_id in list(self.runs):
-            if run_id not in active:
-                del self.runs[run_id]
+        for run_id in [r for r in self.leases if r not in active]:
+            self._let_go(run_id, "it is no longer active")
+        now = self.clock()
+        if now >= self.next_renewal:
+            self.next_renewal = now + self.lease_ttl_s / 3
+            self._renew()
+            self._balance(active)
+        elif active != self.last_active:
+            self._balance(active)  # a run started or ended: no need to wait for renewal
+        self.last_active = active
         busy = False
-        for run_id in sorted(active):
+        for run_id in _in_order(self.leases):
             try:
-                if run_id not in self.runs:
-                    store = RunStore(self.client, run_id)
-                    self.runs[run_id] = RunSync(store, Recorder(int(run_id)),
-                                                self.checkpoint_dir, notify=self.notify)
-                    log.info("serving run %s", run_id)
-                busy |= self.runs[run_id].tick()
+                busy |= self._run_sync(run_id).tick()
+            except LeaseLost as e:
+                log.warning("%s; run %s is another syncd's now", e, run_id)
+                self.leases.pop(run_id, None)
+                self.runs.pop(run_id, None)
             except Exception:
-                # One broken run must not stop the others; it is retried next tick.
+                # One broken run must not stop the others; it is built anew next tick,
+                # its lease kept.
                 log.exception("run %s failed a tick", run_id)
                 self.runs.pop(run_id, None)
         return busy
 
+    def _run_sync(self, run_id: str) -> RunSync:
+        if run_id not in self.runs:
+            store = RunStore(self.client, run_id, fence=self.leases[run_id])
+            self.runs[run_id] = RunSync(store, Recorder(int(run_id)), self.checkpoint_dir,
+                                        notify=self.notify)
+        return self.runs[run_id]
+
+    def _renew(self) -> None:
+        """Announce this syncd and extend every lease it holds; forget the ones lost."""
+        self.members = lease.register(self.client, self.owner, self.lease_ttl_s)
+        for run_id, held in list(self.leases.items()):
+            if not lease.renew(self.client, held, self.lease_ttl_s):
+                log.warning("run %s: lost the lease (fencing token %d) before renewing it",
+                            run_id, held.token)
+                self.leases.pop(run_id)
+                self.runs.pop(run_id, None)
+
+    def _balance(self, active: set[str]) -> None:
+        """Hand over the runs beyond this syncd's fair share; take unowned ones up to it."""
+        share = lease.fair_share(len(active), self.members)
+        extra = len(self.leases) - share
+        for run_id in list(reversed(_in_order(self.leases)))[:max(extra, 0)]:
+            self._let_go(run_id, f"{self.members} syncd share {len(active)} runs")
+        for run_id in _in_order(active - set(self.leases)):
+            if len(self.leases) >= share:
+                break
+            got = lease.acquire(self.client, run_id, self.owner, self.lease_ttl_s)
+            if got is not None:
+                self.leases[run_id] = got
+                log.info("serving run %s (fencing token %d)", run_id, got.token)
+
+    def _let_go(self, run_id: str, why: str) -> None:
+        """Stop serving a run and free its lease at once, so another may take it."""
+        sync = self.runs.pop(run_id, None)
+        held = self.leases.pop(run_id)
+        if sync is not None:
+            try:
+                sync.recorder.flush()
+            except Exception:
+                log.exception("run %s: could not write its last records", run_id)
+        lease.release(self.client, held)
+        log.info("let go of run %s: %s", run_id, why)
+
+    def close(self) -> None:
+        """Give up every lease and the announcement, so others take the runs at once."""
+        for run_id in list(self.leases):
+            self._let_go(run_id, "syncd is stopping")
+        lease.leave(self.client, self.owner)
+
     def serve_forever(self, idle_sleep_s: float = 0.02) -> None:
-        log.info("syncd serving %s", self.checkpoint_dir)
-        while not self.stopping:
-            if not self.tick():
-                time.sleep(idle_sleep_s)
+        log.info("syncd %s serving, checkpoints in %s", self.owner, self.checkpoint_dir)
+        try:
+            while not self.stopping:
+                if not self.tick():
+                    time.sleep(idle_sleep_s)
+        finally:
+            self.close()
+
+
+def _in_order(run_ids: Iterable[str]) -> list[str]:
+    """Run ids in numeric order (ids are numbers; shorter first, then by text)."""
+    return sorted(run_ids, key=lambda r: (len(r), r))

@@ -29,6 +29,13 @@ Keys, for run R:
     arch:R:checkpoint_now          set when a user asks for a checkpoint
     arch:syncd:control             list of commands for syncd ("kill")
     arch:R:status                  JSON snapshot with its sequence number
+    arch:R:lease, arch:R:lease_token  which syncd serves the run, its fencing token
+                                   (syncd/lease.py)
+    arch:syncd:members             sorted set of live syncd processes (syncd/lease.py)
+
+syncd's RunStore carries the run's lease (`fence`): every write it makes for the
+run is one MULTI/EXEC guarded by that lease (syncd.lease.guarded_transaction), so
+a syncd that lost the run to another cannot publish, mark or trim anything.
 """
 
 from __future__ import annotations
@@ -36,11 +43,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.client import Pipeline
+
+from syncd.lease import Lease, guarded_transaction
 
 BLOB_TTL_S = 3600
 STREAM_MAXLEN = 100_000
@@ -77,21 +87,41 @@ class RunStore:
     Args:
         client: a connection from `connect`.
         run_id: the run's primary key.
+        fence: syncd's lease on the run; when given, every write syncd makes for the
+            run (publish, handled seqs, trims, status, completion, restarts) commits
+            only while this lease is current, and raises syncd.lease.LeaseLost if not.
+            The web app and islands pass none.
     """
 
-    def __init__(self, client: redis.Redis, run_id: int | str):
+    def __init__(self, client: redis.Redis, run_id: int | str, fence: Lease | None = None):
         self.r = client
         self.run_id = str(run_id)
         self.prefix = f"arch:{run_id}:"
+        if fence is not None and fence.run_id != self.run_id:
+            raise ValueError(f"the lease is for run {fence.run_id}, not run {self.run_id}")
+        self.fence = fence
 
     def key(self, *parts: object) -> str:
         return self.prefix + ":".join(str(p) for p in parts)
 
+    def _write(self, fill: Callable[[Pipeline], object]) -> list:
+        """One MULTI/EXEC of the commands `fill` queues, fenced by the lease if any."""
+        if self.fence is not None:
+            return guarded_transaction(self.r, self.fence, fill)
+        pipe = self.r.pipeline(transaction=True)
+        fill(pipe)
+        return pipe.execute()
+
     # -- run spec and membership ---------------------------------------------
 
-    def put_spec(self, mode: str, config: dict[str, Any], secret: str) -> None:
-        self.r.set(self.key("spec"), json.dumps({"mode": mode, "config": config,
-                                                  "secret": secret}))
+    def put_spec(self, mode: str, config: dict[str, Any], secret: str,
+                 initial_checkpoint: dict[str, str] | None = None) -> None:
+        """What the processes of a run read: mode, config, secret, and the checkpoint
+        ({"path", "sha256"}) its global model starts from, if any."""
+        spec = {"mode": mode, "config": config, "secret": secret}
+        if initial_checkpoint:
+            spec["initial_checkpoint"] = initial_checkpoint
+        self.r.set(self.key("spec"), json.dumps(spec))
         self.r.sadd("arch:runs", self.run_id)
 
     def spec(self) -> dict[str, Any] | None:
@@ -99,7 +129,7 @@ class RunStore:
         return json.loads(raw) if raw else None
 
     def deactivate(self) -> None:
-        self.r.srem("arch:runs", self.run_id)
+        self._write(lambda pipe: pipe.srem("arch:runs", self.run_id))
 
     @staticmethod
     def active_runs(client: redis.Redis) -> list[str]:
@@ -138,28 +168,33 @@ class RunStore:
 
     def trim_updates(self, min_id: bytes) -> None:
         """Forget stream entries older than `min_id`: all of them are handled."""
-        self.r.xtrim(self.key("updates"), minid=min_id)
+        self._write(lambda pipe: pipe.xtrim(self.key("updates"), minid=min_id))
 
     # -- globals: syncd -> islands -------------------------------------------
 
     def publish(self, fragment: int, version: int, full: bytes, diff: bytes | None,
                 momentum: bytes, handled: dict[str, int], tokens: int, keep: int) -> None:
-        """Commit one merge: the new version, its messages, momentum and handled seqs."""
-        pipe = self.r.pipeline(transaction=True)
-        pipe.set(self.key("full", fragment), full)
-        if diff is not None:
-            pipe.set(self.key("pub", fragment, version), diff)
-            pipe.delete(self.key("pub", fragment, version - keep))
-        pipe.set(self.key("momentum", fragment), momentum)
-        if handled:
-            pipe.hset(self.key("handled", fragment), mapping=handled)
-        pipe.hset(self.key("versions"), fragment, version)
-        pipe.hincrby(self.key("tokens_merged"), fragment, tokens)
-        pipe.execute()
+        """Commit one merge: the new version, its messages, momentum and handled seqs.
+
+        Raises:
+            syncd.lease.LeaseLost: this store's lease is gone; nothing was published.
+        """
+        def fill(pipe: Pipeline) -> None:
+            pipe.set(self.key("full", fragment), full)
+            if diff is not None:
+                pipe.set(self.key("pub", fragment, version), diff)
+                pipe.delete(self.key("pub", fragment, version - keep))
+            pipe.set(self.key("momentum", fragment), momentum)
+            if handled:
+                pipe.hset(self.key("handled", fragment), mapping=handled)
+            pipe.hset(self.key("versions"), fragment, version)
+            pipe.hincrby(self.key("tokens_merged"), fragment, tokens)
+
+        self._write(fill)
 
     def mark_handled(self, fragment: int, handled: dict[str, int]) -> None:
         if handled:
-            self.r.hset(self.key("handled", fragment), mapping=handled)
+            self._write(lambda pipe: pipe.hset(self.key("handled", fragment), mapping=handled))
 
     def versions(self) -> dict[int, int]:
         return {int(k): int(v) for k, v in self.r.hgetall(self.key("versions")).items()}
@@ -184,7 +219,7 @@ class RunStore:
 
     def mark_done(self) -> None:
         """The budget is spent: islands stop at their next step."""
-        self.r.set(self.key("done"), 1)
+        self._write(lambda pipe: pipe.set(self.key("done"), 1))
 
     # -- heartbeats, commands, cursors, status -------------------------------
 
@@ -213,9 +248,11 @@ class RunStore:
     def restart_job(self, until: float) -> int:
         """Elastic: ask every island to roll back and pause until `until`; returns the
         restart's generation number."""
-        generation = self.r.hincrby(self.key("restart"), "generation", 1)
-        self.r.hset(self.key("restart"), "until", until)
-        return generation
+        def fill(pipe: Pipeline) -> None:
+            pipe.hincrby(self.key("restart"), "generation", 1)
+            pipe.hset(self.key("restart"), "until", until)
+
+        return int(self._write(fill)[0])
 
     def restart(self) -> tuple[int, float]:
         raw = self.r.hgetall(self.key("restart"))
@@ -229,7 +266,7 @@ class RunStore:
         return {k.decode(): float(v) for k, v in self.r.hgetall(self.key("rejoin")).items()}
 
     def close_rejoin_request(self, island: str) -> None:
-        self.r.hdel(self.key("rejoin"), island)
+        self._write(lambda pipe: pipe.hdel(self.key("rejoin"), island))
 
     def faults(self, islands: list[str]) -> dict[str, str]:
         """island -> kind of its active fault (straggle, partition, degrade, corrupt)."""
@@ -245,7 +282,7 @@ class RunStore:
 
     def take_checkpoint_request(self) -> bool:
         """Whether a checkpoint was asked for since the last call."""
-        return bool(self.r.delete(self.key("checkpoint_now")))
+        return bool(self._write(lambda pipe: pipe.delete(self.key("checkpoint_now")))[0])
 
     def set_paused(self, paused: bool) -> None:
         if paused:
@@ -258,8 +295,10 @@ class RunStore:
 
     def put_status(self, status: dict[str, Any]) -> int:
         """Store the status snapshot under the next sequence number; returns it."""
+        # A stale syncd may take a number (harmless: they only grow); its snapshot
+        # itself is refused.
         seq = self.r.incr(self.key("status_seq"))
-        self.r.set(self.key("status"), json.dumps({**status, "seq": seq}))
+        self._write(lambda pipe: pipe.set(self.key("status"), json.dumps({**status, "seq": seq})))
         return seq
 
     def status(self) -> dict[str, Any] | None:

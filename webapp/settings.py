@@ -7,6 +7,7 @@ are secure, HSTS and the HTTPS redirect are on) so that `check --deploy` is clea
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -157,14 +158,26 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+# plotly.js from the plotly package itself (static/plotly/plotly.min.js): the charts
+# render offline, with no CDN.
+STATICFILES_DIRS = [("plotly", Path(importlib.util.find_spec("plotly").origin).parent
+                     / "package_data")]
 
 # Archipelago itself.
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 REGIONS = env_list("REGIONS", "us-east,us-central,us-west,us-south")
 CHECKPOINT_DIR = Path(env_str("CHECKPOINT_DIR", str(VAR_DIR / "checkpoints")))
+# Seconds a run's lease outlives the last renewal by the syncd serving it: when a
+# syncd dies, another takes its runs over after this long (syncd/lease.py).
+SYNCD_LEASE_TTL_S = env_int("SYNCD_LEASE_TTL_S", 10)
+if SYNCD_LEASE_TTL_S < 1:
+    raise ImproperlyConfigured(f"SYNCD_LEASE_TTL_S must be at least 1, got {SYNCD_LEASE_TTL_S}.")
 # Island logs (run-<id>/<island>.log) and, under `python -m webapp.start`, one log
 # per process.
 LOG_DIR = Path(env_str("LOG_DIR", str(VAR_DIR / "logs")))
+# The bearer token a Prometheus scraper sends to /metrics; empty: only signed-in
+# operators (and staff) may read it.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 
 CELERY_BROKER_URL = REDIS_URL
 # An island is one long task. It is acknowledged when it ends, so a worker shut

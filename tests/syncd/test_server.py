@@ -1,8 +1,12 @@
 """syncd's process loop: live status goes to the run's channel layer group."""
 
+import time
+
 import pytest
 from asgiref.sync import async_to_sync
 
+from syncd import lease
+from syncd.lease import LeaseLost
 from syncd.server import Syncd, channel_notifier, status_group
 from syncd.store import RunStore, connect
 from webapp.runs.services import create_run
@@ -50,3 +54,84 @@ def test_a_run_that_is_no_longer_active_is_let_go(redis_url, tmp_path):
     store.deactivate()
     served.tick()
     assert served.runs == {}
+
+
+def active_runs(redis_url: str, count: int) -> list[str]:
+    """`count` runs with their specs in Redis, as the web app leaves them when started."""
+    client = connect(redis_url)
+    ids = []
+    for i in range(count):
+        run = create_run(name=f"split {i}", mode="decoupled", config=CONFIG, user=None)
+        RunStore(client, run.pk).put_spec(run.mode, run.config, run.secret)
+        ids.append(str(run.pk))
+    return ids
+
+
+class Clock:
+    """A monotonic clock the test moves, so lease renewals fall due when it says."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_two_syncd_split_the_active_runs_and_never_serve_one_run_twice(redis_url, tmp_path):
+    runs = active_runs(redis_url, 4)
+    clock = Clock()
+    first = Syncd(redis_url, tmp_path, owner="syncd-a", lease_ttl_s=30, clock=clock)
+    first.tick()
+    assert sorted(first.runs) == sorted(runs)  # alone, it serves every run
+
+    second = Syncd(redis_url, tmp_path, owner="syncd-b", lease_ttl_s=30, clock=clock)
+    for _ in range(4):  # a renewal round each: the first hands over, the second takes
+        clock.now += 10
+        second.tick()
+        first.tick()
+        assert not set(first.leases) & set(second.leases)
+        if len(first.runs) == len(second.runs) == 2:
+            break
+    assert len(first.runs) == len(second.runs) == 2
+    assert sorted([*first.runs, *second.runs]) == sorted(runs)
+    client = connect(redis_url)
+    for served in (first, second):
+        for run_id, held in served.leases.items():
+            assert lease.holder(client, run_id) == (held.token, served.owner)
+
+
+def test_a_syncd_that_stops_hands_its_runs_over_at_once(redis_url, tmp_path):
+    runs = active_runs(redis_url, 2)
+    clock = Clock()
+    first = Syncd(redis_url, tmp_path, owner="syncd-a", lease_ttl_s=30, clock=clock)
+    second = Syncd(redis_url, tmp_path, owner="syncd-b", lease_ttl_s=30, clock=clock)
+    first.tick()
+    second.tick()
+    assert len(first.runs) == 2 and second.runs == {}
+
+    first.close()
+    assert lease.live_members(connect(redis_url)) == ["syncd-b"]
+    clock.now += 10
+    second.tick()
+    assert sorted(second.runs) == sorted(runs)
+
+
+def test_the_runs_of_a_dead_syncd_are_taken_over_when_their_leases_expire(redis_url, tmp_path):
+    runs = active_runs(redis_url, 2)
+    dead = Syncd(redis_url, tmp_path, owner="syncd-dead", lease_ttl_s=0.5)
+    dead.tick()
+    assert sorted(dead.runs) == sorted(runs)
+    stale_store = dead.runs[runs[0]].store
+    # From here on `dead` is never ticked again, as after a kill -9.
+    heir = Syncd(redis_url, tmp_path, owner="syncd-heir", lease_ttl_s=0.5)
+    deadline = time.monotonic() + 20
+    while sorted(heir.runs) != sorted(runs):
+        assert time.monotonic() < deadline, f"the heir serves only {sorted(heir.runs)}"
+        heir.tick()
+
+    heir_versions = RunStore(connect(redis_url), runs[0]).versions()
+    with pytest.raises(LeaseLost):
+        stale_store.publish(0, 99, b"stale", None, b"m", {}, 0, keep=16)
+    assert RunStore(connect(redis_url), runs[0]).versions() == heir_versions
+    dead.tick()  # if it ever wakes up, it finds its leases gone and lets the runs be
+    assert dead.runs == {} and dead.leases == {}

@@ -1,0 +1,124 @@
+"""Run leases with fencing tokens (syncd/lease.py) on a real Redis of the tests' own."""
+
+import time
+
+import pytest
+import redis
+
+from syncd import lease
+from syncd.lease import LeaseLost
+from syncd.store import RunStore, connect
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def client(redis_url):
+    c = connect(redis_url)
+    yield c
+    c.close()
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_a_lease_has_one_holder_and_each_grant_a_larger_fencing_token(client):
+    first = lease.acquire(client, 7, "syncd-a", ttl_s=30)
+    assert first is not None
+    assert lease.acquire(client, 7, "syncd-b", ttl_s=30) is None
+    assert lease.holder(client, 7) == (first.token, "syncd-a")
+
+    assert lease.release(client, first)
+    second = lease.acquire(client, 7, "syncd-b", ttl_s=30)
+    assert second is not None and second.token > first.token
+    assert lease.acquire(client, 8, "syncd-a", ttl_s=30) is not None  # runs are independent
+
+
+def test_only_the_current_holder_renews_or_releases(client):
+    held = lease.acquire(client, 7, "syncd-a", ttl_s=0.2)
+    assert lease.renew(client, held, ttl_s=30)
+    assert client.pttl(lease.lease_key(7)) > 1000
+    impostor = lease.Lease("7", "syncd-b", held.token)
+    assert not lease.renew(client, impostor, ttl_s=30)
+    assert not lease.release(client, impostor)
+    assert lease.holder(client, 7) == (held.token, "syncd-a")
+
+
+def test_an_expired_lease_is_taken_over_and_the_stale_holders_publish_is_refused(client):
+    stale = lease.acquire(client, 7, "syncd-a", ttl_s=0.1)
+    stale_store = RunStore(client, 7, fence=stale)
+    stale_store.publish(0, 1, b"v1", None, b"m", {"a": 4}, 100, keep=16)
+    wait_until(lambda: lease.holder(client, 7) is None, 5, "the lease to expire")
+
+    fresh = lease.acquire(client, 7, "syncd-b", ttl_s=30)
+    assert fresh.token > stale.token
+    with pytest.raises(LeaseLost, match="fencing token"):
+        stale_store.publish(0, 2, b"stale", None, b"m", {"a": 8}, 100, keep=16)
+    with pytest.raises(LeaseLost):
+        stale_store.put_status({"versions": [9]})
+    assert not lease.renew(client, stale, ttl_s=30)
+
+    assert stale_store.versions() == {0: 1}
+    assert stale_store.full(0) == b"v1"
+    RunStore(client, 7, fence=fresh).publish(0, 2, b"v2", None, b"m", {"a": 8}, 100, keep=16)
+    assert stale_store.versions() == {0: 2}
+
+
+def test_a_write_is_refused_when_the_lease_changes_hands_during_it(client, redis_url):
+    held = lease.acquire(client, 7, "syncd-a", ttl_s=30)
+    other = connect(redis_url)
+
+    def fill(pipe):
+        pipe.set("arch:7:full:0", b"late")
+        # Between WATCH and EXEC the lease moves on (as after an expiry).
+        other.delete(lease.lease_key(7))
+        lease.acquire(other, 7, "syncd-b", ttl_s=30)
+
+    with pytest.raises(LeaseLost, match="changed during a write"):
+        lease.guarded_transaction(client, held, fill)
+    assert client.get("arch:7:full:0") is None
+    other.close()
+
+
+def test_a_store_without_a_lease_writes_as_before_and_a_lease_must_be_for_its_run(client):
+    store = RunStore(client, 7)
+    store.publish(0, 1, b"v1", None, b"m", {}, 10, keep=16)
+    assert store.versions() == {0: 1}
+    with pytest.raises(ValueError, match="lease is for run 8"):
+        RunStore(client, 7, fence=lease.Lease("8", "syncd-a", 1))
+
+
+def test_members_announce_themselves_and_drop_out_when_they_stop_renewing(client):
+    assert lease.register(client, "syncd-a", ttl_s=30) == 1
+    assert lease.register(client, "syncd-b", ttl_s=0.1) == 2
+    wait_until(lambda: lease.live_members(client) == ["syncd-a"], 5, "syncd-b to drop out")
+    assert lease.register(client, "syncd-a", ttl_s=30) == 1
+    lease.leave(client, "syncd-a")
+    assert lease.live_members(client) == []
+
+
+@pytest.mark.parametrize(("runs", "members", "share"), [(0, 1, 0), (4, 1, 4), (4, 2, 2),
+                                                         (5, 2, 3), (1, 3, 1), (3, 0, 3)])
+def test_the_fair_share_is_runs_over_live_members_rounded_up(runs, members, share):
+    assert lease.fair_share(runs, members) == share
+
+
+def test_a_lease_needs_a_positive_time_to_live(client):
+    with pytest.raises(ValueError, match="above 0 seconds"):
+        lease.acquire(client, 7, "syncd-a", ttl_s=0)
+
+
+def test_redis_errors_name_what_is_wrong(redis_url):
+    from webapp.processes import redact_url, redis_problem
+
+    assert redis_problem(redis_url) is None
+    assert redact_url("redis://:s3cret@host:6379/0") == "redis://:***@host:6379/0"
+    assert redact_url("redis://host:6379/0") == "redis://host:6379/0"
+    assert "cannot reach" in redis_problem("redis://127.0.0.1:1/0", timeout_s=1)
+    assert "not a Redis URL" in redis_problem("http://example.com/")
+    assert isinstance(connect(redis_url), redis.Redis)
