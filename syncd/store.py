@@ -20,6 +20,7 @@ Keys, for run R:
     arch:R:handled:<p>             hash island -> newest seq merged or dropped
     arch:R:heartbeats              hash island -> JSON {epoch, time, step, tokens}
     arch:R:control:<island>        list of JSON commands for the island's supervisor
+    arch:R:log:<island>            the last lines of the island's log, from its supervisor
     arch:R:cursor:<island>         JSON data cursor, so a rejoin goes on in its shard
     arch:R:fault:<island>          JSON {kind, until, factor}: the island's active fault
     arch:R:paused                  set while a user has paused the run
@@ -53,6 +54,7 @@ from redis.client import Pipeline
 from syncd.lease import Lease, guarded_transaction
 
 BLOB_TTL_S = 3600
+LOG_TTL_S = 7 * 24 * 3600
 STREAM_MAXLEN = 100_000
 
 
@@ -230,6 +232,15 @@ class RunStore:
     def heartbeats(self) -> dict[str, dict[str, Any]]:
         raw = self.r.hgetall(self.key("heartbeats"))
         return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+    def put_log(self, island: str, lines: list[str]) -> None:
+        """The last lines of an island's log, so the control room shows them whatever
+        host the island runs on."""
+        self.r.set(self.key("log", island), json.dumps(lines), ex=LOG_TTL_S)
+
+    def log(self, island: str) -> list[str] | None:
+        raw = self.r.get(self.key("log", island))
+        return json.loads(raw) if raw else None
 
     def send_command(self, island: str, kind: str, **args: Any) -> None:
         self.r.rpush(self.key("control", island), json.dumps({"kind": kind, **args}))

@@ -16,6 +16,8 @@ from typing import Any
 CODECS = ("none", "bf16", "int8", "int4")
 WEIGHTINGS = ("tokens", "uniform")
 MODES = ("decoupled", "elastic")
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16")
 
 
 def spec(default: Any, help: str, lo: float | None = None, hi: float | None = None,
@@ -100,10 +102,30 @@ class EmulationConfig:
                                    "larger.", 1.0, 1e9)
 
 
+CHAOS_PRESETS = ("none", "aggressive", "moderate", "kills_only")
+
+
+@dataclass
+class ChaosConfig:
+    preset: str = spec("none", "A seeded fault schedule syncd carries out on the run "
+                               "(syncd/chaos.py presets; none: no faults).",
+                       choices=CHAOS_PRESETS)
+    seed: int = spec(0, "Seeds the fault schedule: the same seed breaks the same islands "
+                        "at the same times.", 0, 2**31 - 1)
+
+
 @dataclass
 class BudgetConfig:
     total_tokens: int = spec(2_000_000, "The run completes after training this many tokens.",
                              1000, 10**13)
+
+
+@dataclass
+class TrainConfig:
+    device: str = spec("auto", "Where islands train; auto: cuda when the host has a GPU.",
+                       choices=DEVICES)
+    precision: str = spec("fp32", "Inner-step arithmetic; bf16: autocast of the forward pass, "
+                                  "fp32 parameters and optimizer.", choices=PRECISIONS)
 
 
 @dataclass
@@ -114,12 +136,16 @@ class IslandConfig:
     speed: float = spec(1.0, "Relative speed; 0.5 takes twice as long per inner step.", 0.01, 100.0)
     bandwidth_gbps: float = spec(2.0, "Emulated wide-area bandwidth.", 1e-4, 1000.0)
     latency_ms: float = spec(30.0, "Emulated one-way latency.", 0.0, 10000.0)
+    processes: int = spec(1, "Data-parallel processes (GPUs) of the island; each takes an "
+                             "equal part of batch_size.", 1, 64)
 
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig, "data": DataConfig, "sync": SyncConfig, "optim": OptimConfig,
     "eval": EvalConfig, "checkpoint": CheckpointConfig, "liveness": LivenessConfig,
     "elastic": ElasticConfig, "emulation": EmulationConfig, "budget": BudgetConfig,
+    "chaos": ChaosConfig,
+    "train": TrainConfig,
 }
 MAX_ISLANDS = 256
 
@@ -142,6 +168,8 @@ class RunConfig:
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    chaos: ChaosConfig = field(default_factory=ChaosConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
     islands: list[IslandConfig] = field(default_factory=default_islands)
 
     def to_dict(self) -> dict[str, Any]:
@@ -283,6 +311,10 @@ def _parse_islands(data: Any, regions: list[str] | tuple[str, ...],
             errors.setdefault(f"islands.{i}.name", []).append(
                 f"Island names must be unique; {island.name!r} is used twice.")
         seen.add(island.name)
+        if island.batch_size % island.processes:
+            errors.setdefault(f"islands.{i}.processes", []).append(
+                f"Must divide islands.{i}.batch_size ({island.batch_size}), "
+                f"got {island.processes}.")
         if island.region not in regions:
             errors.setdefault(f"islands.{i}.region", []).append(
                 f"Must be one of the regions with workers ({', '.join(regions)}), "

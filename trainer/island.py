@@ -11,7 +11,9 @@ An update is the increment since the island's last send of that fragment,
 (anchor_p - theta_p) minus what it already sent against the same anchor, so a
 second send before the merge of the first never counts the same progress
 twice, and the part a lossy codec dropped is sent again later (error feedback).
-The same class runs in the in-process cluster and in a worker's island process.
+The same class runs in the in-process cluster and in a worker's island process;
+an island of several processes runs one on each, in a data-parallel group
+(trainer/distributed.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from trainer import compress
 from trainer.config import RunConfig
 from trainer.data import Corpus, ShardSampler
+from trainer.distributed import HostStaging, IslandGroup, autocast, to_device
 from trainer.fragments import Fragment
 from trainer.model import GPT, GPTConfig
 
@@ -66,11 +69,14 @@ class Island:
         corpus: the loaded corpus; the island trains on shard `index` of M.
         fragments: the partition shared with the synchronizer.
         init_state: the global starting parameters.
-        device: where the model lives ("cpu", "cuda").
+        device: where the model lives ("cpu", "cuda:0").
+        group: the island's processes when it has several (islands[].processes); this
+            process then trains on its part of each batch. None: one process.
     """
 
     def __init__(self, index: int, config: RunConfig, corpus: Corpus, fragments: list[Fragment],
-                 init_state: dict[str, torch.Tensor], device: str = "cpu"):
+                 init_state: dict[str, torch.Tensor], device: str = "cpu",
+                 group: IslandGroup | None = None):
         if not 0 <= index < len(config.islands):
             raise ValueError(f"island index must be between 0 and {len(config.islands) - 1}, "
                              f"got {index}")
@@ -79,8 +85,15 @@ class Island:
         self.name = self.spec.name
         self.config = config
         self.device = device
+        if group is not None and group.world_size != self.spec.processes:
+            raise ValueError(f"island {self.name!r} has {self.spec.processes} processes in "
+                             f"the run config, but its group has {group.world_size}")
+        self.group = group
         self.model = GPT(gpt_config(config)).to(device)
         self.model.load_state_dict(init_state)
+        # DDP averages the gradients over the group's ranks during backward.
+        self.forward = group.wrap(self.model) if group else self.model
+        self.staging = HostStaging(device)
         o = config.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.inner_lr,
                                            betas=(0.9, 0.95), weight_decay=o.weight_decay)
@@ -104,8 +117,12 @@ class Island:
         lr = inner_lr(self.step, self.config.optim.inner_lr, self.config.optim.warmup_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        # Every rank draws the whole batch (the same, from the same cursor) and keeps its part.
         x, y = self.sampler.batch(self.spec.batch_size)
-        _, loss = self.model(x.to(self.device), y.to(self.device))
+        if self.group:
+            x, y = self.group.part(x), self.group.part(y)
+        with autocast(self.device, self.config.train.precision):
+            _, loss = self.forward(to_device(x, self.device), to_device(y, self.device))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -114,14 +131,15 @@ class Island:
         for s in self.state:
             s.tokens += self.tokens_per_step
             s.inner_steps += 1
-        self.last_loss = loss.item()
+        self.last_loss = self.group.mean(loss) if self.group else loss.item()
         return self.last_loss
 
     @torch.no_grad()
     def make_update(self, p: int, codec: str) -> tuple[dict, dict[str, torch.Tensor]]:
         """The encoded outer-gradient increment of fragment p and its metadata."""
         s = self.state[p]
-        delta = {n: (s.anchor[n] - self.params[n].detach()).float().cpu() for n in s.anchor}
+        delta = self.staging.to_host({n: s.anchor[n] - self.params[n].detach()
+                                      for n in s.anchor})
         if s.sent is not None:
             delta = {n: delta[n] - s.sent[n] for n in delta}
         payload = compress.encode(delta, codec)
@@ -148,8 +166,7 @@ class Island:
         """
         alpha = self.config.sync.alpha
         s = self.state[p]
-        for n, g in global_tensors.items():
-            g = g.to(self.device)
+        for n, g in self.staging.to_device(global_tensors).items():
             theta = self.params[n]
             if s.sent is not None:
                 at_send = s.anchor[n] - s.sent[n].to(self.device)
@@ -165,8 +182,7 @@ class Island:
                        version: int) -> None:
         """Take a global fragment whole, dropping local progress (an elastic restart)."""
         s = self.state[p]
-        for n, g in global_tensors.items():
-            g = g.to(self.device)
+        for n, g in self.staging.to_device(global_tensors).items():
             self.params[n].copy_(g)
             s.anchor[n] = g.clone()
         s.version = version

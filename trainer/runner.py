@@ -11,6 +11,11 @@ Faults other than kill and stop reach it through the key `arch:R:fault:<island>`
 (JSON {kind, until, factor}): straggle multiplies its step time, partition holds
 its sends and heartbeats, degrade divides its bandwidth, corrupt poisons its next
 update with NaN.
+
+An island of several processes (islands[].processes) runs this module once per
+rank, with torchrun's environment: rank 0 is the island described above, the
+other ranks train their part of each batch and take what rank 0 broadcasts
+(trainer/distributed.py). They ignore SIGTERM and stop when rank 0 says so.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 import base64
 import json
 import logging
+import os
 import queue
 import signal
 import threading
@@ -30,9 +36,10 @@ import torch
 from syncd.protocol import decode_message, encode_message
 from syncd.store import RunStore, connect
 from syncd.synchronizer import Published, apply_published
-from trainer.config import RunConfig, parse_config
+from trainer.config import DEVICES, RunConfig, parse_config
 from trainer.data import load_corpus
-from trainer.fragments import due_fragments, partition
+from trainer.distributed import IslandGroup, resolve_device
+from trainer.fragments import Fragment, due_fragments, partition
 from trainer.island import Island, initial_model
 
 log = logging.getLogger("archipelago.island")
@@ -44,6 +51,12 @@ def config_from_spec(spec: dict[str, Any]) -> RunConfig:
     """The run config stored by the web app; it was validated when the run was made."""
     regions = sorted({i["region"] for i in spec["config"]["islands"]})
     return parse_config(spec["config"], regions)
+
+
+def run_fragments(config: RunConfig) -> list[Fragment]:
+    """The partition syncd uses, from the shapes of the run's model."""
+    shapes = {k: v.numel() for k, v in initial_model(config).state_dict().items()}
+    return partition(shapes, config.sync.fragments)
 
 
 class Link:
@@ -93,18 +106,23 @@ class ProcessIsland:
         store: the run's Redis keys.
         name: the island's name in the run config.
         epoch: this incarnation's number; syncd refuses updates of older ones.
-        device: "cpu" or "cuda"; default: cuda when present.
+        device: "auto", "cpu" or "cuda"; default: the run's train.device.
+        group: the island's processes, when it has several; this is rank 0.
     """
 
-    def __init__(self, store: RunStore, name: str, epoch: int, device: str | None = None):
+    def __init__(self, store: RunStore, name: str, epoch: int, device: str | None = None,
+                 group: IslandGroup | None = None):
         self.store = store
         self.name = name
         self.epoch = epoch
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         spec = store.spec()
         if spec is None:
             raise ValueError(f"run {store.run_id} has no spec in Redis; was it started?")
+        self.run_spec = spec
         self.config = config_from_spec(spec)
+        self.group = group
+        self.device = group.device if group else resolve_device(
+            device or self.config.train.device)
         self.elastic = spec["mode"] == "elastic"
         self.secret = bytes.fromhex(spec["secret"])
         self.index = self.config.island_index(name)
@@ -161,6 +179,8 @@ class ProcessIsland:
                 return versions
             self.beat("starting")
             time.sleep(POLL_S)
+        if self.group:
+            self.group.broadcast_object(None)  # the other ranks end too
         raise SystemExit(0)
 
     def _full(self, p: int) -> tuple[int, dict[str, torch.Tensor]]:
@@ -195,6 +215,12 @@ class ProcessIsland:
         shapes = {n: tuple(t.shape) for n, t in state.anchor.items()}
         anchor = {n: t.cpu() for n, t in state.anchor.items()}
         self.island.mix_global(p, apply_published(anchor, published, shapes), version)
+        self.share(p)
+
+    def share(self, p: int) -> None:
+        """Fragment p changed outside a step: the island's other ranks take it as it is here."""
+        if self.group:
+            self.group.announce_fragment(self.island, p)
 
     def follow_restart(self, mix_at: dict) -> None:
         """Elastic: when syncd restarts the whole job, pause for the restart delay, then
@@ -210,6 +236,7 @@ class ProcessIsland:
         for p in range(len(self.island.fragments)):
             version, tensors = self._full(p)
             self.island.reset_fragment(p, tensors, version)
+            self.share(p)
 
     def handled(self, p: int, seq: int) -> bool:
         """Whether syncd merged or dropped this island's update `seq` of fragment p."""
@@ -221,15 +248,17 @@ class ProcessIsland:
     def setup(self) -> None:
         self.beat("starting", force=True)  # syncd knows this incarnation from now on
         config = self.config
-        shapes = {k: v.numel() for k, v in initial_model(config).state_dict().items()}
-        fragments = partition(shapes, config.sync.fragments)
+        fragments = run_fragments(config)
         versions = self._wait_for_globals(len(fragments))
         init: dict[str, torch.Tensor] = {}
         for p in range(len(fragments)):
             _, tensors = self._full(p)
             init.update(tensors)
+        if self.group:
+            self.group.broadcast_object(self.run_spec)  # the other ranks build their island
         corpus = load_corpus(config.data.path, config.data.eval_fraction)
-        self.island = Island(self.index, config, corpus, fragments, init, self.device)
+        self.island = Island(self.index, config, corpus, fragments, init, self.device,
+                             self.group)
         for p, state in enumerate(self.island.state):
             state.version = versions[p]
         cursor = self.store.cursor(self.name)
@@ -238,6 +267,8 @@ class ProcessIsland:
             self.island.tokens = cursor["tokens"]
             state = torch.frombuffer(bytearray(base64.b64decode(cursor["rng"])), dtype=torch.uint8)
             self.island.sampler.set_state(state)
+        if self.group:
+            self.group.share_start(self.island)
         self.link = Link(self, max_pending=2 * len(fragments))
 
     def save_cursor(self) -> None:
@@ -268,6 +299,8 @@ class ProcessIsland:
 
     def step(self) -> None:
         started = time.time()
+        if self.group:
+            self.group.announce_step()
         loss = self.island.inner_step()
         elapsed = time.time() - started
         slow = 1.0 / self.spec.speed
@@ -305,6 +338,8 @@ class ProcessIsland:
                     self.pull(p)
                 else:
                     mix_at.setdefault(p, (seq + s.overlap_steps, seq))
+        if self.group:
+            self.group.announce_stop()
         self.link.drain(timeout=5.0)
         self.beat("stopped", force=True)
         return 0
@@ -316,12 +351,21 @@ def main() -> None:
     parser.add_argument("--run", required=True)
     parser.add_argument("--island", required=True)
     parser.add_argument("--epoch", type=int, required=True)
-    parser.add_argument("--device", default=None)
+    parser.add_argument("--device", default=None, choices=DEVICES,
+                        help="default: the run's train.device")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     torch.set_num_threads(1)  # several islands share a host's cores
+    group = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        group = IslandGroup.from_env(args.device or "auto")
+        if group.rank > 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # rank 0 says when to stop
+            log.info("island %s rank %d of %d on %s", args.island, group.rank,
+                     group.world_size, group.device)
+            raise SystemExit(follow(group, args.island))
     island = ProcessIsland(RunStore(connect(args.redis_url), args.run), args.island, args.epoch,
-                           args.device)
+                           args.device, group)
 
     def stop(signum: int, frame: object) -> None:
         island.stopping = True  # finish the current step, save the cursor, exit
@@ -330,6 +374,22 @@ def main() -> None:
     log.info("island %s epoch %d of run %s starting on %s", args.island, args.epoch, args.run,
              island.device)
     raise SystemExit(island.run())
+
+
+def follow(group: IslandGroup, name: str) -> int:
+    """A rank above 0 of island `name`: build the island from rank 0's spec and state,
+    then train as rank 0 says until it says stop."""
+    spec = group.broadcast_object(None)
+    if spec is None:  # rank 0 stopped before the island was built
+        return 0
+    config = config_from_spec(spec)
+    corpus = load_corpus(config.data.path, config.data.eval_fraction)
+    # The parameters come from rank 0: DDP broadcasts them, then share_start does.
+    island = Island(config.island_index(name), config, corpus, run_fragments(config),
+                    initial_model(config).state_dict(), group.device, group)
+    group.share_start(island)
+    group.follow(island)
+    return 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,11 @@ it (DESIGN.md, Processes). The child is started with subprocess because
 Celery's prefork pool processes are daemonic and multiprocessing refuses them
 children of their own.
 
+An island of several processes (islands[].processes) is that many copies of
+the command, started together with torchrun's environment (MASTER_ADDR,
+MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE); each command below goes to every
+one of them, and when one fails the others are killed: a rank alone cannot go on.
+
 Commands (JSON objects in the island's control list, see syncd.store):
     kill     SIGKILL at once: the island dies mid-step, as a crashed host would.
     stop     SIGTERM: the loop finishes its step, saves its data cursor and exits 0;
@@ -29,6 +34,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -42,6 +48,9 @@ import redis
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 0.2
+# How often the log's last lines go to Redis (for the control room, on any host).
+LOG_SHIP_S = 2.0
+LOG_SHIP_LINES = 200
 STOP_GRACE_S = 30.0
 # Commands taken from the control list per poll; more wait for the next poll.
 COMMANDS_PER_POLL = 16
@@ -56,6 +65,8 @@ class ControlStore(Protocol):
     def send_command(self, island: str, kind: str, **args: Any) -> None: ...
 
     def epochs(self) -> dict[str, int]: ...
+
+    def put_log(self, island: str, lines: list[str]) -> None: ...
 
 
 class IslandSupervisor:
@@ -72,14 +83,17 @@ class IslandSupervisor:
         stop_grace_s: seconds a stopped child has to exit before it is killed.
         env: the child's environment; default: this process's.
         cwd: the child's working directory; default: the project root.
+        processes: copies of the command to start, as ranks of one process group.
     """
 
     def __init__(self, command: Sequence[str], store: ControlStore, island: str, epoch: int,
                  log_path: str | Path, *, poll_s: float = POLL_S,
                  stop_grace_s: float = STOP_GRACE_S, env: dict[str, str] | None = None,
-                 cwd: str | Path | None = None):
+                 cwd: str | Path | None = None, processes: int = 1):
         if not command:
             raise ValueError("command must name the program to run, got an empty list")
+        if processes < 1:
+            raise ValueError(f"processes must be 1 or more, got {processes}")
         if poll_s <= 0:
             raise ValueError(f"poll_s must be more than 0 seconds, got {poll_s}")
         if stop_grace_s < 0:
@@ -93,11 +107,14 @@ class IslandSupervisor:
         self.stop_grace_s = stop_grace_s
         self.env = env
         self.cwd = cwd if cwd is not None else PROJECT_ROOT
-        self.child: subprocess.Popen[bytes] | None = None
+        self.processes = processes
+        self.children: list[subprocess.Popen[bytes]] = []
+        self._failure: int | None = None  # the exit code of the first rank that failed
         self._log: IO[bytes] | None = None
         self._paused = False
         self._store_down = False
         self._sigterm = False
+        self._shipped = (-1, 0.0)  # the log's size when last shipped, and when
 
     def run(self, handle_sigterm: bool = False) -> dict[str, Any]:
         """Start the island process, supervise it until it ends, and say how it ended.
@@ -121,17 +138,16 @@ class IslandSupervisor:
             previous = signal.signal(signal.SIGTERM, self._on_sigterm) if handle_sigterm \
                 else None
             try:
-                self._note(f"start epoch {self.epoch}: {shlex.join(self.command)}")
-                self.child = subprocess.Popen(
-                    self.command, stdin=subprocess.DEVNULL, stdout=self._log,
-                    stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
-                    preexec_fn=_end_with_parent(os.getpid()))
+                times = f" x {self.processes}" if self.processes > 1 else ""
+                self._note(f"start epoch {self.epoch}: {shlex.join(self.command)}{times}")
+                self._start()
                 ended, forced = self._watch()
             finally:
                 if handle_sigterm:
                     signal.signal(signal.SIGTERM, previous)
-            code = self.child.returncode
+            code = self._exit_code()
             self._note(f"epoch {self.epoch} ended ({ended}), exit code {code}")
+        self._ship_log(force=True)
         result = self._result(ended, code)
         if forced:
             result["forced"] = True
@@ -139,21 +155,49 @@ class IslandSupervisor:
             result["log_tail"] = tail_lines(self.log_path, 20)
         return result
 
+    @property
+    def child(self) -> subprocess.Popen[bytes] | None:
+        """The island's process (its rank 0); None before it started."""
+        return self.children[0] if self.children else None
+
+    def _start(self) -> None:
+        envs: list[dict[str, str] | None] = [self.env]
+        if self.processes > 1:
+            base = self.env if self.env is not None else dict(os.environ)
+            port = free_port()
+            envs = [{**base, **rank_env(rank, self.processes, port)}
+                    for rank in range(self.processes)]
+        for env in envs:
+            self.children.append(subprocess.Popen(
+                self.command, stdin=subprocess.DEVNULL, stdout=self._log,
+                stderr=subprocess.STDOUT, env=env, cwd=self.cwd,
+                preexec_fn=_end_with_parent(os.getpid())))
+
+    def _exit_code(self) -> int | None:
+        if self._failure is not None:
+            return self._failure
+        return next((c.returncode for c in self.children if c.returncode), 0)
+
     # -- the loop -------------------------------------------------------------
 
     def _watch(self) -> tuple[str, bool]:
-        """Poll the child and the commands until the child is gone: (how it ended, forced)."""
-        assert self.child is not None
+        """Poll the children and the commands until they are gone: (how it ended, forced)."""
         ended: str | None = None
         stop_deadline: float | None = None
         while True:
-            code = self.child.poll()
-            if code is not None:
-                return ended or ("exited" if code == 0 else "failed"), False
+            codes = [c.poll() for c in self.children]
+            if None not in codes:
+                return ended or ("exited" if not any(codes) else "failed"), False
+            failed = next(((r, c) for r, c in enumerate(codes) if c), None)
+            if failed is not None:
+                self._failure = failed[1]
+                self._note(f"process {failed[0]} of {len(codes)} ended with exit code "
+                           f"{failed[1]}: SIGKILL to the others")
+                self._kill()
+                return ended or "failed", False
             if stop_deadline is not None and time.monotonic() >= stop_deadline:
                 self._note(f"still running {self.stop_grace_s:g} s after SIGTERM: SIGKILL")
-                self._signal(signal.SIGKILL)
-                self.child.wait()
+                self._kill()
                 return ended or "stopped", True
             if self._sigterm and stop_deadline is None:
                 self._note("SIGTERM: stopping")
@@ -167,8 +211,7 @@ class IslandSupervisor:
                     kind = command.get("kind")
                     if kind == "kill":
                         self._note("kill: SIGKILL")
-                        self._signal(signal.SIGKILL)
-                        self.child.wait()
+                        self._kill()
                         return "killed", False
                     if kind == "stop" and stop_deadline is None:
                         self._note("stop: SIGTERM")
@@ -183,7 +226,20 @@ class IslandSupervisor:
                         self._paused = False
                     elif kind not in ("stop", "pause", "resume"):
                         self._note(f"unknown command {command!r} ignored")
+            self._ship_log()
             time.sleep(self.poll_s)
+
+    def _ship_log(self, force: bool = False) -> None:
+        """Put the log's last lines in Redis when it grew, at most every LOG_SHIP_S."""
+        size, at = self._shipped
+        now = time.monotonic()
+        if not force and now - at < LOG_SHIP_S:
+            return
+        current = self.log_path.stat().st_size if self.log_path.exists() else 0
+        if current != size:
+            self._store_call(self.store.put_log, self.island,
+                             tail_lines(self.log_path, LOG_SHIP_LINES))
+        self._shipped = (current, now)
 
     def _commands(self) -> list[dict[str, Any]]:
         """Take this incarnation's pending commands; drop older ones, put newer ones back."""
@@ -221,9 +277,14 @@ class IslandSupervisor:
         return time.monotonic() + self.stop_grace_s
 
     def _signal(self, sig: int) -> None:
-        assert self.child is not None
-        with contextlib.suppress(ProcessLookupError):  # it ended since our last poll
-            self.child.send_signal(sig)
+        for child in self.children:
+            with contextlib.suppress(ProcessLookupError):  # it ended since our last poll
+                child.send_signal(sig)
+
+    def _kill(self) -> None:
+        self._signal(signal.SIGKILL)
+        for child in self.children:
+            child.wait()
 
     def _store_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call the store; while Redis is away the island keeps training, unsupervised."""
@@ -268,6 +329,19 @@ def _end_with_parent(parent_pid: int) -> Callable[[], None] | None:
     return preexec
 
 
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """torchrun's environment for one process of a one-host group."""
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+            "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)}
+
+
 # -- island logs ----------------------------------------------------------------
 
 def island_log_path(log_dir: str | Path, run_id: int | str, island: str) -> Path:
@@ -299,9 +373,21 @@ def tail_lines(path: str | Path, lines: int = 50, block: int = 8192) -> list[str
 
 # -- the Celery task's body --------------------------------------------------------
 
-def island_command(redis_url: str, run_id: int, island: str, epoch: int) -> list[str]:
-    return [sys.executable, "-m", "trainer.runner", "--redis-url", redis_url,
-            "--run", str(run_id), "--island", island, "--epoch", str(epoch)]
+def island_command(redis_url: str, run_id: int, island: str, epoch: int,
+                   device: str | None = None) -> list[str]:
+    """The island process's argv; `device` is given to an island of several processes,
+    whose ranks above 0 need it before they have the run's spec."""
+    command = [sys.executable, "-m", "trainer.runner", "--redis-url", redis_url,
+               "--run", str(run_id), "--island", island, "--epoch", str(epoch)]
+    return [*command, "--device", device] if device else command
+
+
+def island_processes(spec: dict[str, Any] | None, island: str) -> tuple[int, str]:
+    """(processes, train.device) of an island in a run spec; (1, "auto") if it is not there."""
+    config = (spec or {}).get("config", {})
+    processes = next((i.get("processes", 1) for i in config.get("islands", [])
+                      if i.get("name") == island), 1)
+    return processes, config.get("train", {}).get("device", "auto")
 
 
 def supervise_island(run_id: int, island: str, epoch: int, redis_url: str,
@@ -313,9 +399,12 @@ def supervise_island(run_id: int, island: str, epoch: int, redis_url: str,
     if store.run_id not in RunStore.active_runs(store.r):
         return {"island": island, "epoch": epoch, "exit_code": None, "ended": "inactive"}
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    supervisor = IslandSupervisor(island_command(redis_url, run_id, island, epoch), store,
-                                  island, epoch, island_log_path(log_dir, run_id, island),
-                                  env=env)
+    processes, device = island_processes(store.spec(), island)
+    command = island_command(redis_url, run_id, island, epoch,
+                             device if processes > 1 else None)
+    supervisor = IslandSupervisor(command, store, island, epoch,
+                                  island_log_path(log_dir, run_id, island), env=env,
+                                  processes=processes)
     # Celery's pool processes die of SIGTERM by default: the island would be left
     # without its supervisor, and the task would fail as a lost worker.
     return supervisor.run(handle_sigterm=threading.current_thread() is threading.main_thread())

@@ -178,3 +178,63 @@ def test_field_help_covers_every_field_with_a_sentence():
     expected = {f"{section}.{name}" for section, values in RunConfig().to_dict().items()
                 if isinstance(values, dict) for name in values}
     assert expected <= set(help_texts)
+
+
+def test_a_run_has_no_chaos_schedule_unless_one_is_asked_for():
+    assert parse_config({}, ["us-east"]).chaos.preset == "none"
+    config = parse_config({"chaos": {"preset": "aggressive", "seed": 7}}, ["us-east"])
+    assert (config.chaos.preset, config.chaos.seed) == ("aggressive", 7)
+    assert config.to_dict()["chaos"] == {"preset": "aggressive", "seed": 7}
+
+
+@pytest.mark.parametrize("chaos, path, message", [
+    ({"preset": "apocalypse"}, "chaos.preset", "Must be one of none, aggressive"),
+    ({"seed": -1}, "chaos.seed", "Must be between 0"),
+    ({"seed": 1.5}, "chaos.seed", "Must be a whole number"),
+    ({"mtbf_s": 5}, "chaos.mtbf_s", "Unknown field."),
+    ("aggressive", "chaos", "Must be an object."),
+])
+def test_it_rejects_a_bad_chaos_schedule_by_its_dotted_path(chaos, path, message):
+    with pytest.raises(ConfigError) as e:
+        parse_config({"chaos": chaos}, ["us-east"])
+    assert any(message in m for m in e.value.errors[path]), e.value.errors
+
+
+def test_the_chaos_presets_are_the_ones_syncd_knows():
+    from syncd.chaos import PRESETS
+    from trainer.config import CHAOS_PRESETS
+
+    assert set(CHAOS_PRESETS) == {"none", *PRESETS}
+    assert "chaos.preset" in field_help() and "chaos.seed" in field_help()
+
+
+def test_islands_train_in_one_fp32_process_on_the_best_device_unless_asked_otherwise():
+    config = parse_config({}, REGIONS)
+
+    assert (config.train.device, config.train.precision) == ("auto", "fp32")
+    assert all(island.processes == 1 for island in config.islands)
+    assert "train.device" in field_help() and "islands[].processes" in field_help()
+
+
+def test_it_accepts_a_gpu_island_of_several_processes_in_bf16():
+    config = parse_config({"train": {"device": "cuda", "precision": "bf16"},
+                           "islands": [{"name": "a", "region": "us-east", "batch_size": 8,
+                                        "processes": 4}],
+                           "sync": {"min_quorum": 1}}, REGIONS)
+
+    assert (config.train.device, config.train.precision) == ("cuda", "bf16")
+    assert config.islands[0].processes == 4
+
+
+@pytest.mark.parametrize(("data", "path", "message"), [
+    ({"train": {"device": "tpu"}}, "train.device", "Must be one of auto, cpu, cuda, got 'tpu'."),
+    ({"train": {"precision": "fp16"}}, "train.precision",
+     "Must be one of fp32, bf16, got 'fp16'."),
+    ({"islands": [{"name": "a", "region": "us-east", "processes": 0}],
+      "sync": {"min_quorum": 1}}, "islands.0.processes", "Must be between 1 and 64, got 0."),
+    ({"islands": [{"name": "a", "region": "us-east", "batch_size": 8, "processes": 3}],
+      "sync": {"min_quorum": 1}}, "islands.0.processes",
+     "Must divide islands.0.batch_size (8), got 3."),
+])
+def test_it_rejects_a_bad_device_precision_or_process_count(data, path, message):
+    assert errors_of(data) == {path: [message]}

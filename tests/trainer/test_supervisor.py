@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from trainer.supervisor import IslandSupervisor, island_log_path, tail_lines
+from trainer.supervisor import (
+    IslandSupervisor,
+    island_command,
+    island_log_path,
+    island_processes,
+    tail_lines,
+)
 
 POLL_S = 0.02
 
@@ -54,6 +60,7 @@ class FakeStore:
         self.ready = ready
         self.sent_back = []
         self.failures = 0
+        self.logs = []
 
     def next_command(self, island):
         if self.failures:
@@ -68,6 +75,9 @@ class FakeStore:
 
     def epochs(self):
         return dict(self.epochs_)
+
+    def put_log(self, island, lines):
+        self.logs.append(lines)
 
 
 def says(log: Path, line: str):
@@ -206,6 +216,16 @@ def test_it_reports_a_process_that_fails_with_the_end_of_its_log(tmp_path):
     assert result["log_tail"][-2] == "no such corpus: /nowhere"
 
 
+def test_the_logs_last_lines_go_to_the_store_for_the_control_room(tmp_path):
+    store = FakeStore()
+
+    supervisor(tmp_path, python("print('step 1 loss 5.5')"), store).run()
+
+    assert store.logs, "nothing shipped"
+    assert "step 1 loss 5.5" in store.logs[-1]
+    assert store.logs[-1][-1].startswith("[supervisor ") and "ended (exited)" in store.logs[-1][-1]
+
+
 def test_a_process_that_finishes_on_its_own_has_exited(tmp_path):
     result = supervisor(tmp_path, python("print('run done')"), FakeStore()).run()
 
@@ -236,6 +256,7 @@ def supervisor_process(tmp_path, handle_sigterm=False) -> subprocess.Popen:
             def next_command(self, island): return None
             def send_command(self, island, kind, **args): pass
             def epochs(self): return {{}}
+            def put_log(self, island, lines): pass
 
         command = [sys.executable, "-c",
                    "import os, signal, sys, time\\n"
@@ -320,3 +341,101 @@ def test_it_checks_its_arguments(tmp_path):
     with pytest.raises(ValueError, match="command must name the program"):
         IslandSupervisor([], FakeStore(), "i", 1, tmp_path / "l")
 
+
+
+# -- islands of several processes -------------------------------------------------
+
+# A rank of an island in miniature: writes its pid to rank-<RANK>.pid, says its
+# environment, then works until it is killed.
+RANK = python("""
+    import os, time
+    open(f"rank-{os.environ['RANK']}.pid", "w").write(str(os.getpid()))
+    print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"],
+          os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], flush=True)
+    time.sleep(60)
+""")
+
+
+def ranks_said(log: Path) -> list[list[str]]:
+    """(rank, world size, address, port) of each rank that said them."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [[line.split()[1], *line.split()[3:]] for line in lines
+            if line.startswith("rank ")]
+
+
+def test_each_process_of_an_island_gets_its_rank_and_one_meeting_point(tmp_path):
+    log = tmp_path / "island-0.log"
+    store = FakeStore([{"kind": "kill"}], ready=lambda: len(ranks_said(log)) == 2)
+
+    result = supervisor(tmp_path, RANK, store, processes=2, cwd=tmp_path).run()
+
+    assert result["ended"] == "killed"
+    said = sorted(ranks_said(log))
+    port = said[0][3]
+    assert said == [["0", "2", "127.0.0.1", port], ["1", "2", "127.0.0.1", port]]
+
+
+def test_a_kill_kills_every_process_of_the_island(tmp_path):
+    log = tmp_path / "island-0.log"
+    store = FakeStore([{"kind": "kill"}], ready=lambda: len(ranks_said(log)) == 2)
+
+    result = supervisor(tmp_path, RANK, store, processes=2, cwd=tmp_path).run()
+
+    assert (result["ended"], result["exit_code"]) == ("killed", -signal.SIGKILL)
+    pids = [int((tmp_path / f"rank-{r}.pid").read_text()) for r in range(2)]
+    assert all(process_state(pid) == "" for pid in pids)
+
+
+def test_pause_and_stop_reach_every_process_of_the_island(tmp_path):
+    store = FakeStore()
+    sup = supervisor(tmp_path, GRACEFUL, store, processes=2)
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.update(sup.run()))
+    thread.start()
+    log = tmp_path / "island-0.log"
+    wait_until(lambda: log.exists() and log.read_text().splitlines().count("ready") == 2)
+    pids = [child.pid for child in sup.children]
+
+    store.commands.append({"kind": "pause"})
+    wait_until(lambda: all(process_state(pid) == "T" for pid in pids))
+    store.commands.append({"kind": "stop"})
+    thread.join(timeout=10)
+
+    assert (outcome["ended"], outcome["exit_code"]) == ("stopped", 0)
+    assert log.read_text().splitlines().count("cursor saved") == 2
+
+
+def test_when_one_process_fails_the_others_are_killed(tmp_path):
+    command = python("""
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            sys.exit(3)
+        open("rank-0.pid", "w").write(str(os.getpid()))
+        time.sleep(60)
+    """)
+
+    started = time.monotonic()
+    result = supervisor(tmp_path, command, FakeStore(), processes=2, cwd=tmp_path).run()
+
+    assert (result["ended"], result["exit_code"]) == ("failed", 3)
+    assert time.monotonic() - started < 10
+    assert "process 1 of 2 ended with exit code 3: SIGKILL to the others" in \
+        (tmp_path / "island-0.log").read_text()
+
+
+def test_the_island_command_names_the_device_only_for_several_processes():
+    one = island_command("redis://r", 7, "a", 2)
+    two = island_command("redis://r", 7, "a", 2, device="cuda")
+
+    assert one[-2:] == ["--epoch", "2"]
+    assert two == [*one, "--device", "cuda"]
+
+
+def test_the_processes_and_device_of_an_island_come_from_the_run_spec():
+    spec = {"config": {"train": {"device": "cuda"},
+                       "islands": [{"name": "a", "processes": 4}, {"name": "b"}]}}
+
+    assert island_processes(spec, "a") == (4, "cuda")
+    assert island_processes(spec, "b") == (1, "cuda")
+    assert island_processes({"config": {"islands": []}}, "a") == (1, "auto")
+    assert island_processes(None, "a") == (1, "auto")

@@ -1,0 +1,258 @@
+"""Islands of several processes, and the device and precision an island trains with.
+
+An island may span several processes (GPUs) of one host. They form one
+data-parallel group with torch.distributed (gloo on CPU, NCCL on GPU): every
+rank holds the same model, takes an equal, disjoint part of each batch the
+one-process island would draw, and DistributedDataParallel averages the
+gradients, so the group takes the same steps as one process with the island's
+whole batch. Rank 0 is the island as syncd sees it: it owns the link (sends,
+pulls, heartbeats, the data cursor) and tells the other ranks by broadcast what
+comes after each inner step: the next step, fragment p as rank 0 now holds it
+(after a mix or an elastic reset), or stop. So the other ranks never talk to
+Redis, and every rank holds the same parameters and fragment state.
+
+The ranks are started with torchrun's environment (MASTER_ADDR, MASTER_PORT,
+RANK, LOCAL_RANK, WORLD_SIZE); trainer/supervisor.py sets it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+if TYPE_CHECKING:
+    from trainer.island import Island
+
+# Rank 0 may wait a long time between two broadcasts (for syncd's merge with
+# tau = 0, through a pause); the others wait in the broadcast meanwhile. A dead
+# rank closes its connections, which ends the others' wait at once with gloo.
+COLLECTIVE_TIMEOUT = timedelta(days=1)
+# What rank 0 announces after each inner step: [kind, fragment, version, tokens, inner_steps].
+STEP, FRAGMENT, STOP = 0, 1, 2
+
+
+def resolve_device(setting: str, local_rank: int = 0) -> str:
+    """The device an island process trains on.
+
+    Args:
+        setting: train.device of the run config: "auto" (cuda when present), "cpu" or "cuda".
+        local_rank: the process's place among its island's processes on this host;
+            with cuda it takes GPU number local_rank.
+
+    Raises:
+        ValueError: for an unknown setting, or cuda on a host without enough GPUs.
+    """
+    if setting not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be one of auto, cpu, cuda, got {setting!r}")
+    if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
+        return "cpu"
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if local_rank >= count:
+        raise ValueError(f"island process {local_rank} needs GPU {local_rank}, but this host "
+                         f"has {count} GPU(s); use fewer processes or device cpu")
+    return f"cuda:{local_rank}"
+
+
+def autocast(device: str, precision: str) -> AbstractContextManager:
+    """The context of a forward pass: bf16 autocast, or nothing for fp32.
+
+    Parameters, gradients and the optimizer stay in float32 either way; the loss
+    is computed in float32 (trainer/model.py).
+    """
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision != "bf16":
+        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
+def to_device(t: torch.Tensor, device: str) -> torch.Tensor:
+    """A host batch on `device`; to a GPU through pinned memory, without blocking."""
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+class HostStaging:
+    """Moves fragments between host memory and the island's device.
+
+    On a GPU every tensor name keeps a pinned host buffer, so copies run by DMA
+    and without blocking; one synchronization per fragment, not per tensor. On
+    the CPU it only converts.
+
+    Args:
+        device: the island's device.
+    """
+
+    def __init__(self, device: str):
+        self.device = device
+        self.pinned = torch.device(device).type == "cuda"
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.uploaded: torch.cuda.Event | None = None
+
+    def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        buf = self.buffers.get(name)
+        if buf is None or buf.shape != like.shape:
+            buf = self.buffers[name] = torch.empty(like.shape, dtype=torch.float32,
+                                                   pin_memory=True)
+        return buf
+
+    def to_host(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Float32 copies on the host, the caller's to keep."""
+        if not self.pinned:
+            return {n: t.float().cpu() for n, t in tensors.items()}
+        self._wait_for_upload()
+        for n, t in tensors.items():
+            self._buffer(n, t).copy_(t, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return {n: self.buffers[n].clone() for n in tensors}
+
+    def to_device(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The tensors on the device; later work on the device's stream sees them."""
+        if not self.pinned:
+            return {n: t.to(self.device) for n, t in tensors.items()}
+        self._wait_for_upload()
+        out = {}
+        for n, t in tensors.items():
+            buf = self._buffer(n, t)
+            buf.copy_(t)
+            out[n] = buf.to(self.device, non_blocking=True)
+        self.uploaded = torch.cuda.Event()
+        self.uploaded.record(torch.cuda.current_stream(self.device))
+        return out
+
+    def _wait_for_upload(self) -> None:
+        """The buffers may be rewritten only once the last upload has read them."""
+        if self.uploaded is not None:
+            self.uploaded.synchronize()
+            self.uploaded = None
+
+
+class IslandGroup:
+    """The processes of one island, as a torch.distributed process group.
+
+    Args:
+        rank: this process's rank; rank 0 owns the island's link to syncd.
+        world_size: the island's processes (islands[].processes).
+        device: this process's device ("cpu", "cuda:N"): gloo on the CPU, NCCL on GPUs.
+        init_method: where the ranks meet; default: MASTER_ADDR and MASTER_PORT.
+    """
+
+    def __init__(self, rank: int, world_size: int, device: str, init_method: str = "env://"):
+        if world_size < 2:
+            raise ValueError(f"an island group needs at least 2 processes, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be between 0 and {world_size - 1}, got {rank}")
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        cuda = torch.device(device).type == "cuda"
+        if cuda:
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=rank,
+                                world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+
+    @classmethod
+    def from_env(cls, device_setting: str) -> IslandGroup:
+        """The group of a process started with torchrun's environment variables."""
+        rank = int(os.environ["RANK"])
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        return cls(rank, int(os.environ["WORLD_SIZE"]),
+                   resolve_device(device_setting, local_rank))
+
+    def close(self) -> None:
+        dist.destroy_process_group()
+
+    # -- data parallelism --------------------------------------------------------
+
+    def wrap(self, model: torch.nn.Module) -> DistributedDataParallel:
+        """The model for forward and backward; gradients come out averaged over the ranks."""
+        ids = [torch.device(self.device).index] if self.device.startswith("cuda") else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    def part(self, batch: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of the island's batch."""
+        size = len(batch) // self.world_size
+        if size * self.world_size != len(batch):
+            raise ValueError(f"a batch of {len(batch)} cannot be cut into {self.world_size} "
+                             f"equal parts")
+        return batch[self.rank * size:(self.rank + 1) * size]
+
+    def mean(self, value: torch.Tensor) -> float:
+        """The mean of a scalar over the ranks: the island's loss from each rank's part."""
+        total = value.detach().float().clone()
+        dist.all_reduce(total)
+        return total.item() / self.world_size
+
+    # -- rank 0 tells, the others follow -------------------------------------------
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank (small things: the run spec, a data cursor)."""
+        box = [obj if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def announce_step(self) -> None:
+        """Rank 0: every rank trains its next inner step."""
+        self._announce(STEP)
+
+    def announce_stop(self) -> None:
+        """Rank 0: the island ends; every rank leaves follow()."""
+        self._announce(STOP)
+
+    def announce_fragment(self, island: Island, p: int) -> None:
+        """Rank 0: every rank takes fragment p (parameters, anchor, counts) as rank 0 has it."""
+        s = island.state[p]
+        self._announce(FRAGMENT, p, s.version, s.tokens, s.inner_steps)
+        self._broadcast_fragment(island, p)
+
+    def follow(self, island: Island) -> None:
+        """Ranks above 0: train and take fragments as rank 0 announces, until it stops."""
+        while True:
+            kind, p, version, tokens, inner_steps = self._announced()
+            if kind == STOP:
+                return
+            if kind == STEP:
+                island.inner_step()
+                continue
+            self._broadcast_fragment(island, p)
+            s = island.state[p]
+            s.version, s.tokens, s.inner_steps, s.sent = version, tokens, inner_steps, None
+
+    def share_start(self, island: Island) -> None:
+        """Every rank, once the island is built: rank 0's data cursor and fragment state."""
+        step, tokens, rng, counts = self.broadcast_object(
+            (island.step, island.tokens, island.sampler.state(),
+             [(s.version, s.tokens, s.inner_steps) for s in island.state]))
+        island.step, island.tokens = step, tokens
+        island.sampler.set_state(rng)
+        for p, s in enumerate(island.state):
+            s.version, s.tokens, s.inner_steps = counts[p]
+            self._broadcast_fragment(island, p)
+
+    def _announce(self, kind: int, p: int = 0, version: int = 0, tokens: int = 0,
+                  inner_steps: int = 0) -> None:
+        if self.rank != 0:
+            raise RuntimeError("only rank 0 of an island announces")
+        dist.broadcast(torch.tensor([kind, p, version, tokens, inner_steps],
+                                    device=self.device), src=0)
+
+    def _announced(self) -> list[int]:
+        message = torch.zeros(5, dtype=torch.int64, device=self.device)
+        dist.broadcast(message, src=0)
+        return message.tolist()
+
+    @torch.no_grad()
+    def _broadcast_fragment(self, island: Island, p: int) -> None:
+        """Rank 0's parameters and anchor of fragment p, in place on every rank."""
+        s = island.state[p]
+        for n in island.fragments[p].tensor_names:
+            dist.broadcast(island.params[n], src=0)
+            dist.broadcast(s.anchor[n], src=0)
