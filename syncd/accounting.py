@@ -27,6 +27,15 @@ def uptime_theta(fault_free_median_gap_s: float) -> float:
     return 2.0 * _seconds("fault_free_median_gap_s", fault_free_median_gap_s, positive=True)
 
 
+def uptime_from_marks(marks: Iterable[float], wall_s: float, theta: float) -> float:
+    """1 - (sum of the gaps longer than `theta` between 0, each merge mark and `wall_s`)
+    / `wall_s`; marks are seconds of wall time since the run's start."""
+    theta, wall_s = _seconds("theta", theta, positive=True), _seconds("wall_s", wall_s)
+    points = [0.0, *sorted(m for m in marks if 0 <= m <= wall_s), wall_s]
+    down = sum(g for g in (b - a for a, b in itertools.pairwise(points)) if g > theta)
+    return 1.0 if wall_s == 0 else 1.0 - down / wall_s
+
+
 def _seconds(name: str, value: float, *, positive: bool = False) -> float:
     value = float(value)
     if not math.isfinite(value) or value < 0 or (positive and value == 0):
@@ -222,13 +231,15 @@ class RunAccounting:
 
     def uptime(self, now: float, theta: float, *, fragment: int | None = None) -> float:
         """1 - (sum of the gaps between successive merges longer than `theta`) / wall time."""
-        theta, wall = _seconds("theta", theta, positive=True), self.wall_seconds(now)
-        down = sum(g for g in self._gaps(now, fragment) if g > theta)
-        return 1.0 if wall == 0 else 1.0 - down / wall
+        return uptime_from_marks(self._marks(fragment), self.wall_seconds(now), theta)
 
     def max_stall(self, now: float, *, fragment: int | None = None) -> float:
         """The longest gap between successive merges, the open one up to `now` included."""
         return max(self._gaps(now, fragment))
+
+    def merge_marks(self, *, fragment: int | None = None) -> list[float]:
+        """The distinct merge times still standing, as seconds of wall time since the start."""
+        return self._marks(fragment)
 
     def median_merge_gap(self, *, fragment: int | None = None) -> float | None:
         """The median gap between successive merges; a fault-free run's gives theta."""

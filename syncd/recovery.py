@@ -51,25 +51,80 @@ def restart_delay(run: RunSync) -> float:
     measured = [b["startup_s"] for b in run.heartbeats.values() if b.get("startup_s")]
     return statistics.median(measured) if measured else DEFAULT_RESTART_DELAY_S
 
+
+def mark_restore_point(run: RunSync, now: float) -> None:
+    """Elastic: after an outer step, the state a whole-job restart goes back to, and
+    its checkpoint."""
+    run.restore_point = ([{n: t.clone() for n, t in g.items()} for g in run.sync.globals],
+                         [opt.state_dict() for opt in run.sync.optimizers])
+    run.restore_time = now
+    run.restore_tokens = run.store.tokens_merged()
+    save_checkpoint(run)
+
+
+def unsent_steps(run: RunSync, island: str) -> float:
+    """Inner steps of `island` since the last update of each fragment that syncd
+    received, as goodput counts them (a fragment stands for 1/P of a step), up to
+    its last heartbeat: the work a death or a restart of the island throws away."""
+    beat = run.heartbeats.get(island)
+    if not beat:
+        return 0.0
+    unsent = 0
+    for p in range(len(run.fragments)):
+        last = run.last_update.get((island, p))
+        sent = last[1] if last else run.sync.handled[p].get(island, 0)
+        unsent += max(int(beat.get("step", 0)) - sent, 0)
+    return unsent / len(run.fragments)
+
+
+def account_new_incarnations(run: RunSync, epochs: dict[str, int]) -> None:
+    """An island whose epoch moved on lost the work its old incarnation had not sent:
+    island-seconds lost "in_flight", at its fault-free step time."""
+    for island, epoch in epochs.items():
+        old = run.epochs.get(island)
+        beat = run.heartbeats.get(island)
+        if old is None or epoch <= old or island not in run.accounting.islands \
+                or not beat or beat.get("epoch", 0) > old:
+            continue
+        seconds = unsent_steps(run, island) * (run.accounting.step_time(island) or 0.0)
+        run.accounting.lost(island, seconds, "in_flight")
+
+
 def restart_job(run: RunSync, now: float, lost_island: str) -> None:
     """Elastic: every island rolls back to the last checkpoint and pauses for the
-    restart delay, as a whole-job restart would make it."""
+    restart delay, as a whole-job restart would make it.
+
+    Lost to "rollback": the merges since the checkpoint (taken back, and their tokens
+    no longer count towards the budget), the updates waiting in the open rounds and
+    each survivor's work since its last sends; to "restart_pause": each survivor's
+    pause.
+    """
     if run.restore_point is None:
         params = [{n: t.clone() for n, t in g.items()} for g in run.sync.globals]
         momentum = [opt.state_dict() for opt in run.sync.optimizers]
+        kept = run.store.tokens_merged()
     else:
         params, momentum = run.restore_point
+        kept = run.restore_tokens
+    merged = run.store.tokens_merged()
+    survivors = [i.name for i in run.config.islands
+                 if i.name not in run.lost and i.name in run.accounting.islands]
+    thrown = {name: unsent_steps(run, name) for name in survivors}
     discarded = set()
     for p in range(len(run.fragments)):
+        for name, pending in run.sync.rounds[p].items():
+            if name in thrown:
+                thrown[name] += pending.update.inner_steps / len(run.fragments)
         discarded.update(run.sync.roll_back(p, params[p], momentum[p], now))
         run.pending_ids = {k: v for k, v in run.pending_ids.items() if k[0] != p}
-        run.publish(p, 0)
+        run.publish(p, kept.get(p, 0) - merged.get(p, 0))
     delay = restart_delay(run)
     generation = run.store.restart_job(now + delay)
     run.accounting.rollback(run.restore_time, now)
-    for island in run.config.islands:
-        if island.name not in run.lost:
-            run.accounting.lost(island.name, delay, "restart_pause")
+    for name in survivors:
+        run.accounting.lost(name, delay, "restart_pause")
+        run.accounting.lost(name, thrown[name] * (run.accounting.step_time(name) or 0.0),
+                            "rollback")
     run.recorder.event("rollback", lost_island, versions=list(run.sync.versions),
                         restart_delay_s=round(delay, 2), generation=generation,
                         discarded=sorted(discarded))

@@ -165,7 +165,11 @@ class Synchronizer:
         # A merge of K of M islands carries part of a round's work; it moves the
         # global and its momentum by that share, so merging more often is not
         # the same as taking bigger steps.
-        share = sum(u.tokens for u in updates) / self.round_tokens
+        # At most 1: a round that carries more than a whole round's tokens (islands that
+        # kept sending increments while syncd was away, then merged at once) already
+        # holds all that progress in its outer gradient; scaling it up again would step
+        # that many times too far, and the run diverges.
+        share = min(sum(u.tokens for u in updates) / self.round_tokens, 1.0)
         old = self.globals[fragment]
         new = self.optimizers[fragment].step(old, outer_grad, share)
         codec = self.sync.downlink_compression

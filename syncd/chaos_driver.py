@@ -1,0 +1,193 @@
+"""syncd carries out a run's chaos schedule (`config.chaos`): it has the clock and the store.
+
+The schedule (syncd/chaos.py) says at which second which islands break, how and
+for how long. `ChaosPlan` turns it into actions in time order: each fault's
+start and, for kills and region outages, its end, which is a rejoin. It is pure:
+the caller passes the seconds since the schedule's start and how many actions
+are already done. `ChaosDriver` applies the due ones to a live run through the
+paths the control room's buttons use:
+
+- kill, region outage: a "kill" command in the island's control list, carried
+  out by its supervisor on the island's own host (SIGKILL mid-step);
+- straggle, partition, degrade, corrupt: the island's fault key
+  `arch:R:fault:<island>` ({kind, until, factor}), which the island process reads
+  and acts out;
+- the end of a kill: `webapp.runs.services.rejoin_island`, which starts the
+  island's next incarnation (next epoch, a task on its region's queue).
+
+Each fault is a "fault" event (no actor: the system) whose detail carries the
+schedule ({"preset", "seed", "at_s"}); the rejoin records its own "rejoin"
+event. The schedule's clock starts when every island of the run has trained
+(their start-up is the same in every mode, and a kill of a process that is not
+there yet would mean nothing), or START_AFTER_S after syncd took the run,
+whichever comes first. The start, the islands and the number of actions done
+are kept in Redis (`arch:R:chaos`), so a restarted syncd goes on with the next
+action instead of starting the schedule over.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from syncd.chaos import PRESETS, Fault, schedule
+
+if TYPE_CHECKING:
+    from syncd.service import RunSync
+
+log = logging.getLogger("archipelago.syncd")
+START_AFTER_S = 120.0
+# The schedule is drawn this far ahead, then again twice as far (the same seed draws the
+# same faults first, so a longer schedule begins with the shorter one).
+HORIZON_S = 3600.0
+# The factor a fault takes when the schedule gives none (webapp/runs/faults.py's defaults).
+DEFAULT_FACTOR = {"straggle": 4.0, "degrade": 10.0, "partition": 1.0, "corrupt": 1.0}
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing to do at `at_s` seconds into the schedule: a fault's start or its rejoin."""
+
+    at_s: float
+    kind: str  # "fault" or "rejoin"
+    fault: Fault
+
+
+def actions_of(faults: list[Fault]) -> list[Action]:
+    """Every fault's start and, when it ends in a rejoin, its end, in time order.
+
+    At the same instant a rejoin comes before a new fault, and ties are broken by the
+    islands' names, so the order never depends on how the list was built.
+    """
+    out = [Action(f.at_s, "fault", f) for f in faults]
+    out += [Action(f.ends_s, "rejoin", f) for f in faults if f.rejoin]
+    return sorted(out, key=lambda a: (a.at_s, a.kind != "rejoin", a.fault.islands))
+
+
+class ChaosPlan:
+    """Which actions of a seeded schedule are due.
+
+    Args:
+        preset: a name in syncd.chaos.PRESETS.
+        islands: island name -> region, the islands the schedule may break.
+        seed: seeds the schedule.
+        horizon_s: how far ahead the schedule is drawn at first.
+    """
+
+    def __init__(self, preset: str, islands: dict[str, str], seed: int,
+                 horizon_s: float = HORIZON_S):
+        if preset not in PRESETS:
+            raise ValueError(f"unknown chaos preset {preset!r}; known: {', '.join(PRESETS)}")
+        if not horizon_s > 0:
+            raise ValueError(f"horizon_s must be positive, got {horizon_s}")
+        self.spec = PRESETS[preset]
+        self.islands = dict(islands)
+        self.seed = seed
+        self.horizon_s = horizon_s
+        self.actions = actions_of(schedule(self.spec, self.islands, horizon_s, seed))
+
+    def due(self, elapsed_s: float, done: int) -> list[Action]:
+        """The actions after the first `done` whose time has come at `elapsed_s`."""
+        if done < 0:
+            raise ValueError(f"done must be 0 or more, got {done}")
+        while elapsed_s >= self.horizon_s / 2:
+            # Every action before the old horizon is the same in the longer schedule.
+            self.horizon_s *= 2
+            self.actions = actions_of(schedule(self.spec, self.islands, self.horizon_s,
+                                               self.seed))
+        due = []
+        for action in self.actions[done:]:
+            if action.at_s > elapsed_s:
+                break
+            due.append(action)
+        return due
+
+
+class ChaosDriver:
+    """Applies a run's chaos schedule from syncd's loop (RunSync calls `tick`).
+
+    Args:
+        run: the run's RunSync; its config names the preset and the seed.
+    """
+
+    def __init__(self, run: RunSync):
+        self.run = run
+        chaos = run.config.chaos
+        self.preset, self.seed = chaos.preset, chaos.seed
+        self.key = run.store.key("chaos")
+        saved = {k.decode(): v.decode() for k, v in run.store.r.hgetall(self.key).items()}
+        self.start: float | None = float(saved["start"]) if "start" in saved else None
+        self.done = int(saved.get("done", 0))
+        islands = json.loads(saved["islands"]) if "islands" in saved else None
+        self.plan = None if islands is None else ChaosPlan(self.preset, islands, self.seed)
+
+    @classmethod
+    def for_run(cls, run: RunSync) -> ChaosDriver | None:
+        """The driver of a run that asks for a schedule, else None."""
+        return None if run.config.chaos.preset == "none" else cls(run)
+
+    def tick(self, now: float) -> None:
+        """Start the schedule's clock when it is time, then apply every due action."""
+        run = self.run
+        if self.start is None:
+            islands = {i.name: i.region for i in run.config.islands}
+            everyone = run.live >= len(islands) and all(
+                run.heartbeats.get(n, {}).get("state") == "training" for n in islands)
+            if not everyone and now - run.accounting.start < START_AFTER_S:
+                return
+            self.start = now
+            self.plan = ChaosPlan(self.preset, islands, self.seed)
+            run.store.r.hset(self.key, mapping={"start": now, "done": 0,
+                                                "islands": json.dumps(islands)})
+            log.info("run %s: chaos schedule %s (seed %d) starts", run.store.run_id,
+                     self.preset, self.seed)
+        assert self.plan is not None
+        for action in self.plan.due(now - self.start, self.done):
+            try:
+                if action.kind == "rejoin":
+                    self._rejoin(action)
+                else:
+                    self._fault(action, now)
+            except Exception:  # one action that fails must not stop the schedule or merging
+                log.exception("run %s: chaos action %s failed", run.store.run_id, action)
+            self.done += 1
+            run.store.r.hset(self.key, "done", self.done)
+
+    def _detail(self, action: Action) -> dict:
+        return {"chaos": {"preset": self.preset, "seed": self.seed, "at_s": action.at_s}}
+
+    def _fault(self, action: Action, now: float) -> None:
+        run, fault = self.run, action.fault
+        known = {i.name: i.region for i in run.config.islands}
+        for island in fault.islands:
+            if island not in known:
+                continue  # removed from the run since the schedule was drawn
+            epoch = run.epochs.get(island, 0)
+            detail = {"seconds": fault.duration_s, "epoch": epoch,
+                      **self._detail(action)}
+            if fault.kind in ("kill", "region_outage"):
+                run.store.send_command(island, "kill", epoch=epoch)
+                if fault.kind == "region_outage":
+                    detail["region"] = known[island]
+                run.recorder.event("fault", island, fault="kill", **detail)
+                continue
+            factor = fault.factor if fault.factor is not None else DEFAULT_FACTOR[fault.kind]
+            until = now + fault.duration_s
+            run.store.r.set(run.store.key("fault", island),
+                            json.dumps({"kind": fault.kind, "until": until, "factor": factor}),
+                            ex=math.ceil(fault.duration_s) + 60)
+            run.recorder.event("fault", island, fault=fault.kind, factor=factor, until=until,
+                               **detail)
+
+    def _rejoin(self, action: Action) -> None:
+        from webapp.runs.models import Run
+        from webapp.runs.services import rejoin_island
+
+        run = Run.objects.get(pk=int(self.run.store.run_id))
+        known = {i.name for i in self.run.config.islands}
+        for island in action.fault.islands:
+            if island in known:
+                rejoin_island(run, island, by=None)

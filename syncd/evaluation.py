@@ -1,0 +1,50 @@
+"""Evaluation of the global model while a run trains, so the control room's eval loss
+moves with it, and once more at the end.
+
+Every `eval.interval_steps` global inner steps (outer_steps x H), at most once per
+MIN_GAP_S of syncd's clock: syncd evaluates in its own loop, and a merge must not
+wait behind a string of evaluations. The held-out batches are read once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from trainer.config import RunConfig
+
+MIN_GAP_S = 5.0
+
+
+class GlobalEval:
+    """Args:
+        config: the run's config (model, data, eval and H).
+        min_gap_s: the least time between two evaluations on syncd's clock.
+    """
+
+    def __init__(self, config: RunConfig, min_gap_s: float = MIN_GAP_S):
+        self.config = config
+        self.min_gap_s = min_gap_s
+        self.next_step = config.eval.interval_steps
+        self.next_time = 0.0
+        self._evaluator: Callable[[dict[str, torch.Tensor]], float] | None = None
+
+    def due(self, outer_steps: int, now: float) -> bool:
+        """Whether an evaluation is due at `outer_steps` (the smallest fragment version)."""
+        step = outer_steps * self.config.sync.inner_steps
+        if step < self.next_step or now < self.next_time:
+            return False
+        self.next_step = step + self.config.eval.interval_steps
+        self.next_time = now + self.min_gap_s
+        return True
+
+    def __call__(self, params: dict[str, torch.Tensor]) -> float:
+        """The eval loss of `params` on the run's held-out text."""
+        if self._evaluator is None:
+            from trainer.data import load_corpus
+            from trainer.local import Evaluator
+
+            corpus = load_corpus(self.config.data.path, self.config.data.eval_fraction)
+            self._evaluator = Evaluator(self.config, corpus)
+        return self._evaluator(params)

@@ -1,0 +1,35 @@
+"""The figures of a run that has completed, kept in its last status snapshot.
+
+When the budget is spent syncd ends the run's accounting and adds an "outcome"
+to the final snapshot: goodput, the island-seconds lost by cause, the longest
+stall, the merge marks (seconds since the start; uptime for any theta follows
+from them with syncd.accounting.uptime_from_marks), each island's fault-free
+step time, tokens merged and the final eval loss. The benchmarks read it; the
+control room can show it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from syncd.service import RunSync
+
+
+def finish(run: RunSync, now: float) -> dict[str, Any]:
+    """End the run's accounting at `now` and return its outcome."""
+    acct = run.accounting
+    if acct.end is None:
+        acct.finish(now)
+    snap = acct.snapshot(now)
+    return {
+        "start": acct.start, "end": acct.end, "wall_s": snap["wall_s"],
+        "goodput": snap["goodput"], "useful_s": snap["useful_s"],
+        "allocated_s": snap["allocated_s"], "lost_s": snap["lost_s"],
+        "unattributed_s": snap["unattributed_s"], "max_stall_s": snap["max_stall_s"],
+        "median_merge_gap_s": snap["median_merge_gap_s"], "merges": snap["merges"],
+        "merge_marks": [round(m, 3) for m in acct.merge_marks()],
+        "step_time_s": {name: acct.step_time(name) for name in acct.islands},
+        "islands": snap["islands"], "tokens_merged": run.tokens_merged(),
+        "eval_loss": run.eval_loss, "versions": list(run.sync.versions),
+    }

@@ -1,0 +1,41 @@
+import math
+
+from syncd.evaluation import GlobalEval
+from trainer.config import parse_config
+from trainer.island import initial_model
+
+TINY = {"model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
+        "sync": {"inner_steps": 10}, "eval": {"interval_steps": 30, "tokens": 256}}
+
+
+def config(tmp_path, **changes):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the islands train and the merge goes on.\n" * 400)
+    return parse_config({**TINY, "data": {"path": str(corpus)}, **changes}, ["us-east"])
+
+
+def test_an_evaluation_is_due_every_interval_of_global_inner_steps(tmp_path):
+    evaluation = GlobalEval(config(tmp_path), min_gap_s=0.0)
+
+    due = [outer for outer in range(12) if evaluation.due(outer, now=float(outer))]
+
+    assert due == [3, 6, 9]  # 30 inner steps = 3 outer steps of H = 10
+
+
+def test_evaluations_are_at_least_the_minimum_gap_apart_on_the_clock(tmp_path):
+    evaluation = GlobalEval(config(tmp_path), min_gap_s=5.0)
+
+    assert evaluation.due(3, now=100.0)
+    assert not evaluation.due(6, now=102.0)
+    assert evaluation.due(7, now=105.0)
+
+
+def test_it_evaluates_the_given_parameters_on_held_out_text(tmp_path):
+    run_config = config(tmp_path)
+    evaluation = GlobalEval(run_config)
+    params = dict(initial_model(run_config).state_dict())
+
+    loss = evaluation(params)
+
+    # An untrained byte model is close to uniform over 256 bytes.
+    assert math.isfinite(loss) and abs(loss - math.log(256)) < 0.5
