@@ -56,3 +56,23 @@ def load(path: Path, sha256: str | None = None
     momentum = {k.removeprefix("momentum."): v for k, v in tensors.items()
                 if k.startswith("momentum.")}
     return params, momentum, json.loads(meta["versions"]), int(meta["tokens_merged"])
+
+
+def initial_params(spec: dict, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The global model a run starts from: the parameters of the checkpoint its spec
+    names (checked against its sha256 and the model's shapes), else `model`'s own.
+
+    Raises:
+        ValueError: when the checkpoint does not verify or does not fit the model.
+    """
+    params = {k: v.detach() for k, v in model.state_dict().items()}
+    start = spec.get("initial_checkpoint")
+    if not start:
+        return params
+    loaded, _, _, _ = load(Path(start["path"]), start.get("sha256"))
+    expected = {k: tuple(v.shape) for k, v in params.items()}
+    found = {k: tuple(v.shape) for k, v in loaded.items()}
+    if found != expected:
+        raise ValueError(f"checkpoint {start['path']} does not fit the run's model: "
+                         "its tensors or their shapes differ")
+    return {k: loaded[k].float() for k in params}

@@ -112,8 +112,17 @@ class Syncd:
     def _run_sync(self, run_id: str) -> RunSync:
         if run_id not in self.runs:
             store = RunStore(self.client, run_id, fence=self.leases[run_id])
-            self.runs[run_id] = RunSync(store, Recorder(int(run_id)), self.checkpoint_dir,
-                                        notify=self.notify)
+            sync = RunSync(store, Recorder(int(run_id)), self.checkpoint_dir,
+                           notify=self.notify)
+            # The merges a killed syncd (or this one, before a failed tick) published
+            # but never wrote to the database get their events now.
+            if not any(e["kind"] == "rollback" for e in sync.recorder.events):
+                recovered = sync.recorder.recover_merges(store.versions(),
+                                                         store.tokens_merged())
+                if recovered:
+                    log.warning("run %s: recorded the merges of fragments %s that were "
+                                "published but not written", run_id, recovered)
+            self.runs[run_id] = sync
         return self.runs[run_id]
 
     def _renew(self) -> None:

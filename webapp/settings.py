@@ -89,6 +89,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # Serves the API docs' Swagger UI from the package, not from a CDN.
+    "ninja",
     "webapp.runs",
     "webapp.api",
     "webapp.dashboard",

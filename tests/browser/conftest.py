@@ -1,29 +1,31 @@
-"""A real Chromium, driven by Playwright, against Django's live server.
+"""A real Chromium, driven by Playwright, against the real system: Daphne serving the
+ASGI app, syncd and a Celery worker, on a Redis of the tests' own and the test
+database.
 
-Debian's chromium package is used through its executable path (Playwright's
-own browser download is not available here); CHROMIUM overrides the path.
+Debian's chromium package is used through its executable path (Playwright's own
+browser download is not available here); CHROMIUM overrides the path. Screenshots
+of each step go to var/artifacts/browser/ (ARTIFACTS_DIR overrides), kept after
+the run.
 """
+
+from __future__ import annotations
 
 import os
 import shutil
+import urllib.request
+from pathlib import Path
 
 import pytest
 
+from bench.browser import CHROMIUM_FLAGS, chromium_path
+from tests.webapp.runs.test_runtime_processes import ROOT, Processes, database_url, wait_until
+from webapp.processes import free_port
+
 # Playwright's sync API keeps an event loop running in the test thread; the ORM
-# calls the tests and Django's live server make around it are still synchronous.
+# calls the tests make around it are still synchronous.
 os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"]
-
-
-def chromium_path() -> str:
-    path = os.environ.get("CHROMIUM") or shutil.which("chromium")
-    if not path:
-        raise RuntimeError("browser tests need Chromium: apt-get install chromium "
-                           "(.ci/run installs it), or set CHROMIUM to its path")
-    return path
+REGIONS = "us-east,us-central,us-west,us-south"
 
 
 @pytest.fixture(scope="session")
@@ -38,8 +40,53 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    context = browser.new_context()
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
-    page.set_default_timeout(15000)
+    page.set_default_timeout(20000)
     yield page
     context.close()
+
+
+@pytest.fixture
+def artifacts(request) -> Path:
+    """Where a test keeps its screenshots: one folder per test."""
+    root = Path(os.environ.get("ARTIFACTS_DIR", ROOT / "var" / "artifacts" / "browser"))
+    folder = root / request.node.name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+@pytest.fixture
+def control_room(redis_url, tmp_path, settings, transactional_db):
+    """The web app on Daphne, syncd and one worker for the regions us-east and us-west;
+    yields the web app's base URL."""
+    from webapp.celery import app
+
+    app.conf.broker_url = redis_url
+    settings.LOG_DIR = tmp_path / "logs"
+    port = free_port()
+    env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url(),
+           "CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "LOG_DIR": str(tmp_path / "logs"),
+           "DJANGO_SETTINGS_MODULE": "webapp.settings", "PYTHONPATH": str(ROOT),
+           "REGIONS": REGIONS}
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    processes = Processes(env, tmp_path)
+    processes.start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                    "webapp.asgi:application")
+    processes.start("syncd", "-m", "syncd")
+    processes.start("worker", "-m", "celery", "-A", "webapp", "worker",
+                    "-Q", "region.us-east,region.us-west", "--concurrency", "4",
+                    "--pool", "prefork", "-n", "browser@test", "--without-gossip",
+                    "--without-mingle", "--loglevel", "WARNING")
+    url = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        try:
+            return urllib.request.urlopen(f"{url}/accounts/login/", timeout=2).status == 200
+        except OSError:
+            return False
+
+    wait_until(answers, 60, "Daphne to serve the sign-in page")
+    yield url
+    processes.stop_all()

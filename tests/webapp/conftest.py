@@ -1,14 +1,16 @@
 """Fixtures of the web app's tests: users and clients.
 
-A viewer may look, an operator may create.
+A viewer may look; an operator (a member of the "operators" group) may create, run,
+break and heal runs; an admin (a superuser) may do everything.
 
 The users have no password (hashing one takes a third of a second); clients log in
 with force_login.
 """
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.test import Client
+
+from webapp.runs.roles import operators_group
 
 
 @pytest.fixture
@@ -18,10 +20,15 @@ def viewer(django_user_model):
 
 @pytest.fixture
 def operator(django_user_model):
+    """A member of the "operators" group (migration runs.0003_roles gives it its rights)."""
     user = django_user_model.objects.create_user("otto")
-    user.user_permissions.add(Permission.objects.get(codename="add_run",
-                                                     content_type__app_label="runs"))
+    user.groups.add(operators_group())
     return user
+
+
+@pytest.fixture
+def admin(django_user_model):
+    return django_user_model.objects.create_user("ada", is_staff=True, is_superuser=True)
 
 
 @pytest.fixture
@@ -38,6 +45,11 @@ def operator_client(operator) -> Client:
     return client
 
 
+@pytest.fixture
+def admin_client(admin) -> Client:
+    client = Client()
+    client.force_login(admin)
+    return client
 
 
 @pytest.fixture

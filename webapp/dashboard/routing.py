@@ -2,8 +2,10 @@
 
 from django.urls import path
 
-from webapp.dashboard.consumers import RunStatusConsumer
+from webapp.dashboard.consumers import RunsListConsumer, RunStatusConsumer, SimulationConsumer
 
 websocket_urlpatterns = [
+    path("ws/runs/", RunsListConsumer.as_asgi()),
     path("ws/runs/<int:run_id>/", RunStatusConsumer.as_asgi()),
+    path("ws/simulations/<int:simulation_id>/", SimulationConsumer.as_asgi()),
 ]

@@ -7,4 +7,8 @@ urlpatterns = [
     path("", views.runs, name="runs"),
     path("runs/new/", views.new_run, name="new_run"),
     path("runs/<int:run_id>/", views.run_detail, name="run"),
+    path("compare/", views.compare, name="compare"),
+    path("simulate/", views.simulate, name="simulate"),
+    path("account/tokens/", views.tokens, name="tokens"),
+    path("account/tokens/<int:token_id>/revoke/", views.revoke_token, name="revoke_token"),
 ]

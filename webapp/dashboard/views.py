@@ -1,46 +1,168 @@
-import json
+"""The control room's pages. Each view fetches through the run services and reports,
+asks webapp.runs.roles who may do what, and renders; the live parts of a page are
+fed by its websocket and act through the JSON API."""
 
-from django.contrib.auth.decorators import login_required, permission_required
-from django.db.models import Count
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import Count, OuterRef, Subquery
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from trainer.config import ConfigError
+from trainer.config import ConfigError, field_help
 from webapp.dashboard.forms import RunForm
-from webapp.runs.models import Run
-from webapp.runs.services import create_run, default_config
+from webapp.dashboard.regions import region_positions
+from webapp.runs import roles
+from webapp.runs.models import ApiToken, Checkpoint, Metric, Run, Simulation
+from webapp.runs.presets import PRESETS, preset_config
+from webapp.runs.reports import progress, run_events, run_metrics, run_summary
+from webapp.runs.services import create_run
+from webapp.runs.simulations import DEFAULT_SPEC, check_spec, start_simulation
+
+SORTS = {"name": "name", "mode": "mode", "state": "state", "progress": "tokens",
+         "goodput": "goodput", "eval_loss": "eval_loss", "started": "started_at",
+         "created": "created_at"}
+CHART_POINTS = 500
+
+
+def _latest(field: str) -> Subquery:
+    points = Metric.objects.filter(run=OuterRef("pk"), **{f"{field}__isnull": False})
+    return Subquery(points.order_by("-time", "-id").values(field)[:1])
 
 
 @require_GET
 @login_required
 def runs(request: HttpRequest) -> HttpResponse:
-    runs = Run.objects.select_related("created_by").annotate(island_count=Count("islands"))
-    return render(request, "dashboard/runs.html", {"runs": runs})
+    key = request.GET.get("sort", "created")
+    descending = key.startswith("-")
+    field = SORTS.get(key.lstrip("-"), "created_at")
+    archived = request.GET.get("archived") == "1"
+    rows = (Run.objects.filter(archived=archived).select_related("created_by")
+            .annotate(island_count=Count("islands"), goodput=_latest("goodput"),
+                      eval_loss=_latest("eval_loss"))
+            .order_by(f"{'-' if descending else ''}{field}", "-id"))
+    for run in rows:
+        run.progress = progress(run)
+    return render(request, "dashboard/runs.html", {
+        "runs": rows, "sort": key, "archived": archived, "sorts": list(SORTS),
+        "can_create": roles.can(request.user, "create")})
 
 
 @require_http_methods(["GET", "POST"])
 @login_required
-@permission_required("runs.add_run", raise_exception=True)
 def new_run(request: HttpRequest) -> HttpResponse:
+    roles.require(request.user, "create")
+    preset = request.GET.get("preset", "demo")
+    if preset not in PRESETS:
+        preset = "demo"
+    config = preset_config(preset, settings.REGIONS)
     if request.method == "POST":
-        form = RunForm(request.POST)
+        form = RunForm(request.POST, config=config)
         if form.is_valid():
             try:
                 run = create_run(name=form.cleaned_data["name"], mode=form.cleaned_data["mode"],
-                                 config=form.cleaned_data["config"], user=request.user)
+                                 config=form.config(), user=request.user,
+                                 initial_checkpoint=form.cleaned_data["initial_checkpoint"])
             except ConfigError as e:
                 form.add_config_error(e)
             else:
+                messages.success(request, f"Run {run.name!r} created as a draft: start it "
+                                          "when you are ready.")
                 return redirect("dashboard:run", run_id=run.pk)
     else:
-        form = RunForm(initial={"mode": Run.Mode.DECOUPLED,
-                                "config": json.dumps(default_config(), indent=2)})
-    return render(request, "dashboard/run_new.html", {"form": form})
+        start = Checkpoint.objects.filter(pk=request.GET.get("from") or 0,
+                                          run__isnull=False).select_related("run").first()
+        if start is not None:  # "new run from here": the checkpoint's run's settings
+            config = start.run.config
+        form = RunForm(config=config, initial={
+            "mode": start.run.mode if start else Run.Mode.DECOUPLED,
+            "initial_checkpoint": start,
+            "name": f"{start.run.name} from step {start.outer_step}" if start else ""})
+    return render(request, "dashboard/run_new.html", {
+        "form": form, "presets": [(k, label) for k, (label, _) in PRESETS.items()],
+        "preset": preset, "regions": settings.REGIONS, "island_help": {
+            k.split(".", 1)[1]: v for k, v in field_help().items() if k.startswith("islands")}})
 
 
 @require_GET
 @login_required
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_object_or_404(Run.objects.select_related("created_by"), pk=run_id)
-    return render(request, "dashboard/run_detail.html", {"run": run, "islands": run.islands.all()})
+    summary = run_summary(run)
+    checkpoints = [{"id": c.pk, "outer_step": c.outer_step, "eval_loss": c.eval_loss,
+                    "bytes": c.bytes, "created_at": c.created_at.isoformat()}
+                   for c in run.checkpoints.order_by("-created_at")]
+    page = {
+        "run": summary, "metrics": run_metrics(run)[-CHART_POINTS:],
+        "events": run_events(run)[-50:], "checkpoints": checkpoints,
+        "regions": region_positions(sorted({i["region"] for i in summary["islands"]})),
+        "all_regions": settings.REGIONS, "chart_points": CHART_POINTS,
+        "can": {action: roles.can(request.user, action)
+                for action in ("operate", "fault", "edit", "delete", "admin")},
+    }
+    return render(request, "dashboard/run_detail.html", {"run": run, "page": page,
+                                                         "summary": summary})
+
+
+@require_GET
+@login_required
+def compare(request: HttpRequest) -> HttpResponse:
+    ids = [int(i) for i in request.GET.getlist("runs") if i.isdigit()][:8]
+    chosen = list(Run.objects.filter(pk__in=ids))
+    series = [{"id": run.pk, "name": run.name, "mode": run.mode,
+               "metrics": run_metrics(run)} for run in chosen]
+    return render(request, "dashboard/compare.html", {
+        "series": series, "chosen": {run.pk for run in chosen},
+        "runs": Run.objects.exclude(state=Run.State.DRAFT).order_by("-created_at")[:100]})
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def tokens(request: HttpRequest) -> HttpResponse:
+    made: str | None = None
+    if request.method == "POST":
+        name = request.POST.get("name", "").strip()[:100]
+        _, made = ApiToken.issue(request.user, name)
+    return render(request, "dashboard/tokens.html", {
+        "tokens": request.user.api_tokens.all(), "made": made})
+
+
+@require_POST
+@login_required
+def revoke_token(request: HttpRequest, token_id: int) -> HttpResponse:
+    token = get_object_or_404(ApiToken, pk=token_id, user=request.user)
+    token.delete()
+    messages.success(request, f"Token {token.hint}… revoked.")
+    return redirect("dashboard:tokens")
+
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def simulate(request: HttpRequest) -> HttpResponse:
+    """Sweeps of the datacenter simulator: start one (operators), watch its progress and
+    read its tables and plots (everyone)."""
+    errors: dict[str, str] = {}
+    values = {"chips": ", ".join(str(c) for c in DEFAULT_SPEC["chips"]),
+              "learners": ", ".join(str(n) for n in DEFAULT_SPEC["learners"]),
+              "hours": DEFAULT_SPEC["duration_s"] / 3600, "knobs": True}
+    if request.method == "POST":
+        roles.require(request.user, "operate")
+        values = {k: request.POST.get(k, "") for k in ("chips", "learners", "hours")}
+        values["knobs"] = request.POST.get("knobs") == "on"
+        try:
+            spec = check_spec(values)
+        except ValueError as e:
+            errors = e.args[0]
+        else:
+            simulation = start_simulation(spec, request.user)
+            return redirect(f"{request.path}?id={simulation.pk}")
+    shown = Simulation.objects.filter(pk=request.GET.get("id") or 0).first() or \
+        Simulation.objects.filter(state=Simulation.State.COMPLETED).first()
+    return render(request, "dashboard/simulate.html", {
+        "values": values, "errors": errors, "can_start": roles.can(request.user, "operate"),
+        "shown": shown.to_dict() if shown else None,
+        "recent": Simulation.objects.all()[:10]})

@@ -39,7 +39,6 @@ FAULT_FACTORS = {
     "corrupt": ("the next update carries NaN; the factor is not used", 1.0),
 }
 MAX_FAULT_SECONDS = 24 * 3600
-MAX_FAULT_SECONDS = 24 * 3600
 
 
 def kill_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -> Island:

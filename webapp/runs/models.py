@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -52,9 +53,17 @@ class Run(models.Model):
     failure_reason = models.TextField(blank=True)
     secret = models.CharField(max_length=64, default=new_run_secret, editable=False)
     tokens = models.BigIntegerField(default=0, help_text="Tokens merged into the global model.")
+    archived = models.BooleanField(default=False, help_text="Hidden from the runs list.")
+    initial_checkpoint = models.ForeignKey(
+        "Checkpoint", models.SET_NULL, null=True, blank=True, related_name="started_runs",
+        help_text="The checkpoint the run's global model starts from; empty for a fresh model.")
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        permissions = [
+            ("operate_run", "Can start, stop, pause, resume and checkpoint runs"),
+            ("inject_fault", "Can inject faults into runs and rejoin islands"),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -105,6 +114,7 @@ class Run(models.Model):
 
     def to_dict(self) -> dict[str, Any]:
         """The run as the API shows it; the secret is left out on purpose."""
+        configured = {island.get("name") for island in self.config.get("islands", [])}
         return {
             "id": self.pk,
             "name": self.name,
@@ -117,7 +127,11 @@ class Run(models.Model):
             "finished_at": _isoformat(self.finished_at),
             "failure_reason": self.failure_reason,
             "tokens": self.tokens,
-            "islands": [island.to_dict() for island in self.islands.all()],
+            "archived": self.archived,
+            "initial_checkpoint": self.initial_checkpoint_id,
+            # A removed island keeps its row (and epochs) for when it comes back.
+            "islands": [island.to_dict() for island in self.islands.all()
+                        if island.name in configured],
         }
 
 
@@ -191,7 +205,9 @@ class Island(models.Model):
 
 
 class Checkpoint(models.Model):
-    run = models.ForeignKey(Run, models.CASCADE, related_name="checkpoints")
+    # A checkpoint another run started from outlives its own run (run becomes empty).
+    run = models.ForeignKey(Run, models.SET_NULL, null=True, blank=True,
+                            related_name="checkpoints")
     # JSON object keys are strings: {"0": 12, "1": 11} is fragment 0 at version 12.
     versions = models.JSONField(default=dict, help_text="Fragment index -> global version.")
     outer_step = models.PositiveIntegerField(help_text="The smallest fragment version.")
@@ -236,3 +252,120 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} at {self.time:%Y-%m-%d %H:%M:%S}"
+
+    def to_dict(self, island_names: dict[int, str] | None = None) -> dict[str, Any]:
+        """The event as the API and the live page show it; `island_names` (id -> name)
+        saves a query per event when many are listed."""
+        if island_names is not None:
+            island = island_names.get(self.island_id) if self.island_id else None
+        else:
+            island = self.island.name if self.island_id else None
+        return {"id": self.pk, "kind": self.kind, "time": _isoformat(self.time),
+                "island": island, "actor": self.actor.get_username() if self.actor else None,
+                "detail": self.detail}
+
+
+class Metric(models.Model):
+    """One point of a run's history, written by syncd from its status every few seconds:
+    the charts of the control room and GET /api/runs/<id>/metrics read these."""
+
+    run = models.ForeignKey(Run, models.CASCADE, related_name="metrics")
+    time = models.DateTimeField(default=timezone.now, db_index=True)
+    tokens = models.BigIntegerField(help_text="Tokens merged into the global model.")
+    outer_steps = models.PositiveIntegerField(help_text="The smallest fragment version.")
+    versions = models.JSONField(default=list, help_text="Global version per fragment.")
+    goodput = models.FloatField(null=True, blank=True)
+    uptime = models.FloatField(null=True, blank=True)
+    train_loss = models.FloatField(null=True, blank=True)
+    eval_loss = models.FloatField(null=True, blank=True)
+    live_islands = models.PositiveIntegerField(default=0)
+    islands = models.JSONField(default=dict, blank=True,
+                               help_text="Island -> state, tokens_per_s, bytes_up, bytes_down.")
+
+    class Meta:
+        ordering = ["time", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.run} at {self.time:%H:%M:%S}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time": _isoformat(self.time), "tokens": self.tokens,
+                "outer_steps": self.outer_steps, "versions": self.versions,
+                "goodput": self.goodput, "uptime": self.uptime,
+                "train_loss": self.train_loss, "eval_loss": self.eval_loss,
+                "live_islands": self.live_islands, "islands": self.islands}
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class ApiToken(models.Model):
+    """A bearer token for the API. Only its hash is stored: the token itself is shown
+    once, when it is made."""
+
+    PREFIX = "arch_"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    hint = models.CharField(max_length=16, editable=False,
+                            help_text="The token's first characters.")
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.hint}… ({self.user})"
+
+    @classmethod
+    def issue(cls, user: AbstractBaseUser, name: str = "") -> tuple[ApiToken, str]:
+        """Make a token for `user`; returns the row and the token, which is not kept."""
+        token = cls.PREFIX + secrets.token_urlsafe(32)
+        row = cls.objects.create(user=user, name=name[:100], key_hash=hash_token(token),
+                                 hint=token[:12])
+        return row, token
+
+    @classmethod
+    def authenticate(cls, token: str) -> AbstractBaseUser | None:
+        """The active user a token belongs to, or None."""
+        if not token.startswith(cls.PREFIX) or len(token) > 200:
+            return None
+        row = cls.objects.select_related("user").filter(key_hash=hash_token(token)).first()
+        if row is None or not row.user.is_active:
+            return None
+        cls.objects.filter(pk=row.pk).update(last_used_at=timezone.now())
+        return row.user
+
+
+class Simulation(models.Model):
+    """A sweep of the datacenter simulator (syncd/simsweep.py), run as a Celery task on
+    the control queue; the Simulate page shows its progress and its tables."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, models.SET_NULL, null=True,
+                                   blank=True, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    spec = models.JSONField(default=dict, help_text="The sweep: run_sweep's spec.")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    progress = models.FloatField(default=0.0, help_text="Share of the sweep's runs done.")
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"simulation {self.pk} ({self.state})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.pk, "state": self.state, "progress": self.progress,
+                "spec": self.spec, "result": self.result, "error": self.error,
+                "created_at": _isoformat(self.created_at)}

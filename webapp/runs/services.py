@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -12,7 +13,14 @@ from trainer.config import MODES, ConfigError, RunConfig, parse_config
 from trainer.queues import region_queue
 from trainer.supervisor import island_log_path, tail_lines
 from trainer.tasks import run_island
-from webapp.runs.models import RUN_NAME_MAX_LENGTH, Event, Island, Run
+from webapp.runs.models import (
+    FINAL_STATES,
+    RUN_NAME_MAX_LENGTH,
+    Checkpoint,
+    Event,
+    Island,
+    Run,
+)
 from webapp.runs.stores import run_store
 
 if TYPE_CHECKING:
@@ -31,7 +39,8 @@ def default_config() -> dict[str, Any]:
     return config
 
 
-def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | None) -> Run:
+def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | None,
+               initial_checkpoint: Checkpoint | None = None) -> Run:
     """Validate a new run and save it as a draft with one island row per configured island.
 
     Args:
@@ -39,10 +48,12 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
         mode: one of trainer.config.MODES.
         config: the run config as decoded JSON; missing fields take their defaults.
         user: who creates it, or None.
+        initial_checkpoint: a stored checkpoint the run's global model starts from; its
+            model settings must be the run's.
 
     Raises:
-        ConfigError: with every problem found, keyed "name", "mode" or by the config's
-            dotted path ("sync.min_quorum").
+        ConfigError: with every problem found, keyed "name", "mode", "initial_checkpoint"
+            or by the config's dotted path ("sync.min_quorum").
     """
     errors: dict[str, list[str]] = {}
     if isinstance(name, str):
@@ -61,12 +72,16 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
             # problem with the run's own name or mode.
             key = f"config.{path}" if path in ("name", "mode") else path
             errors.setdefault(key, []).extend(messages)
+    if initial_checkpoint is not None and "model" not in errors:
+        message = checkpoint_misfit(initial_checkpoint, config)
+        if message:
+            errors["initial_checkpoint"] = [message]
     if errors:
         raise ConfigError(errors)
 
     with transaction.atomic():
         run = Run.objects.create(name=name, mode=mode, config=run_config.to_dict(),
-                                 created_by=user)
+                                 created_by=user, initial_checkpoint=initial_checkpoint)
         Island.objects.bulk_create(
             Island(run=run, name=island.name, region=island.region, speed=island.speed,
                    batch_size=island.batch_size, bandwidth_gbps=island.bandwidth_gbps,
@@ -97,7 +112,7 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
     run.transition(Run.State.QUEUED, by=by)
     try:
         store = run_store(run)
-        store.put_spec(run.mode, run.config, run.secret)
+        put_spec(run, store)
         islands = list(live_islands(run))
         with transaction.atomic():
             for island in islands:
@@ -186,7 +201,7 @@ def add_island(run: Run, island_config: dict[str, Any], by: AbstractBaseUser | N
         island, _ = Island.objects.update_or_create(run=run, name=new.name, defaults=fields)
     if run.state in LIVE_STATES:
         store = run_store(run)
-        store.put_spec(run.mode, run.config, run.secret)
+        put_spec(run, store)
         island = _next_incarnation(run, island, store)
     return island
 
@@ -216,7 +231,7 @@ def remove_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
         island.state = Island.State.STOPPED
         island.save(update_fields=["epoch", "state"])
     store = run_store(run)
-    store.put_spec(run.mode, run.config, run.secret)
+    put_spec(run, store)
     store.send_command(island.name, "stop", epoch=old_epoch)
     store.set_epoch(island.name, island.epoch)
 
@@ -226,20 +241,94 @@ def resume_after_restart() -> list[Run]:
 
     Each island starts its next incarnation (so nothing left over from before the
     restart merges) and goes on from its data cursor; a paused run stays paused.
+    The interval the run lost is an "alert" event on its timeline (lost_interval).
     Returns the runs it resumed.
     """
     runs = list(Run.objects.filter(state__in=LIVE_STATES).order_by("id"))
     for run in runs:
         store = run_store(run)
-        store.put_spec(run.mode, run.config, run.secret)
+        Event.objects.create(run=run, kind=Event.Kind.ALERT,
+                             detail=lost_interval(store, time.time()))
+        put_spec(run, store)
         for island in live_islands(run):
             _next_incarnation(run, island, store)
     return runs
 
 
+def lost_interval(store: RunStore, now: float) -> dict[str, Any]:
+    """What a restart of the whole system cost a run, as an event's detail.
+
+    The system went down at the last sign of life the run left in Redis (its
+    islands' heartbeats, syncd's status snapshot), which the project's Redis keeps
+    across a crash in its append-only file; it is back at `now`.
+    """
+    marks = [float(b["time"]) for b in store.heartbeats().values() if "time" in b]
+    status = store.status() or {}
+    if isinstance(status.get("time"), int | float):
+        marks.append(float(status["time"]))
+    if not marks:
+        return {"message": "the system restarted; the run's islands start again",
+                "lost_interval": None}
+    down_from = min(max(marks), now)
+    down_s = round(now - down_from, 1)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(down_from))
+    return {"message": f"the system was down for {down_s:g} s from {stamp}; the run's "
+                       "islands start again",
+            "lost_interval": {"from": down_from, "until": now, "seconds": down_s}}
+
+
+def archive_run(run: Run, archived: bool, by: AbstractBaseUser | None) -> None:
+    """Hide a run from the runs list (or show it again); it is kept whole."""
+    Run.objects.filter(pk=run.pk).update(archived=archived)
+    run.archived = archived
+
+
+def delete_run(run: Run, by: AbstractBaseUser | None) -> None:
+    """Delete a run that is not live, with its events, metrics and checkpoints; a
+    checkpoint another run started from is kept (detached from the run).
+
+    Raises:
+        ValueError: when the run is queued, running or paused: stop it first.
+    """
+    require_state(run, (Run.State.DRAFT, *FINAL_STATES), "delete a run")
+    with transaction.atomic():
+        kept = Checkpoint.objects.filter(run=run, started_runs__isnull=False).distinct()
+        kept.update(run=None)
+        doomed = list(Checkpoint.objects.filter(run=run).values_list("path", flat=True))
+        Checkpoint.objects.filter(run=run).delete()
+        run_store(run).deactivate()
+        run.delete()
+    for path in doomed:
+        Path(path).unlink(missing_ok=True)
+
+
+def checkpoint_misfit(checkpoint: Checkpoint, config: Any) -> str:
+    """Why a run with `config` cannot start from `checkpoint` ("" when it can)."""
+    if not Path(checkpoint.path).is_file():
+        return f"The checkpoint's file {checkpoint.path} is gone."
+    source = checkpoint.run.config.get("model") if checkpoint.run else None
+    model = config.get("model", {}) if isinstance(config, dict) else {}
+    if source is not None and {**RunConfig().to_dict()["model"], **model} != source:
+        return ("The run's model settings must be those of the checkpoint's run: "
+                f"{source}.")
+    return ""
+
+
+def put_spec(run: Run, store: RunStore) -> None:
+    """Publish what the run's processes read; the starting checkpoint travels as its
+    path and sha256, which syncd verifies."""
+    start = run.initial_checkpoint
+    store.put_spec(run.mode, run.config, run.secret,
+                   {"path": start.path, "sha256": start.sha256} if start else None)
+
+
 def island_log(run: Run, island: Island | str, lines: int = 50) -> list[str]:
-    """The last lines of an island's log on this host (its output and its tracebacks)."""
+    """The last lines of an island's log (its output and its tracebacks): what its
+    supervisor last put in Redis, wherever it runs, else the file on this host."""
     name = island.name if isinstance(island, Island) else island
+    shipped = run_store(run).log(name)
+    if shipped is not None:
+        return shipped[-lines:]
     return tail_lines(island_log_path(settings.LOG_DIR, run.pk, name), lines)
 
 
@@ -262,7 +351,7 @@ def get_island(run: Run, island: Island | str) -> Island:
 def require_state(run: Run, states: tuple[str, ...], action: str) -> None:
     run.refresh_from_db(fields=["state"])
     if run.state not in states:
-        raise ValueError(f"cannot {action} of a run that is {run.state} "
+        raise ValueError(f"cannot {action}: the run is {run.state} "
                          f"(it must be {' or '.join(states)})")
 
 

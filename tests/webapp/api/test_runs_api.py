@@ -1,59 +1,81 @@
+"""/api/runs: list, create, read, archive, delete, start, stop, pause, resume,
+checkpoint, history, events and the config schema; with the error shape of each."""
+
 import json
+from datetime import timedelta
 
 import pytest
 from django.conf import settings
-from django.test import Client
+from django.utils import timezone
 
+from syncd.store import RunStore, connect
 from trainer.config import field_help
-from webapp.api.views import MAX_BODY_BYTES
-from webapp.runs.models import Run
+from webapp.api.api import MAX_BODY_BYTES
+from webapp.runs.models import Event, Metric, Run
 from webapp.runs.services import create_run
 
 pytestmark = pytest.mark.django_db
 
-RUNS = "/api/runs/"
+RUNS = "/api/runs"
 
 
-def post_json(client: Client, body, **extra):
-    return client.post(RUNS, json.dumps(body), content_type="application/json", **extra)
-
-
-def test_it_answers_401_in_json_to_anonymous_readers(client):
-    response = client.get(RUNS)
-
-    assert response.status_code == 401
-    assert "auth" in response.json()["errors"]
-
-
-def test_it_answers_401_to_anonymous_writers(client):
-    response = post_json(client, {"name": "r", "mode": "decoupled", "config": {}})
-
-    assert response.status_code == 401
-    assert not Run.objects.exists()
-
-
-def test_it_lists_runs_without_their_secrets(viewer_client):
-    run = create_run(name="listed", mode="decoupled", config={}, user=None)
-
-    response = viewer_client.get(RUNS)
+def test_it_lists_runs_with_their_live_figures_and_without_their_secrets(viewer_api, draft):
+    response = viewer_api.get(RUNS)
 
     assert response.status_code == 200
-    [listed] = response.json()["runs"]
-    assert (listed["id"], listed["name"], listed["state"]) == (run.pk, "listed", "draft")
-    assert len(listed["islands"]) == 2
-    assert run.secret not in response.content.decode()
+    data = response.json()
+    assert data["count"] == 1
+    [listed] = data["runs"]
+    assert (listed["id"], listed["name"], listed["state"]) == (draft.pk, "draft", "draft")
+    assert [i["name"] for i in listed["islands"]] == ["east-a", "east-b", "west-a"]
+    assert listed["versions"] == {}
+    assert listed["goodput"] is None
+    assert draft.secret not in response.content.decode()
 
 
-def test_it_creates_a_run(operator_client, operator):
+def test_it_lists_archived_runs_only_when_asked(viewer_api, redis_url):
+    shown = create_run(name="shown", mode="decoupled", config={}, user=None)
+    hidden = create_run(name="hidden", mode="decoupled", config={}, user=None)
+    Run.objects.filter(pk=hidden.pk).update(archived=True)
+
+    default = viewer_api.get(RUNS).json()["runs"]
+    archived = viewer_api.get(RUNS, archived="true").json()["runs"]
+
+    assert [r["id"] for r in default] == [shown.pk]
+    assert [r["id"] for r in archived] == [hidden.pk]
+
+
+def test_it_filters_orders_and_pages_the_list(viewer_api, redis_url):
+    for name in ("b", "a", "c"):
+        create_run(name=name, mode="elastic" if name == "c" else "decoupled", config={},
+                   user=None)
+
+    by_name = viewer_api.get(RUNS, ordering="name").json()
+    elastic = viewer_api.get(RUNS, mode="elastic").json()
+    page = viewer_api.get(RUNS, ordering="name", limit=1, offset=1).json()
+
+    assert [r["name"] for r in by_name["runs"]] == ["a", "b", "c"]
+    assert [r["name"] for r in elastic["runs"]] == ["c"]
+    assert (page["count"], [r["name"] for r in page["runs"]]) == (3, ["b"])
+
+
+def test_it_refuses_an_unknown_ordering(viewer_api):
+    response = viewer_api.get(RUNS, ordering="secret")
+
+    assert response.status_code == 422
+    assert "ordering" in response.json()["errors"]
+
+
+def test_it_creates_a_run_as_a_draft(operator_api, operator, redis_url):
     body = {"name": "api run", "mode": "elastic", "config": {"sync": {"min_quorum": 1}}}
 
-    response = post_json(operator_client, body)
+    response = operator_api.post(RUNS, body)
 
     assert response.status_code == 201
     data = response.json()
     run = Run.objects.get()
     assert data["id"] == run.pk
-    assert response["Location"] == f"/api/runs/{run.pk}/"
+    assert response["Location"] == f"/api/runs/{run.pk}"
     assert (data["name"], data["mode"], data["state"]) == ("api run", "elastic", "draft")
     assert data["config"]["sync"]["min_quorum"] == 1
     assert [i["name"] for i in data["islands"]] == ["island-0", "island-1"]
@@ -61,10 +83,40 @@ def test_it_creates_a_run(operator_client, operator):
     assert run.created_by == operator
 
 
-def test_it_rejects_min_quorum_above_island_count_keyed_by_dotted_path(operator_client):
+def test_a_run_made_with_a_token_is_the_token_owners(api_for, token_for, operator, redis_url):
+    api = api_for(None, **token_for(operator))
+
+    response = api.post(RUNS, {"name": "by token", "mode": "decoupled", "config": {}})
+
+    assert response.status_code == 201
+    assert response.json()["created_by"] == "otto"
+    assert Run.objects.get().created_by == operator
+
+
+def test_it_starts_a_run_from_a_checkpoint(operator_api, checkpoint):
+    body = {"name": "fine-tune", "mode": "decoupled", "config": {},
+            "initial_checkpoint": checkpoint.pk}
+
+    response = operator_api.post(RUNS, body)
+
+    assert response.status_code == 201
+    assert response.json()["initial_checkpoint"] == checkpoint.pk
+
+
+def test_it_refuses_a_checkpoint_that_does_not_exist(operator_api):
+    body = {"name": "r", "mode": "decoupled", "config": {}, "initial_checkpoint": 999999}
+
+    response = operator_api.post(RUNS, body)
+
+    assert response.status_code == 422
+    assert response.json() == {"errors": {"initial_checkpoint": [
+        "No checkpoint with id 999999."]}}
+
+
+def test_it_rejects_min_quorum_above_island_count_keyed_by_dotted_path(operator_api):
     body = {"name": "r", "mode": "decoupled", "config": {"sync": {"min_quorum": 6}}}
 
-    response = post_json(operator_client, body)
+    response = operator_api.post(RUNS, body)
 
     assert response.status_code == 422
     assert response.json() == {"errors": {"sync.min_quorum": [
@@ -72,103 +124,269 @@ def test_it_rejects_min_quorum_above_island_count_keyed_by_dotted_path(operator_
     assert not Run.objects.exists()
 
 
-def test_it_reports_name_and_mode_errors_beside_config_errors(operator_client):
+def test_it_reports_name_and_mode_errors_beside_config_errors(operator_api):
     body = {"name": "", "mode": "x", "config": {"islands": [{"name": "a", "region": "mars"}]}}
 
-    response = post_json(operator_client, body)
+    response = operator_api.post(RUNS, body)
 
     assert response.status_code == 422
-    assert set(response.json()["errors"]) == {"name", "mode", "islands.0.region",
-                                              "sync.min_quorum"}
+    errors = response.json()["errors"]
+    assert set(errors) == {"name", "mode", "islands.0.region", "sync.min_quorum"}
+    assert errors["name"] == ["This field is required."]
+    assert errors["mode"] == ["Must be one of decoupled, elastic, got 'x'."]
 
 
-def test_it_answers_400_to_malformed_json(operator_client):
-    response = operator_client.post(RUNS, '{"name": ', content_type="application/json")
+def test_it_refuses_a_config_put_at_the_top_level(operator_api):
+    response = operator_api.post(RUNS, {"name": "r", "mode": "decoupled", "sync": {}})
+
+    assert response.status_code == 422
+    assert response.json() == {"errors": {"sync": [
+        "Unknown field; expected name, mode, config, initial_checkpoint "
+        "(the run config goes under config)."]}}
+
+
+def test_it_refuses_a_config_that_is_not_an_object(operator_api):
+    response = operator_api.post(RUNS, {"name": "r", "mode": "decoupled", "config": [1]})
+
+    assert response.status_code == 422
+    assert response.json()["errors"]["config"] == [
+        "Input should be a valid dictionary, got [1]."]
+
+
+def test_it_answers_400_to_malformed_json(operator_api):
+    response = operator_api.client.post(RUNS, '{"name": ', content_type="application/json")
 
     assert response.status_code == 400
     assert response.json()["errors"]["body"][0].startswith("Not valid JSON")
 
 
-@pytest.mark.parametrize("body", ['["a list"]', '"a string"', "null"])
-def test_it_answers_400_to_a_body_that_is_not_an_object(operator_client, body):
-    response = operator_client.post(RUNS, body, content_type="application/json")
+@pytest.mark.parametrize("body, got", [('["a list"]', "an array"), ('"a string"', "a string"),
+                                       ("null", "null"), ("4", "a number")])
+def test_it_answers_400_to_a_body_that_is_not_an_object(operator_api, body, got):
+    response = operator_api.client.post(RUNS, body, content_type="application/json")
 
     assert response.status_code == 400
-    assert "Must be a JSON object" in response.json()["errors"]["body"][0]
+    assert response.json() == {"errors": {"body": [f"Must be a JSON object, got {got}."]}}
 
 
-def test_it_answers_400_to_a_config_put_at_the_top_level(operator_client):
-    response = post_json(operator_client, {"name": "r", "mode": "decoupled", "sync": {}})
+def test_it_answers_422_to_an_empty_body(operator_api):
+    response = operator_api.client.post(RUNS, "", content_type="application/json")
 
-    assert response.status_code == 400
-    assert "'sync'" in response.json()["errors"]["body"][0]
+    assert response.status_code == 422
+    assert response.json() == {"errors": {"body": ["Send a JSON object."]}}
 
 
-def test_it_answers_400_to_json_nested_too_deep(operator_client):
+def test_it_answers_400_to_json_nested_too_deep(operator_api):
     body = "[" * 100_000 + "]" * 100_000
 
-    response = operator_client.post(RUNS, body, content_type="application/json")
+    response = operator_api.client.post(RUNS, body, content_type="application/json")
 
     assert response.status_code == 400
 
 
-def test_it_answers_413_to_a_body_over_one_mebibyte(operator_client):
-    body = json.dumps({"name": "r", "mode": "decoupled", "config": {"data": {
-        "path": "x" * MAX_BODY_BYTES}}})
+def test_it_answers_413_to_a_body_over_one_mebibyte(operator_api):
+    body = {"name": "r", "mode": "decoupled", "config": {"data": {"path": "x" * MAX_BODY_BYTES}}}
 
-    response = operator_client.post(RUNS, body, content_type="application/json")
+    response = operator_api.post(RUNS, body)
 
     assert response.status_code == 413
-    assert str(MAX_BODY_BYTES) in response.json()["errors"]["body"][0]
+    assert response.json() == {"errors": {"body": [
+        f"The body is larger than the limit of {MAX_BODY_BYTES} bytes."]}}
     assert not Run.objects.exists()
 
 
-def test_it_forbids_viewers_to_create_runs(viewer_client):
-    response = post_json(viewer_client, {"name": "r", "mode": "decoupled", "config": {}})
+def test_it_answers_413_to_a_body_over_djangos_own_limit(operator_api):
+    body = json.dumps({"name": "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)})
 
-    assert response.status_code == 403
-    assert "runs.add_run" in response.json()["errors"]["permission"][0]
-    assert not Run.objects.exists()
+    response = operator_api.client.post(RUNS, body, content_type="application/json")
 
-
-def test_it_enforces_csrf_on_post(operator):
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(operator)
-    body = {"name": "r", "mode": "decoupled", "config": {}}
-
-    refused = post_json(client, body)
-    client.get("/accounts/login/")  # the login form sets the CSRF cookie
-    token = client.cookies[settings.CSRF_COOKIE_NAME].value
-    accepted = post_json(client, body, HTTP_X_CSRFTOKEN=token)
-
-    assert refused.status_code == 403
-    assert "csrf" in refused.json()["errors"]
-    assert accepted.status_code == 201
+    assert response.status_code == 413
+    assert "body" in response.json()["errors"]
 
 
-def test_it_refuses_other_methods(operator_client):
-    assert operator_client.delete(RUNS).status_code == 405
+def test_it_refuses_other_methods(operator_api):
+    assert operator_api.client.put(RUNS).status_code == 405
 
 
-def test_it_shows_one_run(viewer_client):
-    run = create_run(name="one", mode="decoupled", config={}, user=None)
-
-    response = viewer_client.get(f"/api/runs/{run.pk}/")
+def test_it_shows_one_run_with_the_fields_of_the_contract(viewer_api, running):
+    response = viewer_api.get(f"{RUNS}/{running.pk}")
 
     assert response.status_code == 200
-    assert response.json()["name"] == "one"
-    assert "secret" not in response.json()
+    data = response.json()
+    assert {"id", "name", "mode", "state", "config", "islands", "versions", "outer_steps",
+            "tokens", "goodput", "uptime", "train_loss", "eval_loss"} <= set(data)
+    assert data["state"] == "running"
+    assert {"name", "region", "state", "active_fault", "tokens", "version_lag"} \
+        <= set(data["islands"][0])
+    assert "secret" not in data
 
 
-def test_it_answers_404_in_json_for_a_missing_run(viewer_client):
-    response = viewer_client.get("/api/runs/999999/")
+def test_it_shows_syncds_live_status(viewer_api, running, redis_url):
+    store = RunStore(connect(redis_url), running.pk)
+    store.r.set(store.key("status"), json.dumps({
+        "versions": [7, 6], "outer_steps": 6, "goodput": 0.9, "uptime": 1.0,
+        "train_loss": 2.5, "eval_loss": 2.7,
+        "islands": {"east-a": {"state": "lost", "fault": "partition", "version_lag": 2}}}))
+
+    data = viewer_api.get(f"{RUNS}/{running.pk}").json()
+
+    assert data["versions"] == {"0": 7, "1": 6}
+    assert (data["outer_steps"], data["goodput"], data["eval_loss"]) == (6, 0.9, 2.7)
+    east_a = data["islands"][0]
+    assert (east_a["state"], east_a["active_fault"], east_a["version_lag"]) == \
+        ("lost", "partition", 2)
+
+
+def test_it_answers_404_in_json_for_a_missing_run(viewer_api):
+    response = viewer_api.get(f"{RUNS}/999999")
 
     assert response.status_code == 404
     assert response.json() == {"errors": {"run": ["No run with id 999999."]}}
 
 
-def test_the_schema_gives_defaults_and_help(viewer_client):
-    response = viewer_client.get("/api/config/schema/")
+def test_it_answers_422_for_a_run_id_that_is_not_a_number(viewer_api):
+    response = viewer_api.get(f"{RUNS}/first")
+
+    assert response.status_code == 422
+    assert list(response.json()["errors"]) == ["run_id"]
+
+
+def test_an_operator_can_archive_a_run_and_bring_it_back(operator_api, draft):
+    archived = operator_api.patch(f"{RUNS}/{draft.pk}", {"archived": True})
+    draft.refresh_from_db()
+    was_archived = draft.archived
+    shown = operator_api.patch(f"{RUNS}/{draft.pk}", {"archived": False})
+    draft.refresh_from_db()
+
+    assert archived.status_code == shown.status_code == 200
+    assert archived.json()["archived"] is True
+    assert was_archived and not draft.archived
+
+
+@pytest.mark.parametrize("body, key", [
+    ({}, "archived"),
+    ({"archived": "maybe"}, "archived"),
+    ({"archived": True, "name": "renamed"}, "name"),
+])
+def test_it_refuses_a_bad_patch(operator_api, draft, body, key):
+    response = operator_api.patch(f"{RUNS}/{draft.pk}", body)
+
+    assert response.status_code == 422
+    assert list(response.json()["errors"]) == [key]
+
+
+def test_an_operator_can_delete_a_draft(operator_api, draft):
+    response = operator_api.delete(f"{RUNS}/{draft.pk}")
+
+    assert response.status_code == 204
+    assert not Run.objects.exists()
+
+
+def test_it_refuses_to_delete_a_live_run_with_409(operator_api, running):
+    response = operator_api.delete(f"{RUNS}/{running.pk}")
+
+    assert response.status_code == 409
+    [message] = response.json()["errors"]["state"]
+    assert message.startswith("cannot delete a run") and "running" in message
+    assert Run.objects.filter(pk=running.pk).exists()
+
+
+def test_starting_a_draft_enqueues_its_islands(operator_api, draft, enqueued):
+    response = operator_api.post(f"{RUNS}/{draft.pk}/start")
+
+    assert response.status_code == 200
+    assert response.json()["state"] == "running"
+    assert [task["args"][1] for task in enqueued] == ["east-a", "east-b", "west-a"]
+    assert Event.objects.filter(run=draft, kind="run_state").count() == 2
+
+
+def test_starting_a_running_run_is_a_409_that_says_why(operator_api, running):
+    response = operator_api.post(f"{RUNS}/{running.pk}/start")
+
+    assert response.status_code == 409
+    assert response.json() == {"errors": {"state": [
+        "cannot go from running to queued (from running a run can go to completed, "
+        "failed, paused, stopped)"]}}
+
+
+@pytest.mark.parametrize("action, state", [("pause", "paused"), ("stop", "stopped")])
+def test_an_operator_can_pause_and_stop_a_running_run(operator_api, running, action, state):
+    response = operator_api.post(f"{RUNS}/{running.pk}/{action}")
+
+    assert response.status_code == 200
+    assert response.json()["state"] == state
+
+
+def test_an_operator_can_resume_a_paused_run(operator_api, paused):
+    response = operator_api.post(f"{RUNS}/{paused.pk}/resume")
+
+    assert response.status_code == 200
+    assert response.json()["state"] == "running"
+
+
+def test_a_checkpoint_request_reaches_syncd(operator_api, running, redis_url):
+    response = operator_api.post(f"{RUNS}/{running.pk}/checkpoint")
+
+    assert response.status_code == 202
+    assert Event.objects.filter(run=running, kind="checkpoint",
+                                detail__requested=True).exists()
+
+
+def test_a_draft_cannot_be_checkpointed(operator_api, draft):
+    response = operator_api.post(f"{RUNS}/{draft.pk}/checkpoint")
+
+    assert response.status_code == 409
+    assert "state" in response.json()["errors"]
+
+
+def test_the_history_starts_after_since(viewer_api, draft):
+    now = timezone.now()
+    for minutes in (3, 2, 1):
+        Metric.objects.create(run=draft, time=now - timedelta(minutes=minutes),
+                              tokens=100 * minutes, outer_steps=minutes, versions=[minutes])
+
+    everything = viewer_api.get(f"{RUNS}/{draft.pk}/metrics").json()["metrics"]
+    recent = viewer_api.get(f"{RUNS}/{draft.pk}/metrics",
+                            since=(now - timedelta(minutes=2, seconds=30)).isoformat())
+    naive = viewer_api.get(f"{RUNS}/{draft.pk}/metrics",
+                           since=(now - timedelta(minutes=1, seconds=30))
+                           .replace(tzinfo=None).isoformat())
+
+    assert [m["outer_steps"] for m in everything] == [3, 2, 1]
+    assert [m["outer_steps"] for m in recent.json()["metrics"]] == [2, 1]
+    assert [m["outer_steps"] for m in naive.json()["metrics"]] == [1]
+
+
+def test_it_refuses_a_since_that_is_not_a_time(viewer_api, draft):
+    response = viewer_api.get(f"{RUNS}/{draft.pk}/metrics", since="yesterday")
+
+    assert response.status_code == 422
+    assert list(response.json()["errors"]) == ["since"]
+
+
+def test_the_events_come_after_an_id_and_of_a_kind(viewer_api, running):
+    first = Event.objects.filter(run=running).order_by("id").first()
+    Event.objects.create(run=running, kind=Event.Kind.ALERT, detail={"message": "m"})
+
+    after = viewer_api.get(f"{RUNS}/{running.pk}/events", after=first.pk).json()["events"]
+    alerts = viewer_api.get(f"{RUNS}/{running.pk}/events", kind="alert").json()["events"]
+
+    assert all(e["id"] > first.pk for e in after)
+    assert [e["kind"] for e in alerts] == ["alert"]
+    assert alerts[0]["detail"] == {"message": "m"}
+
+
+def test_it_refuses_an_event_kind_outside_the_vocabulary(viewer_api, draft):
+    response = viewer_api.get(f"{RUNS}/{draft.pk}/events", kind="explosion")
+
+    assert response.status_code == 422
+    [message] = response.json()["errors"]["kind"]
+    assert message.startswith("Must be 'run_state', 'merge', ")
+    assert message.endswith("'alert', got explosion.")
+
+
+def test_the_schema_gives_defaults_and_help(viewer_api):
+    response = viewer_api.get("/api/config/schema")
 
     assert response.status_code == 200
     data = response.json()
@@ -178,5 +396,9 @@ def test_the_schema_gives_defaults_and_help(viewer_client):
     assert data["regions"] == settings.REGIONS
 
 
-def test_the_schema_needs_a_login(client):
-    assert client.get("/api/config/schema/").status_code == 401
+def test_an_old_path_with_a_trailing_slash_gets_a_json_404_that_says_so(viewer_api):
+    response = viewer_api.get("/api/runs/")
+
+    assert response.status_code == 404
+    [message] = response.json()["errors"]["path"]
+    assert "no trailing slash: /api/runs." in message

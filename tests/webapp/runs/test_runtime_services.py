@@ -197,9 +197,9 @@ def test_faults_need_an_island_the_run_has(running):
 def test_faults_need_a_running_run(running, operator):
     stop_run(running, operator)
 
-    with pytest.raises(ValueError, match="cannot inject a fault of a run that is stopped"):
+    with pytest.raises(ValueError, match="cannot inject a fault: the run is stopped"):
         inject_fault(running, "east-a", "partition", 10)
-    with pytest.raises(ValueError, match="cannot kill an island of a run that is stopped"):
+    with pytest.raises(ValueError, match="cannot kill an island: the run is stopped"):
         kill_island(running, "east-a", operator)
 
 
@@ -333,6 +333,14 @@ def test_island_log_reads_the_end_of_the_islands_log(running, settings, tmp_path
     assert island_log(running, "east-a", lines=2) == [
         "Traceback (most recent call last):", "ValueError: boom"]
     assert island_log(running, "west-a") == []
+
+
+def test_island_log_prefers_what_the_supervisor_put_in_redis(running, store, settings,
+                                                             tmp_path):
+    settings.LOG_DIR = tmp_path  # no file here: the island runs on another host
+    store.put_log("east-a", ["step 1", "step 2", "step 3"])
+
+    assert island_log(running, "east-a", lines=2) == ["step 2", "step 3"]
 
 
 def test_the_island_task_does_not_start_an_island_of_an_inactive_run(running, redis_url,

@@ -1,0 +1,147 @@
+"""The control room in a real browser against the real system: sign in, create a run in
+the form, start it, watch it train live, kill an island from its button, see it lost
+while the global model keeps moving, rejoin it. A screenshot of each step is kept."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from webapp.runs.models import Run
+from webapp.runs.roles import operators_group
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+PASSWORD = "islands-4-ever"
+
+
+@pytest.fixture
+def operator(django_user_model, transactional_db):
+    user = django_user_model.objects.create_user("olga", password=PASSWORD)
+    user.groups.add(operators_group())
+    return user
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(f"line {i}: the islands train and the merge goes on.\n"
+                            for i in range(4000)))
+    return path
+
+
+def sign_in(page, url: str, username: str) -> None:
+    page.goto(f"{url}/")
+    assert "/accounts/login/" in page.url  # anonymous users only see the sign-in page
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    with page.expect_navigation():
+        page.get_by_role("button", name="Log in").click()
+    assert page.url == f"{url}/", page.url
+
+
+TINY = {"model.n_layer": "1", "model.n_embd": "16", "model.n_head": "2",
+        "model.block_size": "16", "sync.inner_steps": "4", "sync.fragments": "2",
+        "sync.overlap_steps": "1", "sync.min_quorum": "2", "sync.max_staleness": "8",
+        "eval.tokens": "256", "eval.interval_steps": "20", "liveness.heartbeat_timeout_s": "3",
+        "optim.warmup_steps": "5", "budget.total_tokens": "100000000"}
+
+
+def create_run_in_the_form(page, url: str, name: str, corpus: Path, shots: Path) -> Run:
+    page.goto(f"{url}/runs/new/")
+    page.fill("input[name=name]", name)
+    for field, value in {**TINY, "data.path": str(corpus)}.items():
+        page.fill(f"[name='{field}']", value)
+    # The demo preset has four islands; take one out, make the rest small and slow.
+    page.locator("tr.island-row").last.get_by_role("button", name="Remove").click()
+    assert page.locator("tr.island-row").count() == 3
+    for n in range(3):
+        page.fill(f"[name='islands-{n}-batch_size']", "2")
+        page.fill(f"[name='islands-{n}-speed']", "0.5")
+    page.screenshot(path=shots / "1-form.png", full_page=True)
+    with page.expect_navigation():
+        page.get_by_role("button", name="Create run").click()
+    run = Run.objects.get(name=name)
+    assert page.url.endswith(f"/runs/{run.pk}/"), page.url
+    return run
+
+
+def island_state(page, island: str) -> str:
+    return page.locator(f"#islands tr[data-island='{island}'] td:nth-child(3)").inner_text()
+
+
+def versions(page) -> int:
+    text = page.locator("#versions").inner_text()
+    return sum(int(v) for v in re.findall(r"\d+", text))
+
+
+def test_an_operator_runs_breaks_and_heals_a_run_from_the_browser(
+        page, control_room, operator, corpus, artifacts):
+    sign_in(page, control_room, "olga")
+    run = create_run_in_the_form(page, control_room, "browser run", corpus, artifacts)
+    assert page.locator("#run-state").inner_text() == "draft"
+    assert run.islands.count() == 3
+    page.evaluate("window.notReloaded = true")
+
+    assert page.locator("#run-actions button:visible").all_inner_texts() == ["Start"]
+    page.get_by_role("button", name="Start").click()
+    page.locator("#run-state", has_text="running").wait_for()
+    page.locator("#run-actions button[data-action=start]").wait_for(state="hidden")
+    for island in ("us-east-a", "us-east-b", "us-west-a"):
+        page.locator(f"#islands tr[data-island='{island}'] .state.training").wait_for(
+            timeout=90000)
+    page.screenshot(path=artifacts / "2-training.png", full_page=True)
+
+    loss_points = "document.getElementById('chart-loss').data[0].x.length"
+    before = page.evaluate(loss_points)
+    page.wait_for_function(f"{loss_points} > {before} + 3", timeout=30000)
+    page.screenshot(path=artifacts / "3-loss-grows.png", full_page=True)
+
+    row = page.locator("#islands tr[data-island='us-east-a']")
+    row.locator("button[data-fault=kill]").click()
+    page.locator("#toasts", has_text="Kill us-east-a: done").wait_for()
+    row.locator(".state.lost").wait_for(timeout=30000)
+    at_loss = versions(page)
+    page.wait_for_function(
+        f"[...document.getElementById('versions').textContent.matchAll(/\\d+/g)]"
+        f".reduce((s, m) => s + Number(m[0]), 0) >= {at_loss + 4}", timeout=60000)
+    assert island_state(page, "us-east-a") == "lost"  # the run moved on without it
+    page.screenshot(path=artifacts / "4-lost-run-goes-on.png", full_page=True)
+
+    row.locator("button[data-rejoin]").click()
+    row.locator(".state.training").wait_for(timeout=90000)
+    page.screenshot(path=artifacts / "5-rejoined.png", full_page=True)
+
+    timeline = page.locator("#timeline")
+    for kind in ("fault", "island_lost", "rejoin", "merge"):
+        assert timeline.locator(f"li[data-kind='{kind}']").count() >= 1, kind
+    assert page.evaluate("window.notReloaded") is True  # all of it live, no reload
+
+
+def test_a_run_name_with_html_in_it_is_shown_as_text(page, control_room, operator, corpus,
+                                                      artifacts):
+    sign_in(page, control_room, "olga")
+    name = "<img src=x onerror=alert(1)><b>bold</b>"
+    run = create_run_in_the_form(page, control_room, name, corpus, artifacts)
+
+    assert page.locator("#run-name").inner_text() == name
+    assert page.locator("#run-name b, #run-name img").count() == 0
+    page.goto(f"{control_room}/")
+    assert page.locator(f"#runs tr[data-run='{run.pk}'] td a").inner_text() == name
+    page.screenshot(path=artifacts / "escaped.png", full_page=True)
+
+
+def test_a_bad_setting_shows_its_message_beside_the_field_and_saves_nothing(
+        page, control_room, operator, corpus, artifacts):
+    sign_in(page, control_room, "olga")
+    page.goto(f"{control_room}/runs/new/")
+    page.fill("input[name=name]", "too many quorum")
+    page.fill("[name='sync.min_quorum']", "9")
+    page.get_by_role("button", name="Create run").click()
+    message = page.locator("[id='field-sync.min_quorum'] .errorlist")
+    message.wait_for()
+    assert "number of islands (4)" in message.inner_text()
+    page.screenshot(path=artifacts / "field-error.png", full_page=True)
+    assert not Run.objects.filter(name="too many quorum").exists()

@@ -1,0 +1,142 @@
+"""Fixtures of the API tests: clients for each role (by session or bearer token), runs
+in each state on the tests' own Redis, and a real checkpoint of a run's model."""
+
+import json
+
+import pytest
+from django.test import Client
+
+from syncd.checkpoint import save
+from trainer.island import initial_model
+from webapp.runs.models import ApiToken, Checkpoint, Run
+from webapp.runs.services import create_run, pause_run, start_run
+
+THREE_ISLANDS = {
+    "sync": {"min_quorum": 2},
+    "islands": [
+        {"name": "east-a", "region": "us-east"},
+        {"name": "east-b", "region": "us-east"},
+        {"name": "west-a", "region": "us-west"},
+    ],
+}
+
+
+class Api:
+    """A test client that speaks JSON, signed in one way or another."""
+
+    def __init__(self, client: Client, **headers: str):
+        self.client = client
+        self.headers = headers
+
+    def call(self, method: str, path: str, body=None, **extra):
+        data = json.dumps(body) if body is not None else None
+        kwargs = {"content_type": "application/json"} if data is not None else {}
+        return getattr(self.client, method.lower())(path, data, **kwargs, **self.headers,
+                                                    **extra)
+
+    def get(self, path: str, **query):
+        return self.client.get(path, query, **self.headers)
+
+    def post(self, path: str, body=None, **extra):
+        return self.call("POST", path, body, **extra)
+
+    def patch(self, path: str, body=None):
+        return self.call("PATCH", path, body)
+
+    def delete(self, path: str):
+        return self.call("DELETE", path)
+
+
+def bearer(user) -> dict[str, str]:
+    _, token = ApiToken.issue(user, "tests")
+    return {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+
+
+def logged_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _regions(settings):
+    settings.REGIONS = ["us-east", "us-central", "us-west", "us-south"]
+
+
+@pytest.fixture
+def anonymous_api() -> Api:
+    return Api(Client())
+
+
+@pytest.fixture
+def viewer_api(viewer) -> Api:
+    return Api(logged_in(viewer))
+
+
+@pytest.fixture
+def operator_api(operator) -> Api:
+    return Api(logged_in(operator))
+
+
+@pytest.fixture
+def admin_api(admin) -> Api:
+    return Api(logged_in(admin))
+
+
+@pytest.fixture
+def operator_token_api(operator) -> Api:
+    return Api(Client(), **bearer(operator))
+
+
+@pytest.fixture
+def viewer_token_api(viewer) -> Api:
+    return Api(Client(), **bearer(viewer))
+
+
+@pytest.fixture
+def draft(redis_url) -> Run:
+    return create_run(name="draft", mode="decoupled", config=THREE_ISLANDS, user=None)
+
+
+@pytest.fixture
+def running(redis_url, enqueued) -> Run:
+    run = create_run(name="running", mode="decoupled", config=THREE_ISLANDS, user=None)
+    start_run(run, None)
+    return run
+
+
+@pytest.fixture
+def paused(redis_url, enqueued) -> Run:
+    run = create_run(name="paused", mode="elastic", config=THREE_ISLANDS, user=None)
+    start_run(run, None)
+    pause_run(run, None)
+    return run
+
+
+@pytest.fixture
+def checkpoint(running, tmp_path) -> Checkpoint:
+    """A real checkpoint of the running run's initial model."""
+    params = initial_model(running.run_config()).state_dict()
+    path = tmp_path / "checkpoint.safetensors"
+    sha256, size = save(path, params, {}, [3, 4], 1024)
+    return Checkpoint.objects.create(run=running, versions={"0": 3, "1": 4}, outer_step=3,
+                                     path=str(path), sha256=sha256, bytes=size)
+
+
+@pytest.fixture
+def metrics_token(settings) -> str:
+    settings.METRICS_TOKEN = "scrape-me-" + "x" * 30
+    return settings.METRICS_TOKEN
+
+
+
+@pytest.fixture
+def token_for():
+    """The Authorization header of a new bearer token of a user."""
+    return bearer
+
+
+@pytest.fixture
+def api_for():
+    """An Api signed in as a user by session (or anonymous for None)."""
+    return lambda user=None, **headers: Api(logged_in(user) if user else Client(), **headers)

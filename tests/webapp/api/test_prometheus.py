@@ -1,0 +1,95 @@
+"""/metrics: Prometheus' text format, for a scraper's token or an operator's session."""
+
+import json
+
+import pytest
+from django.test import Client
+
+from syncd.store import RunStore, connect
+from webapp.api.prometheus import _escape
+from webapp.runs.models import Run
+
+pytestmark = [pytest.mark.django_db, pytest.mark.integration]
+
+
+def scrape(client: Client, **headers):
+    return client.get("/metrics", **headers)
+
+
+def test_anonymous_scrapers_get_401(client, metrics_token):
+    response = scrape(client)
+
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_a_wrong_token_gets_401(client, metrics_token):
+    assert scrape(client, HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+
+
+def test_no_token_is_accepted_when_none_is_set(client, settings):
+    settings.METRICS_TOKEN = ""
+
+    assert scrape(client, HTTP_AUTHORIZATION="Bearer ").status_code == 401
+
+
+def test_a_viewer_gets_403(viewer_client):
+    assert scrape(viewer_client).status_code == 403
+
+
+def test_an_operator_session_may_read_the_metrics(operator_client):
+    response = scrape(operator_client)
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain; version=0.0.4")
+
+
+def test_an_admin_session_may_read_the_metrics(admin_client):
+    assert scrape(admin_client).status_code == 200
+
+
+def test_the_scraper_reads_the_runs_and_their_live_islands(client, metrics_token, running,
+                                                          draft, redis_url):
+    store = RunStore(connect(redis_url), running.pk)
+    store.r.set(store.key("status"), json.dumps({
+        "versions": [5, 4], "outer_steps": 4, "goodput": 0.75, "uptime": 0.5,
+        "islands": {"east-a": {"state": "lost", "fault": "partition", "version_lag": 3,
+                               "tokens": 4096}}}))
+    Run.objects.filter(pk=running.pk).update(tokens=8192)
+
+    response = scrape(client, HTTP_AUTHORIZATION=f"Bearer {metrics_token}")
+
+    assert response.status_code == 200
+    lines = set(response.content.decode().splitlines())
+    r = running.pk
+    assert "# TYPE archipelago_run_tokens gauge" in lines
+    assert f'archipelago_run_tokens{{run="{r}"}} 8192' in lines
+    assert f'archipelago_run_goodput{{run="{r}"}} 0.75' in lines
+    assert f'archipelago_run_uptime{{run="{r}"}} 0.5' in lines
+    assert f'archipelago_run_outer_steps{{run="{r}"}} 4' in lines
+    assert f'archipelago_run_state{{run="{r}",state="running"}} 1' in lines
+    assert f'archipelago_run_state{{run="{r}",state="paused"}} 0' in lines
+    assert f'archipelago_run_info{{run="{r}",name="running",mode="decoupled"}} 1' in lines
+    assert (f'archipelago_island_state{{run="{r}",island="east-a",region="us-east",'
+            'state="lost"} 1') in lines
+    assert f'archipelago_island_fault{{run="{r}",island="east-a",fault="partition"}} 1' in lines
+    assert f'archipelago_island_version_lag{{run="{r}",island="east-a"}} 3' in lines
+    assert f'archipelago_island_tokens{{run="{r}",island="east-a"}} 4096' in lines
+    assert f'archipelago_run_tokens{{run="{draft.pk}"}} 0' in lines
+    assert not any(line.startswith(f'archipelago_run_goodput{{run="{draft.pk}"')
+                   for line in lines)
+    assert 'archipelago_runs{state="running"} 1' in lines
+    assert "archipelago_redis_up 1" in lines
+
+
+def test_archived_runs_are_left_out(operator_client, draft):
+    Run.objects.filter(pk=draft.pk).update(archived=True)
+
+    text = scrape(operator_client).content.decode()
+
+    assert f'run="{draft.pk}"' not in text
+    assert 'archipelago_runs{state="draft"} 1' in text
+
+
+def test_label_values_are_escaped():
+    assert _escape('a "b"\\c\nd') == 'a \\"b\\"\\\\c\\nd'

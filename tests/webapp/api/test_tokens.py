@@ -1,0 +1,94 @@
+"""API tokens: made in the API (shown once) or by `manage.py create_api_token`, listed
+by hint, revoked by their owner only."""
+
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import Client
+
+from webapp.runs.models import ApiToken
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_user_can_make_a_token_that_is_shown_once(viewer_api, viewer):
+    response = viewer_api.post("/api/tokens", {"name": "laptop"})
+
+    assert response.status_code == 201
+    data = response.json()
+    assert data["token"].startswith("arch_")
+    assert (data["name"], data["hint"]) == ("laptop", data["token"][:12])
+    assert ApiToken.authenticate(data["token"]) == viewer
+    listed = viewer_api.get("/api/tokens").json()["tokens"]
+    assert [t["id"] for t in listed] == [data["id"]]
+    assert "token" not in listed[0]
+    assert data["token"] not in viewer_api.get("/api/tokens").content.decode()
+
+
+def test_a_token_made_in_the_api_works_as_a_bearer_token(viewer_api):
+    token = viewer_api.post("/api/tokens", {}).json()["token"]
+
+    response = Client().get("/api/runs", HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    assert response.status_code == 200
+
+
+def test_a_token_name_is_at_most_100_characters(viewer_api):
+    response = viewer_api.post("/api/tokens", {"name": "n" * 101})
+
+    assert response.status_code == 422
+    assert list(response.json()["errors"]) == ["name"]
+
+
+def test_the_list_shows_only_ones_own_tokens(viewer_api, viewer, operator):
+    ApiToken.issue(operator, "theirs")
+    mine, _ = ApiToken.issue(viewer, "mine")
+
+    listed = viewer_api.get("/api/tokens").json()["tokens"]
+
+    assert [t["id"] for t in listed] == [mine.pk]
+
+
+def test_a_user_can_revoke_a_token_of_their_own(viewer_api, viewer):
+    row, token = ApiToken.issue(viewer, "old")
+
+    response = viewer_api.delete(f"/api/tokens/{row.pk}")
+
+    assert response.status_code == 204
+    assert ApiToken.authenticate(token) is None
+
+
+def test_nobody_can_revoke_another_users_token(api_for, token_for, viewer, operator, admin):
+    row, token = ApiToken.issue(viewer, "vera's")
+
+    by_token = api_for(None, **token_for(operator)).delete(f"/api/tokens/{row.pk}")
+    by_admin = api_for(admin).delete(f"/api/tokens/{row.pk}")
+
+    assert by_token.status_code == by_admin.status_code == 404
+    assert by_token.json() == {"errors": {"token": [f"You have no token with id {row.pk}."]}}
+    assert ApiToken.authenticate(token) == viewer
+
+
+def test_the_command_prints_a_token_for_the_user(operator):
+    out = StringIO()
+
+    call_command("create_api_token", "otto", "--name", "ci", stdout=out)
+
+    token = out.getvalue().strip()
+    assert ApiToken.authenticate(token) == operator
+    assert ApiToken.objects.get(user=operator).name == "ci"
+
+
+def test_the_command_refuses_an_unknown_user():
+    with pytest.raises(CommandError, match=r"No user named 'nobody'\. .* createsuperuser"):
+        call_command("create_api_token", "nobody", stdout=StringIO())
+
+
+def test_the_command_refuses_an_inactive_user(viewer):
+    viewer.is_active = False
+    viewer.save()
+
+    with pytest.raises(CommandError, match="inactive"):
+        call_command("create_api_token", "vera", stdout=StringIO())
+    assert not ApiToken.objects.exists()

@@ -1,0 +1,109 @@
+"""The Simulate page: sweeps of the datacenter simulator as Celery tasks on the control
+queue, their progress pushed to the page."""
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
+
+from webapp.dashboard.consumers import SimulationConsumer
+from webapp.runs.models import Simulation
+from webapp.runs.simulations import check_spec, run_simulation_now
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def queued(monkeypatch):
+    from webapp.runs.tasks import run_simulation
+
+    sent = []
+    monkeypatch.setattr(run_simulation, "apply_async",
+                        lambda args=None, **options: sent.append((args, options)))
+    return sent
+
+
+def test_viewers_see_the_page_but_may_not_start_a_sweep(viewer_client, queued):
+    page = viewer_client.get("/simulate/")
+    refused = viewer_client.post("/simulate/", {"chips": "150000", "learners": "1",
+                                                "hours": "1"})
+
+    assert page.status_code == 200 and b"simulate-form" not in page.content
+    assert refused.status_code == 403
+    assert not Simulation.objects.exists() and queued == []
+
+
+def test_an_operator_starts_a_sweep_on_the_control_queue(operator_client, queued):
+    response = operator_client.post("/simulate/", {"chips": "150000, 1200000",
+                                                   "learners": "8, 1", "hours": "2",
+                                                   "knobs": "on"})
+
+    simulation = Simulation.objects.get()
+    assert response.status_code == 302
+    assert response["Location"] == f"/simulate/?id={simulation.pk}"
+    assert simulation.spec == {"chips": [150000, 1200000], "learners": [1, 8],
+                               "duration_s": 7200.0, "knobs": True}
+    assert queued == [([simulation.pk], {"queue": "control"})]
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("chips", "many", "Must be numbers, got 'many'."),
+    ("chips", "10", "Each must be between 1000 and 5e+06, got 10."),
+    ("learners", "", "Give 1 to 10 numbers, separated by commas."),
+    ("hours", "100", "Each must be between 0.1 and 24, got 100."),
+])
+def test_a_bad_sweep_gets_its_message_beside_the_field(operator_client, queued, field, value,
+                                                       message):
+    data = {"chips": "150000", "learners": "1", "hours": "1", field: value}
+
+    response = operator_client.post("/simulate/", data)
+
+    assert response.status_code == 200
+    assert response.context["errors"][field] == message
+    assert not Simulation.objects.exists()
+
+
+def test_a_sweep_too_big_for_this_page_is_refused():
+    with pytest.raises(ValueError) as e:
+        check_spec({"chips": list(range(1000, 11000, 1000)), "learners": [1, 2, 4, 8]})
+
+    assert "At most 40 simulated runs" in e.value.args[0]["chips"]
+
+
+def test_a_sweep_run_writes_its_progress_and_tables(operator):
+    spec = check_spec({"chips": [150000], "learners": [2], "hours": 0.1, "knobs": False})
+    simulation = Simulation.objects.create(spec=spec, created_by=operator)
+
+    run_simulation_now(simulation.pk)
+
+    simulation.refresh_from_db()
+    assert (simulation.state, simulation.progress) == ("completed", 1.0)
+    methods = [(r["method"], r["learners"]) for r in simulation.result["goodput_table"]]
+    assert methods == [("dp", 1), ("elastic", 1), ("decoupled", 2)]
+    assert simulation.result["bandwidth_table"]
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_the_page_gets_the_simulation_then_its_updates(viewer, operator, channel_layer):
+    spec = check_spec({"chips": [150000], "learners": [2], "hours": 0.1, "knobs": False})
+    simulation = Simulation.objects.create(spec=spec, created_by=operator)
+    com = WebsocketCommunicator(SimulationConsumer.as_asgi(), f"/ws/simulations/{simulation.pk}/")
+    com.scope["user"] = viewer
+    com.scope["url_route"] = {"kwargs": {"simulation_id": simulation.pk}}
+
+    async def session() -> list[dict]:
+        from asgiref.sync import sync_to_async
+
+        await com.connect()
+        got = [await com.receive_json_from()]
+        await sync_to_async(run_simulation_now)(simulation.pk)
+        while got[-1]["simulation"]["state"] != "completed":
+            got.append(await com.receive_json_from(timeout=30))
+        await com.disconnect()
+        return got
+
+    got = async_to_sync(session)()
+    states = [m["simulation"]["state"] for m in got]
+    assert states[0] == "queued" and states[-1] == "completed"
+    assert "running" in states
+    assert got[-1]["simulation"]["result"]["goodput_table"]

@@ -1,0 +1,69 @@
+"""Checkpoints: list them, download one, and sample its model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.http import FileResponse, HttpRequest
+from ninja import Router
+
+from webapp.api import schemas
+from webapp.api.access import ApiError, allow, get_checkpoint, get_run
+from webapp.api.schemas import answers
+from webapp.runs.models import Checkpoint
+from webapp.runs.sampling import sample
+
+router = Router(tags=["checkpoints"])
+SAMPLE_ARGUMENTS = ("prompt", "tokens", "temperature", "seed")
+
+
+def _checkpoint_out(checkpoint: Checkpoint) -> dict[str, Any]:
+    return {"id": checkpoint.pk, "outer_step": checkpoint.outer_step,
+            "versions": checkpoint.versions, "sha256": checkpoint.sha256,
+            "bytes": checkpoint.bytes, "eval_loss": checkpoint.eval_loss,
+            "created_at": checkpoint.created_at}
+
+
+@router.get("/{run_id}/checkpoints", auth=allow("view"),
+            response=answers(schemas.CheckpointList, 404))
+def list_checkpoints(request: HttpRequest, run_id: int) -> dict[str, Any]:
+    """The run's checkpoints, oldest first; `id` is the <n> of the URLs below."""
+    run = get_run(run_id)
+    return {"checkpoints": [_checkpoint_out(c) for c in run.checkpoints.order_by("created_at",
+                                                                                 "id")]}
+
+
+@router.get("/{run_id}/checkpoints/{checkpoint_id}/download", auth=allow("view"),
+            response=answers({200: None}, 404))
+def download_checkpoint(request: HttpRequest, run_id: int, checkpoint_id: int) -> FileResponse:
+    """The checkpoint's file (safetensors: the global parameters, the outer momentum and
+    the versions); its sha256 is in the list and in the ETag."""
+    checkpoint = get_checkpoint(get_run(run_id), checkpoint_id)
+    path = Path(checkpoint.path)
+    try:
+        handle = path.open("rb")
+    except OSError:
+        raise ApiError(404, "checkpoint",
+                       f"The file of checkpoint {checkpoint.pk} is gone ({path}).") from None
+    response = FileResponse(handle, as_attachment=True,
+                            filename=f"run-{run_id}-outer-step-{checkpoint.outer_step}"
+                                     ".safetensors",
+                            content_type="application/octet-stream")
+    response["ETag"] = f'"{checkpoint.sha256}"'
+    return response
+
+
+@router.post("/{run_id}/checkpoints/{checkpoint_id}/sample", auth=allow("view"),
+             response=answers(schemas.SampleOut, 404, body=True))
+def sample_checkpoint(request: HttpRequest, run_id: int, checkpoint_id: int,
+                      body: schemas.SampleIn) -> dict[str, Any]:
+    """The text the checkpoint's model writes after `prompt` (the continuation only)."""
+    checkpoint = get_checkpoint(get_run(run_id), checkpoint_id)
+    try:
+        text = sample(checkpoint, body.prompt, body.tokens, body.temperature, body.seed)
+    except ValueError as e:
+        message = str(e)
+        key = next((a for a in SAMPLE_ARGUMENTS if message.startswith(a)), "checkpoint")
+        raise ApiError(422, key, message) from None
+    return {"text": text}

@@ -1,0 +1,161 @@
+"""Runs: list, create, read, archive, delete; start, stop, pause, resume, checkpoint;
+their history and events. Each endpoint calls one service or report."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from ninja import Field, Query, Router, Schema, Status
+
+from trainer.config import MODES, field_help
+from webapp.api import schemas
+from webapp.api.access import ApiError, allow, get_run
+from webapp.api.schemas import answers
+from webapp.runs import reports, services
+from webapp.runs.models import Checkpoint, Event, Run
+
+router = Router(tags=["runs"])
+config = Router(tags=["runs"])
+
+ORDERINGS = ("-created_at", "created_at", "name", "-name", "state", "-state", "id", "-id")
+
+
+def summary(run: Run) -> dict[str, Any]:
+    # A draft has never been served by syncd: nothing live to read from Redis.
+    return reports.run_summary(run, status={} if run.state == Run.State.DRAFT else None)
+
+
+class RunFilter(Schema):
+    archived: bool = Field(False, description="true: the archived runs instead.")
+    state: Run.State | None = None
+    mode: Run.Mode | None = None
+    ordering: Literal[ORDERINGS] = "-created_at"  # type: ignore[valid-type]
+    limit: int = Field(100, ge=1, le=1000)
+    offset: int = Field(0, ge=0)
+
+
+@router.get("", auth=allow("view"), response=answers(schemas.RunList))
+def list_runs(request: HttpRequest, filters: Query[RunFilter]) -> dict[str, Any]:
+    """The runs with their live figures, newest first unless `ordering` says otherwise."""
+    found = Run.objects.filter(archived=filters.archived).select_related("created_by")
+    if filters.state:
+        found = found.filter(state=filters.state)
+    if filters.mode:
+        found = found.filter(mode=filters.mode)
+    page = found.order_by(filters.ordering, "-id").prefetch_related("islands")
+    page = page[filters.offset:filters.offset + filters.limit]
+    return {"count": found.count(), "runs": [summary(run) for run in page]}
+
+
+@router.post("", auth=allow("create"), response=answers({201: schemas.RunOut}, body=True))
+def create_run(request: HttpRequest, body: schemas.RunIn,
+               response: HttpResponse) -> Status:
+    """Save a new run as a draft. 422 with every problem of the name, mode and config."""
+    initial = None
+    if body.initial_checkpoint is not None:
+        initial = Checkpoint.objects.select_related("run").filter(
+            pk=body.initial_checkpoint).first()
+        if initial is None:
+            raise ApiError(422, "initial_checkpoint",
+                           f"No checkpoint with id {body.initial_checkpoint}.")
+    run = services.create_run(name=body.name, mode=body.mode, config=body.config,
+                              user=request.auth, initial_checkpoint=initial)
+    response["Location"] = f"/api/runs/{run.pk}"
+    return Status(201, summary(run))
+
+
+@router.get("/{run_id}", auth=allow("view"), response=answers(schemas.RunOut, 404))
+def get_run_detail(request: HttpRequest, run_id: int) -> dict[str, Any]:
+    """The run, its islands, versions (fragment -> version) and live figures."""
+    return summary(get_run(run_id))
+
+
+@router.patch("/{run_id}", auth=allow("edit"),
+              response=answers(schemas.RunOut, 404, body=True))
+def update_run(request: HttpRequest, run_id: int, body: schemas.RunPatch) -> dict[str, Any]:
+    """Archive the run (hide it from the list) or bring it back."""
+    run = get_run(run_id)
+    services.archive_run(run, body.archived, request.auth)
+    return summary(run)
+
+
+@router.delete("/{run_id}", auth=allow("delete"),
+               response=answers({204: None}, 404, 409))
+def delete_run(request: HttpRequest, run_id: int) -> Status:
+    """Delete a run that is not live (409 if it is: stop it first), with its history."""
+    services.delete_run(get_run(run_id), request.auth)
+    return Status(204, None)
+
+
+def _act(request: HttpRequest, run_id: int, service: Any) -> dict[str, Any]:
+    run = get_run(run_id)
+    service(run, request.auth)
+    return summary(run)
+
+
+@router.post("/{run_id}/start", auth=allow("operate"),
+             response=answers(schemas.RunOut, 404, 409))
+def start_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
+    """Start a draft: every island is enqueued on its region's worker."""
+    return _act(request, run_id, services.start_run)
+
+
+@router.post("/{run_id}/stop", auth=allow("operate"),
+             response=answers(schemas.RunOut, 404, 409))
+def stop_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
+    """Stop a queued, running or paused run for good."""
+    return _act(request, run_id, services.stop_run)
+
+
+@router.post("/{run_id}/pause", auth=allow("operate"),
+             response=answers(schemas.RunOut, 404, 409))
+def pause_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
+    """Freeze every island where it is."""
+    return _act(request, run_id, services.pause_run)
+
+
+@router.post("/{run_id}/resume", auth=allow("operate"),
+             response=answers(schemas.RunOut, 404, 409))
+def resume_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
+    """Let the islands of a paused run go on."""
+    return _act(request, run_id, services.resume_run)
+
+
+@router.post("/{run_id}/checkpoint", auth=allow("operate"),
+             response=answers({202: schemas.RunOut}, 404, 409))
+def checkpoint_run(request: HttpRequest, run_id: int) -> Status:
+    """Ask syncd for a checkpoint at its next pass (GET .../checkpoints lists it then)."""
+    return Status(202, _act(request, run_id, services.checkpoint_now))
+
+
+@router.get("/{run_id}/metrics", auth=allow("view"), response=answers(schemas.MetricList, 404))
+def run_metrics(request: HttpRequest, run_id: int, since: datetime | None = None,
+                limit: int = Query(reports.MAX_METRICS, ge=1, le=reports.MAX_METRICS),
+                ) -> dict[str, Any]:
+    """The run's history, oldest first: the points after `since` (ISO 8601; UTC when
+    it names no zone)."""
+    run = get_run(run_id)
+    if since is not None and timezone.is_naive(since):
+        since = since.replace(tzinfo=UTC)
+    return {"metrics": reports.run_metrics(run, since, limit)}
+
+
+@router.get("/{run_id}/events", auth=allow("view"), response=answers(schemas.EventList, 404))
+def run_events(request: HttpRequest, run_id: int, after: int = 0,
+               kind: Event.Kind | None = None,
+               limit: int = Query(reports.MAX_EVENTS, ge=1, le=reports.MAX_EVENTS),
+               ) -> dict[str, Any]:
+    """The run's events with an id above `after`, oldest first."""
+    run = get_run(run_id)
+    return {"events": reports.run_events(run, after_id=after, limit=limit, kind=kind)}
+
+
+@config.get("/config/schema", auth=allow("view"), response=answers(schemas.ConfigSchema))
+def config_schema(request: HttpRequest) -> dict[str, Any]:
+    """The run config's defaults, what each field means, the modes and the regions."""
+    return {"defaults": services.default_config(), "help": field_help(),
+            "modes": list(MODES), "regions": settings.REGIONS}

@@ -1,0 +1,308 @@
+"""What the API takes and gives, as typed schemas: the OpenAPI document at
+/api/openapi.json is made from these.
+
+Request bodies refuse unknown fields. A run's config is the one schema of
+trainer/config.py (parse_config checks it and keys its messages by dotted path), so
+here it is a plain JSON object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from datetime import datetime
+from typing import Any, ClassVar, Literal
+
+from ninja import Field, Schema
+from pydantic import ConfigDict, ValidationInfo, create_model, field_validator
+
+from trainer.config import MODES, IslandConfig
+from webapp.runs.faults import FAULT_FACTORS, MAX_FAULT_SECONDS
+from webapp.runs.models import RUN_NAME_MAX_LENGTH, Event, Run
+from webapp.runs.sampling import MAX_PROMPT_CHARS, MAX_SAMPLE_TOKENS
+
+ISLAND_STATES = "pending, starting, training, lost, rejoining or stopped"
+ISLAND_FAULTS = "none, straggle, partition, degrade or corrupt"
+
+
+class Body(Schema):
+    """A request body: a JSON object with only the declared fields."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    # Added to the message for an unknown field.
+    unknown_hint: ClassVar[str] = ""
+
+
+# -- runs ---------------------------------------------------------------------------
+
+class RunIn(Body):
+    unknown_hint: ClassVar[str] = "the run config goes under config"
+
+    name: str = Field("", description=f"1 to {RUN_NAME_MAX_LENGTH} characters.",
+                      json_schema_extra={"maxLength": RUN_NAME_MAX_LENGTH})
+    # Checked by create_run, beside the config, so that every problem is told at once.
+    mode: str = Field("", description="decoupled (Decoupled DiLoCo) or elastic (the baseline).",
+                      json_schema_extra={"enum": list(MODES)})
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The run config (GET /api/config/schema: defaults and help); missing "
+                    "fields take their defaults.")
+    initial_checkpoint: int | None = Field(
+        None, description="The id of a checkpoint the global model starts from.")
+
+
+def _island_in() -> type[Body]:
+    """An island of the run config (trainer.config.IslandConfig), every field optional
+    here: parse_config checks it with the rest of the config."""
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(IslandConfig):
+        lo, hi = f.metadata.get("lo"), f.metadata.get("hi")
+        bounds = f" {lo:g} to {hi:g}." if lo is not None and hi is not None else ""
+        kind = {"str": str, "int": int, "float": float, "bool": bool}.get(str(f.type), object)
+        fields[f.name] = (kind | None, Field(None, description=f.metadata["help"] + bounds))
+    fields["name"] = (str, Field(description="Unique within the run."))
+    fields["region"] = (str, Field(description="A region that has a worker "
+                                               "(GET /api/config/schema: regions)."))
+    return create_model("IslandIn", __base__=Body, **fields)
+
+
+IslandIn = _island_in()
+
+
+class RunPatch(Body):
+    archived: bool = Field(description="Hide the run from the runs list, or show it again.")
+
+
+class IslandOut(Schema):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    region: str
+    state: str = Field(description=ISLAND_STATES)
+    active_fault: str = Field(description=ISLAND_FAULTS)
+    epoch: int
+    tokens: int
+    inner_steps: int
+    version_lag: int = Field(description="Newest version minus the base version of the "
+                                         "island's last update, over its fragments.")
+    tokens_per_s: float = 0.0
+    heartbeat_age_s: float | None = None
+
+
+class RunOut(Schema):
+    """A run with syncd's live figures (None until syncd serves it)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: int
+    name: str
+    mode: Run.Mode
+    state: Run.State
+    config: dict[str, Any]
+    created_by: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    failure_reason: str
+    archived: bool
+    initial_checkpoint: int | None
+    islands: list[IslandOut]
+    versions: dict[str, int] = Field(description="Fragment index -> global version.")
+    outer_steps: int | None = Field(description="The smallest fragment version.")
+    tokens: int = Field(description="Tokens merged into the global model.")
+    goodput: float | None
+    uptime: float | None
+    train_loss: float | None
+    eval_loss: float | None
+    live_islands: int | None
+    progress: float = Field(description="Tokens merged against the token budget, 0 to 1.")
+
+
+class RunList(Schema):
+    count: int = Field(description="Runs that match, before limit and offset.")
+    runs: list[RunOut]
+
+
+class IslandList(Schema):
+    islands: list[IslandOut]
+
+
+class IslandLog(Schema):
+    lines: list[str]
+
+
+class ConfigSchema(Schema):
+    defaults: dict[str, Any]
+    help: dict[str, str] = Field(description="Dotted path -> what the field means.")
+    modes: list[str]
+    regions: list[str]
+
+
+# -- faults -------------------------------------------------------------------------
+
+# A corrupt fault is one-shot: the island poisons its next update (within this many
+# seconds unless duration_s says otherwise) and clears the fault.
+CORRUPT_WINDOW_S = 300.0
+
+
+class IslandFault(Body):
+    """kill ends the island's process at once (SIGKILL, mid-step); straggle, partition
+    and degrade last duration_s seconds; corrupt poisons the island's next update."""
+
+    kind: Literal["kill", "straggle", "partition", "degrade", "corrupt"]
+    duration_s: float | None = Field(
+        None, description=f"More than 0 and at most {MAX_FAULT_SECONDS}; not for kill; for "
+                          f"corrupt the window for the next update (default "
+                          f"{CORRUPT_WINDOW_S:g}).",
+        validate_default=True)
+    factor: float | None = Field(
+        None, description="; ".join(f"{kind}: {what} (default {default:g})"
+                                    for kind, (what, default) in FAULT_FACTORS.items()),
+        validate_default=True)
+
+    @field_validator("duration_s")
+    @classmethod
+    def _duration(cls, value: float | None, info: ValidationInfo) -> float | None:
+        kind = info.data.get("kind")
+        if kind == "kill":
+            if value is not None:
+                raise ValueError("A kill is instant: leave duration_s out.")
+            return None
+        if value is None:
+            if kind is None:
+                return None
+            if kind == "corrupt":
+                return CORRUPT_WINDOW_S
+            raise ValueError(f"A {kind} fault needs duration_s, in seconds "
+                             f"(more than 0, at most {MAX_FAULT_SECONDS}).")
+        if not math.isfinite(value) or not 0 < value <= MAX_FAULT_SECONDS:
+            raise ValueError(f"Must be more than 0 and at most {MAX_FAULT_SECONDS} seconds, "
+                             f"got {value:g}.")
+        return value
+
+    @field_validator("factor")
+    @classmethod
+    def _factor(cls, value: float | None, info: ValidationInfo) -> float | None:
+        kind = info.data.get("kind")
+        if value is None or kind is None:
+            return value
+        if kind == "kill":
+            raise ValueError("A kill takes no factor.")
+        if not math.isfinite(value):
+            raise ValueError(f"Must be a finite number, got {value:g}.")
+        if kind in ("straggle", "degrade") and not 1 <= value <= 1e6:
+            raise ValueError(f"The factor of {kind} must be between 1 and 1e6 "
+                             f"({FAULT_FACTORS[kind][0]}), got {value:g}.")
+        return value
+
+
+class RegionFault(Body):
+    kind: Literal["outage"] = Field(description="Every island of the run in the region is killed.")
+
+
+class SystemFault(Body):
+    kind: Literal["kill_syncd"] = Field(
+        description="SIGKILL to syncd; its supervisor starts it again. Every run stalls "
+                    "until it is back.")
+
+
+class FaultDone(Schema):
+    kind: str
+    islands: list[str] = Field(description="The islands it hit.")
+
+
+# -- checkpoints, history ----------------------------------------------------------
+
+class CheckpointOut(Schema):
+    id: int = Field(description="The <n> of /checkpoints/<n>/download and /sample.")
+    outer_step: int
+    versions: dict[str, int]
+    sha256: str
+    bytes: int
+    eval_loss: float | None
+    created_at: datetime
+
+
+class CheckpointList(Schema):
+    checkpoints: list[CheckpointOut]
+
+
+class SampleIn(Body):
+    prompt: str = Field(description=f"The text to continue, 1 to {MAX_PROMPT_CHARS} characters.")
+    tokens: int = Field(200, description=f"Bytes to generate, 1 to {MAX_SAMPLE_TOKENS}.")
+    temperature: float = Field(0.8, description="Softmax temperature, above 0.")
+    seed: int = Field(0, description="The sampling seed: the same seed, the same text.")
+
+
+class SampleOut(Schema):
+    text: str = Field(description="The continuation only.")
+
+
+class MetricOut(Schema):
+    model_config = ConfigDict(extra="allow")
+
+    time: datetime
+    tokens: int
+    outer_steps: int
+    versions: list[int]
+    goodput: float | None
+    uptime: float | None
+    train_loss: float | None
+    eval_loss: float | None
+    live_islands: int
+    islands: dict[str, Any]
+
+
+class MetricList(Schema):
+    metrics: list[MetricOut]
+
+
+class EventOut(Schema):
+    id: int
+    kind: Event.Kind
+    time: datetime
+    island: str | None
+    actor: str | None = Field(description="Who asked; None for the system.")
+    detail: dict[str, Any]
+
+
+class EventList(Schema):
+    events: list[EventOut]
+
+
+# -- tokens -------------------------------------------------------------------------
+
+class TokenIn(Body):
+    name: str = Field("", max_length=100, description="What the token is for.")
+
+
+class TokenOut(Schema):
+    id: int
+    name: str
+    hint: str = Field(description="The token's first characters.")
+    created_at: datetime
+    last_used_at: datetime | None
+
+
+class NewToken(TokenOut):
+    token: str = Field(description="Send it as Authorization: Bearer <token>. Shown once: "
+                                   "only its hash is kept.")
+
+
+class TokenList(Schema):
+    tokens: list[TokenOut]
+
+
+class Errors(Schema):
+    errors: dict[str, list[str]] = Field(
+        description="What was wrong, keyed by the config's dotted path or by body, auth, "
+                    "permission, csrf, run, island, state...")
+
+
+def answers(success: Any, *errors: int, body: bool = False) -> dict[int, Any]:
+    """An endpoint's responses for the OpenAPI document: its success (a schema for 200, or
+    {status: schema}) and the errors it may give besides 401, 403 and 422 (and 400 and
+    413 for one that reads a body)."""
+    ok = success if isinstance(success, dict) else {200: success}
+    codes = {401, 403, 422, *errors, *((400, 413) if body else ())}
+    return {**ok, **dict.fromkeys(sorted(codes), Errors)}

@@ -1,0 +1,386 @@
+// The run detail page: everything live from the run's websocket, actions through the
+// JSON API. Text from the server is always set as text, never as HTML.
+"use strict";
+
+const page = JSON.parse(document.getElementById("page-data").textContent);
+const run = page.run;
+const RUN_API = `/api/runs/${run.id}`;
+const FAULTS = [["kill", "Kill"], ["straggle", "Straggle"], ["partition", "Partition"],
+                ["degrade", "Degrade link"], ["corrupt", "Corrupt next update"]];
+const STATE_COLOURS = {pending: "#98a2b3", starting: "#f79009", training: "#12b76a",
+                       lost: "#d92d20", rejoining: "#f79009", stopped: "#667085",
+                       paused: "#7a5af8"};
+const FAULT_SYMBOLS = {none: "circle", straggle: "triangle-down", partition: "x",
+                       degrade: "diamond", corrupt: "star"};
+const $ = (id) => document.getElementById(id);
+let runState = run.state;
+let lastStatus = null;
+
+// -- run state and actions -----------------------------------------------------------
+
+const ACTIONS_BY_STATE = {draft: ["start"], queued: ["stop"], running: ["pause", "checkpoint", "stop"],
+                          paused: ["resume", "checkpoint", "stop"]};
+
+function showRunState(state, reason) {
+  runState = state;
+  $("run-state").textContent = state;
+  $("run-state").className = "state " + state;
+  const allowed = ACTIONS_BY_STATE[state] || [];
+  document.querySelectorAll("#run-actions [data-action]").forEach((b) => {
+    b.hidden = !allowed.includes(b.dataset.action);
+  });
+  if (state === "failed") {
+    $("banner-failed").hidden = false;
+    if (reason) $("failure-reason").textContent = reason;
+  }
+}
+
+document.querySelectorAll("#run-actions [data-action]").forEach((button) => {
+  button.addEventListener("click", async () => {
+    const action = button.dataset.action;
+    const result = await arch.act(button, button.textContent, () => arch.api("POST", `${RUN_API}/${action}`));
+    if (result && result.state) showRunState(result.state, result.failure_reason);
+  });
+});
+
+// -- islands ---------------------------------------------------------------------------
+
+const islandRows = {};
+
+function islandRow(name) {
+  if (islandRows[name]) return islandRows[name];
+  const cells = {};
+  const row = arch.el("tr", {"data-island": name});
+  for (const key of ["name", "region", "state", "fault", "age", "tokens", "rate", "lag", "up", "down",
+                     "weight", "goodput", "rejected"]) {
+    cells[key] = arch.el("td", {class: ["name", "region", "state", "fault"].includes(key) ? "" : "num"});
+    row.appendChild(cells[key]);
+  }
+  cells.name.textContent = name;
+  const actions = arch.el("td", {class: "actions"});
+  if (page.can.fault) {
+    for (const [kind, label] of FAULTS) {
+      actions.appendChild(arch.el("button", {class: "small " + (kind === "kill" ? "danger" : "quiet"),
+        "data-fault": kind, onclick: (e) => injectFault(e.target, name, kind, label)}, label));
+    }
+    actions.appendChild(arch.el("button", {class: "small", "data-rejoin": "",
+      onclick: (e) => arch.act(e.target, `Rejoin ${name}`, () => arch.api("POST", `${RUN_API}/islands/${encodeURIComponent(name)}/rejoin`))}, "Rejoin"));
+  }
+  actions.appendChild(arch.el("button", {class: "small quiet", onclick: (e) => showLog(e.target, name)}, "Log"));
+  if (page.can.edit) {
+    actions.appendChild(arch.el("button", {class: "small quiet", onclick: async (e) => {
+      if (!confirm(`Remove island ${name} from the run?`)) return;
+      const done = await arch.act(e.target, `Remove ${name}`, () => arch.api("DELETE", `${RUN_API}/islands/${encodeURIComponent(name)}`));
+      if (done !== undefined) { row.remove(); delete islandRows[name]; }
+    }}, "Remove"));
+  }
+  row.appendChild(actions);
+  document.querySelector("#islands tbody").appendChild(row);
+  islandRows[name] = {row, cells};
+  return islandRows[name];
+}
+
+async function injectFault(button, island, kind, label) {
+  const body = {kind};
+  if (kind !== "kill" && kind !== "corrupt") {
+    const seconds = prompt(`${label} ${island} for how many seconds?`, "20");
+    if (seconds === null) return;
+    body.duration_s = Number(seconds);
+  }
+  await arch.act(button, `${label} ${island}`, () => arch.api("POST", `${RUN_API}/islands/${encodeURIComponent(island)}/faults`, body));
+}
+
+async function showLog(button, island) {
+  const data = await arch.act(button, `Log of ${island}`, () => arch.api("GET", `${RUN_API}/islands/${encodeURIComponent(island)}/log`));
+  if (!data) return;
+  $("log-island").textContent = island;
+  $("log").textContent = (data.lines || []).join("\n") || "(no output yet)";
+  $("log-panel").hidden = false;
+}
+$("log-close").addEventListener("click", () => { $("log-panel").hidden = true; });
+
+function lastWeights(status) {
+  const weights = {};
+  for (const f of status.fragments || []) {
+    for (const [island, w] of Object.entries((f.last_merge || {}).weights || {})) weights[island] = w;
+  }
+  return weights;
+}
+
+function showIslands(status) {
+  const weights = lastWeights(status);
+  for (const [name, island] of Object.entries(status.islands)) {
+    const {cells} = islandRow(name);
+    cells.region.textContent = island.region;
+    cells.state.replaceChildren(arch.el("span", {class: "state " + island.state}, island.state));
+    const fault = island.fault || "none";
+    cells.fault.textContent = fault;
+    cells.fault.className = fault === "none" ? "" : "fault";
+    cells.age.textContent = island.heartbeat_age_s === null ? "—" : island.heartbeat_age_s.toFixed(1) + " s";
+    cells.tokens.textContent = arch.fmt(island.tokens);
+    cells.rate.textContent = arch.fmt(island.tokens_per_s, 0);
+    cells.lag.textContent = arch.fmt(island.version_lag);
+    cells.up.textContent = `${arch.bytes(island.bytes_up)} / ${arch.bytes(island.emulated_bytes_up)}`;
+    cells.down.textContent = `${arch.bytes(island.bytes_down)} / ${arch.bytes(island.emulated_bytes_down)}`;
+    cells.weight.textContent = name in weights ? weights[name].toFixed(2) : "—";
+    cells.goodput.textContent = arch.fmt(island.goodput, 2);
+    cells.rejected.textContent = arch.fmt(island.rejections || 0);
+  }
+}
+
+// -- regions and the map ---------------------------------------------------------------
+
+function showRegions(status) {
+  const byRegion = {};
+  for (const [name, island] of Object.entries(status.islands)) {
+    (byRegion[island.region] = byRegion[island.region] || []).push([name, island]);
+  }
+  const list = $("region-list");
+  list.replaceChildren();
+  for (const [region, islands] of Object.entries(byRegion).sort()) {
+    const alive = islands.filter(([, i]) => i.state === "training").length;
+    const line = arch.el("div", {class: "spread", "data-region": region},
+      arch.el("span", {}, arch.el("strong", {}, region), ` ${alive} of ${islands.length} islands training`));
+    if (page.can.fault) {
+      line.appendChild(arch.el("button", {class: "small danger", onclick: (e) => arch.act(e.target, `Outage of ${region}`,
+        () => arch.api("POST", `${RUN_API}/regions/${encodeURIComponent(region)}/faults`, {kind: "outage"}))}, "Outage"));
+    }
+    list.appendChild(line);
+  }
+  drawMap(byRegion);
+}
+
+let mapDrawn = "";
+
+function drawMap(byRegion) {
+  const shown = JSON.stringify(Object.entries(byRegion).map(([r, islands]) =>
+    [r, islands.map(([name, i]) => [name, i.state, i.fault])]));
+  if (shown === mapDrawn) return;
+  mapDrawn = shown;
+  const x = [], y = [], text = [], colour = [], symbol = [];
+  const labels = {x: [], y: [], text: []};
+  for (const [region, islands] of Object.entries(byRegion)) {
+    const [lon, lat] = page.regions[region] || [0, 0];
+    labels.x.push(lon); labels.y.push(lat + 3.2); labels.text.push(region);
+    islands.forEach(([name, island], i) => {
+      const angle = (2 * Math.PI * i) / Math.max(islands.length, 1);
+      x.push(lon + 2.2 * Math.cos(angle)); y.push(lat + 1.6 * Math.sin(angle));
+      text.push(`${name}: ${island.state}${island.fault && island.fault !== "none" ? ", " + island.fault : ""}`);
+      colour.push(STATE_COLOURS[island.state] || "#98a2b3");
+      symbol.push(FAULT_SYMBOLS[island.fault || "none"] || "circle");
+    });
+  }
+  Plotly.react("map", [
+    {x, y, text, mode: "markers", type: "scatter", hoverinfo: "text",
+     marker: {size: 16, color: colour, symbol, line: {width: 1, color: "#1d2430"}}},
+    {x: labels.x, y: labels.y, text: labels.text, mode: "text", type: "scatter", hoverinfo: "skip",
+     textfont: {size: 13}},
+  ], {margin: {l: 10, r: 10, t: 30, b: 10}, showlegend: false, title: {text: "Regions", font: {size: 14}},
+      xaxis: {visible: false, range: [-130, -65]}, yaxis: {visible: false, range: [22, 52], scaleanchor: "x"}},
+  {displayModeBar: false, responsive: true});
+}
+
+// -- quorum panel, banner and figures ---------------------------------------------------
+
+function showQuorum(status) {
+  const body = document.querySelector("#quorum tbody");
+  body.replaceChildren(...(status.fragments || []).map((f) => {
+    const last = f.last_merge || {};
+    const weights = Object.entries(last.weights || {}).map(([i, w]) => `${i} ${w.toFixed(2)}`).join(", ");
+    return arch.el("tr", {},
+      arch.el("td", {}, f.name), arch.el("td", {class: "num"}, f.version),
+      arch.el("td", {class: "num"}, `${f.arrivals} / ${f.min_quorum}`),
+      arch.el("td", {class: "num"}, f.grace_left_s === null ? "—" : f.grace_left_s.toFixed(1) + " s"),
+      arch.el("td", {}, f.waiting || ""),
+      arch.el("td", {}, last.version === undefined ? "—" : `v${last.version}: ${weights}`));
+  }));
+}
+
+function showFigures(status) {
+  $("goodput").textContent = arch.fmt(status.goodput, 3);
+  $("uptime").textContent = arch.fmt(status.uptime, 3);
+  $("train-loss").textContent = arch.fmt(status.train_loss, 3);
+  $("eval-loss").textContent = arch.fmt(status.eval_loss, 3);
+  $("outer-steps").textContent = arch.fmt(status.outer_steps);
+  $("versions").textContent = (status.versions || []).join(", ");
+  $("live-islands").textContent = arch.fmt(status.live_islands);
+  const budget = ((run.config.budget || {}).total_tokens) || 0;
+  const share = budget ? Math.min(1, status.tokens_merged / budget) : 0;
+  $("progress-bar").style.width = (100 * share).toFixed(1) + "%";
+  $("progress-text").textContent = `${arch.fmt(status.tokens_merged)} of ${arch.fmt(budget)} tokens`;
+  const k = run.mode === "elastic" ? 1 : run.config.sync.min_quorum;
+  const waiting = $("banner-waiting");
+  if ((runState === "running") && status.live_islands < k) {
+    waiting.textContent = `Waiting: ${status.live_islands} of the ${k} islands a merge needs are alive; ` +
+      "the global model does not move until more come back.";
+    waiting.hidden = false;
+  } else {
+    waiting.hidden = true;
+  }
+}
+
+// -- charts: extended in place, windowed --------------------------------------------------
+
+const charts = {};
+
+function chart(id, title, names) {
+  charts[id] = {names: names.slice()};
+  Plotly.newPlot(id, names.map((n) => ({x: [], y: [], name: n, mode: "lines", type: "scatter"})),
+    {title: {text: title, font: {size: 14}}, margin: {l: 50, r: 10, t: 35, b: 35},
+     legend: {orientation: "h", y: -0.2}}, {displayModeBar: false, responsive: true});
+}
+
+// Add one point per trace; a trace for a name not seen before is added first.
+function extend(id, time, values) {
+  const c = charts[id];
+  for (const name of Object.keys(values)) {
+    if (!c.names.includes(name)) {
+      c.names.push(name);
+      Plotly.addTraces(id, {x: [], y: [], name, mode: "lines", type: "scatter"});
+    }
+  }
+  const idx = [], xs = [], ys = [];
+  c.names.forEach((name, i) => {
+    if (values[name] === null || values[name] === undefined) return;
+    idx.push(i); xs.push([time]); ys.push([values[name]]);
+  });
+  if (idx.length) Plotly.extendTraces(id, {x: xs, y: ys}, idx, page.chart_points);
+}
+
+function islandValues(islands, key) {
+  const out = {};
+  for (const [name, island] of Object.entries(islands || {})) out[name] = island[key];
+  return out;
+}
+
+function bytesByLink(islands) {
+  const out = {};
+  for (const [name, island] of Object.entries(islands || {})) {
+    out[`${name} up`] = island.emulated_bytes_up;
+    out[`${name} down`] = island.emulated_bytes_down;
+  }
+  return out;
+}
+
+function versionsOf(versions) {
+  const out = {};
+  (versions || []).forEach((v, p) => { out[`fragment ${p}`] = v; });
+  return out;
+}
+
+function plotPoint(time, point) {
+  extend("chart-goodput", time, {goodput: point.goodput, uptime: point.uptime});
+  extend("chart-loss", time, {train: point.train_loss, eval: point.eval_loss});
+  extend("chart-rate", time, islandValues(point.islands, "tokens_per_s"));
+  extend("chart-bytes", time, bytesByLink(point.islands));
+  extend("chart-versions", time, versionsOf(point.versions));
+}
+
+chart("chart-goodput", "Goodput and uptime", ["goodput", "uptime"]);
+chart("chart-loss", "Loss", ["train", "eval"]);
+chart("chart-rate", "Tokens/s per island", []);
+chart("chart-bytes", "Bytes per link (emulated, cumulative)", []);
+chart("chart-versions", "Global versions", []);
+for (const point of page.metrics) plotPoint(new Date(point.time), point);
+
+// -- events and checkpoints --------------------------------------------------------------
+
+function eventWords(e) {
+  const d = e.detail || {};
+  const who = e.actor ? ` by ${e.actor}` : "";
+  switch (e.kind) {
+    case "run_state": return `${d.from} → ${d.to}${d.reason ? ": " + d.reason : ""}${who}`;
+    case "merge": return `fragment ${d.fragment} v${d.version} (${Object.keys(d.weights || {}).join(", ")})`;
+    case "rejection": return `${e.island}: ${d.reason}`;
+    case "fault": return `${d.fault}${e.island ? " on " + e.island : ""}${d.region ? " in " + d.region : ""}${who}`;
+    case "alert": return d.message || "";
+    default: return `${e.island || ""} ${Object.entries(d).filter(([k]) => k !== "island").map(([k, v]) => `${k} ${JSON.stringify(v)}`).join(", ")}${who}`;
+  }
+}
+
+function showEvents(events) {
+  const list = $("timeline");
+  for (const e of events) {
+    const item = arch.el("li", {"data-kind": e.kind},
+      arch.el("span", {class: "muted"}, new Date(e.time).toLocaleTimeString() + " "),
+      arch.el("span", {class: "kind"}, e.kind), eventWords(e));
+    list.insertBefore(item, list.firstChild);
+    if (e.kind === "run_state") showRunState(e.detail.to, e.detail.reason);
+    if (e.kind === "checkpoint" && !e.detail.requested) loadCheckpoints();
+  }
+  while (list.children.length > 300) list.lastChild.remove();
+}
+
+function showCheckpoints(checkpoints) {
+  const body = document.querySelector("#checkpoints tbody");
+  body.replaceChildren(...checkpoints.map((c) => arch.el("tr", {"data-checkpoint": c.id},
+    arch.el("td", {class: "num"}, c.outer_step), arch.el("td", {class: "num"}, arch.fmt(c.eval_loss, 3)),
+    arch.el("td", {class: "num"}, arch.bytes(c.bytes)), arch.el("td", {}, new Date(c.created_at).toLocaleString()),
+    arch.el("td", {class: "actions"},
+      arch.el("a", {href: `${RUN_API}/checkpoints/${c.id}/download`}, "Download"),
+      arch.el("a", {href: `/runs/new/?from=${c.id}`}, "New run from here"),
+      arch.el("button", {class: "small quiet", onclick: () => openSample(c)}, "Sample")))));
+}
+
+async function loadCheckpoints() {
+  try { showCheckpoints((await arch.api("GET", `${RUN_API}/checkpoints`)).checkpoints || []); }
+  catch (e) { arch.toast("Checkpoints could not be loaded: " + e.message, true); }
+}
+
+let sampleFrom = null;
+function openSample(checkpoint) {
+  sampleFrom = checkpoint;
+  $("sample-checkpoint").textContent = `at outer step ${checkpoint.outer_step}`;
+  $("sample-box").hidden = false;
+  $("sample-out").textContent = "";
+}
+$("sample-go").addEventListener("click", async (e) => {
+  const prompt = $("sample-prompt").value;
+  $("sample-out").textContent = "sampling…";
+  const data = await arch.act(e.target, "Sample", () => arch.api("POST",
+    `${RUN_API}/checkpoints/${sampleFrom.id}/sample`, {prompt, tokens: 200}));
+  $("sample-out").replaceChildren(arch.el("strong", {}, prompt), data ? data.text : "");
+});
+
+const addForm = $("add-island");
+if (addForm) addForm.addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const f = new FormData(addForm);
+  const body = {name: f.get("name"), region: f.get("region"),
+                batch_size: Number(f.get("batch_size")), speed: Number(f.get("speed"))};
+  const done = await arch.act(addForm.querySelector("button"), `Add ${body.name}`,
+    () => arch.api("POST", `${RUN_API}/islands`, body));
+  if (done) addForm.reset();
+});
+
+// -- wiring --------------------------------------------------------------------------------
+
+// Statuses come twice a second; the page draws the newest once per animation frame, so
+// taking a message stays quick however long a draw takes.
+let frameAsked = false;
+
+function onStatus(status) {
+  lastStatus = status;
+  if (frameAsked) return;
+  frameAsked = true;
+  requestAnimationFrame(() => {
+    frameAsked = false;
+    showIslands(lastStatus);
+    showRegions(lastStatus);
+    showQuorum(lastStatus);
+    showFigures(lastStatus);
+    plotPoint(new Date(lastStatus.time * 1000), lastStatus);
+  });
+}
+
+showRunState(run.state, run.failure_reason);
+for (const island of run.islands) {
+  const {cells} = islandRow(island.name);
+  cells.region.textContent = island.region;
+  cells.state.replaceChildren(arch.el("span", {class: "state " + island.state}, island.state));
+  cells.fault.textContent = island.active_fault || "none";
+}
+showEvents(page.events);
+showCheckpoints(page.checkpoints);
+window.archLive = new arch.LiveRun(run.id, {status: onStatus, events: showEvents});
+page.events.forEach((e) => window.archLive.seenEvents.add(e.id));

@@ -1,0 +1,54 @@
+"""Events to the live pages: every new Event row goes to its run's channel layer group.
+
+Single events (from the web app's services) are pushed after their transaction
+commits, by a post_save signal; syncd's batches call push_events itself after its
+bulk insert, which sends no signals. Events are numbered by their ids, which only
+grow, so a page drops what it has already seen.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from syncd.live import status_group
+from webapp.runs.models import Event, Island
+
+log = logging.getLogger("archipelago.web")
+RUNS_GROUP = "runs"  # the runs list: every run's state changes
+
+
+def push_events(run_id: int, events: Iterable[Event]) -> None:
+    """Send `events` (saved rows of run `run_id`) to the run's live pages."""
+    events = [e for e in events if e.pk is not None]
+    if not events:
+        return
+    names = dict(Island.objects.filter(run_id=run_id).values_list("id", "name"))
+    message: dict[str, Any] = {"type": "run.events",
+                               "events": [e.to_dict(names) for e in events]}
+    send_to_group(status_group(run_id), message)
+    for event in events:
+        if event.kind == Event.Kind.RUN_STATE:
+            send_to_group(RUNS_GROUP, {"type": "runs.state", "run": run_id,
+                               "state": event.detail.get("to")})
+
+
+def send_to_group(group: str, message: dict[str, Any]) -> None:
+    """Send a message to a channel layer group; a failure is logged, never raised."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(group, message)
+    except Exception:  # the live page is a view of the database; never fail a write for it
+        log.exception("could not push to %s", group)
+
+
+def on_event_saved(sender: type[Event], instance: Event, created: bool, **kwargs: Any) -> None:
+    if created and not kwargs.get("raw"):
+        transaction.on_commit(lambda: push_events(instance.run_id, [instance]))

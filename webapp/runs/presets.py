@@ -1,0 +1,53 @@
+"""Named starting points for a new run's config, fitted to the regions this
+deployment has. The form offers them; the API takes any config."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from trainer.config import RunConfig
+from trainer.demo import DEMO
+
+PAPER_REGIONS = ("us-east", "us-central", "us-west", "us-south")
+
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "demo": ("demo: 4 islands, 2 regions", DEMO),
+    "paper": ("four US regions like the paper", {
+        **DEMO,
+        "sync": {"inner_steps": 50, "fragments": 4, "overlap_steps": 2, "min_quorum": 2,
+                 "compression": "int4"},
+        "islands": [{"name": f"{region}-a", "region": region, "batch_size": 8,
+                     "bandwidth_gbps": 2.0, "latency_ms": latency}
+                    for region, latency in zip(PAPER_REGIONS, (10, 20, 35, 25), strict=True)],
+    }),
+    "custom": ("custom: the defaults", {}),
+}
+
+
+def preset_config(name: str, regions: list[str]) -> dict[str, Any]:
+    """The full config of preset `name`, each island moved to a region of `regions`
+    when its own is not there (regions in order of first use, so islands that shared a
+    region still share one).
+
+    Raises:
+        ValueError: for an unknown preset or no regions.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
+    if not regions:
+        raise ValueError("a deployment needs at least one region")
+    config = {**RunConfig().to_dict(), **copy.deepcopy(PRESETS[name][1])}
+    defaults = RunConfig().to_dict()
+    for section, values in config.items():
+        if isinstance(values, dict):
+            config[section] = {**defaults[section], **values}
+    wanted = list(dict.fromkeys(island["region"] for island in config["islands"]))
+    missing = [r for r in wanted if r not in regions]
+    spare = [r for r in regions if r not in wanted] or list(regions)
+    mapping = {r: spare[i % len(spare)] for i, r in enumerate(missing)}
+    island_defaults = RunConfig().to_dict()["islands"][0]
+    config["islands"] = [{**island_defaults, **island,
+                          "region": mapping.get(island["region"], island["region"])}
+                         for island in config["islands"]]
+    return config

@@ -1,0 +1,71 @@
+"""What a run looks like to its readers: the database row joined with syncd's live
+status, its history and its events. The API and the pages both read these."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from webapp.runs.models import Event, Island, Metric, Run
+from webapp.runs.stores import run_store
+
+MAX_METRICS = 5000
+MAX_EVENTS = 1000
+LIVE_FIELDS = ("versions", "outer_steps", "goodput", "uptime", "train_loss", "eval_loss",
+               "live_islands", "max_stall_s")
+
+
+def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run (Run.to_dict) with the live figures of syncd's latest status: versions
+    (fragment index -> version), outer_steps, goodput, uptime, train and eval loss, and
+    per island its live state, active fault, tokens and version_lag. A run syncd has
+    not served yet has empty versions and None for the figures."""
+    data = run.to_dict()
+    if status is None:
+        try:
+            status = run_store(run).status() or {}
+        except RedisError:  # Redis down: the database's view, and say it is not live
+            status = {}
+            data["live_status"] = "unavailable: Redis cannot be reached"
+    data["versions"] = {str(p): v for p, v in enumerate(status.get("versions", []))}
+    for field in LIVE_FIELDS[1:]:
+        data[field] = status.get(field)
+    data["progress"] = progress(run)
+    live = status.get("islands", {})
+    for island in data["islands"]:
+        now = live.get(island["name"], {})
+        island["active_fault"] = now.get("fault", island["fault"])
+        island["version_lag"] = now.get("version_lag", 0)
+        island["tokens_per_s"] = now.get("tokens_per_s", 0.0)
+        island["heartbeat_age_s"] = now.get("heartbeat_age_s")
+        if run.state in (Run.State.RUNNING, Run.State.PAUSED) and "state" in now:
+            island["state"] = now["state"]
+        island["tokens"] = max(island["tokens"], now.get("tokens", 0))
+    return data
+
+
+def progress(run: Run) -> float:
+    """Tokens merged against the run's token budget, 0 to 1."""
+    budget = run.config.get("budget", {}).get("total_tokens") or 0
+    return min(1.0, run.tokens / budget) if budget else 0.0
+
+
+def run_metrics(run: Run, since: datetime | None = None,
+                limit: int = MAX_METRICS) -> list[dict[str, Any]]:
+    """The run's history points after `since`, oldest first, at most `limit`."""
+    points = Metric.objects.filter(run=run)
+    if since is not None:
+        points = points.filter(time__gt=since)
+    return [m.to_dict() for m in points.order_by("time", "id")[:limit]]
+
+
+def run_events(run: Run, after_id: int = 0, limit: int = MAX_EVENTS,
+               kind: str | None = None) -> list[dict[str, Any]]:
+    """The run's events with an id above `after_id`, oldest first, at most `limit`."""
+    events = Event.objects.filter(run=run, id__gt=after_id).select_related("actor")
+    if kind:
+        events = events.filter(kind=kind)
+    names = dict(Island.objects.filter(run=run).values_list("id", "name"))
+    return [e.to_dict(names) for e in events.order_by("id")[:limit]]

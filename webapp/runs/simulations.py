@@ -1,0 +1,112 @@
+"""Simulate: small sweeps of the datacenter simulator from the control room.
+
+A sweep runs as a Celery task on the control queue (never a region's queue, which
+is busy with islands); it writes its progress to its Simulation row as it goes,
+at most a few times a second, and its tables when it is done.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from syncd.simsweep import run_sweep
+from trainer.queues import CONTROL_QUEUE
+from webapp.runs.live import send_to_group
+from webapp.runs.models import Simulation
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+
+# What the page may ask for: small enough to finish in a minute or two here.
+MAX_CHIPS = 5_000_000
+MAX_RUNS = 40
+DEFAULT_SPEC = {"chips": [150_000, 600_000, 1_200_000], "learners": [1, 4, 8],
+                "duration_s": 2 * 3600.0, "knobs": True}
+PROGRESS_EVERY_S = 0.25
+
+
+def check_spec(data: dict[str, Any]) -> dict[str, Any]:
+    """The sweep the page asked for, checked: chips and learners lists, hours, knobs.
+
+    Raises:
+        ValueError: with every problem, one sentence each, keyed by field in .args[0].
+    """
+    errors: dict[str, str] = {}
+    chips = _numbers(data.get("chips", DEFAULT_SPEC["chips"]), int, 1000, MAX_CHIPS,
+                     "chips", errors)
+    learners = _numbers(data.get("learners", DEFAULT_SPEC["learners"]), int, 1, 64,
+                        "learners", errors)
+    hours = _numbers([data.get("hours", DEFAULT_SPEC["duration_s"] / 3600)], float, 0.1, 24,
+                     "hours", errors)
+    if chips and learners and len(chips) * (2 + len(learners)) > MAX_RUNS:
+        errors["chips"] = (f"At most {MAX_RUNS} simulated runs per sweep here: "
+                           f"{len(chips)} chip counts x {2 + len(learners)} methods is too many.")
+    if errors:
+        raise ValueError(errors)
+    return {"chips": chips, "learners": learners, "duration_s": hours[0] * 3600,
+            "knobs": bool(data.get("knobs", True))}
+
+
+def _numbers(value: Any, kind: type, lo: float, hi: float, name: str,
+             errors: dict[str, str]) -> list[Any]:
+    if isinstance(value, str):
+        value = [v for v in value.replace(",", " ").split() if v]
+    if not isinstance(value, list) or not value or len(value) > 10:
+        errors[name] = "Give 1 to 10 numbers, separated by commas."
+        return []
+    out = []
+    for v in value:
+        try:
+            number = kind(float(v))
+        except (TypeError, ValueError):
+            errors[name] = f"Must be numbers, got {v!r}."
+            return []
+        if not lo <= number <= hi:
+            errors[name] = f"Each must be between {lo:g} and {hi:g}, got {number:g}."
+            return []
+        out.append(number)
+    return sorted(set(out))
+
+
+def start_simulation(spec: dict[str, Any], by: AbstractBaseUser | None) -> Simulation:
+    """Save a checked sweep and queue it on the control queue."""
+    from webapp.runs.tasks import run_simulation
+
+    simulation = Simulation.objects.create(spec=spec, created_by=by)
+    run_simulation.apply_async(args=[simulation.pk], queue=CONTROL_QUEUE)
+    return simulation
+
+
+def run_simulation_now(simulation_id: int) -> None:
+    """Run a queued sweep in this process, writing its progress and result to its row."""
+    Simulation.objects.filter(pk=simulation_id).update(state=Simulation.State.RUNNING)
+    spec = Simulation.objects.get(pk=simulation_id).spec
+    last = 0.0
+
+    def progress(share: float) -> None:
+        nonlocal last
+        if share < 1 and time.monotonic() - last < PROGRESS_EVERY_S:
+            return
+        last = time.monotonic()
+        _save(simulation_id, progress=share)
+
+    try:
+        result = run_sweep(spec, progress)
+    except Exception as e:
+        _save(simulation_id, state=Simulation.State.FAILED, error=f"{type(e).__name__}: {e}")
+        raise
+    _save(simulation_id, state=Simulation.State.COMPLETED, progress=1.0, result=result)
+
+
+def simulation_group(simulation_id: int) -> str:
+    """The channel layer group of a simulation's page."""
+    return f"simulation-{simulation_id}"
+
+
+def _save(simulation_id: int, **fields: Any) -> None:
+    """Update the row, then tell the pages watching it (they show what the row says)."""
+    Simulation.objects.filter(pk=simulation_id).update(**fields)
+    send_to_group(simulation_group(simulation_id), {
+        "type": "simulation.update",
+        "simulation": Simulation.objects.get(pk=simulation_id).to_dict()})
