@@ -59,7 +59,7 @@ class MergeEntry:
 @dataclass
 class _Island:
     windows: list[list[float | None]]  # [added, removed or None]
-    step_times: deque[float]  # fault-free seconds per step, the latest ones
+    step_times: deque[tuple[float, int]]  # fault-free (seconds, steps), the latest ones
     useful_steps: float = 0.0
     rolled_back_steps: float = 0.0
     lost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOST_CAUSES, 0.0))
@@ -68,15 +68,17 @@ class _Island:
 class RunAccounting:
     """Goodput and uptime of one run, fed by syncd, the in-process cluster or a simulator.
 
-    A step is valued at the median of the island's fault-free step times (or, while
-    it has none, of every island's), never at its own report. A user's pause is left
+    A step is valued at the island's mean fault-free step time, weighted by steps
+    (its fault-free seconds over its fault-free steps; while it has none, every
+    island's), never at its own report. Not the median: under bursty load short
+    samples outnumber long ones and the median undervalues every step. A user's pause is left
     out of allocation, gaps and wall time. The run's start is the first uptime mark,
     and the open gap counts up to `now` once it exceeds theta.
 
     Args:
         islands: the names of the islands allocated from `start`.
         start: the run's start, in seconds on the caller's clock.
-        step_time_window: the latest fault-free step times per island kept for the median.
+        step_time_window: the latest fault-free step time samples kept per island.
         fragments: P. Every inner step is in the update of each of the P fragments,
             so a merge of one fragment stands for 1/P of the steps it carries.
     """
@@ -143,13 +145,16 @@ class RunAccounting:
             self.pauses[-1][1] = now
         self.end = now
 
-    def observe_step_time(self, island: str, seconds_per_step: float, faulted: bool) -> None:
-        """`island` took `seconds_per_step` (> 0) per inner step; only steps taken
-        while `faulted` is False (no active fault) value useful steps."""
+    def observe_step_time(self, island: str, seconds_per_step: float, faulted: bool,
+                          steps: int = 1) -> None:
+        """`island` took `seconds_per_step` (> 0) per inner step over `steps` steps; only
+        steps taken while `faulted` is False (no active fault) value useful steps."""
         state = self._island(island)
         seconds = _seconds("seconds_per_step", seconds_per_step, positive=True)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be a whole number of 1 or more, got {steps!r}")
         if not faulted:
-            state.step_times.append(seconds)
+            state.step_times.append((seconds * steps, steps))
 
     def merged(self, island: str, inner_steps: int, weight: float, now: float, *,
                fragment: int | None = None, version: int | None = None) -> None:
@@ -206,8 +211,9 @@ class RunAccounting:
     def step_time(self, island: str) -> float | None:
         """The fault-free seconds per step that value `island`'s useful steps."""
         own = self._island(island).step_times
-        times = own or [t for state in self.islands.values() for t in state.step_times]
-        return statistics.median(times) if times else None
+        samples = own or [t for state in self.islands.values() for t in state.step_times]
+        steps = sum(n for _, n in samples)
+        return sum(seconds for seconds, _ in samples) / steps if steps else None
 
     def wall_seconds(self, now: float) -> float:
         """Seconds from the run's start to `now` (or its end), pauses left out."""

@@ -89,7 +89,7 @@ class RunSync:
         self.norms = [deque(maxlen=32) for _ in self.fragments]
         self.rejections: Counter[str] = Counter()
         self.step_time: dict[str, float] = {}
-        self.last_update: dict[tuple[str, int], tuple[float, int]] = {}
+        self.last_update: dict[tuple[str, int], tuple[float, int, int]] = {}  # time, seq, epoch
         self.last_merge: list[dict[str, Any]] = [{} for _ in self.fragments]
         self.lost: set[str] = set()
         self.waiting_alert = False
@@ -249,11 +249,14 @@ class RunSync:
         self.norms[p].append(norm)
         self.pending_ids.setdefault((p, ref.island), ref.stream_id)
         previous = self.last_update.get((ref.island, p))
-        if previous is not None and ref.seq > previous[1] and now > previous[0]:
-            self.step_time[ref.island] = (now - previous[0]) / (ref.seq - previous[1])
+        # Within one incarnation only: the gap across a kill and rejoin is down time.
+        if previous is not None and previous[2] == ref.epoch and ref.seq > previous[1] \
+                and now > previous[0]:
+            steps = ref.seq - previous[1]
+            self.step_time[ref.island] = (now - previous[0]) / steps
             self.accounting.observe_step_time(ref.island, self.step_time[ref.island],
-                                              faulted=ref.island in self.faults)
-        self.last_update[(ref.island, p)] = (now, ref.seq)
+                                              faulted=ref.island in self.faults, steps=steps)
+        self.last_update[(ref.island, p)] = (now, ref.seq, ref.epoch)
 
     def _reject(self, ref: UpdateRef, reason: str) -> None:
         log.warning("run %s: rejected update %s/%s seq %s from %s: %s", self.store.run_id,

@@ -79,7 +79,7 @@ def test_an_open_pause_stops_allocation_until_resumed():
 
 def test_useful_steps_are_valued_at_the_fault_free_step_time_not_the_straggling_one():
     acct = RunAccounting(["a"], 0.0)
-    for seconds in (1.0, 1.2, 0.9):
+    for seconds in (1.0, 1.2, 0.8):
         acct.observe_step_time("a", seconds, faulted=False)
     for _ in range(5):
         acct.observe_step_time("a", 4.0, faulted=True)  # straggling
@@ -88,6 +88,21 @@ def test_useful_steps_are_valued_at_the_fault_free_step_time_not_the_straggling_
     assert acct.step_time("a") == pytest.approx(1.0)
     assert acct.useful_seconds("a") == pytest.approx(10.0)
     assert acct.goodput(40.0) == pytest.approx(0.25)
+
+
+def test_a_step_is_valued_at_the_step_weighted_mean_not_the_median():
+    acct = RunAccounting(["a"], 0.0)
+    # Under bursty load most samples are short and a few are long: 3 quick windows of
+    # 10 steps at 0.1 s and one slow one of 10 steps at 0.5 s take 8 s for 40 steps.
+    for seconds in (0.1, 0.1, 0.1, 0.5):
+        acct.observe_step_time("a", seconds, faulted=False, steps=10)
+
+    assert acct.step_time("a") == pytest.approx(0.2)
+
+
+def test_a_step_time_sample_needs_whole_steps():
+    with pytest.raises(ValueError, match="steps must be a whole number of 1 or more, got 0"):
+        RunAccounting(["a"], 0.0).observe_step_time("a", 1.0, faulted=False, steps=0)
 
 
 def test_an_island_without_fault_free_steps_is_valued_at_the_median_over_all_islands():
