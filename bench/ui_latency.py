@@ -93,20 +93,26 @@ class SyntheticIslands(threading.Thread):
 def send_probes(run_id: int, count: int, every_s: float, stop: threading.Event,
                 sent_ms: dict[int, float]) -> None:
     """Bare channel-layer messages to the run's group; `sent_ms` gets each one's id and
-    send time."""
-    from asgiref.sync import async_to_sync
+    send time. One event loop for all of them, as syncd keeps one: a connection made
+    per message would be measured instead of the path."""
+    import asyncio
+
     from channels.layers import get_channel_layer
 
     from syncd.live import status_group
 
-    group_send = async_to_sync(get_channel_layer().group_send)
-    for i in range(count):
-        if stop.wait(every_s):
-            return
-        sent_ms[PROBE_ID + i] = time.time() * 1000
-        group_send(status_group(run_id), {"type": "run.events", "events": [{
-            "id": PROBE_ID + i, "kind": "alert", "time": None, "island": None, "actor": None,
-            "detail": {"message": "latency probe"}}]})
+    async def send_all() -> None:
+        layer = get_channel_layer()
+        for i in range(count):
+            await asyncio.sleep(every_s)
+            if stop.is_set():
+                return
+            sent_ms[PROBE_ID + i] = time.time() * 1000
+            await layer.group_send(status_group(run_id), {"type": "run.events", "events": [{
+                "id": PROBE_ID + i, "kind": "alert", "time": None, "island": None,
+                "actor": None, "detail": {"message": "latency probe"}}]})
+
+    asyncio.run(send_all())
 
 
 def measure(system: BenchSystem, run: Any, profile: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from syncd import lease
 from syncd.lease import Lease, LeaseLost
-from syncd.live import LiveNotifier, status_group
+from syncd.live import LiveNotifier, group_send, status_group
 from syncd.records import Recorder
 from syncd.service import RunSync
 from syncd.store import RunStore, connect, syncd_command
@@ -31,10 +31,7 @@ LEASE_TTL_S = 10.0
 def channel_notifier() -> LiveNotifier:
     """Push status snapshots to the run's channel layer group (Channels, Redis), as
     numbered deltas (syncd/live.py)."""
-    from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
-
-    return LiveNotifier(async_to_sync(get_channel_layer().group_send), status_group)
+    return LiveNotifier(group_send, status_group)
 
 
 class Syncd:

@@ -12,11 +12,9 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import transaction
 
-from syncd.live import status_group
+from syncd.live import group_send, status_group
 from webapp.runs.models import Event, Island
 
 log = logging.getLogger("archipelago.web")
@@ -40,11 +38,8 @@ def push_events(run_id: int, events: Iterable[Event]) -> None:
 
 def send_to_group(group: str, message: dict[str, Any]) -> None:
     """Send a message to a channel layer group; a failure is logged, never raised."""
-    layer = get_channel_layer()
-    if layer is None:
-        return
     try:
-        async_to_sync(layer.group_send)(group, message)
+        group_send(group, message)
     except Exception:  # the live page is a view of the database; never fail a write for it
         log.exception("could not push to %s", group)
 
