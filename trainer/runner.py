@@ -25,9 +25,7 @@ import base64
 import json
 import logging
 import os
-import queue
 import signal
-import threading
 import time
 from typing import Any
 
@@ -41,10 +39,9 @@ from trainer.data import load_corpus
 from trainer.distributed import IslandGroup, resolve_device
 from trainer.fragments import Fragment, due_fragments, partition
 from trainer.island import Island, initial_model
+from trainer.link import HEARTBEAT_S, POLL_S, Link, beating
 
 log = logging.getLogger("archipelago.island")
-POLL_S = 0.05
-HEARTBEAT_S = 0.25
 
 
 def config_from_spec(spec: dict[str, Any]) -> RunConfig:
@@ -57,46 +54,6 @@ def run_fragments(config: RunConfig) -> list[Fragment]:
     """The partition syncd uses, from the shapes of the run's model."""
     shapes = {k: v.numel() for k, v in initial_model(config).state_dict().items()}
     return partition(shapes, config.sync.fragments)
-
-
-class Link:
-    """An emulated wide-area link: a sender thread that holds each message for
-    latency + bytes * bytes_scale * 8 / bandwidth before it reaches Redis.
-
-    The queue is bounded: when syncd or Redis cannot keep up, the island waits
-    to send (backpressure) instead of piling up updates in memory.
-    """
-
-    def __init__(self, island: ProcessIsland, max_pending: int):
-        self.island = island
-        self.queue: queue.Queue = queue.Queue(maxsize=max_pending)
-        self.bytes_up = 0
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True, name="link")
-        self.thread.start()
-
-    def send(self, fragment: int, seq: int, blob: bytes) -> None:
-        if self.error:
-            raise RuntimeError("the link thread failed") from self.error
-        self.queue.put((fragment, seq, blob))
-
-    def _run(self) -> None:
-        try:
-            while True:
-                fragment, seq, blob = self.queue.get()
-                self.island.wait_while_partitioned()
-                time.sleep(self.island.transfer_time(len(blob)))
-                self.island.store.push_update(self.island.name, self.island.epoch, fragment,
-                                              seq, blob)
-                self.bytes_up += len(blob)
-                self.queue.task_done()
-        except BaseException as exc:  # surfaced on the next send
-            self.error = exc
-
-    def drain(self, timeout: float) -> None:
-        deadline = time.time() + timeout
-        while self.queue.unfinished_tasks and time.time() < deadline and not self.error:
-            time.sleep(POLL_S)
 
 
 class ProcessIsland:
@@ -256,9 +213,12 @@ class ProcessIsland:
             init.update(tensors)
         if self.group:
             self.group.broadcast_object(self.run_spec)  # the other ranks build their island
-        corpus = load_corpus(config.data.path, config.data.eval_fraction)
-        self.island = Island(self.index, config, corpus, fragments, init, self.device,
-                             self.group)
+        # Reading the corpus and building the island take seconds on a busy host: keep
+        # heartbeating, or syncd takes the island for lost before its first step.
+        with beating(lambda: self.beat("starting", force=True)):
+            corpus = load_corpus(config.data.path, config.data.eval_fraction)
+            self.island = Island(self.index, config, corpus, fragments, init, self.device,
+                                 self.group)
         for p, state in enumerate(self.island.state):
             state.version = versions[p]
         cursor = self.store.cursor(self.name)

@@ -1,0 +1,75 @@
+"""The island process's helper threads: its emulated wide-area link, and heartbeats
+while its main thread is busy."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainer.runner import ProcessIsland
+
+HEARTBEAT_S = 0.25
+POLL_S = 0.05
+
+
+@contextlib.contextmanager
+def beating(beat: Callable[[], None], every_s: float = HEARTBEAT_S) -> Iterator[None]:
+    """Call `beat` from a thread every `every_s` while the body runs."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            beat()
+
+    thread = threading.Thread(target=loop, name="heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+class Link:
+    """An emulated wide-area link: a sender thread that holds each message for
+    latency + bytes * bytes_scale * 8 / bandwidth before it reaches Redis.
+
+    The queue is bounded: when syncd or Redis cannot keep up, the island waits
+    to send (backpressure) instead of piling up updates in memory.
+    """
+
+    def __init__(self, island: ProcessIsland, max_pending: int):
+        self.island = island
+        self.queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        self.bytes_up = 0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name="link")
+        self.thread.start()
+
+    def send(self, fragment: int, seq: int, blob: bytes) -> None:
+        if self.error:
+            raise RuntimeError("the link thread failed") from self.error
+        self.queue.put((fragment, seq, blob))
+
+    def _run(self) -> None:
+        try:
+            while True:
+                fragment, seq, blob = self.queue.get()
+                self.island.wait_while_partitioned()
+                time.sleep(self.island.transfer_time(len(blob)))
+                self.island.store.push_update(self.island.name, self.island.epoch, fragment,
+                                              seq, blob)
+                self.bytes_up += len(blob)
+                self.queue.task_done()
+        except BaseException as exc:  # surfaced on the next send
+            self.error = exc
+
+    def drain(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while self.queue.unfinished_tasks and time.time() < deadline and not self.error:
+            time.sleep(POLL_S)
