@@ -6,7 +6,8 @@ PIP := $(VENV)/bin/pip
 # Database URLs the database tests run against, one pass each.
 TEST_DATABASES ?= sqlite:///var/test.sqlite3 postgres://postgres@127.0.0.1:5432/archipelago
 
-.PHONY: install install-test start demo test test-unit test-db test-browser lint bench-quality clean
+.PHONY: install install-test start demo test test-unit test-db test-system test-browser lint \
+	bench-quality clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +32,7 @@ start: install
 demo: install
 	$(PY) -m trainer.demo
 
-test: install-test lint test-unit test-db test-browser
+test: install-test lint test-unit test-db test-system test-browser
 
 lint: install-test
 	$(VENV)/bin/ruff check .
@@ -46,10 +47,19 @@ test-db: install-test
 	mkdir -p var
 	@for url in $(TEST_DATABASES); do \
 		echo "== database tests on $$url"; \
-		DATABASE_URL=$$url $(VENV)/bin/pytest tests/webapp -q -p no:cacheprovider || exit 1; \
+		DATABASE_URL=$$url $(VENV)/bin/pytest tests/webapp -m "not system" -q \
+			-p no:cacheprovider || exit 1; \
 		DATABASE_URL=$$url $(VENV)/bin/pytest tests/trainer tests/syncd -m integration \
 			-q -p no:cacheprovider || exit 1; \
 	done
+
+# System tier, once: whole systems with a database and Redis of their own: the chaos
+# soak's CI tier (every kind of fault at least once, then every invariant) and a kill -9
+# of every process of `python -m webapp.start` followed by a start again.
+test-system: install-test
+	mkdir -p var
+	DATABASE_URL=sqlite:///var/test.sqlite3 $(VENV)/bin/pytest tests/bench tests/webapp \
+		-m system -q -p no:cacheprovider
 
 # Browser tier: a real Chromium (Debian's package) driven by Playwright.
 test-browser: install-test

