@@ -49,12 +49,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.backoff import ExponentialBackoff
 from redis.client import Pipeline
+from redis.retry import Retry
 
 from syncd.lease import Lease, guarded_transaction
 
 BLOB_TTL_S = 3600
 LOG_TTL_S = 7 * 24 * 3600
+# About 8 s of retries with backoff: time for a Redis to restart and load its data.
+RESTART_RETRIES = 12
 STREAM_MAXLEN = 100_000
 
 
@@ -68,9 +72,23 @@ def syncd_command(client: redis.Redis) -> str | None:
     return raw.decode() if raw else None
 
 
-def connect(url: str) -> redis.Redis:
-    """A binary-safe client; every caller decodes what it reads itself."""
-    return redis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+def connect(url: str, *, ride_out_restarts: bool = False) -> redis.Redis:
+    """A binary-safe client; every caller decodes what it reads itself.
+
+    Args:
+        url: redis:// or rediss:// URL, password included.
+        ride_out_restarts: retry a command for a few seconds when the connection drops
+            (a Redis restarting and loading its append-only file). For islands, whose
+            writes are idempotent for syncd (an update is known by its seq); not for
+            syncd, whose merge transaction must not run twice.
+    """
+    if not ride_out_restarts:
+        return redis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+    return redis.Redis.from_url(
+        url, decode_responses=False, health_check_interval=30,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), RESTART_RETRIES),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError, ConnectionResetError,
+                        redis.BusyLoadingError])
 
 
 @dataclass(frozen=True)

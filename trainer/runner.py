@@ -324,8 +324,8 @@ def main() -> None:
             log.info("island %s rank %d of %d on %s", args.island, group.rank,
                      group.world_size, group.device)
             raise SystemExit(follow(group, args.island))
-    island = ProcessIsland(RunStore(connect(args.redis_url), args.run), args.island, args.epoch,
-                           args.device, group)
+    store = RunStore(connect(args.redis_url, ride_out_restarts=True), args.run)
+    island = ProcessIsland(store, args.island, args.epoch, args.device, group)
 
     def stop(signum: int, frame: object) -> None:
         island.stopping = True  # finish the current step, save the cursor, exit
