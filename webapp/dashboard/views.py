@@ -8,10 +8,11 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count, OuterRef, Subquery
-from django.http import HttpRequest, HttpResponse
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from bench.results import RESULTS
 from trainer.config import ConfigError, field_help
 from webapp.dashboard.forms import RunForm
 from webapp.dashboard.regions import region_positions
@@ -26,6 +27,12 @@ SORTS = {"name": "name", "mode": "mode", "state": "state", "progress": "tokens",
          "goodput": "goodput", "eval_loss": "eval_loss", "started": "started_at",
          "created": "created_at"}
 CHART_POINTS = 500
+
+
+def _id_param(request: HttpRequest, name: str) -> int:
+    """A query parameter naming a row by id; 0 (no row) when it is not a whole number."""
+    value = request.GET.get(name, "")
+    return int(value) if value.isascii() and value.isdecimal() else 0
 
 
 def _latest(field: str) -> Subquery:
@@ -73,7 +80,7 @@ def new_run(request: HttpRequest) -> HttpResponse:
                                           "when you are ready.")
                 return redirect("dashboard:run", run_id=run.pk)
     else:
-        start = Checkpoint.objects.filter(pk=request.GET.get("from") or 0,
+        start = Checkpoint.objects.filter(pk=_id_param(request, "from"),
                                           run__isnull=False).select_related("run").first()
         if start is not None:  # "new run from here": the checkpoint's run's settings
             config = start.run.config
@@ -124,7 +131,8 @@ def compare(request: HttpRequest) -> HttpResponse:
 def tokens(request: HttpRequest) -> HttpResponse:
     made: str | None = None
     if request.method == "POST":
-        name = request.POST.get("name", "").strip()[:100]
+        # NUL has no place in a name, and PostgreSQL cannot store it.
+        name = request.POST.get("name", "").replace("\x00", "").strip()[:100]
         _, made = ApiToken.issue(request.user, name)
     return render(request, "dashboard/tokens.html", {
         "tokens": request.user.api_tokens.all(), "made": made})
@@ -160,9 +168,24 @@ def simulate(request: HttpRequest) -> HttpResponse:
         else:
             simulation = start_simulation(spec, request.user)
             return redirect(f"{request.path}?id={simulation.pk}")
-    shown = Simulation.objects.filter(pk=request.GET.get("id") or 0).first() or \
+    shown = Simulation.objects.filter(pk=_id_param(request, "id")).first() or \
         Simulation.objects.filter(state=Simulation.State.COMPLETED).first()
     return render(request, "dashboard/simulate.html", {
         "values": values, "errors": errors, "can_start": roles.can(request.user, "operate"),
         "shown": shown.to_dict() if shown else None,
         "recent": Simulation.objects.all()[:10]})
+
+
+REPORTS = ("goodput", "goodput-quick", "simulate", "simulate-quick")
+
+
+@require_GET
+@login_required
+def benchmark_report(request: HttpRequest, name: str) -> HttpResponse:
+    """A benchmark's HTML report (bench/results/NAME.html, plotly.js inside it) as the
+    last `python -m bench goodput|simulate` on this host wrote it."""
+    path = RESULTS / f"{name}.html"
+    if name not in REPORTS or not path.is_file():
+        raise Http404(f"No {name} report here: run python -m bench "
+                      f"{name.split('-')[0]} on this host first.")
+    return FileResponse(path.open("rb"), content_type="text/html; charset=utf-8")
