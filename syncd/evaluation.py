@@ -2,12 +2,15 @@
 moves with it, and once more at the end.
 
 Every `eval.interval_steps` global inner steps (outer_steps x H), at most once per
-MIN_GAP_S of syncd's clock: syncd evaluates in its own loop, and a merge must not
-wait behind a string of evaluations. The held-out batches are read once.
+MIN_GAP_S of syncd's clock. While the run trains, an evaluation runs in a thread of
+its own on a copy of the global parameters, so merges never wait behind it; the loss
+is picked up on a later tick. The final one, at the budget, runs in line. The
+held-out batches are read once.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import torch
@@ -29,6 +32,9 @@ class GlobalEval:
         self.next_step = config.eval.interval_steps
         self.next_time = 0.0
         self._evaluator: Callable[[dict[str, torch.Tensor]], float] | None = None
+        self._thread: threading.Thread | None = None
+        self._result: float | None = None
+        self._lock = threading.Lock()
 
     def due(self, outer_steps: int, now: float) -> bool:
         """Whether an evaluation is due at `outer_steps` (the smallest fragment version)."""
@@ -38,6 +44,32 @@ class GlobalEval:
         self.next_step = step + self.config.eval.interval_steps
         self.next_time = now + self.min_gap_s
         return True
+
+    def start(self, params: dict[str, torch.Tensor]) -> bool:
+        """Evaluate a copy of `params` in the background; False if one is still running."""
+        if self._thread is not None and self._thread.is_alive():
+            return False
+        snapshot = {name: tensor.detach().clone() for name, tensor in params.items()}
+
+        def run() -> None:
+            loss = self(snapshot)
+            with self._lock:
+                self._result = loss
+
+        self._thread = threading.Thread(target=run, name="evaluation", daemon=True)
+        self._thread.start()
+        return True
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the background evaluation to finish."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def result(self) -> float | None:
+        """The loss of the last background evaluation that finished since the last call."""
+        with self._lock:
+            loss, self._result = self._result, None
+        return loss
 
     def __call__(self, params: dict[str, torch.Tensor]) -> float:
         """The eval loss of `params` on the run's held-out text."""

@@ -85,6 +85,10 @@ class RunSync:
         self.sync = Synchronizer(params, self.fragments, config.sync, config.optim,
                                  config.round_tokens(), embedding_tensor_names())
         self.after = b"0-0"
+        # Stream entries up to this one may have been read by a syncd before this one:
+        # a handled seq among them is a redelivery. After it, a handled seq is a replay.
+        newest = store.r.xrevrange(store.key("updates"), count=1)
+        self.redelivered_until = _stream_id(newest[0][0]) if newest else (0, 0)
         self.pending_ids: dict[tuple[int, str], bytes] = {}
         self.norms = [deque(maxlen=32) for _ in self.fragments]
         self.rejections: Counter[str] = Counter()
@@ -190,7 +194,9 @@ class RunSync:
         for p in range(len(self.fragments)):
             self._maybe_merge(p, now, self.live)
         if self.evaluation.due(self.sync.outer_steps, now):
-            self.eval_loss = self.evaluate()
+            self.evaluation.start(self.sync.global_params())
+        if (loss := self.evaluation.result()) is not None:
+            self.eval_loss = loss
         if now >= self.next_status:
             self.next_status = now + STATUS_EVERY_S
             status = run_status(self, now, self.live)
@@ -231,7 +237,12 @@ class RunSync:
         pending = self.sync.rounds[p].get(ref.island)
         if ref.seq <= self.sync.handled[p].get(ref.island, -1) or (
                 pending is not None and ref.seq <= pending.update.seq):
-            return  # a replay or a redelivery: merged at most once
+            # Merged at most once; what another syncd may have read is redelivered
+            # silently, anything newer is a replay.
+            if _stream_id(ref.stream_id) > self.redelivered_until:
+                self._reject(ref, f"replayed seq {ref.seq}: island {ref.island} already sent "
+                                  f"an update of fragment {p} with this seq or a later one")
+            return
         island = next((i for i in self.config.islands if i.name == ref.island), None)
         facts = None if island is None else IslandFacts(
             self.epochs.get(ref.island, 0), island.batch_size * self.config.model.block_size)
@@ -403,3 +414,9 @@ class RunSync:
 
     def evaluate(self) -> float:
         return self.evaluation(self.sync.global_params())
+
+
+def _stream_id(raw: bytes) -> tuple[int, int]:
+    """A Redis stream id (b"1700000000000-3") as numbers that sort like the stream."""
+    millis, _, seq = raw.decode().partition("-")
+    return int(millis), int(seq or 0)

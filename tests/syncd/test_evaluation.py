@@ -39,3 +39,18 @@ def test_it_evaluates_the_given_parameters_on_held_out_text(tmp_path):
 
     # An untrained byte model is close to uniform over 256 bytes.
     assert math.isfinite(loss) and abs(loss - math.log(256)) < 0.5
+
+
+def test_a_background_evaluation_works_on_a_copy_and_is_picked_up_once(tmp_path):
+    run_config = config(tmp_path)
+    evaluation = GlobalEval(run_config)
+    params = dict(initial_model(run_config).state_dict())
+    expected = evaluation(params)
+
+    assert evaluation.start(params)
+    for tensor in params.values():
+        tensor.zero_()  # the live globals move on; the evaluation has its own copy
+    evaluation.wait(timeout=30)
+
+    assert evaluation.result() == expected
+    assert evaluation.result() is None
