@@ -17,12 +17,13 @@ from dataclasses import dataclass
 import torch
 
 from syncd.merge import Update
-from syncd.protocol import ProtocolError, decode_message
+from syncd.protocol import MAX_HEADER_BYTES, TAG_BYTES, ProtocolError, decode_message
 from syncd.store import UpdateRef
 from trainer import compress
 
 NORM_FACTOR = 20.0  # an update this many times the recent median norm per step is refused
 NORM_WARMUP = 4  # updates seen before the norm bound applies
+FULL_PRECISION_CODECS = ("none", "bf16")  # tensors sent whole, in their own shape
 
 
 class Rejection(ValueError):
@@ -58,7 +59,7 @@ def check_update(blob: bytes | None, ref: UpdateRef, secret: bytes, facts: Islan
     if blob is None:
         raise Rejection("the update's message expired or is missing")
     try:
-        kind, meta, tensors = decode_message(blob, secret, max_bytes)
+        kind, meta, tensors = decode_message(blob, secret, min(max_bytes, message_limit(shapes)))
     except ProtocolError as exc:
         raise Rejection(str(exc)) from exc
     if kind != "update":
@@ -67,12 +68,22 @@ def check_update(blob: bytes | None, ref: UpdateRef, secret: bytes, facts: Islan
     if claimed != (ref.island, ref.epoch, ref.fragment, ref.seq):
         raise Rejection(f"metadata {claimed} does not match the stream entry "
                         f"{(ref.island, ref.epoch, ref.fragment, ref.seq)}")
-    steps, tokens = meta["inner_steps"], meta["tokens"]
-    if not isinstance(steps, int) or not isinstance(tokens, int) or steps < 1:
+    steps, tokens, base = meta["inner_steps"], meta["tokens"], meta["base_version"]
+    if not _whole(steps) or not _whole(tokens) or steps < 1:
         raise Rejection(f"inner_steps must be a positive whole number, got {steps!r}")
+    if steps > ref.seq:
+        # seq is the island's inner step: it cannot have trained more steps than that.
+        raise Rejection(f"inner_steps {steps} is more than the island's seq {ref.seq}")
+    if not _whole(base) or base < 0:
+        raise Rejection(f"base_version must be a whole number of at least 0, got {base!r}")
     if tokens != steps * facts.tokens_per_step:
         raise Rejection(f"{tokens} tokens do not match {steps} inner steps of "
                         f"{facts.tokens_per_step} tokens")
+    if meta["codec"] in FULL_PRECISION_CODECS:
+        for name, t in tensors.items():
+            if name in shapes and tuple(t.shape) != tuple(shapes[name]):
+                raise Rejection(f"tensor {name} has shape {tuple(t.shape)}, the fragment's "
+                                f"is {tuple(shapes[name])}")
     try:
         delta = compress.decode(tensors, meta["codec"], shapes)
     except ValueError as exc:
@@ -88,4 +99,16 @@ def check_update(blob: bytes | None, ref: UpdateRef, secret: bytes, facts: Islan
         if per_step > bound:
             raise Rejection(f"norm {per_step:.3g} per step exceeds {bound:.3g} "
                             f"({NORM_FACTOR:g}x the recent median)")
-    return Update(ref.island, meta["base_version"], tokens, steps, delta, ref.seq), per_step
+    return Update(ref.island, base, tokens, steps, delta, ref.seq), per_step
+
+
+def message_limit(shapes: dict[str, tuple[int, ...]]) -> int:
+    """The largest honest update of a fragment with these tensor shapes: every value in
+    float32 (no codec sends more), a full safetensors header, the length and the tag."""
+    values = sum(math.prod(shape) for shape in shapes.values())
+    return 4 * values + MAX_HEADER_BYTES + 8 + TAG_BYTES
+
+
+def _whole(value: object) -> bool:
+    """A JSON whole number (true and false are not numbers here)."""
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -148,6 +148,10 @@ SECTIONS: dict[str, type] = {
     "train": TrainConfig,
 }
 MAX_ISLANDS = 256
+# The largest model a run may ask for: every island, syncd (globals and outer momentum)
+# and each checkpoint hold it whole, in float32.
+MAX_PARAMS = 2_000_000_000
+VOCAB_SIZE = 256  # byte-level (trainer/model.py)
 
 
 def default_islands() -> list[IslandConfig]:
@@ -217,6 +221,9 @@ def _check_value(path: str, f: Any, value: Any, errors: dict[str, list[str]]) ->
         if len(value) > 1000:
             errors.setdefault(path, []).append("Must be at most 1000 characters.")
             return default
+        if "\x00" in value:
+            errors.setdefault(path, []).append("Must not contain NUL characters.")
+            return default
         if meta.get("choices") and value not in meta["choices"]:
             choices = ", ".join(meta["choices"])
             errors.setdefault(path, []).append(f"Must be one of {choices}, got {value!r}.")
@@ -231,15 +238,35 @@ def _check_value(path: str, f: Any, value: Any, errors: dict[str, list[str]]) ->
             return default
         value = int(value)
     else:
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # a whole number too large for a float
+            value = math.inf
         if not math.isfinite(value):
             errors.setdefault(path, []).append("Must be a finite number.")
             return default
     lo, hi = meta.get("lo"), meta.get("hi")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        errors.setdefault(path, []).append(f"Must be between {lo:g} and {hi:g}, got {value:g}.")
+        errors.setdefault(path, []).append(
+            f"Must be between {lo:g} and {hi:g}, got {_shown(value)}.")
         return default
     return value
+
+
+def _shown(value: int | float) -> str:
+    """A number for a message; a whole number too large for a float is shortened."""
+    if isinstance(value, int) and abs(value) >= 10**16:
+        digits = str(abs(value))
+        return f"{'-' if value < 0 else ''}{digits[0]}.{digits[1:4]}e+{len(digits) - 1}"
+    return f"{value:g}"
+
+
+def parameter_count(model: ModelConfig) -> int:
+    """The parameters of trainer.model.GPT with these settings (untied embeddings, no
+    biases in the linear layers, two LayerNorms per block and one at the end)."""
+    n = model.n_embd
+    per_block = 12 * n * n + 4 * n
+    return 2 * VOCAB_SIZE * n + model.block_size * n + model.n_layer * per_block + 2 * n
 
 
 def _parse_section(prefix: str, cls: type, data: Any, errors: dict[str, list[str]]) -> Any:
@@ -328,6 +355,11 @@ def _check_relations(config: RunConfig, errors: dict[str, list[str]]) -> None:
     if m.n_embd % m.n_head:
         errors.setdefault("model.n_head", []).append(
             f"Must divide model.n_embd ({m.n_embd}), got {m.n_head}.")
+    params = parameter_count(m)
+    if params > MAX_PARAMS:
+        errors.setdefault("model", []).append(
+            f"The model would have {params:,} parameters; at most {MAX_PARAMS:,} are allowed "
+            "(fewer model.n_layer or a smaller model.n_embd).")
     s = config.sync
     n = len(config.islands)
     if not 1 <= s.min_quorum <= n:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sysconfig
 from pathlib import Path
 
 import dj_database_url
@@ -180,6 +181,28 @@ LOG_DIR = Path(env_str("LOG_DIR", str(VAR_DIR / "logs")))
 # The bearer token a Prometheus scraper sends to /metrics; empty: only signed-in
 # operators (and staff) may read it.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# The folders a run's data.path may name a file or folder in, separated by the
+# platform's path separator (":"). A path that resolves (symlinks and ".." followed)
+# outside every one is refused (webapp.runs.services.check_data_path). Default: var/data
+# and the Python standard library's folder, which the default corpus reads.
+DATA_ROOTS = [Path(p) for p in env_str(
+    "DATA_ROOTS", os.pathsep.join([str(VAR_DIR / "data"), sysconfig.get_paths()["stdlib"]])
+).split(os.pathsep) if p.strip()]
+
+# Form posts: the new-run form has about 50 fields and 7 per island row, up to
+# trainer.config.MAX_ISLANDS (256) rows; Django's default of 1000 fields would refuse
+# the larger ones. Bodies stay under Django's default of 2.5 MB (the API's own limit is
+# 1 MiB, webapp/api/api.py).
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 2000
+
+# Sign-in (webapp/dashboard/login.py): after this many failed sign-ins of one username
+# from one address within the window, the form refuses attempts until it has passed.
+LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+LOGIN_FAILURE_WINDOW_S = env_int("LOGIN_FAILURE_WINDOW_S", 300)
+# The failure counts live here: the web process's memory, enough for the one Daphne
+# process of `python -m webapp.start`; several web processes need a shared cache.
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                      "LOCATION": "archipelago"}}
 
 CELERY_BROKER_URL = REDIS_URL
 # An island is one long task. It is acknowledged when it ends, so a worker shut

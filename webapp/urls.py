@@ -5,10 +5,11 @@ from django.urls import include, path
 from webapp.api import prometheus
 from webapp.api import views as api_views
 from webapp.api.api import api
+from webapp.dashboard.login import RateLimitedLoginView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", RateLimitedLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/", api.urls),
     path("api/<path:rest>", api_views.not_found),

@@ -69,7 +69,9 @@ def control_room(redis_url, tmp_path, settings, transactional_db):
     env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url(),
            "CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "LOG_DIR": str(tmp_path / "logs"),
            "DJANGO_SETTINGS_MODULE": "webapp.settings", "PYTHONPATH": str(ROOT),
-           "REGIONS": REGIONS}
+           "REGIONS": REGIONS,
+           # The runs the tests create read a corpus from the test's own folder.
+           "DATA_ROOTS": str(tmp_path)}
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     processes = Processes(env, tmp_path)
     processes.start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),

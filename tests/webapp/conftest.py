@@ -64,3 +64,30 @@ def enqueued(monkeypatch):
 
     monkeypatch.setattr(run_island, "apply_async", apply_async)
     return sent
+
+
+@pytest.fixture(autouse=True)
+def _data_roots(settings, tmp_path_factory):
+    """The tests' runs may read corpora from the tests' temporary folders (a run a user
+    creates must name a data.path inside settings.DATA_ROOTS)."""
+    settings.DATA_ROOTS = [*settings.DATA_ROOTS, tmp_path_factory.getbasetemp()]
+
+
+@pytest.fixture
+def new_run_form(settings) -> dict[str, str]:
+    """What the browser posts on /runs/new/ for the demo preset: every value it shows."""
+    from webapp.dashboard.forms import RunForm
+    from webapp.runs.presets import preset_config
+
+    form = RunForm(config=preset_config("demo", settings.REGIONS))
+    data = {"name": "from the form", "mode": "decoupled"}
+    for name in form.fields:
+        value = form[name].value()
+        if value is True:
+            data[name] = "on"
+        elif value is not None and value is not False and name not in data:
+            data[name] = str(value)
+    for n, row in enumerate(form.island_rows):
+        for key, value in row["values"].items():
+            data[f"islands-{n}-{key}"] = str(value)
+    return data

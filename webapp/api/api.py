@@ -49,7 +49,7 @@ class JsonObjectParser(Parser):
     def parse_body(self, request: HttpRequest) -> dict[str, Any]:
         declared = request.META.get("CONTENT_LENGTH") or "0"
         too_big = BodyError(413, f"The body is larger than the limit of {MAX_BODY_BYTES} bytes.")
-        if (declared.isdigit() and int(declared) > MAX_BODY_BYTES) \
+        if (declared.isascii() and declared.isdecimal() and int(declared) > MAX_BODY_BYTES) \
                 or len(request.body) > MAX_BODY_BYTES:
             raise too_big
         try:
@@ -58,7 +58,26 @@ class JsonObjectParser(Parser):
             raise BodyError(400, f"Not valid JSON: {e}.") from None
         if not isinstance(body, dict):
             raise BodyError(400, f"Must be a JSON object, got {JSON_TYPES[type(body)]}.")
+        if _has_nul(body):
+            # PostgreSQL cannot store it, and no field here has a use for it.
+            raise BodyError(400, "Text must not contain NUL characters (\\u0000).")
         return body
+
+
+def _has_nul(value: Any) -> bool:
+    """Whether a string anywhere in decoded JSON (keys too) holds a NUL character."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 class ArchipelagoApi(NinjaAPI):

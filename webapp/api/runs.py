@@ -21,6 +21,7 @@ from webapp.runs.models import Checkpoint, Event, Run
 router = Router(tags=["runs"])
 config = Router(tags=["runs"])
 
+MAX_OFFSET = 10**9
 ORDERINGS = ("-created_at", "created_at", "name", "-name", "state", "-state", "id", "-id")
 
 
@@ -35,7 +36,7 @@ class RunFilter(Schema):
     mode: Run.Mode | None = None
     ordering: Literal[ORDERINGS] = "-created_at"  # type: ignore[valid-type]
     limit: int = Field(100, ge=1, le=1000)
-    offset: int = Field(0, ge=0)
+    offset: int = Field(0, ge=0, le=MAX_OFFSET)
 
 
 @router.get("", auth=allow("view"), response=answers(schemas.RunList))
@@ -141,6 +142,12 @@ def run_metrics(request: HttpRequest, run_id: int, since: datetime | None = None
     run = get_run(run_id)
     if since is not None and timezone.is_naive(since):
         since = since.replace(tzinfo=UTC)
+    if since is not None:
+        try:
+            since = since.astimezone(UTC)
+        except OverflowError:  # 0001-01-01T00:00+05:00 is before year 1 in UTC
+            raise ApiError(422, "since", f"{since.isoformat()} is out of range in UTC "
+                                         "(years 1 to 9999).") from None
     return {"metrics": reports.run_metrics(run, since, limit)}
 
 

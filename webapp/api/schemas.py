@@ -231,7 +231,8 @@ class SampleIn(Body):
     prompt: str = Field(description=f"The text to continue, 1 to {MAX_PROMPT_CHARS} characters.")
     tokens: int = Field(200, description=f"Bytes to generate, 1 to {MAX_SAMPLE_TOKENS}.")
     temperature: float = Field(0.8, description="Softmax temperature, above 0.")
-    seed: int = Field(0, description="The sampling seed: the same seed, the same text.")
+    seed: int = Field(0, ge=0, le=2**63 - 1,
+                      description="The sampling seed: the same seed, the same text.")
 
 
 class SampleOut(Schema):

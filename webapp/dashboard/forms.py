@@ -91,7 +91,7 @@ class RunForm(forms.Form):
                     for island in islands]
         indices = sorted({int(key.split("-")[1]) for key in data
                           if key.startswith("islands-") and key.count("-") >= 2
-                          and key.split("-")[1].isdigit()})[:MAX_ISLAND_ROWS]
+                          and key.split("-")[1].isdecimal()})[:MAX_ISLAND_ROWS]
         return [{"values": {k: data.get(f"islands-{n}-{k}", "") for k in ISLAND_FIELDS},
                  "errors": {}} for n in indices]
 

@@ -117,7 +117,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_GET
 @login_required
 def compare(request: HttpRequest) -> HttpResponse:
-    ids = [int(i) for i in request.GET.getlist("runs") if i.isdigit()][:8]
+    ids = [int(i) for i in request.GET.getlist("runs") if i.isascii() and i.isdecimal()][:8]
     chosen = list(Run.objects.filter(pk__in=ids))
     series = [{"id": run.pk, "name": run.name, "mode": run.mode,
                "metrics": run_metrics(run)} for run in chosen]

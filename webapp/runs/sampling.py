@@ -37,6 +37,11 @@ def sample(checkpoint: Checkpoint, prompt: str, tokens: int = 200, temperature: 
     if len(prompt) > MAX_PROMPT_CHARS:
         raise ValueError(f"prompt must be at most {MAX_PROMPT_CHARS} characters, "
                          f"got {len(prompt)}.")
+    try:
+        prompt_bytes = prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"prompt must be text that UTF-8 can encode: {e.reason} at "
+                         f"character {e.start}.") from None
     if not isinstance(tokens, int) or not 1 <= tokens <= MAX_SAMPLE_TOKENS:
         raise ValueError(f"tokens must be between 1 and {MAX_SAMPLE_TOKENS}, got {tokens!r}.")
     if not temperature > 0:
@@ -50,7 +55,7 @@ def sample(checkpoint: Checkpoint, prompt: str, tokens: int = 200, temperature: 
     except (OSError, ValueError, RuntimeError) as e:
         raise ValueError(f"The checkpoint could not be loaded: {e}") from None
     model.eval()
-    idx = torch.tensor([list(prompt.encode("utf-8"))[-model.config.block_size:]],
+    idx = torch.tensor([list(prompt_bytes)[-model.config.block_size:]],
                        dtype=torch.long)
     generator = torch.Generator().manual_seed(seed)
     out = model.generate(idx, tokens, temperature=temperature, generator=generator)

@@ -72,6 +72,14 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
             # problem with the run's own name or mode.
             key = f"config.{path}" if path in ("name", "mode") else path
             errors.setdefault(key, []).extend(messages)
+    # What a user names must stay inside the data folders; the system's own runs (user
+    # None: the demo, benchmarks, tests) may read their own corpora.
+    data = config.get("data") if isinstance(config, dict) else None
+    path = data.get("path") if isinstance(data, dict) else None
+    if user is not None and isinstance(path, str) and "data.path" not in errors:
+        message = check_data_path(path)
+        if message:
+            errors["data.path"] = [message]
     if initial_checkpoint is not None and "model" not in errors:
         message = checkpoint_misfit(initial_checkpoint, config)
         if message:
@@ -300,6 +308,23 @@ def delete_run(run: Run, by: AbstractBaseUser | None) -> None:
         run.delete()
     for path in doomed:
         Path(path).unlink(missing_ok=True)
+
+
+def check_data_path(path: str) -> str:
+    """Why a run may not read `path` ("" when it may): it must resolve, with symlinks
+    and ".." followed, inside one of settings.DATA_ROOTS. Empty is the default corpus."""
+    if not path:
+        return ""
+    try:
+        resolved = Path(path).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError) as e:  # a symlink loop, a bad name
+        return f"Must be a path that can be resolved: {e}."
+    roots = [Path(root).expanduser().resolve() for root in settings.DATA_ROOTS]
+    if any(resolved.is_relative_to(root) for root in roots):
+        return ""
+    return (f"Must be a file or folder inside one of the data folders "
+            f"({', '.join(str(root) for root in roots) or 'none configured'}; setting "
+            f"DATA_ROOTS); {path!r} resolves to {resolved}.")
 
 
 def checkpoint_misfit(checkpoint: Checkpoint, config: Any) -> str:

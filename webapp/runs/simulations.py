@@ -59,7 +59,7 @@ def _numbers(value: Any, kind: type, lo: float, hi: float, name: str,
     for v in value:
         try:
             number = kind(float(v))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: int("1e400")
             errors[name] = f"Must be numbers, got {v!r}."
             return []
         if not lo <= number <= hi:

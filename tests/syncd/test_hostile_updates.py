@@ -1,0 +1,282 @@
+"""Hostile and broken updates against syncd's live ingestion (RunSync on a real Redis
+and the real database).
+
+Each bad message is written into the run's stream as an attacker (or a broken island)
+could. It must be rejected with a reason, counted for its island (the status the
+control room shows), recorded as a rejection event and never merged, and the run goes
+on: the next good updates still merge into a new version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import struct
+
+import pytest
+import torch
+from safetensors.torch import save as save_tensors
+
+from syncd.ingest import NORM_WARMUP, message_limit
+from syncd.protocol import encode_message
+from syncd.records import Recorder
+from syncd.service import RunSync
+from syncd.status import run_status
+from syncd.store import RunStore, connect
+from trainer import compress
+from webapp.runs.models import Event
+from webapp.runs.services import create_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
+
+CONFIG = {
+    "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
+    "sync": {"inner_steps": 4, "fragments": 2, "overlap_steps": 1, "min_quorum": 2,
+             "max_staleness": 4},
+    "eval": {"tokens": 256},
+    "budget": {"total_tokens": 10**9},
+    "islands": [{"name": "a", "region": "us-east", "batch_size": 2},
+                {"name": "b", "region": "us-east", "batch_size": 2}],
+}
+TOKENS_PER_STEP = 2 * 16
+STEPS = 4
+
+
+@pytest.fixture
+def run_sync(redis_url, tmp_path) -> RunSync:
+    run = create_run(name="hostile", mode="decoupled", config=CONFIG, user=None)
+    store = RunStore(connect(redis_url), run.pk)
+    store.put_spec(run.mode, run.config, run.secret)
+    store.set_epoch("a", 1)
+    store.set_epoch("b", 1)
+    sync = RunSync(store, Recorder(run.pk), tmp_path, clock=lambda: 1000.0,
+                   control_every_s=0.0)
+    for island in ("a", "b"):
+        store.heartbeat(island, 1, 4, 128, state="training")
+    return sync
+
+
+def meta_of(sync: RunSync, island: str, seq: int, **changes) -> dict:
+    return {"run": sync.store.run_id, "island": island, "epoch": 1, "fragment": 0,
+            "base_version": sync.sync.versions[0], "seq": seq,
+            "tokens": STEPS * TOKENS_PER_STEP, "inner_steps": STEPS, "compute_s": 1.0,
+            "codec": "none", **changes}
+
+
+def tensors_of(sync: RunSync, value: float = 0.01, dtype=torch.float32) -> dict:
+    return {n: torch.full(s, value, dtype=dtype) for n, s in sync.sync.shapes[0].items()}
+
+
+def good_blob(sync: RunSync, island: str, seq: int, value: float = 0.01) -> bytes:
+    return encode_message("update", meta_of(sync, island, seq), tensors_of(sync, value),
+                          sync.secret)
+
+
+def sign(body: bytes, secret: bytes) -> bytes:
+    return body + hmac.new(secret, body, hashlib.sha256).digest()
+
+
+def push(sync: RunSync, island: str, seq: int, blob: bytes) -> None:
+    sync.store.push_update(island, 1, 0, seq, blob)
+
+
+def rejection_reasons(sync: RunSync) -> list[str]:
+    sync.recorder.flush()
+    return [e.detail["reason"] for e in Event.objects.filter(run_id=sync.recorder.run_id,
+                                                             kind="rejection")]
+
+
+# -- the hostile messages: (name, blob maker, words of the reason) --------------------
+
+def truncated(sync):
+    blob = good_blob(sync, "a", 8)
+    return blob[:len(blob) // 2]
+
+
+def a_few_bytes(sync):
+    return b"\x01\x02\x03"
+
+
+def not_safetensors(sync):
+    return sign(b"this is not a safetensors message, whatever its length says", sync.secret)
+
+
+def bad_header_json(sync):
+    header = b"{not json"
+    return sign(struct.pack("<Q", len(header)) + header, sync.secret)
+
+
+def wrong_dtype(sync):
+    return encode_message("update", meta_of(sync, "a", 8),
+                          tensors_of(sync, dtype=torch.float64), sync.secret)
+
+
+def wrong_shape(sync):
+    # The same number of values, transposed: it would reshape silently into garbage.
+    tensors = {n: t.reshape(*reversed(t.shape)) if t.dim() == 2 and t.shape[0] != t.shape[1]
+               else t for n, t in tensors_of(sync).items()}
+    assert any(t.shape != sync.sync.shapes[0][n] for n, t in tensors.items())
+    return encode_message("update", meta_of(sync, "a", 8), tensors, sync.secret)
+
+
+def wrong_names(sync):
+    return encode_message("update", meta_of(sync, "a", 8),
+                          {"lm_head.nonsense": torch.zeros(3, 3)}, sync.secret)
+
+
+def with_nan(sync):
+    return good_blob(sync, "a", 8, value=math.nan)
+
+
+def with_inf(sync):
+    return good_blob(sync, "a", 8, value=math.inf)
+
+
+def with_minus_inf_in_int8_scale(sync):
+    payload = compress.encode(tensors_of(sync), "int8")
+    name = next(k for k in payload if k.endswith(":scale"))
+    payload[name] = torch.full_like(payload[name], -math.inf)
+    return encode_message("update", meta_of(sync, "a", 8, codec="int8"), payload, sync.secret)
+
+
+def huge(sync):
+    tensors = tensors_of(sync)
+    tensors["padding"] = torch.zeros(message_limit(sync.sync.shapes[0]) // 4 + 1)
+    return encode_message("update", meta_of(sync, "a", 8), tensors, sync.secret)
+
+
+def another_runs_secret(sync):
+    return encode_message("update", meta_of(sync, "a", 8), tensors_of(sync),
+                          b"the secret of another run")
+
+
+def unsigned(sync):
+    header = {"protocol": "1", "kind": "update",
+              **{k: json.dumps(v) for k, v in meta_of(sync, "a", 8).items()}}
+    return save_tensors(tensors_of(sync), metadata=header)
+
+
+def claims_another_island(sync):
+    return encode_message("update", meta_of(sync, "b", 8), tensors_of(sync), sync.secret)
+
+
+def absurd_inner_steps(sync):
+    steps = 10**12
+    return encode_message("update", meta_of(sync, "a", 8, inner_steps=steps,
+                                            tokens=steps * TOKENS_PER_STEP),
+                          tensors_of(sync), sync.secret)
+
+
+def base_version_not_a_number(sync):
+    return encode_message("update", meta_of(sync, "a", 8, base_version="latest"),
+                          tensors_of(sync), sync.secret)
+
+
+def wrong_token_count(sync):
+    return encode_message("update", meta_of(sync, "a", 8, tokens=10**9), tensors_of(sync),
+                          sync.secret)
+
+
+def a_global_message(sync):
+    meta = {"run": sync.store.run_id, "fragment": 0, "version": 9, "base_version": -1,
+            "codec": "none"}
+    return encode_message("global", meta, tensors_of(sync), sync.secret)
+
+
+HOSTILE = [
+    (truncated, "bad signature"),
+    (a_few_bytes, "truncated"),
+    (not_safetensors, "does not fit the message"),
+    (bad_header_json, "not a safetensors message"),
+    (wrong_dtype, "torch.float64"),
+    (wrong_shape, "has shape"),
+    (wrong_names, "do not match the fragment"),
+    (with_nan, "non-finite"),
+    (with_inf, "non-finite"),
+    (with_minus_inf_in_int8_scale, "non-finite"),
+    (huge, "exceeds the limit"),
+    (another_runs_secret, "bad signature"),
+    (unsigned, "bad signature"),
+    (claims_another_island, "does not match the stream entry"),
+    (absurd_inner_steps, "more than the island's seq"),
+    (base_version_not_a_number, "base_version must be a whole number"),
+    (wrong_token_count, "do not match"),
+    (a_global_message, "where an update belongs"),
+]
+
+
+def assert_rejected_and_the_run_goes_on(sync: RunSync, reason: str, seq: int) -> None:
+    """One rejection of island a with `reason`, counted and shown; b's good update waits
+    alone; a's next good update merges with it into a new version."""
+    reasons = rejection_reasons(sync)
+    assert len(reasons) == 1 and reason in reasons[0], reasons
+    assert sync.rejections == {"a": 1}
+    assert run_status(sync, 1000.0, 2)["islands"]["a"]["rejections"] == 1
+    version = sync.sync.versions[0]
+    assert sync.store.versions()[0] == version
+    assert list(sync.sync.rounds[0]) == ["b"]
+
+    push(sync, "a", seq + STEPS, good_blob(sync, "a", seq + STEPS))
+    sync.tick()
+
+    assert sync.store.versions()[0] == version + 1
+    assert all(torch.isfinite(t).all() for t in sync.sync.globals[0].values())
+    assert sync.rejections == {"a": 1}
+
+
+@pytest.mark.parametrize("make, reason", HOSTILE, ids=[m.__name__ for m, _ in HOSTILE])
+def test_a_hostile_update_is_rejected_counted_and_never_merged(run_sync, make, reason):
+    push(run_sync, "a", 8, make(run_sync))
+    push(run_sync, "b", 8, good_blob(run_sync, "b", 8))
+
+    run_sync.tick()
+
+    assert_rejected_and_the_run_goes_on(run_sync, reason, 8)
+
+
+def test_an_update_of_an_absurd_norm_is_rejected_once_recent_norms_are_known(run_sync):
+    seq = 0
+    while len(run_sync.norms[0]) < NORM_WARMUP:
+        seq += STEPS
+        push(run_sync, "a", seq, good_blob(run_sync, "a", seq))
+        push(run_sync, "b", seq, good_blob(run_sync, "b", seq))
+        run_sync.tick()
+    seq += STEPS
+    push(run_sync, "a", seq, good_blob(run_sync, "a", seq, value=1e6))
+    push(run_sync, "b", seq, good_blob(run_sync, "b", seq))
+
+    run_sync.tick()
+
+    assert_rejected_and_the_run_goes_on(run_sync, "exceeds", seq)
+
+
+def test_a_replayed_update_is_rejected_as_a_replay_and_merged_once(run_sync):
+    blob = good_blob(run_sync, "a", 4)
+    push(run_sync, "a", 4, blob)
+    push(run_sync, "b", 4, good_blob(run_sync, "b", 4))
+    run_sync.tick()
+    assert run_sync.store.versions()[0] == 1
+
+    push(run_sync, "a", 4, blob)  # the very same signed bytes again
+    push(run_sync, "b", 8, good_blob(run_sync, "b", 8))
+    run_sync.tick()
+
+    assert_rejected_and_the_run_goes_on(run_sync, "replayed seq 4", 4)
+
+
+def test_a_restarted_syncd_reads_handled_updates_again_without_calling_them_replays(
+        run_sync, tmp_path):
+    push(run_sync, "a", 4, good_blob(run_sync, "a", 4))
+    push(run_sync, "b", 4, good_blob(run_sync, "b", 4))
+    run_sync.tick()
+    run_sync.recorder.flush()
+
+    again = RunSync(run_sync.store, Recorder(run_sync.store.run_id), tmp_path,
+                    clock=lambda: 1001.0, control_every_s=0.0)
+    again.tick()
+
+    assert again.rejections == {}
+    assert rejection_reasons(again) == []
+    assert again.store.versions()[0] == 1
