@@ -40,6 +40,7 @@ from trainer.distributed import IslandGroup, resolve_device
 from trainer.fragments import Fragment, due_fragments, partition
 from trainer.island import Island, initial_model
 from trainer.link import HEARTBEAT_S, POLL_S, Link, beating
+from trainer.supervisor import LAUNCHED_AT_ENV
 
 log = logging.getLogger("archipelago.island")
 
@@ -85,8 +86,9 @@ class ProcessIsland:
         self.index = self.config.island_index(name)
         self.spec = self.config.islands[self.index]
         self.stopping = False
-        self.started = time.time()
-        self.startup_s: float | None = None  # process start to first step: elastic's delay
+        # From the supervisor's launch (interpreter and imports included) when it says.
+        self.started = float(os.environ.get(LAUNCHED_AT_ENV, time.time()))
+        self.startup_s: float | None = None  # launch to first step: elastic's delay
         self.restart_generation = store.restart()[0]
         self.bytes_down = 0
         self._fault: dict[str, Any] = {}

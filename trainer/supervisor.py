@@ -48,6 +48,7 @@ import redis
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 0.2
+LAUNCHED_AT_ENV = "ARCHIPELAGO_LAUNCHED_AT"
 # How often the log's last lines go to Redis (for the control room, on any host).
 LOG_SHIP_S = 2.0
 LOG_SHIP_LINES = 200
@@ -161,9 +162,12 @@ class IslandSupervisor:
         return self.children[0] if self.children else None
 
     def _start(self) -> None:
-        envs: list[dict[str, str] | None] = [self.env]
+        # The launch time, so the island's start-up (elastic's restart delay) counts
+        # the interpreter and its imports too.
+        base = {**(self.env if self.env is not None else os.environ),
+                LAUNCHED_AT_ENV: repr(time.time())}
+        envs = [base]
         if self.processes > 1:
-            base = self.env if self.env is not None else dict(os.environ)
             port = free_port()
             envs = [{**base, **rank_env(rank, self.processes, port)}
                     for rank in range(self.processes)]

@@ -226,6 +226,20 @@ def test_the_logs_last_lines_go_to_the_store_for_the_control_room(tmp_path):
     assert store.logs[-1][-1].startswith("[supervisor ") and "ended (exited)" in store.logs[-1][-1]
 
 
+def test_the_island_is_told_when_it_was_launched(tmp_path):
+    before = time.time()
+    command = python("""
+        import os
+        print("launched at", os.environ["ARCHIPELAGO_LAUNCHED_AT"], flush=True)
+    """)
+
+    supervisor(tmp_path, command, FakeStore()).run()
+
+    line = next(x for x in (tmp_path / "island-0.log").read_text().splitlines()
+                if x.startswith("launched at"))
+    assert before <= float(line.split()[-1]) <= time.time()
+
+
 def test_a_process_that_finishes_on_its_own_has_exited(tmp_path):
     result = supervisor(tmp_path, python("print('run done')"), FakeStore()).run()
 
