@@ -5,6 +5,7 @@ or flushed by the tests.
 """
 
 import subprocess
+from pathlib import Path
 
 import pytest
 import redis
@@ -62,3 +63,12 @@ def channel_layer(redis_url, settings):
     layers.channel_layers.backends.clear()
     yield layers.get_channel_layer()
     layers.channel_layers.backends.clear()
+
+
+@pytest.fixture
+def corpus_file(tmp_path) -> Path:
+    """A small text file for runs of tiny models: quick to read, real bytes."""
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(f"line {i}: the islands train and the merge goes on.\n"
+                            for i in range(4000)))
+    return path

@@ -24,14 +24,6 @@ def operator(django_user_model, transactional_db):
     return user
 
 
-@pytest.fixture
-def corpus(tmp_path) -> Path:
-    path = tmp_path / "corpus.txt"
-    path.write_text("".join(f"line {i}: the islands train and the merge goes on.\n"
-                            for i in range(4000)))
-    return path
-
-
 def sign_in(page, url: str, username: str) -> None:
     page.goto(f"{url}/")
     assert "/accounts/login/" in page.url  # anonymous users only see the sign-in page
@@ -78,9 +70,9 @@ def versions(page) -> int:
 
 
 def test_an_operator_runs_breaks_and_heals_a_run_from_the_browser(
-        page, control_room, operator, corpus, artifacts):
+        page, control_room, operator, corpus_file, artifacts):
     sign_in(page, control_room, "olga")
-    run = create_run_in_the_form(page, control_room, "browser run", corpus, artifacts)
+    run = create_run_in_the_form(page, control_room, "browser run", corpus_file, artifacts)
     assert page.locator("#run-state").inner_text() == "draft"
     assert run.islands.count() == 3
     page.evaluate("window.notReloaded = true")
@@ -120,11 +112,11 @@ def test_an_operator_runs_breaks_and_heals_a_run_from_the_browser(
     assert page.evaluate("window.notReloaded") is True  # all of it live, no reload
 
 
-def test_a_run_name_with_html_in_it_is_shown_as_text(page, control_room, operator, corpus,
+def test_a_run_name_with_html_in_it_is_shown_as_text(page, control_room, operator, corpus_file,
                                                       artifacts):
     sign_in(page, control_room, "olga")
     name = "<img src=x onerror=alert(1)><b>bold</b>"
-    run = create_run_in_the_form(page, control_room, name, corpus, artifacts)
+    run = create_run_in_the_form(page, control_room, name, corpus_file, artifacts)
 
     assert page.locator("#run-name").inner_text() == name
     assert page.locator("#run-name b, #run-name img").count() == 0
@@ -134,7 +126,7 @@ def test_a_run_name_with_html_in_it_is_shown_as_text(page, control_room, operato
 
 
 def test_a_bad_setting_shows_its_message_beside_the_field_and_saves_nothing(
-        page, control_room, operator, corpus, artifacts):
+        page, control_room, operator, corpus_file, artifacts):
     sign_in(page, control_room, "olga")
     page.goto(f"{control_room}/runs/new/")
     page.fill("input[name=name]", "too many quorum")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 from test_runtime_processes import (  # noqa: F401 - fixtures
-    corpus_file,
     runner_processes,
     start_and_wait,
     system,
@@ -26,7 +25,7 @@ SEED = 139
 
 
 def test_a_chaos_schedule_kills_an_island_records_the_fault_and_rejoins_it(
-        system, corpus_file, redis_url):  # noqa: F811 - fixtures
+        system, corpus_file, redis_url):  # noqa: F811 - the system fixture
     islands = {f"island-{i}": "us-east" for i in range(3)}
     first = schedule(PRESETS["kills_only"], islands, 60.0, SEED)[0]
     assert (first.kind, first.islands, first.at_s < 1.0) == ("kill", ("island-2",), True)

@@ -98,14 +98,6 @@ def system(redis_url, tmp_path, settings):
     processes.stop_all()
 
 
-@pytest.fixture
-def corpus_file(tmp_path) -> Path:
-    path = tmp_path / "corpus.txt"
-    path.write_text("".join(f"line {i}: the islands train and the merge goes on.\n"
-                            for i in range(4000)))
-    return path
-
-
 def tiny_run(corpus_file: Path, total_tokens: int) -> Run:
     config = {
         "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
