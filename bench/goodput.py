@@ -37,7 +37,7 @@ from syncd.chaos import Fault
 HOME = ROOT / "var" / "bench-goodput"
 REGIONS = ("us-east", "us-west")
 PROFILES: dict[str, dict[str, Any]] = {
-    "full": {"seeds": [1, 3], "total_tokens": 500_000, "preset": "aggressive",
+    "full": {"seeds": [1, 3], "total_tokens": 2_000_000, "preset": "aggressive",
              "bounds": {"oracle_gap": 0.05, "ratio": 1.6, "stall": 1.0, "loss": 1.02}},
     "quick": {"seeds": [3], "total_tokens": 150_000, "preset": "aggressive",
               "bounds": {"oracle_gap": 0.08, "ratio": 1.2, "stall": 1.5, "loss": 1.05}},
