@@ -49,7 +49,18 @@ def redis_url(redis_server, settings):
     client.flushall()
     client.close()
     settings.REDIS_URL = redis_server
+    point_celery_at(redis_server)
     return redis_server
+
+
+def point_celery_at(url: str) -> None:
+    """Send Celery tasks to `url`. The app's connection and producer pools were made for
+    the broker it had when it first sent something (in an earlier test, say), so they go
+    too, as after a fork."""
+    from webapp.celery import app
+
+    app.conf.broker_url = url
+    app._after_fork()
 
 
 @pytest.fixture

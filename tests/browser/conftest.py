@@ -61,9 +61,7 @@ def artifacts(request) -> Path:
 def control_room(redis_url, tmp_path, settings, transactional_db):
     """The web app on Daphne, syncd and one worker for the regions us-east and us-west;
     yields the web app's base URL."""
-    from webapp.celery import app
-
-    app.conf.broker_url = redis_url
+    # The redis_url fixture pointed Celery at the test Redis.
     settings.LOG_DIR = tmp_path / "logs"
     port = free_port()
     env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url(),

@@ -184,6 +184,7 @@ def test_web_syncd_and_two_region_workers_configured_only_by_environment_train_o
     # The test creates and starts the run with the run services (what the pages and the
     # API call), which enqueue the islands on the region queues of the same Redis.
     app.conf.broker_url = redis_url
+    app._after_fork()  # its pools were made for another broker
     settings.REDIS_URL = redis_url
     try:
         viewer = django_user_model.objects.create_user("olga", password="hosts-pw-123")

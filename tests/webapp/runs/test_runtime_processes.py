@@ -81,9 +81,7 @@ class Processes:
 @pytest.fixture
 def system(redis_url, tmp_path, settings):
     """syncd and a worker for region us-east, on the test Redis and the test database."""
-    from webapp.celery import app
-
-    app.conf.broker_url = redis_url
+    # The redis_url fixture pointed Celery at the test Redis.
     settings.LOG_DIR = tmp_path / "logs"
     env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": database_url(),
            "CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "LOG_DIR": str(tmp_path / "logs"),

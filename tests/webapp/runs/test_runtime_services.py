@@ -338,7 +338,7 @@ def test_island_log_reads_the_end_of_the_islands_log(running, settings, tmp_path
 def test_island_log_prefers_what_the_supervisor_put_in_redis(running, store, settings,
                                                              tmp_path):
     settings.LOG_DIR = tmp_path  # no file here: the island runs on another host
-    store.put_log("east-a", ["step 1", "step 2", "step 3"])
+    store(running).put_log("east-a", ["step 1", "step 2", "step 3"])
 
     assert island_log(running, "east-a", lines=2) == ["step 2", "step 3"]
 
