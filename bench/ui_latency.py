@@ -47,12 +47,11 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def make_run(islands: int) -> Any:
+    """A running run of `islands` islands, started as the control room starts one. No
+    worker consumes the region queues: the islands are the synthetic ones below."""
     from django.contrib.auth import get_user_model
 
-    from syncd.store import RunStore
-    from webapp.runs.models import Run
-    from webapp.runs.services import create_run, put_spec
-    from webapp.runs.stores import run_store
+    from webapp.runs.services import create_run, start_run
 
     get_user_model().objects.create_user("bench", password=PASSWORD)
     config = {"model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
@@ -61,12 +60,7 @@ def make_run(islands: int) -> Any:
               "islands": [{"name": f"island-{i:02d}", "region": REGIONS[i % len(REGIONS)]}
                           for i in range(islands)]}
     run = create_run(name="ui latency", mode="decoupled", config=config, user=None)
-    store: RunStore = run_store(run)
-    put_spec(run, store)
-    for island in run.islands.all():
-        store.set_epoch(island.name, 1)
-    run.transition(Run.State.QUEUED)
-    run.transition(Run.State.RUNNING)
+    start_run(run, by=None)
     return run
 
 

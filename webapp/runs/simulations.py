@@ -80,8 +80,7 @@ def start_simulation(spec: dict[str, Any], by: AbstractBaseUser | None) -> Simul
 
 def run_simulation_now(simulation_id: int) -> None:
     """Run a queued sweep in this process, writing its progress and result to its row."""
-    Simulation.objects.filter(pk=simulation_id).update(state=Simulation.State.RUNNING)
-    spec = Simulation.objects.get(pk=simulation_id).spec
+    spec = _save(simulation_id, state=Simulation.State.RUNNING).spec
     last = 0.0
 
     def progress(share: float) -> None:
@@ -104,9 +103,12 @@ def simulation_group(simulation_id: int) -> str:
     return f"simulation-{simulation_id}"
 
 
-def _save(simulation_id: int, **fields: Any) -> None:
+def _save(simulation_id: int, **fields: Any) -> Simulation:
     """Update the row, then tell the pages watching it (they show what the row says)."""
-    Simulation.objects.filter(pk=simulation_id).update(**fields)
+    simulation = Simulation.objects.get(pk=simulation_id)
+    for name, value in fields.items():
+        setattr(simulation, name, value)
+    simulation.save(update_fields=list(fields))
     send_to_group(simulation_group(simulation_id), {
-        "type": "simulation.update",
-        "simulation": Simulation.objects.get(pk=simulation_id).to_dict()})
+        "type": "simulation.update", "simulation": simulation.to_dict()})
+    return simulation
