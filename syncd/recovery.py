@@ -90,15 +90,21 @@ def account_new_incarnations(run: RunSync, epochs: dict[str, int]) -> None:
         run.accounting.lost(island, seconds, "in_flight")
 
 
-def restart_job(run: RunSync, now: float, lost_island: str) -> None:
+def restart_job(run: RunSync, now: float, island: str, *, joining: bool = False) -> None:
     """Elastic: every island rolls back to the last checkpoint and pauses for the
-    restart delay, as a whole-job restart would make it.
+    restart delay, as a whole-job restart would make it. torchelastic restarts every
+    worker on any change of membership: when `island` is lost, and again when it
+    comes back (`joining`); an island that joins while a restart is under way joins
+    that one.
 
     Lost to "rollback": the merges since the checkpoint (taken back, and their tokens
     no longer count towards the budget), the updates waiting in the open rounds and
-    each survivor's work since its last sends; to "restart_pause": each survivor's
-    pause.
+    each other island's work since its last sends; to "restart_pause": each other
+    island's pause. The joining island's own start-up overlaps the pause, and it
+    follows the restart like the others.
     """
+    if joining and now < run.store.restart()[1]:
+        return
     if run.restore_point is None:
         params = [{n: t.clone() for n, t in g.items()} for g in run.sync.globals]
         momentum = [opt.state_dict() for opt in run.sync.optimizers]
@@ -107,9 +113,9 @@ def restart_job(run: RunSync, now: float, lost_island: str) -> None:
         params, momentum = run.restore_point
         kept = run.restore_tokens
     merged = run.store.tokens_merged()
-    survivors = [i.name for i in run.config.islands
-                 if i.name not in run.lost and i.name in run.accounting.islands]
-    thrown = {name: unsent_steps(run, name) for name in survivors}
+    others = [i.name for i in run.config.islands if i.name != island
+              and i.name not in run.lost and i.name in run.accounting.islands]
+    thrown = {name: unsent_steps(run, name) for name in others}
     discarded = set()
     for p in range(len(run.fragments)):
         for name, pending in run.sync.rounds[p].items():
@@ -121,11 +127,12 @@ def restart_job(run: RunSync, now: float, lost_island: str) -> None:
     delay = restart_delay(run)
     generation = run.store.restart_job(now + delay)
     run.accounting.rollback(run.restore_time, now)
-    for name in survivors:
+    for name in others:
         run.accounting.lost(name, delay, "restart_pause")
         run.accounting.lost(name, thrown[name] * (run.accounting.step_time(name) or 0.0),
                             "rollback")
-    run.recorder.event("rollback", lost_island, versions=list(run.sync.versions),
+    run.recorder.event("rollback", island, versions=list(run.sync.versions),
+                        reason="island joined" if joining else "island lost",
                         restart_delay_s=round(delay, 2), generation=generation,
                         discarded=sorted(discarded))
 

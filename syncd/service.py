@@ -367,6 +367,8 @@ class RunSync:
                 if island.name in self.lost:
                     self.lost.discard(island.name)
                     self.recorder.event("island_revived", island.name, epoch=beat["epoch"])
+                    if self.elastic:
+                        recovery.restart_job(self, now, island.name, joining=True)
                 self.recorder.island(island.name, state="training", tokens=beat["tokens"],
                                      inner_steps=beat["step"])
                 self._track_rate(island.name, beat)

@@ -154,8 +154,9 @@ def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
     assert list(again.sync.rounds[0]) == []  # merged ones are not merged twice
 
 
-def beat_at(sync: RunSync, island: str, time: float) -> None:
-    beat = {"epoch": 1, "time": time, "step": 4, "tokens": 128, "state": "training"}
+def beat_at(sync: RunSync, island: str, time: float, *, epoch: int = 1,
+            state: str = "training") -> None:
+    beat = {"epoch": epoch, "time": time, "step": 4, "tokens": 128, "state": state}
     sync.store.r.hset(sync.store.key("heartbeats"), island, json.dumps(beat))
 
 
@@ -208,6 +209,51 @@ def test_elastic_rolls_back_to_the_last_outer_step_and_pauses_every_island_on_a_
     rollback = Event.objects.get(run_id=sync.recorder.run_id, kind="rollback")
     assert rollback.detail["versions"] == [3, 2]
     assert rollback.detail["discarded"] == ["a"]
+
+
+def lose_b_in_elastic(redis_url, tmp_path) -> RunSync:
+    sync = make_run_sync(redis_url, tmp_path, "elastic")
+    beat_at(sync, "a", 1000.0)
+    beat_at(sync, "b", 1000.0)
+    sync.tick()
+    sync.clock_state["now"] = 1060.0
+    beat_at(sync, "a", 1060.0)
+    sync.tick()
+    assert sync.store.restart() == (1, pytest.approx(1065.0))
+    return sync
+
+
+def test_elastic_restarts_the_whole_job_again_when_a_lost_island_comes_back(
+        redis_url, tmp_path):
+    sync = lose_b_in_elastic(redis_url, tmp_path)
+    sync.clock_state["now"] = 1070.0
+    beat_at(sync, "a", 1070.0)
+    sync.store.set_epoch("b", 2)
+    beat_at(sync, "b", 1070.0, epoch=2, state="starting")  # b's new incarnation arrives
+    sync.tick()
+
+    assert sync.lost == set()
+    assert sync.store.restart() == (2, pytest.approx(1075.0))
+    lost = sync.accounting.snapshot(1070.0)["islands"]
+    assert lost["a"]["lost_s"]["restart_pause"] == pytest.approx(10.0)  # out, then in
+    assert lost["b"]["lost_s"]["restart_pause"] == 0.0  # its start-up overlaps the pause
+    sync.recorder.flush()
+    reasons = list(Event.objects.filter(run_id=sync.recorder.run_id, kind="rollback")
+                   .values_list("detail__reason", flat=True))
+    assert reasons == ["island lost", "island joined"]
+
+
+def test_elastic_lets_an_island_that_comes_back_during_a_restart_join_that_restart(
+        redis_url, tmp_path):
+    sync = lose_b_in_elastic(redis_url, tmp_path)
+    sync.clock_state["now"] = 1062.0  # the pause runs until 1065
+    beat_at(sync, "a", 1062.0)
+    sync.store.set_epoch("b", 2)
+    beat_at(sync, "b", 1062.0, epoch=2, state="starting")
+    sync.tick()
+
+    assert sync.lost == set()
+    assert sync.store.restart() == (1, pytest.approx(1065.0))
 
 
 def test_the_status_carries_goodput_once_step_times_are_known(run_sync):

@@ -215,6 +215,15 @@ def test_elastic_mode_rolls_back_and_pauses_every_island_when_one_is_lost(
     wait_until(lambda: sum(newest_versions(store)) >= after_restart + 2, 60,
                "the survivors to go on after the restart")
     wait_until(lambda: run.events.filter(kind="rollback").exists(), 10, "the rollback event")
+
+    rejoin_island(run, "island-0", by=None)  # membership grows: the job restarts again
+    wait_until(lambda: store.restart()[0] == 2, 60, "a whole-job restart for the joiner")
+    wait_all_training(store)
+    after_join = sum(newest_versions(store))
+    wait_until(lambda: sum(newest_versions(store)) >= after_join + 2, 60,
+               "all three islands to go on after the second restart")
+    wait_until(lambda: run.events.filter(kind="rollback", detail__reason="island joined")
+               .exists(), 10, "the joiner's rollback event")
     stop_run(run, by=None)
 
 
