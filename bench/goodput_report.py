@@ -59,6 +59,17 @@ def oracle_goodput(faults: Iterable[Fault], islands: int, wall_s: float, *, offs
     return max(0.0, 1.0 - lost / (islands * wall_s))
 
 
+def merge_interval(inner_steps: int, fragments: int, step_time_s: float) -> float:
+    """The cadence at which the global model is due to change: one of the P fragments
+    every H/P inner steps, at the fault-free step time. The measured gaps are shorter
+    and uneven (islands out of phase split a fragment's outer step into several merges),
+    so twice their median is failed by runs without any fault."""
+    if inner_steps < 1 or fragments < 1 or not step_time_s > 0:
+        raise ValueError(f"need H >= 1, P >= 1 and a step time above 0, got {inner_steps}, "
+                         f"{fragments}, {step_time_s}")
+    return inner_steps / fragments * step_time_s
+
+
 def stall_with_quorum(marks: Sequence[float], wall_s: float,
                       live: Sequence[tuple[float, int]], min_quorum: int) -> float:
     """The longest gap between successive merges (or the last merge and the end) during

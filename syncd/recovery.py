@@ -44,12 +44,24 @@ def fall_back_to_checkpoint(run: RunSync) -> bool:
 
 
 def restart_delay(run: RunSync) -> float:
-    """elastic.restart_delay_s, or the measured time for an island process to
-    start and load state (the median its incarnations reported)."""
+    """elastic.restart_delay_s, or the measured time for the job to start: a whole-job
+    restart starts every island at once, and the barrier goes on when the slowest is
+    back, so it is the longest start-up (launch to first step) of the islands' first
+    incarnations, which started together (the first this syncd saw). Until each has
+    reported one, the median start-up any incarnation reported."""
     if run.config.elastic.restart_delay_s is not None:
         return run.config.elastic.restart_delay_s
+    if run.first_startups and set(run.first_startups) >= {i.name for i in run.config.islands}:
+        return max(run.first_startups.values())
     measured = [b["startup_s"] for b in run.heartbeats.values() if b.get("startup_s")]
     return statistics.median(measured) if measured else DEFAULT_RESTART_DELAY_S
+
+
+def note_first_startups(run: RunSync) -> None:
+    """Keep the start-up each island's first incarnation reported (elastic's delay)."""
+    for island, beat in run.heartbeats.items():
+        if island not in run.first_startups and beat.get("startup_s"):
+            run.first_startups[island] = float(beat["startup_s"])
 
 
 def mark_restore_point(run: RunSync, now: float) -> None:

@@ -99,6 +99,7 @@ class RunSync:
         self.waiting_alert = False
         self.epochs: dict[str, int] = {}
         self.heartbeats: dict[str, dict[str, Any]] = {}
+        self.first_startups: dict[str, float] = {}  # island -> seconds
         self.next_status = self.next_flush = self.next_control = 0.0
         self.control_every_s = control_every_s
         self.live = 0
@@ -218,6 +219,7 @@ class RunSync:
         than on every pass: the spec, heartbeats, faults, a pause, requests, the budget."""
         self._refresh_spec()
         self.heartbeats = self.store.heartbeats()
+        recovery.note_first_startups(self)
         self.faults = self.store.faults([i.name for i in self.config.islands])
         paused = self.store.paused()
         if paused != self.accounting.paused:

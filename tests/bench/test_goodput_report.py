@@ -3,7 +3,13 @@ uptime from merge marks, the spread over seeds, and the report page."""
 
 import pytest
 
-from bench.goodput_report import figure_html, oracle_goodput, spread, stall_with_quorum
+from bench.goodput_report import (
+    figure_html,
+    merge_interval,
+    oracle_goodput,
+    spread,
+    stall_with_quorum,
+)
 from syncd.accounting import RunAccounting, uptime_from_marks
 from syncd.chaos import Fault
 
@@ -87,3 +93,9 @@ def test_the_report_page_marks_the_faults():
            "faults": [{"at_s": 2.0, "kind": "kill", "duration_s": 3.0}]}
     page = figure_html({0: {"decoupled": run, "elastic": run}}, "goodput")
     assert page.startswith("<html>") and "seed 0" in page and "kill" in page
+
+
+def test_the_merge_interval_is_one_fragment_every_h_over_p_steps():
+    assert merge_interval(30, 2, 0.02) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="step time above 0"):
+        merge_interval(30, 2, 0.0)

@@ -155,8 +155,9 @@ def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
 
 
 def beat_at(sync: RunSync, island: str, time: float, *, epoch: int = 1,
-            state: str = "training") -> None:
-    beat = {"epoch": epoch, "time": time, "step": 4, "tokens": 128, "state": state}
+            state: str = "training", startup_s: float | None = None) -> None:
+    beat = {"epoch": epoch, "time": time, "step": 4, "tokens": 128, "state": state,
+            "startup_s": startup_s}
     sync.store.r.hset(sync.store.key("heartbeats"), island, json.dumps(beat))
 
 
@@ -254,6 +255,20 @@ def test_elastic_lets_an_island_that_comes_back_during_a_restart_join_that_resta
 
     assert sync.lost == set()
     assert sync.store.restart() == (1, pytest.approx(1065.0))
+
+
+def test_the_elastic_restart_delay_is_the_slowest_first_start_up_of_the_job(
+        redis_url, tmp_path):
+    sync = make_run_sync(redis_url, tmp_path, "elastic")
+    beat_at(sync, "a", 1000.0, startup_s=3.0)
+    sync.tick()
+    assert recovery.restart_delay(sync) == 3.0  # b has not reported: the median so far
+    beat_at(sync, "b", 1000.0, startup_s=7.0)
+    sync.tick()
+    assert recovery.restart_delay(sync) == 7.0
+    beat_at(sync, "b", 1001.0, epoch=2, startup_s=2.0)  # a rejoin starts alone, faster
+    sync.tick()
+    assert recovery.restart_delay(sync) == 7.0
 
 
 def test_the_status_carries_goodput_once_step_times_are_known(run_sync):
