@@ -102,6 +102,23 @@ def account_new_incarnations(run: RunSync, epochs: dict[str, int]) -> None:
         run.accounting.lost(island, seconds, "in_flight")
 
 
+def barrier_waits(run: RunSync, p: int, now: float) -> dict[str, float]:
+    """Elastic: how long each island with an update in fragment p's round has waited
+    at the barrier by `now`: since its update arrived, less the tau steps it goes on
+    computing before it needs the merge."""
+    tau = run.config.sync.overlap_steps
+    return {island: max(now - pending.arrival_time
+                        - tau * (run.accounting.step_time(island) or 0.0), 0.0)
+            for island, pending in run.sync.rounds[p].items()}
+
+
+def account_barrier_wait(run: RunSync, p: int, now: float) -> None:
+    """Elastic, as fragment p merges at `now`: its islands' waits, lost to "barrier_wait"."""
+    for island, seconds in barrier_waits(run, p, now).items():
+        if island in run.accounting.islands:
+            run.accounting.lost(island, seconds, "barrier_wait")
+
+
 def restart_job(run: RunSync, now: float, island: str, *, joining: bool = False) -> None:
     """Elastic: every island rolls back to the last checkpoint and pauses for the
     restart delay, as a whole-job restart would make it. torchelastic restarts every
@@ -111,7 +128,8 @@ def restart_job(run: RunSync, now: float, island: str, *, joining: bool = False)
 
     Lost to "rollback": the merges since the checkpoint (taken back, and their tokens
     no longer count towards the budget), the updates waiting in the open rounds and
-    each other island's work since its last sends; to "restart_pause": each other
+    each other island's work since its last sends; to "barrier_wait": how long each
+    had waited at the barrier for the lost island; to "restart_pause": each other
     island's pause. The joining island's own start-up overlaps the pause, and it
     follows the restart like the others.
     """
@@ -128,8 +146,12 @@ def restart_job(run: RunSync, now: float, island: str, *, joining: bool = False)
     others = [i.name for i in run.config.islands if i.name != island
               and i.name not in run.lost and i.name in run.accounting.islands]
     thrown = {name: unsent_steps(run, name) for name in others}
+    waited = dict.fromkeys(others, 0.0)  # an island waits at one barrier at a time
     discarded = set()
     for p in range(len(run.fragments)):
+        for name, seconds in barrier_waits(run, p, now).items():
+            if name in waited:
+                waited[name] = max(waited[name], seconds)
         for name, pending in run.sync.rounds[p].items():
             if name in thrown:
                 thrown[name] += pending.update.inner_steps / len(run.fragments)
@@ -138,9 +160,11 @@ def restart_job(run: RunSync, now: float, island: str, *, joining: bool = False)
         run.publish(p, kept.get(p, 0) - merged.get(p, 0))
     delay = restart_delay(run)
     generation = run.store.restart_job(now + delay)
+    run.disturbed[""] = now + delay  # no island's step time spans the pause
     run.accounting.rollback(run.restore_time, now)
     for name in others:
         run.accounting.lost(name, delay, "restart_pause")
+        run.accounting.lost(name, waited[name], "barrier_wait")
         run.accounting.lost(name, thrown[name] * (run.accounting.step_time(name) or 0.0),
                             "rollback")
     run.recorder.event("rollback", island, versions=list(run.sync.versions),

@@ -99,6 +99,9 @@ class RunSync:
         self.waiting_alert = False
         self.epochs: dict[str, int] = {}
         self.heartbeats: dict[str, dict[str, Any]] = {}
+        # island ("" for the whole run) -> the last time it was seen faulted, lost or,
+        # for the run, restarting: step times spanning it are not fault-free.
+        self.disturbed: dict[str, float] = {}
         self.first_startups: dict[str, float] = {}  # island -> seconds
         self.next_status = self.next_flush = self.next_control = 0.0
         self.control_every_s = control_every_s
@@ -225,6 +228,11 @@ class RunSync:
         if paused != self.accounting.paused:
             (self.accounting.pause if paused else self.accounting.resume)(now)
         self.live = 0 if paused else self._liveness(now)
+        disturbed = [*self.faults, *self.lost]
+        for island in disturbed:
+            self.disturbed[island] = now
+        if disturbed:  # never earlier than the end of a restart's pause
+            self.disturbed[""] = max(self.disturbed.get("", now), now)
         if self.chaos is not None and not paused:
             self.chaos.tick(now)
         self.checkpoint_asked |= self.store.take_checkpoint_request()
@@ -268,8 +276,17 @@ class RunSync:
             steps = ref.seq - previous[1]
             self.step_time[ref.island] = (now - previous[0]) / steps
             self.accounting.observe_step_time(ref.island, self.step_time[ref.island],
-                                              faulted=ref.island in self.faults, steps=steps)
+                                              faulted=self._disturbed(ref.island, previous[0]),
+                                              steps=steps)
         self.last_update[(ref.island, p)] = (now, ref.seq, ref.epoch)
+
+    def _disturbed(self, island: str, since: float) -> bool:
+        """Whether `island` was faulted or lost since `since`; in elastic, whether any
+        island was or the job restarted, since the barrier holds every island up."""
+        last = self.disturbed.get(island, -math.inf)
+        if self.elastic:
+            last = max(last, self.disturbed.get("", -math.inf))
+        return island in self.faults or last >= since
 
     def _reject(self, ref: UpdateRef, reason: str) -> None:
         log.warning("run %s: rejected update %s/%s seq %s from %s: %s", self.store.run_id,
@@ -304,6 +321,8 @@ class RunSync:
         if not decision.merge:
             return
         participants = list(self.sync.rounds[p])
+        if self.elastic:
+            recovery.account_barrier_wait(self, p, now)
         outer_steps = self.sync.outer_steps
         result = self.sync.merge(p, now)
         for island in participants:

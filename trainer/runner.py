@@ -197,6 +197,20 @@ class ProcessIsland:
             self.island.reset_fragment(p, tensors, version)
             self.share(p)
 
+    def wait_at_barrier(self, p: int, seq: int, mix_at: dict) -> bool:
+        """Elastic: the outer step is a barrier, so after its tau overlapping steps the
+        island waits for the merge of every live island's update. False when a
+        whole-job restart ended the wait (it was followed) or the run stops."""
+        while not self.handled(p, seq):
+            if self.stopping or self.done():
+                return False
+            if self.store.restart()[0] > self.restart_generation:
+                self.follow_restart(mix_at)
+                return False
+            self.beat("waiting")
+            time.sleep(POLL_S)
+        return True
+
     def handled(self, p: int, seq: int) -> bool:
         """Whether syncd merged or dropped this island's update `seq` of fragment p."""
         done = self.store.r.hget(self.store.key("handled", p), self.name)
@@ -287,7 +301,11 @@ class ProcessIsland:
             if self.elastic:
                 self.follow_restart(mix_at)
             for p, (at, seq) in list(mix_at.items()):
-                if self.island.step >= at and self.handled(p, seq):
+                if p not in mix_at or self.island.step < at:
+                    continue  # a restart while waiting cleared mix_at
+                if self.elastic and not self.wait_at_barrier(p, seq, mix_at):
+                    continue
+                if self.handled(p, seq):
                     del mix_at[p]
                     self.pull(p)
             for p in due_fragments(self.island.step, s.inner_steps, s.fragments):

@@ -6,6 +6,7 @@ them (or as an attacker could), and each tick is one pass of the live loop.
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -288,6 +289,45 @@ def test_the_status_carries_goodput_once_step_times_are_known(run_sync):
     assert status["goodput"] == pytest.approx(0.75)
     assert status["islands"]["a"]["goodput"] > 0
     assert status["islands"]["a"]["fault"] == "none"
+
+
+def test_elastic_counts_each_islands_wait_at_the_barrier_when_the_round_merges(
+        redis_url, tmp_path):
+    sync = make_run_sync(redis_url, tmp_path, "elastic")
+    beat_at(sync, "a", 1000.0)
+    beat_at(sync, "b", 1000.0)
+    send(sync, "a", 0, 4)
+    sync.tick()
+    assert sync.sync.versions == [0, 0]  # the barrier waits for b
+    sync.clock_state["now"] = 1003.0
+    beat_at(sync, "a", 1003.0)
+    beat_at(sync, "b", 1003.0)
+    send(sync, "b", 0, 4)
+    sync.tick()
+
+    assert sync.sync.versions == [1, 0]
+    waits = {name: island["lost_s"]["barrier_wait"]
+             for name, island in sync.accounting.snapshot(1003.0)["islands"].items()}
+    assert waits == {"a": pytest.approx(3.0), "b": 0.0}
+
+
+@pytest.mark.parametrize("mode, a_has_a_step_time", [("decoupled", True), ("elastic", False)])
+def test_another_islands_fault_spoils_step_times_only_behind_a_barrier(
+        redis_url, tmp_path, mode, a_has_a_step_time):
+    sync = make_run_sync(redis_url, tmp_path, mode)
+    sync.store.r.set(sync.store.key("fault", "b"),
+                     json.dumps({"kind": "straggle", "until": time.time() + 600}))
+    for round_, now in enumerate((1000.0, 1004.0)):
+        sync.clock_state["now"] = now
+        beat_at(sync, "a", now)
+        beat_at(sync, "b", now)
+        send(sync, "a", 0, 4 * (round_ + 1), base_version=round_)
+        send(sync, "b", 0, 4 * (round_ + 1), base_version=round_)
+        sync.tick()
+
+    assert sync.sync.versions[0] == 2
+    assert bool(sync.accounting.islands["a"].step_times) is a_has_a_step_time
+    assert not sync.accounting.islands["b"].step_times  # its own fault
 
 
 def test_when_redis_loses_its_data_the_run_goes_on_from_its_last_checkpoint(run_sync, tmp_path):

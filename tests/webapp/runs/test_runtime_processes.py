@@ -206,7 +206,13 @@ def test_elastic_mode_rolls_back_and_pauses_every_island_when_one_is_lost(
     wait_all_training(store)
 
     kill_island(run, "island-0", by=None)
+    waiting = wait_until(lambda: [n for n, b in store.heartbeats().items()
+                                  if b.get("state") == "waiting"], 10,
+                         "the survivors to wait at the barrier for the dead island")
+    assert "island-0" not in waiting
     wait_until(lambda: store.restart()[0] == 1, 30, "a whole-job restart")
+    wait_until(lambda: (store.status() or {}).get("lost_s", {}).get("barrier_wait", 0) > 0,
+               10, "the wait at the barrier counted as lost")
     paused = wait_until(lambda: [n for n, b in store.heartbeats().items()
                                  if b.get("state") == "restarting"], 10,
                         "the survivors to pause for the restart delay")
