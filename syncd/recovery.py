@@ -123,8 +123,8 @@ def restart_job(run: RunSync, now: float, island: str, *, joining: bool = False)
     """Elastic: every island rolls back to the last checkpoint and pauses for the
     restart delay, as a whole-job restart would make it. torchelastic restarts every
     worker on any change of membership: when `island` is lost, and again when it
-    comes back (`joining`); an island that joins while a restart is under way joins
-    that one.
+    comes back (`joining`); an island lost or back while a restart is under way
+    joins that one.
 
     Lost to "rollback": the merges since the checkpoint (taken back, and their tokens
     no longer count towards the budget), the updates waiting in the open rounds and
@@ -133,8 +133,10 @@ def restart_job(run: RunSync, now: float, island: str, *, joining: bool = False)
     island's pause. The joining island's own start-up overlaps the pause, and it
     follows the restart like the others.
     """
-    if joining and now < run.store.restart()[1]:
+    if now < run.store.restart()[1]:
         return
+    for excused in run.excused:
+        excused.clear()
     if run.restore_point is None:
         params = [{n: t.clone() for n, t in g.items()} for g in run.sync.globals]
         momentum = [opt.state_dict() for opt in run.sync.optimizers]

@@ -27,7 +27,7 @@ from syncd import chaos_driver, checkpoint, outcome, recovery
 from syncd.accounting import RunAccounting
 from syncd.evaluation import GlobalEval
 from syncd.ingest import IslandFacts, Rejection, check_update
-from syncd.policy import RoundStats
+from syncd.policy import Decision, RoundStats
 from syncd.protocol import decode_message, encode_message
 from syncd.records import Recorder
 from syncd.status import run_status
@@ -92,6 +92,9 @@ class RunSync:
         self.pending_ids: dict[tuple[int, str], bytes] = {}
         self.norms = [deque(maxlen=32) for _ in self.fragments]
         self.rejections: Counter[str] = Counter()
+        # Elastic: islands whose update of the fragment's open round was refused; the
+        # barrier does not wait for them (a skipped bad step).
+        self.excused: list[set[str]] = [set() for _ in self.fragments]
         self.step_time: dict[str, float] = {}
         self.last_update: dict[tuple[str, int], tuple[float, int, int]] = {}  # time, seq, epoch
         self.last_merge: list[dict[str, Any]] = [{} for _ in self.fragments]
@@ -300,7 +303,12 @@ class RunSync:
             # The island may be waiting for this update's fate; it is settled.
             self.sync.handled[p][ref.island] = max(ref.seq,
                                                    self.sync.handled[p].get(ref.island, -1))
-            self.store.mark_handled(p, {ref.island: self.sync.handled[p][ref.island]})
+            if self.elastic and ref.island in self.accounting.islands:
+                # Behind a barrier the island waits for the round like the others (it
+                # is told with the merge), so that no island runs a round ahead.
+                self.excused[p].add(ref.island)
+            else:
+                self.store.mark_handled(p, {ref.island: self.sync.handled[p][ref.island]})
 
     def round_stats(self) -> RoundStats:
         times = list(self.step_time.values()) or [1.0]
@@ -316,10 +324,15 @@ class RunSync:
 
     def _maybe_merge(self, p: int, now: float, live: int) -> None:
         if not self.sync.rounds[p]:
+            if self.excused[p] and len(self.excused[p]) >= live:
+                # Elastic, every live island's update refused: nothing to merge.
+                self.store.mark_handled(p, dict(self.sync.handled[p]))
+                self.excused[p].clear()
             return
-        decision = self.sync.decide(p, now, max(live, 1), self.round_stats(), self.elastic)
+        decision = self.decide(p, now, live)
         if not decision.merge:
             return
+        self.excused[p].clear()
         participants = list(self.sync.rounds[p])
         if self.elastic:
             recovery.account_barrier_wait(self, p, now)
@@ -340,6 +353,16 @@ class RunSync:
                             reason=decision.reason)
         if self.elastic and self.sync.outer_steps > outer_steps:
             recovery.mark_restore_point(self, now)
+
+    def barrier_size(self, p: int, live: int) -> int:
+        """Elastic: the updates fragment p's round waits for, every live island's but
+        the refused ones."""
+        return max(live - len(self.excused[p]), 1)
+
+    def decide(self, p: int, now: float, live: int) -> Decision:
+        """Whether fragment p's round merges now: quorum and grace, or the barrier."""
+        return self.sync.decide(p, now, self.barrier_size(p, live) if self.elastic
+                                else max(live, 1), self.round_stats(), self.elastic)
 
     def _track_rate(self, island: str, beat: dict[str, Any]) -> None:
         """Tokens per second of an island, over at least a second of its heartbeats."""

@@ -34,10 +34,11 @@ def run_status(run: RunSync, now: float, live: int) -> dict[str, Any]:
             "rejections": run.rejections[island.name]}
     fragments = []
     for p, f in enumerate(run.fragments):
-        decision = run.sync.decide(p, now, max(live, 1), run.round_stats(), run.elastic)
+        decision = run.decide(p, now, live)
         fragments.append({"index": p, "name": f.name, "version": run.sync.versions[p],
                           "arrivals": len(run.sync.rounds[p]),
-                          "min_quorum": max(live, 1) if run.elastic else run.config.sync.min_quorum,
+                          "min_quorum": run.barrier_size(p, live) if run.elastic
+                          else run.config.sync.min_quorum,
                           "grace_left_s": round(decision.deadline - now, 2)
                           if decision.deadline else None,
                           "waiting": decision.reason, "last_merge": run.last_merge[p]})

@@ -184,28 +184,52 @@ class ProcessIsland:
     def follow_restart(self, mix_at: dict) -> None:
         """Elastic: when syncd restarts the whole job, pause for the restart delay, then
         take the rolled-back global model whole and go on from there."""
-        generation, until = self.store.restart()
+        generation, _ = self.store.restart()
         if generation <= self.restart_generation:
             return
         self.restart_generation = generation
-        while time.time() < until and not self.stopping:
-            self.beat("restarting")
-            time.sleep(POLL_S)
+        self.join_barrier()
         mix_at.clear()
         for p in range(len(self.island.fragments)):
             version, tensors = self._full(p)
             self.island.reset_fragment(p, tensors, version)
             self.share(p)
 
-    def wait_at_barrier(self, p: int, seq: int, mix_at: dict) -> bool:
-        """Elastic: the outer step is a barrier, so after its tau overlapping steps the
-        island waits for the merge of every live island's update. False when a
-        whole-job restart ended the wait (it was followed) or the run stops."""
-        while not self.handled(p, seq):
-            if self.stopping or self.done():
+    def join_barrier(self) -> None:
+        """Elastic: every island must send each fragment at the same steps (mod H), or
+        islands wait at the barriers of different fragments for each other for ever.
+        So a (re)started island begins a fresh outer step (its step, the seq of its
+        updates, rounded up to a multiple of H), at the end of the whole-job restart
+        under way, if any, like the others."""
+        h = self.config.sync.inner_steps
+        self.island.step = -(-self.island.step // h) * h
+        until = self.store.restart()[1]
+        while time.time() < until and not self.stopping:
+            self.beat("restarting")
+            time.sleep(POLL_S)
+
+    def mix(self, mix_at: dict) -> bool:
+        """Take each merged fragment once its tau overlapping steps are done; elastic
+        waits for it at the barrier. False if a whole-job restart or the run's end
+        came first."""
+        for p, (at, seq) in list(mix_at.items()):
+            if self.island.step < at:
+                continue
+            if self.elastic and not self.wait_for_merge(p, seq):
                 return False
-            if self.store.restart()[0] > self.restart_generation:
-                self.follow_restart(mix_at)
+            if self.handled(p, seq):
+                del mix_at[p]
+                self.pull(p)
+        return True
+
+    def wait_for_merge(self, p: int, seq: int) -> bool:
+        """Wait until syncd handled (merged or refused) update `seq` of fragment p: with
+        tau = 0, and in elastic, where the outer step is a barrier over every live
+        island, after the tau overlapping steps. False when a whole-job restart or the
+        run's end comes first."""
+        while not self.handled(p, seq):
+            if self.stopping or self.done() or \
+                    self.store.restart()[0] > self.restart_generation:
                 return False
             self.beat("waiting")
             time.sleep(POLL_S)
@@ -243,6 +267,8 @@ class ProcessIsland:
             self.island.tokens = cursor["tokens"]
             state = torch.frombuffer(bytearray(base64.b64decode(cursor["rng"])), dtype=torch.uint8)
             self.island.sampler.set_state(state)
+        if self.elastic:
+            self.join_barrier()
         if self.group:
             self.group.share_start(self.island)
         self.link = Link(self, max_pending=2 * len(fragments))
@@ -295,27 +321,19 @@ class ProcessIsland:
         # a second send before the mix keeps the first one's target.
         mix_at: dict[int, tuple[int, int]] = {}
         while not self.stopping and not self.done():
+            if self.elastic:  # before the step: the step after a restart's is never a send
+                self.follow_restart(mix_at)
             self.step()
             if self.startup_s is None:
                 self.startup_s = time.time() - self.started
-            if self.elastic:
-                self.follow_restart(mix_at)
-            for p, (at, seq) in list(mix_at.items()):
-                if p not in mix_at or self.island.step < at:
-                    continue  # a restart while waiting cleared mix_at
-                if self.elastic and not self.wait_at_barrier(p, seq, mix_at):
-                    continue
-                if self.handled(p, seq):
-                    del mix_at[p]
-                    self.pull(p)
+            if not self.mix(mix_at):
+                continue  # a whole-job restart, followed before the next step
             for p in due_fragments(self.island.step, s.inner_steps, s.fragments):
                 self.send(p)
                 seq = self.island.step
                 if s.overlap_steps == 0:
-                    while not self.handled(p, seq) and not self.stopping and not self.done():
-                        self.beat("waiting")
-                        time.sleep(POLL_S)
-                    self.pull(p)
+                    if self.wait_for_merge(p, seq):
+                        self.pull(p)
                 else:
                     mix_at.setdefault(p, (seq + s.overlap_steps, seq))
         if self.group:

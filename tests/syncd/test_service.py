@@ -330,6 +330,45 @@ def test_another_islands_fault_spoils_step_times_only_behind_a_barrier(
     assert not sync.accounting.islands["b"].step_times  # its own fault
 
 
+def test_elastic_does_not_wait_at_the_barrier_for_an_update_it_refused(redis_url, tmp_path):
+    sync = make_run_sync(redis_url, tmp_path, "elastic")
+    beat_at(sync, "a", 1000.0)
+    beat_at(sync, "b", 1000.0)
+    send(sync, "a", 0, 4, value=math.nan)
+    sync.tick()
+    assert "a" not in sync.store.handled(0)  # refused, a waits for the round like b
+    send(sync, "b", 0, 4)
+    sync.tick()
+
+    assert sync.sync.versions == [1, 0]
+    assert sync.store.handled(0) == {"a": 4, "b": 4}  # both told with the merge
+    assert sync.last_merge[0]["weights"].keys() == {"b"}
+    send(sync, "a", 0, 8, base_version=0)  # the next round waits for both again
+    sync.tick()
+    assert sync.sync.versions == [1, 0]
+
+
+def test_elastic_makes_one_restart_of_islands_lost_together(redis_url, tmp_path):
+    config = {**CONFIG, "islands": [*CONFIG["islands"],
+                                    {"name": "c", "region": "us-east", "batch_size": 2}]}
+    run = create_run(name="three", mode="elastic", config=config, user=None)
+    store = RunStore(connect(redis_url), run.pk)
+    store.put_spec(run.mode, run.config, run.secret)
+    clock = {"now": 1000.0}
+    sync = RunSync(store, Recorder(run.pk), tmp_path, clock=lambda: clock["now"],
+                   control_every_s=0.0)
+    for island in ("a", "b", "c"):
+        store.set_epoch(island, 1)
+        beat_at(sync, island, 1000.0)
+    sync.tick()
+    clock["now"] = 1060.0  # a region outage: b and c fall silent together
+    beat_at(sync, "a", 1060.0)
+    sync.tick()
+
+    assert sync.lost == {"b", "c"}
+    assert sync.store.restart()[0] == 1
+
+
 def test_when_redis_loses_its_data_the_run_goes_on_from_its_last_checkpoint(run_sync, tmp_path):
     heartbeat_all(run_sync)
     send(run_sync, "a", 0, 4)

@@ -226,7 +226,7 @@ def test_elastic_mode_rolls_back_and_pauses_every_island_when_one_is_lost(
     wait_until(lambda: store.restart()[0] == 2, 60, "a whole-job restart for the joiner")
     wait_all_training(store)
     after_join = sum(newest_versions(store))
-    wait_until(lambda: sum(newest_versions(store)) >= after_join + 2, 60,
+    wait_until(lambda: sum(newest_versions(store)) >= after_join + 6, 60,
                "all three islands to go on after the second restart")
     wait_until(lambda: run.events.filter(kind="rollback", detail__reason="island joined")
                .exists(), 10, "the joiner's rollback event")
