@@ -23,7 +23,7 @@ from typing import Any
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from syncd import chaos_driver, checkpoint, outcome, recovery
+from syncd import chaos_driver, checkpoint, liveness, outcome, recovery
 from syncd.accounting import RunAccounting
 from syncd.evaluation import GlobalEval
 from syncd.ingest import IslandFacts, Rejection, check_update
@@ -230,12 +230,8 @@ class RunSync:
         paused = self.store.paused()
         if paused != self.accounting.paused:
             (self.accounting.pause if paused else self.accounting.resume)(now)
-        self.live = 0 if paused else self._liveness(now)
-        disturbed = [*self.faults, *self.lost]
-        for island in disturbed:
-            self.disturbed[island] = now
-        if disturbed:  # never earlier than the end of a restart's pause
-            self.disturbed[""] = max(self.disturbed.get("", now), now)
+        self.live = 0 if paused else liveness.watch_islands(self, now)
+        liveness.note_disturbed(self, now)
         if self.chaos is not None and not paused:
             self.chaos.tick(now)
         self.checkpoint_asked |= self.store.take_checkpoint_request()
@@ -279,17 +275,10 @@ class RunSync:
             steps = ref.seq - previous[1]
             self.step_time[ref.island] = (now - previous[0]) / steps
             self.accounting.observe_step_time(ref.island, self.step_time[ref.island],
-                                              faulted=self._disturbed(ref.island, previous[0]),
+                                              faulted=liveness.disturbed_since(
+                                                  self, ref.island, previous[0]),
                                               steps=steps)
         self.last_update[(ref.island, p)] = (now, ref.seq, ref.epoch)
-
-    def _disturbed(self, island: str, since: float) -> bool:
-        """Whether `island` was faulted or lost since `since`; in elastic, whether any
-        island was or the job restarted, since the barrier holds every island up."""
-        last = self.disturbed.get(island, -math.inf)
-        if self.elastic:
-            last = max(last, self.disturbed.get("", -math.inf))
-        return island in self.faults or last >= since
 
     def _reject(self, ref: UpdateRef, reason: str) -> None:
         log.warning("run %s: rejected update %s/%s seq %s from %s: %s", self.store.run_id,
@@ -364,15 +353,6 @@ class RunSync:
         return self.sync.decide(p, now, self.barrier_size(p, live) if self.elastic
                                 else max(live, 1), self.round_stats(), self.elastic)
 
-    def _track_rate(self, island: str, beat: dict[str, Any]) -> None:
-        """Tokens per second of an island, over at least a second of its heartbeats."""
-        mark = self.rate_marks.get(island)
-        if mark is None or beat["tokens"] < mark[1]:
-            self.rate_marks[island] = (beat["time"], beat["tokens"])
-        elif beat["time"] - mark[0] >= 1.0:
-            self.tokens_per_s[island] = (beat["tokens"] - mark[1]) / (beat["time"] - mark[0])
-            self.rate_marks[island] = (beat["time"], beat["tokens"])
-
     def _account_lost_update(self, ref: UpdateRef, reason: str) -> None:
         """The island-seconds behind a refused update: its steps since the island's
         previous handled update of that fragment, at its fault-free step time."""
@@ -389,46 +369,6 @@ class RunSync:
         major, minor = (int(x) for x in floor.split(b"-"))
         if (major, minor) > (0, 0):
             self.store.trim_updates(floor)
-
-    def _liveness(self, now: float) -> int:
-        """Mark islands lost or revived from their heartbeats; returns how many are alive.
-        Not called while the run is paused: a paused island is silent on purpose."""
-        timeout = self.config.liveness.heartbeat_timeout_s
-        rejoins = self.store.rejoin_requests()
-        alive = 0
-        for island in self.config.islands:
-            beat = self.heartbeats.get(island.name)
-            current = beat is not None and beat["epoch"] >= self.epochs.get(island.name, 0)
-            fresh = current and now - beat["time"] <= timeout
-            if fresh and beat.get("state") != "stopped":
-                alive += 1
-                asked = rejoins.get(island.name)
-                if asked is not None and beat.get("state") == "training" \
-                        and beat["epoch"] == self.epochs.get(island.name):
-                    self.store.close_rejoin_request(island.name)
-                    self.recorder.event("rejoin", island.name, epoch=beat["epoch"],
-                                        seconds_to_first_step=round(beat["time"] - asked, 2))
-                if island.name in self.lost:
-                    self.lost.discard(island.name)
-                    self.recorder.event("island_revived", island.name, epoch=beat["epoch"])
-                    if self.elastic:
-                        recovery.restart_job(self, now, island.name, joining=True)
-                self.recorder.island(island.name, state="training", tokens=beat["tokens"],
-                                     inner_steps=beat["step"])
-                self._track_rate(island.name, beat)
-            elif current and not fresh and island.name not in self.lost:
-                self.lost.add(island.name)
-                self.recorder.event("island_lost", island.name,
-                                    silent_s=round(now - beat["time"], 1))
-                self.recorder.island(island.name, state="lost")
-                if self.elastic:
-                    recovery.restart_job(self, now, island.name)
-        k = self.config.sync.min_quorum
-        if alive < k and not self.waiting_alert and self.heartbeats:
-            self.recorder.event("alert", None, message=f"waiting: {alive} of the {k} islands "
-                                f"needed for a merge are alive")
-        self.waiting_alert = alive < k
-        return alive
 
     # -- budget, checkpoints, status -----------------------------------------
 
