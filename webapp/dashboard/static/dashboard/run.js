@@ -7,9 +7,12 @@ const run = page.run;
 const RUN_API = `/api/runs/${run.id}`;
 const FAULTS = [["kill", "Kill"], ["straggle", "Straggle"], ["partition", "Partition"],
                 ["degrade", "Degrade link"], ["corrupt", "Corrupt next update"]];
+// waiting and restarting: an elastic island at its barrier or in a whole-job restart.
 const STATE_COLOURS = {pending: "#98a2b3", starting: "#f79009", training: "#12b76a",
+                       waiting: "#f79009", restarting: "#f79009",
                        lost: "#d92d20", rejoining: "#f79009", stopped: "#667085",
                        paused: "#7a5af8"};
+const ALIVE_STATES = ["training", "waiting", "restarting"];
 const FAULT_SYMBOLS = {none: "circle", straggle: "triangle-down", partition: "x",
                        degrade: "diamond", corrupt: "star"};
 const $ = (id) => document.getElementById(id);
@@ -138,9 +141,9 @@ function showRegions(status) {
   const list = $("region-list");
   list.replaceChildren();
   for (const [region, islands] of Object.entries(byRegion).sort()) {
-    const alive = islands.filter(([, i]) => i.state === "training").length;
+    const alive = islands.filter(([, i]) => ALIVE_STATES.includes(i.state)).length;
     const line = arch.el("div", {class: "spread", "data-region": region},
-      arch.el("span", {}, arch.el("strong", {}, region), ` ${alive} of ${islands.length} islands training`));
+      arch.el("span", {}, arch.el("strong", {}, region), ` ${alive} of ${islands.length} islands alive`));
     if (page.can.fault) {
       line.appendChild(arch.el("button", {class: "small danger", onclick: (e) => arch.act(e.target, `Outage of ${region}`,
         () => arch.api("POST", `${RUN_API}/regions/${encodeURIComponent(region)}/faults`, {kind: "outage"}))}, "Outage"));
