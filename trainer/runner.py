@@ -184,26 +184,25 @@ class ProcessIsland:
     def follow_restart(self, mix_at: dict) -> None:
         """Elastic: when syncd restarts the whole job, pause for the restart delay, then
         take the rolled-back global model whole and go on from there."""
-        generation, _ = self.store.restart()
+        generation, until = self.store.restart()
         if generation <= self.restart_generation:
             return
         self.restart_generation = generation
-        self.join_barrier()
+        self.join_barrier(until)
         mix_at.clear()
         for p in range(len(self.island.fragments)):
             version, tensors = self._full(p)
             self.island.reset_fragment(p, tensors, version)
             self.share(p)
 
-    def join_barrier(self) -> None:
+    def join_barrier(self, until: float) -> None:
         """Elastic: every island must send each fragment at the same steps (mod H), or
         islands wait at the barriers of different fragments for each other for ever.
         So a (re)started island begins a fresh outer step (its step, the seq of its
         updates, rounded up to a multiple of H), at the end of the whole-job restart
-        under way, if any, like the others."""
+        under way (until `until`), if any, like the others."""
         h = self.config.sync.inner_steps
         self.island.step = -(-self.island.step // h) * h
-        until = self.store.restart()[1]
         while time.time() < until and not self.stopping:
             self.beat("restarting")
             time.sleep(POLL_S)
@@ -268,7 +267,7 @@ class ProcessIsland:
             state = torch.frombuffer(bytearray(base64.b64decode(cursor["rng"])), dtype=torch.uint8)
             self.island.sampler.set_state(state)
         if self.elastic:
-            self.join_barrier()
+            self.join_barrier(self.store.restart()[1])
         if self.group:
             self.group.share_start(self.island)
         self.link = Link(self, max_pending=2 * len(fragments))

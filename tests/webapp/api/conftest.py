@@ -7,18 +7,10 @@ import pytest
 from django.test import Client
 
 from syncd.checkpoint import save
+from tests.webapp.runs.test_runtime_services import THREE_ISLANDS
 from trainer.island import initial_model
 from webapp.runs.models import ApiToken, Checkpoint, Run
 from webapp.runs.services import create_run, pause_run, start_run
-
-THREE_ISLANDS = {
-    "sync": {"min_quorum": 2},
-    "islands": [
-        {"name": "east-a", "region": "us-east"},
-        {"name": "east-b", "region": "us-east"},
-        {"name": "west-a", "region": "us-west"},
-    ],
-}
 
 
 class Api:
