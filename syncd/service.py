@@ -95,6 +95,7 @@ class RunSync:
         # Elastic: islands whose update of the fragment's open round was refused; the
         # barrier does not wait for them (a skipped bad step).
         self.excused: list[set[str]] = [set() for _ in self.fragments]
+        self.restart_versions = [0] * len(self.fragments)  # published by the last restart
         self.step_time: dict[str, float] = {}
         self.last_update: dict[tuple[str, int], tuple[float, int, int]] = {}  # time, seq, epoch
         self.last_merge: list[dict[str, Any]] = [{} for _ in self.fragments]
@@ -261,6 +262,13 @@ class RunSync:
                                         MAX_MESSAGE_BYTES)
         except Rejection as exc:
             self._reject(ref, str(exc))
+            return
+        if self.elastic and update.base_version < self.restart_versions[p]:
+            # Sent before a whole-job restart and read after it: thrown away with the
+            # rollback (restart_job counted its steps), and its island no longer waits
+            # for it. In a round it would stand for the island's first update after.
+            self.sync.handled[p][ref.island] = max(ref.seq,
+                                                   self.sync.handled[p].get(ref.island, -1))
             return
         reason = self.sync.submit(update, p, now)
         if reason is not None:

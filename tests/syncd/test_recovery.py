@@ -188,3 +188,15 @@ def test_elastic_makes_one_restart_of_islands_lost_together(redis_url, tmp_path)
 
     assert sync.lost == {"b", "c"}
     assert sync.store.restart()[0] == 1
+
+
+def test_elastic_throws_away_an_update_sent_before_a_restart_and_read_after_it(
+        redis_url, tmp_path):
+    sync = lose_b_in_elastic(redis_url, tmp_path)  # the restart publishes versions 1, 1
+    assert sync.restart_versions == [1, 1]
+    send(sync, "a", 0, 4, base_version=0)  # still in flight when the job restarted
+    sync.tick()
+
+    assert sync.sync.rounds[0] == {}  # a's first update after the restart fills its place
+    assert sync.sync.handled[0]["a"] == 4
+    assert sync.excused[0] == set()
