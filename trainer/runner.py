@@ -140,6 +140,7 @@ class ProcessIsland:
             time.sleep(POLL_S)
         if self.group:
             self.group.broadcast_object(None)  # the other ranks end too
+            self.group.close()
         raise SystemExit(0)
 
     def _full(self, p: int) -> tuple[int, dict[str, torch.Tensor]]:
@@ -337,6 +338,7 @@ class ProcessIsland:
                     mix_at.setdefault(p, (seq + s.overlap_steps, seq))
         if self.group:
             self.group.announce_stop()
+            self.group.close(self.island)
         self.link.drain(timeout=5.0)
         self.beat("stopped", force=True)
         return 0
@@ -378,6 +380,7 @@ def follow(group: IslandGroup, name: str) -> int:
     then train as rank 0 says until it says stop."""
     spec = group.broadcast_object(None)
     if spec is None:  # rank 0 stopped before the island was built
+        group.close()
         return 0
     config = config_from_spec(spec)
     corpus = load_corpus(config.data.path, config.data.eval_fraction)
@@ -386,6 +389,7 @@ def follow(group: IslandGroup, name: str) -> int:
                     initial_model(config).state_dict(), group.device, group)
     group.share_start(island)
     group.follow(island)
+    group.close(island)
     return 0
 
 

@@ -99,7 +99,7 @@ def train_as_rank(rank: int, world_size: int, port: int, text_path: str, out: st
         losses = []
         group.follow(island)
     torch.save(snapshot(island, losses), f"{out}/rank-{rank}.pt")
-    group.close()
+    group.close(island)
 
 
 @pytest.fixture(scope="module")
