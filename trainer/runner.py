@@ -39,8 +39,8 @@ from trainer.data import load_corpus
 from trainer.distributed import IslandGroup, resolve_device
 from trainer.fragments import Fragment, due_fragments, partition
 from trainer.island import Island, initial_model
+from trainer.launch import LAUNCHED_AT_ENV
 from trainer.link import HEARTBEAT_S, POLL_S, Link, beating
-from trainer.supervisor import LAUNCHED_AT_ENV
 
 log = logging.getLogger("archipelago.island")
 

@@ -28,15 +28,10 @@ never leaves two copies of an island training, even if its "stop" went astray.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import hashlib
 import os
-import re
 import shlex
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,16 +41,24 @@ from typing import IO, Any, Protocol
 
 import redis
 
+from trainer.island_logs import island_log_path, tail_lines
+from trainer.launch import (
+    LAUNCHED_AT_ENV,
+    end_with_parent,
+    island_command,
+    island_processes,
+    rank_env,
+)
+from webapp.processes import free_port
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 0.2
-LAUNCHED_AT_ENV = "ARCHIPELAGO_LAUNCHED_AT"
 # How often the log's last lines go to Redis (for the control room, on any host).
 LOG_SHIP_S = 2.0
 LOG_SHIP_LINES = 200
 STOP_GRACE_S = 30.0
 # Commands taken from the control list per poll; more wait for the next poll.
 COMMANDS_PER_POLL = 16
-_PR_SET_PDEATHSIG = 1
 
 
 class ControlStore(Protocol):
@@ -175,7 +178,7 @@ class IslandSupervisor:
             self.children.append(subprocess.Popen(
                 self.command, stdin=subprocess.DEVNULL, stdout=self._log,
                 stderr=subprocess.STDOUT, env=env, cwd=self.cwd,
-                preexec_fn=_end_with_parent(os.getpid())))
+                preexec_fn=end_with_parent(os.getpid())))
 
     def _exit_code(self) -> int | None:
         if self._failure is not None:
@@ -315,84 +318,7 @@ class IslandSupervisor:
         return {"island": self.island, "epoch": self.epoch, "exit_code": code, "ended": ended}
 
 
-def _end_with_parent(parent_pid: int) -> Callable[[], None] | None:
-    """In the child before exec: SIGTERM when the supervisor dies (Linux only).
-
-    A worker that is killed must not leave its islands training unsupervised,
-    beyond the reach of kill and stop; SIGTERM lets the loop save its cursor.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
-def free_port() -> int:
-    """A TCP port on the loopback interface that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
-    """torchrun's environment for one process of a one-host group."""
-    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-            "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)}
-
-
-# -- island logs ----------------------------------------------------------------
-
-def island_log_path(log_dir: str | Path, run_id: int | str, island: str) -> Path:
-    """Where an island's log lives: <log_dir>/run-<id>/<island>.log, whatever the name holds."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", island).lstrip(".")
-    if safe != island or not safe:
-        # Two names that differ only in unsafe characters still get two files.
-        safe = f"{safe}-{hashlib.sha1(island.encode()).hexdigest()[:8]}"
-    return Path(log_dir) / f"run-{run_id}" / f"{safe}.log"
-
-
-def tail_lines(path: str | Path, lines: int = 50, block: int = 8192) -> list[str]:
-    """The last `lines` lines of a text file, read from its end; [] if it does not exist."""
-    if lines <= 0:
-        return []
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            end = pos = f.tell()
-            data = b""
-            while pos > 0 and data.count(b"\n") <= lines:
-                pos = max(0, pos - block)
-                f.seek(pos)
-                data = f.read(end - pos)
-    except FileNotFoundError:
-        return []
-    return data.decode("utf-8", errors="replace").splitlines()[-lines:]
-
-
 # -- the Celery task's body --------------------------------------------------------
-
-def island_command(redis_url: str, run_id: int, island: str, epoch: int,
-                   device: str | None = None) -> list[str]:
-    """The island process's argv; `device` is given to an island of several processes,
-    whose ranks above 0 need it before they have the run's spec."""
-    command = [sys.executable, "-m", "trainer.runner", "--redis-url", redis_url,
-               "--run", str(run_id), "--island", island, "--epoch", str(epoch)]
-    return [*command, "--device", device] if device else command
-
-
-def island_processes(spec: dict[str, Any] | None, island: str) -> tuple[int, str]:
-    """(processes, train.device) of an island in a run spec; (1, "auto") if it is not there."""
-    config = (spec or {}).get("config", {})
-    processes = next((i.get("processes", 1) for i in config.get("islands", [])
-                      if i.get("name") == island), 1)
-    return processes, config.get("train", {}).get("device", "auto")
-
 
 def supervise_island(run_id: int, island: str, epoch: int, redis_url: str,
                      log_dir: str | Path) -> dict[str, Any]:

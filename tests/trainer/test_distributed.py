@@ -16,7 +16,9 @@ from trainer.data import load_corpus
 from trainer.distributed import HostStaging, IslandGroup, autocast, resolve_device
 from trainer.fragments import partition
 from trainer.island import Island, initial_model
-from trainer.supervisor import IslandSupervisor, free_port, island_command, rank_env
+from trainer.launch import island_command, rank_env
+from trainer.supervisor import IslandSupervisor
+from webapp.processes import free_port
 
 REGIONS = ["us-east"]
 STEPS_BEFORE_MIX = 3
@@ -236,11 +238,6 @@ def test_only_rank_0_announces():
 
     with pytest.raises(RuntimeError, match="only rank 0"):
         group.announce_step()
-
-
-def test_torchrun_style_environment_for_each_rank():
-    assert rank_env(1, 2, 29500) == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
-                                     "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}
 
 
 # -- the island process for real ------------------------------------------------------

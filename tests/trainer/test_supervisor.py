@@ -12,13 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from trainer.supervisor import (
-    IslandSupervisor,
-    island_command,
-    island_log_path,
-    island_processes,
-    tail_lines,
-)
+from trainer.supervisor import IslandSupervisor
 
 POLL_S = 0.02
 
@@ -327,28 +321,6 @@ def test_sigterm_to_the_supervisor_stops_its_island_and_ends_the_task(tmp_path):
             parent.communicate()
 
 
-def test_island_logs_are_per_run_and_island_with_safe_file_names(tmp_path):
-    assert island_log_path(tmp_path, 7, "us-east-a") == tmp_path / "run-7" / "us-east-a.log"
-    odd = island_log_path(tmp_path, 7, "../../etc/passwd")
-    assert odd.parent == tmp_path / "run-7"
-    assert "/" not in odd.name and not odd.name.startswith(".")
-    assert odd != island_log_path(tmp_path, 7, "__.._etc_passwd")
-
-
-@pytest.mark.parametrize("lines", [0, 1, 3, 100])
-def test_tail_lines_reads_the_last_lines(tmp_path, lines):
-    path = tmp_path / "log"
-    path.write_text("".join(f"line {i}\n" for i in range(5000)))
-
-    tail = tail_lines(path, lines, block=64)
-
-    assert tail == [f"line {i}" for i in range(5000 - lines, 5000)]
-
-
-def test_tail_lines_of_a_missing_log_is_empty(tmp_path):
-    assert tail_lines(tmp_path / "nope.log") == []
-
-
 def test_it_checks_its_arguments(tmp_path):
     with pytest.raises(ValueError, match="poll_s must be more than 0"):
         IslandSupervisor(["true"], FakeStore(), "i", 1, tmp_path / "l", poll_s=0)
@@ -437,21 +409,3 @@ def test_when_one_process_fails_the_others_are_killed(tmp_path):
     assert time.monotonic() - started < 10
     assert "process 1 of 2 ended with exit code 3: SIGKILL to the others" in \
         (tmp_path / "island-0.log").read_text()
-
-
-def test_the_island_command_names_the_device_only_for_several_processes():
-    one = island_command("redis://r", 7, "a", 2)
-    two = island_command("redis://r", 7, "a", 2, device="cuda")
-
-    assert one[-2:] == ["--epoch", "2"]
-    assert two == [*one, "--device", "cuda"]
-
-
-def test_the_processes_and_device_of_an_island_come_from_the_run_spec():
-    spec = {"config": {"train": {"device": "cuda"},
-                       "islands": [{"name": "a", "processes": 4}, {"name": "b"}]}}
-
-    assert island_processes(spec, "a") == (4, "cuda")
-    assert island_processes(spec, "b") == (1, "cuda")
-    assert island_processes({"config": {"islands": []}}, "a") == (1, "auto")
-    assert island_processes(None, "a") == (1, "auto")

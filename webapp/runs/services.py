@@ -10,8 +10,8 @@ from django.conf import settings
 from django.db import transaction
 
 from trainer.config import MODES, ConfigError, RunConfig, parse_config
+from trainer.island_logs import island_log_path, tail_lines
 from trainer.queues import region_queue
-from trainer.supervisor import island_log_path, tail_lines
 from trainer.tasks import run_island
 from webapp.runs.models import (
     FINAL_STATES,

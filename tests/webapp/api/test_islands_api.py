@@ -6,7 +6,7 @@ import json
 import pytest
 
 from syncd.store import RunStore, connect
-from trainer.supervisor import island_log_path
+from trainer.island_logs import island_log_path
 from webapp.runs.faults import MAX_FAULT_SECONDS
 from webapp.runs.models import Event, Island
 

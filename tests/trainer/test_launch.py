@@ -1,0 +1,26 @@
+"""The island process's command line and the environment of its ranks."""
+
+from trainer.launch import island_command, island_processes, rank_env
+
+
+def test_the_island_command_names_the_device_only_for_several_processes():
+    one = island_command("redis://r", 7, "a", 2)
+    two = island_command("redis://r", 7, "a", 2, device="cuda")
+
+    assert one[-2:] == ["--epoch", "2"]
+    assert two == [*one, "--device", "cuda"]
+
+
+def test_the_processes_and_device_of_an_island_come_from_the_run_spec():
+    spec = {"config": {"train": {"device": "cuda"},
+                       "islands": [{"name": "a", "processes": 4}, {"name": "b"}]}}
+
+    assert island_processes(spec, "a") == (4, "cuda")
+    assert island_processes(spec, "b") == (1, "cuda")
+    assert island_processes({"config": {"islands": []}}, "a") == (1, "auto")
+    assert island_processes(None, "a") == (1, "auto")
+
+
+def test_torchrun_style_environment_for_each_rank():
+    assert rank_env(1, 2, 29500) == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                                     "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}

@@ -1,0 +1,56 @@
+"""How an island process is launched: its command line, the environment of each
+rank of an island of several processes, and its end with its supervisor."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+# The island's environment variable with its launch time (time.time()).
+LAUNCHED_AT_ENV = "ARCHIPELAGO_LAUNCHED_AT"
+_PR_SET_PDEATHSIG = 1
+
+
+def island_command(redis_url: str, run_id: int, island: str, epoch: int,
+                   device: str | None = None) -> list[str]:
+    """The island process's argv; `device` is given to an island of several processes,
+    whose ranks above 0 need it before they have the run's spec."""
+    command = [sys.executable, "-m", "trainer.runner", "--redis-url", redis_url,
+               "--run", str(run_id), "--island", island, "--epoch", str(epoch)]
+    return [*command, "--device", device] if device else command
+
+
+def island_processes(spec: dict[str, Any] | None, island: str) -> tuple[int, str]:
+    """(processes, train.device) of an island in a run spec; (1, "auto") if it is not there."""
+    config = (spec or {}).get("config", {})
+    processes = next((i.get("processes", 1) for i in config.get("islands", [])
+                      if i.get("name") == island), 1)
+    return processes, config.get("train", {}).get("device", "auto")
+
+
+def end_with_parent(parent_pid: int) -> Callable[[], None] | None:
+    """In the child before exec: SIGTERM when the supervisor dies (Linux only).
+
+    A worker that is killed must not leave its islands training unsupervised,
+    beyond the reach of kill and stop; SIGTERM lets the loop save its cursor.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """torchrun's environment for one process of a one-host group."""
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+            "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)}
