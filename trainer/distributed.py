@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 # tau = 0, through a pause); the others wait in the broadcast meanwhile. A dead
 # rank closes its connections, which ends the others' wait at once with gloo.
 COLLECTIVE_TIMEOUT = timedelta(days=1)
-# What rank 0 announces after each inner step: [kind, fragment, version, tokens, inner_steps].
+# What rank 0 announces: [kind, fragment, version, tokens, inner_steps, step]. A
+# fragment's counts for FRAGMENT; the island's tokens and step for STEP.
 STEP, FRAGMENT, STOP = 0, 1, 2
 
 
@@ -210,9 +211,10 @@ class IslandGroup:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def announce_step(self) -> None:
-        """Rank 0: every rank trains its next inner step."""
-        self._announce(STEP)
+    def announce_step(self, island: Island) -> None:
+        """Rank 0: every rank trains its next inner step, from rank 0's step and token
+        count (an elastic restart moves rank 0's step on; the learning rate follows it)."""
+        self._announce(STEP, tokens=island.tokens, step=island.step)
 
     def announce_stop(self) -> None:
         """Rank 0: the island ends; every rank leaves follow()."""
@@ -227,10 +229,11 @@ class IslandGroup:
     def follow(self, island: Island) -> None:
         """Ranks above 0: train and take fragments as rank 0 announces, until it stops."""
         while True:
-            kind, p, version, tokens, inner_steps = self._announced()
+            kind, p, version, tokens, inner_steps, step = self._announced()
             if kind == STOP:
                 return
             if kind == STEP:
+                island.step, island.tokens = step, tokens
                 island.inner_step()
                 continue
             self._broadcast_fragment(island, p)
@@ -249,14 +252,14 @@ class IslandGroup:
             self._broadcast_fragment(island, p)
 
     def _announce(self, kind: int, p: int = 0, version: int = 0, tokens: int = 0,
-                  inner_steps: int = 0) -> None:
+                  inner_steps: int = 0, step: int = 0) -> None:
         if self.rank != 0:
             raise RuntimeError("only rank 0 of an island announces")
-        dist.broadcast(torch.tensor([kind, p, version, tokens, inner_steps],
+        dist.broadcast(torch.tensor([kind, p, version, tokens, inner_steps, step],
                                     device=self.device), src=0)
 
     def _announced(self) -> list[int]:
-        message = torch.zeros(5, dtype=torch.int64, device=self.device)
+        message = torch.zeros(6, dtype=torch.int64, device=self.device)
         dist.broadcast(message, src=0)
         return message.tolist()
 

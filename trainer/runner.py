@@ -302,7 +302,7 @@ class ProcessIsland:
     def step(self) -> None:
         started = time.time()
         if self.group:
-            self.group.announce_step()
+            self.group.announce_step(self.island)
         loss = self.island.inner_step()
         elapsed = time.time() - started
         slow = 1.0 / self.spec.speed

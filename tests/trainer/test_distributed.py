@@ -23,6 +23,10 @@ from webapp.processes import free_port
 REGIONS = ["us-east"]
 STEPS_BEFORE_MIX = 3
 STEPS_AFTER_MIX = 3
+# After the mix the island's step jumps here, as an elastic restart rounds it up to a
+# multiple of H; still in the warmup, so the learning rate jumps with it.
+RESTARTED_AT = 10
+WARMUP_STEPS = 20
 
 
 def tiny_config(text_path: str, processes: int, precision: str = "fp32") -> RunConfig:
@@ -30,7 +34,7 @@ def tiny_config(text_path: str, processes: int, precision: str = "fp32") -> RunC
         "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
         "data": {"path": text_path},
         "sync": {"fragments": 2, "min_quorum": 1},
-        "optim": {"inner_lr": 1e-2, "warmup_steps": 2},
+        "optim": {"inner_lr": 1e-2, "warmup_steps": WARMUP_STEPS},
         "eval": {"tokens": 256},
         "train": {"precision": precision},
         "islands": [{"name": "island-0", "region": "us-east", "batch_size": 4,
@@ -66,12 +70,14 @@ def snapshot(island: Island, losses: list[float]) -> dict:
 
 
 def train_one_process(config: RunConfig) -> dict:
-    """The island as one process: steps, a send, a step of overlap, a mix, more steps."""
+    """The island as one process: steps, a send, a step of overlap, a mix, a jump of
+    the step, more steps."""
     island = make_island(config)
     losses = [island.inner_step() for _ in range(STEPS_BEFORE_MIX)]
     island.make_update(0, "none")
     losses.append(island.inner_step())
     island.mix_global(0, global_fragment(island, 0), version=1)
+    island.step = RESTARTED_AT
     losses += [island.inner_step() for _ in range(STEPS_AFTER_MIX)]
     return snapshot(island, losses)
 
@@ -86,15 +92,16 @@ def train_as_rank(rank: int, world_size: int, port: int, text_path: str, out: st
     if rank == 0:
         losses = []
         for _ in range(STEPS_BEFORE_MIX):
-            group.announce_step()
+            group.announce_step(island)
             losses.append(island.inner_step())
         island.make_update(0, "none")
-        group.announce_step()
+        group.announce_step(island)
         losses.append(island.inner_step())
         island.mix_global(0, global_fragment(island, 0), version=1)
         group.announce_fragment(island, 0)
+        island.step = RESTARTED_AT
         for _ in range(STEPS_AFTER_MIX):
-            group.announce_step()
+            group.announce_step(island)
             losses.append(island.inner_step())
         group.announce_stop()
     else:
@@ -237,7 +244,7 @@ def test_only_rank_0_announces():
     group.rank = 1
 
     with pytest.raises(RuntimeError, match="only rank 0"):
-        group.announce_step()
+        group.announce_stop()
 
 
 # -- the island process for real ------------------------------------------------------
