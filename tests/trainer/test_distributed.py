@@ -260,9 +260,11 @@ def publish(store, config: RunConfig, secret: bytes, fragment: int, version: int
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize(("end", "ended"), [("done", "exited"), ("stop", "stopped")])
 def test_an_island_of_two_processes_trains_mixes_and_stops_under_its_supervisor(
-        redis_server, text_path, tmp_path):
-    """rank 0 talks to Redis, rank 1 follows; a mix goes through, and both end with 0."""
+        redis_server, text_path, tmp_path, end, ended):
+    """rank 0 talks to Redis, rank 1 follows; a mix goes through, and both end with 0
+    when the run is done or the island is stopped."""
     client = connect(redis_server)
     client.flushall()
     store = RunStore(client, 41)
@@ -295,7 +297,10 @@ def test_an_island_of_two_processes_trains_mixes_and_stops_under_its_supervisor(
 
         mixed = wait_for(lambda: next((u for u in store.read_updates(count=10_000)
                                        if u.fragment == 0 and base_version(u) == 1), None))
-        store.mark_done()
+        if end == "done":
+            store.mark_done()
+        else:
+            store.send_command("island-0", "stop")
         thread.join(timeout=60)
     finally:
         if thread.is_alive():
@@ -304,9 +309,10 @@ def test_an_island_of_two_processes_trains_mixes_and_stops_under_its_supervisor(
         client.close()
 
     log = (tmp_path / "island-0.log").read_text()
-    assert (outcome["ended"], outcome["exit_code"]) == ("exited", 0), log
+    assert (outcome["ended"], outcome["exit_code"]) == (ended, 0), log
     assert mixed.seq > first.seq  # rank 0 mixed version 1 in, and rank 1 went on with it
     assert "rank 1 of 2 on cpu" in log and "Traceback" not in log
+    assert "ended with exit code" not in log  # no rank failed, rank 1 included
 
 
 def wait_for(find, timeout: float = 60.0):
