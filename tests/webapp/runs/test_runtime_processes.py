@@ -18,6 +18,7 @@ import pytest
 from django.db import connection
 
 from syncd.store import RunStore, connect
+from trainer.island_logs import island_log_path
 from webapp.runs.faults import (
     inject_fault,
     kill_island,
@@ -231,6 +232,33 @@ def test_elastic_mode_rolls_back_and_pauses_every_island_when_one_is_lost(
     wait_until(lambda: run.events.filter(kind="rollback", detail__reason="island joined")
                .exists(), 10, "the joiner's rollback event")
     stop_run(run, by=None)
+
+
+def test_an_island_of_two_processes_follows_an_elastic_restart_and_stops_cleanly(
+        system, corpus_file, redis_url, settings):
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    run.mode = Run.Mode.ELASTIC
+    run.config["elastic"] = {"restart_delay_s": 1.0}
+    run.config["islands"][0]["processes"] = 2
+    run.save(update_fields=["mode", "config"])
+    store = start_and_wait(run, redis_url, 2)
+    wait_all_training(store)
+
+    kill_island(run, "island-1", by=None)
+    wait_until(lambda: store.restart()[0] == 1, 30, "a whole-job restart")
+    after_restart = sum(newest_versions(store))
+    # The barrier waits for island-0: merges after the restart need both its ranks.
+    wait_until(lambda: sum(newest_versions(store)) >= after_restart + 4, 60,
+               "island-0 and island-2 to go on after the restart")
+    stop_run(run, by=None)
+
+    log = island_log_path(settings.LOG_DIR, run.pk, "island-0")
+    wait_until(lambda: "epoch 1 ended" in log.read_text(), 30, "island-0 to end")
+    text = log.read_text()
+    assert "rank 1 of 2" in text
+    assert "epoch 1 ended (stopped), exit code 0" in text, text
+    alerts = [e.detail.get("message", "") for e in run.events.filter(kind="alert")]
+    assert not [m for m in alerts if "crashed" in m], alerts
 
 
 def runner_processes(run: Run, island: str, epoch: int) -> list[str]:
