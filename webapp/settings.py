@@ -183,7 +183,7 @@ LOG_DIR = Path(env_str("LOG_DIR", str(VAR_DIR / "logs")))
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # The folders a run's data.path may name a file or folder in, separated by the
 # platform's path separator (":"). A path that resolves (symlinks and ".." followed)
-# outside every one is refused (webapp.runs.services.check_data_path). Default: var/data
+# outside every one is refused (webapp.runs.validation.check_data_path). Default: var/data
 # and the Python standard library's folder, which the default corpus reads.
 DATA_ROOTS = [Path(p) for p in env_str(
     "DATA_ROOTS", os.pathsep.join([str(VAR_DIR / "data"), sysconfig.get_paths()["stdlib"]])
