@@ -207,17 +207,19 @@ def test_elastic_mode_rolls_back_and_pauses_every_island_when_one_is_lost(
     wait_all_training(store)
 
     kill_island(run, "island-0", by=None)
-    waiting = wait_until(lambda: [n for n, b in store.heartbeats().items()
-                                  if b.get("state") == "waiting"], 10,
-                         "the survivors to wait at the barrier for the dead island")
-    assert "island-0" not in waiting
+    survivors = {"island-1", "island-2"}
+    # Islands wait at every elastic outer step, so the dead island's last heartbeat
+    # may say "waiting" too: what matters is that both survivors stop there.
+    wait_until(lambda: survivors <= {n for n, b in store.heartbeats().items()
+                                     if b.get("state") == "waiting"}, 10,
+               "both survivors to wait at the barrier for the dead island")
     wait_until(lambda: store.restart()[0] == 1, 30, "a whole-job restart")
     wait_until(lambda: (store.status() or {}).get("lost_s", {}).get("barrier_wait", 0) > 0,
                10, "the wait at the barrier counted as lost")
-    paused = wait_until(lambda: [n for n, b in store.heartbeats().items()
-                                 if b.get("state") == "restarting"], 10,
+    paused = wait_until(lambda: {n for n, b in store.heartbeats().items()
+                                 if b.get("state") == "restarting"}, 10,
                         "the survivors to pause for the restart delay")
-    assert "island-0" not in paused
+    assert paused <= survivors
     after_restart = sum(newest_versions(store))
     wait_until(lambda: sum(newest_versions(store)) >= after_restart + 2, 60,
                "the survivors to go on after the restart")
