@@ -10,10 +10,17 @@ control room can show it.
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import TYPE_CHECKING, Any
+
+from syncd import recovery
+from syncd.status import run_status
 
 if TYPE_CHECKING:
     from syncd.service import RunSync
+
+log = logging.getLogger("archipelago.syncd")
 
 
 def finish(run: RunSync, now: float) -> dict[str, Any]:
@@ -33,3 +40,25 @@ def finish(run: RunSync, now: float) -> dict[str, Any]:
         "islands": snap["islands"], "tokens_merged": run.tokens_merged(),
         "eval_loss": run.eval_loss, "versions": list(run.sync.versions),
     }
+
+
+def complete(run: RunSync) -> None:
+    """The budget is spent: mark the run done, evaluate the global model, keep the
+    final snapshot with its outcome, checkpoint, record the tokens and let go of the
+    run. No merge follows."""
+    run.completed = True
+    run.store.mark_done()
+    run.eval_loss = run.evaluate()
+    now = run.clock()
+    status = run_status(run, now, run.live)
+    status["outcome"] = finish(run, now)
+    run.store.put_status(status)
+    run.next_status = math.inf  # the final snapshot, with the outcome, stays
+    recovery.save_checkpoint(run)
+    tokens = run.tokens_merged()
+    run.recorder.run_tokens(tokens)
+    run.recorder.flush()
+    run.recorder.complete()
+    run.store.deactivate()
+    log.info("run %s completed: %d tokens merged, eval loss %.4f", run.store.run_id,
+             tokens, run.eval_loss)

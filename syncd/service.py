@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import statistics
 import time
 from collections import Counter, deque
@@ -385,26 +384,8 @@ class RunSync:
         return sum(per_fragment.values()) // len(self.fragments)
 
     def _check_budget(self) -> None:
-        if self.completed:
-            return
-        tokens = self.tokens_merged()
-        if tokens < self.config.budget.total_tokens:
-            return
-        self.completed = True
-        self.store.mark_done()
-        self.eval_loss = self.evaluate()
-        now = self.clock()
-        status = run_status(self, now, self.live)
-        status["outcome"] = outcome.finish(self, now)
-        self.store.put_status(status)
-        self.next_status = math.inf  # the final snapshot, with the outcome, stays
-        recovery.save_checkpoint(self)
-        self.recorder.run_tokens(tokens)
-        self.recorder.flush()
-        self.recorder.complete()
-        self.store.deactivate()
-        log.info("run %s completed: %d tokens merged, eval loss %.4f", self.store.run_id,
-                 tokens, self.eval_loss)
+        if not self.completed and self.tokens_merged() >= self.config.budget.total_tokens:
+            outcome.complete(self)
 
     def evaluate(self) -> float:
         return self.evaluation(self.sync.global_params())
