@@ -2,7 +2,9 @@
 
 Written atomically (a temporary file, fsync, rename, fsync of the folder) as
 safetensors, with the versions in the header, so a crash mid-write leaves the
-previous checkpoint whole and a reader never sees half a file.
+previous checkpoint whole and a reader never sees half a file. Written tensor by
+tensor and hashed as it goes (syncd.tensorfile): no second copy of the model is
+made in memory.
 """
 
 from __future__ import annotations
@@ -13,21 +15,21 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load as load_tensors
-from safetensors.torch import save as save_tensors
+
+from syncd import tensorfile
 
 
 def save(path: Path, params: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],
          versions: list[int], tokens_merged: int) -> tuple[str, int]:
     """Write a checkpoint; returns its sha256 and size in bytes."""
-    tensors = {f"param.{k}": v.contiguous() for k, v in params.items()}
-    tensors.update({f"momentum.{k}": v.contiguous() for k, v in momentum.items()})
-    body = save_tensors(tensors, metadata={"versions": json.dumps(versions),
-                                           "tokens_merged": str(tokens_merged)})
+    tensors = {f"param.{k}": v for k, v in params.items()}
+    tensors.update({f"momentum.{k}": v for k, v in momentum.items()})
+    metadata = {"versions": json.dumps(versions), "tokens_merged": str(tokens_merged)}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
+    digest = hashlib.sha256()
     with open(tmp, "wb") as f:
-        f.write(body)
+        nbytes = tensorfile.write_file(f, tensors, metadata, digest.update)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -36,7 +38,7 @@ def save(path: Path, params: dict[str, torch.Tensor], momentum: dict[str, torch.
         os.fsync(folder)
     finally:
         os.close(folder)
-    return hashlib.sha256(body).hexdigest(), len(body)
+    return digest.hexdigest(), nbytes
 
 
 def load(path: Path, sha256: str | None = None
@@ -46,12 +48,16 @@ def load(path: Path, sha256: str | None = None
     Raises:
         ValueError: when `sha256` is given and the file does not match it.
     """
-    body = Path(path).read_bytes()
+    path = Path(path)
+    body = bytearray(path.stat().st_size)
+    with open(path, "rb") as f:
+        f.readinto(body)
     if sha256 is not None and hashlib.sha256(body).hexdigest() != sha256:
         raise ValueError(f"checkpoint {path} does not match its sha256")
-    tensors = load_tensors(body)
-    header_len = int.from_bytes(body[:8], "little")
-    meta = json.loads(body[8:8 + header_len])["__metadata__"]
+    try:
+        meta, tensors = tensorfile.loads(body)
+    except tensorfile.FormatError as exc:
+        raise ValueError(f"checkpoint {path} is not a safetensors file: {exc}") from exc
     params = {k.removeprefix("param."): v for k, v in tensors.items() if k.startswith("param.")}
     momentum = {k.removeprefix("momentum."): v for k, v in tensors.items()
                 if k.startswith("momentum.")}

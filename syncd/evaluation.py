@@ -3,9 +3,10 @@ moves with it, and once more at the end.
 
 Every `eval.interval_steps` global inner steps (outer_steps x H), at most once per
 MIN_GAP_S of syncd's clock. While the run trains, an evaluation runs in a thread of
-its own on a copy of the global parameters, so merges never wait behind it; the loss
-is picked up on a later tick. The final one, at the budget, runs in line. The
-held-out batches are read once.
+its own on the global parameters of that moment (the tensors themselves: a merge
+makes new ones, so only the fragments merged during the evaluation are held twice),
+so merges never wait behind it; the loss is picked up on a later tick. The final
+one, at the budget, runs in line. The held-out batches are read once.
 """
 
 from __future__ import annotations
@@ -46,10 +47,12 @@ class GlobalEval:
         return True
 
     def start(self, params: dict[str, torch.Tensor]) -> bool:
-        """Evaluate a copy of `params` in the background; False if one is still running."""
+        """Evaluate `params` in the background; False if one is still running. The
+        tensors must not change in place meanwhile (the synchronizer's merges replace
+        them)."""
         if self._thread is not None and self._thread.is_alive():
             return False
-        snapshot = {name: tensor.detach().clone() for name, tensor in params.items()}
+        snapshot = dict(params)
 
         def run() -> None:
             loss = self(snapshot)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from syncd.bulk import BulkError
 from syncd.merge import Update
 from syncd.protocol import MAX_HEADER_BYTES, TAG_BYTES, ProtocolError, decode_message
 from syncd.store import UpdateRef
@@ -38,13 +40,15 @@ class IslandFacts:
     tokens_per_step: int
 
 
-def check_update(blob: bytes | None, ref: UpdateRef, secret: bytes, facts: IslandFacts | None,
-                 shapes: dict[str, tuple[int, ...]], recent_norms: list[float],
-                 max_bytes: int) -> tuple[Update, float]:
+def check_update(read: Callable[[int], bytearray], ref: UpdateRef, secret: bytes,
+                 facts: IslandFacts | None, shapes: dict[str, tuple[int, ...]],
+                 recent_norms: list[float], max_bytes: int) -> tuple[Update, float]:
     """Decode and check one update; returns it and its norm per inner step.
 
     Args:
-        blob: the message the stream entry points to (None: expired or missing).
+        read: reads the message the stream entry points to, given the largest size
+            accepted; raises syncd.bulk.BulkError when it is too large, expired,
+            missing or incomplete. Called only once the sender's identity checks out.
         ref: the stream entry.
         secret: the run's HMAC key.
         facts: the island's current epoch and tokens per step, None if unknown.
@@ -56,10 +60,12 @@ def check_update(blob: bytes | None, ref: UpdateRef, secret: bytes, facts: Islan
         raise Rejection(f"unknown island {ref.island!r}")
     if ref.epoch < facts.epoch:
         raise Rejection(f"old epoch {ref.epoch}: island {ref.island} is at epoch {facts.epoch}")
-    if blob is None:
-        raise Rejection("the update's message expired or is missing")
     try:
-        kind, meta, tensors = decode_message(blob, secret, min(max_bytes, message_limit(shapes)))
+        blob = read(max_bytes)
+    except BulkError as exc:
+        raise Rejection(f"the update's message: {exc}") from exc
+    try:
+        kind, meta, tensors = decode_message(blob, secret, max_bytes)
     except ProtocolError as exc:
         raise Rejection(str(exc)) from exc
     if kind != "update":

@@ -44,8 +44,8 @@ def finish(run: RunSync, now: float) -> dict[str, Any]:
 
 def complete(run: RunSync) -> None:
     """The budget is spent: mark the run done, evaluate the global model, keep the
-    final snapshot with its outcome, checkpoint, record the tokens and let go of the
-    run. No merge follows."""
+    final snapshot with its outcome, checkpoint, record the tokens and free the run's
+    Redis keys but that snapshot. No merge follows."""
     run.completed = True
     run.store.mark_done()
     run.eval_loss = run.evaluate()
@@ -59,6 +59,6 @@ def complete(run: RunSync) -> None:
     run.recorder.run_tokens(tokens)
     run.recorder.flush()
     run.recorder.complete()
-    run.store.deactivate()
+    run.store.release()  # its last status (with the outcome) and the logs stay
     log.info("run %s completed: %d tokens merged, eval loss %.4f", run.store.run_id,
              tokens, run.eval_loss)

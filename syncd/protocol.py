@@ -4,6 +4,10 @@ A message is a safetensors blob followed by a 32-byte HMAC-SHA256 tag of that
 blob under the run's secret. The metadata travels in the safetensors header as
 strings. Nothing is ever unpickled: safetensors holds raw tensor bytes and a
 JSON header, and the tag is checked before either is parsed.
+
+A message is built in one buffer and read back as views of the buffer it arrived
+in (syncd.tensorfile), so a fragment of gigabytes costs its own size once on
+each side, not three or four times.
 """
 
 from __future__ import annotations
@@ -11,12 +15,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import struct
 from typing import Any
 
 import torch
-from safetensors.torch import load as load_tensors
-from safetensors.torch import save as save_tensors
+
+from syncd import tensorfile
 
 PROTOCOL_VERSION = 1
 TAG_BYTES = 32
@@ -31,7 +34,7 @@ class ProtocolError(ValueError):
 
 
 def encode_message(kind: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor],
-                   secret: bytes) -> bytes:
+                   secret: bytes) -> bytearray:
     """Serialize and sign one message ("update" up to syncd, "global" down to islands)."""
     required = UPDATE_FIELDS if kind == "update" else GLOBAL_FIELDS
     missing = [f for f in required if f not in meta]
@@ -39,13 +42,20 @@ def encode_message(kind: str, meta: dict[str, Any], tensors: dict[str, torch.Ten
         raise ValueError(f"a {kind!r} message needs {', '.join(required)}; missing {missing}")
     header = {"protocol": str(PROTOCOL_VERSION), "kind": kind,
               **{k: json.dumps(v) for k, v in meta.items()}}
-    body = save_tensors({k: v.contiguous() for k, v in tensors.items()}, metadata=header)
-    return body + hmac.new(secret, body, hashlib.sha256).digest()
+    length = tensorfile.size(tensors, header)
+    message = bytearray(length + TAG_BYTES)
+    view = memoryview(message)
+    tensorfile.write_into(view[:length], tensors, header)
+    view[length:] = hmac.new(secret, view[:length], hashlib.sha256).digest()
+    return message
 
 
-def decode_message(blob: bytes, secret: bytes, max_bytes: int = 1 << 30
+def decode_message(blob: bytes | bytearray, secret: bytes, max_bytes: int = 1 << 30
                    ) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
     """Verify and parse a message: (kind, metadata, tensors).
+
+    The tensors are views of `blob` when it is a bytearray (what the store reads);
+    bytes are copied once first.
 
     Raises:
         ProtocolError: too large, truncated, badly signed, not safetensors, or of
@@ -55,16 +65,13 @@ def decode_message(blob: bytes, secret: bytes, max_bytes: int = 1 << 30
         raise ProtocolError(f"message of {len(blob)} bytes exceeds the limit of {max_bytes}")
     if len(blob) < 8 + TAG_BYTES:
         raise ProtocolError(f"message of {len(blob)} bytes is truncated")
-    body, tag = blob[:-TAG_BYTES], blob[-TAG_BYTES:]
+    view = memoryview(blob if isinstance(blob, bytearray) else bytearray(blob))
+    body, tag = view[:-TAG_BYTES], view[-TAG_BYTES:]
     if not hmac.compare_digest(tag, hmac.new(secret, body, hashlib.sha256).digest()):
         raise ProtocolError("bad signature: not signed with this run's secret")
-    (header_len,) = struct.unpack("<Q", body[:8])
-    if header_len > min(MAX_HEADER_BYTES, len(body) - 8):
-        raise ProtocolError(f"header of {header_len} bytes does not fit the message")
     try:
-        header = json.loads(body[8:8 + header_len]).get("__metadata__") or {}
-        tensors = load_tensors(body)
-    except Exception as exc:  # safetensors raises its own error types
+        header, tensors = tensorfile.loads(body, MAX_HEADER_BYTES)
+    except tensorfile.FormatError as exc:
         raise ProtocolError(f"not a safetensors message: {exc}") from exc
     if header.get("protocol") != str(PROTOCOL_VERSION):
         raise ProtocolError(f"protocol version {header.get('protocol')!r} is not "

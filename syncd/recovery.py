@@ -158,8 +158,7 @@ def restart_job(run: RunSync, now: float, island: str, *, joining: bool = False)
             if name in thrown:
                 thrown[name] += pending.update.inner_steps / len(run.fragments)
         discarded.update(run.sync.roll_back(p, params[p], momentum[p], now))
-        run.pending_ids = {k: v for k, v in run.pending_ids.items() if k[0] != p}
-        run.publish(p, kept.get(p, 0) - merged.get(p, 0))
+        run.publish(p, kept.get(p, 0) - merged.get(p, 0), run.take_round(p))
         run.restart_versions[p] = run.sync.versions[p]
     delay = restart_delay(run)
     generation = run.store.restart_job(now + delay)

@@ -19,19 +19,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import load as load_tensors
-from safetensors.torch import save as save_tensors
-
-from syncd import chaos_driver, checkpoint, liveness, outcome, recovery
+from syncd import chaos_driver, checkpoint, liveness, outcome, recovery, tensorfile
 from syncd.accounting import RunAccounting
 from syncd.evaluation import GlobalEval
-from syncd.ingest import IslandFacts, Rejection, check_update
+from syncd.ingest import IslandFacts, Rejection, check_update, message_limit
 from syncd.policy import Decision, RoundStats
 from syncd.protocol import decode_message, encode_message
 from syncd.records import Recorder
 from syncd.status import run_status
 from syncd.store import RunStore, UpdateRef
-from syncd.synchronizer import HISTORY, Synchronizer
+from syncd.synchronizer import Synchronizer, history_length
 from trainer.fragments import partition
 from trainer.island import initial_model
 from trainer.local import transfer_time
@@ -39,7 +36,6 @@ from trainer.model import embedding_tensor_names
 from trainer.runner import config_from_spec
 
 log = logging.getLogger("archipelago.syncd")
-MAX_MESSAGE_BYTES = 1 << 30
 STATUS_EVERY_S = 0.5
 FLUSH_EVERY_S = 1.0
 CONTROL_EVERY_S = 0.2
@@ -88,7 +84,9 @@ class RunSync:
         # a handled seq among them is a redelivery. After it, a handled seq is a replay.
         newest = store.r.xrevrange(store.key("updates"), count=1)
         self.redelivered_until = _stream_id(newest[0][0]) if newest else (0, 0)
-        self.pending_ids: dict[tuple[int, str], bytes] = {}
+        # fragment -> island -> the stream entries of the updates in its open round
+        # (several when increments were added up); their messages go when it merges.
+        self.round_refs: list[dict[str, list[UpdateRef]]] = [{} for _ in self.fragments]
         self.norms = [deque(maxlen=32) for _ in self.fragments]
         self.rejections: Counter[str] = Counter()
         # Elastic: islands whose update of the fragment's open round was refused; the
@@ -155,29 +153,45 @@ class RunSync:
         for p in range(len(self.fragments)):
             if p not in versions:
                 self.store.publish(p, 0, self._global_message(p, 0), None,
-                                   save_tensors({}), {}, 0, HISTORY)
+                                   tensorfile.dumps({}), {}, 0, self.keep_diffs)
                 continue
             _, meta, tensors = decode_message(self.store.full(p), self.secret)
             self.sync.globals[p] = {n: t.float() for n, t in tensors.items()}
             self.sync.versions[p] = meta["version"]
             momentum = self.store.momentum(p)
             if momentum:
-                self.sync.optimizers[p].load_state_dict(load_tensors(momentum))
+                self.sync.optimizers[p].load_state_dict(tensorfile.loads(momentum)[1])
             self.sync.handled[p] = self.store.handled(p)
         if versions:
             log.info("run %s restored at versions %s", self.store.run_id, self.sync.versions)
 
-    def publish(self, p: int, result_tokens: int) -> None:
+    @property
+    def keep_diffs(self) -> int:
+        """Published differences kept in Redis per fragment: as far back as an island
+        may lag (max_staleness); none without a lossy downlink."""
+        return history_length(self.config.sync)
+
+    def take_round(self, p: int) -> list[UpdateRef]:
+        """Forget fragment p's open round here: the stream entries of its updates, whose
+        messages the next publish or mark deletes."""
+        refs = [ref for island_refs in self.round_refs[p].values() for ref in island_refs]
+        self.round_refs[p] = {}
+        return refs
+
+    def publish(self, p: int, result_tokens: int, done: list[UpdateRef] = ()) -> None:
+        """Commit fragment p's newest version; `done` are the updates it took in (or
+        threw away), whose messages go in the same transaction."""
         version = self.sync.versions[p]
         diff = None
-        if self.config.sync.downlink_compression != "none":
-            pub = self.sync.history[p][-1]
+        history = self.sync.history[p]
+        if history and history[-1].version == version:  # a lossy downlink's difference
+            pub = history[-1]
             meta = {"run": self.store.run_id, "fragment": p, "version": version,
                     "base_version": version - 1, "codec": pub.codec}
             diff = encode_message("global", meta, pub.payload, self.secret)
-        momentum = save_tensors(self.sync.optimizers[p].state_dict())
+        momentum = tensorfile.dumps(self.sync.optimizers[p].state_dict())
         self.store.publish(p, version, self._global_message(p, version), diff, momentum,
-                           dict(self.sync.handled[p]), result_tokens, HISTORY)
+                           dict(self.sync.handled[p]), result_tokens, self.keep_diffs, done)
 
     # -- one pass ------------------------------------------------------------
 
@@ -251,14 +265,16 @@ class RunSync:
             if _stream_id(ref.stream_id) > self.redelivered_until:
                 self._reject(ref, f"replayed seq {ref.seq}: island {ref.island} already sent "
                                   f"an update of fragment {p} with this seq or a later one")
+            elif ref.blob not in (r.blob for r in self.round_refs[p].get(ref.island, ())):
+                self.store.drop_updates([ref])  # done with before this syncd took the run
             return
         island = next((i for i in self.config.islands if i.name == ref.island), None)
         facts = None if island is None else IslandFacts(
             self.epochs.get(ref.island, 0), island.batch_size * self.config.model.block_size)
         try:
-            update, norm = check_update(self.store.blob(ref.key), ref, self.secret, facts,
-                                        self.sync.shapes[p], list(self.norms[p]),
-                                        MAX_MESSAGE_BYTES)
+            update, norm = check_update(
+                lambda limit: self.store.update_message(ref, limit), ref, self.secret, facts,
+                self.sync.shapes[p], list(self.norms[p]), message_limit(self.sync.shapes[p]))
         except Rejection as exc:
             self._reject(ref, str(exc))
             return
@@ -268,13 +284,14 @@ class RunSync:
             # for it. In a round it would stand for the island's first update after.
             self.sync.handled[p][ref.island] = max(ref.seq,
                                                    self.sync.handled[p].get(ref.island, -1))
+            self.store.drop_updates([ref])
             return
         reason = self.sync.submit(update, p, now)
         if reason is not None:
             self._reject(ref, reason)
             return
         self.norms[p].append(norm)
-        self.pending_ids.setdefault((p, ref.island), ref.stream_id)
+        self.round_refs[p].setdefault(ref.island, []).append(ref)
         previous = self.last_update.get((ref.island, p))
         # Within one incarnation only: the gap across a kill and rejoin is down time.
         if previous is not None and previous[2] == ref.epoch and ref.seq > previous[1] \
@@ -291,6 +308,7 @@ class RunSync:
         log.warning("run %s: rejected update %s/%s seq %s from %s: %s", self.store.run_id,
                     ref.fragment, ref.epoch, ref.seq, ref.island, reason)
         self.rejections[ref.island] += 1
+        self.store.drop_updates([ref])  # never merged, so never needed again
         self._account_lost_update(ref, reason)
         self.recorder.event("rejection", ref.island, reason=reason, fragment=ref.fragment,
                             seq=ref.seq, epoch=ref.epoch)
@@ -329,17 +347,15 @@ class RunSync:
         if not decision.merge:
             return
         self.excused[p].clear()
-        participants = list(self.sync.rounds[p])
         if self.elastic:
             recovery.account_barrier_wait(self, p, now)
         outer_steps = self.sync.outer_steps
         result = self.sync.merge(p, now)
-        for island in participants:
-            self.pending_ids.pop((p, island), None)
+        done = self.take_round(p)
         if result is None:
-            self.store.mark_handled(p, dict(self.sync.handled[p]))
+            self.store.mark_handled(p, dict(self.sync.handled[p]), done)
             return
-        self.publish(p, result.tokens)
+        self.publish(p, result.tokens, done)
         self.accounting.merged_round(result.weights, result.inner_steps, now, fragment=p,
                                      version=result.version)
         self.last_merge[p] = {"version": result.version, "weights": result.weights,
@@ -372,7 +388,8 @@ class RunSync:
         self.accounting.lost(ref.island, step_time * max(ref.seq - previous, 0), cause)
 
     def _trim(self) -> None:
-        floor = min(self.pending_ids.values(), default=self.after)
+        floor = min((refs[0].stream_id for round_ in self.round_refs for refs in round_.values()),
+                    default=self.after)
         major, minor = (int(x) for x in floor.split(b"-"))
         if (major, minor) > (0, 0):
             self.store.trim_updates(floor)

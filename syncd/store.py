@@ -7,16 +7,26 @@ global fragment, its version, the outer optimizer's momentum and the updates it
 took in are written in one MULTI/EXEC, so a crash of syncd either loses the
 whole merge (and the updates are merged again from the stream) or none of it.
 
+Messages that carry tensors are stored in chunks (syncd.bulk): the key named
+below holds a reference {key, chunks, size} and the bytes lie in `<key>:<i>`.
+
 Keys, for run R:
     arch:runs                      set of active run ids, for syncd
     arch:R:spec                    JSON {mode, config, secret}
     arch:R:epochs                  hash island -> current epoch (older are refused)
-    arch:R:updates                 stream of {island, epoch, fragment, seq, key}
-    arch:R:blob:<uuid>             an update message, with a TTL
+    arch:R:updates                 stream of {island, epoch, fragment, seq, key, chunks,
+                                   bytes}
+    arch:R:blob:<uuid>:<i>         chunks of an update message, with a TTL, deleted once
+                                   syncd merged, refused or dropped it
     arch:R:versions                hash fragment -> newest global version
-    arch:R:full:<p>                newest global fragment p as a full message
-    arch:R:pub:<p>:<v>             published difference v-1 -> v (lossy downlink)
-    arch:R:momentum:<p>            outer optimizer buffers of fragment p
+    arch:R:full:<p>                reference to the newest global fragment p (a full
+                                   message in arch:R:full:<p>:<v>:<i>; the version
+                                   before it is kept too, for islands reading it)
+    arch:R:pub:<p>:<v>             reference to the published difference v-1 -> v
+                                   (lossy downlink; the last max_staleness are kept)
+    arch:R:momentum:<p>            reference to the outer optimizer buffers of fragment p
+                                   (arch:R:momentum:<p>:<v>:<i>)
+    arch:R:tokens_merged           hash fragment -> tokens behind its merged updates
     arch:R:handled:<p>             hash island -> newest seq merged or dropped
     arch:R:heartbeats              hash island -> JSON {epoch, time, step, tokens}
     arch:R:control:<island>        list of JSON commands for the island's supervisor
@@ -30,6 +40,7 @@ Keys, for run R:
     arch:R:checkpoint_now          set when a user asks for a checkpoint
     arch:syncd:control             list of commands for syncd ("kill")
     arch:R:status                  JSON snapshot with its sequence number
+    arch:R:status_seq              the snapshots' sequence counter
     arch:R:lease, arch:R:lease_token  which syncd serves the run, its fencing token
                                    (syncd/lease.py)
     arch:syncd:members             sorted set of live syncd processes (syncd/lease.py)
@@ -37,6 +48,9 @@ Keys, for run R:
 syncd's RunStore carries the run's lease (`fence`): every write it makes for the
 run is one MULTI/EXEC guarded by that lease (syncd.lease.guarded_transaction), so
 a syncd that lost the run to another cannot publish, mark or trim anything.
+
+When a run ends (`release`), its keys go but its status snapshot and the
+islands' log lines, which the control room shows for a finished run.
 """
 
 from __future__ import annotations
@@ -53,13 +67,20 @@ from redis.backoff import ExponentialBackoff
 from redis.client import Pipeline
 from redis.retry import Retry
 
+from syncd.bulk import BulkError, BulkRef, RedisBulk
 from syncd.lease import Lease, guarded_transaction
 
+# A backstop for chunks nobody reads (an island that died between its chunks and its
+# stream entry, a syncd that died before its publish committed): syncd deletes every
+# update message it is done with and persists what it publishes.
 BLOB_TTL_S = 3600
 LOG_TTL_S = 7 * 24 * 3600
 # About 8 s of retries with backoff: time for a Redis to restart and load its data.
 RESTART_RETRIES = 12
 STREAM_MAXLEN = 100_000
+# What stays of a run that ended, for the control room: its last status and the logs.
+KEPT_AFTER_END = ("status", "status_seq", "log")
+READ_TRIES = 3  # a reference read just before its message was replaced is read again
 
 
 def kill_syncd(client: redis.Redis) -> None:
@@ -98,7 +119,7 @@ class UpdateRef:
     epoch: int
     fragment: int
     seq: int
-    key: bytes
+    blob: BulkRef
 
 
 class RunStore:
@@ -113,8 +134,10 @@ class RunStore:
             The web app and islands pass none.
     """
 
-    def __init__(self, client: redis.Redis, run_id: int | str, fence: Lease | None = None):
+    def __init__(self, client: redis.Redis, run_id: int | str, fence: Lease | None = None,
+                 chunk_bytes: int | None = None):
         self.r = client
+        self.bulk = RedisBulk(client, chunk_bytes)
         self.run_id = str(run_id)
         self.prefix = f"arch:{run_id}:"
         if fence is not None and fence.run_id != self.run_id:
@@ -163,13 +186,15 @@ class RunStore:
 
     # -- updates: islands -> syncd -------------------------------------------
 
-    def push_update(self, island: str, epoch: int, fragment: int, seq: int, blob: bytes) -> None:
-        """Store an update message with a TTL and reference it from the stream."""
-        blob_key = self.key("blob", uuid.uuid4().hex)
-        pipe = self.r.pipeline(transaction=True)
-        pipe.set(blob_key, blob, ex=BLOB_TTL_S)
+    def push_update(self, island: str, epoch: int, fragment: int, seq: int,
+                    blob: bytes | bytearray) -> None:
+        """Store an update message in chunks with a TTL, then reference it from the
+        stream (in that order, so syncd never reads an entry before its chunks)."""
+        pipe = self.r.pipeline(transaction=False)
+        ref = self.bulk.put(self.key("blob", uuid.uuid4().hex), blob, BLOB_TTL_S, pipe)
         pipe.xadd(self.key("updates"), {"island": island, "epoch": epoch, "fragment": fragment,
-                                        "seq": seq, "key": blob_key},
+                                        "seq": seq, "key": ref.key, "chunks": ref.chunks,
+                                        "bytes": ref.size},
                   maxlen=STREAM_MAXLEN, approximate=True)
         pipe.execute()
 
@@ -179,12 +204,24 @@ class RunStore:
         refs = []
         for _, entries in reply or []:
             for stream_id, f in entries:
+                blob = BulkRef(f[b"key"].decode(), int(f[b"chunks"]), int(f[b"bytes"]))
                 refs.append(UpdateRef(stream_id, f[b"island"].decode(), int(f[b"epoch"]),
-                                      int(f[b"fragment"]), int(f[b"seq"]), f[b"key"]))
+                                      int(f[b"fragment"]), int(f[b"seq"]), blob))
         return refs
 
-    def blob(self, key: bytes) -> bytes | None:
-        return self.r.get(key)
+    def update_message(self, ref: UpdateRef, max_bytes: int) -> bytearray:
+        """The update message a stream entry names.
+
+        Raises:
+            syncd.bulk.BulkError: too large, expired, missing or incomplete.
+        """
+        return self.bulk.read(ref.blob, max_bytes)
+
+    def drop_updates(self, refs: Iterable[UpdateRef]) -> None:
+        """Delete the messages of updates syncd refused or threw away."""
+        refs = list(refs)
+        if refs:
+            self._write(lambda pipe: [self.bulk.delete(pipe, ref.blob) for ref in refs])
 
     def trim_updates(self, min_id: bytes) -> None:
         """Forget stream entries older than `min_id`: all of them are handled."""
@@ -192,29 +229,65 @@ class RunStore:
 
     # -- globals: syncd -> islands -------------------------------------------
 
-    def publish(self, fragment: int, version: int, full: bytes, diff: bytes | None,
-                momentum: bytes, handled: dict[str, int], tokens: int, keep: int) -> None:
-        """Commit one merge: the new version, its messages, momentum and handled seqs.
+    def publish(self, fragment: int, version: int, full: bytes | bytearray,
+                diff: bytes | bytearray | None, momentum: bytes | bytearray,
+                handled: dict[str, int], tokens: int, keep: int,
+                merged: Iterable[UpdateRef] = ()) -> None:
+        """Commit one merge: the new version, its messages, momentum and handled seqs,
+        and the deletion of the merged updates' messages.
+
+        The messages' chunks are written first, with a TTL, and made persistent by the
+        MULTI/EXEC that commits the merge; it also deletes the version two before (the
+        one before stays for islands still reading it) and, with a lossy downlink, the
+        difference `keep` versions back.
 
         Raises:
             syncd.lease.LeaseLost: this store's lease is gone; nothing was published.
         """
+        pipe = self.r.pipeline(transaction=False)
+        full_ref = self.bulk.put(self.key("full", fragment, version), full, BLOB_TTL_S, pipe)
+        momentum_ref = self.bulk.put(self.key("momentum", fragment, version), momentum,
+                                     BLOB_TTL_S, pipe)
+        diff_ref = None if diff is None else self.bulk.put(
+            self.key("pub", fragment, version), diff, BLOB_TTL_S, pipe)
+        pipe.execute()
+        merged = list(merged)
+
         def fill(pipe: Pipeline) -> None:
-            pipe.set(self.key("full", fragment), full)
-            if diff is not None:
-                pipe.set(self.key("pub", fragment, version), diff)
-                pipe.delete(self.key("pub", fragment, version - keep))
-            pipe.set(self.key("momentum", fragment), momentum)
+            for ref, name in ((full_ref, "full"), (momentum_ref, "momentum")):
+                self.bulk.persist(pipe, ref)
+                pipe.set(self.key(name, fragment), ref.dumps())
+                self.bulk.delete(pipe, BulkRef(self.key(name, fragment, version - 2),
+                                               ref.chunks, 0), spare=1)
+            if diff_ref is not None:
+                self.bulk.persist(pipe, diff_ref)
+                pipe.set(self.key("pub", fragment, version), diff_ref.dumps())
+                old = self.key("pub", fragment, version - keep)
+                pipe.delete(old)
+                self.bulk.delete(pipe, BulkRef(old, diff_ref.chunks, 0), spare=1)
             if handled:
                 pipe.hset(self.key("handled", fragment), mapping=handled)
             pipe.hset(self.key("versions"), fragment, version)
             pipe.hincrby(self.key("tokens_merged"), fragment, tokens)
+            for ref in merged:
+                self.bulk.delete(pipe, ref.blob)
 
         self._write(fill)
 
-    def mark_handled(self, fragment: int, handled: dict[str, int]) -> None:
-        if handled:
-            self._write(lambda pipe: pipe.hset(self.key("handled", fragment), mapping=handled))
+    def mark_handled(self, fragment: int, handled: dict[str, int],
+                     dropped: Iterable[UpdateRef] = ()) -> None:
+        """Record seqs syncd is done with, and delete the messages of `dropped`."""
+        dropped = list(dropped)
+        if not handled and not dropped:
+            return
+
+        def fill(pipe: Pipeline) -> None:
+            if handled:
+                pipe.hset(self.key("handled", fragment), mapping=handled)
+            for ref in dropped:
+                self.bulk.delete(pipe, ref.blob)
+
+        self._write(fill)
 
     def versions(self) -> dict[int, int]:
         return {int(k): int(v) for k, v in self.r.hgetall(self.key("versions")).items()}
@@ -223,14 +296,42 @@ class RunStore:
         raw = self.r.hgetall(self.key("handled", fragment))
         return {k.decode(): int(v) for k, v in raw.items()}
 
-    def full(self, fragment: int) -> bytes | None:
-        return self.r.get(self.key("full", fragment))
+    def handled_seq(self, fragment: int, island: str) -> int:
+        """The newest seq of the island's updates of `fragment` syncd is done with."""
+        raw = self.r.hget(self.key("handled", fragment), island)
+        return -1 if raw is None else int(raw)
 
-    def diffs(self, fragment: int, versions: Iterable[int]) -> list[bytes | None]:
-        return self.r.mget([self.key("pub", fragment, v) for v in versions])
+    def _read(self, pointer: str, max_bytes: int) -> bytearray | None:
+        """The message a reference key names; None if there is none. A reference read
+        just before a newer message replaced it is read again."""
+        for attempt in range(READ_TRIES):
+            raw = self.r.get(pointer)
+            if raw is None:
+                return None
+            try:
+                return self.bulk.read(BulkRef.loads(raw), max_bytes)
+            except BulkError:
+                if attempt == READ_TRIES - 1:
+                    raise
+        return None
 
-    def momentum(self, fragment: int) -> bytes | None:
-        return self.r.get(self.key("momentum", fragment))
+    def full(self, fragment: int, max_bytes: int = 1 << 40) -> bytearray | None:
+        """The newest global fragment as a full message."""
+        return self._read(self.key("full", fragment), max_bytes)
+
+    def diffs(self, fragment: int, versions: Iterable[int], max_bytes: int = 1 << 40
+              ) -> list[bytearray | None]:
+        """The published differences to these versions (None where one is gone)."""
+        out: list[bytearray | None] = []
+        for v in versions:
+            try:
+                out.append(self._read(self.key("pub", fragment, v), max_bytes))
+            except BulkError:
+                out.append(None)
+        return out
+
+    def momentum(self, fragment: int, max_bytes: int = 1 << 40) -> bytearray | None:
+        return self._read(self.key("momentum", fragment), max_bytes)
 
     def tokens_merged(self) -> dict[int, int]:
         """Tokens behind the updates merged into each fragment."""
@@ -240,6 +341,38 @@ class RunStore:
     def mark_done(self) -> None:
         """The budget is spent: islands stop at their next step."""
         self._write(lambda pipe: pipe.set(self.key("done"), 1))
+
+    def done(self) -> bool:
+        return bool(self.r.exists(self.key("done")))
+
+    def release(self, keep: tuple[str, ...] = KEPT_AFTER_END, linger_s: int = 60) -> int:
+        """Free an ended run's keys; returns how many were deleted at once.
+
+        Messages (update chunks, published fragments, differences, momentum) and the
+        update stream go at once. The small keys the run's last processes may still
+        read while they stop (spec, epochs, commands, versions...) expire after
+        `linger_s`. Keys named in `keep` (by their first part after the run's prefix)
+        stay: the status snapshot and the logs, for the control room. With the run
+        id out of the active set and its lease gone, no syncd publishes to it again.
+        """
+        self.r.srem("arch:runs", self.run_id)
+        bulky = ("blob", "full", "pub", "momentum", "updates")
+        deleted = 0
+        batch: list[bytes] = []
+        for key in self.r.scan_iter(match=self.prefix + "*", count=1000):
+            part = key.decode()[len(self.prefix):].split(":", 1)[0]
+            if part in keep:
+                continue
+            if part in bulky or part == "lease":
+                batch.append(key)
+            else:
+                self.r.expire(key, linger_s)
+            if len(batch) >= 1000:
+                deleted += self.r.delete(*batch)
+                batch = []
+        if batch:
+            deleted += self.r.delete(*batch)
+        return deleted
 
     # -- heartbeats, commands, cursors, status -------------------------------
 
@@ -296,6 +429,15 @@ class RunStore:
 
     def close_rejoin_request(self, island: str) -> None:
         self._write(lambda pipe: pipe.hdel(self.key("rejoin"), island))
+
+    def fault(self, island: str) -> dict[str, Any]:
+        """The island's active fault ({kind, until, factor}), or {} if none."""
+        raw = self.r.get(self.key("fault", island))
+        fault = json.loads(raw) if raw else {}
+        return fault if fault.get("until", 0) > time.time() else {}
+
+    def clear_fault(self, island: str) -> None:
+        self.r.delete(self.key("fault", island))
 
     def faults(self, islands: list[str]) -> dict[str, str]:
         """island -> kind of its active fault (straggle, partition, degrade, corrupt)."""

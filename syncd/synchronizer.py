@@ -26,8 +26,6 @@ from trainer import compress
 from trainer.config import OptimConfig, SyncConfig
 from trainer.fragments import Fragment
 
-HISTORY = 16  # published versions kept for islands that are a few versions behind
-
 
 @dataclass
 class Published:
@@ -76,10 +74,14 @@ class Synchronizer:
                         for f in fragments]
         self.shapes = [{n: tuple(t.shape) for n, t in g.items()} for g in self.globals]
         self.versions = [0] * len(fragments)
+        self.published_at = [0.0] * len(fragments)  # when each newest version was made
         self.optimizers = [OuterOptimizer(optim.outer_lr, optim.outer_momentum)
                            for _ in fragments]
         self.rounds: list[dict[str, Pending]] = [{} for _ in fragments]
-        self.history: list[deque[Published]] = [deque(maxlen=HISTORY) for _ in fragments]
+        # With a lossy downlink, the differences an island up to max_staleness versions
+        # behind pulls; with "none" an island always takes the newest fragment whole.
+        self.history: list[deque[Published]] = [deque(maxlen=history_length(sync))
+                                                for _ in fragments]
         # island -> the newest seq of its updates that a merge took in or dropped
         self.handled: list[dict[str, int]] = [{} for _ in fragments]
 
@@ -142,9 +144,8 @@ class Synchronizer:
         self.globals[fragment] = {n: t.clone() for n, t in params.items()}
         self.optimizers[fragment].load_state_dict(momentum)
         self.versions[fragment] += 1
+        self.published_at[fragment] = now
         self.history[fragment].clear()  # a difference across a rollback means nothing
-        self.history[fragment].append(Published(self.versions[fragment], now, "none",
-                                                self.globals[fragment]))
         return discarded
 
     @torch.no_grad()
@@ -181,7 +182,9 @@ class Synchronizer:
             new = {n: old[n] + diff[n] for n in old}
         self.globals[fragment] = new
         self.versions[fragment] = version + 1
-        self.history[fragment].append(Published(version + 1, now, codec, payload))
+        self.published_at[fragment] = now
+        if codec != "none":
+            self.history[fragment].append(Published(version + 1, now, codec, payload))
         return MergeResult(fragment, version + 1, now, weights, sum(u.tokens for u in updates),
                            {u.island: u.inner_steps for u in updates}, stale)
 
@@ -195,9 +198,8 @@ class Synchronizer:
         if held_version >= newest:
             return []
         history = self.history[fragment]
-        if self.sync.downlink_compression == "none" or not history \
-                or history[0].version > held_version + 1:
-            return [Published(newest, history[-1].time if history else 0.0, "none",
+        if not history or history[0].version > held_version + 1:
+            return [Published(newest, self.published_at[fragment], "none",
                               self.globals[fragment])]
         return [p for p in history if p.version > held_version]
 
@@ -205,13 +207,20 @@ class Synchronizer:
         return {n: t for g in self.globals for n, t in g.items()}
 
 
+def history_length(sync: SyncConfig) -> int:
+    """Published differences worth keeping per fragment: as many as an island may lag
+    behind (max_staleness, at least one); none when the downlink sends whole fragments."""
+    return 0 if sync.downlink_compression == "none" else max(sync.max_staleness, 1)
+
+
 def apply_published(held: dict[str, torch.Tensor], published: list[Published],
                     shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """An island's copy of the newest global fragment from what it pulled."""
+    """The newest global fragment from what an island pulled (its tensors may be the
+    pulled payload's own: read them, do not write them)."""
     out = held
     for p in published:
         if p.codec == "none":
-            out = {n: t.clone() for n, t in p.payload.items()}
+            out = dict(p.payload)  # not copied: Island.mix_global takes its own copy
         else:
             diff = compress.decode(p.payload, p.codec, shapes)
             out = {n: out[n] + diff[n] for n in out}

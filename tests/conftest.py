@@ -4,6 +4,7 @@ The machine's Redis is shared with other work and is never touched, restarted
 or flushed by the tests.
 """
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -11,6 +12,10 @@ import pytest
 import redis
 
 from webapp.processes import free_port, redis_argv, redis_server_binary, wait_for
+
+# Tensor messages travel in chunks of this size (syncd.bulk) in every test and in the
+# processes the tests start, so ordinary tests carry messages of several chunks.
+os.environ.setdefault("CHUNK_BYTES", str(8 * 1024))
 
 
 @pytest.fixture(scope="session")

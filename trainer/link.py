@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+import redis
+
 if TYPE_CHECKING:
     from trainer.runner import ProcessIsland
 
@@ -35,6 +37,10 @@ def beating(beat: Callable[[], None], every_s: float = HEARTBEAT_S) -> Iterator[
         thread.join()
 
 
+class RedisFull(RuntimeError):
+    """The run's Redis is out of memory; str() says what to do."""
+
+
 class Link:
     """An emulated wide-area link: a sender thread that holds each message for
     latency + bytes * bytes_scale * 8 / bandwidth before it reaches Redis.
@@ -51,7 +57,9 @@ class Link:
         self.thread = threading.Thread(target=self._run, daemon=True, name="link")
         self.thread.start()
 
-    def send(self, fragment: int, seq: int, blob: bytes) -> None:
+    def send(self, fragment: int, seq: int, blob: bytes | bytearray) -> None:
+        if isinstance(self.error, RedisFull):
+            raise self.error
         if self.error:
             raise RuntimeError("the link thread failed") from self.error
         self.queue.put((fragment, seq, blob))
@@ -66,6 +74,10 @@ class Link:
                                               seq, blob)
                 self.bytes_up += len(blob)
                 self.queue.task_done()
+        except redis.OutOfMemoryError as exc:
+            self.error = RedisFull("Redis refused the update: it is at its maxmemory "
+                                   f"({exc}). The run does not fit the Redis it was given: "
+                                   "see its size estimate, or raise REDIS_MAXMEMORY_MB")
         except BaseException as exc:  # surfaced on the next send
             self.error = exc
 

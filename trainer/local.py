@@ -88,14 +88,18 @@ def transfer_time(island: IslandConfig, nbytes: int, bytes_scale: float) -> floa
 
 class Evaluator:
     def __init__(self, config: RunConfig, corpus: Corpus):
-        self.model = GPT(gpt_config(config))
+        with torch.device("meta"):  # no tensors of its own: each call assigns them
+            self.model = GPT(gpt_config(config))
         self.batches = eval_batches(corpus, config.eval.tokens, config.model.block_size)
 
     @torch.no_grad()
     def __call__(self, params: dict[str, torch.Tensor]) -> float:
-        self.model.load_state_dict(params)
+        """The eval loss of `params`, which the model takes as they are (no copy): they
+        are only read."""
+        self.model.load_state_dict(params, assign=True)
         self.model.eval()
         losses = [self.model(x, y)[1].item() * len(x) for x, y in self.batches]
+        self.model.to_empty(device="meta")  # let go of the tensors until the next call
         return sum(losses) / sum(len(x) for x, _ in self.batches)
 
 
@@ -243,7 +247,8 @@ class _Cluster:
             result = sync.merge(p, now)
             self._account(result)
             if result is not None:
-                size = len(self._global_message(p, sync.history[p][-1]))
+                newest = sync.published_since(p, sync.versions[p] - 1)[-1]
+                size = len(self._global_message(p, newest))
                 last_sync_s = statistics.median(
                     transfer_time(i.spec, size, config.emulation.bytes_scale) for i in islands)
             for i, isl in enumerate(islands):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import logging
 import os
 import signal
@@ -100,9 +99,7 @@ class ProcessIsland:
     def fault(self) -> dict[str, Any]:
         now = time.time()
         if now - self._fault_read > 0.2:
-            raw = self.store.r.get(self.store.key("fault", self.name))
-            fault = json.loads(raw) if raw else {}
-            self._fault = fault if fault.get("until", 0) > now else {}
+            self._fault = self.store.fault(self.name)
             self._fault_read = now
         return self._fault
 
@@ -144,8 +141,13 @@ class ProcessIsland:
         raise SystemExit(0)
 
     def _full(self, p: int) -> tuple[int, dict[str, torch.Tensor]]:
+        """The newest global fragment p, read chunk by chunk into one buffer whose views
+        are the tensors (no further copy)."""
         blob = self.store.full(p)
         if blob is None:
+            if self.run_ended():
+                self.stopping = True  # the run ended and its state went with it
+                raise SystemExit(0)
             raise RuntimeError(f"global fragment {p} is missing from Redis")
         self.bytes_down += len(blob)
         _, meta, tensors = decode_message(blob, self.secret)
@@ -237,8 +239,7 @@ class ProcessIsland:
 
     def handled(self, p: int, seq: int) -> bool:
         """Whether syncd merged or dropped this island's update `seq` of fragment p."""
-        done = self.store.r.hget(self.store.key("handled", p), self.name)
-        return done is not None and int(done) >= seq
+        return self.store.handled_seq(p, self.name) >= seq
 
     # -- the loop ------------------------------------------------------------
 
@@ -282,9 +283,14 @@ class ProcessIsland:
         """Whether syncd marked the run done; asked at most five times a second."""
         now = time.time()
         if now - getattr(self, "_done_read", 0.0) > 0.2:
-            self._done = bool(self.store.r.exists(self.store.key("done")))
+            self._done = self.store.done()
             self._done_read = now
         return self._done
+
+    def run_ended(self) -> bool:
+        """Whether the run is over for good (done, or no longer active: stopped or
+        deleted, its state freed)."""
+        return self.store.done() or self.store.run_id not in RunStore.active_runs(self.store.r)
 
     def send(self, p: int) -> None:
         s = self.config.sync
@@ -292,7 +298,7 @@ class ProcessIsland:
         if self.fault().get("kind") == "corrupt":
             payload = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
                        for k, v in payload.items()}
-            self.store.r.delete(self.store.key("fault", self.name))
+            self.store.clear_fault(self.name)
             self._fault = {}
         meta.update(run=self.store.run_id, island=self.name, epoch=self.epoch,
                     compute_s=self.compute_s, codec=s.compression)

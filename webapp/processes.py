@@ -76,20 +76,39 @@ def redis_server_binary() -> Path:
     return path
 
 
+def redis_maxmemory_mb() -> int:
+    """The embedded Redis's memory limit: `REDIS_MAXMEMORY_MB`, by default a quarter of
+    this machine's memory."""
+    raw = os.environ.get("REDIS_MAXMEMORY_MB", "").strip()
+    if raw:
+        return int(raw)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (4 << 20)
+
+
 def redis_argv(binary: str | Path, port: int, data_dir: str | Path, *,
-               appendonly: bool = True, password: str | None = None) -> list[str]:
+               appendonly: bool = True, password: str | None = None,
+               maxmemory_mb: int | None = None) -> list[str]:
     """redis-server on 127.0.0.1 only.
 
     With appendonly every write is in the append-only file and survives a
-    restart; without it nothing is written to disk at all (a test's Redis). With
-    a password, clients must give it (redis://:PASSWORD@host:port/0).
+    restart, and the file is rewritten whenever it has doubled since the last
+    rewrite (from 64 MB on), so it stays near the size of the data, not of every
+    message ever written; without it nothing is written to disk at all (a test's
+    Redis). With a password, clients must give it (redis://:PASSWORD@host:port/0).
+    With maxmemory_mb, a write that would pass that limit fails with an
+    out-of-memory error (no eviction: nothing of a run is silently dropped).
     """
     argv = [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
-            "--pidfile", str(Path(data_dir) / "redis.pid"), "--daemonize", "no"]
+            "--pidfile", str(Path(data_dir) / "redis.pid"), "--daemonize", "no",
+            "--save", ""]
     if password:
         argv += ["--requirepass", password]
-    return argv + (["--appendonly", "yes"] if appendonly else ["--appendonly", "no",
-                                                                "--save", ""])
+    if maxmemory_mb:
+        argv += ["--maxmemory", f"{maxmemory_mb}mb", "--maxmemory-policy", "noeviction"]
+    if not appendonly:
+        return [*argv, "--appendonly", "no"]
+    return [*argv, "--appendonly", "yes", "--auto-aof-rewrite-percentage", "100",
+            "--auto-aof-rewrite-min-size", "64mb"]
 
 
 def redact_url(url: str) -> str:

@@ -35,6 +35,7 @@ from webapp.processes import (
     port_is_free,
     redact_url,
     redis_argv,
+    redis_maxmemory_mb,
     redis_problem,
     redis_server_binary,
     wait_for,
@@ -83,7 +84,8 @@ def start_embedded_redis(manager: ProcessManager, data_dir: Path) -> str:
     saved = int(port_file.read_text()) if port_file.exists() else 0
     port = saved if saved and port_is_free(saved) else free_port()
     port_file.write_text(str(port))
-    process = manager.start("redis", redis_argv(redis_server_binary(), port, data_dir),
+    process = manager.start("redis", redis_argv(redis_server_binary(), port, data_dir,
+                                                maxmemory_mb=redis_maxmemory_mb()),
                             restart=True)
     url = f"redis://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url, socket_timeout=1)

@@ -1,5 +1,7 @@
 import math
 
+import torch
+
 from syncd.evaluation import GlobalEval
 from trainer.config import parse_config
 from trainer.island import initial_model
@@ -41,15 +43,16 @@ def test_it_evaluates_the_given_parameters_on_held_out_text(tmp_path):
     assert math.isfinite(loss) and abs(loss - math.log(256)) < 0.5
 
 
-def test_a_background_evaluation_works_on_a_copy_and_is_picked_up_once(tmp_path):
+def test_a_background_evaluation_reads_the_globals_of_its_moment_and_is_picked_up_once(
+        tmp_path):
     run_config = config(tmp_path)
     evaluation = GlobalEval(run_config)
     params = dict(initial_model(run_config).state_dict())
     expected = evaluation(params)
 
     assert evaluation.start(params)
-    for tensor in params.values():
-        tensor.zero_()  # the live globals move on; the evaluation has its own copy
+    for name in params:
+        params[name] = torch.zeros_like(params[name])  # merges replace the globals
     evaluation.wait(timeout=30)
 
     assert evaluation.result() == expected

@@ -280,3 +280,40 @@ def test_a_restarted_syncd_reads_handled_updates_again_without_calling_them_repl
     assert again.rejections == {}
     assert rejection_reasons(again) == []
     assert again.store.versions()[0] == 1
+
+
+# -- a message in chunks (syncd.bulk), tampered with in Redis --------------------------
+
+def swap_chunks(store: RunStore, keys: list[str]) -> None:
+    first, second = store.r.get(keys[0]), store.r.get(keys[1])
+    store.r.set(keys[0], second)
+    store.r.set(keys[1], first)
+
+
+def forge_chunk(store: RunStore, keys: list[str]) -> None:
+    chunk = bytearray(store.r.get(keys[1]))
+    chunk[10] ^= 0xFF
+    store.r.set(keys[1], bytes(chunk))
+
+
+def drop_chunk(store: RunStore, keys: list[str]) -> None:
+    store.r.delete(keys[1])
+
+
+@pytest.mark.parametrize("tamper, reason", [
+    (swap_chunks, "bad signature"),
+    (forge_chunk, "bad signature"),
+    (drop_chunk, "chunk 2 of"),
+], ids=["reordered", "forged", "missing"])
+def test_a_tampered_chunk_gets_its_update_rejected_and_never_merged(run_sync, tamper, reason):
+    push(run_sync, "a", 8, good_blob(run_sync, "a", 8))
+    [ref] = run_sync.store.read_updates()
+    assert ref.blob.chunks >= 2, "the tests' chunk size (tests/conftest.py) splits updates"
+    tamper(run_sync.store, ref.blob.chunk_keys())
+    push(run_sync, "b", 8, good_blob(run_sync, "b", 8))
+
+    run_sync.tick()
+
+    assert not any(run_sync.store.r.exists(k) for k in ref.blob.chunk_keys())
+    assert_rejected_and_the_run_goes_on(run_sync, reason, 8)
+    assert not list(run_sync.store.r.scan_iter(match=run_sync.store.key("blob") + "*"))

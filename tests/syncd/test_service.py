@@ -112,6 +112,46 @@ def test_it_rejects_a_bad_update_with_a_reason_and_never_merges_it(run_sync, bad
     assert list(run_sync.sync.rounds[0]) == ["b"]
 
 
+def blob_keys(sync: RunSync) -> list[bytes]:
+    return list(sync.store.r.scan_iter(match=sync.store.key("blob") + "*"))
+
+
+def test_the_messages_of_merged_updates_are_gone_once_the_merge_is_published(run_sync):
+    heartbeat_all(run_sync)
+    for seq in (4, 8):
+        send(run_sync, "a", 0, seq, base_version=run_sync.sync.versions[0])
+        send(run_sync, "a", 1, seq, base_version=run_sync.sync.versions[1])
+        send(run_sync, "b", 0, seq, base_version=run_sync.sync.versions[0])
+        assert blob_keys(run_sync)
+        run_sync.tick()
+        # b's update of fragment 1 has not come: a's waits in the open round, and
+        # stays in Redis, since a restarted syncd reads open rounds again.
+        assert run_sync.store.versions()[0] == seq // 4
+        assert len(run_sync.round_refs[1]["a"]) == seq // 4
+        waiting = {k.decode().rsplit(":", 1)[0] for k in blob_keys(run_sync)}
+        assert waiting == {r.blob.key for r in run_sync.round_refs[1]["a"]}
+
+    send(run_sync, "b", 1, 8)
+    run_sync.tick()
+
+    assert run_sync.store.versions() == {0: 2, 1: 1}
+    assert blob_keys(run_sync) == []
+
+
+def test_the_messages_of_stale_and_refused_updates_are_gone_too(run_sync):
+    heartbeat_all(run_sync)
+    for seq in (4, 8):
+        send(run_sync, "a", 0, seq, base_version=run_sync.sync.versions[0])
+        send(run_sync, "b", 0, seq, base_version=run_sync.sync.versions[0])
+        run_sync.tick()
+    send(run_sync, "a", 0, 12, base_version=0)  # max_staleness 1: version 2 is newest
+    send(run_sync, "b", 0, 12, secret=b"forged")
+    run_sync.tick()
+
+    assert [r.split(":")[0] for r in rejections(run_sync)] == ["stale", "bad signature"]
+    assert blob_keys(run_sync) == []
+
+
 def test_a_replayed_update_is_merged_at_most_once(run_sync):
     heartbeat_all(run_sync)
     send(run_sync, "a", 0, 4)

@@ -293,7 +293,7 @@ def test_an_island_of_two_processes_trains_mixes_and_stops_under_its_supervisor(
         store.mark_handled(0, {"island-0": first.seq})
 
         def base_version(update) -> int:
-            return decode_message(store.blob(update.key), secret)[1]["base_version"]
+            return decode_message(store.update_message(update, 1 << 30), secret)[1]["base_version"]
 
         mixed = wait_for(lambda: next((u for u in store.read_updates(count=10_000)
                                        if u.fragment == 0 and base_version(u) == 1), None))

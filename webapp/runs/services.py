@@ -138,7 +138,8 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
 
 
 def stop_run(run: Run, by: AbstractBaseUser | None) -> None:
-    """Stop a run for good: every island saves its cursor and exits; syncd lets it go.
+    """Stop a run for good: every island saves its cursor and exits; syncd lets it go,
+    and the run's Redis keys are freed but its status (RunStore.release).
 
     Raises:
         ValueError: when the run cannot be stopped from its state (a draft, or final).
@@ -147,7 +148,7 @@ def stop_run(run: Run, by: AbstractBaseUser | None) -> None:
     store = run_store(run)
     for island in live_islands(run):
         store.send_command(island.name, "stop", epoch=island.epoch)
-    store.deactivate()
+    store.release()  # its model is in its checkpoints; Redis keeps its last status
 
 
 def pause_run(run: Run, by: AbstractBaseUser | None) -> None:
@@ -305,7 +306,7 @@ def delete_run(run: Run, by: AbstractBaseUser | None) -> None:
         kept.update(run=None)
         doomed = list(Checkpoint.objects.filter(run=run).values_list("path", flat=True))
         Checkpoint.objects.filter(run=run).delete()
-        run_store(run).deactivate()
+        run_store(run).release(keep=())
         run.delete()
     for path in doomed:
         Path(path).unlink(missing_ok=True)

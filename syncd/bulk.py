@@ -1,0 +1,130 @@
+"""The bulk path: the messages that carry tensors, stored in chunks.
+
+Update messages, published fragments, their differences and the outer momentum
+can be gigabytes each (a 1B-parameter fragment in fp32 is 4 GB), more than a
+Redis value may hold (512 MiB by default) and more than one command should
+carry. So each is written as chunks of at most `chunk_bytes` under one key
+prefix, `<key>:0`, `<key>:1`, ..., and named by a `BulkRef` (key, chunk count,
+total size) that the small control messages carry instead: a stream entry, a
+pointer key. A message is signed whole (syncd.protocol), so a chunk that is
+missing, out of order or forged fails its reader's checks and is never merged.
+
+Chunks are written with a time to live, a backstop for a message nobody reads;
+the write that makes a message part of the run's state (syncd's publish) makes
+its chunks persistent in the same MULTI/EXEC. Only this class knows how chunks
+are laid out, so a blob store (an object store, a shared file system) can later
+carry the tensors while Redis keeps the control messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import redis
+from redis.client import Pipeline
+
+DEFAULT_CHUNK_BYTES = 64 << 20
+CHUNK_BYTES_ENV = "CHUNK_BYTES"
+
+
+class BulkError(ValueError):
+    """A message that cannot be read whole; str() says why."""
+
+
+@dataclass(frozen=True)
+class BulkRef:
+    """Where a message lies: its key prefix, how many chunks, how many bytes."""
+
+    key: str
+    chunks: int
+    size: int
+
+    def chunk_keys(self) -> list[str]:
+        return [f"{self.key}:{i}" for i in range(self.chunks)]
+
+    def dumps(self) -> str:
+        return json.dumps({"key": self.key, "chunks": self.chunks, "size": self.size})
+
+    @classmethod
+    def loads(cls, raw: bytes | str) -> BulkRef:
+        try:
+            ref = json.loads(raw)
+            return cls(str(ref["key"]), int(ref["chunks"]), int(ref["size"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BulkError(f"not a message reference: {exc}") from exc
+
+
+def chunk_bytes_setting() -> int:
+    """The chunk size: `CHUNK_BYTES` in the environment, 64 MiB by default."""
+    raw = os.environ.get(CHUNK_BYTES_ENV, "")
+    value = int(raw) if raw.strip() else DEFAULT_CHUNK_BYTES
+    if value < 1024:
+        raise ValueError(f"{CHUNK_BYTES_ENV} must be at least 1024 bytes, got {value}")
+    return value
+
+
+class RedisBulk:
+    """Messages as chunks in Redis.
+
+    Args:
+        client: a binary-safe connection (syncd.store.connect).
+        chunk_bytes: the largest chunk; default from `chunk_bytes_setting`.
+    """
+
+    def __init__(self, client: redis.Redis, chunk_bytes: int | None = None):
+        self.r = client
+        self.chunk_bytes = chunk_bytes or chunk_bytes_setting()
+
+    def put(self, key: str, message: bytes | bytearray | memoryview, ttl_s: int,
+            pipe: Pipeline | None = None) -> BulkRef:
+        """Write `message` as chunks under `key` with a time to live; with `pipe`, queue
+        the writes there instead of sending them."""
+        view = memoryview(message)
+        ref = BulkRef(key, max(1, -(-len(view) // self.chunk_bytes)), len(view))
+        target = pipe if pipe is not None else self.r.pipeline(transaction=False)
+        for i, chunk_key in enumerate(ref.chunk_keys()):
+            target.set(chunk_key, view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes],
+                       ex=ttl_s)
+        if pipe is None:
+            target.execute()
+        return ref
+
+    def read(self, ref: BulkRef, max_bytes: int) -> bytearray:
+        """The message, read chunk by chunk into one buffer.
+
+        Raises:
+            BulkError: larger than `max_bytes`, a chunk missing, or chunks that do not
+                add up to the size the reference gives.
+        """
+        if ref.size > max_bytes:
+            raise BulkError(f"message of {ref.size} bytes exceeds the limit of {max_bytes}")
+        if not 1 <= ref.chunks <= max(1, ref.size):
+            raise BulkError(f"{ref.chunks} chunks cannot hold {ref.size} bytes")
+        buffer = bytearray(ref.size)
+        pos = 0
+        for i, chunk_key in enumerate(ref.chunk_keys()):
+            chunk = self.r.get(chunk_key)
+            if chunk is None:
+                raise BulkError(f"chunk {i + 1} of {ref.chunks} is missing (expired or "
+                                "replaced)")
+            if pos + len(chunk) > ref.size:
+                raise BulkError(f"chunk {i + 1} of {ref.chunks} runs past the message's "
+                                f"{ref.size} bytes")
+            buffer[pos:pos + len(chunk)] = chunk
+            pos += len(chunk)
+        if pos != ref.size:
+            raise BulkError(f"the chunks hold {pos} bytes, the message {ref.size}")
+        return buffer
+
+    def persist(self, pipe: Pipeline, ref: BulkRef) -> None:
+        """Queue the removal of the chunks' time to live: the message is the run's state."""
+        for chunk_key in ref.chunk_keys():
+            pipe.persist(chunk_key)
+
+    def delete(self, pipe: Pipeline, ref: BulkRef, spare: int = 0) -> None:
+        """Queue the deletion of the message's chunks (and `spare` more chunk keys past
+        them, for a message of the same key whose size may have grown a chunk)."""
+        keys = [f"{ref.key}:{i}" for i in range(ref.chunks + spare)]
+        pipe.delete(*keys)

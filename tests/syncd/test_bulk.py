@@ -1,0 +1,69 @@
+"""Messages in chunks, against a real Redis."""
+
+import pytest
+
+from syncd.bulk import BulkError, BulkRef, RedisBulk, chunk_bytes_setting
+from syncd.store import connect
+
+pytestmark = pytest.mark.integration
+
+MESSAGE = bytes(range(256)) * 20 + b"x" * 80  # 5,200 bytes: 5 chunks of 1,024 and one more
+
+
+@pytest.fixture
+def bulk(redis_url):
+    return RedisBulk(connect(redis_url), chunk_bytes=1024)
+
+
+def test_a_message_of_several_chunks_round_trips(bulk):
+    ref = bulk.put("m", MESSAGE, ttl_s=60)
+
+    assert (ref.chunks, ref.size) == (6, len(MESSAGE))
+    assert all(len(bulk.r.get(k)) <= 1024 for k in ref.chunk_keys())
+    assert bulk.read(ref, max_bytes=1 << 20) == MESSAGE
+
+
+def test_a_missing_chunk_is_an_error_that_names_it(bulk):
+    ref = bulk.put("m", MESSAGE, ttl_s=60)
+    bulk.r.delete("m:2")
+
+    with pytest.raises(BulkError, match="chunk 3 of 6 is missing"):
+        bulk.read(ref, max_bytes=1 << 20)
+
+
+@pytest.mark.parametrize("ref, reason", [
+    (BulkRef("m", 6, len(MESSAGE) + 1), "hold 5200 bytes, the message 5201"),
+    (BulkRef("m", 6, len(MESSAGE) - 1), "runs past"),
+    (BulkRef("m", 6, 1 << 21), "exceeds the limit"),
+    (BulkRef("m", 0, 10), "cannot hold"),
+])
+def test_chunks_that_do_not_add_up_to_the_reference_are_refused(bulk, ref, reason):
+    bulk.put("m", MESSAGE, ttl_s=60)
+
+    with pytest.raises(BulkError, match=reason):
+        bulk.read(ref, max_bytes=1 << 20)
+
+
+def test_chunks_expire_until_persisted_and_go_when_deleted(bulk):
+    ref = bulk.put("m", MESSAGE, ttl_s=60)
+    assert all(0 < bulk.r.ttl(k) <= 60 for k in ref.chunk_keys())
+
+    pipe = bulk.r.pipeline()
+    bulk.persist(pipe, ref)
+    pipe.execute()
+    assert all(bulk.r.ttl(k) == -1 for k in ref.chunk_keys())
+
+    pipe = bulk.r.pipeline()
+    bulk.delete(pipe, ref)
+    pipe.execute()
+    assert not any(bulk.r.exists(k) for k in ref.chunk_keys())
+
+
+def test_the_chunk_size_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("CHUNK_BYTES", "4096")
+    assert chunk_bytes_setting() == 4096
+    monkeypatch.setenv("CHUNK_BYTES", "12")
+    with pytest.raises(ValueError, match="at least 1024"):
+        chunk_bytes_setting()
+    monkeypatch.delenv("CHUNK_BYTES")
+    assert chunk_bytes_setting() == 64 << 20
