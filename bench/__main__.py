@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import argparse
 
-from bench import goodput, gpu_smoke, merge, overhead, quality, simulate, soak, ui_latency
+from bench import (
+    goodput,
+    gpu_smoke,
+    merge,
+    overhead,
+    quality,
+    scale,
+    simulate,
+    soak,
+    ui_latency,
+)
 
 BENCHMARKS = {"quality": quality.main, "overhead": overhead.main, "merge": merge.main,
               "goodput": goodput.main, "simulate": simulate.main, "ui_latency": ui_latency.main,
-              "soak": soak.main, "gpu_smoke": gpu_smoke.main}
+              "soak": soak.main, "gpu_smoke": gpu_smoke.main, "scale": scale.main}
+TIMED = ("soak", "scale")  # the benchmarks that take --minutes
 
 
 def main() -> None:
@@ -17,11 +28,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a short run that checks the same relations with looser bounds")
     parser.add_argument("--minutes", type=float, default=None,
-                        help="soak only: how long the chaos lasts (default 10, 1 with --quick)")
+                        help="soak: how long the chaos lasts (default 10, 1 with --quick); "
+                             "scale: train the top size this long instead of every size")
     args = parser.parse_args()
     if args.minutes is not None:
-        if args.name != "soak":
-            parser.error("--minutes is an option of the soak alone")
+        if args.name not in TIMED:
+            parser.error(f"--minutes is an option of {' and '.join(TIMED)} alone")
         if not args.minutes > 0:
             parser.error(f"--minutes must be above 0, got {args.minutes:g}")
         raise SystemExit(BENCHMARKS[args.name](quick=args.quick, minutes=args.minutes))

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -38,10 +39,12 @@ class BenchSystem:
             so that a restart of Redis keeps what it held (the chaos soak restarts it);
             without it Redis keeps nothing on disk.
         extra_env: more environment for every process (SYNCD_LEASE_TTL_S, ...).
+        maxmemory_mb: Redis's memory limit (noeviction), as `python -m webapp.start`
+            gives it.
     """
 
     def __init__(self, home: Path, regions: list[str], appendonly: bool = False,
-                 extra_env: dict[str, str] | None = None):
+                 extra_env: dict[str, str] | None = None, maxmemory_mb: int | None = None):
         shutil.rmtree(home, ignore_errors=True)
         (home / "redis").mkdir(parents=True)
         self.home, self.regions = home, regions
@@ -56,7 +59,8 @@ class BenchSystem:
                     "REGIONS": ",".join(regions), "PYTHONUNBUFFERED": "1",
                     **(extra_env or {})}
         self.processes.start("redis", redis_argv(redis_server_binary(), self.redis_port,
-                                                 home / "redis", appendonly=appendonly),
+                                                 home / "redis", appendonly=appendonly,
+                                                 maxmemory_mb=maxmemory_mb),
                              env=self.env)
         self.wait_redis()
 
@@ -123,6 +127,20 @@ class BenchSystem:
         if name == "redis":
             self.wait_redis(timeout)
         return process.pid
+
+    def stop_process(self, name: str, timeout: float = 20.0) -> int | None:
+        """SIGTERM a managed process's group, wait for it to exit (SIGKILL after
+        `timeout`) and stop managing it; returns its exit code."""
+        managed = self._managed(name)
+        self.processes.managed.remove(managed)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(managed.process.pid, signal.SIGTERM)
+        try:
+            return managed.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(managed.process.pid, signal.SIGKILL)
+            return managed.process.wait(timeout=timeout)
 
     def group_ids(self) -> list[int]:
         """The process group of every managed process (each is a session leader)."""

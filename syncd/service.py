@@ -350,6 +350,7 @@ class RunSync:
         if self.elastic:
             recovery.account_barrier_wait(self, p, now)
         outer_steps = self.sync.outer_steps
+        closed_at = max(pending.arrival_time for pending in self.sync.rounds[p].values())
         result = self.sync.merge(p, now)
         done = self.take_round(p)
         if result is None:
@@ -360,9 +361,11 @@ class RunSync:
                                      version=result.version)
         self.last_merge[p] = {"version": result.version, "weights": result.weights,
                               "reason": decision.reason, "dropped": result.dropped_stale}
+        # From the pass that read the update closing the round to the merge committed.
+        latency = round(max(self.clock() - closed_at, 0.0), 4)
         self.recorder.event("merge", None, fragment=p, version=result.version,
                             weights=result.weights, tokens=result.tokens,
-                            reason=decision.reason)
+                            reason=decision.reason, latency_s=latency)
         if self.elastic and self.sync.outer_steps > outer_steps:
             recovery.mark_restore_point(self, now)
 

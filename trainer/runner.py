@@ -68,8 +68,9 @@ class ProcessIsland:
     """
 
     def __init__(self, store: RunStore, name: str, epoch: int, device: str | None = None,
-                 group: IslandGroup | None = None):
+                 group: IslandGroup | None = None, idle_rss: int | None = None):
         self.store = store
+        self.idle_rss = idle_rss  # bytes, after imports and before the spec is read
         self.name = name
         self.epoch = epoch
         spec = store.spec()
@@ -90,6 +91,8 @@ class ProcessIsland:
         self.startup_s: float | None = None  # launch to first step: elastic's delay
         self.restart_generation = store.restart()[0]
         self.bytes_down = 0
+        self.pulls = 0
+        self.pull_s = 0.0  # reading, checking and mixing pulled fragments, in all
         self._fault: dict[str, Any] = {}
         self._fault_read = 0.0
         self._last_beat = 0.0
@@ -124,7 +127,9 @@ class ProcessIsland:
         island = getattr(self, "island", None)
         self.store.heartbeat(self.name, self.epoch, island.step if island else 0,
                              island.tokens if island else 0, state=state,
-                             bytes_down=self.bytes_down, startup_s=self.startup_s, **extra)
+                             bytes_down=self.bytes_down, startup_s=self.startup_s,
+                             pid=os.getpid(), idle_rss=self.idle_rss, pulls=self.pulls,
+                             pull_s=round(self.pull_s, 4), **extra)
 
     # -- globals -------------------------------------------------------------
 
@@ -159,6 +164,7 @@ class ProcessIsland:
         newest = self.store.versions().get(p, state.version)
         if newest <= state.version:
             return
+        started = time.monotonic()
         blobs = []
         bytes_before = self.bytes_down
         if self.config.sync.downlink_compression != "none":
@@ -173,10 +179,12 @@ class ProcessIsland:
         else:
             version, tensors = self._full(p)
             published = [Published(version, 0.0, "none", tensors)]
-        time.sleep(self.transfer_time(self.bytes_down - bytes_before))  # the emulated link
         shapes = {n: tuple(t.shape) for n, t in state.anchor.items()}
         anchor = {n: t.cpu() for n, t in state.anchor.items()}
         self.island.mix_global(p, apply_published(anchor, published, shapes), version)
+        self.pulls += 1
+        self.pull_s += time.monotonic() - started
+        time.sleep(self.transfer_time(self.bytes_down - bytes_before))  # the emulated link
         self.share(p)
 
     def share(self, p: int) -> None:
@@ -370,7 +378,7 @@ def main() -> None:
                      group.world_size, group.device)
             raise SystemExit(follow(group, args.island))
     store = RunStore(connect(args.redis_url, ride_out_restarts=True), args.run)
-    island = ProcessIsland(store, args.island, args.epoch, args.device, group)
+    island = ProcessIsland(store, args.island, args.epoch, args.device, group, rss_bytes())
 
     def stop(signum: int, frame: object) -> None:
         island.stopping = True  # finish the current step, save the cursor, exit
@@ -379,6 +387,12 @@ def main() -> None:
     log.info("island %s epoch %d of run %s starting on %s", args.island, args.epoch, args.run,
              island.device)
     raise SystemExit(island.run())
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def follow(group: IslandGroup, name: str) -> int:

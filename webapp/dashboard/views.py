@@ -176,7 +176,8 @@ def simulate(request: HttpRequest) -> HttpResponse:
         "recent": Simulation.objects.all()[:10]})
 
 
-REPORTS = ("goodput", "goodput-quick", "simulate", "simulate-quick")
+REPORTS = ("goodput", "goodput-quick", "simulate", "simulate-quick", "scale", "scale-quick",
+           "scale-long")
 
 
 @require_GET

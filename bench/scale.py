@@ -1,0 +1,322 @@
+"""Memory and data-plane speed at real model sizes: `python -m bench scale [--quick]`.
+
+It starts the real system the way `python -m webapp.start` does (its own Redis with
+an append-only file and a maxmemory, syncd, a Celery worker per region whose island
+processes train) under var/bench-scale, and trains one run per model size, from
+about 1M to 113M parameters, each for a fixed number of outer rounds (P = 4, H = 8,
+tau = 1, K = 2, codec none, grace 0 so a round merges when its quorum is in), with
+syncd started anew for each size. Every second it samples Redis's used_memory,
+syncd's resident memory and each island's (the pid each island heartbeats).
+
+Per size it reports, with B the fp32 model bytes (4 x parameters):
+- peak Redis memory (its used_memory_peak or the sampled peak), syncd's peak RSS
+  above its idle RSS (VmHWM; idle: syncd serving no run) and an island's peak RSS
+  above its idle RSS (after imports, before the run spec is read; the island
+  heartbeats it), each over B;
+- growth: over the rounds from 3 on, the lowest value after each merge, the rise of
+  the second half's over the first half's (flat is 0), and the slope of each series
+  over the second half of the run in MB per minute;
+- ingest-to-publish latency per merged fragment (syncd's merge events: from the pass
+  that read the update closing the round to the merge committed), pull latency
+  (reading, checking and mixing a global fragment, from the islands' heartbeats) and
+  merged fragments per second, each also per MB of fragment;
+- the append-only file's size and the system folder's, and Redis's memory once the
+  run ended and freed its keys.
+
+It writes bench/results/scale.json (scale-quick.json with --quick: the two smallest
+sizes) and scale.html (memory over time per size), prints a table, and exits
+non-zero when a target is missed. `--minutes N` instead trains the top size for N
+minutes with 2 islands and writes scale-long.json.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import results
+from bench.system import ROOT, BenchSystem
+
+HOME = ROOT / "var" / "bench-scale"
+REGIONS = ("us-east", "us-west")
+MIB = 1 << 20
+SIZES: list[dict[str, Any]] = [
+    {"label": "1M", "n_layer": 2, "n_embd": 192, "n_head": 4, "islands": 4, "batch": 4,
+     "block": 64},
+    {"label": "11M", "n_layer": 6, "n_embd": 384, "n_head": 6, "islands": 4, "batch": 4,
+     "block": 64},
+    {"label": "57M", "n_layer": 8, "n_embd": 768, "n_head": 12, "islands": 4, "batch": 2,
+     "block": 128},
+    {"label": "113M", "n_layer": 16, "n_embd": 768, "n_head": 12, "islands": 2, "batch": 2,
+     "block": 128},
+]
+ROUNDS = 8  # outer rounds per size
+H, P = 8, 4
+TARGETS = {"redis": (3.5, 64 * MIB, 10e6), "syncd": (5.0, 0, 10e6), "island": (7.0, 0, 50e6)}
+MAX_LOWS_RISE = 0.05
+SAMPLE_S = 1.0
+
+
+def run_config(size: dict[str, Any], corpus: Path, total_tokens: int) -> dict[str, Any]:
+    islands = [{"name": f"{REGIONS[i % 2].split('-')[1]}-{i // 2}", "region": REGIONS[i % 2],
+                "batch_size": size["batch"]} for i in range(size["islands"])]
+    return {
+        "model": {"n_layer": size["n_layer"], "n_embd": size["n_embd"],
+                  "n_head": size["n_head"], "block_size": size["block"]},
+        "data": {"path": str(corpus)},
+        "sync": {"inner_steps": H, "fragments": P, "overlap_steps": 1, "min_quorum": 2,
+                 "grace_gamma": 0.0, "compression": "none", "downlink_compression": "none"},
+        "optim": {"warmup_steps": 4},
+        "eval": {"tokens": 1024, "interval_steps": 10**6},
+        # A step of the top size takes seconds on a shared CPU core.
+        "liveness": {"heartbeat_timeout_s": 120.0},
+        "checkpoint": {"interval_s": 60.0, "keep": 2},
+        "budget": {"total_tokens": total_tokens},
+        "islands": islands,
+    }
+
+
+def params_of(size: dict[str, Any]) -> int:
+    from trainer.config import parse_config
+    from trainer.island import initial_model
+
+    config = parse_config(run_config(size, Path(""), 10**6), list(REGIONS))
+    return sum(t.numel() for t in initial_model(config).state_dict().values())
+
+
+def activations_estimate(size: dict[str, Any]) -> int:
+    """Bytes of an island's activations for one fp32 step (Korthikanti et al. 2022:
+    s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit, doubled for fp32)."""
+    s, b, h, a = size["block"], size["batch"], size["n_embd"], size["n_head"]
+    return int(size["n_layer"] * s * b * h * (34 + 5 * a * s / h) * 2)
+
+
+def rss(pid: int) -> tuple[int, int] | None:
+    """(VmRSS, VmHWM) of a process in bytes; None once it is gone."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text()
+                      .splitlines() if ":" in line)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return (int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024)
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def slope_mb_per_min(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, bytes) points, in MB per minute."""
+    if len(points) < 3:
+        return 0.0
+    ts, vs = [t for t, _ in points], [v for _, v in points]
+    mt, mv = statistics.fmean(ts), statistics.fmean(vs)
+    var = sum((t - mt) ** 2 for t in ts)
+    return 0.0 if var == 0 else sum((t - mt) * (v - mv) for t, v in points) / var * 60 / 1e6
+
+
+def lows_rise(samples: list[dict[str, Any]], series: str) -> float:
+    """From round 3 on, the lowest value in each round; how much the second half's
+    highest low is above the first half's (0: flat)."""
+    lows: dict[int, float] = {}
+    for s in samples:
+        if s["round"] >= 3 and s.get(series) is not None:
+            lows[s["round"]] = min(lows.get(s["round"], float("inf")), s[series])
+    rounds = sorted(lows)
+    if len(rounds) < 2:
+        return 0.0
+    half = len(rounds) // 2
+    first, second = max(lows[r] for r in rounds[:half]), max(lows[r] for r in rounds[half:])
+    return second / first - 1 if first else 0.0
+
+
+def halves_peak_ratio(samples: list[dict[str, Any]], series: str) -> float:
+    """From round 3 on, the second half's peak over the first half's (by time)."""
+    points = [s[series] for s in samples if s["round"] >= 3 and s.get(series) is not None]
+    if len(points) < 2:
+        return 1.0
+    half = len(points) // 2
+    return max(points[half:]) / max(points[:half])
+
+
+def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: int,
+             minutes: float | None = None) -> dict[str, Any]:
+    from syncd.store import RunStore, connect
+    from webapp.processes import wait_for
+    from webapp.runs.models import Event
+    from webapp.runs.services import create_run, start_run, stop_run
+
+    client = connect(system.redis_url)
+    system.start_syncd()
+    wait_for(lambda: client.zcard("arch:syncd:members") > 0, 120, "syncd serving", 0.2)
+    time.sleep(2.0)
+    syncd_pid = system.pid("syncd")
+    syncd_idle = rss(syncd_pid)[0]
+    params = params_of(size)
+    fp32 = 4 * params
+    round_tokens = H * size["islands"] * size["batch"] * size["block"]
+    budget = 10**12 if minutes else rounds * round_tokens
+    config = run_config(size, corpus, budget)
+    redis_before = int(client.info("memory")["used_memory"])
+    peak_before = int(client.info("memory")["used_memory_peak"])
+    run = create_run(name=f"scale {size['label']}", mode="decoupled", config=config, user=None)
+    store = RunStore(client, run.pk)
+    results.say(f"{size['label']}: {params / 1e6:.1f}M parameters, {size['islands']} islands, "
+                f"run {run.pk}")
+    start_run(run, by=None)
+    names = [i["name"] for i in config["islands"]]
+    samples: list[dict[str, Any]] = []
+    idle: dict[str, int] = {}
+    hwm: dict[str, int] = {}
+    pulls: dict[str, tuple[int, float]] = {}
+    started = time.monotonic()
+    deadline = started + (minutes * 60 if minutes else 3600)
+    syncd_hwm = 0
+    while True:
+        died = system.processes.check()
+        if died:
+            raise RuntimeError("; ".join(died))
+        status = store.status() or {}
+        beats = store.heartbeats()
+        memory = client.info("memory")
+        sample = {"t": round(time.monotonic() - started, 2), "round": status.get("outer_steps", 0),
+                  "redis": int(memory["used_memory"])}
+        syncd_now = rss(syncd_pid)
+        if syncd_now:
+            sample["syncd"] = syncd_now[0]
+            syncd_hwm = max(syncd_hwm, syncd_now[1])
+        for name in names:
+            beat = beats.get(name, {})
+            if beat.get("idle_rss"):
+                idle.setdefault(name, int(beat["idle_rss"]))
+            if beat.get("pulls"):
+                pulls[name] = (int(beat["pulls"]), float(beat["pull_s"]))
+            now = rss(int(beat["pid"])) if beat.get("pid") else None
+            if now:
+                sample[name] = now[0]
+                hwm[name] = max(hwm.get(name, 0), now[1])
+        samples.append(sample)
+        if "outcome" in status:
+            break
+        if time.monotonic() > deadline:
+            if not minutes:
+                raise TimeoutError(f"size {size['label']} did not finish its rounds in time")
+            stop_run(run, by=None)
+            break
+        time.sleep(SAMPLE_S)
+    wall = time.monotonic() - started
+    wait_for(lambda: all(rss(int(b["pid"])) is None for b in store.heartbeats().values()
+                         if b.get("pid")), 120, "the islands to exit", 0.5)
+    memory = client.info("memory")
+    redis_peak = max(int(memory["used_memory_peak"]) if int(memory["used_memory_peak"])
+                     > peak_before else 0, max(s["redis"] for s in samples))
+    merges = [e.detail for e in Event.objects.filter(run=run, kind="merge")]
+    merge_times = sorted(e.time.timestamp() for e in Event.objects.filter(run=run, kind="merge"))
+    fragment_mb = fp32 / P / 1e6
+    latencies = [d["latency_s"] for d in merges if "latency_s" in d]
+    pull_means = [s / n for n, s in pulls.values() if n]
+    island_peak = max((hwm[n] - idle[n] for n in names if n in hwm and n in idle), default=0)
+    second_half = [s for s in samples if s["t"] >= wall / 2]
+    series = ["redis", "syncd", *names]
+    out = {
+        "label": size["label"], "params": params, "fp32_bytes": fp32,
+        "islands": size["islands"], "batch": f"{size['batch']} x {size['block']}",
+        "rounds": samples[-1]["round"], "wall_s": round(wall, 1),
+        "redis_peak_bytes": redis_peak, "redis_peak_ratio": round(redis_peak / fp32, 3),
+        "syncd_idle_bytes": syncd_idle, "syncd_peak_above_idle_bytes": syncd_hwm - syncd_idle,
+        "syncd_peak_ratio": round((syncd_hwm - syncd_idle) / fp32, 3),
+        "island_idle_bytes": statistics.median(idle.values()) if idle else None,
+        "island_peak_above_idle_bytes": island_peak,
+        "island_peak_ratio": round(island_peak / fp32, 3),
+        "activations_estimate_bytes": activations_estimate(size),
+        "growth": round(max(halves_peak_ratio(samples, s) for s in series), 4),
+        "lows_rise": round(max(lows_rise(samples, s) for s in series), 4),
+        "slope_mb_per_min": {s: round(slope_mb_per_min(
+            [(p["t"], p[s]) for p in second_half if s in p]), 2) for s in series},
+        "merged_fragments": len(merges),
+        "ingest_to_publish_s": round(statistics.median(latencies), 4) if latencies else None,
+        "ingest_to_publish_s_per_mb": round(statistics.median(latencies) / fragment_mb, 5)
+        if latencies else None,
+        "pull_s": round(statistics.median(pull_means), 4) if pull_means else None,
+        "pull_s_per_mb": round(statistics.median(pull_means) / fragment_mb, 5)
+        if pull_means else None,
+        "merged_fragments_per_s": round((len(merge_times) - 1) / (merge_times[-1]
+                                        - merge_times[0]), 3) if len(merge_times) > 2 else None,
+        "aof_bytes": folder_bytes(system.home / "redis"),
+        "system_folder_bytes": folder_bytes(system.home),
+        "redis_before_bytes": redis_before,
+        "redis_after_end_bytes": int(client.info("memory")["used_memory"]),
+        "samples": samples,
+    }
+    if out["merged_fragments_per_s"] is not None:
+        out["merged_mb_per_s"] = round(out["merged_fragments_per_s"] * fragment_mb, 2)
+    system.stop_process("syncd")
+    return out
+
+
+def checks(sizes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for size in sizes:
+        for part, (ratio, extra, from_params) in TARGETS.items():
+            if size["params"] < from_params:
+                continue
+            bound = ratio + extra / size["fp32_bytes"]
+            out[f"{size['label']} {part} peak / B"] = results.check(
+                size[f"{part}_peak_ratio"], round(bound, 3), at_least=False)
+        out[f"{size['label']} post-merge lows rise"] = results.check(
+            size["lows_rise"], MAX_LOWS_RISE, at_least=False)
+        out[f"{size['label']} rounds"] = results.check(size["rounds"], 3)
+    return out
+
+
+def report_html(sizes: list[dict[str, Any]]) -> str:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=len(sizes), cols=1, subplot_titles=[
+        f"{s['label']}: {s['params'] / 1e6:.1f}M parameters, B = {s['fp32_bytes'] / MIB:.0f} MiB"
+        for s in sizes])
+    for row, size in enumerate(sizes, start=1):
+        names = sorted({k for s in size["samples"] for k in s} - {"t", "round"})
+        for name in names:
+            points = [s for s in size["samples"] if name in s]
+            fig.add_trace(go.Scatter(x=[p["t"] for p in points],
+                                     y=[p[name] / size["fp32_bytes"] for p in points],
+                                     name=f"{size['label']} {name}", mode="lines"), row=row, col=1)
+        fig.update_yaxes(title_text="memory / B", row=row, col=1)
+    fig.update_xaxes(title_text="seconds since start")
+    fig.update_layout(height=320 * len(sizes), title="bench scale: memory over time")
+    return fig.to_html(include_plotlyjs=True)
+
+
+def main(quick: bool = False, minutes: float | None = None) -> int:
+    from bench.goodput import make_corpus
+
+    sizes = [SIZES[-1]] if minutes else SIZES[:2] if quick else SIZES
+    name = "scale-long" if minutes else "scale-quick" if quick else "scale"
+    from webapp.processes import redis_maxmemory_mb
+
+    system = BenchSystem(HOME, list(REGIONS), appendonly=True,
+                         maxmemory_mb=redis_maxmemory_mb())
+    rows = []
+    try:
+        system.setup_django()
+        corpus = make_corpus(HOME / "corpus.txt")
+        system.start_workers(concurrency=max(s["islands"] for s in sizes) // len(REGIONS))
+        for size in sizes:
+            rows.append(run_size(system, size, corpus, ROUNDS, minutes))
+    finally:
+        system.stop()
+    found = checks(rows)
+    path = results.write(name, {"sizes": rows, "checks": found, "h": H, "p": P,
+                                "rounds": ROUNDS, "minutes": minutes})
+    (results.RESULTS / f"{name}.html").write_text(report_html(rows))
+    columns = ["label", "params", "islands", "rounds", "redis_peak_ratio", "syncd_peak_ratio",
+               "island_peak_ratio", "growth", "lows_rise", "ingest_to_publish_s", "pull_s",
+               "merged_fragments_per_s"]
+    print(results.table(rows, columns))
+    print(results.checks_table(found))
+    results.say(f"wrote {path}")
+    return results.exit_code(found)
