@@ -100,6 +100,8 @@ def rss(pid: int) -> tuple[int, int] | None:
                       .splitlines() if ":" in line)
     except (FileNotFoundError, ProcessLookupError):
         return None
+    if "VmRSS" not in fields:  # a zombie: it has let go of its memory
+        return None
     return (int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024)
 
 

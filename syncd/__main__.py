@@ -3,7 +3,7 @@
 It finds active runs in Redis (arch:runs), takes a lease on its share of them
 (start several, on one host or many, to split the runs: syncd/lease.py), keeps
 one RunSync for each run it holds, and ticks them in turn. It reads REDIS_URL,
-DATABASE_URL, CHECKPOINT_DIR and SYNCD_LEASE_TTL_S from the environment through
+DATABASE_URL, CHECKPOINT_DIR, SYNCD_LEASE_TTL_S and SYNCD_THREADS from the environment through
 the Django settings, and exits at once with a sentence saying what is wrong when
 Redis cannot be reached or wants a password.
 
@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s "
                                                    "%(message)s")
+    import torch
+
+    torch.set_num_threads(settings.SYNCD_THREADS)
     service = Syncd(settings.REDIS_URL, settings.CHECKPOINT_DIR, channel_notifier(),
                     lease_ttl_s=settings.SYNCD_LEASE_TTL_S)
 

@@ -175,6 +175,12 @@ CHECKPOINT_DIR = Path(env_str("CHECKPOINT_DIR", str(VAR_DIR / "checkpoints")))
 SYNCD_LEASE_TTL_S = env_int("SYNCD_LEASE_TTL_S", 10)
 if SYNCD_LEASE_TTL_S < 1:
     raise ImproperlyConfigured(f"SYNCD_LEASE_TTL_S must be at least 1, got {SYNCD_LEASE_TTL_S}.")
+# Threads of syncd's tensor work (torch.set_num_threads). One by default: syncd shares
+# its host with islands, and torch's threads spin-waiting on oversubscribed cores make a
+# check of one update a hundred times slower. Raise it on a host of syncd's own.
+SYNCD_THREADS = env_int("SYNCD_THREADS", 1)
+if SYNCD_THREADS < 1:
+    raise ImproperlyConfigured(f"SYNCD_THREADS must be at least 1, got {SYNCD_THREADS}.")
 # Island logs (run-<id>/<island>.log) and, under `python -m webapp.start`, one log
 # per process.
 LOG_DIR = Path(env_str("LOG_DIR", str(VAR_DIR / "logs")))

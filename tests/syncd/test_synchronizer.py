@@ -240,3 +240,21 @@ def test_global_params_hold_every_fragment():
 
     assert params.keys() == PARAMS.keys()
     assert all(torch.equal(params[n], PARAMS[n]) for n in PARAMS)
+
+
+def test_with_a_full_downlink_no_published_version_is_kept_but_the_newest():
+    sync = synchronizer()
+    merge_rounds(sync, 6)
+
+    assert len(sync.history[0]) == 0
+    [published] = sync.published_since(0, 2)
+    assert published.version == 6 and published.payload is sync.globals[0]
+
+
+def test_a_lossy_downlink_keeps_as_many_differences_as_max_staleness():
+    sync = synchronizer(downlink_compression="int8", max_staleness=3)
+    merge_rounds(sync, 7)
+
+    assert [p.version for p in sync.history[0]] == [5, 6, 7]
+    assert [p.version for p in sync.published_since(0, 4)] == [5, 6, 7]
+    assert [p.codec for p in sync.published_since(0, 3)] == ["none"]

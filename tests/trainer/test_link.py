@@ -1,8 +1,14 @@
-"""The island keeps heartbeating while its main thread is busy starting up."""
+"""The island's helper threads: heartbeats while its main thread is busy starting up,
+and its link to Redis."""
 
+import subprocess
 import time
 
-from trainer.link import beating
+import pytest
+
+from syncd.store import RunStore, connect
+from trainer.link import Link, RedisFull, beating
+from webapp.processes import free_port, port_accepts, redis_argv, redis_server_binary, wait_for
 
 
 def test_beating_calls_beat_while_the_body_runs_and_stops_after():
@@ -17,3 +23,36 @@ def test_beating_calls_beat_while_the_body_runs_and_stops_after():
 
     assert after >= 3
     assert len(beats) == after  # no beat once the body is over
+
+
+class Sender:
+    """What the link needs of its island: a store, a name and epoch, and link faults."""
+
+    def __init__(self, store):
+        self.store, self.name, self.epoch = store, "a", 1
+
+    def wait_while_partitioned(self) -> None:
+        pass
+
+    def transfer_time(self, nbytes: int) -> float:
+        return 0.0
+
+
+@pytest.mark.integration
+def test_an_update_that_a_full_redis_refuses_stops_the_island_with_a_clear_error(tmp_path):
+    port = free_port()
+    process = subprocess.Popen(redis_argv(redis_server_binary(), port, tmp_path,
+                                          appendonly=False, maxmemory_mb=2),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = connect(f"redis://127.0.0.1:{port}/0")
+        wait_for(lambda: port_accepts(port), 10, "the small Redis")
+        link = Link(Sender(RunStore(client, 1)), max_pending=2)
+        link.send(0, 1, bytearray(4 << 20))  # twice the Redis's memory
+        wait_for(lambda: link.error is not None, 10, "the link to fail")
+
+        with pytest.raises(RedisFull, match="maxmemory.*REDIS_MAXMEMORY_MB"):
+            link.send(0, 2, bytearray(10))
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
