@@ -181,12 +181,16 @@ LOG_DIR = Path(env_str("LOG_DIR", str(VAR_DIR / "logs")))
 # The bearer token a Prometheus scraper sends to /metrics; empty: only signed-in
 # operators (and staff) may read it.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# The data directory: users' corpora may live here, and every corpus is prepared once
+# into byte files under its prepared/ folder (trainer/data.py reads DATA_DIR itself:
+# island processes do not load Django).
+DATA_DIR = Path(env_str("DATA_DIR", str(VAR_DIR / "data")))
 # The folders a run's data.path may name a file or folder in, separated by the
 # platform's path separator (":"). A path that resolves (symlinks and ".." followed)
-# outside every one is refused (webapp.runs.validation.check_data_path). Default: var/data
+# outside every one is refused (webapp.runs.validation.check_data_path). Default: DATA_DIR
 # and the Python standard library's folder, which the default corpus reads.
 DATA_ROOTS = [Path(p) for p in env_str(
-    "DATA_ROOTS", os.pathsep.join([str(VAR_DIR / "data"), sysconfig.get_paths()["stdlib"]])
+    "DATA_ROOTS", os.pathsep.join([str(DATA_DIR), sysconfig.get_paths()["stdlib"]])
 ).split(os.pathsep) if p.strip()]
 
 # Form posts: the new-run form has about 50 fields and 7 per island row, up to
