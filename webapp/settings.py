@@ -48,6 +48,11 @@ def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
 
 
+def physical_memory_mb() -> int:
+    """This machine's physical memory in MiB."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+
+
 def read_secret_key(debug: bool, production: bool) -> str:
     if key := env_str("SECRET_KEY"):
         return key
@@ -192,6 +197,19 @@ DATA_DIR = Path(env_str("DATA_DIR", str(VAR_DIR / "data")))
 DATA_ROOTS = [Path(p) for p in env_str(
     "DATA_ROOTS", os.pathsep.join([str(DATA_DIR), sysconfig.get_paths()["stdlib"]])
 ).split(os.pathsep) if p.strip()]
+
+# The memory the hosts declare. A run whose estimate (trainer/sizes.py) does not fit
+# is refused when it is made and when it is started (webapp.runs.validation): Redis's
+# against REDIS_MAXMEMORY_MB, which `python -m webapp.start` gives its embedded Redis
+# as maxmemory (default a quarter of this machine's memory); each island's against
+# ISLAND_HOST_MEMORY_MB, the memory of a host that runs one island (default this
+# machine's).
+REDIS_MAXMEMORY_MB = env_int("REDIS_MAXMEMORY_MB", physical_memory_mb() // 4)
+ISLAND_HOST_MEMORY_MB = env_int("ISLAND_HOST_MEMORY_MB", physical_memory_mb())
+if min(REDIS_MAXMEMORY_MB, ISLAND_HOST_MEMORY_MB) < 1:
+    raise ImproperlyConfigured(
+        f"REDIS_MAXMEMORY_MB and ISLAND_HOST_MEMORY_MB must be at least 1, got "
+        f"{REDIS_MAXMEMORY_MB} and {ISLAND_HOST_MEMORY_MB}.")
 
 # Form posts: the new-run form has about 50 fields and 7 per island row, up to
 # trainer.config.MAX_ISLANDS (256) rows; Django's default of 1000 fields would refuse
