@@ -12,14 +12,18 @@ one fp32 buffer per parameter (syncd/merge.py OuterOptimizer), B when
 optim.outer_momentum > 0 and else 0. D = S x B_down is the published
 differences kept for a lossy downlink, 0 for none. Wire headers are left out.
 
-Redis: globals B (full fragments) + momentum B_m + update blobs M x B_up (one
-round of every fragment from every island: an upper bound, a blob is freed once
-merged) + one fragment in swap F + D + 64 MiB base.
+Redis (syncd/store.py): globals B (full fragments) + momentum B_m + the
+previous versions B + B_m (each fragment's version before the newest stays one
+publish longer, for islands still reading it) + one fragment in swap F + F_m
+(a publish writes the new version before it deletes the oldest; F_m is F with
+momentum) + update blobs M x B_up (one round of every fragment from every
+island: an upper bound, a blob is freed once merged) + D + 64 MiB base.
 
 syncd: globals B + momentum B_m + decoded pending updates M x B + merge
 temporaries 2F (the merged outer gradient and the new fragment) + D + evaluation
-2B (syncd/evaluation.py: the evaluator's model and the snapshot it evaluates) +
-checkpoint B + B_m (syncd/checkpoint.py serializes globals and momentum in memory).
+B (syncd/evaluation.py reads the globals in place, so the versions that merges
+replace while it runs stay alive until it ends). Checkpoints are written tensor
+by tensor (syncd/checkpoint.py) and add nothing that counts.
 
 Island, per process (trainer/island.py, trainer/runner.py, trainer/link.py):
 parameters B + gradients B + AdamW moments 2B + anchors B (the global version of
@@ -120,13 +124,14 @@ def estimate(config: RunConfig) -> Estimate:
         encoded_bytes(n, s.downlink_compression) for n in sizes.values())
     momentum = model if config.optim.outer_momentum > 0 else 0
     m = len(config.islands)
+    swap = largest if momentum else 0
     redis = Need({"global fragments": model, "outer momentum": momentum,
-                  "update blobs": m * up, "fragment in swap": largest,
-                  "downlink differences": differences, "base": REDIS_BASE_BYTES})
+                  "previous versions": model + momentum, "fragment in swap": largest + swap,
+                  "update blobs": m * up, "downlink differences": differences,
+                  "base": REDIS_BASE_BYTES})
     syncd = Need({"global fragments": model, "outer momentum": momentum,
                   "pending updates": m * model, "merge temporaries": 2 * largest,
-                  "downlink differences": differences, "evaluation": 2 * model,
-                  "checkpoint": model + momentum})
+                  "downlink differences": differences, "evaluation": model})
     islands = {}
     for island in config.islands:
         per_process = {
