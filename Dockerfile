@@ -23,7 +23,7 @@ COPY manage.py ./
 # Editable: the settings find templates/ and var/ beside the packages, in /app.
 RUN pip install -e . \
     && useradd --create-home --uid 1000 archipelago \
-    && mkdir -p /app/var /data/checkpoints /data/logs \
+    && mkdir -p /app/var /data/checkpoints /data/logs /data/corpora \
     && chown -R archipelago /app/var /data
 
 USER archipelago

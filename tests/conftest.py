@@ -1,7 +1,8 @@
-"""Fixtures for every tier: a Redis of the tests' own.
+"""Fixtures for every tier: a Redis of the tests' own, and a data directory.
 
 The machine's Redis is shared with other work and is never touched, restarted
-or flushed by the tests.
+or flushed by the tests. Prepared corpora go to a folder of the session's own,
+not to the checkout's var/data.
 """
 
 import os
@@ -16,6 +17,19 @@ from webapp.processes import free_port, redis_argv, redis_server_binary, wait_fo
 # Tensor messages travel in chunks of this size (syncd.bulk) in every test and in the
 # processes the tests start, so ordinary tests carry messages of several chunks.
 os.environ.setdefault("CHUNK_BYTES", str(8 * 1024))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_dir(tmp_path_factory):
+    """DATA_DIR for this session and every process it starts (trainer.data.data_dir)."""
+    folder = tmp_path_factory.mktemp("data")
+    before = os.environ.get("DATA_DIR")
+    os.environ["DATA_DIR"] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop("DATA_DIR", None)
+    else:
+        os.environ["DATA_DIR"] = before
 
 
 @pytest.fixture(scope="session")

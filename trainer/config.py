@@ -261,12 +261,24 @@ def _shown(value: int | float) -> str:
     return f"{value:g}"
 
 
-def parameter_count(model: ModelConfig) -> int:
-    """The parameters of trainer.model.GPT with these settings (untied embeddings, no
-    biases in the linear layers, two LayerNorms per block and one at the end)."""
+def tensor_sizes(model: ModelConfig) -> dict[str, int]:
+    """Name -> values of each tensor of trainer.model.GPT with these settings, in its
+    order (untied embeddings, no biases in the linear layers, two LayerNorms per block
+    and one at the end)."""
     n = model.n_embd
-    per_block = 12 * n * n + 4 * n
-    return 2 * VOCAB_SIZE * n + model.block_size * n + model.n_layer * per_block + 2 * n
+    sizes = {"tok_emb.weight": VOCAB_SIZE * n, "pos_emb.weight": model.block_size * n}
+    for i in range(model.n_layer):
+        sizes.update({f"blocks.{i}.{name}": numel for name, numel in (
+            ("ln_1.weight", n), ("ln_1.bias", n), ("attn.c_attn.weight", 3 * n * n),
+            ("attn.c_proj.weight", n * n), ("ln_2.weight", n), ("ln_2.bias", n),
+            ("mlp.c_fc.weight", 4 * n * n), ("mlp.c_proj.weight", 4 * n * n))})
+    sizes.update({"ln_f.weight": n, "ln_f.bias": n, "lm_head.weight": VOCAB_SIZE * n})
+    return sizes
+
+
+def parameter_count(model: ModelConfig) -> int:
+    """The parameters of trainer.model.GPT with these settings."""
+    return sum(tensor_sizes(model).values())
 
 
 def _parse_section(prefix: str, cls: type, data: Any, errors: dict[str, list[str]]) -> Any:
@@ -365,6 +377,11 @@ def _check_relations(config: RunConfig, errors: dict[str, list[str]]) -> None:
     if not 1 <= s.min_quorum <= n:
         errors.setdefault("sync.min_quorum", []).append(
             f"Must be between 1 and the number of islands ({n}), got {s.min_quorum}.")
+    tensors = len(tensor_sizes(m))
+    if s.fragments > tensors:
+        errors.setdefault("sync.fragments", []).append(
+            f"Must be at most the number of the model's tensors (8 x model.n_layer + 5 = "
+            f"{tensors}), got {s.fragments}.")
     if s.fragments > s.inner_steps:
         errors.setdefault("sync.fragments", []).append(
             f"Must be at most sync.inner_steps ({s.inner_steps}), got {s.fragments}.")

@@ -48,6 +48,11 @@ def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
 
 
+def physical_memory_mb() -> int:
+    """This machine's physical memory in MiB."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+
+
 def read_secret_key(debug: bool, production: bool) -> str:
     if key := env_str("SECRET_KEY"):
         return key
@@ -187,13 +192,30 @@ LOG_DIR = Path(env_str("LOG_DIR", str(VAR_DIR / "logs")))
 # The bearer token a Prometheus scraper sends to /metrics; empty: only signed-in
 # operators (and staff) may read it.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# The data directory: users' corpora may live here, and every corpus is prepared once
+# into byte files under its prepared/ folder (trainer/data.py reads DATA_DIR itself:
+# island processes do not load Django).
+DATA_DIR = Path(env_str("DATA_DIR", str(VAR_DIR / "data")))
 # The folders a run's data.path may name a file or folder in, separated by the
 # platform's path separator (":"). A path that resolves (symlinks and ".." followed)
-# outside every one is refused (webapp.runs.validation.check_data_path). Default: var/data
+# outside every one is refused (webapp.runs.validation.check_data_path). Default: DATA_DIR
 # and the Python standard library's folder, which the default corpus reads.
 DATA_ROOTS = [Path(p) for p in env_str(
-    "DATA_ROOTS", os.pathsep.join([str(VAR_DIR / "data"), sysconfig.get_paths()["stdlib"]])
+    "DATA_ROOTS", os.pathsep.join([str(DATA_DIR), sysconfig.get_paths()["stdlib"]])
 ).split(os.pathsep) if p.strip()]
+
+# The memory the hosts declare. A run whose estimate (trainer/sizes.py) does not fit
+# is refused when it is made and when it is started (webapp.runs.validation): Redis's
+# against REDIS_MAXMEMORY_MB, which `python -m webapp.start` gives its embedded Redis
+# as maxmemory (default a quarter of this machine's memory); each island's against
+# ISLAND_HOST_MEMORY_MB, the memory of a host that runs one island (default this
+# machine's).
+REDIS_MAXMEMORY_MB = env_int("REDIS_MAXMEMORY_MB", physical_memory_mb() // 4)
+ISLAND_HOST_MEMORY_MB = env_int("ISLAND_HOST_MEMORY_MB", physical_memory_mb())
+if min(REDIS_MAXMEMORY_MB, ISLAND_HOST_MEMORY_MB) < 1:
+    raise ImproperlyConfigured(
+        f"REDIS_MAXMEMORY_MB and ISLAND_HOST_MEMORY_MB must be at least 1, got "
+        f"{REDIS_MAXMEMORY_MB} and {ISLAND_HOST_MEMORY_MB}.")
 
 # Form posts: the new-run form has about 50 fields and 7 per island row, up to
 # trainer.config.MAX_ISLANDS (256) rows; Django's default of 1000 fields would refuse

@@ -52,6 +52,10 @@ def create_run_in_the_form(page, url: str, name: str, corpus: Path, shots: Path)
     for n in range(3):
         page.fill(f"[name='islands-{n}-batch_size']", "2")
         page.fill(f"[name='islands-{n}-speed']", "0.5")
+    # The Sizes panel follows the form: the tiny model's 11,616 parameters, 3 islands.
+    page.wait_for_function("""() => [...document.querySelectorAll("#estimate-figures dt")]
+        .filter((term) => term.textContent.startsWith("island ")).length === 3""")
+    page.locator("#estimate-figures").get_by_text(re.compile(r"^11.616 ")).wait_for()
     page.screenshot(path=shots / "1-form.png", full_page=True)
     with page.expect_navigation():
         page.get_by_role("button", name="Create run").click()

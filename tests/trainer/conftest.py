@@ -1,7 +1,8 @@
 """A small text corpus and tiny run configs for the trainer's tests.
 
-The default corpus (the standard library's sources) takes seconds to read; the
-tests that do not test it train on a few hundred kilobytes of generated text.
+The default corpus (the standard library's sources, about 30 MiB) is prepared
+once per data directory; the tests that do not test it train on a few hundred
+kilobytes of generated text.
 """
 
 import random
@@ -24,7 +25,7 @@ WORDS = ("island", "fragment", "quorum", "grace", "merge", "outer", "inner", "st
 
 @pytest.fixture(scope="session")
 def text_path(tmp_path_factory) -> str:
-    """One text file of about 200 KB; the same path all session, so load_corpus caches it."""
+    """One text file of about 200 KB; the same path all session, so it is prepared once."""
     rng = random.Random(0)
     lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) + "."
              for _ in range(4000)]

@@ -72,6 +72,14 @@ def test_it_rejects_n_head_that_does_not_divide_n_embd():
     assert errors == {"model.n_head": ["Must divide model.n_embd (64), got 6."]}
 
 
+def test_it_rejects_more_fragments_than_the_model_has_tensors():
+    errors = errors_of({"model": {"n_layer": 1}, "sync": {"fragments": 14}})
+
+    assert errors == {"sync.fragments": [
+        "Must be at most the number of the model's tensors (8 x model.n_layer + 5 = 13), "
+        "got 14."]}
+
+
 def test_it_rejects_min_quorum_above_island_count_and_names_the_count():
     islands = [{"name": f"island-{i}", "region": "us-east"} for i in range(3)]
 

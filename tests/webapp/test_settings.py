@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from webapp.settings import env_bool, env_int, env_list
+from webapp.settings import env_bool, env_int, env_list, physical_memory_mb
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION_ONLY = ("DEBUG", "SECRET_KEY", "SECRET_KEY_FILE", "SECURE_SSL_REDIRECT",
@@ -75,6 +75,22 @@ def test_env_list_drops_blank_items(monkeypatch):
     assert env_list("REGIONS_UNDER_TEST", "") == ["us-east", "us-west"]
     monkeypatch.delenv("REGIONS_UNDER_TEST")
     assert env_list("REGIONS_UNDER_TEST", "a,b") == ["a", "b"]
+
+
+def test_the_memory_the_hosts_declare_defaults_to_this_machines_and_is_read_from_the_env():
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    assert physical_memory_mb() == total
+    script = ("from django.conf import settings; "
+              "print(settings.REDIS_MAXMEMORY_MB, settings.ISLAND_HOST_MEMORY_MB)")
+
+    defaults = manage("shell", "--no-imports", "-c", script)
+    declared = manage("shell", "--no-imports", "-c", script, REDIS_MAXMEMORY_MB="512",
+                      ISLAND_HOST_MEMORY_MB="2048")
+    refused = manage("check", REDIS_MAXMEMORY_MB="0")
+
+    assert defaults.stdout.split() == [str(total // 4), str(total)], defaults.stderr
+    assert declared.stdout.split() == ["512", "2048"], declared.stderr
+    assert "REDIS_MAXMEMORY_MB and ISLAND_HOST_MEMORY_MB must be at least 1" in refused.stderr
 
 
 def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(tmp_path):

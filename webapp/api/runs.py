@@ -15,7 +15,7 @@ from trainer.config import MODES, field_help
 from webapp.api import schemas
 from webapp.api.access import ApiError, allow, get_run
 from webapp.api.schemas import answers
-from webapp.runs import reports, services
+from webapp.runs import reports, services, validation
 from webapp.runs.models import Checkpoint, Event, Run
 
 router = Router(tags=["runs"])
@@ -166,3 +166,11 @@ def config_schema(request: HttpRequest) -> dict[str, Any]:
     """The run config's defaults, what each field means, the modes and the regions."""
     return {"defaults": services.default_config(), "help": field_help(),
             "modes": list(MODES), "regions": settings.REGIONS}
+
+
+@config.post("/config/estimate", auth=allow("view"),
+             response=answers(schemas.EstimateOut, body=True))
+def config_estimate(request: HttpRequest, body: schemas.EstimateIn) -> dict[str, Any]:
+    """The parameters of a run config's model and the memory Redis, syncd and each island
+    host would need, against what the hosts declare. 422 with the config's problems."""
+    return validation.size_report(body.config)

@@ -138,6 +138,34 @@ class ConfigSchema(Schema):
     regions: list[str]
 
 
+class EstimateIn(Body):
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="A run config (as for POST /api/runs); missing fields take their "
+                    "defaults.")
+
+
+class NeedOut(Schema):
+    total: int = Field(description="Bytes at the peak: the sum of the parts.")
+    parts: dict[str, int] = Field(description="Bytes by what holds them.")
+
+
+class EstimateOut(Schema):
+    """trainer/sizes.py's estimate; docs/OPERATIONS.md, "Sizing a run", has the formulas."""
+
+    params: int = Field(description="Parameters of the model.")
+    model_bytes: int = Field(description="B: the model in float32.")
+    redis: NeedOut
+    syncd: NeedOut
+    islands: dict[str, NeedOut] = Field(description="Island name -> its host's need (every "
+                                                    "process of the island).")
+    limits: dict[str, int] = Field(description="What the hosts declare, in bytes: "
+                                               "redis_bytes (REDIS_MAXMEMORY_MB) and "
+                                               "island_host_bytes (ISLAND_HOST_MEMORY_MB).")
+    misfits: dict[str, list[str]] = Field(description="What does not fit, keyed as a "
+                                                      "refusal of the run would be.")
+
+
 # -- faults -------------------------------------------------------------------------
 
 # A corrupt fault is one-shot: the island poisons its next update (within this many

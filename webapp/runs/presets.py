@@ -21,6 +21,16 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
                      "bandwidth_gbps": 2.0, "latency_ms": latency}
                     for region, latency in zip(PAPER_REGIONS, (10, 20, 35, 25), strict=True)],
     }),
+    # GPT-2 small's shape (12 layers, 768 wide, 12 heads): 85.6M parameters with the
+    # byte vocabulary and a context of 256, about 340 MB in float32.
+    "gpt2_small": ("GPT-2 small's shape: 85M parameters, 2 islands", {
+        **DEMO,
+        "model": {"n_layer": 12, "n_embd": 768, "n_head": 12, "block_size": 256},
+        "optim": {"inner_lr": 6e-4, "warmup_steps": 100},
+        "budget": {"total_tokens": 20_000_000},
+        "islands": [{"name": "us-east-a", "region": "us-east", "batch_size": 8},
+                    {"name": "us-west-a", "region": "us-west", "batch_size": 8}],
+    }),
     "custom": ("custom: the defaults", {}),
 }
 

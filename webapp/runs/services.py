@@ -22,7 +22,7 @@ from webapp.runs.models import (
     Run,
 )
 from webapp.runs.stores import run_store
-from webapp.runs.validation import check_data_path, checkpoint_misfit
+from webapp.runs.validation import check_data_path, checkpoint_misfit, memory_misfits
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -73,6 +73,8 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
             # problem with the run's own name or mode.
             key = f"config.{path}" if path in ("name", "mode") else path
             errors.setdefault(key, []).extend(messages)
+    else:
+        errors.update(memory_misfits(run_config))
     # What a user names must stay inside the data folders; the system's own runs (user
     # None: the demo, benchmarks, tests) may read their own corpora.
     data = config.get("data") if isinstance(config, dict) else None
@@ -116,8 +118,11 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
     that region's worker runs it as one long task.
 
     Raises:
+        ConfigError: when the run no longer fits the memory the hosts declare.
         ValueError: when the run is not a draft.
     """
+    if run.state == Run.State.DRAFT and (misfits := memory_misfits(run.run_config())):
+        raise ConfigError(misfits)
     run.transition(Run.State.QUEUED, by=by)
     try:
         store = run_store(run)

@@ -1,5 +1,5 @@
-"""What a new run may read and start from: checks that name the problem in a
-sentence for a form or an API field, "" when there is none."""
+"""What a new run may read and start from, and whether it fits the memory the hosts
+declare: checks that name the problem in a sentence for a form or an API field."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 from django.conf import settings
 
-from trainer.config import RunConfig
+from trainer.config import RunConfig, parse_config
+from trainer.sizes import MIB, Need, estimate
 from webapp.runs.models import Checkpoint
 
 
@@ -39,3 +40,70 @@ def checkpoint_misfit(checkpoint: Checkpoint, config: Any) -> str:
         return ("The run's model settings must be those of the checkpoint's run: "
                 f"{source}.")
     return ""
+
+
+def memory_misfits(config: RunConfig) -> dict[str, list[str]]:
+    """What of a run does not fit the memory the hosts declare ({} when it all fits).
+
+    Redis against settings.REDIS_MAXMEMORY_MB, keyed "model"; each island host against
+    settings.ISLAND_HOST_MEMORY_MB, keyed "islands.<i>.batch_size" when the island fits
+    without its activations, else "model" (once: the first island that does not fit).
+    """
+    sized = estimate(config)
+    errors: dict[str, list[str]] = {}
+    redis_mb = settings.REDIS_MAXMEMORY_MB
+    if sized.redis.total > redis_mb * MIB:
+        errors["model"] = [
+            f"Redis would need about {_shown(sized.redis.total)} for this run "
+            f"({_parts(sized.redis)}), more than REDIS_MAXMEMORY_MB allows ({redis_mb:,} "
+            "MiB): a smaller model, fewer islands or a lossy sync.compression would fit."]
+    host_mb = settings.ISLAND_HOST_MEMORY_MB
+    model_too_large = False
+    for i, island in enumerate(config.islands):
+        need = sized.islands[island.name]
+        if need.total <= host_mb * MIB:
+            continue
+        activations = need.parts["activations"]
+        if need.total - activations <= host_mb * MIB:
+            errors[f"islands.{i}.batch_size"] = [
+                f"Island {island.name!r} would need about {_shown(need.total)}, "
+                f"{_shown(activations)} of it activations (an estimate) at batch_size "
+                f"{island.batch_size}, more than ISLAND_HOST_MEMORY_MB allows ({host_mb:,} "
+                "MiB): a smaller batch_size would fit."]
+        elif not model_too_large:
+            model_too_large = True
+            state = Need({k: v for k, v in need.parts.items() if k != "activations"})
+            errors.setdefault("model", []).append(
+                f"Island {island.name!r} would need about {_shown(need.total)}, "
+                f"{_shown(state.total)} of it without activations ({_parts(state)}), more "
+                f"than ISLAND_HOST_MEMORY_MB allows ({host_mb:,} MiB): a smaller model "
+                "would fit.")
+    return errors
+
+
+def size_report(config: Any) -> dict[str, Any]:
+    """The parameters and memory of a run config (trainer/sizes.py), the limits the
+    hosts declare, and what does not fit them.
+
+    Raises:
+        ConfigError: when `config` (decoded JSON) is not a valid run config.
+    """
+    run_config = parse_config(config, settings.REGIONS)
+    return {**estimate(run_config).to_dict(),
+            "limits": {"redis_bytes": settings.REDIS_MAXMEMORY_MB * MIB,
+                       "island_host_bytes": settings.ISLAND_HOST_MEMORY_MB * MIB},
+            "misfits": memory_misfits(run_config)}
+
+
+def _shown(nbytes: int) -> str:
+    if nbytes >= 1024 * MIB:
+        return f"{nbytes / (1024 * MIB):.1f} GiB"
+    if nbytes >= MIB:
+        return f"{nbytes / MIB:.0f} MiB"
+    return f"{nbytes / 1024:.0f} KiB"
+
+
+def _parts(need: Need) -> str:
+    """The three largest parts: what most of a need is made of."""
+    largest = sorted(need.parts.items(), key=lambda kv: -kv[1])[:3]
+    return ", ".join(f"{name} {_shown(nbytes)}" for name, nbytes in largest)

@@ -2,8 +2,10 @@ import pytest
 from django.test import Client
 
 from syncd.checkpoint import save
+from trainer.config import parameter_count, parse_config
 from trainer.island import initial_model
 from webapp.runs.models import ApiToken, Checkpoint, Metric, Run
+from webapp.runs.presets import preset_config
 from webapp.runs.services import create_run
 
 pytestmark = pytest.mark.django_db
@@ -120,6 +122,24 @@ def test_the_paper_preset_puts_one_island_in_each_of_four_us_regions(operator_cl
 
     assert sorted(row["values"]["region"] for row in form.island_rows) == [
         "us-central", "us-east", "us-south", "us-west"]
+
+
+def test_the_new_run_form_shows_the_runs_sizes_from_the_estimate_endpoint(operator_client):
+    content = operator_client.get("/runs/new/").content.decode()
+
+    assert 'id="estimate" data-url="/api/config/estimate"' in content
+    assert "dashboard/common.js" in content  # arch.api, which new_run.js calls
+    assert "Activations are an" in content
+
+
+def test_the_gpt2_small_preset_has_its_shape_and_about_85m_parameters(operator_client,
+                                                                     settings):
+    form = operator_client.get("/runs/new/?preset=gpt2_small").context["form"]
+    config = preset_config("gpt2_small", settings.REGIONS)
+
+    assert [form[f"model.{k}"].value() for k in ("n_layer", "n_embd", "n_head")] == [
+        12, 768, 12]
+    assert 85_000_000 < parameter_count(parse_config(config, settings.REGIONS).model) < 86_000_000
 
 
 def test_the_new_run_form_creates_a_run_with_its_islands(operator_client, operator):

@@ -36,3 +36,99 @@ document.getElementById("add-island").addEventListener("click", () => {
   wire(row);
   renumber();
 });
+
+// Sizes: after a change, the values the estimate depends on go to POST
+// /api/config/estimate (missing ones take their defaults) and its answer is shown.
+const form = document.getElementById("run-form");
+const estimate = document.getElementById("estimate");
+const SIZED_SECTIONS = ["model", "sync", "optim", "train"];
+const TEXT_KEYS = ["name", "region"];
+
+function typed(key, text) {
+  return TEXT_KEYS.includes(key) || text === "" || isNaN(Number(text)) ? text : Number(text);
+}
+
+function sizedConfig() {
+  const config = {islands: []};
+  for (const input of form.elements) {
+    if (!input.name) continue;  // fieldsets and buttons
+    const island = input.name.match(/^islands-(\d+)-(\w+)$/);
+    const [section, key] = input.name.split(".");
+    const value = input.type === "checkbox" ? input.checked : typed(island ? island[2] : key,
+                                                                     input.value.trim());
+    if (value === "") continue;
+    if (island) {
+      (config.islands[Number(island[1])] ||= {})[island[2]] = value;
+    } else if (key && SIZED_SECTIONS.includes(section)) {
+      (config[section] ||= {})[key] = value;
+    }
+  }
+  return config;
+}
+
+function shown(bytes) {
+  if (bytes >= 2 ** 30) return `${(bytes / 2 ** 30).toFixed(1)} GiB`;
+  if (bytes >= 2 ** 20) return `${(bytes / 2 ** 20).toFixed(0)} MiB`;
+  return `${(bytes / 2 ** 10).toFixed(0)} KiB`;
+}
+
+function figure(list, label, text, parts) {
+  const term = document.createElement("dt");
+  term.textContent = label;
+  const value = document.createElement("dd");
+  value.textContent = text;
+  if (parts) {
+    value.title = Object.entries(parts).filter(([, b]) => b > 0)
+      .map(([name, b]) => `${name}: ${shown(b)}`).join("\n");
+  }
+  list.append(term, value);
+}
+
+function showEstimate(data) {
+  const list = document.getElementById("estimate-figures");
+  list.replaceChildren();
+  figure(list, "parameters", `${data.params.toLocaleString()} (${shown(data.model_bytes)} in float32)`);
+  figure(list, "Redis", `${shown(data.redis.total)} of ${shown(data.limits.redis_bytes)} ` +
+         "(REDIS_MAXMEMORY_MB)", data.redis.parts);
+  figure(list, "syncd", shown(data.syncd.total), data.syncd.parts);
+  for (const [name, need] of Object.entries(data.islands)) {
+    figure(list, `island ${name}`, `${shown(need.total)} of ` +
+           `${shown(data.limits.island_host_bytes)} (ISLAND_HOST_MEMORY_MB)`, need.parts);
+  }
+  const misfits = document.getElementById("estimate-misfits");
+  misfits.replaceChildren(...Object.entries(data.misfits).flatMap(([key, messages]) =>
+    messages.map((message) => {
+      const item = document.createElement("li");
+      item.textContent = `${key}: ${message}`;
+      return item;
+    })));
+}
+
+let asked = 0;
+let timer;
+
+async function refreshEstimate() {
+  const mine = ++asked;
+  try {
+    const data = await arch.api("POST", estimate.dataset.url, {config: sizedConfig()});
+    if (mine === asked) showEstimate(data);
+  } catch (e) {
+    if (mine !== asked) return;
+    document.getElementById("estimate-figures").replaceChildren();
+    const item = document.createElement("li");
+    item.textContent = `No estimate until the config is valid: ${e.message}`;
+    document.getElementById("estimate-misfits").replaceChildren(item);
+  }
+}
+
+function estimateSoon() {
+  clearTimeout(timer);
+  timer = setTimeout(refreshEstimate, 300);
+}
+
+form.addEventListener("input", estimateSoon);
+form.addEventListener("change", estimateSoon);
+form.addEventListener("click", (e) => {
+  if (e.target.closest("[data-remove-island], #add-island")) estimateSoon();
+});
+refreshEstimate();
