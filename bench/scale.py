@@ -86,11 +86,17 @@ def params_of(size: dict[str, Any]) -> int:
     return sum(t.numel() for t in initial_model(config).state_dict().values())
 
 
-def activations_estimate(size: dict[str, Any]) -> int:
-    """Bytes of an island's activations for one fp32 step (Korthikanti et al. 2022:
-    s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit, doubled for fp32)."""
-    s, b, h, a = size["block"], size["batch"], size["n_embd"], size["n_head"]
-    return int(size["n_layer"] * s * b * h * (34 + 5 * a * s / h) * 2)
+def estimate_of(size: dict[str, Any]) -> dict[str, int]:
+    """What trainer.sizes estimates for this size: totals per part and the activations."""
+    from trainer.config import parse_config
+    from trainer.sizes import activation_bytes, estimate
+
+    config = parse_config(run_config(size, Path(""), 10**6), list(REGIONS))
+    est = estimate(config)
+    return {"redis": est.redis.total, "syncd": est.syncd.total,
+            "island": max(need.total for need in est.islands.values()),
+            "activations": activation_bytes(size["batch"], size["block"], size["n_layer"],
+                                            size["n_embd"], size["n_head"], "fp32")}
 
 
 def rss(pid: int) -> tuple[int, int] | None:
@@ -232,7 +238,7 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
         "island_idle_bytes": statistics.median(idle.values()) if idle else None,
         "island_peak_above_idle_bytes": island_peak,
         "island_peak_ratio": round(island_peak / fp32, 3),
-        "activations_estimate_bytes": activations_estimate(size),
+        "estimate_bytes": estimate_of(size),
         "growth": round(max(halves_peak_ratio(samples, s) for s in series), 4),
         "lows_rise": round(max(lows_rise(samples, s) for s in series), 4),
         "slope_mb_per_min": {s: round(slope_mb_per_min(

@@ -76,13 +76,21 @@ def redis_server_binary() -> Path:
     return path
 
 
+def physical_memory_mb() -> int:
+    """This machine's physical memory in MiB."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+
+
 def redis_maxmemory_mb() -> int:
-    """The embedded Redis's memory limit: `REDIS_MAXMEMORY_MB`, by default a quarter of
-    this machine's memory."""
+    """The Redis memory the hosts declare, which `python -m webapp.start` gives its
+    embedded Redis as maxmemory: `REDIS_MAXMEMORY_MB`, by default a quarter of this
+    machine's memory."""
     raw = os.environ.get("REDIS_MAXMEMORY_MB", "").strip()
-    if raw:
-        return int(raw)
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (4 << 20)
+    try:
+        return int(raw) if raw else physical_memory_mb() // 4
+    except ValueError:
+        raise ValueError(f"REDIS_MAXMEMORY_MB must be a whole number of MiB, got {raw!r}"
+                         ) from None
 
 
 def redis_argv(binary: str | Path, port: int, data_dir: str | Path, *,

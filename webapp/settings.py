@@ -15,6 +15,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from webapp.processes import physical_memory_mb, redis_maxmemory_mb
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -46,11 +48,6 @@ def env_int(name: str, default: int) -> int:
 def env_list(name: str, default: str) -> list[str]:
     """A comma-separated list; blank items are dropped."""
     return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
-
-
-def physical_memory_mb() -> int:
-    """This machine's physical memory in MiB."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
 
 
 def read_secret_key(debug: bool, production: bool) -> str:
@@ -210,7 +207,7 @@ DATA_ROOTS = [Path(p) for p in env_str(
 # as maxmemory (default a quarter of this machine's memory); each island's against
 # ISLAND_HOST_MEMORY_MB, the memory of a host that runs one island (default this
 # machine's).
-REDIS_MAXMEMORY_MB = env_int("REDIS_MAXMEMORY_MB", physical_memory_mb() // 4)
+REDIS_MAXMEMORY_MB = redis_maxmemory_mb()
 ISLAND_HOST_MEMORY_MB = env_int("ISLAND_HOST_MEMORY_MB", physical_memory_mb())
 if min(REDIS_MAXMEMORY_MB, ISLAND_HOST_MEMORY_MB) < 1:
     raise ImproperlyConfigured(

@@ -51,7 +51,7 @@ def test_an_update_that_a_full_redis_refuses_stops_the_island_with_a_clear_error
         link.send(0, 1, bytearray(4 << 20))  # twice the Redis's memory
         wait_for(lambda: link.error is not None, 10, "the link to fail")
 
-        with pytest.raises(RedisFull, match="maxmemory.*REDIS_MAXMEMORY_MB"):
+        with pytest.raises(RedisFull, match=r"maxmemory.*REDIS_MAXMEMORY_MB"):
             link.send(0, 2, bytearray(10))
     finally:
         process.terminate()
