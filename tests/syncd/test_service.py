@@ -34,8 +34,8 @@ CONFIG = {
 TOKENS_PER_STEP = 2 * 16
 
 
-def make_run_sync(redis_url: str, tmp_path, mode: str) -> RunSync:
-    run = create_run(name="syncd test", mode=mode, config=CONFIG, user=None)
+def make_run_sync(redis_url: str, tmp_path, mode: str, config: dict | None = None) -> RunSync:
+    run = create_run(name="syncd test", mode=mode, config=config or CONFIG, user=None)
     store = RunStore(connect(redis_url), run.pk)
     store.put_spec(run.mode, run.config, run.secret)
     store.set_epoch("a", 1)
@@ -150,6 +150,28 @@ def test_the_messages_of_stale_and_refused_updates_are_gone_too(run_sync):
 
     assert [r.split(":")[0] for r in rejections(run_sync)] == ["stale", "bad signature"]
     assert blob_keys(run_sync) == []
+
+
+def test_a_run_that_completes_at_its_budget_keeps_only_its_status_and_logs_in_redis(
+        redis_url, tmp_path):
+    config = {**CONFIG, "budget": {"total_tokens": 1000}}
+    sync = make_run_sync(redis_url, tmp_path, "decoupled", config)
+    heartbeat_all(sync)
+    sync.store.put_log("a", ["a line"])
+    for p in (0, 1):
+        for island in ("a", "b"):
+            send(sync, island, p, 16, steps=16)  # 1,024 tokens a fragment
+    sync.tick()
+    sync.tick()
+
+    assert sync.completed
+    left = {k.decode()[len(sync.store.prefix):] for k in
+            sync.store.r.scan_iter(match=sync.store.prefix + "*")}
+    lasting = {k for k in left if sync.store.r.ttl(sync.store.key(k)) == -1}
+    assert lasting == {"status", "status_seq"}
+    assert "log:a" in left
+    assert "outcome" in sync.store.status()
+    assert not {k.split(":")[0] for k in left} & {"blob", "full", "pub", "momentum", "updates"}
 
 
 def test_a_replayed_update_is_merged_at_most_once(run_sync):
