@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
                                                    "%(message)s")
     import torch
 
+    from syncd.malloc import return_large_frees
+
     torch.set_num_threads(settings.SYNCD_THREADS)
+    return_large_frees()
     service = Syncd(settings.REDIS_URL, settings.CHECKPOINT_DIR, channel_notifier(),
                     lease_ttl_s=settings.SYNCD_LEASE_TTL_S)
 

@@ -20,8 +20,7 @@ Keys, for run R:
                                    syncd merged, refused or dropped it
     arch:R:versions                hash fragment -> newest global version
     arch:R:full:<p>                reference to the newest global fragment p (a full
-                                   message in arch:R:full:<p>:<v>:<i>; the version
-                                   before it is kept too, for islands reading it)
+                                   message in arch:R:full:<p>:<v>:<i>)
     arch:R:pub:<p>:<v>             reference to the published difference v-1 -> v
                                    (lossy downlink; the last max_staleness are kept)
     arch:R:momentum:<p>            reference to the outer optimizer buffers of fragment p
@@ -80,7 +79,7 @@ RESTART_RETRIES = 12
 STREAM_MAXLEN = 100_000
 # What stays of a run that ended, for the control room: its last status and the logs.
 KEPT_AFTER_END = ("status", "status_seq", "log")
-READ_TRIES = 3  # a reference read just before its message was replaced is read again
+READ_TRIES = 5  # a reference read just before its message was replaced is read again
 
 
 def kill_syncd(client: redis.Redis) -> None:
@@ -237,9 +236,10 @@ class RunStore:
         and the deletion of the merged updates' messages.
 
         The messages' chunks are written first, with a TTL, and made persistent by the
-        MULTI/EXEC that commits the merge; it also deletes the version two before (the
-        one before stays for islands still reading it) and, with a lossy downlink, the
-        difference `keep` versions back.
+        MULTI/EXEC that commits the merge; it also deletes the version before (an
+        island that was reading it reads the new one: `full`) and, with a lossy
+        downlink, the difference `keep` versions back. So between the two steps one
+        fragment is held twice, and never more.
 
         Raises:
             syncd.lease.LeaseLost: this store's lease is gone; nothing was published.
@@ -257,7 +257,7 @@ class RunStore:
             for ref, name in ((full_ref, "full"), (momentum_ref, "momentum")):
                 self.bulk.persist(pipe, ref)
                 pipe.set(self.key(name, fragment), ref.dumps())
-                self.bulk.delete(pipe, BulkRef(self.key(name, fragment, version - 2),
+                self.bulk.delete(pipe, BulkRef(self.key(name, fragment, version - 1),
                                                ref.chunks, 0), spare=1)
             if diff_ref is not None:
                 self.bulk.persist(pipe, diff_ref)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from syncd.malloc import return_large_frees
 from syncd.protocol import decode_message, encode_message
 from syncd.store import RunStore, connect
 from syncd.synchronizer import Published, apply_published
@@ -369,6 +370,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     torch.set_num_threads(1)  # several islands share a host's cores
+    return_large_frees()
     group = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         group = IslandGroup.from_env(args.device or "auto")

@@ -12,12 +12,11 @@ one fp32 buffer per parameter (syncd/merge.py OuterOptimizer), B when
 optim.outer_momentum > 0 and else 0. D = S x B_down is the published
 differences kept for a lossy downlink, 0 for none. Wire headers are left out.
 
-Redis (syncd/store.py): globals B (full fragments) + momentum B_m + the
-previous versions B + B_m (each fragment's version before the newest stays one
-publish longer, for islands still reading it) + one fragment in swap F + F_m
-(a publish writes the new version before it deletes the oldest; F_m is F with
-momentum) + update blobs M x B_up (one round of every fragment from every
-island: an upper bound, a blob is freed once merged) + D + 64 MiB base.
+Redis (syncd/store.py): globals B (full fragments) + momentum B_m + one
+fragment in swap F + F_m (a publish writes the new version before it deletes
+the one before; F_m is F with momentum) + update blobs M x B_up (one round of
+every fragment from every island: an upper bound, a blob is freed once merged)
++ D + 64 MiB base.
 
 syncd: globals B + momentum B_m + decoded pending updates M x B + merge
 temporaries 2F (the merged outer gradient and the new fragment) + D + evaluation
@@ -126,7 +125,7 @@ def estimate(config: RunConfig) -> Estimate:
     m = len(config.islands)
     swap = largest if momentum else 0
     redis = Need({"global fragments": model, "outer momentum": momentum,
-                  "previous versions": model + momentum, "fragment in swap": largest + swap,
+                  "fragment in swap": largest + swap,
                   "update blobs": m * up, "downlink differences": differences,
                   "base": REDIS_BASE_BYTES})
     syncd = Need({"global fragments": model, "outer momentum": momentum,
