@@ -6,13 +6,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
 from redis.exceptions import RedisError
 
 from webapp.runs.models import Event, Island, Metric, Run
 from webapp.runs.stores import run_store
+from webapp.runs.timeline import island_timeline
 
 MAX_METRICS = 5000
 MAX_EVENTS = 1000
+# The timeline reads at most this many of a run's latest events and metric rows.
+TIMELINE_ROWS = 20000
+TIMELINE_KINDS = (Event.Kind.FAULT, Event.Kind.ISLAND_LOST, Event.Kind.ISLAND_REVIVED,
+                  Event.Kind.REJOIN, Event.Kind.MERGE)
 LIVE_FIELDS = ("versions", "outer_steps", "goodput", "uptime", "train_loss", "eval_loss",
                "live_islands", "max_stall_s")
 
@@ -69,3 +75,23 @@ def run_events(run: Run, after_id: int = 0, limit: int = MAX_EVENTS,
         events = events.filter(kind=kind)
     names = dict(Island.objects.filter(run=run).values_list("id", "name"))
     return [e.to_dict(names) for e in events.order_by("id")[:limit]]
+
+
+def run_timeline(run: Run, islands: list[str] | None = None) -> dict[str, Any]:
+    """Each island's lane (webapp.runs.timeline.island_timeline), all of the run's
+    islands unless `islands` names some, from its start to now (to its end once it is
+    over); times in seconds since the epoch."""
+    names = islands if islands is not None else [
+        island["name"] for island in run.config.get("islands", [])]
+    kept = Event.objects.filter(run=run, kind__in=TIMELINE_KINDS).order_by("-time", "-id")
+    events = [{"kind": kind, "time": time.timestamp(), "island": island, "detail": detail}
+              for kind, time, island, detail in
+              kept.values_list("kind", "time", "island__name", "detail")[:TIMELINE_ROWS]]
+    rows = Metric.objects.filter(run=run).order_by("-time", "-id")
+    samples = [(time.timestamp(), points or {}) for time, points in
+               rows.values_list("time", "islands")[:TIMELINE_ROWS]]
+    end = (run.finished_at or timezone.now()).timestamp()
+    start = min([t for t, _ in samples] + [e["time"] for e in events]
+                + [run.started_at.timestamp() if run.started_at else end])
+    return {"start": start, "end": end,
+            "islands": [island_timeline(name, events, samples, end) for name in names]}
