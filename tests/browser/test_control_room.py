@@ -106,9 +106,9 @@ def test_an_operator_runs_breaks_and_heals_a_run_from_the_browser(
     row.locator(".state.training").wait_for(timeout=90000)
     page.screenshot(path=artifacts / "5-rejoined.png", full_page=True)
 
-    timeline = page.locator("#timeline")
+    events = page.locator("#events")
     for kind in ("fault", "island_lost", "rejoin", "merge"):
-        assert timeline.locator(f"li[data-kind='{kind}']").count() >= 1, kind
+        assert events.locator(f"li[data-kind='{kind}']").count() >= 1, kind
     assert page.evaluate("window.notReloaded") is True  # all of it live, no reload
 
 

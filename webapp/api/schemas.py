@@ -73,6 +73,13 @@ class RunPatch(Body):
     archived: bool = Field(description="Hide the run from the runs list, or show it again.")
 
 
+class IslandLink(Schema):
+    state: Literal["up", "degraded", "partitioned", "down"] = Field(
+        description="The island's WAN link to syncd, from its state and active fault.")
+    bytes_up: float = Field(0, description="Emulated bytes sent in the last status interval.")
+    bytes_down: float = Field(0, description="Emulated bytes received in it.")
+
+
 class IslandOut(Schema):
     model_config = ConfigDict(extra="allow")
 
@@ -87,6 +94,8 @@ class IslandOut(Schema):
                                          "island's last update, over its fragments.")
     tokens_per_s: float = 0.0
     heartbeat_age_s: float | None = None
+    link: IslandLink
+
 
 
 class RunOut(Schema):

@@ -9,6 +9,7 @@ from typing import Any
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from syncd.status import link_state
 from webapp.runs.models import Event, Island, Metric, Run
 from webapp.runs.stores import run_store
 from webapp.runs.timeline import island_timeline
@@ -26,7 +27,8 @@ LIVE_FIELDS = ("versions", "outer_steps", "goodput", "uptime", "train_loss", "ev
 def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any]:
     """The run (Run.to_dict) with the live figures of syncd's latest status: versions
     (fragment index -> version), outer_steps, goodput, uptime, train and eval loss, and
-    per island its live state, active fault, tokens and version_lag. A run syncd has
+    per island its live state, active fault, tokens, version_lag and link to syncd
+    (syncd.status.link; from the island's own state once the run is over). A run syncd has
     not served yet has empty versions and None for the figures."""
     data = run.to_dict()
     if status is None:
@@ -46,8 +48,12 @@ def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any
         island["version_lag"] = now.get("version_lag", 0)
         island["tokens_per_s"] = now.get("tokens_per_s", 0.0)
         island["heartbeat_age_s"] = now.get("heartbeat_age_s")
-        if run.state in (Run.State.RUNNING, Run.State.PAUSED) and "state" in now:
+        live_run = run.state in (Run.State.RUNNING, Run.State.PAUSED)
+        if live_run and "state" in now:
             island["state"] = now["state"]
+        island["link"] = now["link"] if live_run and "link" in now else {
+            "state": link_state(island["state"], island["active_fault"]),
+            "bytes_up": 0, "bytes_down": 0}
         island["tokens"] = max(island["tokens"], now.get("tokens", 0))
     return data
 
