@@ -131,6 +131,8 @@ def _state_spans(states: list[tuple[float, dict[str, Any]]], outages: list[Outag
             back = next((s["state"] for t, s in states
                          if t >= outage.revived and s["state"] != "lost"), "starting")
             points.append((outage.revived, back, None))
+        if outage.first_step is not None:  # more precise than the next metric row
+            points.append((outage.first_step["time"], "training", None))
     points.sort(key=lambda p: p[0])
     spans: list[dict[str, Any]] = []
     for t, state, outage in points:

@@ -32,12 +32,13 @@ def spans(lane: dict) -> list[tuple[str, float, float]]:
     return [(s["state"], s["start"], s["end"]) for s in lane["spans"]]
 
 
-def test_a_killed_islands_lane_is_lost_then_rejoining_then_back():
+def test_a_killed_islands_lane_is_lost_then_rejoining_then_back_from_its_first_step():
     lane = island_timeline("a", KILLED_AND_REJOINED, HISTORY, end=120.0)
 
+    # Training again at syncd's rejoin event (115), before the next metric row says so.
     assert spans(lane) == [("training", 96.0, 103.0), ("lost", 103.0, 105.0),
-                           ("rejoining", 105.0, 110.0), ("starting", 110.0, 116.0),
-                           ("training", 116.0, 120.0)]
+                           ("rejoining", 105.0, 110.0), ("starting", 110.0, 115.0),
+                           ("training", 115.0, 120.0)]
 
 
 def test_a_lost_span_gives_kill_lost_rejoin_first_step_and_first_merge_in_seconds():
