@@ -179,7 +179,9 @@ function showQuorum(status) {
     const last = f.last_merge || {};
     const weights = Object.entries(last.weights || {}).map(([i, w]) => `${i} ${w.toFixed(2)}`).join(", ");
     return arch.el("tr", {},
-      arch.el("td", {}, f.name), arch.el("td", {class: "num"}, f.version),
+      // A line may break after each "+" of a long name (blocks.0+pos_emb+ln_f+lm_head).
+      arch.el("td", {}, ...f.name.split("+").flatMap((part, i) => (i ? ["+", arch.el("wbr"), part] : [part]))),
+      arch.el("td", {class: "num"}, f.version),
       arch.el("td", {class: "num"}, `${f.arrivals} / ${f.min_quorum}`),
       arch.el("td", {class: "num"}, f.grace_left_s === null ? "—" : f.grace_left_s.toFixed(1) + " s"),
       arch.el("td", {}, f.waiting || ""),
