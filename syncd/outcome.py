@@ -50,7 +50,7 @@ def complete(run: RunSync) -> None:
     run.store.mark_done()
     run.eval_loss = run.evaluate()
     now = run.clock()
-    status = run_status(run, now, run.live)
+    status = run_status(run, now, run.live, run.last_status)
     status["outcome"] = finish(run, now)
     run.store.put_status(status)
     run.next_status = math.inf  # the final snapshot, with the outcome, stays

@@ -105,6 +105,7 @@ class RunSync:
         self.disturbed: dict[str, float] = {}
         self.first_startups: dict[str, float] = {}  # island -> seconds
         self.next_status = self.next_flush = self.next_control = 0.0
+        self.last_status: dict[str, Any] = {}  # links count their bytes from it
         self.control_every_s = control_every_s
         self.live = 0
         self.checkpoint_asked = False
@@ -220,7 +221,8 @@ class RunSync:
             self.eval_loss = loss
         if now >= self.next_status:
             self.next_status = now + STATUS_EVERY_S
-            status = run_status(self, now, self.live)
+            status = run_status(self, now, self.live, self.last_status)
+            self.last_status = status
             seq = self.store.put_status(status)
             self.recorder.metric(status, now)
             if self.notify:

@@ -9,10 +9,12 @@ if TYPE_CHECKING:
     from syncd.service import RunSync
 
 
-def run_status(run: RunSync, now: float, live: int) -> dict[str, Any]:
-    """Per island state, active fault, tokens, tokens/s, version lag and bytes (real
-    and as emulated); per fragment arrivals/K, grace left and the last merge; the
-    run's versions, goodput, uptime, train and eval loss."""
+def run_status(run: RunSync, now: float, live: int,
+               previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Per island state, active fault, tokens, tokens/s, version lag, bytes (real and
+    as emulated) and its WAN link to syncd (see `link`, against the `previous` status);
+    per fragment arrivals/K, grace left and the last merge; the run's versions,
+    goodput, uptime, train and eval loss."""
     newest = max(run.sync.versions)
     scale = run.config.emulation.bytes_scale
     islands = {}
@@ -50,6 +52,9 @@ def run_status(run: RunSync, now: float, live: int) -> dict[str, Any]:
         if name in islands:
             islands[name]["goodput"] = figures["goodput"]
             islands[name]["fault"] = run.faults.get(name, "none")
+    before = (previous or {}).get("islands", {})
+    for name, island in islands.items():
+        island["link"] = link(island, before.get(name))
     return {"run": run.store.run_id, "time": now, "live_islands": live,
             "goodput": accounting["goodput"], "uptime": accounting["uptime"],
             "train_loss": median([i["loss"] for i in islands.values()
@@ -60,6 +65,28 @@ def run_status(run: RunSync, now: float, live: int) -> dict[str, Any]:
             "islands": islands, "fragments": fragments}
 
 
+def link_state(state: str, fault: str) -> str:
+    """The state of an island's WAN link to syncd: partitioned or degraded while that
+    fault is active (a partitioned island also goes silent, then lost), down when no
+    process speaks on it (lost, stopped, not started), else up."""
+    if fault == "partition":
+        return "partitioned"
+    if state in ("lost", "stopped", "pending"):
+        return "down"
+    return "degraded" if fault == "degrade" else "up"
+
+
+def link(island: dict[str, Any], before: dict[str, Any] | None) -> dict[str, Any]:
+    """The island's link: its state, and the emulated bytes it carried each way since
+    the status `before` (the island's entry in the previous status; None, as in the
+    first status: nothing carried yet)."""
+    carried = {}
+    for way in ("up", "down"):
+        total = island.get(f"emulated_bytes_{way}", 0)
+        earlier = total if before is None else before.get(f"emulated_bytes_{way}", 0)
+        # A new incarnation counts its bytes from 0 again.
+        carried[f"bytes_{way}"] = total - earlier if total >= earlier else total
+    return {"state": link_state(island["state"], island.get("fault", "none")), **carried}
 
 
 def median(values: list[float]) -> float | None:

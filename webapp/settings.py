@@ -171,6 +171,8 @@ STATICFILES_DIRS = [("plotly", Path(importlib.util.find_spec("plotly").origin).p
 # Archipelago itself.
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 REGIONS = env_list("REGIONS", "us-east,us-central,us-west,us-south")
+# The region syncd runs in: the run page's map draws each island's link to it.
+SYNCD_REGION = env_str("SYNCD_REGION", REGIONS[0] if REGIONS else "us-east")
 CHECKPOINT_DIR = Path(env_str("CHECKPOINT_DIR", str(VAR_DIR / "checkpoints")))
 # Seconds a run's lease outlives the last renewal by the syncd serving it: when a
 # syncd dies, another takes its runs over after this long (syncd/lease.py).

@@ -11,6 +11,7 @@ the run.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import urllib.request
 from pathlib import Path
@@ -38,13 +39,29 @@ def browser():
         chromium.close()
 
 
+LOCAL = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)(:\d+)?/")
+
+
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    """A page at the operator's screen size, 1440 x 900, that may reach this host only:
+    a request to any other host is blocked, and the test fails if the page made one."""
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    elsewhere: list[str] = []
+
+    def local_only(route) -> None:
+        if LOCAL.match(route.request.url):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", local_only)
     page = context.new_page()
     page.set_default_timeout(20000)
     yield page
     context.close()
+    assert elsewhere == [], f"the page asked other hosts for {elsewhere}"
 
 
 @pytest.fixture

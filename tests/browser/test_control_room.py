@@ -1,6 +1,8 @@
 """The control room in a real browser against the real system: sign in, create a run in
-the form, start it, watch it train live, kill an island from its button, see it lost
-while the global model keeps moving, rejoin it. A screenshot of each step is kept."""
+the form, start it, watch it train live on a map drawn with no request leaving the
+host, kill an island from its button, see it lost (its link down on the map, a lost
+span on its timeline lane) while the global model keeps moving, rejoin it. The page
+fits the operator's screen with 8 islands. A screenshot of each step is kept."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 
 from webapp.runs.models import Run
 from webapp.runs.roles import operators_group
+from webapp.runs.services import create_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -68,6 +71,25 @@ def island_state(page, island: str) -> str:
     return page.locator(f"#islands tr[data-island='{island}'] td:nth-child(3)").inner_text()
 
 
+def link_state(page, island: str) -> str:
+    """The state the map draws the island's link to syncd in (run_map.js)."""
+    return page.evaluate(f"""document.getElementById('map').data
+        .find((t) => t.meta && t.meta.island === '{island}').meta.state""")
+
+
+LANE = """(island, state) => {
+    const chart = document.getElementById('timeline');
+    const lane = chart.layout.yaxis.ticktext.indexOf(island);
+    return chart.data.filter((t) => t.name === state).flatMap((t) =>
+        t.y.map((y, i) => [y, t.hovertext[i]])).filter(([y]) => y === lane).map(([, h]) => h);
+}"""
+
+
+def lane_spans(page, island: str, state: str) -> list[str]:
+    """The hover texts of the island's spans in `state` on its timeline lane."""
+    return page.evaluate(f"({LANE})('{island}', '{state}')")
+
+
 def versions(page) -> int:
     text = page.locator("#versions").inner_text()
     return sum(int(v) for v in re.findall(r"\d+", text))
@@ -89,6 +111,10 @@ def test_an_operator_runs_breaks_and_heals_a_run_from_the_browser(
         page.locator(f"#islands tr[data-island='{island}'] .state.training").wait_for(
             timeout=90000)
     page.screenshot(path=artifacts / "2-training.png", full_page=True)
+    land = page.locator("#map .layer.land path")
+    assert land.count() >= 1 and len(land.first.get_attribute("d")) > 1000  # the world's shapes
+    page.wait_for_function("document.getElementById('map').data.some((t) => t.name === "
+                           "'us-east-a link' && t.meta.state === 'up')")
 
     loss_points = "document.getElementById('chart-loss').data[0].x.length"
     before = page.evaluate(loss_points)
@@ -99,6 +125,11 @@ def test_an_operator_runs_breaks_and_heals_a_run_from_the_browser(
     row.locator("button[data-fault=kill]").click()
     page.locator("#toasts", has_text="Kill us-east-a: done").wait_for()
     row.locator(".state.lost").wait_for(timeout=30000)
+    page.wait_for_function("document.getElementById('map').data.some((t) => t.name === "
+                           "'us-east-a link' && t.meta.state === 'down')")
+    assert link_state(page, "us-west-a") == "up"
+    page.wait_for_function(f"({LANE})('us-east-a', 'lost').length > 0", timeout=30000)
+    assert "kill → lost" in lane_spans(page, "us-east-a", "lost")[0]
     at_loss = versions(page)
     page.wait_for_function(
         f"[...document.getElementById('versions').textContent.matchAll(/\\d+/g)]"
@@ -108,11 +139,14 @@ def test_an_operator_runs_breaks_and_heals_a_run_from_the_browser(
 
     row.locator("button[data-rejoin]").click()
     row.locator(".state.training").wait_for(timeout=90000)
+    page.wait_for_function(f"({LANE})('us-east-a', 'lost').some((h) => h.includes('first step'))",
+                           timeout=30000)
+    assert link_state(page, "us-east-a") == "up"
     page.screenshot(path=artifacts / "5-rejoined.png", full_page=True)
 
-    timeline = page.locator("#timeline")
+    events = page.locator("#events")
     for kind in ("fault", "island_lost", "rejoin", "merge"):
-        assert timeline.locator(f"li[data-kind='{kind}']").count() >= 1, kind
+        assert events.locator(f"li[data-kind='{kind}']").count() >= 1, kind
     assert page.evaluate("window.notReloaded") is True  # all of it live, no reload
 
 
@@ -141,3 +175,29 @@ def test_a_bad_setting_shows_its_message_beside_the_field_and_saves_nothing(
     assert "number of islands (4)" in message.inner_text()
     page.screenshot(path=artifacts / "field-error.png", full_page=True)
     assert not Run.objects.filter(name="too many quorum").exists()
+
+
+def test_the_map_the_islands_and_the_quorum_fit_one_screen_with_eight_islands(
+        page, control_room, operator, artifacts):
+    regions = ("us-east", "us-east", "us-central", "us-central", "us-west", "us-west",
+               "us-south", "us-south")
+    run = create_run(name="eight islands", mode="decoupled", user=operator, config={
+        "sync": {"min_quorum": 2, "fragments": 4},
+        "islands": [{"name": f"{region}-{n}", "region": region}
+                    for n, region in enumerate(regions)]})
+    sign_in(page, control_room, "olga")
+    page.goto(f"{control_room}/runs/{run.pk}/")
+    page.locator("#map .layer.land path").first.wait_for(state="attached")
+    assert page.locator("#islands tbody tr").count() == 8
+    assert page.locator("#quorum tbody tr").count() == 4
+    page.screenshot(path=artifacts / "1440x900.png")
+    for part in ("#map", "#islands", "#quorum", "#islands tbody tr:last-child button[data-rejoin]"):
+        box = page.locator(part).bounding_box()
+        assert box["y"] + box["height"] <= 900 and box["x"] + box["width"] <= 1440, part
+
+    page.set_viewport_size({"width": 1024, "height": 768})
+    page.wait_for_timeout(500)
+    page.screenshot(path=artifacts / "1024.png", full_page=True)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1024  # no sideways scroll
+    kill = page.locator("#islands tbody tr:first-child button[data-fault=kill]").bounding_box()
+    assert kill["x"] + kill["width"] <= 1024  # every island's actions still in view

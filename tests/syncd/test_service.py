@@ -308,3 +308,17 @@ def test_the_status_has_each_islands_tokens_per_second_and_the_train_loss(run_sy
     status = run_sync.store.status()
     assert status["islands"]["a"]["tokens_per_s"] == pytest.approx(320.0)
     assert status["train_loss"] == pytest.approx(2.5)  # the median of 2.0 and 3.0
+
+
+def test_each_islands_link_in_the_status_carries_the_bytes_of_the_last_interval(run_sync):
+    for now, sent in ((1000.0, 1000), (1000.5, 1600)):
+        run_sync.clock_state["now"] = now
+        for name in ("a", "b"):
+            beat = {"epoch": 1, "time": now, "step": 1, "tokens": 32, "state": "training",
+                    "bytes_up": sent, "bytes_down": 2 * sent}
+            run_sync.store.r.hset(run_sync.store.key("heartbeats"), name, json.dumps(beat))
+        run_sync.next_status = 0.0
+        run_sync.tick()
+    scale = run_sync.config.emulation.bytes_scale
+    assert run_sync.store.status()["islands"]["a"]["link"] == {
+        "state": "up", "bytes_up": 600 * scale, "bytes_down": 1200 * scale}

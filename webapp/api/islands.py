@@ -13,7 +13,7 @@ from webapp.api import schemas
 from webapp.api.access import ApiError, allow, get_island, get_run
 from webapp.api.runs import summary
 from webapp.api.schemas import answers
-from webapp.runs import faults, services
+from webapp.runs import faults, reports, services
 from webapp.runs.models import Run
 
 router = Router(tags=["islands"])
@@ -91,6 +91,14 @@ def island_log(request: HttpRequest, run_id: int, name: str,
     """The last lines of the island's log on the web app's host."""
     run = get_run(run_id)
     return {"lines": services.island_log(run, get_island(run, name), lines)}
+
+
+@router.get("/{run_id}/islands/{name}/timeline", auth=allow("view"),
+            response=answers(schemas.RunTimeline, 404))
+def island_timeline(request: HttpRequest, run_id: int, name: str) -> dict[str, Any]:
+    """The island's life (GET /api/runs/{run_id}/timeline, for this island alone)."""
+    run = get_run(run_id)
+    return reports.run_timeline(run, [get_island(run, name).name])
 
 
 @router.post("/{run_id}/regions/{region}/faults", auth=allow("fault"),

@@ -161,6 +161,13 @@ def run_events(request: HttpRequest, run_id: int, after: int = 0,
     return {"events": reports.run_events(run, after_id=after, limit=limit, kind=kind)}
 
 
+@router.get("/{run_id}/timeline", auth=allow("view"), response=answers(schemas.RunTimeline, 404))
+def run_timeline(request: HttpRequest, run_id: int) -> dict[str, Any]:
+    """Each island's life: its states and active faults as spans (an outage's with its
+    recovery in seconds), its faults, rejoins and merges as marks."""
+    return reports.run_timeline(get_run(run_id))
+
+
 @config.get("/config/schema", auth=allow("view"), response=answers(schemas.ConfigSchema))
 def config_schema(request: HttpRequest) -> dict[str, Any]:
     """The run config's defaults, what each field means, the modes and the regions."""

@@ -73,6 +73,13 @@ class RunPatch(Body):
     archived: bool = Field(description="Hide the run from the runs list, or show it again.")
 
 
+class IslandLink(Schema):
+    state: Literal["up", "degraded", "partitioned", "down"] = Field(
+        description="The island's WAN link to syncd, from its state and active fault.")
+    bytes_up: float = Field(0, description="Emulated bytes sent in the last status interval.")
+    bytes_down: float = Field(0, description="Emulated bytes received in it.")
+
+
 class IslandOut(Schema):
     model_config = ConfigDict(extra="allow")
 
@@ -87,6 +94,8 @@ class IslandOut(Schema):
                                          "island's last update, over its fragments.")
     tokens_per_s: float = 0.0
     heartbeat_age_s: float | None = None
+    link: IslandLink
+
 
 
 class RunOut(Schema):
@@ -297,6 +306,49 @@ class EventOut(Schema):
 
 class EventList(Schema):
     events: list[EventOut]
+
+
+class Recovery(Schema):
+    fault: str | None = Field(description="What caused the outage: kill or partition; "
+                                           "None: the island went silent by itself.")
+    seconds: dict[str, float | None] = Field(
+        description="fault, lost, rejoin, first_step, first_merge -> seconds after the "
+                    "fault (after the loss when no fault caused it); None: not yet.")
+    phases: dict[str, Any] = Field(description="The rejoin's phases, as syncd records them.")
+
+
+class StateSpan(Schema):
+    state: str = Field(description=f"The island's state: {ISLAND_STATES} (or waiting, "
+                                   "restarting in an elastic run).")
+    start: float = Field(description="Seconds since the epoch.")
+    end: float
+    recovery: Recovery | None = Field(None, description="An outage's (lost, rejoining).")
+
+
+class FaultSpan(Schema):
+    fault: str = Field(description="straggle, partition, degrade or corrupt.")
+    start: float
+    end: float
+
+
+class TimelineMark(Schema):
+    kind: Literal["fault", "rejoin", "merge"]
+    time: float
+    label: str
+
+
+class IslandTimeline(Schema):
+    island: str
+    spans: list[StateSpan]
+    faults: list[FaultSpan]
+    marks: list[TimelineMark] = Field(description="Its faults, rejoins and the merges "
+                                                  "that took its update.")
+
+
+class RunTimeline(Schema):
+    start: float = Field(description="Seconds since the epoch.")
+    end: float = Field(description="Now, or when the run ended.")
+    islands: list[IslandTimeline]
 
 
 # -- tokens -------------------------------------------------------------------------

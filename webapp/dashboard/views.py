@@ -10,16 +10,17 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import Count, OuterRef, Subquery
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.templatetags.static import static
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from bench.results import RESULTS
 from trainer.config import ConfigError, field_help
 from webapp.dashboard.forms import RunForm
-from webapp.dashboard.regions import region_positions
+from webapp.dashboard.regions import map_view, region_positions
 from webapp.runs import roles
 from webapp.runs.models import ApiToken, Checkpoint, Metric, Run, Simulation
 from webapp.runs.presets import PRESETS, preset_config
-from webapp.runs.reports import progress, run_events, run_metrics, run_summary
+from webapp.runs.reports import progress, run_events, run_metrics, run_summary, run_timeline
 from webapp.runs.services import create_run
 from webapp.runs.simulations import DEFAULT_SPEC, check_spec, start_simulation
 
@@ -102,10 +103,15 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     checkpoints = [{"id": c.pk, "outer_step": c.outer_step, "eval_loss": c.eval_loss,
                     "bytes": c.bytes, "created_at": c.created_at.isoformat()}
                    for c in run.checkpoints.order_by("-created_at")]
+    regions = region_positions(sorted({i["region"] for i in summary["islands"]}
+                                      | {settings.SYNCD_REGION}))
     page = {
         "run": summary, "metrics": run_metrics(run)[-CHART_POINTS:],
         "events": run_events(run)[-50:], "checkpoints": checkpoints,
-        "regions": region_positions(sorted({i["region"] for i in summary["islands"]})),
+        "timeline": run_timeline(run),
+        "map": {"regions": regions, "syncd": settings.SYNCD_REGION,
+                "view": map_view(list(regions.values())),
+                "topojson": static("dashboard/topojson/")},
         "all_regions": settings.REGIONS, "chart_points": CHART_POINTS,
         "can": {action: roles.can(request.user, action)
                 for action in ("operate", "fault", "edit", "delete", "admin")},

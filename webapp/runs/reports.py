@@ -6,13 +6,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
 from redis.exceptions import RedisError
 
+from syncd.status import link_state
 from webapp.runs.models import Event, Island, Metric, Run
 from webapp.runs.stores import run_store
+from webapp.runs.timeline import island_timeline
 
 MAX_METRICS = 5000
 MAX_EVENTS = 1000
+# The timeline reads at most this many of a run's latest events and metric rows.
+TIMELINE_ROWS = 20000
+TIMELINE_KINDS = (Event.Kind.FAULT, Event.Kind.ISLAND_LOST, Event.Kind.ISLAND_REVIVED,
+                  Event.Kind.REJOIN, Event.Kind.MERGE)
 LIVE_FIELDS = ("versions", "outer_steps", "goodput", "uptime", "train_loss", "eval_loss",
                "live_islands", "max_stall_s")
 
@@ -20,7 +27,8 @@ LIVE_FIELDS = ("versions", "outer_steps", "goodput", "uptime", "train_loss", "ev
 def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any]:
     """The run (Run.to_dict) with the live figures of syncd's latest status: versions
     (fragment index -> version), outer_steps, goodput, uptime, train and eval loss, and
-    per island its live state, active fault, tokens and version_lag. A run syncd has
+    per island its live state, active fault, tokens, version_lag and link to syncd
+    (syncd.status.link; from the island's own state once the run is over). A run syncd has
     not served yet has empty versions and None for the figures."""
     data = run.to_dict()
     if status is None:
@@ -40,8 +48,12 @@ def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any
         island["version_lag"] = now.get("version_lag", 0)
         island["tokens_per_s"] = now.get("tokens_per_s", 0.0)
         island["heartbeat_age_s"] = now.get("heartbeat_age_s")
-        if run.state in (Run.State.RUNNING, Run.State.PAUSED) and "state" in now:
+        live_run = run.state in (Run.State.RUNNING, Run.State.PAUSED)
+        if live_run and "state" in now:
             island["state"] = now["state"]
+        island["link"] = now["link"] if live_run and "link" in now else {
+            "state": link_state(island["state"], island["active_fault"]),
+            "bytes_up": 0, "bytes_down": 0}
         island["tokens"] = max(island["tokens"], now.get("tokens", 0))
     return data
 
@@ -69,3 +81,23 @@ def run_events(run: Run, after_id: int = 0, limit: int = MAX_EVENTS,
         events = events.filter(kind=kind)
     names = dict(Island.objects.filter(run=run).values_list("id", "name"))
     return [e.to_dict(names) for e in events.order_by("id")[:limit]]
+
+
+def run_timeline(run: Run, islands: list[str] | None = None) -> dict[str, Any]:
+    """Each island's lane (webapp.runs.timeline.island_timeline), all of the run's
+    islands unless `islands` names some, from its start to now (to its end once it is
+    over); times in seconds since the epoch."""
+    names = islands if islands is not None else [
+        island["name"] for island in run.config.get("islands", [])]
+    kept = Event.objects.filter(run=run, kind__in=TIMELINE_KINDS).order_by("-time", "-id")
+    events = [{"kind": kind, "time": time.timestamp(), "island": island, "detail": detail}
+              for kind, time, island, detail in
+              kept.values_list("kind", "time", "island__name", "detail")[:TIMELINE_ROWS]]
+    rows = Metric.objects.filter(run=run).order_by("-time", "-id")
+    samples = [(time.timestamp(), points or {}) for time, points in
+               rows.values_list("time", "islands")[:TIMELINE_ROWS]]
+    end = (run.finished_at or timezone.now()).timestamp()
+    start = min([t for t, _ in samples] + [e["time"] for e in events]
+                + [run.started_at.timestamp() if run.started_at else end])
+    return {"start": start, "end": end,
+            "islands": [island_timeline(name, events, samples, end) for name in names]}

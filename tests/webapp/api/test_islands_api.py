@@ -31,6 +31,19 @@ def test_it_lists_the_islands_with_their_live_state(viewer_api, running):
     assert {"state", "active_fault", "tokens", "version_lag", "epoch"} <= set(islands[0])
 
 
+def test_each_island_has_its_link_to_syncd_from_the_live_status(viewer_api, running,
+                                                                redis_url):
+    link = {"state": "degraded", "bytes_up": 1200.0, "bytes_down": 5000.0}
+    RunStore(connect(redis_url), running.pk).put_status(
+        {"islands": {"east-a": {"state": "training", "fault": "degrade", "link": link}}})
+
+    islands = viewer_api.get(islands_of(running)).json()["islands"]
+
+    assert islands[0]["link"] == link
+    # No live status yet: the link follows the island's own state.
+    assert islands[1]["link"] == {"state": "down", "bytes_up": 0, "bytes_down": 0}
+
+
 def test_an_operator_can_add_an_island_to_a_running_run(operator_api, running, enqueued):
     enqueued.clear()
 

@@ -247,7 +247,9 @@ def test_a_checkpoint_of_another_model_shape_is_refused(operator_client, checkpo
     assert "model settings must be those of the checkpoint" in errors["initial_checkpoint"][0]
 
 
-def test_the_run_page_shows_the_run_and_its_islands(viewer_client):
+def test_the_run_page_shows_the_run_its_islands_their_map_and_timeline(viewer_client,
+                                                                     settings):
+    settings.SYNCD_REGION = "us-east"
     run = create_run(name="shown", mode="decoupled",
                      config={"islands": [{"name": "iceland", "region": "us-west"}],
                              "sync": {"min_quorum": 1}}, user=None)
@@ -257,7 +259,10 @@ def test_the_run_page_shows_the_run_and_its_islands(viewer_client):
     assert response.status_code == 200
     page = response.context["page"]
     assert page["run"]["islands"][0]["name"] == "iceland"
-    assert page["regions"] == {"us-west": (-121.2, 45.6)}
+    assert page["map"]["regions"] == {"us-west": (-121.2, 45.6), "us-east": (-77.5, 39.0)}
+    assert page["map"]["syncd"] == "us-east"
+    assert page["map"]["topojson"] == "/static/dashboard/topojson/"
+    assert [lane["island"] for lane in page["timeline"]["islands"]] == ["iceland"]
     assert page["can"] == {"operate": False, "fault": False, "edit": False, "delete": False,
                            "admin": False}
     assert b"plotly/plotly.min.js" in response.content

@@ -7,14 +7,8 @@ const run = page.run;
 const RUN_API = `/api/runs/${run.id}`;
 const FAULTS = [["kill", "Kill"], ["straggle", "Straggle"], ["partition", "Partition"],
                 ["degrade", "Degrade link"], ["corrupt", "Corrupt next update"]];
-// waiting and restarting: an elastic island at its barrier or in a whole-job restart.
-const STATE_COLOURS = {pending: "#98a2b3", starting: "#f79009", training: "#12b76a",
-                       waiting: "#f79009", restarting: "#f79009",
-                       lost: "#d92d20", rejoining: "#f79009", stopped: "#667085",
-                       paused: "#7a5af8"};
 const ALIVE_STATES = ["training", "waiting", "restarting"];
-const FAULT_SYMBOLS = {none: "circle", straggle: "triangle-down", partition: "x",
-                       degrade: "diamond", corrupt: "star"};
+const LIVE_RUN_STATES = ["queued", "running", "paused"];
 const $ = (id) => document.getElementById(id);
 let runState = run.state;
 let lastStatus = null;
@@ -49,33 +43,43 @@ document.querySelectorAll("#run-actions [data-action]").forEach((button) => {
 // -- islands ---------------------------------------------------------------------------
 
 const islandRows = {};
+// Columns a narrow screen leaves out (the map and the tooltips have them).
+const OPTIONAL_COLUMNS = ["region", "age", "bytes", "rejected"];
 
 function islandRow(name) {
   if (islandRows[name]) return islandRows[name];
   const cells = {};
   const row = arch.el("tr", {"data-island": name});
-  for (const key of ["name", "region", "state", "fault", "age", "tokens", "rate", "lag", "up", "down",
+  for (const key of ["name", "region", "state", "fault", "age", "rate", "lag", "link", "bytes",
                      "weight", "goodput", "rejected"]) {
-    cells[key] = arch.el("td", {class: ["name", "region", "state", "fault"].includes(key) ? "" : "num"});
+    const align = ["name", "region", "state", "fault", "link"].includes(key) ? "" : "num";
+    cells[key] = arch.el("td", {class: OPTIONAL_COLUMNS.includes(key) ? align + " optional" : align});
     row.appendChild(cells[key]);
   }
   cells.name.textContent = name;
-  const actions = arch.el("td", {class: "actions"});
+  const actions = arch.el("td", {class: "row-actions"});
   if (page.can.fault) {
-    for (const [kind, label] of FAULTS) {
-      actions.appendChild(arch.el("button", {class: "small " + (kind === "kill" ? "danger" : "quiet"),
-        "data-fault": kind, onclick: (e) => injectFault(e.target, name, kind, label)}, label));
-    }
+    const [kill, ...others] = FAULTS;
+    actions.appendChild(arch.el("button", {class: "small danger", "data-fault": kill[0],
+      onclick: (e) => injectFault(e.target, name, ...kill)}, kill[1]));
+    const menu = arch.el("details", {class: "menu"}, arch.el("summary", {}, "Faults ▾"));
+    menu.appendChild(arch.el("div", {}, ...others.map(([kind, label]) => arch.el("button", {
+      class: "small quiet", "data-fault": kind, onclick: (e) => {
+        menu.open = false;
+        injectFault(e.target, name, kind, label);
+      }}, label))));
+    actions.appendChild(menu);
     actions.appendChild(arch.el("button", {class: "small", "data-rejoin": "",
       onclick: (e) => arch.act(e.target, `Rejoin ${name}`, () => arch.api("POST", `${RUN_API}/islands/${encodeURIComponent(name)}/rejoin`))}, "Rejoin"));
   }
   actions.appendChild(arch.el("button", {class: "small quiet", onclick: (e) => showLog(e.target, name)}, "Log"));
   if (page.can.edit) {
-    actions.appendChild(arch.el("button", {class: "small quiet", onclick: async (e) => {
-      if (!confirm(`Remove island ${name} from the run?`)) return;
-      const done = await arch.act(e.target, `Remove ${name}`, () => arch.api("DELETE", `${RUN_API}/islands/${encodeURIComponent(name)}`));
-      if (done !== undefined) { row.remove(); delete islandRows[name]; }
-    }}, "Remove"));
+    actions.appendChild(arch.el("button", {class: "small quiet", title: `Remove ${name} from the run`,
+      "aria-label": `Remove ${name}`, onclick: async (e) => {
+        if (!confirm(`Remove island ${name} from the run?`)) return;
+        const done = await arch.act(e.target, `Remove ${name}`, () => arch.api("DELETE", `${RUN_API}/islands/${encodeURIComponent(name)}`));
+        if (done !== undefined) { row.remove(); delete islandRows[name]; }
+      }}, "✕"));
   }
   row.appendChild(actions);
   document.querySelector("#islands tbody").appendChild(row);
@@ -120,15 +124,22 @@ function showIslands(status) {
     cells.fault.textContent = fault;
     cells.fault.className = fault === "none" ? "" : "fault";
     cells.age.textContent = island.heartbeat_age_s === null ? "—" : island.heartbeat_age_s.toFixed(1) + " s";
-    cells.tokens.textContent = arch.fmt(island.tokens);
     cells.rate.textContent = arch.fmt(island.tokens_per_s, 0);
     cells.lag.textContent = arch.fmt(island.version_lag);
-    cells.up.textContent = `${arch.bytes(island.bytes_up)} / ${arch.bytes(island.emulated_bytes_up)}`;
-    cells.down.textContent = `${arch.bytes(island.bytes_down)} / ${arch.bytes(island.emulated_bytes_down)}`;
+    showLink(cells.link, island.link);
+    cells.bytes.textContent = `${arch.bytes(island.emulated_bytes_up)} / ${arch.bytes(island.emulated_bytes_down)}`;
+    cells.bytes.title = `real: ${arch.bytes(island.bytes_up)} sent, ${arch.bytes(island.bytes_down)} received`;
     cells.weight.textContent = name in weights ? weights[name].toFixed(2) : "—";
     cells.goodput.textContent = arch.fmt(island.goodput, 2);
     cells.rejected.textContent = arch.fmt(island.rejections || 0);
   }
+}
+
+function showLink(cell, link) {
+  const state = link ? link.state : "down";
+  const carried = link ? link.bytes_up + link.bytes_down : 0;
+  cell.replaceChildren(arch.el("span", {class: "link " + state, "data-link": state}, state),
+    carried ? ` ${arch.bytes(carried)}` : "");
 }
 
 // -- regions and the map ---------------------------------------------------------------
@@ -142,56 +153,35 @@ function showRegions(status) {
   list.replaceChildren();
   for (const [region, islands] of Object.entries(byRegion).sort()) {
     const alive = islands.filter(([, i]) => ALIVE_STATES.includes(i.state)).length;
-    const line = arch.el("div", {class: "spread", "data-region": region},
-      arch.el("span", {}, arch.el("strong", {}, region), ` ${alive} of ${islands.length} islands alive`));
+    const line = arch.el("div", {"data-region": region, title: `${alive} of ${islands.length} islands alive`},
+      arch.el("span", {}, arch.el("strong", {}, region), ` ${alive}/${islands.length} alive`));
     if (page.can.fault) {
       line.appendChild(arch.el("button", {class: "small danger", onclick: (e) => arch.act(e.target, `Outage of ${region}`,
         () => arch.api("POST", `${RUN_API}/regions/${encodeURIComponent(region)}/faults`, {kind: "outage"}))}, "Outage"));
     }
     list.appendChild(line);
   }
-  drawMap(byRegion);
 }
 
-let mapDrawn = "";
-
-function drawMap(byRegion) {
-  const shown = JSON.stringify(Object.entries(byRegion).map(([r, islands]) =>
-    [r, islands.map(([name, i]) => [name, i.state, i.fault])]));
-  if (shown === mapDrawn) return;
-  mapDrawn = shown;
-  const x = [], y = [], text = [], colour = [], symbol = [];
-  const labels = {x: [], y: [], text: []};
-  for (const [region, islands] of Object.entries(byRegion)) {
-    const [lon, lat] = page.regions[region] || [0, 0];
-    labels.x.push(lon); labels.y.push(lat + 3.2); labels.text.push(region);
-    islands.forEach(([name, island], i) => {
-      const angle = (2 * Math.PI * i) / Math.max(islands.length, 1);
-      x.push(lon + 2.2 * Math.cos(angle)); y.push(lat + 1.6 * Math.sin(angle));
-      text.push(`${name}: ${island.state}${island.fault && island.fault !== "none" ? ", " + island.fault : ""}`);
-      colour.push(STATE_COLOURS[island.state] || "#98a2b3");
-      symbol.push(FAULT_SYMBOLS[island.fault || "none"] || "circle");
-    });
-  }
-  Plotly.react("map", [
-    {x, y, text, mode: "markers", type: "scatter", hoverinfo: "text",
-     marker: {size: 16, color: colour, symbol, line: {width: 1, color: "#1d2430"}}},
-    {x: labels.x, y: labels.y, text: labels.text, mode: "text", type: "scatter", hoverinfo: "skip",
-     textfont: {size: 13}},
-  ], {margin: {l: 10, r: 10, t: 30, b: 10}, showlegend: false, title: {text: "Regions", font: {size: 14}},
-      xaxis: {visible: false, range: [-130, -65]}, yaxis: {visible: false, range: [22, 52], scaleanchor: "x"}},
-  {displayModeBar: false, responsive: true});
-}
+const map = new arch.RunMap("map", page.map);
+const timeline = new arch.RunTimeline("timeline", run.id);
 
 // -- quorum panel, banner and figures ---------------------------------------------------
 
+// Before syncd serves the run, a row per fragment of its config, so the panel keeps its place.
 function showQuorum(status) {
   const body = document.querySelector("#quorum tbody");
-  body.replaceChildren(...(status.fragments || []).map((f) => {
+  const count = (run.config.sync || {}).fragments || 0;
+  const fragments = status.fragments || Array.from({length: count}, (_, p) => ({
+    name: `fragment ${p}`, version: "—", arrivals: 0, min_quorum: run.mode === "elastic" ? "—" : run.config.sync.min_quorum,
+    grace_left_s: null, waiting: ""}));
+  body.replaceChildren(...fragments.map((f) => {
     const last = f.last_merge || {};
     const weights = Object.entries(last.weights || {}).map(([i, w]) => `${i} ${w.toFixed(2)}`).join(", ");
     return arch.el("tr", {},
-      arch.el("td", {}, f.name), arch.el("td", {class: "num"}, f.version),
+      // A line may break after each "+" of a long name (blocks.0+pos_emb+ln_f+lm_head).
+      arch.el("td", {}, ...f.name.split("+").flatMap((part, i) => (i ? ["+", arch.el("wbr"), part] : [part]))),
+      arch.el("td", {class: "num"}, f.version),
       arch.el("td", {class: "num"}, `${f.arrivals} / ${f.min_quorum}`),
       arch.el("td", {class: "num"}, f.grace_left_s === null ? "—" : f.grace_left_s.toFixed(1) + " s"),
       arch.el("td", {}, f.waiting || ""),
@@ -302,7 +292,7 @@ function eventWords(e) {
 }
 
 function showEvents(events) {
-  const list = $("timeline");
+  const list = $("events");
   for (const e of events) {
     const item = arch.el("li", {"data-kind": e.kind},
       arch.el("span", {class: "muted"}, new Date(e.time).toLocaleTimeString() + " "),
@@ -311,6 +301,7 @@ function showEvents(events) {
     if (e.kind === "run_state") showRunState(e.detail.to, e.detail.reason);
     if (e.kind === "checkpoint" && !e.detail.requested) loadCheckpoints();
   }
+  if (LIVE_RUN_STATES.includes(runState)) timeline.refresh(1000);
   while (list.children.length > 300) list.lastChild.remove();
 }
 
@@ -370,6 +361,8 @@ function onStatus(status) {
     frameAsked = false;
     showIslands(lastStatus);
     showRegions(lastStatus);
+    map.draw(lastStatus.islands);
+    if (LIVE_RUN_STATES.includes(runState)) timeline.refresh(3000);
     showQuorum(lastStatus);
     showFigures(lastStatus);
     plotPoint(new Date(lastStatus.time * 1000), lastStatus);
@@ -377,12 +370,20 @@ function onStatus(status) {
 }
 
 showRunState(run.state, run.failure_reason);
+const shownIslands = {};
 for (const island of run.islands) {
   const {cells} = islandRow(island.name);
   cells.region.textContent = island.region;
   cells.state.replaceChildren(arch.el("span", {class: "state " + island.state}, island.state));
   cells.fault.textContent = island.active_fault || "none";
+  showLink(cells.link, island.link);
+  shownIslands[island.name] = {region: island.region, state: island.state, fault: island.active_fault,
+                               link: island.link};
 }
+map.draw(shownIslands);
+showRegions({islands: shownIslands});
+showQuorum({});
+timeline.draw(page.timeline);
 showEvents(page.events);
 showCheckpoints(page.checkpoints);
 window.archLive = new arch.LiveRun(run.id, {status: onStatus, events: showEvents});
