@@ -125,12 +125,19 @@ def slope_mb_per_min(points: list[tuple[float, float]]) -> float:
     return 0.0 if var == 0 else sum((t - mt) * (v - mv) for t, v in points) / var * 60 / 1e6
 
 
+def steady(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The samples from round 3 on, up to the last round before the run's end (its
+    final evaluation and checkpoint are not growth)."""
+    last = max((s["round"] for s in samples), default=0)
+    return [s for s in samples if 3 <= s["round"] < last]
+
+
 def lows_rise(samples: list[dict[str, Any]], series: str) -> float:
     """From round 3 on, the lowest value in each round; how much the second half's
     highest low is above the first half's (0: flat)."""
     lows: dict[int, float] = {}
-    for s in samples:
-        if s["round"] >= 3 and s.get(series) is not None:
+    for s in steady(samples):
+        if s.get(series) is not None:
             lows[s["round"]] = min(lows.get(s["round"], float("inf")), s[series])
     rounds = sorted(lows)
     if len(rounds) < 2:
@@ -142,7 +149,7 @@ def lows_rise(samples: list[dict[str, Any]], series: str) -> float:
 
 def halves_peak_ratio(samples: list[dict[str, Any]], series: str) -> float:
     """From round 3 on, the second half's peak over the first half's (by time)."""
-    points = [s[series] for s in samples if s["round"] >= 3 and s.get(series) is not None]
+    points = [s[series] for s in steady(samples) if s.get(series) is not None]
     if len(points) < 2:
         return 1.0
     half = len(points) // 2
@@ -190,7 +197,9 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
         beats = store.heartbeats()
         memory = client.info("memory")
         sample = {"t": round(time.monotonic() - started, 2), "round": status.get("outer_steps", 0),
-                  "redis": int(memory["used_memory"])}
+                  "redis": int(memory["used_memory"]),
+                  # what of it is client buffers (replies being sent, commands coming in)
+                  "redis_clients": int(memory.get("mem_clients_normal", 0))}
         syncd_now = rss(syncd_pid)
         if syncd_now:
             sample["syncd"] = syncd_now[0]
@@ -233,6 +242,7 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
         "islands": size["islands"], "batch": f"{size['batch']} x {size['block']}",
         "rounds": samples[-1]["round"], "wall_s": round(wall, 1),
         "redis_peak_bytes": redis_peak, "redis_peak_ratio": round(redis_peak / fp32, 3),
+        "redis_clients_peak_ratio": round(max(s["redis_clients"] for s in samples) / fp32, 3),
         "syncd_idle_bytes": syncd_idle, "syncd_peak_above_idle_bytes": syncd_hwm - syncd_idle,
         "syncd_peak_ratio": round((syncd_hwm - syncd_idle) / fp32, 3),
         "island_idle_bytes": statistics.median(idle.values()) if idle else None,
