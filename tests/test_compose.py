@@ -222,6 +222,14 @@ def test_the_urls_reach_the_services_with_their_passwords(compose):
     assert compose["services"]["redis"]["command"][-2:] == ["--requirepass", "redis-pw"]
 
 
+def test_redis_refuses_writes_past_the_memory_the_app_checks_runs_against(compose):
+    command = compose["services"]["redis"]["command"]
+    declared = compose["services"]["web"]["environment"]["REDIS_MAXMEMORY_MB"]
+
+    assert command[command.index("--maxmemory") + 1] == f"{declared}mb"
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+
+
 def test_the_settings_accept_the_app_environment_and_pass_the_deploy_checks(compose):
     env = {**compose["services"]["web"]["environment"], "PATH": os.environ["PATH"],
            "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "webapp.settings"}
