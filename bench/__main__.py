@@ -30,15 +30,21 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=None,
                         help="soak: how long the chaos lasts (default 10, 1 with --quick); "
                              "scale: train the top size this long instead of every size")
+    parser.add_argument("--device", default=None, choices=("cpu", "cuda"),
+                        help="scale only: where the islands train (default cpu)")
     args = parser.parse_args()
+    options: dict[str, object] = {"quick": args.quick}
     if args.minutes is not None:
         if args.name not in TIMED:
             parser.error(f"--minutes is an option of {' and '.join(TIMED)} alone")
         if not args.minutes > 0:
             parser.error(f"--minutes must be above 0, got {args.minutes:g}")
-        raise SystemExit(BENCHMARKS[args.name](quick=args.quick, minutes=args.minutes))
-    raise SystemExit(BENCHMARKS[args.name](quick=args.quick))
-
+        options["minutes"] = args.minutes
+    if args.device is not None:
+        if args.name != "scale":
+            parser.error("--device is an option of scale alone")
+        options["device"] = args.device
+    raise SystemExit(BENCHMARKS[args.name](**options))
 
 if __name__ == "__main__":
     main()

@@ -26,7 +26,8 @@ Per size it reports, with B the fp32 model bytes (4 x parameters):
 It writes bench/results/scale.json (scale-quick.json with --quick: the two smallest
 sizes) and scale.html (memory over time per size), prints a table, and exits
 non-zero when a target is missed. `--minutes N` instead trains the top size for N
-minutes with 2 islands and writes scale-long.json.
+minutes with 2 islands and writes scale-long.json. `--device cuda` trains the
+islands on the GPU and adds a size of about 1.2B parameters.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ SIZES: list[dict[str, Any]] = [
     {"label": "113M", "n_layer": 16, "n_embd": 768, "n_head": 12, "islands": 2, "batch": 2,
      "block": 128},
 ]
+# On a GPU (--device cuda) the sizes go on to about 1.2B parameters (2 islands).
+GPU_SIZES: list[dict[str, Any]] = [
+    {"label": "1.2B", "n_layer": 24, "n_embd": 2048, "n_head": 16, "islands": 2, "batch": 4,
+     "block": 256},
+]
 ROUNDS = 8  # outer rounds per size
 H, P = 8, 4
 TARGETS = {"redis": (3.5, 64 * MIB, 10e6), "syncd": (5.0, 0, 10e6), "island": (7.0, 0, 50e6)}
@@ -59,7 +65,8 @@ MAX_LOWS_RISE = 0.05
 SAMPLE_S = 1.0
 
 
-def run_config(size: dict[str, Any], corpus: Path, total_tokens: int) -> dict[str, Any]:
+def run_config(size: dict[str, Any], corpus: Path, total_tokens: int, device: str = "cpu"
+               ) -> dict[str, Any]:
     islands = [{"name": f"{REGIONS[i % 2].split('-')[1]}-{i // 2}", "region": REGIONS[i % 2],
                 "batch_size": size["batch"]} for i in range(size["islands"])]
     return {
@@ -74,6 +81,7 @@ def run_config(size: dict[str, Any], corpus: Path, total_tokens: int) -> dict[st
         "liveness": {"heartbeat_timeout_s": 120.0},
         "checkpoint": {"interval_s": 60.0, "keep": 2},
         "budget": {"total_tokens": total_tokens},
+        "train": {"device": device},
         "islands": islands,
     }
 
@@ -157,7 +165,7 @@ def halves_peak_ratio(samples: list[dict[str, Any]], series: str) -> float:
 
 
 def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: int,
-             minutes: float | None = None) -> dict[str, Any]:
+             minutes: float | None = None, device: str = "cpu") -> dict[str, Any]:
     from syncd.store import RunStore, connect
     from webapp.processes import wait_for
     from webapp.runs.models import Event
@@ -173,7 +181,7 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
     fp32 = 4 * params
     round_tokens = H * size["islands"] * size["batch"] * size["block"]
     budget = 10**12 if minutes else rounds * round_tokens
-    config = run_config(size, corpus, budget)
+    config = run_config(size, corpus, budget, device)
     redis_before = int(client.info("memory")["used_memory"])
     peak_before = int(client.info("memory")["used_memory_peak"])
     run = create_run(name=f"scale {size['label']}", mode="decoupled", config=config, user=None)
@@ -309,10 +317,11 @@ def report_html(sizes: list[dict[str, Any]]) -> str:
     return fig.to_html(include_plotlyjs=True)
 
 
-def main(quick: bool = False, minutes: float | None = None) -> int:
+def main(quick: bool = False, minutes: float | None = None, device: str = "cpu") -> int:
     from bench.goodput import make_corpus
 
-    sizes = [SIZES[-1]] if minutes else SIZES[:2] if quick else SIZES
+    ladder = SIZES + (GPU_SIZES if device == "cuda" else [])
+    sizes = [ladder[-1]] if minutes else ladder[:2] if quick else ladder
     name = "scale-long" if minutes else "scale-quick" if quick else "scale"
     from webapp.processes import redis_maxmemory_mb
 
@@ -324,12 +333,12 @@ def main(quick: bool = False, minutes: float | None = None) -> int:
         corpus = make_corpus(HOME / "corpus.txt")
         system.start_workers(concurrency=max(s["islands"] for s in sizes) // len(REGIONS))
         for size in sizes:
-            rows.append(run_size(system, size, corpus, ROUNDS, minutes))
+            rows.append(run_size(system, size, corpus, ROUNDS, minutes, device))
     finally:
         system.stop()
     found = checks(rows)
     path = results.write(name, {"sizes": rows, "checks": found, "h": H, "p": P,
-                                "rounds": ROUNDS, "minutes": minutes})
+                                "rounds": ROUNDS, "minutes": minutes, "device": device})
     (results.RESULTS / f"{name}.html").write_text(report_html(rows))
     columns = ["label", "params", "islands", "rounds", "redis_peak_ratio", "syncd_peak_ratio",
                "island_peak_ratio", "growth", "lows_rise", "ingest_to_publish_s", "pull_s",
