@@ -37,6 +37,9 @@ from trainer.runner import config_from_spec
 
 log = logging.getLogger("archipelago.syncd")
 STATUS_EVERY_S = 0.5
+# Updates are ingested for at most this long in one pass, so that merges, the status
+# and the leases of every run syncd serves keep their pace behind a backlog of big ones.
+INGEST_BUDGET_S = 1.0
 FLUSH_EVERY_S = 1.0
 CONTROL_EVERY_S = 0.2
 
@@ -53,13 +56,18 @@ class RunSync:
             to push it to the control room.
         control_every_s: how often heartbeats, faults, pauses, requests and the spec
             are read from Redis (updates are read on every pass).
+        keepalive: called between the pieces of long work (building the model,
+            restoring each fragment, each update ingested, each merge), so that
+            syncd renews its leases while a pass over a big run takes seconds.
     """
 
     def __init__(self, store: RunStore, recorder: Recorder, checkpoint_dir: Path,
                  clock: Callable[[], float] = time.time,
                  notify: Callable[[str, int, dict], None] | None = None,
-                 control_every_s: float = CONTROL_EVERY_S):
+                 control_every_s: float = CONTROL_EVERY_S,
+                 keepalive: Callable[[], None] = lambda: None):
         self.store = store
+        self.keepalive = keepalive
         self.notify = notify
         self.recorder = recorder
         self.clock = clock
@@ -75,10 +83,13 @@ class RunSync:
         self.elastic = spec["mode"] == "elastic"
         self.restore_point: tuple[list[dict], list[dict]] | None = None
         params = checkpoint.initial_params(spec, initial_model(config))
+        keepalive()
         self.fragments = partition({k: v.numel() for k, v in params.items()},
                                    config.sync.fragments)
         self.sync = Synchronizer(params, self.fragments, config.sync, config.optim,
                                  config.round_tokens(), embedding_tensor_names())
+        del params
+        keepalive()
         self.after = b"0-0"
         # Stream entries up to this one may have been read by a syncd before this one:
         # a handled seq among them is a redelivery. After it, a handled seq is a replay.
@@ -163,6 +174,7 @@ class RunSync:
             if momentum:
                 self.sync.optimizers[p].load_state_dict(tensorfile.loads(momentum)[1])
             self.sync.handled[p] = self.store.handled(p)
+            self.keepalive()
         if versions:
             log.info("run %s restored at versions %s", self.store.run_id, self.sync.versions)
 
@@ -210,9 +222,13 @@ class RunSync:
             # The budget is spent and the run's tokens are recorded: no merge after that.
             return False
         refs = self.store.read_updates(self.after, count=256)
+        budget_end = time.monotonic() + INGEST_BUDGET_S
         for ref in refs:
             self.after = ref.stream_id
             self._ingest(ref, now)
+            self.keepalive()
+            if time.monotonic() > budget_end:
+                break  # the rest is read again on the next pass
         for p in range(len(self.fragments)):
             self._maybe_merge(p, now, self.live)
         if self.evaluation.due(self.sync.outer_steps, now):
@@ -359,6 +375,7 @@ class RunSync:
             self.store.mark_handled(p, dict(self.sync.handled[p]), done)
             return
         self.publish(p, result.tokens, done)
+        self.keepalive()
         self.accounting.merged_round(result.weights, result.inner_steps, now, fragment=p,
                                      version=result.version)
         self.last_merge[p] = {"version": result.version, "weights": result.weights,

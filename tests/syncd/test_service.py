@@ -34,7 +34,8 @@ CONFIG = {
 TOKENS_PER_STEP = 2 * 16
 
 
-def make_run_sync(redis_url: str, tmp_path, mode: str, config: dict | None = None) -> RunSync:
+def make_run_sync(redis_url: str, tmp_path, mode: str, config: dict | None = None,
+                  keepalive=lambda: None) -> RunSync:
     run = create_run(name="syncd test", mode=mode, config=config or CONFIG, user=None)
     store = RunStore(connect(redis_url), run.pk)
     store.put_spec(run.mode, run.config, run.secret)
@@ -43,7 +44,7 @@ def make_run_sync(redis_url: str, tmp_path, mode: str, config: dict | None = Non
     clock = {"now": 1000.0}
     # Every tick reads everything: the tests step a frozen clock.
     sync = RunSync(store, Recorder(run.pk), tmp_path, clock=lambda: clock["now"],
-                   control_every_s=0.0)
+                   control_every_s=0.0, keepalive=keepalive)
     sync.clock_state = clock
     return sync
 
@@ -172,6 +173,22 @@ def test_a_run_that_completes_at_its_budget_keeps_only_its_status_and_logs_in_re
     assert "log:a" in left
     assert "outcome" in sync.store.status()
     assert not {k.split(":")[0] for k in left} & {"blob", "full", "pub", "momentum", "updates"}
+
+
+def test_a_long_pass_lets_syncd_renew_its_leases_between_updates_and_merges(
+        redis_url, tmp_path):
+    calls = []
+    sync = make_run_sync(redis_url, tmp_path, "decoupled", keepalive=lambda: calls.append(1))
+    built = len(calls)
+    heartbeat_all(sync)
+    for island in ("a", "b"):
+        send(sync, island, 0, 4)
+        send(sync, island, 1, 4)
+
+    sync.tick()
+
+    assert built >= 2  # while the model was built and the fragments restored
+    assert len(calls) - built >= 4 + 2  # after each of 4 updates and each of 2 merges
 
 
 def test_a_replayed_update_is_merged_at_most_once(run_sync):
