@@ -24,7 +24,8 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 # The whole system on embedded defaults (SQLite and Redis under var/, nothing to set
-# up): web app, syncd, a Celery worker per region, the demo run. Ctrl-C stops it all.
+# up): web app, syncd, a Celery worker per region, the demo run. Ctrl-C stops it all
+# within 10 s.
 start: install
 	$(PY) -m webapp.start
 
