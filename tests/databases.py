@@ -78,10 +78,10 @@ def throwaway_postgres(url: str, var: Path) -> Iterator[str]:
     home = Path(tempfile.mkdtemp(prefix="postgres-", dir=var))
     # PostgreSQL refuses root; nobody is on every system.
     as_user = pwd.getpwnam("nobody") if os.geteuid() == 0 else None
+    ids = {}
     if as_user is not None:
         os.chown(home, as_user.pw_uid, as_user.pw_gid)
-    ids = {"user": as_user.pw_uid, "group": as_user.pw_gid, "extra_groups": []} \
-        if as_user is not None else {}
+        ids = {"user": as_user.pw_uid, "group": as_user.pw_gid, "extra_groups": []}
     data, log_path, port = home / "data", home / "postgres.log", free_port()
     ours = f"postgres://{user}@127.0.0.1:{port}/{database}"
     server: subprocess.Popen[bytes] | None = None
