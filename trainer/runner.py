@@ -39,7 +39,7 @@ from trainer.data import load_corpus
 from trainer.distributed import IslandGroup, resolve_device
 from trainer.fragments import Fragment, due_fragments, partition
 from trainer.island import Island, initial_model
-from trainer.launch import LAUNCHED_AT_ENV
+from trainer.launch import LAUNCHED_AT_ENV, exit_now
 from trainer.link import HEARTBEAT_S, POLL_S, Link, beating
 
 log = logging.getLogger("archipelago.island")
@@ -378,7 +378,7 @@ def main() -> None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # rank 0 says when to stop
             log.info("island %s rank %d of %d on %s", args.island, group.rank,
                      group.world_size, group.device)
-            raise SystemExit(follow(group, args.island))
+            exit_now(follow(group, args.island))
     store = RunStore(connect(args.redis_url, ride_out_restarts=True), args.run)
     island = ProcessIsland(store, args.island, args.epoch, args.device, group, rss_bytes())
 
@@ -388,7 +388,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, stop)
     log.info("island %s epoch %d of run %s starting on %s", args.island, args.epoch, args.run,
              island.device)
-    raise SystemExit(island.run())
+    exit_now(island.run())
 
 
 def rss_bytes() -> int:
