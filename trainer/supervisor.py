@@ -4,7 +4,7 @@ An island is one long Celery task on its region's worker. The task does not
 train: it starts the training loop (`python -m trainer.runner`) as a child
 process and watches the island's control list in Redis, so that a "kill" fault
 is carried out on the island's own host, mid-step, whichever machine asked for
-it (DESIGN.md, Processes). The child is started with subprocess because
+it (docs/ARCHITECTURE.md, Processes). The child is started with subprocess because
 Celery's prefork pool processes are daemonic and multiprocessing refuses them
 children of their own.
 

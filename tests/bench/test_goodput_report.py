@@ -10,7 +10,6 @@ from bench.goodput_report import (
     spread,
     stall_with_quorum,
 )
-from syncd.accounting import RunAccounting, uptime_from_marks
 from syncd.chaos import Fault
 
 BASE = {"offset_s": 0.0, "step_time_s": 0.1, "restart_s": 5.0, "inner_steps": 10,
@@ -69,15 +68,6 @@ def test_a_stall_counts_only_while_a_quorum_is_alive():
     # The 2 -> 10 gap had only 1 island alive for a while; 10 -> 11 -> 12 are short.
     assert stall_with_quorum(marks, 12.0, live, 2) == pytest.approx(1.0)
     assert stall_with_quorum(marks, 12.0, live, 1) == pytest.approx(8.0)
-
-
-def test_uptime_from_marks_is_what_the_accounting_says():
-    acct = RunAccounting(["a"], 0.0)
-    for t in (1.0, 2.0, 9.0, 10.0):
-        acct.merged("a", 5, 1.0, t)
-    assert uptime_from_marks(acct.merge_marks(), 12.0, 3.0) == pytest.approx(
-        acct.uptime(12.0, 3.0))
-    assert uptime_from_marks([1.0, 2.0, 9.0, 10.0], 12.0, 3.0) == pytest.approx(1 - 7 / 12)
 
 
 def test_the_spread_over_seeds():
