@@ -322,11 +322,11 @@ class IslandSupervisor:
 
 def supervise_island(run_id: int, island: str, epoch: int, redis_url: str,
                      log_dir: str | Path) -> dict[str, Any]:
-    """Run one incarnation of an island unless its run is no longer active."""
+    """Run one incarnation of an island unless its run is no longer active or stopping."""
     from syncd.store import RunStore, connect
 
     store = RunStore(connect(redis_url), run_id)
-    if store.run_id not in RunStore.active_runs(store.r):
+    if store.run_id not in RunStore.active_runs(store.r) or store.stop_requested() is not None:
         return {"island": island, "epoch": epoch, "exit_code": None, "ended": "inactive"}
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     processes, device = island_processes(store.spec(), island)
