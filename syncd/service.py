@@ -42,6 +42,10 @@ STATUS_EVERY_S = 0.5
 INGEST_BUDGET_S = 1.0
 FLUSH_EVERY_S = 1.0
 CONTROL_EVERY_S = 0.2
+READ_COUNT = 256  # stream entries read per pass
+# A stopped run waits this long at most for its islands to send what they have and
+# exit (their supervisors SIGKILL an island still running 30 s after its SIGTERM).
+STOP_WAIT_S = 35.0
 
 
 class RunSync:
@@ -124,6 +128,7 @@ class RunSync:
         self.eval_loss: float | None = None
         self.evaluation = GlobalEval(config)
         self.completed = False
+        self.stop_seen: float | None = None  # when this syncd saw the user's stop
         # Goodput and uptime of this syncd's watch; a restart of syncd starts them anew.
         self.accounting = RunAccounting([i.name for i in config.islands], clock(),
                                         fragments=len(self.fragments))
@@ -221,7 +226,7 @@ class RunSync:
         if self.completed:
             # The budget is spent and the run's tokens are recorded: no merge after that.
             return False
-        refs = self.store.read_updates(self.after, count=256)
+        refs = self.store.read_updates(self.after, count=READ_COUNT)
         budget_end = time.monotonic() + INGEST_BUDGET_S
         for ref in refs:
             self.after = ref.stream_id
@@ -231,6 +236,10 @@ class RunSync:
                 break  # the rest is read again on the next pass
         for p in range(len(self.fragments)):
             self._maybe_merge(p, now, self.live)
+        if self.stop_seen is not None and len(refs) < READ_COUNT and (
+                self.islands_stopped(now) or now >= self.stop_seen + STOP_WAIT_S):
+            outcome.stop(self, now)  # everything the islands sent is read
+            return False
         if self.evaluation.due(self.sync.outer_steps, now):
             self.evaluation.start(self.sync.global_params())
         if (loss := self.evaluation.result()) is not None:
@@ -241,6 +250,7 @@ class RunSync:
             self.last_status = status
             seq = self.store.put_status(status)
             self.recorder.metric(status, now)
+            self.record_progress(status)
             if self.notify:
                 self.notify(self.store.run_id, seq, status)
         if now >= self.next_checkpoint or self.checkpoint_asked:
@@ -267,6 +277,8 @@ class RunSync:
         if self.chaos is not None and not paused:
             self.chaos.tick(now)
         self.checkpoint_asked |= self.store.take_checkpoint_request()
+        if self.stop_seen is None and self.store.stop_requested() is not None:
+            self.stop_seen = now
         self._trim()
         self._check_budget()
 
@@ -362,8 +374,11 @@ class RunSync:
                 self.excused[p].clear()
             return
         decision = self.decide(p, now, live)
-        if not decision.merge:
-            return
+        if decision.merge:
+            self.merge_round(p, now, decision.reason)
+
+    def merge_round(self, p: int, now: float, reason: str) -> None:
+        """Merge fragment p's open round now (`reason`: why), publish and account it."""
         self.excused[p].clear()
         if self.elastic:
             recovery.account_barrier_wait(self, p, now)
@@ -379,12 +394,12 @@ class RunSync:
         self.accounting.merged_round(result.weights, result.inner_steps, now, fragment=p,
                                      version=result.version)
         self.last_merge[p] = {"version": result.version, "weights": result.weights,
-                              "reason": decision.reason, "dropped": result.dropped_stale}
+                              "reason": reason, "dropped": result.dropped_stale}
         # From the pass that read the update closing the round to the merge committed.
         latency = round(max(self.clock() - closed_at, 0.0), 4)
         self.recorder.event("merge", None, fragment=p, version=result.version,
                             weights=result.weights, tokens=result.tokens,
-                            reason=decision.reason, latency_s=latency)
+                            reason=reason, latency_s=latency)
         if self.elastic and self.sync.outer_steps > outer_steps:
             recovery.mark_restore_point(self, now)
 
@@ -425,6 +440,25 @@ class RunSync:
     def _check_budget(self) -> None:
         if not self.completed and self.tokens_merged() >= self.config.budget.total_tokens:
             outcome.complete(self)
+
+    def islands_stopped(self, now: float) -> bool:
+        """Whether no island of the run still trains: each has said it stopped, is
+        lost, has an incarnation newer than its last heartbeat's, or is silent."""
+        timeout = self.config.liveness.heartbeat_timeout_s
+        for island in self.config.islands:
+            beat = self.heartbeats.get(island.name)
+            if beat and beat.get("state") != "stopped" and island.name not in self.lost \
+                    and beat["epoch"] >= self.epochs.get(island.name, 0) \
+                    and now - beat["time"] <= timeout:
+                return False
+        return True
+
+    def record_progress(self, status: dict[str, Any]) -> None:
+        """Tokens merged, outer steps and progress (tokens / budget, at most 1) of a
+        status snapshot, for the Run row."""
+        tokens = status["tokens_merged"]
+        self.recorder.progress(tokens, status["outer_steps"],
+                               min(1.0, tokens / self.config.budget.total_tokens))
 
     def evaluate(self) -> float:
         return self.evaluation(self.sync.global_params())

@@ -314,6 +314,13 @@ class ProcessIsland:
         self.link.send(p, meta["seq"], encode_message("update", meta, payload, self.secret))
         self.save_cursor()
 
+    def flush(self) -> None:
+        """A user stopped the run: send every fragment's steps not sent yet, which syncd
+        merges before the run's final checkpoint."""
+        for p, state in enumerate(self.island.state):
+            if state.inner_steps:
+                self.send(p)
+
     def step(self) -> None:
         started = time.time()
         if self.group:
@@ -351,6 +358,8 @@ class ProcessIsland:
                         self.pull(p)
                 else:
                     mix_at.setdefault(p, (seq + s.overlap_steps, seq))
+        if self.stopping and self.store.stop_requested() is not None:
+            self.flush()
         if self.group:
             self.group.announce_stop()
             self.group.close(self.island)
