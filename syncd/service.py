@@ -126,6 +126,8 @@ class RunSync:
         self.checkpoint_asked = False
         self.next_checkpoint = clock() + config.checkpoint.interval_s
         self.eval_loss: float | None = None
+        self.eval_tokens: int | None = None  # tokens merged into the model eval_loss is of
+        self.evaluating_tokens = 0
         self.evaluation = GlobalEval(config)
         self.completed = False
         self.stop_seen: float | None = None  # when this syncd saw the user's stop
@@ -240,10 +242,12 @@ class RunSync:
                 self.islands_stopped(now) or now >= self.stop_seen + STOP_WAIT_S):
             outcome.stop(self, now)  # everything the islands sent is read
             return False
-        if self.evaluation.due(self.sync.outer_steps, now):
-            self.evaluation.start(self.sync.global_params())
+        if self.evaluation.due(self.sync.outer_steps, now) \
+                and self.evaluation.start(self.sync.global_params()):
+            self.evaluating_tokens = self.tokens_merged()
         if (loss := self.evaluation.result()) is not None:
-            self.eval_loss = loss
+            # The loss is the model's of when the evaluation started: those tokens.
+            self.eval_loss, self.eval_tokens = loss, self.evaluating_tokens
         if now >= self.next_status:
             self.next_status = now + STATUS_EVERY_S
             status = run_status(self, now, self.live, self.last_status)
