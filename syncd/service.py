@@ -230,15 +230,17 @@ class RunSync:
             return False
         refs = self.store.read_updates(self.after, count=READ_COUNT)
         budget_end = time.monotonic() + INGEST_BUDGET_S
-        for ref in refs:
+        read_all = len(refs) < READ_COUNT  # the stream is read to its end this pass
+        for i, ref in enumerate(refs):
             self.after = ref.stream_id
             self._ingest(ref, now)
             self.keepalive()
             if time.monotonic() > budget_end:
+                read_all &= i == len(refs) - 1
                 break  # the rest is read again on the next pass
         for p in range(len(self.fragments)):
             self._maybe_merge(p, now, self.live)
-        if self.stop_seen is not None and len(refs) < READ_COUNT and (
+        if self.stop_seen is not None and read_all and (
                 self.islands_stopped(now) or now >= self.stop_seen + STOP_WAIT_S):
             outcome.stop(self, now)  # everything the islands sent is read
             return False
