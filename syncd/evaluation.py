@@ -36,6 +36,9 @@ class GlobalEval:
         self._thread: threading.Thread | None = None
         self._result: float | None = None
         self._lock = threading.Lock()
+        # One evaluation at a time: the final one, in line, must not share the model
+        # with a background one still running (the model takes each call's tensors).
+        self._evaluating = threading.Lock()
 
     def due(self, outer_steps: int, now: float) -> bool:
         """Whether an evaluation is due at `outer_steps` (the smallest fragment version)."""
@@ -75,11 +78,13 @@ class GlobalEval:
         return loss
 
     def __call__(self, params: dict[str, torch.Tensor]) -> float:
-        """The eval loss of `params` on the run's held-out text."""
-        if self._evaluator is None:
-            from trainer.data import load_corpus
-            from trainer.local import Evaluator
+        """The eval loss of `params` on the run's held-out text; waits for an evaluation
+        still running in the background."""
+        with self._evaluating:
+            if self._evaluator is None:
+                from trainer.data import load_corpus
+                from trainer.local import Evaluator
 
-            corpus = load_corpus(self.config.data.path, self.config.data.eval_fraction)
-            self._evaluator = Evaluator(self.config, corpus)
-        return self._evaluator(params)
+                corpus = load_corpus(self.config.data.path, self.config.data.eval_fraction)
+                self._evaluator = Evaluator(self.config, corpus)
+            return self._evaluator(params)

@@ -57,3 +57,17 @@ def test_a_background_evaluation_reads_the_globals_of_its_moment_and_is_picked_u
 
     assert evaluation.result() == expected
     assert evaluation.result() is None
+
+
+def test_an_evaluation_in_line_waits_for_the_one_in_the_background(tmp_path):
+    run_config = config(tmp_path)
+    evaluation = GlobalEval(run_config)
+    params = dict(initial_model(run_config).state_dict())
+    expected = evaluation(params)
+
+    assert evaluation.start(params)
+    at_the_end = evaluation(params)  # as the run's final evaluation does, at once
+    evaluation.wait(timeout=30)
+
+    assert at_the_end == expected
+    assert evaluation.result() == expected
