@@ -28,6 +28,8 @@ Keys, for run R:
     arch:R:tokens_merged           hash fragment -> tokens behind its merged updates
     arch:R:handled:<p>             hash island -> newest seq merged or dropped
     arch:R:heartbeats              hash island -> JSON {epoch, time, step, tokens}
+    arch:R:deaths                  hash island -> JSON {epoch, time, exit_code, signal}: the
+                                   death of an island process, from its supervisor
     arch:R:control:<island>        list of JSON commands for the island's supervisor
     arch:R:log:<island>            the last lines of the island's log, from its supervisor
     arch:R:cursor:<island>         JSON data cursor, so a rejoin goes on in its shard
@@ -384,6 +386,30 @@ class RunStore:
         raw = self.r.hgetall(self.key("heartbeats"))
         return {k.decode(): json.loads(v) for k, v in raw.items()}
 
+    def report_death(self, island: str, epoch: int, exit_code: int | None,
+                     at: float | None = None) -> None:
+        """The island's process of `epoch` is dead (from its supervisor, which saw it
+        end): syncd marks the island lost at once instead of after its heartbeat
+        timeout. `exit_code` is the process's: negative for the signal that killed it."""
+        death = {"epoch": epoch, "time": time.time() if at is None else at,
+                 "exit_code": exit_code,
+                 "signal": -exit_code if exit_code is not None and exit_code < 0 else None}
+        self.r.hset(self.key("deaths"), island, json.dumps(death))
+
+    def deaths(self) -> dict[str, dict[str, Any]]:
+        """island -> the last death its supervisor reported."""
+        raw = self.r.hgetall(self.key("deaths"))
+        return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+    def epochs_and_deaths(self) -> tuple[dict[str, int], dict[str, dict[str, Any]]]:
+        """`epochs()` and `deaths()` in one round trip (syncd reads both every pass)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(self.key("epochs"))
+        pipe.hgetall(self.key("deaths"))
+        epochs, deaths = pipe.execute()
+        return ({k.decode(): int(v) for k, v in epochs.items()},
+                {k.decode(): json.loads(v) for k, v in deaths.items()})
+
     def put_log(self, island: str, lines: list[str]) -> None:
         """The last lines of an island's log, so the control room shows them whatever
         host the island runs on."""
@@ -475,3 +501,4 @@ class RunStore:
     def status(self) -> dict[str, Any] | None:
         raw = self.r.get(self.key("status"))
         return json.loads(raw) if raw else None
+

@@ -181,8 +181,9 @@ def rejoin_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
     old_epoch = island.epoch
     store = run_store(run)
     store.send_command(island.name, "stop", epoch=old_epoch)
-    store.rejoin_requested(island.name, time.time())  # syncd reports the time to train
-    island = _next_incarnation(run, island, store)
+    asked = time.time()
+    store.rejoin_requested(island.name, asked)  # syncd reports the time to train
+    island = _next_incarnation(run, island, store, asked)
     record_event(run, island, Event.Kind.REJOIN, by, from_epoch=old_epoch, epoch=island.epoch)
     return island
 
@@ -358,8 +359,10 @@ def require_state(run: Run, states: tuple[str, ...], action: str) -> None:
                          f"(it must be {' or '.join(states)})")
 
 
-def _next_incarnation(run: Run, island: Island, store: RunStore) -> Island:
-    """The island's next epoch, in the database and Redis, and its task on the queue."""
+def _next_incarnation(run: Run, island: Island, store: RunStore,
+                      asked_at: float | None = None) -> Island:
+    """The island's next epoch, in the database and Redis, and its task on the queue
+    (`asked_at`: when it was asked for)."""
     with transaction.atomic():
         # Under a row lock: two rejoins at once must not both start epoch n + 1.
         island = Island.objects.select_for_update().get(pk=island.pk)
@@ -369,13 +372,14 @@ def _next_incarnation(run: Run, island: Island, store: RunStore) -> Island:
     if run.state == Run.State.PAUSED:
         # Queued first, so the new process is frozen as soon as it starts.
         store.send_command(island.name, "pause", epoch=island.epoch)
-    _enqueue(run, island)
+    _enqueue(run, island, asked_at)
     return island
 
 
-def _enqueue(run: Run, island: Island) -> None:
+def _enqueue(run: Run, island: Island, asked_at: float | None = None) -> None:
+    asked = time.time() if asked_at is None else asked_at
     run_island.apply_async(args=[run.pk, island.name, island.epoch, settings.REDIS_URL],
-                           queue=region_queue(island.region))
+                           kwargs={"asked_at": asked}, queue=region_queue(island.region))
 
 
 def _command_all(run: Run, kind: str) -> None:

@@ -19,6 +19,7 @@ from django.db import connection
 
 from syncd.store import RunStore, connect
 from trainer.island_logs import island_log_path
+from trainer.phases import PHASES
 from webapp.runs.faults import (
     inject_fault,
     kill_island,
@@ -165,6 +166,13 @@ def test_islands_on_a_real_worker_merge_through_syncd_survive_a_kill_and_rejoin(
                                                  detail__has_key="seconds_to_first_step").first(),
                        10, "syncd to report the time from the rejoin to the first step")
     assert 0 < timed.detail["seconds_to_first_step"] < 60
+    # Where the seconds went, phase by phase (trainer/phases.py), adding up to the whole
+    # but the beat's own travel (the marks come from the island, the total from syncd).
+    phases = timed.detail["phases"]
+    assert list(phases) == list(PHASES), phases
+    assert sum(phases.values()) == pytest.approx(timed.detail["seconds_to_first_step"],
+                                                 abs=1.0)
+    assert timed.detail["warm"] is False  # this system has no pool: a cold start
     stop_run(run, by=None)
     run.refresh_from_db()
     assert run.state == Run.State.STOPPED
@@ -293,4 +301,49 @@ def test_a_partitioned_island_is_lost_then_revived_and_a_rejoin_leaves_one_incar
     wait_until(lambda: not runner_processes(run, "island-2", 1), 30,
                "the first incarnation of island-2 to be gone")
     assert len(runner_processes(run, "island-2", 2)) == 1
+    stop_run(run, by=None)
+
+
+def island_lost_events(run: Run, island: str) -> list[dict]:
+    return list(run.events.filter(kind="island_lost", island__name=island)
+                .values_list("detail", flat=True))
+
+
+def test_a_sigkilled_island_is_lost_before_its_heartbeat_could_have_timed_out(
+        system, corpus_file, redis_url):
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    run.config["liveness"] = {"heartbeat_timeout_s": 60.0}
+    run.save(update_fields=["config"])
+    store = start_and_wait(run, redis_url, 1)
+    wait_all_training(store)
+
+    pid = store.heartbeats()["island-1"]["pid"]
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)  # from outside: no command, the supervisor sees the exit
+    wait_until(lambda: (store.status() or {}).get("islands", {}).get("island-1", {})
+               .get("state") == "lost", 30, "island-1 to be lost")
+    assert time.monotonic() - killed_at < 30  # half the timeout, on a loaded machine
+    (lost,) = wait_until(lambda: island_lost_events(run, "island-1"), 10, "the event")
+    assert (lost["cause"], lost["epoch"], lost["signal"]) == ("died", 1, signal.SIGKILL)
+    assert store.deaths()["island-1"]["epoch"] == 1
+    stop_run(run, by=None)
+
+
+def test_a_region_outage_is_still_detected_by_the_heartbeat_timeout(
+        system, corpus_file, redis_url):
+    from webapp.runs.faults import kill_region
+
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    store = start_and_wait(run, redis_url, 1)
+    wait_all_training(store)
+
+    kill_region(run, "us-east", by=None)
+    wait_until(lambda: all(not runner_processes(run, f"island-{i}", 1) for i in range(3)),
+               30, "the region's islands to be killed")
+    for i in range(3):
+        (lost,) = wait_until(lambda i=i: island_lost_events(run, f"island-{i}"), 30,
+                             f"island-{i} to be lost")
+        assert lost["cause"] == "silent"
+        assert lost["silent_s"] >= 3.0  # the run's heartbeat timeout
+    assert store.deaths() == {}  # a dark region told no one
     stop_run(run, by=None)
