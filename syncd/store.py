@@ -46,6 +46,12 @@ Keys, for run R:
                                    (syncd/lease.py)
     arch:syncd:members             sorted set of live syncd processes (syncd/lease.py)
 
+Keys of the hosts' pools of warm standby islands (PoolStore, trainer/pool_manager.py):
+    arch:pool:<region>:claims      list of JSON claims {run, island, epoch, asked_at} for
+                                   the region's pool managers, pushed by the run services
+    arch:pool:<region>:hosts       hash host -> JSON {size, ready, launching, claimed,
+                                   standbys, time}: each manager's pool, every half second
+
 syncd's RunStore carries the run's lease (`fence`): every write it makes for the
 run is one MULTI/EXEC guarded by that lease (syncd.lease.guarded_transaction), so
 a syncd that lost the run to another cannot publish, mark or trim anything.
@@ -502,3 +508,56 @@ class RunStore:
         raw = self.r.get(self.key("status"))
         return json.loads(raw) if raw else None
 
+
+class PoolStore:
+    """The keys of the hosts' pools of warm standby islands (not of one run).
+
+    Args:
+        client: a connection from `connect`.
+        fresh_s: a host's announcement older than this is not believed.
+    """
+
+    def __init__(self, client: redis.Redis, fresh_s: float = 3.0):
+        self.r = client
+        self.fresh_s = fresh_s
+
+    @staticmethod
+    def key(region: str, part: str) -> str:
+        return f"arch:pool:{region}:{part}"
+
+    def push_claim(self, region: str, claim: dict[str, Any]) -> None:
+        """Ask the region's pool managers to start an island; they take claims in order."""
+        self.r.rpush(self.key(region, "claims"), json.dumps(claim))
+
+    def take_claims(self, region: str, timeout_s: float) -> list[dict[str, Any]]:
+        """Every claim waiting (waiting up to `timeout_s` for the first); [] if none."""
+        first = self.r.blpop([self.key(region, "claims")], timeout=timeout_s)
+        if first is None:
+            return []
+        raw = [first[1]]
+        while (more := self.r.lpop(self.key(region, "claims"))) is not None:
+            raw.append(more)
+        claims = []
+        for item in raw:
+            try:
+                claims.append(json.loads(item))
+            except ValueError:
+                claims.append({"unreadable": item.decode(errors="replace")})
+        return claims
+
+    def put_host(self, region: str, host: str, state: dict[str, Any]) -> None:
+        self.r.hset(self.key(region, "hosts"), host, json.dumps(state))
+
+    def remove_host(self, region: str, host: str) -> None:
+        self.r.hdel(self.key(region, "hosts"), host)
+
+    def hosts(self, region: str, now: float | None = None) -> dict[str, dict[str, Any]]:
+        """The region's pool managers that announced themselves in the last `fresh_s`."""
+        now = time.time() if now is None else now
+        raw = self.r.hgetall(self.key(region, "hosts"))
+        states = {k.decode(): json.loads(v) for k, v in raw.items()}
+        return {h: s for h, s in states.items() if now - s.get("time", 0) <= self.fresh_s}
+
+    def ready(self, region: str, now: float | None = None) -> int:
+        """Standbys ready in the region, as its pool managers last said."""
+        return sum(int(s.get("ready", 0)) for s in self.hosts(region, now).values())
