@@ -61,7 +61,22 @@ def prepare(warm: dict) -> tuple[dict[tuple[str, float], Corpus], GPT | None]:
         key = (data.get("path") or "", float(data.get("eval_fraction", 0.05)))
         corpora[key] = load_corpus(*key)
     model = GPT(GPTConfig(**warm["model"])) if warm.get("model") else None
+    warm_up(model if model is not None else GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2,
+                                                           block_size=16)))
     return corpora, model
+
+
+def warm_up(model: GPT) -> None:
+    """One throwaway training step: torch imports much of itself lazily on the first
+    optimizer and the first backward (2 s of a claimed standby's model phase before
+    this, measured), so a standby pays that before its claim. The step's changes
+    do not matter: a claim's pull replaces every parameter."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+    x = torch.zeros(1, model.config.block_size, dtype=torch.long)
+    _, loss = model(x, x)
+    loss.backward()
+    optimizer.step()
+    model.zero_grad(set_to_none=True)
 
 
 def redirect_output(log_path: str) -> None:
