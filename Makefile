@@ -24,7 +24,8 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 # The whole system on embedded defaults (SQLite and Redis under var/, nothing to set
-# up): web app, syncd, a Celery worker per region, the demo run. Ctrl-C stops it all.
+# up): web app, syncd, a Celery worker per region, the demo run. Ctrl-C stops it all
+# within 10 s.
 start: install
 	$(PY) -m webapp.start
 
@@ -37,21 +38,21 @@ test: install-test lint test-unit test-db test-system test-browser
 lint: install-test
 	$(VENV)/bin/ruff check .
 
-# Unit tier: pure modules and the in-process cluster, no services.
+# Unit tier: pure modules and the in-process cluster, no services; and the test
+# tiers' own tools (the databases of test-db, the Chromium of test-browser).
 test-unit: install-test
-	$(VENV)/bin/pytest tests/test_compose.py tests/trainer tests/syncd tests/bench -m "not integration" -q -p no:cacheprovider
+	$(VENV)/bin/pytest tests/test_compose.py tests/test_databases.py tests/trainer tests/syncd \
+		tests/bench -m "not integration" -q -p no:cacheprovider
 
 # Database tier, once per database in TEST_DATABASES: the web app, syncd against a
 # Redis of the tests' own, and the runtime with real worker, syncd and island processes.
+# tests/databases.py makes sure each database answers: a local PostgreSQL where
+# nothing listens is replaced by a throwaway one under var/, stopped afterwards.
 test-db: install-test
 	mkdir -p var
-	@for url in $(TEST_DATABASES); do \
-		echo "== database tests on $$url"; \
-		DATABASE_URL=$$url $(VENV)/bin/pytest tests/webapp -m "not system" -q \
-			-p no:cacheprovider || exit 1; \
-		DATABASE_URL=$$url $(VENV)/bin/pytest tests/trainer tests/syncd -m integration \
-			-q -p no:cacheprovider || exit 1; \
-	done
+	$(PY) -m tests.databases $(TEST_DATABASES) -- sh -c '\
+		$(VENV)/bin/pytest tests/webapp -m "not system" -q -p no:cacheprovider && \
+		$(VENV)/bin/pytest tests/trainer tests/syncd -m integration -q -p no:cacheprovider'
 
 # System tier, once: whole systems with a database and Redis of their own: the chaos
 # soak's CI tier (every kind of fault at least once, then every invariant) and a kill -9
@@ -61,9 +62,11 @@ test-system: install-test
 	DATABASE_URL=sqlite:///var/test.sqlite3 $(VENV)/bin/pytest tests/bench tests/webapp \
 		-m system -q -p no:cacheprovider
 
-# Browser tier: a real Chromium (Debian's package) driven by Playwright.
+# Browser tier: a real Chromium driven by Playwright. bench/browser.py finds it, or
+# installs Debian's package chromium as root on Debian or Ubuntu, or says what to install.
 test-browser: install-test
 	mkdir -p var
+	$(PY) -m bench.browser
 	$(VENV)/bin/pytest tests/browser -q -p no:cacheprovider
 
 bench-quality: install

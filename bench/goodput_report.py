@@ -1,11 +1,17 @@
 """The goodput benchmark's arithmetic and report: pure functions of what the runs measured.
 
-- `oracle_goodput`: the goodput of a run that lost nothing but what the schedule
-  makes inevitable: each failed island's down time (a kill or region outage until
-  its next incarnation trains, a partition for its length, the slowed part of a
-  straggle), its unsent work (half an outer period of steps, on average, when it
-  dies; and at the run's end), the updates the schedule corrupts (one fragment's
-  update each), and the islands' first start-up.
+- `oracle_goodput`: the goodput of a system that loses nothing but what the
+  schedule itself takes (each failed island's down time until the schedule
+  heals it, a partition for its length, the slowed part of a straggle, one
+  fragment's update per corruption), from the schedule alone: no figure of the
+  run it judges goes in.
+- `system_costs`: the system's own costs in a run (start-up, rejoin, in-flight
+  work and every other cause syncd books), each measured, as shares of the run's
+  allocated island-seconds: a slow rejoin shows here as a loss instead of
+  raising the bound.
+- `revalued_goodput`: useful steps at given step times, one per island (the
+  same invocation's fault-free decoupled run's), so that both modes are valued
+  on one clock.
 - `stall_with_quorum`: the longest gap between merges during which at least K
   islands were alive all along.
 - `figure_html`: goodput and global version over time, faults marked (Plotly).
@@ -15,48 +21,84 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from syncd.chaos import Fault
 
 
-def oracle_goodput(faults: Iterable[Fault], islands: int, wall_s: float, *, offset_s: float,
-                   step_time_s: float, restart_s: float, inner_steps: int, fragments: int,
-                   startup_s: Sequence[float] = ()) -> float:
-    """The bound on goodput for a schedule over a run of `wall_s` seconds.
-
-    Args:
-        faults: the schedule; each fault's at_s counts from the schedule's start.
-        islands: M, the islands allocated for the whole run.
-        wall_s: the run's length.
-        offset_s: when the schedule started, in seconds since the run's start.
-        step_time_s: an island's fault-free seconds per inner step.
-        restart_s: from a rejoin to the new incarnation's first step.
-        inner_steps, fragments: H and P; an island that dies leaves H/2 steps unsent on
-            average, and a corrupted update is one fragment's H steps, which goodput
-            counts as H/P.
-        startup_s: each island's first start-up (run start to its first step).
-    """
-    if islands < 1 or wall_s <= 0:
-        raise ValueError(f"need islands >= 1 and wall_s > 0, got {islands} and {wall_s}")
-    unsent = inner_steps / 2 * step_time_s
-    lost = sum(min(s, wall_s) for s in startup_s) + islands * unsent  # unsent at the end
+def scheduled_loss(faults: Iterable[Fault], horizon_s: float, *, step_time_s: float,
+                   inner_steps: int, fragments: int) -> float:
+    """The island-seconds a schedule takes within `horizon_s` of its start."""
+    lost = 0.0
     for fault in faults:
-        at = offset_s + fault.at_s
-        if at >= wall_s:
+        if fault.at_s >= horizon_s:
             continue
-        left = wall_s - at
+        left = horizon_s - fault.at_s
         for _ in fault.islands:
-            if fault.kind in ("kill", "region_outage"):
-                lost += min(fault.duration_s + restart_s, left) + unsent
-            elif fault.kind == "partition":
+            if fault.kind in ("kill", "region_outage", "partition"):
                 lost += min(fault.duration_s, left)
             elif fault.kind == "straggle":
                 lost += min(fault.duration_s, left) * (1 - 1 / (fault.factor or 4.0))
             elif fault.kind == "corrupt":
                 lost += inner_steps / fragments * step_time_s
-    return max(0.0, 1.0 - lost / (islands * wall_s))
+    return lost
+
+
+def oracle_goodput(faults: Sequence[Fault], islands: int, fault_free_s: float, *,
+                   step_time_s: float, inner_steps: int, fragments: int) -> float:
+    """The bound on goodput for a schedule, from the schedule alone.
+
+    An oracle system trains every island at its fault-free speed from the first step
+    and loses only what the schedule takes (scheduled_loss). It trains the budget in
+    `fault_free_s` plus the lost island-seconds spread over the islands, and its
+    goodput is 1 - lost / (islands x that horizon). Start-up, rejoin and in-flight
+    work are the system's own costs, measured on lines of their own (system_costs).
+
+    Args:
+        faults: the schedule; each fault's at_s counts from the schedule's start,
+            which is when every island trains.
+        islands: M, the islands allocated for the whole run.
+        fault_free_s: the seconds the budget takes without faults, start-up left out
+            (the same invocation's fault-free decoupled run).
+        step_time_s: fault-free seconds per inner step (of that run).
+        inner_steps, fragments: H and P; a corrupted update is one fragment's H steps,
+            which goodput counts as H/P.
+    """
+    if islands < 1 or fault_free_s <= 0:
+        raise ValueError(f"need islands >= 1 and fault_free_s > 0, got {islands} and "
+                         f"{fault_free_s}")
+    horizon, lost = fault_free_s, 0.0
+    for _ in range(100):  # the horizon grows with what it loses: its fixed point
+        lost = scheduled_loss(faults, horizon, step_time_s=step_time_s,
+                              inner_steps=inner_steps, fragments=fragments)
+        longer = fault_free_s + lost / islands
+        if abs(longer - horizon) < 1e-9:
+            break
+        horizon = longer
+    return 1.0 - lost / (islands * horizon)
+
+
+def system_costs(startup_s: Sequence[float], rejoin_s: Sequence[float],
+                 lost_s: Mapping[str, float], allocated_s: float) -> dict[str, float]:
+    """The system's own costs in one run, each measured, as shares of its allocated
+    island-seconds: every island's first start-up, each rejoin's time to its first
+    step, and each cause of loss syncd booked (in_flight: work an incarnation that
+    ended had not sent; stale, rejected, rollback, restart_pause, barrier_wait)."""
+    if allocated_s <= 0:
+        raise ValueError(f"allocated_s must be above 0, got {allocated_s}")
+    costs = {"startup": sum(startup_s), "rejoin": sum(rejoin_s), **lost_s}
+    return {cause: seconds / allocated_s for cause, seconds in costs.items()}
+
+
+def revalued_goodput(useful_steps: Mapping[str, float], step_time_s: Mapping[str, float],
+                     allocated_s: float) -> float:
+    """Useful island-seconds with each island's useful steps valued at `step_time_s`
+    (island -> seconds per step), over allocated island-seconds."""
+    if allocated_s <= 0:
+        raise ValueError(f"allocated_s must be above 0, got {allocated_s}")
+    return sum(steps * step_time_s[island] for island, steps in useful_steps.items()) \
+        / allocated_s
 
 
 def merge_interval(inner_steps: int, fragments: int, step_time_s: float) -> float:

@@ -119,6 +119,18 @@ def rss(pid: int) -> tuple[int, int] | None:
     return (int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024)
 
 
+def failed_islands(log_dir: Path) -> list[str]:
+    """The islands whose process failed (their supervisor's line in the island log),
+    each with the log's last line: the size does not fit, say."""
+    failed = []
+    for log in sorted(log_dir.glob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        if any("ended (failed)" in line for line in lines):
+            last = next((line for line in reversed(lines) if "Error" in line), lines[-1])
+            failed.append(f"island {log.stem} failed: {last}")
+    return failed
+
+
 def folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -198,7 +210,7 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
     deadline = started + (minutes * 60 if minutes else 3600)
     syncd_hwm = 0
     while True:
-        died = system.processes.check()
+        died = system.processes.check() + failed_islands(system.home / "logs" / f"run-{run.pk}")
         if died:
             raise RuntimeError("; ".join(died))
         status = store.status() or {}

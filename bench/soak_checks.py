@@ -151,7 +151,7 @@ def verify_checkpoints(run: Any, versions: dict[int, int], tokens: dict[int, int
 
 
 def goodput_of(run: Any, outcome: dict[str, Any], wall_s: float) -> dict[str, Any]:
-    """Goodput over the whole run, as DESIGN defines it, and syncd's own figure.
+    """Goodput over the whole run, as docs/FIGURES.md defines it, and syncd's own figure.
 
     Useful island-seconds: the merged tokens (each step counted once over its
     fragments: the run's tokens), at the islands' fault-free seconds per step as

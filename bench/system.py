@@ -61,7 +61,7 @@ class BenchSystem:
         self.processes.start("redis", redis_argv(redis_server_binary(), self.redis_port,
                                                  home / "redis", appendonly=appendonly,
                                                  maxmemory_mb=maxmemory_mb),
-                             env=self.env)
+                             env=self.env, stop_last=True)
         self.wait_redis()
 
     def wait_redis(self, timeout: float = 60.0) -> None:
@@ -119,19 +119,12 @@ class BenchSystem:
 
     def kill9_and_restart(self, name: str, timeout: float = 20.0) -> int:
         """SIGKILL a process's whole group at once (kill -9, no goodbye) and start it again
-        at once with the same command and log; returns the new pid.
-
-        The process keeps its place in the start order, so `stop` still stops Redis last.
-        """
-        managed = self._managed(name)
-        index = self.processes.managed.index(managed)
+        at once with the same command and log; returns the new pid."""
+        process = self._managed(name).process
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(managed.process.pid, signal.SIGKILL)
-        managed.process.wait(timeout=timeout)
-        self.processes.managed.remove(managed)
-        process = self.processes.start(name, managed.argv, env=managed.env,
-                                       restart=managed.restart)
-        self.processes.managed.insert(index, self.processes.managed.pop())
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=timeout)
+        process = self.processes.start_again(name)
         if name == "redis":
             self.wait_redis(timeout)
         return process.pid

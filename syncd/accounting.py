@@ -1,13 +1,16 @@
-"""Goodput and uptime, per island and per run, exactly as DESIGN.md defines them.
+"""Goodput and uptime, per island and per run, as docs/FIGURES.md defines them.
 
 Goodput = useful island-seconds / allocated island-seconds. Useful: the inner
 steps merged into the global model with a weight above zero and never rolled
 back, valued at the island's fault-free seconds per step measured in the same
 run. Allocated: every island slot from run start to run end, whatever its state;
-only a user's pause is left out. Uptime = 1 - (sum of the gaps between
-successive merges that exceed theta) / wall time, theta = 2 x the median merge
-gap of the same mode without faults. Pure: no Django, Celery, Redis or clock;
-every method takes `now` in seconds on the caller's clock (syncd's or a virtual one).
+only a user's pause is left out. Uptime: the share of the time after start-up
+(the run's start to its first merge) in which the global model advances: per
+fragment, a gap between its successive merges counts as down when it exceeds
+theta = 2 x the fragment's cadence (H inner steps at the step time of the K-th
+fastest island); the run's uptime is the mean over its fragments. Pure: no
+Django, Celery, Redis or clock; every method takes `now` in seconds on the
+caller's clock (syncd's or a virtual one).
 """
 
 from __future__ import annotations
@@ -22,18 +25,37 @@ from dataclasses import dataclass, field
 LOST_CAUSES = ("in_flight", "stale", "rejected", "rollback", "restart_pause", "barrier_wait")
 
 
-def uptime_theta(fault_free_median_gap_s: float) -> float:
-    """theta for `uptime`: 2 x the median merge gap of the same mode without faults."""
-    return 2.0 * _seconds("fault_free_median_gap_s", fault_free_median_gap_s, positive=True)
+def fragment_cadence(step_times: Iterable[float | None], inner_steps: int,
+                     min_quorum: int) -> float | None:
+    """How often one fragment is due to merge: every H inner steps, at the step time of
+    the K-th fastest island (a round waits for K updates). None without a step time."""
+    if inner_steps < 1 or min_quorum < 1:
+        raise ValueError(f"need H >= 1 and K >= 1, got {inner_steps} and {min_quorum}")
+    times = sorted(_seconds("step time", t, positive=True) for t in step_times
+                   if t is not None)
+    return inner_steps * times[min(min_quorum, len(times)) - 1] if times else None
 
 
-def uptime_from_marks(marks: Iterable[float], wall_s: float, theta: float) -> float:
-    """1 - (sum of the gaps longer than `theta` between 0, each merge mark and `wall_s`)
-    / `wall_s`; marks are seconds of wall time since the run's start."""
+def uptime_theta(cadence_s: float) -> float:
+    """theta for `uptime`: twice a fragment's cadence (fragment_cadence)."""
+    return 2.0 * _seconds("cadence_s", cadence_s, positive=True)
+
+
+def uptime_from_marks(fragment_marks: Iterable[Iterable[float]], startup_s: float,
+                      wall_s: float, theta: float) -> float | None:
+    """1 - the mean over fragments of (the gaps longer than `theta` between the end of
+    start-up, each of the fragment's merge marks and `wall_s`) / (`wall_s` - start-up).
+    Marks are seconds of wall time since the run's start; None while in start-up."""
     theta, wall_s = _seconds("theta", theta, positive=True), _seconds("wall_s", wall_s)
-    points = [0.0, *sorted(m for m in marks if 0 <= m <= wall_s), wall_s]
-    down = sum(g for g in (b - a for a, b in itertools.pairwise(points)) if g > theta)
-    return 1.0 if wall_s == 0 else 1.0 - down / wall_s
+    startup_s = _seconds("startup_s", startup_s)
+    if wall_s <= startup_s:
+        return None
+    downs = []
+    for marks in fragment_marks:
+        points = [startup_s, *sorted(m for m in marks if startup_s < m <= wall_s), wall_s]
+        downs.append(sum(g for g in (b - a for a, b in itertools.pairwise(points))
+                         if g > theta))
+    return 1.0 - statistics.fmean(downs) / (wall_s - startup_s) if downs else 1.0
 
 
 def _seconds(name: str, value: float, *, positive: bool = False) -> float:
@@ -72,8 +94,9 @@ class RunAccounting:
     (its fault-free seconds over its fault-free steps; while it has none, every
     island's), never at its own report. Not the median: under bursty load short
     samples outnumber long ones and the median undervalues every step. A user's pause is left
-    out of allocation, gaps and wall time. The run's start is the first uptime mark,
-    and the open gap counts up to `now` once it exceeds theta.
+    out of allocation, gaps and wall time. Start-up, from the run's start to its first
+    merge, is a figure of its own and no part of uptime; after it, each fragment's open
+    gap counts up to `now` once it exceeds theta.
 
     Args:
         islands: the names of the islands allocated from `start`.
@@ -96,6 +119,7 @@ class RunAccounting:
         self.islands: dict[str, _Island] = {}
         self.pauses: list[list[float | None]] = []  # [paused, resumed or None]
         self.entries: list[MergeEntry] = []
+        self.first_merge: float | None = None  # ends start-up; a rollback keeps it
         for island in islands:
             self.add_island(island, self.start)
 
@@ -169,6 +193,8 @@ class RunAccounting:
             raise ValueError(f"weight must be a finite number 0 or more, got {weight}")
         self.entries.append(MergeEntry(self._now(now), island, inner_steps, weight,
                                        fragment, version))
+        if self.first_merge is None:
+            self.first_merge = self._now(now)
         if weight > 0:
             state.useful_steps += inner_steps / self.fragments
 
@@ -235,9 +261,37 @@ class RunAccounting:
         allocated = sum(self.allocated_seconds(name, now) for name in self.islands)
         return None if useful is None or allocated == 0 else useful / allocated
 
-    def uptime(self, now: float, theta: float, *, fragment: int | None = None) -> float:
-        """1 - (sum of the gaps between successive merges longer than `theta`) / wall time."""
-        return uptime_from_marks(self._marks(fragment), self.wall_seconds(now), theta)
+    def startup_seconds(self, now: float) -> float:
+        """Wall seconds from the run's start to its first merge (to `now` before it)."""
+        return self.wall_seconds(now if self.first_merge is None else min(self.first_merge, now))
+
+    def cadence(self, inner_steps: int, min_quorum: int) -> float | None:
+        """A fragment's cadence: H steps at the step time of the K-th fastest island in
+        the run (fragment_cadence); None before any step time is measured."""
+        in_run = [name for name, state in self.islands.items() if state.windows[-1][1] is None]
+        return fragment_cadence([self.step_time(name) for name in in_run], inner_steps,
+                                min(min_quorum, max(len(in_run), 1)))
+
+    def uptime(self, now: float, theta: float, *, fragment: int | None = None
+               ) -> float | None:
+        """The share of the time since start-up in which the global model advanced
+        (uptime_from_marks), over every fragment or over `fragment` alone; None while
+        the run is in start-up."""
+        marks = self.fragment_marks()
+        if fragment is not None:
+            marks = [marks[fragment]]
+        if self.first_merge is None:
+            _seconds("theta", theta, positive=True)
+            return None
+        return uptime_from_marks(marks, self.startup_seconds(now), self.wall_seconds(now),
+                                 theta)
+
+    def fragment_marks(self) -> list[list[float]]:
+        """Per fragment, the distinct times its merges still standing were published,
+        as seconds of wall time since the start; a merge of no named fragment (a whole
+        model's) is a mark of every fragment."""
+        return [sorted({self._active(e.time) for e in self.entries
+                        if e.fragment in (None, p)}) for p in range(self.fragments)]
 
     def max_stall(self, now: float, *, fragment: int | None = None) -> float:
         """The longest gap between successive merges, the open one up to `now` included."""
@@ -277,6 +331,7 @@ class RunAccounting:
             "lost_s": lost, "unattributed_s": None if useful is None
             else allocated - useful - sum(lost.values()),
             "merges": len(self.entries), "merge_events": len(self._marks(None)),
+            "startup_s": self.startup_seconds(now),
             "islands": islands, "theta_s": theta,
             "uptime": None if theta is None else self.uptime(now, theta),
             "max_stall_s": self.max_stall(now), "median_merge_gap_s": self.median_merge_gap(),

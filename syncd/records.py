@@ -12,8 +12,8 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from webapp.runs.live import push_events
-from webapp.runs.models import Checkpoint, Event, Island, Metric, Run
+from webapp.runs.live import RUNS_GROUP, push_events, send_to_group
+from webapp.runs.models import TRANSITIONS, Checkpoint, Event, Island, Metric, Run
 
 METRIC_EVERY_S = 2.0
 
@@ -26,6 +26,7 @@ class Recorder:
         self.events: list[dict[str, Any]] = []
         self.islands: dict[str, dict[str, Any]] = {}
         self.metrics: list[Metric] = []
+        self.run_progress: dict[str, Any] = {}  # the Run row's live figures, not yet written
         self.metric_every_s = metric_every_s
         self.next_metric = 0.0
 
@@ -53,10 +54,20 @@ class Recorder:
             train_loss=status.get("train_loss"), eval_loss=status.get("eval_loss"),
             live_islands=status.get("live_islands", 0), islands=islands))
 
+    def progress(self, tokens: int, outer_steps: int, progress: float) -> None:
+        """The run's tokens merged, outer steps and progress (tokens / budget) now; the
+        Run row takes them at the next flush, and the runs list hears of them."""
+        self.run_progress = {"tokens": int(tokens), "outer_steps": int(outer_steps),
+                             "progress": float(progress)}
+
     def flush(self) -> None:
-        if not self.events and not self.islands and not self.metrics:
+        if not self.events and not self.islands and not self.metrics and not self.run_progress:
             return
+        progress = self.run_progress
         with transaction.atomic():
+            if progress:
+                Run.objects.filter(pk=self.run_id).update(
+                    tokens=progress["tokens"], outer_steps=progress["outer_steps"])
             ids = dict(Island.objects.filter(run_id=self.run_id).values_list("name", "id"))
             events = Event.objects.bulk_create([
                 Event(run_id=self.run_id, island_id=ids.get(e["island"]), kind=e["kind"],
@@ -67,7 +78,10 @@ class Recorder:
         self.events.clear()
         self.islands.clear()
         self.metrics.clear()
+        self.run_progress = {}
         push_events(self.run_id, events)
+        if progress:
+            send_to_group(RUNS_GROUP, {"type": "runs.progress", "run": self.run_id, **progress})
 
     def checkpoint(self, versions: list[int], path: str, sha256: str, nbytes: int,
                    eval_loss: float | None, keep: int) -> list[str]:
@@ -120,10 +134,9 @@ class Recorder:
                 recovered.append(p)
         return recovered
 
-    def run_tokens(self, tokens: int) -> None:
-        Run.objects.filter(pk=self.run_id).update(tokens=tokens)
-
-    def complete(self) -> None:
+    def end(self, state: str) -> None:
+        """The run ended as `state`: completed (from running) or stopped (from stopping,
+        where a user's stop put it)."""
         run = Run.objects.get(pk=self.run_id)
-        if run.state == Run.State.RUNNING:
-            run.transition(Run.State.COMPLETED)
+        if Run.State(state) in TRANSITIONS[Run.State(run.state)]:
+            run.transition(state)

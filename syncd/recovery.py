@@ -67,8 +67,11 @@ def note_first_startups(run: RunSync) -> None:
 def mark_restore_point(run: RunSync, now: float) -> None:
     """Elastic: after an outer step, the state a whole-job restart goes back to, and
     its checkpoint."""
+    # Copies: the outer optimizer's step updates its momentum buffers in place (mul_,
+    # add_), so its state_dict's tensors would move on with the next outer step.
     run.restore_point = ([{n: t.clone() for n, t in g.items()} for g in run.sync.globals],
-                         [opt.state_dict() for opt in run.sync.optimizers])
+                         [{k: v.clone() for k, v in opt.state_dict().items()}
+                          for opt in run.sync.optimizers])
     run.restore_time = now
     run.restore_tokens = run.store.tokens_merged()
     save_checkpoint(run)

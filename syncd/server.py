@@ -85,14 +85,15 @@ class Syncd:
             self._let_go(run_id, "it is no longer active")
         now = self.clock()
         if now >= self.next_renewal:
-            self.next_renewal = now + self.lease_ttl_s / 3
-            self._renew()
+            self.keep_leases()
             self._balance(active)
         elif active != self.last_active:
             self._balance(active)  # a run started or ended: no need to wait for renewal
         self.last_active = active
         busy = False
         for run_id in _in_order(self.leases):
+            if run_id not in self.leases:
+                continue  # lost while an earlier run's pass renewed the leases
             try:
                 busy |= self._run_sync(run_id).tick()
             except LeaseLost as e:
@@ -110,7 +111,7 @@ class Syncd:
         if run_id not in self.runs:
             store = RunStore(self.client, run_id, fence=self.leases[run_id])
             sync = RunSync(store, Recorder(int(run_id)), self.checkpoint_dir,
-                           notify=self.notify)
+                           notify=self.notify, keepalive=self.keep_leases)
             # The merges a killed syncd (or this one, before a failed tick) published
             # but never wrote to the database get their events now.
             if not any(e["kind"] == "rollback" for e in sync.recorder.events):
@@ -121,6 +122,14 @@ class Syncd:
                                 "published but not written", run_id, recovered)
             self.runs[run_id] = sync
         return self.runs[run_id]
+
+    def keep_leases(self) -> None:
+        """Renew the leases if due: called from within a long pass over one run, so the
+        other runs' leases, and its own, do not expire behind it."""
+        now = self.clock()
+        if now >= self.next_renewal:
+            self.next_renewal = now + self.lease_ttl_s / 3
+            self._renew()
 
     def _renew(self) -> None:
         """Announce this syncd and extend every lease it holds; forget the ones lost."""

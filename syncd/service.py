@@ -37,8 +37,15 @@ from trainer.runner import config_from_spec
 
 log = logging.getLogger("archipelago.syncd")
 STATUS_EVERY_S = 0.5
+# Updates are ingested for at most this long in one pass, so that merges, the status
+# and the leases of every run syncd serves keep their pace behind a backlog of big ones.
+INGEST_BUDGET_S = 1.0
 FLUSH_EVERY_S = 1.0
 CONTROL_EVERY_S = 0.2
+READ_COUNT = 256  # stream entries read per pass
+# A stopped run waits this long at most for its islands to send what they have and
+# exit (their supervisors SIGKILL an island still running 30 s after its SIGTERM).
+STOP_WAIT_S = 35.0
 
 
 class RunSync:
@@ -53,13 +60,18 @@ class RunSync:
             to push it to the control room.
         control_every_s: how often heartbeats, faults, pauses, requests and the spec
             are read from Redis (updates are read on every pass).
+        keepalive: called between the pieces of long work (building the model,
+            restoring each fragment, each update ingested, each merge), so that
+            syncd renews its leases while a pass over a big run takes seconds.
     """
 
     def __init__(self, store: RunStore, recorder: Recorder, checkpoint_dir: Path,
                  clock: Callable[[], float] = time.time,
                  notify: Callable[[str, int, dict], None] | None = None,
-                 control_every_s: float = CONTROL_EVERY_S):
+                 control_every_s: float = CONTROL_EVERY_S,
+                 keepalive: Callable[[], None] = lambda: None):
         self.store = store
+        self.keepalive = keepalive
         self.notify = notify
         self.recorder = recorder
         self.clock = clock
@@ -75,10 +87,13 @@ class RunSync:
         self.elastic = spec["mode"] == "elastic"
         self.restore_point: tuple[list[dict], list[dict]] | None = None
         params = checkpoint.initial_params(spec, initial_model(config))
+        keepalive()
         self.fragments = partition({k: v.numel() for k, v in params.items()},
                                    config.sync.fragments)
         self.sync = Synchronizer(params, self.fragments, config.sync, config.optim,
                                  config.round_tokens(), embedding_tensor_names())
+        del params
+        keepalive()
         self.after = b"0-0"
         # Stream entries up to this one may have been read by a syncd before this one:
         # a handled seq among them is a redelivery. After it, a handled seq is a replay.
@@ -114,6 +129,7 @@ class RunSync:
         self.eval_loss: float | None = None
         self.evaluation = GlobalEval(config)
         self.completed = False
+        self.stop_seen: float | None = None  # when this syncd saw the user's stop
         # Goodput and uptime of this syncd's watch; a restart of syncd starts them anew.
         self.accounting = RunAccounting([i.name for i in config.islands], clock(),
                                         fragments=len(self.fragments))
@@ -164,6 +180,7 @@ class RunSync:
             if momentum:
                 self.sync.optimizers[p].load_state_dict(tensorfile.loads(momentum)[1])
             self.sync.handled[p] = self.store.handled(p)
+            self.keepalive()
         if versions:
             log.info("run %s restored at versions %s", self.store.run_id, self.sync.versions)
 
@@ -214,12 +231,20 @@ class RunSync:
         if self.completed:
             # The budget is spent and the run's tokens are recorded: no merge after that.
             return False
-        refs = self.store.read_updates(self.after, count=256)
+        refs = self.store.read_updates(self.after, count=READ_COUNT)
+        budget_end = time.monotonic() + INGEST_BUDGET_S
         for ref in refs:
             self.after = ref.stream_id
             self._ingest(ref, now)
+            self.keepalive()
+            if time.monotonic() > budget_end:
+                break  # the rest is read again on the next pass
         for p in range(len(self.fragments)):
             self._maybe_merge(p, now, self.live)
+        if self.stop_seen is not None and len(refs) < READ_COUNT and (
+                self.islands_stopped(now) or now >= self.stop_seen + STOP_WAIT_S):
+            outcome.stop(self, now)  # everything the islands sent is read
+            return False
         if self.evaluation.due(self.sync.outer_steps, now):
             self.evaluation.start(self.sync.global_params())
         if (loss := self.evaluation.result()) is not None:
@@ -230,6 +255,7 @@ class RunSync:
             self.last_status = status
             seq = self.store.put_status(status)
             self.recorder.metric(status, now)
+            self.record_progress(status)
             if self.notify:
                 self.notify(self.store.run_id, seq, status)
         if now >= self.next_checkpoint or self.checkpoint_asked:
@@ -256,6 +282,8 @@ class RunSync:
         if self.chaos is not None and not paused:
             self.chaos.tick(now)
         self.checkpoint_asked |= self.store.take_checkpoint_request()
+        if self.stop_seen is None and self.store.stop_requested() is not None:
+            self.stop_seen = now
         self._trim()
         self._check_budget()
 
@@ -351,8 +379,11 @@ class RunSync:
                 self.excused[p].clear()
             return
         decision = self.decide(p, now, live)
-        if not decision.merge:
-            return
+        if decision.merge:
+            self.merge_round(p, now, decision.reason)
+
+    def merge_round(self, p: int, now: float, reason: str) -> None:
+        """Merge fragment p's open round now (`reason`: why), publish and account it."""
         self.excused[p].clear()
         if self.elastic:
             recovery.account_barrier_wait(self, p, now)
@@ -364,15 +395,16 @@ class RunSync:
             self.store.mark_handled(p, dict(self.sync.handled[p]), done)
             return
         self.publish(p, result.tokens, done)
+        self.keepalive()
         self.accounting.merged_round(result.weights, result.inner_steps, now, fragment=p,
                                      version=result.version)
         self.last_merge[p] = {"version": result.version, "weights": result.weights,
-                              "reason": decision.reason, "dropped": result.dropped_stale}
+                              "reason": reason, "dropped": result.dropped_stale}
         # From the pass that read the update closing the round to the merge committed.
         latency = round(max(self.clock() - closed_at, 0.0), 4)
         self.recorder.event("merge", None, fragment=p, version=result.version,
                             weights=result.weights, tokens=result.tokens,
-                            reason=decision.reason, latency_s=latency)
+                            reason=reason, latency_s=latency)
         if self.elastic and self.sync.outer_steps > outer_steps:
             recovery.mark_restore_point(self, now)
 
@@ -413,6 +445,25 @@ class RunSync:
     def _check_budget(self) -> None:
         if not self.completed and self.tokens_merged() >= self.config.budget.total_tokens:
             outcome.complete(self)
+
+    def islands_stopped(self, now: float) -> bool:
+        """Whether no island of the run still trains: each has said it stopped, is
+        lost, has an incarnation newer than its last heartbeat's, or is silent."""
+        timeout = self.config.liveness.heartbeat_timeout_s
+        for island in self.config.islands:
+            beat = self.heartbeats.get(island.name)
+            if beat and beat.get("state") != "stopped" and island.name not in self.lost \
+                    and beat["epoch"] >= self.epochs.get(island.name, 0) \
+                    and now - beat["time"] <= timeout:
+                return False
+        return True
+
+    def record_progress(self, status: dict[str, Any]) -> None:
+        """Tokens merged, outer steps and progress (tokens / budget, at most 1) of a
+        status snapshot, for the Run row."""
+        tokens = status["tokens_merged"]
+        self.recorder.progress(tokens, status["outer_steps"],
+                               min(1.0, tokens / self.config.budget.total_tokens))
 
     def evaluate(self) -> float:
         return self.evaluation(self.sync.global_params())

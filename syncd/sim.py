@@ -19,9 +19,12 @@ data-parallel replica it belongs to), which comes back `return_s` later.
   `syncd.policy.is_stale` and `syncd.merge.merge_weights`, looked up at call
   time so that what is simulated is the code that runs.
 
-Goodput and uptime come from `syncd.accounting.RunAccounting`, as DESIGN.md
+Goodput and uptime come from `syncd.accounting.RunAccounting`, as docs/FIGURES.md
 defines them: a step of a learner with u of its n slices up is worth u/n of a
-fault-free step, and counts once merged (dp: once checkpointed).
+fault-free step, and counts once merged (dp: once checkpointed). Uptime's theta
+follows the live rule for every method: twice a fragment's cadence, H steps at the
+step time of the K-th fastest learner (dp and elastic merge the whole model every
+step, so theta is two steps).
 """
 
 from __future__ import annotations
@@ -32,13 +35,13 @@ import random
 from dataclasses import asdict, dataclass, field, replace
 
 from syncd import merge, policy
-from syncd.accounting import RunAccounting
+from syncd.accounting import RunAccounting, fragment_cadence, uptime_theta
 from syncd.simconfig import SimConfig
 
 
 @dataclass(frozen=True)
 class SimResult:
-    """What one run measured; goodput and uptime as DESIGN.md defines them."""
+    """What one run measured; goodput and uptime as docs/FIGURES.md defines them."""
 
     config: SimConfig
     goodput: float
@@ -361,9 +364,8 @@ def simulate(config: SimConfig, failures: tuple[tuple[float, int], ...] = ()) ->
     """
     sim = _Sim(config, failures)
     acc = sim.run()
-    gap = fault_free_merge_gap(config)
-    theta = math.inf if gap is None else 2 * gap  # no merges at all: never up
-    snapshot = acc.snapshot(config.duration_s, None if gap is None else theta)
+    theta = uptime_theta(cadence(config))
+    snapshot = acc.snapshot(config.duration_s, theta)
     return SimResult(config, snapshot["goodput"] or 0.0, snapshot["uptime"] or 0.0, theta,
                      sim.failures, sim.merges if config.method == "decoupled" else 0,
                      sim.stale_drops, snapshot["lost_s"])
@@ -378,11 +380,10 @@ def utilization(config: SimConfig) -> float:
     return steps * config.step_time_s / (config.learners * config.duration_s)
 
 
-def fault_free_merge_gap(config: SimConfig) -> float | None:
-    """The median gap between merges of the same configuration without interruptions
-    (None if it merges at most once in 20 windows of H steps)."""
-    if config.method != "decoupled":
-        return config.step_time_s  # every step is a merge of the whole model
-    window = config.inner_steps * config.step_time_s + config.fragment_seconds * 2
-    quiet = replace(config, mtbi_s=math.inf, duration_s=20 * window)
-    return _Sim(quiet).run().median_merge_gap()
+def cadence(config: SimConfig) -> float:
+    """A fragment's cadence, by the live rule (syncd.accounting.fragment_cadence): H steps
+    at the step time of the K-th fastest learner, every learner stepping at step_time_s;
+    dp and elastic merge the whole model every step."""
+    steps = config.inner_steps if config.method == "decoupled" else 1
+    return fragment_cadence([config.step_time_s] * config.learners, steps,
+                            min(config.min_quorum, config.learners))

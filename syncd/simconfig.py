@@ -43,8 +43,9 @@ class SimConfig:
         grace_gamma: scales the adaptive grace window after quorum (0: merge at quorum).
         max_staleness: updates based on a version older than newest minus this are dropped
             (the default, NO_STALENESS_BOUND, drops none: we found no cutoff in the paper).
-        grace_round_trip: size the grace window with t_sync = uplink + downlink; False
-            passes the downlink alone, which is what syncd/service.py measures.
+        grace_round_trip: size the grace window with t_sync = uplink + downlink, as
+            syncd/service.py's round_stats does; False passes the downlink alone (what
+            round_stats passed before it counted the round trip).
         weighting: "tokens" or "uniform", as syncd.merge.
         model_params: parameters of the model.
         compression: codec of the fragments on the wide-area link, both ways.

@@ -39,9 +39,11 @@ KNOBS: dict[str, dict[str, Any]] = {
     # A returning slice loads the newest global in the background and joins the
     # running learner at the next step instead of pausing it for a mesh rebuild.
     "reintegration": {"upscale_s": 1.0},
-    # The adaptive grace window after quorum, sized as syncd/service.py sizes it.
+    # The adaptive grace window after quorum with t_sync the downlink alone (how
+    # syncd/service.py sized it before its round_stats passed the round trip).
     "grace_window": {"grace_gamma": 1.0},
-    # The same grace window with t_sync counted both ways (uplink + downlink).
+    # The same grace window with t_sync the round trip (uplink + downlink), as
+    # syncd/service.py's round_stats passes it.
     "grace_window_round_trip": {"grace_gamma": 1.0, "grace_round_trip": True},
     # Smaller fragments: each send fits inside the overlap of tau steps.
     "fragments": {"fragments": 16},

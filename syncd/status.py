@@ -5,6 +5,8 @@ from __future__ import annotations
 from statistics import median as _median
 from typing import TYPE_CHECKING, Any
 
+from syncd.accounting import uptime_theta
+
 if TYPE_CHECKING:
     from syncd.service import RunSync
 
@@ -44,10 +46,7 @@ def run_status(run: RunSync, now: float, live: int,
                           "grace_left_s": round(decision.deadline - now, 2)
                           if decision.deadline else None,
                           "waiting": decision.reason, "last_merge": run.last_merge[p]})
-    gap = run.accounting.median_merge_gap()
-    # Live, theta is twice this run's own median merge gap: the benchmarks, which
-    # run the same schedule without faults, use the fault-free median instead.
-    accounting = run.accounting.snapshot(now, 2 * gap if gap else None)
+    accounting = run.accounting.snapshot(now, theta(run))
     for name, figures in accounting["islands"].items():
         if name in islands:
             islands[name]["goodput"] = figures["goodput"]
@@ -59,6 +58,7 @@ def run_status(run: RunSync, now: float, live: int,
             "goodput": accounting["goodput"], "uptime": accounting["uptime"],
             "train_loss": median([i["loss"] for i in islands.values()
                                   if i["loss"] is not None and i["state"] == "training"]),
+            "startup_s": accounting["startup_s"], "theta_s": accounting["theta_s"],
             "max_stall_s": accounting["max_stall_s"], "lost_s": accounting["lost_s"],
             "versions": list(run.sync.versions), "outer_steps": run.sync.outer_steps,
             "tokens_merged": run.tokens_merged(), "eval_loss": run.eval_loss,
@@ -87,6 +87,14 @@ def link(island: dict[str, Any], before: dict[str, Any] | None) -> dict[str, Any
         # A new incarnation counts its bytes from 0 again.
         carried[f"bytes_{way}"] = total - earlier if total >= earlier else total
     return {"state": link_state(island["state"], island.get("fault", "none")), **carried}
+
+
+def theta(run: RunSync) -> float | None:
+    """Uptime's theta: twice a fragment's cadence, H steps at the step time of the K-th
+    fastest island (elastic: the slowest, the barrier waits for every island)."""
+    k = len(run.config.islands) if run.elastic else run.config.sync.min_quorum
+    cadence = run.accounting.cadence(run.config.sync.inner_steps, k)
+    return None if cadence is None else uptime_theta(cadence)
 
 
 def median(values: list[float]) -> float | None:

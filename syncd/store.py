@@ -36,6 +36,8 @@ Keys, for run R:
     arch:R:fault:<island>          JSON {kind, until, factor}: the island's active fault
     arch:R:paused                  set while a user has paused the run
     arch:R:done                    set when the budget is spent: islands stop
+    arch:R:stop                    when a user asked to stop the run: syncd merges what
+                                   arrives, checkpoints, and ends the run
     arch:R:restart                 hash {generation, until}: elastic whole-job restarts
     arch:R:rejoin                  hash island -> when a rejoin was asked for
     arch:R:checkpoint_now          set when a user asks for a checkpoint
@@ -479,6 +481,15 @@ class RunStore:
         now = time.time()
         active = {i: json.loads(v) for i, v in zip(islands, values, strict=True) if v}
         return {i: f["kind"] for i, f in active.items() if f.get("until", 0) > now}
+
+    def request_stop(self, at: float) -> None:
+        """A user stops the run at `at`: syncd finishes it (RunSync.finish_stop)."""
+        self.r.set(self.key("stop"), at, nx=True)
+
+    def stop_requested(self) -> float | None:
+        """When a stop was asked for, or None."""
+        raw = self.r.get(self.key("stop"))
+        return None if raw is None else float(raw)
 
     def request_checkpoint(self) -> None:
         self.r.set(self.key("checkpoint_now"), 1)

@@ -128,10 +128,12 @@ class Island:
             x, y = self.group.part(x), self.group.part(y)
         with autocast(self.device, self.config.train.precision):
             _, loss = self.forward(to_device(x, self.device), to_device(y, self.device))
-        self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
+        # The gradients go now, not at the next step: between steps (sends, pulls,
+        # mixes) the island holds no gradient, a model's worth less at its peak.
+        self.optimizer.zero_grad(set_to_none=True)
         self.tokens += self.tokens_per_step
         for s in self.state:
             s.tokens += self.tokens_per_step

@@ -96,7 +96,7 @@ def check_claim(claim: Any, active: bool, current_epoch: int | None) -> str | No
 
     Args:
         claim: the claim as decoded JSON: {"run", "island", "epoch", ...}.
-        active: whether the claim's run is active (in arch:runs).
+        active: whether the claim's run is active (in arch:runs) and not stopping.
         current_epoch: the island's current epoch in the run (None: it has none).
     """
     if not isinstance(claim, dict) or any(k not in claim for k in CLAIM_FIELDS):
@@ -105,7 +105,7 @@ def check_claim(claim: Any, active: bool, current_epoch: int | None) -> str | No
     if isinstance(epoch, bool) or not isinstance(epoch, int):
         return f"a claim's epoch is a whole number, got {epoch!r}"
     if not active:
-        return f"run {claim['run']} is not active"
+        return f"run {claim['run']} is not active (stopped, stopping or ended)"
     if current_epoch is None:
         return f"run {claim['run']} has no island {claim['island']!r}"
     if epoch < current_epoch:

@@ -185,7 +185,9 @@ class PoolManager:
     def handle(self, claim: dict[str, Any]) -> None:
         """Check a claim and start its island: on a warm standby, or cold."""
         store = RunStore(self.client, claim.get("run", ""))
-        active = store.run_id in RunStore.active_runs(self.client)
+        # A run being stopped takes no new incarnation, as a worker's task would not.
+        active = store.run_id in RunStore.active_runs(self.client) \
+            and store.stop_requested() is None
         refused = check_claim(claim, active, store.epochs().get(str(claim.get("island"))))
         if refused:
             self._note(f"claim refused: {refused}")

@@ -39,7 +39,13 @@ from trainer.data import Corpus, load_corpus
 from trainer.distributed import IslandGroup, resolve_device
 from trainer.fragments import Fragment, due_fragments, partition
 from trainer.island import Island, initial_model
-from trainer.launch import ASKED_AT_ENV, LAUNCHED_AT_ENV, env_time, process_started_at
+from trainer.launch import (
+    ASKED_AT_ENV,
+    LAUNCHED_AT_ENV,
+    env_time,
+    exit_now,
+    process_started_at,
+)
 from trainer.link import HEARTBEAT_S, POLL_S, Link, beating
 from trainer.model import GPT
 from trainer.phases import StartClock
@@ -350,6 +356,13 @@ class ProcessIsland:
         self.link.send(p, meta["seq"], encode_message("update", meta, payload, self.secret))
         self.save_cursor()
 
+    def flush(self) -> None:
+        """A user stopped the run: send every fragment's steps not sent yet, which syncd
+        merges before the run's final checkpoint."""
+        for p, state in enumerate(self.island.state):
+            if state.inner_steps:
+                self.send(p)
+
     def step(self) -> None:
         started = time.time()
         if self.group:
@@ -393,6 +406,8 @@ class ProcessIsland:
                         self.pull(p)
                 else:
                     mix_at.setdefault(p, (seq + s.overlap_steps, seq))
+        if self.stopping and self.store.stop_requested() is not None:
+            self.flush()
         if self.group:
             self.group.announce_stop()
             self.group.close(self.island)
@@ -420,7 +435,7 @@ def main() -> None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # rank 0 says when to stop
             log.info("island %s rank %d of %d on %s", args.island, group.rank,
                      group.world_size, group.device)
-            raise SystemExit(follow(group, args.island))
+            exit_now(follow(group, args.island))
     store = RunStore(connect(args.redis_url, ride_out_restarts=True), args.run)
     island = ProcessIsland(store, args.island, args.epoch, args.device, group, rss_bytes())
 
@@ -430,7 +445,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, stop)
     log.info("island %s epoch %d of run %s starting on %s", args.island, args.epoch, args.run,
              island.device)
-    raise SystemExit(island.run())
+    exit_now(island.run())
 
 
 def rss_bytes() -> int:

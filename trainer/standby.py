@@ -34,6 +34,7 @@ import torch
 from syncd.malloc import return_large_frees
 from syncd.store import RunStore, connect
 from trainer.data import Corpus, load_corpus
+from trainer.launch import exit_now
 from trainer.model import GPT, GPTConfig
 from trainer.phases import StartClock
 from trainer.pool import check_claim
@@ -108,7 +109,7 @@ def main() -> None:
     redirect_output(claim["log_path"])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     store = RunStore(connect(claim["redis_url"], ride_out_restarts=True), claim["run"])
-    active = store.run_id in RunStore.active_runs(store.r)
+    active = store.run_id in RunStore.active_runs(store.r) and store.stop_requested() is None
     refused = check_claim(claim, active, store.epochs().get(claim["island"]))
     if refused:
         log.warning("standby %d refused its claim: %s", os.getpid(), refused)
@@ -125,7 +126,7 @@ def main() -> None:
     log.info("island %s epoch %d of run %s starting on %s (warm standby %d, claimed "
              "%.3f s after it was asked for)", claim["island"], claim["epoch"], claim["run"],
              island.device, os.getpid(), claimed_at - (claim.get("asked_at") or claimed_at))
-    raise SystemExit(island.run())
+    exit_now(island.run())  # as the runner ends: no interpreter teardown with torch
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ An island is one long Celery task on its region's worker. The task does not
 train: it starts the training loop (`python -m trainer.runner`) as a child
 process and watches the island's control list in Redis, so that a "kill" fault
 is carried out on the island's own host, mid-step, whichever machine asked for
-it (DESIGN.md, Processes). The child is started with subprocess because
+it (docs/ARCHITECTURE.md, Processes). The child is started with subprocess because
 Celery's prefork pool processes are daemonic and multiprocessing refuses them
 children of their own.
 
@@ -368,12 +368,13 @@ class IslandSupervisor:
 
 def supervise_island(run_id: int, island: str, epoch: int, redis_url: str,
                      log_dir: str | Path, asked_at: float | None = None) -> dict[str, Any]:
-    """Run one incarnation of an island unless its run is no longer active; `asked_at`,
-    when its start or rejoin was asked for, starts its dispatch phase (trainer/phases.py)."""
+    """Run one incarnation of an island unless its run is no longer active or stopping;
+    `asked_at`, when its start or rejoin was asked for, starts its dispatch phase
+    (trainer/phases.py)."""
     from syncd.store import RunStore, connect
 
     store = RunStore(connect(redis_url), run_id)
-    if store.run_id not in RunStore.active_runs(store.r):
+    if store.run_id not in RunStore.active_runs(store.r) or store.stop_requested() is not None:
         return {"island": island, "epoch": epoch, "exit_code": None, "ended": "inactive"}
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if asked_at is not None:

@@ -3,7 +3,7 @@
 Queues (trainer/queues.py): islands go to "region.<name>", each consumed by
 that region's worker; short jobs go to "control", the default queue, with a
 worker of its own. Commands to running islands never use a queue: they go
-through Redis to the island's supervisor (DESIGN.md, Processes).
+through Redis to the island's supervisor (docs/ARCHITECTURE.md, Processes).
 """
 
 import os

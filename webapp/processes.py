@@ -1,11 +1,17 @@
 """Start, watch and stop the processes of `python -m webapp.start`.
 
 Each process starts in a session of its own: Ctrl-C in the terminal reaches
-the start command alone, which then stops the processes in the reverse order
-of their start (the web app before the workers, the workers before syncd,
-Redis last, so that islands can still save their data cursors). A process is
-stopped with its whole process group: a Celery worker's pool processes and the
-island processes they supervise get SIGTERM too, finish their step and exit.
+the start command alone, which then stops them all at once, each with its whole
+process group (a Celery worker's pool processes and the island processes they
+supervise get SIGTERM too, finish their step, save their data cursors and exit),
+and the processes started with stop_last (Redis) once the others are gone, so
+that the islands can still write to it. What is still there after the timeout
+gets SIGKILL.
+
+A guard (`python -m webapp.guard`, a process of its own) does the same stop when
+the manager's process dies without stopping them, even of SIGKILL: the manager
+tells it every process group it starts through a pipe, and the end of that pipe
+is the manager's death.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +33,11 @@ import redis
 
 # A process that keeps dying is started again at most this often.
 MAX_RESTART_DELAY_S = 30.0
+# Seconds a stop gives the processes after SIGTERM, then those stopped last (Redis),
+# before SIGKILL: together within the 10 s a process manager or a person waits.
+STOP_TIMEOUT_S = 7.0
+STOP_LAST_TIMEOUT_S = 2.0
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -167,6 +179,7 @@ class Managed:
     log_path: Path
     env: dict[str, str] | None
     restart: bool
+    stop_last: bool
     process: subprocess.Popen[bytes]
     restarts: int = 0
     restart_at: float | None = None
@@ -177,7 +190,7 @@ class ProcessManager:
     """Processes with one log file each, restarted when they die if asked to.
 
     Args:
-        log_dir: where <name>.log files go.
+        log_dir: where <name>.log files go (and guard.log, the guard's).
         cwd: the processes' working directory.
     """
 
@@ -185,15 +198,17 @@ class ProcessManager:
         self.log_dir = Path(log_dir)
         self.cwd = cwd
         self.managed: list[Managed] = []
+        self._guard: subprocess.Popen[bytes] | None = None
 
     def start(self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None,
-              restart: bool = False) -> subprocess.Popen[bytes]:
+              restart: bool = False, stop_last: bool = False) -> subprocess.Popen[bytes]:
+        """Start a process; with stop_last it is stopped after all the others are gone."""
         if any(m.name == name for m in self.managed):
             raise ValueError(f"a process named {name!r} is already managed")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
-        m = Managed(name, list(argv), log_path, env, restart,
-                    self._spawn(list(argv), log_path, env))
+        m = Managed(name, list(argv), log_path, env, restart, stop_last,
+                    self._spawn(list(argv), log_path, env, stop_last))
         self.managed.append(m)
         return m.process
 
@@ -209,6 +224,7 @@ class ProcessManager:
             if code is None:
                 continue
             if m.restart_at is None:
+                self._tell_guard(f"{m.process.pid} gone")  # its pid may be reused now
                 lines.append(f"{m.name} exited with code {code} (log: {m.log_path})")
                 if not m.restart:
                     m.restart_at = float("inf")
@@ -218,67 +234,122 @@ class ProcessManager:
                     min(MAX_RESTART_DELAY_S, 2.0 ** m.restarts)
                 m.restart_at = now + delay
             if now >= m.restart_at:
-                m.process = self._spawn(m.argv, m.log_path, m.env)
-                m.restarts += 1
-                m.restart_at = None
-                m.started_at = now
+                self._start_again(m)
                 lines.append(f"{m.name} started again (restart {m.restarts})")
         return lines
 
-    def stop_all(self, timeout: float = 20.0) -> dict[str, int | None]:
-        """Stop every process, last started first: SIGTERM to its group, then SIGKILL.
+    def start_again(self, name: str) -> subprocess.Popen[bytes]:
+        """Start a process that ended (killed, say) again at once, with its command and log."""
+        m = next((m for m in self.managed if m.name == name), None)
+        if m is None:
+            raise ValueError(f"no process named {name!r} is managed")
+        if m.process.poll() is None:
+            raise ValueError(f"{name} still runs (pid {m.process.pid})")
+        self._tell_guard(f"{m.process.pid} gone")
+        self._start_again(m)
+        return m.process
 
-        Returns each process's exit code (None if it could not be reaped).
+    def _start_again(self, m: Managed) -> None:
+        m.process = self._spawn(m.argv, m.log_path, m.env, m.stop_last)
+        m.restarts += 1
+        m.restart_at = None
+        m.started_at = time.monotonic()
+
+    def stop_all(self, timeout: float = STOP_TIMEOUT_S,
+                 last_timeout: float = STOP_LAST_TIMEOUT_S) -> dict[str, int | None]:
+        """Stop every process (see the module's doc), then the guard.
+
+        Returns each process's exit code, last started first (None if it could not
+        be reaped).
         """
-        codes: dict[str, int | None] = {}
-        for m in reversed(self.managed):
-            codes[m.name] = self._stop(m.process, timeout)
+        stop_groups([m.process.pid for m in self.managed if not m.stop_last],
+                    [m.process.pid for m in self.managed if m.stop_last], timeout, last_timeout)
+        if self._guard is not None:
+            # It finds nothing left to stop. Reaped after it, so that no pid it knows
+            # can be another process's meanwhile.
+            self._guard.stdin.close()
+            _reap(self._guard)
+            self._guard = None
+        codes = {m.name: _reap(m.process) for m in reversed(self.managed)}
         self.managed.clear()
         return codes
 
-    def _stop(self, process: subprocess.Popen[bytes], timeout: float) -> int | None:
-        pgid = process.pid  # a session leader: its pid is its group's id
-        if process.poll() is None or _group_alive(pgid):
-            # SIGCONT too: a paused (SIGSTOPped) island would never see the SIGTERM.
-            for sig in (signal.SIGTERM, signal.SIGCONT):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, sig)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if process.poll() is not None and not _group_alive(pgid):
-                return process.returncode
-            time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-        try:
-            return process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def _spawn(self, argv: list[str], log_path: Path, env: dict[str, str] | None
-               ) -> subprocess.Popen[bytes]:
+    def _spawn(self, argv: list[str], log_path: Path, env: dict[str, str] | None,
+               stop_last: bool) -> subprocess.Popen[bytes]:
         with open(log_path, "ab") as log:
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, env=env, cwd=self.cwd,
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                       stderr=subprocess.STDOUT, env=env, cwd=self.cwd,
+                                       start_new_session=True)
+        # A session leader: its pid is its process group's id.
+        self._tell_guard(f"{process.pid} {'last' if stop_last else 'first'}")
+        return process
+
+    def _tell_guard(self, line: str) -> None:
+        if self._guard is None:
+            self._guard = self._start_guard()
+        self._guard.stdin.write(f"{line}\n".encode())
+        self._guard.stdin.flush()
+
+    def _start_guard(self) -> subprocess.Popen[bytes]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / "guard.log", "ab") as log:
+            # A session of its own: a signal to our process group does not reach it.
+            return subprocess.Popen([sys.executable, "-m", "webapp.guard"],
+                                    stdin=subprocess.PIPE, stdout=log,
+                                    stderr=subprocess.STDOUT, cwd=PROJECT_ROOT,
                                     start_new_session=True)
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of the group still runs; zombies do not count.
+def stop_groups(groups: Sequence[int], last: Sequence[int], timeout: float = STOP_TIMEOUT_S,
+                last_timeout: float = STOP_LAST_TIMEOUT_S) -> None:
+    """Stop the process groups `groups` all at once, then the groups `last`.
+
+    Each group gets SIGTERM (and SIGCONT: a paused, SIGSTOPped island would never
+    see the SIGTERM); the groups still there after the timeout get SIGKILL.
+    """
+    for wave, limit in ((groups, timeout), (last, last_timeout)):
+        alive = _live_groups(wave)
+        for pgid in alive:
+            for sig in (signal.SIGTERM, signal.SIGCONT):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, sig)
+        deadline = time.monotonic() + limit
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+            alive = _live_groups(alive)
+        for pgid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+
+
+def _reap(process: subprocess.Popen[bytes]) -> int | None:
+    try:
+        return process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _live_groups(pgids: Sequence[int]) -> set[int]:
+    """Those of the process groups in which a process still runs; zombies do not count.
 
     Where nothing reaps orphans (PID 1 of some containers), a dead island stays a
     zombie in its group forever; waiting for the group to be empty would then
     always last the whole timeout.
     """
+    wanted = set(pgids)
     proc = Path("/proc")
     if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        alive = set()
+        for pgid in wanted:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                pass
+            alive.add(pgid)
+        return alive
+    alive = set()
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
@@ -287,6 +358,6 @@ def _group_alive(pgid: int) -> bool:
         except (OSError, IndexError):
             continue  # gone meanwhile
         state, group = fields[0], int(fields[2])
-        if group == pgid and state not in ("Z", "X"):
-            return True
-    return False
+        if group in wanted and state not in ("Z", "X"):
+            alive.add(group)
+    return alive

@@ -10,7 +10,10 @@ user if there is no superuser yet, runs again the islands of runs that were
 running when it last stopped, and starts the demo run if there is none.
 
 Run it again and it does not make a second admin or a second demo run. Ctrl-C
-(or SIGTERM) stops every process it started and exits 0.
+(or SIGTERM) stops every process it started within 10 s and exits 0: the islands
+finish their step, save their data cursors and send what they have, Redis stops
+last. Killed without a chance to do that (SIGKILL), its guard stops them
+(webapp/processes.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import redis
 
+from trainer.launch import exit_now
 from trainer.queues import CONTROL_QUEUE, region_queue
 from webapp.processes import (
     ProcessManager,
@@ -84,9 +88,10 @@ def start_embedded_redis(manager: ProcessManager, data_dir: Path) -> str:
     saved = int(port_file.read_text()) if port_file.exists() else 0
     port = saved if saved and port_is_free(saved) else free_port()
     port_file.write_text(str(port))
+    # Stopped last: the islands save their cursors to it as they stop.
     process = manager.start("redis", redis_argv(redis_server_binary(), port, data_dir,
                                                 maxmemory_mb=redis_maxmemory_mb()),
-                            restart=True)
+                            restart=True, stop_last=True)
     url = f"redis://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url, socket_timeout=1)
 
@@ -293,4 +298,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -2,7 +2,13 @@ import math
 
 import pytest
 
-from syncd.accounting import LOST_CAUSES, RunAccounting, uptime_theta
+from syncd.accounting import (
+    LOST_CAUSES,
+    RunAccounting,
+    fragment_cadence,
+    uptime_from_marks,
+    uptime_theta,
+)
 
 
 def accounting(*islands: str, step_time_s: float = 1.0, start: float = 0.0) -> RunAccounting:
@@ -232,11 +238,22 @@ def test_uptime_is_one_when_no_gap_exceeds_theta():
 
 def test_uptime_leaves_out_the_gaps_that_exceed_theta():
     acct = accounting("a")
-    for t in (1.0, 2.0, 4.0, 10.0):  # gaps 1, 1, 2 (= theta, not over), 6
+    for t in (1.0, 2.0, 4.0, 10.0):  # after start-up (1 s): gaps 1, 2 (= theta), 6
         acct.merged("a", 1, 0.5, t)
 
-    assert acct.uptime(10.0, theta=2.0) == pytest.approx(1 - 6 / 10)
+    assert acct.uptime(10.0, theta=2.0) == pytest.approx(1 - 6 / 9)
     assert acct.max_stall(10.0) == pytest.approx(6.0)
+
+
+def test_start_up_is_a_figure_of_its_own_and_no_down_time():
+    acct = accounting("a")
+    assert acct.uptime(30.0, theta=2.0) is None  # still in start-up
+    assert acct.startup_seconds(30.0) == pytest.approx(30.0)
+    merge_every(acct, "a", 1.0, 40.0, steps=1, first=30.0)
+
+    assert acct.startup_seconds(40.0) == pytest.approx(30.0)
+    assert acct.uptime(40.0, theta=2.0) == 1.0
+    assert acct.snapshot(40.0, theta=2.0)["startup_s"] == pytest.approx(30.0)
 
 
 def test_an_open_stall_counts_once_it_exceeds_theta():
@@ -245,15 +262,8 @@ def test_an_open_stall_counts_once_it_exceeds_theta():
     acct.merged("a", 1, 0.5, 2.0)
 
     assert acct.uptime(3.5, theta=2.0) == 1.0
-    assert acct.uptime(10.0, theta=2.0) == pytest.approx(1 - 8 / 10)
+    assert acct.uptime(10.0, theta=2.0) == pytest.approx(1 - 8 / 9)
     assert acct.max_stall(10.0) == pytest.approx(8.0)
-
-
-def test_a_run_that_never_merged_is_down_once_theta_has_passed():
-    acct = accounting("a")
-
-    assert acct.uptime(1.5, theta=2.0) == 1.0
-    assert acct.uptime(10.0, theta=2.0) == 0.0
 
 
 def test_a_pause_is_left_out_of_merge_gaps_and_wall_time():
@@ -267,25 +277,42 @@ def test_a_pause_is_left_out_of_merge_gaps_and_wall_time():
     assert acct.uptime(51.0, theta=2.0) == 1.0
 
 
-def test_uptime_per_fragment_sees_only_that_fragments_merges():
-    acct = accounting("a")
+def test_uptime_is_the_mean_over_fragments_of_each_fragments_own_gaps():
+    acct = RunAccounting(["a"], 0.0, fragments=2)
+    acct.observe_step_time("a", 1.0, faulted=False)
     merge_every(acct, "a", 1.0, 10.0, steps=1, fragment=0)
-    acct.merged("a", 1, 0.5, 1.0, fragment=1)
+    acct.merged("a", 1, 0.5, 1.5, fragment=1)
     acct.merged("a", 1, 0.5, 9.0, fragment=1)
 
-    assert acct.uptime(10.0, theta=2.0) == 1.0
-    assert acct.uptime(10.0, theta=2.0, fragment=1) == pytest.approx(1 - 8 / 10)
+    # Start-up ends at 1 s; fragment 1 is down from 1.5 to 9 (7.5 s of 9 s after it).
+    assert acct.uptime(10.0, theta=2.0, fragment=0) == 1.0
+    assert acct.uptime(10.0, theta=2.0, fragment=1) == pytest.approx(1 - 7.5 / 9)
+    assert acct.uptime(10.0, theta=2.0) == pytest.approx(1 - 7.5 / 9 / 2)
     assert acct.median_merge_gap(fragment=0) == pytest.approx(1.0)
 
 
-def test_theta_is_twice_a_fault_free_runs_median_merge_gap():
-    baseline = accounting("a")
-    for t in (2.0, 4.0, 5.0, 8.0):  # gaps 2, 1, 3
-        baseline.merged("a", 1, 0.5, t)
+def test_a_fragments_cadence_is_h_steps_at_the_kth_fastest_islands_step_time():
+    assert fragment_cadence([0.3, 0.1, 0.2, None], inner_steps=30, min_quorum=2) == \
+        pytest.approx(30 * 0.2)
+    assert fragment_cadence([0.1], inner_steps=30, min_quorum=3) == pytest.approx(3.0)
+    assert fragment_cadence([None], inner_steps=30, min_quorum=1) is None
+    acct = accounting("a", "b", step_time_s=0.5)
+    acct.observe_step_time("b", 1.5, faulted=False)  # b: (0.5 + 1.5) / 2 steps = 1 s
+    assert acct.cadence(inner_steps=10, min_quorum=1) == pytest.approx(5.0)
+    assert acct.cadence(inner_steps=10, min_quorum=2) == pytest.approx(10.0)
+    assert uptime_theta(acct.cadence(10, 2)) == pytest.approx(20.0)
 
-    assert baseline.median_merge_gap() == pytest.approx(2.0)
-    assert uptime_theta(baseline.median_merge_gap()) == pytest.approx(4.0)
-    assert accounting("a").median_merge_gap() is None
+
+def test_uptime_from_marks_is_what_the_accounting_says():
+    acct = RunAccounting(["a"], 0.0, fragments=2)
+    for t, p in ((1.0, 0), (2.0, 1), (3.0, 0), (9.0, 1), (10.0, 0)):
+        acct.merged("a", 1, 0.5, t, fragment=p)
+
+    assert uptime_from_marks(acct.fragment_marks(), acct.startup_seconds(12.0), 12.0, 3.0) \
+        == pytest.approx(acct.uptime(12.0, 3.0))
+    assert uptime_from_marks([[1.0, 2.0, 9.0, 10.0]], 1.0, 12.0, 3.0) == \
+        pytest.approx(1 - 7 / 11)
+    assert uptime_from_marks([[5.0]], 5.0, 5.0, 3.0) is None
 
 
 def test_the_snapshot_gives_uptime_only_when_theta_is_known():
@@ -297,7 +324,7 @@ def test_the_snapshot_gives_uptime_only_when_theta_is_known():
     with_theta = acct.snapshot(8.0, theta=2.0)
 
     assert without["uptime"] is None and without["theta_s"] is None
-    assert with_theta["uptime"] == pytest.approx(1 - 6 / 8)
+    assert with_theta["uptime"] == pytest.approx(1 - 6 / 7)
     assert with_theta["max_stall_s"] == pytest.approx(6.0)
     assert set(with_theta["lost_s"]) == set(LOST_CAUSES)
 
@@ -329,7 +356,7 @@ def paused(acct: RunAccounting) -> RunAccounting:
     (lambda a: a.add_island("a", 1.0), "already allocated"),
     (lambda a: a.resume(1.0), "not paused"),
     (lambda a: paused(a).pause(2.0), "already paused"),
-    (lambda a: uptime_theta(-1.0), "fault_free_median_gap_s must be"),
+    (lambda a: uptime_theta(-1.0), "cadence_s must be"),
 ])
 def test_bad_inputs_raise_value_errors_that_say_what_was_wrong(call, message):
     with pytest.raises(ValueError, match=message):

@@ -200,3 +200,34 @@ def test_elastic_throws_away_an_update_sent_before_a_restart_and_read_after_it(
     assert sync.sync.rounds[0] == {}  # a's first update after the restart fills its place
     assert sync.sync.handled[0]["a"] == 4
     assert sync.excused[0] == set()
+
+
+
+def test_an_elastic_rollback_restores_the_outer_momentum_of_the_restore_point(
+        redis_url, tmp_path):
+    sync = make_run_sync(redis_url, tmp_path, "elastic")
+    beat_at(sync, "a", 1000.0)
+    beat_at(sync, "b", 1000.0)
+    for p in (0, 1):  # outer step 1: the restore point
+        send(sync, "a", p, 4)
+        send(sync, "b", p, 4)
+    sync.tick()
+    restored = {k: v.clone() for k, v in sync.sync.optimizers[0].state_dict().items()}
+    assert restored
+    # Fragment 0 merges again (outer step 2 is not done: fragment 1 waits for b); its
+    # outer step moves the momentum buffers on in place.
+    send(sync, "a", 0, 8, base_version=1, value=0.05)
+    send(sync, "b", 0, 8, base_version=1, value=0.05)
+    sync.tick()
+    assert sync.sync.versions == [2, 1]
+    moved = sync.sync.optimizers[0].state_dict()
+    assert any(not torch.equal(moved[k], v) for k, v in restored.items())
+
+    sync.clock_state["now"] = 1060.0  # b falls silent: the job restarts from step 1
+    beat_at(sync, "a", 1060.0)
+    sync.tick()
+
+    assert sync.lost == {"b"}
+    back = sync.sync.optimizers[0].state_dict()
+    assert back.keys() == restored.keys()
+    assert all(torch.equal(back[k], v) for k, v in restored.items())

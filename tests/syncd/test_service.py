@@ -14,10 +14,11 @@ import torch
 from syncd import checkpoint, recovery
 from syncd.protocol import encode_message
 from syncd.records import Recorder
-from syncd.service import RunSync
+from syncd.service import STOP_WAIT_S, RunSync
 from syncd.store import RunStore, connect
 from trainer import compress
-from webapp.runs.models import Event
+from webapp.runs.models import Event, Run
+from webapp.runs.reports import run_summary
 from webapp.runs.services import create_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
@@ -34,7 +35,8 @@ CONFIG = {
 TOKENS_PER_STEP = 2 * 16
 
 
-def make_run_sync(redis_url: str, tmp_path, mode: str, config: dict | None = None) -> RunSync:
+def make_run_sync(redis_url: str, tmp_path, mode: str, config: dict | None = None,
+                  keepalive=lambda: None) -> RunSync:
     run = create_run(name="syncd test", mode=mode, config=config or CONFIG, user=None)
     store = RunStore(connect(redis_url), run.pk)
     store.put_spec(run.mode, run.config, run.secret)
@@ -43,7 +45,7 @@ def make_run_sync(redis_url: str, tmp_path, mode: str, config: dict | None = Non
     clock = {"now": 1000.0}
     # Every tick reads everything: the tests step a frozen clock.
     sync = RunSync(store, Recorder(run.pk), tmp_path, clock=lambda: clock["now"],
-                   control_every_s=0.0)
+                   control_every_s=0.0, keepalive=keepalive)
     sync.clock_state = clock
     return sync
 
@@ -172,6 +174,22 @@ def test_a_run_that_completes_at_its_budget_keeps_only_its_status_and_logs_in_re
     assert "log:a" in left
     assert "outcome" in sync.store.status()
     assert not {k.split(":")[0] for k in left} & {"blob", "full", "pub", "momentum", "updates"}
+
+
+def test_a_long_pass_lets_syncd_renew_its_leases_between_updates_and_merges(
+        redis_url, tmp_path):
+    calls = []
+    sync = make_run_sync(redis_url, tmp_path, "decoupled", keepalive=lambda: calls.append(1))
+    built = len(calls)
+    heartbeat_all(sync)
+    for island in ("a", "b"):
+        send(sync, island, 0, 4)
+        send(sync, island, 1, 4)
+
+    sync.tick()
+
+    assert built >= 2  # while the model was built and the fragments restored
+    assert len(calls) - built >= 4 + 2  # after each of 4 updates and each of 2 merges
 
 
 def test_a_replayed_update_is_merged_at_most_once(run_sync):
@@ -355,3 +373,60 @@ def test_each_islands_link_in_the_status_carries_the_bytes_of_the_last_interval(
     scale = run_sync.config.emulation.bytes_scale
     assert run_sync.store.status()["islands"]["a"]["link"] == {
         "state": "up", "bytes_up": 600 * scale, "bytes_down": 1200 * scale}
+
+
+def test_the_run_row_keeps_tokens_outer_steps_and_progress_current_at_the_status_cadence(
+        run_sync):
+    heartbeat_all(run_sync)
+    for p in (0, 1):
+        send(run_sync, "a", p, 4)
+        send(run_sync, "b", p, 4)
+    run_sync.tick()
+    row = Run.objects.get(pk=run_sync.recorder.run_id)
+
+    assert (row.tokens, row.outer_steps) == (2 * 4 * TOKENS_PER_STEP, 1)
+    assert run_summary(row)["progress"] == pytest.approx(row.tokens / 10**9)
+
+
+def test_a_stop_merges_the_open_rounds_checkpoints_and_ends_the_run_as_stopped(run_sync):
+    run = Run.objects.get(pk=run_sync.recorder.run_id)
+    Run.objects.filter(pk=run.pk).update(state=Run.State.STOPPING)
+    run_sync.store.r.sadd("arch:runs", run_sync.store.run_id)
+    beat_at(run_sync, "a", 1000.0)
+    beat_at(run_sync, "b", 1000.0)
+    send(run_sync, "a", 0, 4)  # below the quorum of 2: it waits
+    run_sync.tick()
+    assert run_sync.sync.versions == [0, 0]
+
+    run_sync.store.request_stop(1000.0)
+    run_sync.tick()  # b still trains: the stop waits for it
+    assert Run.objects.get(pk=run.pk).state == Run.State.STOPPING
+    send(run_sync, "b", 1, 6, steps=6)  # b sends what it had not sent, then stops
+    beat_at(run_sync, "b", 1000.0, state="stopped")
+    beat_at(run_sync, "a", 1000.0, state="stopped")
+    run_sync.tick()
+
+    assert run_sync.sync.versions == [1, 1]  # both open rounds merged as they were
+    run.refresh_from_db()
+    assert run.state == Run.State.STOPPED
+    assert run.tokens == (4 + 6) * TOKENS_PER_STEP // 2
+    assert run.checkpoints.count() == 1
+    assert Event.objects.filter(run=run, kind="checkpoint").exists()
+    merges = Event.objects.filter(run=run, kind="merge")
+    assert {e.detail["reason"] for e in merges} == {"stop"}
+    assert set(run.islands.values_list("state", flat=True)) == {"stopped"}
+    assert run_sync.store.run_id not in RunStore.active_runs(run_sync.store.r)
+    assert run_sync.store.status()["outcome"]["tokens_merged"] == run.tokens
+
+
+def test_a_stop_gives_up_waiting_for_islands_that_never_stop(run_sync):
+    run = Run.objects.get(pk=run_sync.recorder.run_id)
+    Run.objects.filter(pk=run.pk).update(state=Run.State.STOPPING)
+    heartbeat_all(run_sync)
+    run_sync.store.request_stop(1000.0)
+    run_sync.tick()
+    assert Run.objects.get(pk=run.pk).state == Run.State.STOPPING
+
+    run_sync.clock_state["now"] = 1000.0 + STOP_WAIT_S
+    run_sync.tick()
+    assert Run.objects.get(pk=run.pk).state == Run.State.STOPPED

@@ -113,11 +113,60 @@ def test_the_manager_stops_the_children_of_its_processes_too(manager, tmp_path):
     wait_for(lambda: gone(grandchild), 5, "the grandchild gone")
 
 
-def test_the_manager_stops_in_the_reverse_order_of_start(manager):
-    for name in ("redis", "syncd", "web"):
-        manager.start(name, python("import time; time.sleep(60)"))
+def slow_to_stop(name: str, record: Path, seconds: float) -> list[str]:
+    """A process that notes in `record` when SIGTERM comes and, `seconds` later, its end."""
+    return python(f"""
+        import signal, sys, time
+        def stop(signum, frame):
+            open({str(record)!r}, "a").write("{name} got SIGTERM\\n")
+            time.sleep({seconds})
+            open({str(record)!r}, "a").write("{name} ended\\n")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        open({str(record)!r}, "a").write("{name} ready\\n")
+        time.sleep(60)
+    """)
 
-    assert list(manager.stop_all(timeout=5)) == ["web", "syncd", "redis"]
+
+def test_the_manager_stops_its_processes_at_once_and_redis_after_them(manager, tmp_path):
+    record = tmp_path / "record"
+    manager.start("redis", slow_to_stop("redis", record, 0), stop_last=True)
+    for name in ("syncd", "worker", "web"):
+        manager.start(name, slow_to_stop(name, record, 1))
+    wait_for(lambda: record.exists() and record.read_text().count("ready") == 4, 10,
+             "the processes ready")
+
+    codes = manager.stop_all(timeout=5)
+
+    lines = [line for line in record.read_text().splitlines() if "ready" not in line]
+    assert sorted(lines[:3]) == ["syncd got SIGTERM", "web got SIGTERM", "worker got SIGTERM"]
+    assert sorted(lines[3:6]) == ["syncd ended", "web ended", "worker ended"]
+    assert lines[6:] == ["redis got SIGTERM", "redis ended"]
+    assert codes == {"web": 0, "worker": 0, "syncd": 0, "redis": 0}
+
+
+def test_the_guard_stops_the_processes_of_a_manager_killed_with_sigkill(tmp_path):
+    """Nothing is left running when the process that started them dies without a word."""
+    record, pids = tmp_path / "record", tmp_path / "pids"
+    starter = subprocess.Popen(python(f"""
+        import time
+        from webapp.processes import ProcessManager
+        manager = ProcessManager({str(tmp_path / "logs")!r})
+        started = [manager.start("redis", {slow_to_stop("redis", record, 0)!r}, stop_last=True),
+                   manager.start("worker", {slow_to_stop("worker", record, 1)!r})]
+        open({str(pids)!r}, "w").write(" ".join(str(p.pid) for p in started))
+        time.sleep(60)
+    """))
+    wait_for(lambda: record.exists() and record.read_text().count("ready") == 2, 20,
+             "the processes ready")
+    children = [int(pid) for pid in pids.read_text().split()]
+
+    starter.kill()
+    starter.wait()
+
+    wait_for(lambda: all(gone(pid) for pid in children), 15, "every process gone")
+    lines = [line for line in record.read_text().splitlines() if "ready" not in line]
+    assert lines == ["worker got SIGTERM", "worker ended", "redis got SIGTERM", "redis ended"]
 
 
 def test_the_manager_starts_again_a_process_that_dies_if_asked(manager, tmp_path):

@@ -117,10 +117,15 @@ class RunOut(Schema):
     initial_checkpoint: int | None
     islands: list[IslandOut]
     versions: dict[str, int] = Field(description="Fragment index -> global version.")
-    outer_steps: int | None = Field(description="The smallest fragment version.")
-    tokens: int = Field(description="Tokens merged into the global model.")
+    outer_steps: int = Field(description="The smallest fragment version (global outer "
+                                         "steps), kept current while the run trains.")
+    tokens: int = Field(description="Tokens merged into the global model, kept current "
+                                    "while the run trains (docs/FIGURES.md, progress).")
     goodput: float | None
-    uptime: float | None
+    uptime: float | None = Field(description="Share of the time since start-up in which "
+                                             "the global model advanced (docs/FIGURES.md).")
+    startup_s: float | None = Field(description="Seconds from the run's start to its "
+                                                "first merge; not counted as down time.")
     train_loss: float | None
     eval_loss: float | None
     live_islands: int | None

@@ -90,6 +90,10 @@ class RunsListConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "run_state", "run": message["run"],
                               "state": message["state"]})
 
+    async def runs_progress(self, message: dict[str, Any]) -> None:
+        await self.send_json({"type": "run_progress", "run": message["run"],
+                              "tokens": message["tokens"], "progress": message["progress"]})
+
 
 class SimulationConsumer(AsyncJsonWebsocketConsumer):
     """/ws/simulations/<id>/: the simulation as it is, then every update of it."""

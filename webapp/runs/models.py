@@ -37,6 +37,7 @@ class Run(models.Model):
         QUEUED = "queued"
         RUNNING = "running"
         PAUSED = "paused"
+        STOPPING = "stopping"  # syncd merges what arrives, checkpoints, then: stopped
         COMPLETED = "completed"
         FAILED = "failed"
         STOPPED = "stopped"
@@ -53,6 +54,8 @@ class Run(models.Model):
     failure_reason = models.TextField(blank=True)
     secret = models.CharField(max_length=64, default=new_run_secret, editable=False)
     tokens = models.BigIntegerField(default=0, help_text="Tokens merged into the global model.")
+    outer_steps = models.PositiveIntegerField(
+        default=0, help_text="The smallest fragment version, kept current by syncd.")
     archived = models.BooleanField(default=False, help_text="Hidden from the runs list.")
     initial_checkpoint = models.ForeignKey(
         "Checkpoint", models.SET_NULL, null=True, blank=True, related_name="started_runs",
@@ -127,6 +130,7 @@ class Run(models.Model):
             "finished_at": _isoformat(self.finished_at),
             "failure_reason": self.failure_reason,
             "tokens": self.tokens,
+            "outer_steps": self.outer_steps,
             "archived": self.archived,
             "initial_checkpoint": self.initial_checkpoint_id,
             # A removed island keeps its row (and epochs) for when it comes back.
@@ -137,10 +141,11 @@ class Run(models.Model):
 
 TRANSITIONS: dict[Run.State, frozenset[Run.State]] = {
     Run.State.DRAFT: frozenset({Run.State.QUEUED}),
-    Run.State.QUEUED: frozenset({Run.State.RUNNING, Run.State.FAILED, Run.State.STOPPED}),
+    Run.State.QUEUED: frozenset({Run.State.RUNNING, Run.State.FAILED, Run.State.STOPPING}),
     Run.State.RUNNING: frozenset(
-        {Run.State.PAUSED, Run.State.COMPLETED, Run.State.FAILED, Run.State.STOPPED}),
-    Run.State.PAUSED: frozenset({Run.State.RUNNING, Run.State.FAILED, Run.State.STOPPED}),
+        {Run.State.PAUSED, Run.State.COMPLETED, Run.State.FAILED, Run.State.STOPPING}),
+    Run.State.PAUSED: frozenset({Run.State.RUNNING, Run.State.FAILED, Run.State.STOPPING}),
+    Run.State.STOPPING: frozenset({Run.State.STOPPED, Run.State.FAILED}),
     Run.State.COMPLETED: frozenset(),
     Run.State.FAILED: frozenset(),
     Run.State.STOPPED: frozenset(),

@@ -20,16 +20,18 @@ MAX_EVENTS = 1000
 TIMELINE_ROWS = 20000
 TIMELINE_KINDS = (Event.Kind.FAULT, Event.Kind.ISLAND_LOST, Event.Kind.ISLAND_REVIVED,
                   Event.Kind.REJOIN, Event.Kind.MERGE)
-LIVE_FIELDS = ("versions", "outer_steps", "goodput", "uptime", "train_loss", "eval_loss",
-               "live_islands", "max_stall_s")
+# Tokens merged and outer steps are the Run row's, which syncd keeps current.
+LIVE_FIELDS = ("goodput", "uptime", "startup_s", "train_loss", "eval_loss", "live_islands",
+               "max_stall_s")
 
 
 def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The run (Run.to_dict) with the live figures of syncd's latest status: versions
-    (fragment index -> version), outer_steps, goodput, uptime, train and eval loss, and
-    per island its live state, active fault, tokens, version_lag and link to syncd
-    (syncd.status.link; from the island's own state once the run is over). A run syncd has
-    not served yet has empty versions and None for the figures."""
+    """The run (Run.to_dict: tokens merged and outer_steps, which syncd keeps current)
+    with its progress and the live figures of syncd's latest status: versions (fragment
+    index -> version), goodput, uptime, start-up, train and eval loss, and per island its
+    live state, active fault, tokens, version_lag and link to syncd (syncd.status.link;
+    from the island's own state once the run is over). A run syncd has not served yet
+    has empty versions and None for the figures."""
     data = run.to_dict()
     if status is None:
         try:
@@ -38,7 +40,7 @@ def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any
             status = {}
             data["live_status"] = "unavailable: Redis cannot be reached"
     data["versions"] = {str(p): v for p, v in enumerate(status.get("versions", []))}
-    for field in LIVE_FIELDS[1:]:
+    for field in LIVE_FIELDS:
         data[field] = status.get(field)
     data["progress"] = progress(run)
     live = status.get("islands", {})

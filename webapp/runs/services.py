@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from trainer.config import MODES, ConfigError, RunConfig, parse_config
 from trainer.island_logs import island_log_path, tail_lines
@@ -145,24 +147,36 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
 
 
 def stop_run(run: Run, by: AbstractBaseUser | None) -> None:
-    """Stop a run for good: every island saves its cursor and exits; syncd lets it go,
-    and the run's Redis keys are freed but its status (RunStore.release).
+    """Stop a run for good, keeping its model: the run is `stopping` while every island
+    sends what it has not sent and exits, and syncd merges what arrived, writes a final
+    checkpoint, sets the islands' states, frees the run's Redis keys but its status
+    and makes the run `stopped` (RunSync.finish_stop).
 
     Raises:
-        ValueError: when the run cannot be stopped from its state (a draft, or final).
+        ValueError: when the run cannot be stopped from its state (a draft, stopping, or
+            final).
     """
-    run.transition(Run.State.STOPPED, by=by)
+    run.transition(Run.State.STOPPING, by=by)
     store = run_store(run)
-    for island in live_islands(run):
-        store.send_command(island.name, "stop", epoch=island.epoch)
-    store.release()  # its model is in its checkpoints; Redis keeps its last status
+    store.request_stop(time.time())
+    store.set_paused(False)  # a paused run's islands thaw to stop (the supervisor's SIGCONT)
+    _command_all(run, "stop")
+
+
+# A pause checkpoints unless the run has a checkpoint at most this old.
+PAUSE_CHECKPOINT_AGE_S = 60.0
 
 
 def pause_run(run: Run, by: AbstractBaseUser | None) -> None:
-    """Freeze every island process (SIGSTOP); it keeps its memory and its place."""
+    """Freeze every island process (SIGSTOP); it keeps its memory and its place. syncd
+    checkpoints the run unless it has a checkpoint newer than a minute."""
     run.transition(Run.State.PAUSED, by=by)
-    run_store(run).set_paused(True)  # syncd: silent islands are paused, not lost
+    store = run_store(run)
+    store.set_paused(True)  # syncd: silent islands are paused, not lost
     _command_all(run, "pause")
+    recent = timezone.now() - timedelta(seconds=PAUSE_CHECKPOINT_AGE_S)
+    if not Checkpoint.objects.filter(run=run, created_at__gte=recent).exists():
+        store.request_checkpoint()
 
 
 def resume_run(run: Run, by: AbstractBaseUser | None) -> None:

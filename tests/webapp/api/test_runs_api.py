@@ -171,11 +171,15 @@ def test_it_shows_syncds_live_status(viewer_api, running, redis_url):
         "versions": [7, 6], "outer_steps": 6, "goodput": 0.9, "uptime": 1.0,
         "train_loss": 2.5, "eval_loss": 2.7,
         "islands": {"east-a": {"state": "lost", "fault": "partition", "version_lag": 2}}}))
+    # Tokens and outer steps are the Run row's, which syncd keeps current.
+    Run.objects.filter(pk=running.pk).update(tokens=1000, outer_steps=6)
 
     data = viewer_api.get(f"{RUNS}/{running.pk}").json()
 
     assert data["versions"] == {"0": 7, "1": 6}
     assert (data["outer_steps"], data["goodput"], data["eval_loss"]) == (6, 0.9, 2.7)
+    assert data["tokens"] == 1000 and data["progress"] == pytest.approx(
+        1000 / running.config["budget"]["total_tokens"])
     east_a = data["islands"][0]
     assert (east_a["state"], east_a["active_fault"], east_a["version_lag"]) == \
         ("lost", "partition", 2)
@@ -250,10 +254,11 @@ def test_starting_a_running_run_is_a_409_that_says_why(operator_api, running):
     assert response.status_code == 409
     assert response.json() == {"errors": {"state": [
         "cannot go from running to queued (from running a run can go to completed, "
-        "failed, paused, stopped)"]}}
+        "failed, paused, stopping)"]}}
 
 
-@pytest.mark.parametrize("action, state", [("pause", "paused"), ("stop", "stopped")])
+# A stop leaves the run stopping: syncd merges what arrives, checkpoints, then stops it.
+@pytest.mark.parametrize("action, state", [("pause", "paused"), ("stop", "stopping")])
 def test_an_operator_can_pause_and_stop_a_running_run(operator_api, running, action, state):
     response = operator_api.post(f"{RUNS}/{running.pk}/{action}")
 

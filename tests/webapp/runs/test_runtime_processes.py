@@ -174,8 +174,8 @@ def test_islands_on_a_real_worker_merge_through_syncd_survive_a_kill_and_rejoin(
                                                  abs=1.0)
     assert timed.detail["warm"] is False  # this system has no pool: a cold start
     stop_run(run, by=None)
-    run.refresh_from_db()
-    assert run.state == Run.State.STOPPED
+    wait_until(lambda: Run.objects.get(pk=run.pk).state == Run.State.STOPPED, 90,
+               "the run to be stopped")
     kinds = set(run.events.values_list("kind", flat=True))
     assert {"merge", "island_lost", "rejoin"} <= kinds
 
@@ -347,3 +347,77 @@ def test_a_region_outage_is_still_detected_by_the_heartbeat_timeout(
         assert lost["silent_s"] >= 3.0  # the run's heartbeat timeout
     assert store.deaths() == {}  # a dark region told no one
     stop_run(run, by=None)
+
+
+def api_run(client, run: Run) -> dict:
+    response = client.get(f"/api/runs/{run.pk}")
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def test_tokens_and_progress_rise_in_the_api_while_a_run_trains_and_uptime_falls_with_an_outage(
+        system, corpus_file, redis_url, django_user_model, client):
+    client.force_login(django_user_model.objects.create_superuser("root", password=None))
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    store = start_and_wait(run, redis_url, 3)
+    wait_all_training(store)
+
+    first = wait_until(lambda: (d := api_run(client, run))["tokens"] > 0 and d, 30,
+                       "tokens merged in the API")
+    assert first["progress"] > 0 and first["outer_steps"] >= 1
+    wait_until(lambda: api_run(client, run)["tokens"] > first["tokens"], 30,
+               "the API's tokens to rise")
+    later = api_run(client, run)
+    assert later["progress"] > first["progress"] and later["state"] == "running"
+
+    # Without a fault the global model advances at its cadence: uptime at least 0.99.
+    wait_until(lambda: (store.status() or {}).get("uptime") is not None, 30, "an uptime")
+    status = store.status()
+    assert status["uptime"] >= 0.99, status
+    theta = status["theta_s"]
+    assert theta > 0 and status["startup_s"] > 0
+
+    # Two of the three islands cut off for longer than theta: K = 2 is not met, no
+    # fragment merges, and that outage is down time.
+    for island in ("island-1", "island-2"):
+        inject_fault(run, island, "partition", max(4 * theta, 2.0))
+    wait_until(lambda: (store.status() or {}).get("uptime", 1.0) < 0.99, 60,
+               "uptime to fall during the outage")
+    stop_run(run, by=None)
+
+
+def test_a_stop_merges_what_arrived_checkpoints_and_only_then_the_run_is_stopped(
+        system, corpus_file, redis_url, django_user_model, client):
+    client.force_login(django_user_model.objects.create_superuser("root", password=None))
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    run.config["checkpoint"]["interval_s"] = 3600.0  # no periodic checkpoint to lean on
+    run.save(update_fields=["config"])
+    store = start_and_wait(run, redis_url, 2)
+    wait_all_training(store)
+
+    asked = time.time()
+    stop_run(run, by=None)
+    run.refresh_from_db()
+    assert run.state == Run.State.STOPPING
+    assert str(run.pk) in RunStore.active_runs(store.r)  # syncd still holds it
+
+    def stopped() -> bool:
+        run.refresh_from_db()
+        return run.state == Run.State.STOPPED
+
+    wait_until(stopped, 90, "syncd to finish the stop")
+    newest = run.checkpoints.order_by("-created_at").first()
+    assert newest is not None and newest.created_at.timestamp() > asked
+    assert run.events.filter(kind="checkpoint", time__gte=newest.created_at).exists()
+    detail = api_run(client, run)
+    assert detail["state"] == "stopped"
+    assert all(island["state"] != "training" for island in detail["islands"]), detail
+    assert detail["tokens"] > 0 and detail["tokens"] == newest_tokens(newest)
+    assert str(run.pk) not in RunStore.active_runs(store.r)
+    assert "outcome" in store.status()
+
+
+def newest_tokens(checkpoint) -> int:
+    from syncd import checkpoint as checkpoints
+
+    return checkpoints.load(Path(checkpoint.path), checkpoint.sha256)[3]

@@ -20,7 +20,7 @@ from webapp.runs.faults import (
     kill_syncd,
     record_island_failure,
 )
-from webapp.runs.models import Event, Island, Run
+from webapp.runs.models import Checkpoint, Event, Island, Run
 from webapp.runs.services import (
     add_island,
     checkpoint_now,
@@ -199,9 +199,9 @@ def test_faults_need_an_island_the_run_has(running):
 def test_faults_need_a_running_run(running, operator):
     stop_run(running, operator)
 
-    with pytest.raises(ValueError, match="cannot inject a fault: the run is stopped"):
+    with pytest.raises(ValueError, match="cannot inject a fault: the run is stopping"):
         inject_fault(running, "east-a", "partition", 10)
-    with pytest.raises(ValueError, match="cannot kill an island: the run is stopped"):
+    with pytest.raises(ValueError, match="cannot kill an island: the run is stopping"):
         kill_island(running, "east-a", operator)
 
 
@@ -248,15 +248,30 @@ def test_rejoin_stops_the_old_incarnation_and_enqueues_the_next_epoch(running, s
         island, operator, 1, 2)
 
 
-def test_stop_run_stops_every_island_and_syncd_lets_the_run_go(running, store, operator):
+def test_stop_run_stops_every_island_and_leaves_the_run_to_syncd_to_finish(
+        running, store, operator):
     stop_run(running, operator)
 
     s = store(running)
     for name in ("east-a", "east-b", "west-a"):
         assert commands(s, name) == [{"kind": "stop", "epoch": 1}]
-    assert str(running.pk) not in RunStore.active_runs(s.r)
+    # syncd merges what arrives, checkpoints, frees the keys and makes it stopped.
+    assert str(running.pk) in RunStore.active_runs(s.r)
+    assert s.stop_requested() is not None
     running.refresh_from_db()
-    assert running.state == Run.State.STOPPED and running.finished_at is not None
+    assert running.state == Run.State.STOPPING and running.finished_at is None
+
+
+def test_a_pause_asks_for_a_checkpoint_unless_one_is_newer_than_a_minute(
+        running, store, operator):
+    pause_run(running, operator)
+    assert store(running).take_checkpoint_request()
+    resume_run(running, operator)
+    Checkpoint.objects.create(run=running, versions={}, outer_step=0, path="x", sha256="0",
+                              bytes=1)
+
+    pause_run(running, operator)
+    assert not store(running).take_checkpoint_request()
 
 
 def test_pause_and_resume_freeze_and_thaw_every_island(running, store, operator):

@@ -192,6 +192,7 @@ function showQuorum(status) {
 function showFigures(status) {
   $("goodput").textContent = arch.fmt(status.goodput, 3);
   $("uptime").textContent = arch.fmt(status.uptime, 3);
+  $("startup").textContent = status.startup_s == null ? "—" : `${arch.fmt(status.startup_s, 1)} s`;
   $("train-loss").textContent = arch.fmt(status.train_loss, 3);
   $("eval-loss").textContent = arch.fmt(status.eval_loss, 3);
   $("outer-steps").textContent = arch.fmt(status.outer_steps);

@@ -21,7 +21,15 @@ document.querySelectorAll("#runs tr[data-run]").forEach((row) => {
 });
 
 arch.socket("/ws/runs/", (message) => {
-  if (message.type !== "run_state") return;
-  const cell = document.querySelector(`#runs tr[data-run="${message.run}"] [data-field=state]`);
-  if (cell) { cell.textContent = message.state; cell.className = "state " + message.state; }
+  const row = document.querySelector(`#runs tr[data-run="${message.run}"]`);
+  if (!row) return;
+  if (message.type === "run_state") {
+    const cell = row.querySelector("[data-field=state]");
+    cell.textContent = message.state;
+    cell.className = "state " + message.state;
+  } else if (message.type === "run_progress") {
+    row.querySelector("[data-field=progress]").style.width =
+      (100 * message.progress).toFixed(1) + "%";
+    row.querySelector("[data-field=tokens]").title = `${message.tokens} tokens`;
+  }
 });
