@@ -312,8 +312,8 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
     # Elastic twice: today's cold restarts (the checks' baseline, as before) and warm
     # restarts from the same pool (the best an elastic job could do).
     out["decoupled_over_elastic"] = {
-        "cold restarts": d["goodput"] / e["goodput"],
-        "warm restarts": d["goodput"] / out["elastic_warm"]["goodput"]}
+        name: d["goodput"] / mode["goodput"] if mode["goodput"] else None
+        for name, mode in (("cold restarts", e), ("warm restarts", out["elastic_warm"]))}
     out["checks"] = {
         # A run that ends before its schedule's first fault measures nothing.
         "faults in the fewest-fault run": results.check(
@@ -348,9 +348,10 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
                         ["mode", *out["decoupled"]["system_costs"]]))
     print()
     print(results.checks_table(out["checks"]))
-    print(f"\ndecoupled / elastic goodput: {out['decoupled_over_elastic']['cold restarts']:.3f}"
-          f" with cold restarts, {out['decoupled_over_elastic']['warm restarts']:.3f} with warm"
-          f" restarts; restart delays {[r['restart_delay_s'] for r in per_seed]}")
+    ratios = out["decoupled_over_elastic"]
+    print(f"\ndecoupled / elastic goodput: {ratios['cold restarts']} with cold restarts, "
+          f"{ratios['warm restarts']} with warm restarts; restart delays "
+          f"{[r['restart_delay_s'] for r in per_seed]}")
     print(f"\nmerge interval {interval:.3f} s, theta {thetas}, fault-free eval loss "
           f"{fault_free:.4f}; {out['seconds']} s; "
           f"wrote {path} and {html}")
