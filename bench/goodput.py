@@ -10,7 +10,9 @@ the other, through the run services the control room calls:
 - decoupled and elastic without faults: each mode's uptime (at least 0.99), the
   fault-free eval loss at the budget, and decoupled's per-island step times, at
   which every run's useful steps are valued (one clock for both modes) and from
-  which, with the schedule alone, the oracle bound follows;
+  which, with the schedule alone, the oracle bound follows; the one with the lower
+  final eval loss is quality's reference (quality-adjusted goodput,
+  docs/FIGURES.md);
 - for each seed, elastic with the same `aggressive` schedule (config.chaos,
   carried out by syncd: syncd/chaos_driver.py) and cold restarts: its restart
   delay is today's, measured by syncd from its islands' first start-up, cold;
@@ -40,13 +42,17 @@ from typing import Any
 
 from bench import results
 from bench.goodput_report import (
+    eval_curve,
     figure_html,
     merge_interval,
+    monotone_fit,
     oracle_goodput,
+    quality_goodput,
     revalued_goodput,
     spread,
     stall_with_quorum,
     system_costs,
+    tokens_to_reach,
 )
 from bench.system import ROOT, BenchSystem
 from syncd.chaos import Fault
@@ -126,7 +132,9 @@ def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any])
             series.append({"time": status["time"], "goodput": status.get("goodput"),
                            "outer_steps": status.get("outer_steps", 0),
                            "live": status.get("live_islands", 0),
-                           "tokens": status.get("tokens_merged", 0)})
+                           "tokens": status.get("tokens_merged", 0),
+                           "eval_loss": status.get("eval_loss"),
+                           "eval_tokens": status.get("eval_tokens")})
             for name, island in status.get("islands", {}).items():
                 if island.get("state") == "training":
                     first_training.setdefault(name, status["time"])
@@ -189,15 +197,32 @@ def wait_islands_stopped(store: Any, islands: list[str], timeout: float = 60.0) 
     wait_for(stopped, timeout, "the islands of the finished run to stop", 0.2)
 
 
-def figures(run: dict[str, Any], min_quorum: int, step_time_s: dict[str, float]
-            ) -> dict[str, Any]:
+def quality_reference(base: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Quality's reference: of the fault-free runs, the one with the lowest final eval
+    loss; the monotone fit of its eval curve and its allocated island-seconds per token
+    merged (docs/FIGURES.md, quality-adjusted goodput)."""
+    mode, run = min(base.items(), key=lambda item: item[1]["outcome"]["eval_loss"])
+    out = run["outcome"]
+    return {"mode": mode, "eval_loss": out["eval_loss"],
+            "fit": monotone_fit(eval_curve(run["series"], out["tokens_merged"],
+                                           out["eval_loss"])),
+            "s_per_token": out["allocated_s"] / out["tokens_merged"]}
+
+
+def figures(run: dict[str, Any], min_quorum: int, step_time_s: dict[str, float],
+            reference: dict[str, Any]) -> dict[str, Any]:
     """The figures of one run as the report shows them. Goodput values the run's useful
     steps at `step_time_s` (island -> the fault-free decoupled run's seconds per step),
-    syncd's own figure (each run's own step times) is beside it; uptime and start-up
-    are syncd's (docs/FIGURES.md: theta is twice a fragment's cadence in the run)."""
+    syncd's own figure (each run's own step times) is beside it, and quality-adjusted
+    goodput against `reference` (quality_reference); uptime and start-up are syncd's
+    (docs/FIGURES.md: theta is twice a fragment's cadence in the run)."""
     out = run["outcome"]
     useful = {name: island["useful_steps"] for name, island in out["islands"].items()}
+    reached = tokens_to_reach(reference["fit"], out["eval_loss"])
     return {"goodput": revalued_goodput(useful, step_time_s, out["allocated_s"]),
+            "quality_goodput": None if reached is None else quality_goodput(
+                reached, out["allocated_s"], reference["s_per_token"]),
+            "reference_tokens": reached,
             "goodput_syncd": out["goodput"],
             "tokens_per_island_s": out["tokens_merged"] / out["allocated_s"],
             "system_costs": system_costs(run["startup_s"], run["rejoin_s"], out["lost_s"],
@@ -275,11 +300,12 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
     reference = base["decoupled"]
     step_times = reference["outcome"]["step_time_s"]  # one clock for both modes
     interval = merge_interval(sync["inner_steps"], sync["fragments"], reference["step_time_s"])
+    quality = quality_reference(base)
     per_seed = []
     for seed, runs in sorted(seeds.items()):
         row: dict[str, Any] = {"seed": seed}
         for mode, run in runs.items():
-            row[mode] = figures(run, k, step_times)
+            row[mode] = figures(run, k, step_times, quality)
         row["oracle_goodput"] = oracle_of(runs["decoupled"]["faults"], reference, config)
         per_seed.append(row)
     fault_free = base["decoupled"]["outcome"]["eval_loss"]
@@ -292,21 +318,25 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
     for mode in MODES:
         rows = [r[mode] for r in per_seed]
         out[mode] = {key: spread([r[key] for r in rows])["mean"]
-                     for key in ("goodput", "goodput_syncd", "tokens_per_island_s", "uptime",
+                     for key in ("goodput", "quality_goodput", "goodput_syncd",
+                                 "tokens_per_island_s", "uptime",
                                  "startup_s", "max_stall_s", "max_stall_with_quorum_s",
                                  "eval_loss", "tokens_merged", "wall_s")}
         out[mode]["system_costs"] = {cause: statistics.fmean(r["system_costs"][cause]
                                                              for r in rows)
                                      for cause in rows[0]["system_costs"]}
         out[mode]["spread"] = {key: spread([r[key] for r in rows])
-                               for key in ("goodput", "uptime", "eval_loss")}
+                               for key in ("goodput", "quality_goodput", "uptime",
+                                           "eval_loss")}
         out[mode]["lost_s"] = {cause: statistics.fmean(r["lost_s"][cause] for r in rows)
                                for cause in rows[0]["lost_s"]}
         base_mode = "elastic" if mode == "elastic_warm" else mode
-        out[mode]["fault_free"] = figures(base[base_mode], k, step_times)
+        out[mode]["fault_free"] = figures(base[base_mode], k, step_times, quality)
     out["oracle_goodput"] = statistics.fmean(r["oracle_goodput"] for r in per_seed)
     out["per_seed"] = per_seed
     out["eval_loss_fault_free"] = fault_free
+    out["quality_reference"] = {key: quality[key] for key in ("mode", "eval_loss",
+                                                              "s_per_token", "fit")}
     b = profile["bounds"]
     d, e = out["decoupled"], out["elastic"]
     # Elastic twice: today's cold restarts (the checks' baseline, as before) and warm
@@ -332,15 +362,18 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
     name = "goodput-quick" if quick else "goodput"
     path = results.write(name, out)
     html = results.RESULTS / f"{name}.html"
-    html.write_text(figure_html(seeds, f"Goodput under the {profile['preset']} schedule"))
+    html.write_text(figure_html(seeds, f"Goodput under the {profile['preset']} schedule",
+                                quality["fit"]))
     rows = [{"seed": r["seed"], "mode": mode, "goodput": r[mode]["goodput"],
+             "quality": r[mode]["quality_goodput"],
              "syncd": r[mode]["goodput_syncd"], "tok/isl-s": r[mode]["tokens_per_island_s"],
              "uptime": r[mode]["uptime"], "max_stall_s": r[mode]["max_stall_s"],
              "stall_K_alive_s": r[mode]["max_stall_with_quorum_s"],
              "eval_loss": r[mode]["eval_loss"], "wall_s": r[mode]["wall_s"],
              "faults": r[mode]["faults"], "oracle": r["oracle_goodput"]}
             for r in per_seed for mode in MODES]
-    print(results.table(rows, ["seed", "mode", "goodput", "syncd", "tok/isl-s", "uptime",
+    print(results.table(rows, ["seed", "mode", "goodput", "quality", "syncd", "tok/isl-s",
+                               "uptime",
                                "max_stall_s",
                                "stall_K_alive_s", "eval_loss", "wall_s", "faults", "oracle"]))
     print()
@@ -353,6 +386,7 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
           f"{ratios['warm restarts']} with warm restarts; restart delays "
           f"{[r['restart_delay_s'] for r in per_seed]}")
     print(f"\nmerge interval {interval:.3f} s, theta {thetas}, fault-free eval loss "
-          f"{fault_free:.4f}; {out['seconds']} s; "
+          f"{fault_free:.4f}; quality's reference: {quality['mode']} without faults, eval "
+          f"loss {quality['eval_loss']:.4f}; {out['seconds']} s; "
           f"wrote {path} and {html}")
     return results.exit_code(out["checks"])

@@ -142,30 +142,37 @@ def holder(client: redis.Redis, run_id: int | str) -> tuple[int, str] | None:
     return int(token), owner
 
 
+WRITE_TRIES = 5  # a guarded write whose lease key was touched by a renewal runs again
+
+
 def guarded_transaction(client: redis.Redis, lease: Lease,
                         fill: Callable[[Pipeline], object]) -> list:
     """Run the commands `fill` queues in one MULTI/EXEC, only while `lease` is current.
 
     The lease key is WATCHed and compared first, so the transaction is refused if the
     lease expired or changed hands before it, or changes between the check and EXEC.
+    A change that leaves the lease this holder's (its own renewal, from syncd's
+    lease-keeper thread) runs the transaction again.
 
     Raises:
         LeaseLost: the lease is no longer this holder's; nothing was written.
     """
-    with client.pipeline(transaction=True) as pipe:
-        try:
-            pipe.watch(lease.key)
-            current = pipe.get(lease.key)
-            if current is None or current.decode() != lease.value:
-                raise LeaseLost(f"run {lease.run_id}: the lease with fencing token "
-                                f"{lease.token} is gone (now held: "
-                                f"{current.decode() if current else 'by nobody'})")
-            pipe.multi()
-            fill(pipe)
-            return pipe.execute()
-        except redis.WatchError:
-            raise LeaseLost(f"run {lease.run_id}: the lease with fencing token "
-                            f"{lease.token} changed during a write") from None
+    for _ in range(WRITE_TRIES):
+        with client.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(lease.key)
+                current = pipe.get(lease.key)
+                if current is None or current.decode() != lease.value:
+                    raise LeaseLost(f"run {lease.run_id}: the lease with fencing token "
+                                    f"{lease.token} is gone (now held: "
+                                    f"{current.decode() if current else 'by nobody'})")
+                pipe.multi()
+                fill(pipe)
+                return pipe.execute()
+            except redis.WatchError:
+                continue  # the lease key was touched: compare it again
+    raise LeaseLost(f"run {lease.run_id}: the lease with fencing token {lease.token} kept "
+                    f"changing during a write ({WRITE_TRIES} tries)")
 
 
 def register(client: redis.Redis, owner: str, ttl_s: float) -> int:

@@ -72,7 +72,7 @@ def end(run: RunSync, state: str) -> None:
     the run's Redis keys but that snapshot and the logs. No merge follows."""
     run.completed = True
     run.store.mark_done()
-    run.eval_loss = run.evaluate()
+    run.eval_loss, run.eval_tokens = run.evaluate(), run.tokens_merged()
     now = run.clock()
     status = run_status(run, now, run.live, run.last_status)
     status["outcome"] = finish(run, now)

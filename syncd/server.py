@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -26,6 +27,9 @@ from syncd.store import RunStore, connect, syncd_command
 log = logging.getLogger("archipelago.syncd")
 # How long a run's lease outlives its holder's last renewal (SYNCD_LEASE_TTL_S).
 LEASE_TTL_S = 10.0
+# A syncd whose main loop showed no progress this long stops renewing its leases from
+# its lease-keeper thread, so that another takes its runs.
+PROGRESS_DEADLINE_S = 60.0
 
 
 def channel_notifier() -> LiveNotifier:
@@ -62,6 +66,8 @@ class Syncd:
         if lease_ttl_s <= 0:
             raise ValueError(f"lease_ttl_s must be above 0 seconds, got {lease_ttl_s}")
         self.client = connect(redis_url)
+        self.redis_url = redis_url
+        self.progress_at = time.monotonic()  # the main loop's last sign of progress
         self.checkpoint_dir = Path(checkpoint_dir)
         self.runs: dict[str, RunSync] = {}
         self.leases: dict[str, Lease] = {}
@@ -80,6 +86,7 @@ class Syncd:
         if syncd_command(self.client) == "kill":
             log.warning("killed by an admin's fault injection")
             os.kill(os.getpid(), signal.SIGKILL)
+        self.progress_at = time.monotonic()
         active = set(RunStore.active_runs(self.client))
         for run_id in [r for r in self.leases if r not in active]:
             self._let_go(run_id, "it is no longer active")
@@ -126,6 +133,7 @@ class Syncd:
     def keep_leases(self) -> None:
         """Renew the leases if due: called from within a long pass over one run, so the
         other runs' leases, and its own, do not expire behind it."""
+        self.progress_at = time.monotonic()
         now = self.clock()
         if now >= self.next_renewal:
             self.next_renewal = now + self.lease_ttl_s / 3
@@ -173,8 +181,34 @@ class Syncd:
             self._let_go(run_id, "syncd is stopping")
         lease.leave(self.client, self.owner)
 
+    def keep_leases_meanwhile(self, stall_s: float = PROGRESS_DEADLINE_S) -> threading.Thread:
+        """Renew the leases from a thread of its own every third of their time to live,
+        while the main loop has shown progress (a pass began, or a long one called
+        `keep_leases`) within `stall_s`: one step that takes long (building a big
+        run's model, writing its checkpoint on a busy disk) does not cost syncd its
+        runs, and a syncd whose loop is stuck still lets them go. Losses are the main
+        loop's to find (its own renewal, or a fenced write refused)."""
+        client = connect(self.redis_url)
+
+        def renew() -> None:
+            while not self.stopping:
+                time.sleep(self.lease_ttl_s / 3)
+                if time.monotonic() - self.progress_at > stall_s:
+                    continue
+                try:
+                    lease.register(client, self.owner, self.lease_ttl_s)
+                    for held in list(self.leases.values()):
+                        lease.renew(client, held, self.lease_ttl_s)
+                except Exception:
+                    log.exception("could not renew the leases; the main loop will try")
+
+        thread = threading.Thread(target=renew, name="lease-keeper", daemon=True)
+        thread.start()
+        return thread
+
     def serve_forever(self, idle_sleep_s: float = 0.02) -> None:
         log.info("syncd %s serving, checkpoints in %s", self.owner, self.checkpoint_dir)
+        self.keep_leases_meanwhile()
         try:
             while not self.stopping:
                 if not self.tick():

@@ -127,6 +127,8 @@ class RunSync:
         self.checkpoint_asked = False
         self.next_checkpoint = clock() + config.checkpoint.interval_s
         self.eval_loss: float | None = None
+        self.eval_tokens: int | None = None  # tokens merged into the model eval_loss is of
+        self.evaluating_tokens = 0
         self.evaluation = GlobalEval(config)
         self.completed = False
         self.stop_seen: float | None = None  # when this syncd saw the user's stop
@@ -233,22 +235,26 @@ class RunSync:
             return False
         refs = self.store.read_updates(self.after, count=READ_COUNT)
         budget_end = time.monotonic() + INGEST_BUDGET_S
-        for ref in refs:
+        read_all = len(refs) < READ_COUNT  # the stream is read to its end this pass
+        for i, ref in enumerate(refs):
             self.after = ref.stream_id
             self._ingest(ref, now)
             self.keepalive()
             if time.monotonic() > budget_end:
+                read_all &= i == len(refs) - 1
                 break  # the rest is read again on the next pass
         for p in range(len(self.fragments)):
             self._maybe_merge(p, now, self.live)
-        if self.stop_seen is not None and len(refs) < READ_COUNT and (
+        if self.stop_seen is not None and read_all and (
                 self.islands_stopped(now) or now >= self.stop_seen + STOP_WAIT_S):
             outcome.stop(self, now)  # everything the islands sent is read
             return False
-        if self.evaluation.due(self.sync.outer_steps, now):
-            self.evaluation.start(self.sync.global_params())
+        if self.evaluation.due(self.sync.outer_steps, now) \
+                and self.evaluation.start(self.sync.global_params()):
+            self.evaluating_tokens = self.tokens_merged()
         if (loss := self.evaluation.result()) is not None:
-            self.eval_loss = loss
+            # The loss is the model's of when the evaluation started: those tokens.
+            self.eval_loss, self.eval_tokens = loss, self.evaluating_tokens
         if now >= self.next_status:
             self.next_status = now + STATUS_EVERY_S
             status = run_status(self, now, self.live, self.last_status)

@@ -62,6 +62,7 @@ def run_status(run: RunSync, now: float, live: int,
             "max_stall_s": accounting["max_stall_s"], "lost_s": accounting["lost_s"],
             "versions": list(run.sync.versions), "outer_steps": run.sync.outer_steps,
             "tokens_merged": run.tokens_merged(), "eval_loss": run.eval_loss,
+            "eval_tokens": run.eval_tokens,
             "islands": islands, "fragments": fragments}
 
 

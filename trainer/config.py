@@ -148,6 +148,8 @@ SECTIONS: dict[str, type] = {
     "train": TrainConfig,
 }
 MAX_ISLANDS = 256
+MAX_TEXT = 1000  # characters of any text field
+MAX_ISLAND_NAME = 64
 # The largest model a run may ask for: every island, syncd (globals and outer momentum)
 # and each checkpoint hold it whole, in float32.
 MAX_PARAMS = 2_000_000_000
@@ -218,8 +220,8 @@ def _check_value(path: str, f: Any, value: Any, errors: dict[str, list[str]]) ->
         if not isinstance(value, str):
             errors.setdefault(path, []).append(f"Must be a string, got {value!r}.")
             return default
-        if len(value) > 1000:
-            errors.setdefault(path, []).append("Must be at most 1000 characters.")
+        if len(value) > MAX_TEXT:
+            errors.setdefault(path, []).append(f"Must be at most {MAX_TEXT} characters.")
             return default
         if "\x00" in value:
             errors.setdefault(path, []).append("Must not contain NUL characters.")
@@ -344,8 +346,9 @@ def _parse_islands(data: Any, regions: list[str] | tuple[str, ...],
     for i, island in enumerate(islands):
         if not island.name.strip():
             errors.setdefault(f"islands.{i}.name", []).append("This field is required.")
-        elif len(island.name) > 64:
-            errors.setdefault(f"islands.{i}.name", []).append("Must be at most 64 characters.")
+        elif len(island.name) > MAX_ISLAND_NAME:
+            errors.setdefault(f"islands.{i}.name", []).append(
+                f"Must be at most {MAX_ISLAND_NAME} characters.")
         elif island.name in seen:
             errors.setdefault(f"islands.{i}.name", []).append(
                 f"Island names must be unique; {island.name!r} is used twice.")

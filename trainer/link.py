@@ -81,6 +81,15 @@ class Link:
         except BaseException as exc:  # surfaced on the next send
             self.error = exc
 
+    def discard(self) -> None:
+        """Drop the messages still waiting: the run is over and nothing merges them."""
+        while True:
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                return
+            self.queue.task_done()
+
     def drain(self, timeout: float) -> None:
         deadline = time.time() + timeout
         while self.queue.unfinished_tasks and time.time() < deadline and not self.error:

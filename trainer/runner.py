@@ -411,6 +411,8 @@ class ProcessIsland:
         if self.group:
             self.group.announce_stop()
             self.group.close(self.island)
+        if self.done():
+            self.link.discard()  # the run completed: its Redis keys are freed already
         self.link.drain(timeout=5.0)
         self.beat("stopped", force=True)
         return 0

@@ -1,19 +1,26 @@
 """The goodput benchmark's arithmetic: the oracle bound from the schedule alone, the
-system's own costs, one clock for both modes, stalls with a quorum alive, the spread
-over seeds, and the report page."""
+system's own costs, one clock for both modes, quality-adjusted goodput, stalls with a
+quorum alive, the spread over seeds, and the report page."""
+
+import json
 
 import pytest
 
-from bench.goodput import figures, oracle_of
+from bench import results
+from bench.goodput import PROFILES, figures, oracle_of, quality_reference, report
 from bench.goodput_report import (
+    eval_curve,
     figure_html,
     merge_interval,
+    monotone_fit,
     oracle_goodput,
+    quality_goodput,
     revalued_goodput,
     scheduled_loss,
     spread,
     stall_with_quorum,
     system_costs,
+    tokens_to_reach,
 )
 from syncd.chaos import Fault
 
@@ -64,11 +71,15 @@ def test_the_oracle_bound_does_not_move_with_the_measured_rejoin_time():
     slow, quick = (faulted_run(rejoin_s) for rejoin_s in (30.0, 1.0))
     steps = {"a": 0.1, "b": 0.1}
 
-    assert figures(slow, 2, steps)["system_costs"]["rejoin"] > \
-        figures(quick, 2, steps)["system_costs"]["rejoin"]
+    assert figures(slow, 2, steps, REFERENCE)["system_costs"]["rejoin"] > \
+        figures(quick, 2, steps, REFERENCE)["system_costs"]["rejoin"]
     assert oracle_of(slow["faults"], fault_free, config) == bound
     assert oracle_of(quick["faults"], fault_free, config) == bound
     assert bound == pytest.approx(1 - 8 / (4 * 57.0))
+
+
+# Quality's reference: loss 3 at 100 tokens, 2 at 10,000, 0.5 island-seconds a token.
+REFERENCE = {"fit": [(100.0, 3.0), (10_000.0, 2.0)], "s_per_token": 0.5}
 
 
 def faulted_run(rejoin_s: float) -> dict:
@@ -89,10 +100,84 @@ def test_both_modes_are_valued_at_one_clock_and_costs_are_shares_of_allocation()
     costs = system_costs([2.0, 3.0], [4.0], {"in_flight": 1.0, "rollback": 0.0}, 100.0)
     assert costs == pytest.approx({"startup": 0.05, "rejoin": 0.04, "in_flight": 0.01,
                                    "rollback": 0.0})
-    figures_of = figures(faulted_run(2.0), 2, {"a": 0.1, "b": 0.1})
+    figures_of = figures(faulted_run(2.0), 2, {"a": 0.1, "b": 0.1}, REFERENCE)
     assert figures_of["goodput"] == pytest.approx((900 + 700) * 0.1 / 200)
     assert figures_of["goodput_syncd"] == 0.8
     assert figures_of["tokens_per_island_s"] == pytest.approx(1000 / 200)
+
+
+def test_the_monotone_fit_pools_a_rise_into_a_flat_stretch():
+    fit = monotone_fit([(400, 2.0), (100, 3.0), (200, 2.4), (300, 2.6), (800, 1.5)])
+
+    assert [t for t, _ in fit] == [100, 200, 300, 400, 800]
+    assert [y for _, y in fit] == pytest.approx([3.0, 2.5, 2.5, 2.0, 1.5])
+    assert [y for _, y in monotone_fit([(1, 1.0), (2, 2.0)])] == pytest.approx([1.5, 1.5])
+    with pytest.raises(ValueError, match="tokens above 0"):
+        monotone_fit([(0, 5.0)])
+
+
+def test_the_tokens_to_reach_a_loss_are_interpolated_in_log_tokens():
+    fit = [(100.0, 3.0), (10_000.0, 2.0)]
+
+    assert tokens_to_reach(fit, 2.5) == pytest.approx(1000.0)  # halfway in log-tokens
+    assert tokens_to_reach(fit, 2.0) == pytest.approx(10_000.0)
+    assert tokens_to_reach(fit, 3.5) == 100.0  # reached by the first evaluation
+
+
+def test_the_first_point_of_a_flat_stretch_is_where_its_loss_is_reached():
+    fit = [(100.0, 3.0), (1000.0, 2.0), (10_000.0, 2.0)]
+
+    assert tokens_to_reach(fit, 2.0) == pytest.approx(1000.0)
+
+
+def test_below_the_reference_its_last_slope_extrapolates_past_its_end():
+    # 1 nat a decade of tokens: half a nat below the last point is half a decade on.
+    assert tokens_to_reach([(100.0, 3.0), (1000.0, 2.0)], 1.5) == pytest.approx(10 ** 3.5)
+    # A flat last stretch: the slope runs from the last point above it, 1 nat in two
+    # decades, so half a nat is another decade.
+    flat_end = [(100.0, 3.0), (1000.0, 2.0), (10_000.0, 2.0)]
+    assert tokens_to_reach(flat_end, 1.5) == pytest.approx(10 ** 5)
+    assert tokens_to_reach([(100.0, 3.0)], 2.0) is None
+
+
+def test_quality_goodput_is_the_reference_tokens_over_the_allocated_tokens_at_most_1():
+    # 200 allocated island-seconds at 0.5 a token: 400 tokens without faults.
+    assert quality_goodput(300.0, 200.0, 0.5) == pytest.approx(0.75)
+    assert quality_goodput(4000.0, 200.0, 0.5) == 1.0
+    with pytest.raises(ValueError, match="above 0"):
+        quality_goodput(300.0, 0.0, 0.5)
+
+
+def test_the_reference_is_the_fault_free_run_with_the_lowest_final_loss():
+    def run(loss: float, evals: list[tuple[int, float]]) -> dict:
+        series = [{"eval_tokens": t, "eval_loss": y} for t, y in evals]
+        return {"series": [{"eval_tokens": None, "eval_loss": None}, *series, *series],
+                "outcome": {"eval_loss": loss, "tokens_merged": 1000,
+                            "allocated_s": 400.0}}
+
+    reference = quality_reference({"decoupled": run(2.0, [(100, 3.0), (500, 2.2)]),
+                                   "elastic": run(2.3, [(100, 3.1)])})
+
+    assert reference["mode"] == "decoupled"
+    assert reference["fit"] == [(100, 3.0), (500, 2.2), (1000, 2.0)]
+    assert reference["s_per_token"] == pytest.approx(0.4)
+
+
+def test_a_runs_quality_goodput_is_valued_against_the_reference():
+    run = faulted_run(2.0)  # 200 allocated island-seconds: 400 tokens without faults
+    run["outcome"]["eval_loss"] = 2.75
+
+    figures_of = figures(run, 2, {"a": 0.1, "b": 0.1}, REFERENCE)
+
+    assert figures_of["reference_tokens"] == pytest.approx(10 ** 2.5)
+    assert figures_of["quality_goodput"] == pytest.approx(10 ** 2.5 / 400)
+
+
+def test_the_eval_curve_is_each_evaluation_once_and_the_final_one():
+    series = [{"eval_tokens": None, "eval_loss": None}, {"eval_tokens": 0, "eval_loss": 5.0},
+              {"eval_tokens": 200, "eval_loss": 2.5}, {"eval_tokens": 200, "eval_loss": 2.5}]
+
+    assert eval_curve(series, 900, 2.1) == [(200, 2.5), (900, 2.1)]
 
 
 def test_it_rejects_an_empty_run():
@@ -116,14 +201,49 @@ def test_the_spread_over_seeds():
 
 def test_the_report_page_marks_the_faults():
     run = {"series": [{"t": 0.0, "goodput": None, "outer_steps": 0},
-                      {"t": 5.0, "goodput": 0.9, "outer_steps": 3}],
-           "chaos_offset_s": 1.0,
+                      {"t": 5.0, "goodput": 0.9, "outer_steps": 3, "eval_tokens": 100,
+                       "eval_loss": 3.0}],
+           "chaos_offset_s": 1.0, "outcome": {"tokens_merged": 200, "eval_loss": 2.5},
            "faults": [{"at_s": 2.0, "kind": "kill", "duration_s": 3.0}]}
-    page = figure_html({0: {"decoupled": run, "elastic": run}}, "goodput")
+    page = figure_html({0: {"decoupled": run, "elastic": run}}, "goodput", REFERENCE["fit"])
     assert page.startswith("<html>") and "seed 0" in page and "kill" in page
+    assert "quality's reference" in page
 
 
 def test_the_merge_interval_is_one_fragment_every_h_over_p_steps():
     assert merge_interval(30, 2, 0.02) == pytest.approx(0.3)
     with pytest.raises(ValueError, match="step time above 0"):
         merge_interval(30, 2, 0.0)
+
+
+def made_up_run(mode: str, eval_loss: float, faults: int) -> dict:
+    run = faulted_run(1.0)
+    run["mode"] = mode
+    run["faults"] = run["faults"] * faults
+    run["step_time_s"] = 0.1
+    run["chaos_offset_s"] = 0.0
+    run["outcome"] = {**run["outcome"], "eval_loss": eval_loss,
+                      "step_time_s": {"a": 0.1, "b": 0.1}, "max_stall_s": 0.1}
+    run["series"] = [{"t": 1.0, "live": 2, "goodput": 0.5, "outer_steps": 1,
+                      "eval_tokens": 100, "eval_loss": 3.0}]
+    return run
+
+
+def test_the_report_gives_quality_adjusted_goodput_beside_goodput(tmp_path, monkeypatch,
+                                                                   capsys):
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    base = {"decoupled": made_up_run("decoupled", 2.0, 0),
+            "elastic": made_up_run("elastic", 2.4, 0)}
+    seeds = {3: {"decoupled": made_up_run("decoupled", 2.2, 1),
+                 "elastic": made_up_run("elastic", 2.1, 1)}}
+
+    report(PROFILES["quick"], True, base, seeds, 1.0)
+
+    written = json.loads((tmp_path / "goodput-quick.json").read_text())
+    assert written["quality_reference"]["mode"] == "decoupled"
+    row = written["per_seed"][0]
+    # Elastic's lower loss took the reference more tokens to reach than decoupled's.
+    assert row["elastic"]["quality_goodput"] > row["decoupled"]["quality_goodput"] > 0
+    assert written["decoupled"]["fault_free"]["quality_goodput"] == pytest.approx(1.0)
+    assert "quality" in capsys.readouterr().out
+    assert "quality's reference" in (tmp_path / "goodput-quick.html").read_text()

@@ -79,10 +79,27 @@ def test_a_write_is_refused_when_the_lease_changes_hands_during_it(client, redis
         other.delete(lease.lease_key(7))
         lease.acquire(other, 7, "syncd-b", ttl_s=30)
 
-    with pytest.raises(LeaseLost, match="changed during a write"):
+    with pytest.raises(LeaseLost, match="is gone"):
         lease.guarded_transaction(client, held, fill)
     assert client.get("arch:7:full:0") is None
     other.close()
+
+
+def test_a_write_goes_through_when_its_holder_renews_the_lease_during_it(client, redis_url):
+    held = lease.acquire(client, 7, "syncd-a", ttl_s=30)
+    keeper = connect(redis_url)  # syncd's lease-keeper thread has a connection of its own
+    renewed = []
+
+    def fill(pipe):
+        pipe.set("arch:7:full:0", b"merged")
+        if not renewed:  # between WATCH and EXEC, once
+            renewed.append(lease.renew(keeper, held, ttl_s=30))
+
+    lease.guarded_transaction(client, held, fill)
+
+    assert renewed == [True]
+    assert client.get("arch:7:full:0") == b"merged"
+    keeper.close()
 
 
 def test_a_store_without_a_lease_writes_as_before_and_a_lease_must_be_for_its_run(client):

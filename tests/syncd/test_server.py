@@ -135,3 +135,21 @@ def test_the_runs_of_a_dead_syncd_are_taken_over_when_their_leases_expire(redis_
     assert RunStore(connect(redis_url), runs[0]).versions() == heir_versions
     dead.tick()  # if it ever wakes up, it finds its leases gone and lets the runs be
     assert dead.runs == {} and dead.leases == {}
+
+
+def test_leases_outlive_one_long_step_of_the_main_loop_but_not_a_stuck_loop(
+        redis_url, tmp_path):
+    [run_id] = active_runs(redis_url, 1)
+    syncd = Syncd(redis_url, tmp_path, owner="syncd-a", lease_ttl_s=2.0)
+    syncd.tick()
+    held = syncd.leases[run_id]
+    client = connect(redis_url)
+    syncd.keep_leases_meanwhile(stall_s=4.0)
+    try:
+        time.sleep(3.0)  # a long step: no pass of the loop, past the lease's time to live
+        assert lease.holder(client, run_id) == (held.token, "syncd-a")
+
+        time.sleep(4.5)  # no progress past the deadline: the lease is let run out
+        assert lease.holder(client, run_id) is None
+    finally:
+        syncd.stopping = True

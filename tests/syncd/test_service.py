@@ -192,6 +192,27 @@ def test_a_long_pass_lets_syncd_renew_its_leases_between_updates_and_merges(
     assert len(calls) - built >= 4 + 2  # after each of 4 updates and each of 2 merges
 
 
+def test_the_eval_loss_comes_with_the_tokens_of_the_model_it_evaluated(redis_url, tmp_path):
+    config = {**CONFIG, "eval": {"tokens": 256, "interval_steps": 1}}
+    sync = make_run_sync(redis_url, tmp_path, "decoupled", config)
+    heartbeat_all(sync)
+    for p in (0, 1):
+        for island in ("a", "b"):
+            send(sync, island, p, 4)
+    sync.tick()  # both fragments merge; an evaluation starts on that model
+    evaluated = sync.tokens_merged()
+    sync.evaluation.wait(60)
+    for p in (0, 1):
+        for island in ("a", "b"):
+            send(sync, island, p, 8, base_version=1)
+    sync.clock_state["now"] += 1.0
+    sync.tick()  # more merges, then the loss is picked up
+
+    status = sync.store.status()
+    assert status["tokens_merged"] > evaluated
+    assert status["eval_loss"] is not None and status["eval_tokens"] == evaluated
+
+
 def test_a_replayed_update_is_merged_at_most_once(run_sync):
     heartbeat_all(run_sync)
     send(run_sync, "a", 0, 4)

@@ -2,6 +2,7 @@
 and its link to Redis."""
 
 import subprocess
+import threading
 import time
 
 import pytest
@@ -56,3 +57,26 @@ def test_an_update_that_a_full_redis_refuses_stops_the_island_with_a_clear_error
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_discard_drops_the_messages_still_waiting_but_not_the_one_on_the_wire():
+    class Blocked(Sender):
+        def __init__(self) -> None:
+            super().__init__(store=None)
+            self.go = threading.Event()
+
+        def wait_while_partitioned(self) -> None:
+            self.go.wait(10)
+
+    island = Blocked()
+    link = Link(island, max_pending=4)
+    for seq in (1, 2, 3):
+        link.send(0, seq, bytearray(8))
+    deadline = time.monotonic() + 5
+    while link.queue.qsize() != 2 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the link thread takes the first one onto the wire
+
+    link.discard()
+
+    assert link.queue.qsize() == 0
+    assert link.queue.unfinished_tasks == 1

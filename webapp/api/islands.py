@@ -41,7 +41,7 @@ def add_island(request: HttpRequest, run_id: int, body: schemas.IslandIn) -> Sta
     run = get_run(run_id)
     index = len(run.config.get("islands", []))
     try:
-        island = services.add_island(run, body.model_dump(exclude_none=True), request.auth)
+        island = services.add_island(run, body.model_dump(exclude_unset=True), request.auth)
     except ConfigError as e:
         # "islands.4.region" is the new island's own field: "region".
         prefix = f"islands.{index}."

@@ -1,9 +1,13 @@
 """Fixtures of the API tests: clients for each role (by session or bearer token), runs
-in each state on the tests' own Redis, and a real checkpoint of a run's model."""
+in each state on the tests' own Redis, a real checkpoint of a run's model, and Django's
+WSGI handler for schemathesis."""
 
 import json
 
 import pytest
+from django.core import signals
+from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
 from django.test import Client
 
 from syncd.checkpoint import save
@@ -121,7 +125,6 @@ def metrics_token(settings) -> str:
     return settings.METRICS_TOKEN
 
 
-
 @pytest.fixture
 def token_for():
     """The Authorization header of a new bearer token of a user."""
@@ -132,3 +135,18 @@ def token_for():
 def api_for():
     """An Api signed in as a user by session (or anonymous for None)."""
     return lambda user=None, **headers: Api(logged_in(user) if user else Client(), **headers)
+
+
+@pytest.fixture
+def wsgi_app(settings):
+    """Django's WSGI handler, keeping the test's database connection between requests
+    (as django.test.Client does: a request's end must not close the connection inside
+    the test's transaction). Schemathesis sends its requests to localhost."""
+    settings.ALLOWED_HOSTS = ["localhost"]
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)
+    try:
+        yield get_wsgi_application()
+    finally:
+        signals.request_started.connect(close_old_connections)
+        signals.request_finished.connect(close_old_connections)

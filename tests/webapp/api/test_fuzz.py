@@ -22,9 +22,6 @@ from collections import Counter
 
 import pytest
 import schemathesis
-from django.core import signals
-from django.core.wsgi import get_wsgi_application
-from django.db import close_old_connections
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
@@ -60,24 +57,9 @@ def _report(request):
 
 
 @pytest.fixture
-def wsgi_app():
-    """Django's WSGI handler, keeping the test's database connection between requests
-    (as django.test.Client does: a request's end must not close the connection inside
-    the test's transaction)."""
-    signals.request_started.disconnect(close_old_connections)
-    signals.request_finished.disconnect(close_old_connections)
-    try:
-        yield get_wsgi_application()
-    finally:
-        signals.request_started.connect(close_old_connections)
-        signals.request_finished.connect(close_old_connections)
-
-
-@pytest.fixture
-def targets(request, admin, redis_url, enqueued, settings) -> dict[str, list]:
+def targets(request, admin, redis_url, enqueued) -> dict[str, list]:
     """Ids that exist, for the path parameters: runs in every state, island names and
     regions of those runs, a real checkpoint, and the admin's tokens."""
-    settings.ALLOWED_HOSTS = ["localhost"]
     checkpoint = request.getfixturevalue("checkpoint")
     runs = [request.getfixturevalue(name) for name in ("draft", "running", "paused")]
     runs.append(create_run(name="stopped", mode="decoupled", config=runs[0].config,

@@ -74,6 +74,20 @@ def test_an_island_with_an_unknown_field_is_refused(operator_api, running):
     assert message.startswith("Unknown field; expected name, region, ")
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("speed", "fast", "Must be a number, got 'fast'."),
+    ("speed", None, "This field is required."),
+    ("batch_size", 5000, "Must be between 1 and 4096, got 5000."),
+])
+def test_an_islands_values_are_checked_by_the_config_keyed_by_field(operator_api, running,
+                                                                    field, value, message):
+    response = operator_api.post(islands_of(running), {"name": "x", "region": "us-east",
+                                                       field: value})
+
+    assert response.status_code == 422
+    assert response.json() == {"errors": {field: [message]}}
+
+
 def test_an_operator_can_remove_an_island(operator_api, running):
     response = operator_api.delete(f"{islands_of(running)}/east-b")
 
