@@ -209,25 +209,27 @@ def test_elastic_mode_rolls_back_and_pauses_every_island_when_one_is_lost(
         system, corpus_file, redis_url):
     run = tiny_run(corpus_file, total_tokens=10**9)
     run.mode = Run.Mode.ELASTIC
-    run.config["elastic"] = {"restart_delay_s": 2.0}
+    # The death report starts the restart as soon as the kill: a pause long enough
+    # to be seen on a loaded machine after the waits before it.
+    run.config["elastic"] = {"restart_delay_s": 6.0}
     run.save(update_fields=["mode", "config"])
     store = start_and_wait(run, redis_url, 2)
     wait_all_training(store)
 
     kill_island(run, "island-0", by=None)
     survivors = {"island-1", "island-2"}
-    # Islands wait at every elastic outer step, so the dead island's last heartbeat
-    # may say "waiting" too: what matters is that both survivors stop there.
-    wait_until(lambda: survivors <= {n for n, b in store.heartbeats().items()
-                                     if b.get("state") == "waiting"}, 10,
-               "both survivors to wait at the barrier for the dead island")
+    # Its supervisor reports the death: island-0 is lost at once, and the whole job
+    # restarts without the survivors waiting at a barrier for a heartbeat timeout.
+    (lost,) = wait_until(lambda: island_lost_events(run, "island-0"), 10,
+                         "island-0 to be lost")
+    assert lost["cause"] == "died"
     wait_until(lambda: store.restart()[0] == 1, 30, "a whole-job restart")
-    wait_until(lambda: (store.status() or {}).get("lost_s", {}).get("barrier_wait", 0) > 0,
-               10, "the wait at the barrier counted as lost")
     paused = wait_until(lambda: {n for n, b in store.heartbeats().items()
                                  if b.get("state") == "restarting"}, 10,
                         "the survivors to pause for the restart delay")
     assert paused <= survivors
+    wait_until(lambda: (store.status() or {}).get("lost_s", {}).get("barrier_wait", 0) > 0,
+               10, "the wait at the barrier counted as lost")
     after_restart = sum(newest_versions(store))
     wait_until(lambda: sum(newest_versions(store)) >= after_restart + 2, 60,
                "the survivors to go on after the restart")
