@@ -10,6 +10,7 @@ from bench import (
     merge,
     overhead,
     quality,
+    rejoin,
     scale,
     simulate,
     soak,
@@ -18,7 +19,8 @@ from bench import (
 
 BENCHMARKS = {"quality": quality.main, "overhead": overhead.main, "merge": merge.main,
               "goodput": goodput.main, "simulate": simulate.main, "ui_latency": ui_latency.main,
-              "soak": soak.main, "gpu_smoke": gpu_smoke.main, "scale": scale.main}
+              "soak": soak.main, "gpu_smoke": gpu_smoke.main, "scale": scale.main,
+              "rejoin": rejoin.main}
 TIMED = ("soak", "scale")  # the benchmarks that take --minutes
 
 

@@ -13,8 +13,16 @@ the other, through the run services the control room calls:
   which, with the schedule alone, the oracle bound follows; the one with the lower
   final eval loss is quality's reference (quality-adjusted goodput,
   docs/FIGURES.md);
-- for each seed, decoupled then elastic with the same `aggressive` schedule
-  (config.chaos, carried out by syncd: syncd/chaos_driver.py).
+- for each seed, elastic with the same `aggressive` schedule (config.chaos,
+  carried out by syncd: syncd/chaos_driver.py) and cold restarts: its restart
+  delay is today's, measured by syncd from its islands' first start-up, cold;
+- then with a pool manager per region keeping as many warm standby islands as
+  the region has islands (trainer/pool_manager.py), for each seed: decoupled,
+  whose rejoins claim standbys, and elastic again with warm restarts from the
+  same pool: its restart delay is the decoupled run's measured warm rejoin to
+  first step, the best an elastic job could do. Elastic still restarts the
+  whole job on every change of membership in both; the comparison then does
+  not rest on one chosen delay.
 
 Useful steps, allocated and lost island-seconds, uptime, start-up and eval loss
 come from syncd's accounting (the outcome in the run's final status, syncd/outcome.py);
@@ -60,6 +68,8 @@ PROFILES: dict[str, dict[str, Any]] = {
               "bounds": {"oracle_gap": 0.08, "ratio": 1.2, "stall": 1.5, "loss": 1.05}},
 }
 RUN_TIMEOUT_S = 900.0
+# elastic: cold restarts (today's measured delay); elastic_warm: warm ones, same pool.
+MODES = ("decoupled", "elastic", "elastic_warm")
 
 
 def workload(profile: dict[str, Any], corpus: Path, chaos: dict[str, Any] | None,
@@ -142,8 +152,10 @@ def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any])
                "island": e.island.name if e.island else None,
                "duration_s": e.detail.get("seconds", 0.0), "factor": e.detail.get("factor")}
               for e in events if e.kind == "fault" and "chaos" in e.detail]
-    rejoin_s = [e.detail["seconds_to_first_step"] for e in events
-                if e.kind == "rejoin" and "seconds_to_first_step" in e.detail]
+    rejoins = [e.detail for e in events
+               if e.kind == "rejoin" and "seconds_to_first_step" in e.detail]
+    rejoin_s = [d["seconds_to_first_step"] for d in rejoins]
+    warm_rejoin_s = [d["seconds_to_first_step"] for d in rejoins if d.get("warm")]
     step_times = [t for t in out["step_time_s"].values() if t]
     results.say(f"  goodput {out['goodput']:.3f}, {out['wall_s']:.0f} s, eval loss "
                 f"{out['eval_loss']:.4f}, {len(faults)} faults")
@@ -151,8 +163,26 @@ def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any])
             "chaos_offset_s": float(chaos["start"]) - start if "start" in chaos else 0.0,
             "startup_s": [first_training.get(i["name"], out["end"]) - start
                           for i in config["islands"]],
-            "rejoin_s": rejoin_s, "rollbacks": sum(e.kind == "rollback" for e in events),
+            "rejoin_s": rejoin_s, "warm_rejoin_s": warm_rejoin_s,
+            "restart_delays_s": [e.detail.get("restart_delay_s") for e in events
+                                 if e.kind == "rollback" and "restart_delay_s" in e.detail],
+            "rollbacks": sum(e.kind == "rollback" for e in events),
             "step_time_s": statistics.median(step_times) if step_times else None}
+
+
+def config_islands(profile: dict[str, Any]) -> list[dict[str, Any]]:
+    return workload(profile, Path("corpus"), None, 1)["islands"]
+
+
+def wait_pools_ready(system: BenchSystem, timeout: float = 300.0) -> None:
+    """Every region's pool manager has its standbys ready (the runs start warm)."""
+    from syncd.store import PoolStore, connect
+    from webapp.processes import wait_for
+
+    pools = PoolStore(connect(system.redis_url))
+    size = len(config_islands(PROFILES["quick"])) // len(REGIONS)
+    wait_for(lambda: all(pools.ready(r) >= size for r in REGIONS), timeout,
+             "every region's warm standbys", 0.2)
 
 
 def wait_islands_stopped(store: Any, islands: list[str], timeout: float = 60.0) -> None:
@@ -236,12 +266,25 @@ def main(quick: bool = False) -> int:
         base = {mode: run_once(system, f"{mode} without faults", mode,
                                workload(profile, corpus, None, budget // share))
                 for mode, share in (("decoupled", 1), ("elastic", 2))}
-        seeds = {}
+        seeds: dict[int, dict[str, Any]] = {}
+        for seed in profile["seeds"]:  # no pool: today's cold restarts
+            chaos = {"preset": profile["preset"], "seed": seed}
+            seeds[seed] = {"elastic": run_once(system, f"elastic seed {seed}", "elastic",
+                                               workload(profile, corpus, chaos, budget))}
+        system.start_pools(size=len(config_islands(profile)) // len(REGIONS))
         for seed in profile["seeds"]:
             chaos = {"preset": profile["preset"], "seed": seed}
-            seeds[seed] = {mode: run_once(system, f"{mode} seed {seed}", mode,
-                                          workload(profile, corpus, chaos, budget))
-                           for mode in ("decoupled", "elastic")}
+            wait_pools_ready(system)
+            seeds[seed]["decoupled"] = run_once(system, f"decoupled seed {seed}", "decoupled",
+                                                workload(profile, corpus, chaos, budget))
+            decoupled = seeds[seed]["decoupled"]
+            warm = decoupled["warm_rejoin_s"] or decoupled["rejoin_s"] or \
+                decoupled["startup_s"]
+            config = workload(profile, corpus, chaos, budget)
+            config["elastic"] = {"restart_delay_s": round(statistics.median(warm), 3)}
+            wait_pools_ready(system)
+            seeds[seed]["elastic_warm"] = run_once(system, f"elastic seed {seed}, warm "
+                                                   "restarts", "elastic", config)
     finally:
         system.stop()
     return report(profile, quick, base, seeds, time.time() - started)
@@ -253,6 +296,7 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
     config = workload(profile, Path("corpus"), None, profile["total_tokens"])
     sync, k = config["sync"], config["sync"]["min_quorum"]
     thetas = {mode: run["outcome"]["theta_s"] for mode, run in base.items()}
+    thetas["elastic_warm"] = thetas["elastic"]  # the same mode, warm restarts
     reference = base["decoupled"]
     step_times = reference["outcome"]["step_time_s"]  # one clock for both modes
     interval = merge_interval(sync["inner_steps"], sync["fragments"], reference["step_time_s"])
@@ -268,7 +312,10 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
     out: dict[str, Any] = {"profile": "quick" if quick else "full", "preset": profile["preset"],
                            "seeds": profile["seeds"], "theta_s": thetas,
                            "merge_interval_s": interval, "workload": config}
-    for mode in ("decoupled", "elastic"):
+    for row, (_, runs) in zip(per_seed, sorted(seeds.items()), strict=True):
+        row["restart_delay_s"] = {mode: runs[mode]["restart_delays_s"]
+                                  for mode in ("elastic", "elastic_warm")}
+    for mode in MODES:
         rows = [r[mode] for r in per_seed]
         out[mode] = {key: spread([r[key] for r in rows])["mean"]
                      for key in ("goodput", "quality_goodput", "goodput_syncd",
@@ -283,7 +330,8 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
                                            "eval_loss")}
         out[mode]["lost_s"] = {cause: statistics.fmean(r["lost_s"][cause] for r in rows)
                                for cause in rows[0]["lost_s"]}
-        out[mode]["fault_free"] = figures(base[mode], k, step_times, quality)
+        base_mode = "elastic" if mode == "elastic_warm" else mode
+        out[mode]["fault_free"] = figures(base[base_mode], k, step_times, quality)
     out["oracle_goodput"] = statistics.fmean(r["oracle_goodput"] for r in per_seed)
     out["per_seed"] = per_seed
     out["eval_loss_fault_free"] = fault_free
@@ -291,10 +339,15 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
                                                               "s_per_token", "fit")}
     b = profile["bounds"]
     d, e = out["decoupled"], out["elastic"]
+    # Elastic twice: today's cold restarts (the checks' baseline, as before) and warm
+    # restarts from the same pool (the best an elastic job could do).
+    out["decoupled_over_elastic"] = {
+        name: d["goodput"] / mode["goodput"] if mode["goodput"] else None
+        for name, mode in (("cold restarts", e), ("warm restarts", out["elastic_warm"]))}
     out["checks"] = {
         # A run that ends before its schedule's first fault measures nothing.
         "faults in the fewest-fault run": results.check(
-            min(r[mode]["faults"] for r in per_seed for mode in ("decoupled", "elastic")), 1),
+            min(r[mode]["faults"] for r in per_seed for mode in MODES), 1),
         "fault-free uptime, the lower of the two modes": results.check(
             min(out[m]["fault_free"]["uptime"] or 0.0 for m in ("decoupled", "elastic")), 0.99),
         "decoupled goodput - oracle": results.check(d["goodput"] - out["oracle_goodput"],
@@ -318,16 +371,20 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
              "stall_K_alive_s": r[mode]["max_stall_with_quorum_s"],
              "eval_loss": r[mode]["eval_loss"], "wall_s": r[mode]["wall_s"],
              "faults": r[mode]["faults"], "oracle": r["oracle_goodput"]}
-            for r in per_seed for mode in ("decoupled", "elastic")]
+            for r in per_seed for mode in MODES]
     print(results.table(rows, ["seed", "mode", "goodput", "quality", "syncd", "tok/isl-s",
                                "uptime",
                                "max_stall_s",
                                "stall_K_alive_s", "eval_loss", "wall_s", "faults", "oracle"]))
     print()
-    print(results.table([{"mode": m, **out[m]["system_costs"]} for m in ("decoupled", "elastic")],
+    print(results.table([{"mode": m, **out[m]["system_costs"]} for m in MODES],
                         ["mode", *out["decoupled"]["system_costs"]]))
     print()
     print(results.checks_table(out["checks"]))
+    ratios = out["decoupled_over_elastic"]
+    print(f"\ndecoupled / elastic goodput: {ratios['cold restarts']} with cold restarts, "
+          f"{ratios['warm restarts']} with warm restarts; restart delays "
+          f"{[r['restart_delay_s'] for r in per_seed]}")
     print(f"\nmerge interval {interval:.3f} s, theta {thetas}, fault-free eval loss "
           f"{fault_free:.4f}; quality's reference: {quality['mode']} without faults, eval "
           f"loss {quality['eval_loss']:.4f}; {out['seconds']} s; "

@@ -218,7 +218,7 @@ def figure_html(seeds: dict[int, dict[str, Any]], title: str,
 
     parts = [f"<html><head><meta charset='utf-8'><title>{title}</title></head><body>",
              f"<h1>{title}</h1>"]
-    colours = {"decoupled": "#1f77b4", "elastic": "#d62728"}
+    colours = {"decoupled": "#1f77b4", "elastic": "#d62728", "elastic_warm": "#ff9896"}
     for n, (seed, runs) in enumerate(sorted(seeds.items())):
         fig = make_subplots(rows=3, cols=1, vertical_spacing=0.08,
                             subplot_titles=("goodput", "global version (outer steps)",

@@ -105,6 +105,14 @@ class BenchSystem:
                 "-n", f"{region}@bench", "--without-gossip", "--without-mingle",
                 "--loglevel", "WARNING"], env=self.env, restart=restart)
 
+    def start_pools(self, size: int = 1, restart: bool = False) -> None:
+        """A pool manager per region (trainer/pool_manager.py) keeping `size` warm
+        standby islands, as `python -m webapp.start` starts them."""
+        for region in self.regions:
+            self.processes.start(f"pool-{region}", [
+                sys.executable, "-m", "trainer.pool_manager", "--region", region,
+                "--size", str(size)], env=self.env, restart=restart)
+
     def pid(self, name: str) -> int:
         """The pid of a managed process (it leads a process group of the same number)."""
         return self._managed(name).process.pid

@@ -8,7 +8,9 @@ are already done. `ChaosDriver` applies the due ones to a live run through the
 paths the control room's buttons use:
 
 - kill, region outage: a "kill" command in the island's control list, carried
-  out by its supervisor on the island's own host (SIGKILL mid-step);
+  out by its supervisor on the island's own host (SIGKILL mid-step); a kill's
+  supervisor reports the death at once, a region outage's holds it back (a region
+  that has gone dark tells no one), so syncd learns it by the heartbeat timeout;
 - straggle, partition, degrade, corrupt: the island's fault key
   `arch:R:fault:<island>` ({kind, until, factor}), which the island process reads
   and acts out;
@@ -169,7 +171,10 @@ class ChaosDriver:
             detail = {"seconds": fault.duration_s, "epoch": epoch,
                       **self._detail(action)}
             if fault.kind in ("kill", "region_outage"):
-                run.store.send_command(island, "kill", epoch=epoch)
+                # A region that has gone dark tells no one: its supervisors hold the
+                # death back, and syncd finds out by the heartbeat timeout.
+                run.store.send_command(island, "kill", epoch=epoch,
+                                       report=fault.kind == "kill")
                 if fault.kind == "region_outage":
                     detail["region"] = known[island]
                 run.recorder.event("fault", island, fault="kill", **detail)

@@ -114,6 +114,7 @@ class RunSync:
         self.lost: set[str] = set()
         self.waiting_alert = False
         self.epochs: dict[str, int] = {}
+        self.deaths: dict[str, dict[str, Any]] = {}  # island -> its supervisor's report
         self.heartbeats: dict[str, dict[str, Any]] = {}
         # island ("" for the whole run) -> the last time it was seen faulted, lost or,
         # for the run, restarting: step times spanning it are not fault-free.
@@ -219,9 +220,13 @@ class RunSync:
         """Ingest what arrived, merge what may merge, watch liveness; True if busy."""
         now = self.clock()
         # Epochs every pass: they fence off old incarnations before their updates count.
-        epochs = self.store.epochs()
+        # Deaths too: a death report marks its island lost on this very pass.
+        epochs, deaths = self.store.epochs_and_deaths()
         recovery.account_new_incarnations(self, epochs)
         self.epochs = epochs
+        if deaths != self.deaths:
+            self.deaths = deaths
+            self.next_control = now
         if now >= self.next_control:
             self.next_control = now + self.control_every_s
             self._watch(now)

@@ -28,6 +28,8 @@ Keys, for run R:
     arch:R:tokens_merged           hash fragment -> tokens behind its merged updates
     arch:R:handled:<p>             hash island -> newest seq merged or dropped
     arch:R:heartbeats              hash island -> JSON {epoch, time, step, tokens}
+    arch:R:deaths                  hash island -> JSON {epoch, time, exit_code, signal}: the
+                                   death of an island process, from its supervisor
     arch:R:control:<island>        list of JSON commands for the island's supervisor
     arch:R:log:<island>            the last lines of the island's log, from its supervisor
     arch:R:cursor:<island>         JSON data cursor, so a rejoin goes on in its shard
@@ -45,6 +47,12 @@ Keys, for run R:
     arch:R:lease, arch:R:lease_token  which syncd serves the run, its fencing token
                                    (syncd/lease.py)
     arch:syncd:members             sorted set of live syncd processes (syncd/lease.py)
+
+Keys of the hosts' pools of warm standby islands (PoolStore, trainer/pool_manager.py):
+    arch:pool:<region>:claims      list of JSON claims {run, island, epoch, asked_at} for
+                                   the region's pool managers, pushed by the run services
+    arch:pool:<region>:hosts       hash host -> JSON {size, ready, launching, claimed,
+                                   standbys, time}: each manager's pool, every half second
 
 syncd's RunStore carries the run's lease (`fence`): every write it makes for the
 run is one MULTI/EXEC guarded by that lease (syncd.lease.guarded_transaction), so
@@ -386,6 +394,30 @@ class RunStore:
         raw = self.r.hgetall(self.key("heartbeats"))
         return {k.decode(): json.loads(v) for k, v in raw.items()}
 
+    def report_death(self, island: str, epoch: int, exit_code: int | None,
+                     at: float | None = None) -> None:
+        """The island's process of `epoch` is dead (from its supervisor, which saw it
+        end): syncd marks the island lost at once instead of after its heartbeat
+        timeout. `exit_code` is the process's: negative for the signal that killed it."""
+        death = {"epoch": epoch, "time": time.time() if at is None else at,
+                 "exit_code": exit_code,
+                 "signal": -exit_code if exit_code is not None and exit_code < 0 else None}
+        self.r.hset(self.key("deaths"), island, json.dumps(death))
+
+    def deaths(self) -> dict[str, dict[str, Any]]:
+        """island -> the last death its supervisor reported."""
+        raw = self.r.hgetall(self.key("deaths"))
+        return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+    def epochs_and_deaths(self) -> tuple[dict[str, int], dict[str, dict[str, Any]]]:
+        """`epochs()` and `deaths()` in one round trip (syncd reads both every pass)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(self.key("epochs"))
+        pipe.hgetall(self.key("deaths"))
+        epochs, deaths = pipe.execute()
+        return ({k.decode(): int(v) for k, v in epochs.items()},
+                {k.decode(): json.loads(v) for k, v in deaths.items()})
+
     def put_log(self, island: str, lines: list[str]) -> None:
         """The last lines of an island's log, so the control room shows them whatever
         host the island runs on."""
@@ -486,3 +518,57 @@ class RunStore:
     def status(self) -> dict[str, Any] | None:
         raw = self.r.get(self.key("status"))
         return json.loads(raw) if raw else None
+
+
+class PoolStore:
+    """The keys of the hosts' pools of warm standby islands (not of one run).
+
+    Args:
+        client: a connection from `connect`.
+        fresh_s: a host's announcement older than this is not believed.
+    """
+
+    def __init__(self, client: redis.Redis, fresh_s: float = 3.0):
+        self.r = client
+        self.fresh_s = fresh_s
+
+    @staticmethod
+    def key(region: str, part: str) -> str:
+        return f"arch:pool:{region}:{part}"
+
+    def push_claim(self, region: str, claim: dict[str, Any]) -> None:
+        """Ask the region's pool managers to start an island; they take claims in order."""
+        self.r.rpush(self.key(region, "claims"), json.dumps(claim))
+
+    def take_claims(self, region: str, timeout_s: float) -> list[dict[str, Any]]:
+        """Every claim waiting (waiting up to `timeout_s` for the first); [] if none."""
+        first = self.r.blpop([self.key(region, "claims")], timeout=timeout_s)
+        if first is None:
+            return []
+        raw = [first[1]]
+        while (more := self.r.lpop(self.key(region, "claims"))) is not None:
+            raw.append(more)
+        claims = []
+        for item in raw:
+            try:
+                claims.append(json.loads(item))
+            except ValueError:
+                claims.append({"unreadable": item.decode(errors="replace")})
+        return claims
+
+    def put_host(self, region: str, host: str, state: dict[str, Any]) -> None:
+        self.r.hset(self.key(region, "hosts"), host, json.dumps(state))
+
+    def remove_host(self, region: str, host: str) -> None:
+        self.r.hdel(self.key(region, "hosts"), host)
+
+    def hosts(self, region: str, now: float | None = None) -> dict[str, dict[str, Any]]:
+        """The region's pool managers that announced themselves in the last `fresh_s`."""
+        now = time.time() if now is None else now
+        raw = self.r.hgetall(self.key(region, "hosts"))
+        states = {k.decode(): json.loads(v) for k, v in raw.items()}
+        return {h: s for h, s in states.items() if now - s.get("time", 0) <= self.fresh_s}
+
+    def ready(self, region: str, now: float | None = None) -> int:
+        """Standbys ready in the region, as its pool managers last said."""
+        return sum(int(s.get("ready", 0)) for s in self.hosts(region, now).values())

@@ -68,15 +68,18 @@ class Island:
         config: the run config.
         corpus: the loaded corpus; the island trains on shard `index` of M.
         fragments: the partition shared with the synchronizer.
-        init_state: the global starting parameters.
+        init_state: the global starting parameters; None keeps the model's own (the
+            caller then sets every fragment with reset_fragment).
         device: where the model lives ("cpu", "cuda:0").
         group: the island's processes when it has several (islands[].processes); this
             process then trains on its part of each batch. None: one process.
+        model: a model already built (a warm standby's), used when its shape is the
+            run's; otherwise a new one is built.
     """
 
     def __init__(self, index: int, config: RunConfig, corpus: Corpus, fragments: list[Fragment],
-                 init_state: dict[str, torch.Tensor], device: str = "cpu",
-                 group: IslandGroup | None = None):
+                 init_state: dict[str, torch.Tensor] | None, device: str = "cpu",
+                 group: IslandGroup | None = None, model: GPT | None = None):
         if not 0 <= index < len(config.islands):
             raise ValueError(f"island index must be between 0 and {len(config.islands) - 1}, "
                              f"got {index}")
@@ -89,8 +92,10 @@ class Island:
             raise ValueError(f"island {self.name!r} has {self.spec.processes} processes in "
                              f"the run config, but its group has {group.world_size}")
         self.group = group
-        self.model = GPT(gpt_config(config)).to(device)
-        self.model.load_state_dict(init_state)
+        reuse = model is not None and model.config == gpt_config(config)
+        self.model = (model if reuse else GPT(gpt_config(config))).to(device)
+        if init_state is not None:
+            self.model.load_state_dict(init_state)
         # DDP averages the gradients over the group's ranks during backward.
         self.forward = group.wrap(self.model) if group else self.model
         self.staging = HostStaging(device)

@@ -9,11 +9,14 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 # The island's environment variable with its launch time (time.time()).
 LAUNCHED_AT_ENV = "ARCHIPELAGO_LAUNCHED_AT"
+# ... and with the time its start or rejoin was asked for (trainer/phases.py).
+ASKED_AT_ENV = "ARCHIPELAGO_ASKED_AT"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -50,6 +53,27 @@ def end_with_parent(parent_pid: int) -> Callable[[], None] | None:
             os._exit(1)
 
     return preexec
+
+
+def process_started_at() -> float | None:
+    """When this process was exec'd (time.time() seconds, to the kernel's clock tick),
+    from /proc; None where there is none."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+    since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    return time.time() - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def env_time(name: str) -> float | None:
+    """A time (seconds) that the supervisor put in this process's environment."""
+    value = os.environ.get(name)
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
 
 
 def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:

@@ -34,13 +34,21 @@ from syncd.malloc import return_large_frees
 from syncd.protocol import decode_message, encode_message
 from syncd.store import RunStore, connect
 from syncd.synchronizer import Published, apply_published
-from trainer.config import DEVICES, RunConfig, parse_config
-from trainer.data import load_corpus
+from trainer.config import DEVICES, RunConfig, parse_config, tensor_sizes
+from trainer.data import Corpus, load_corpus
 from trainer.distributed import IslandGroup, resolve_device
 from trainer.fragments import Fragment, due_fragments, partition
 from trainer.island import Island, initial_model
-from trainer.launch import LAUNCHED_AT_ENV, exit_now
+from trainer.launch import (
+    ASKED_AT_ENV,
+    LAUNCHED_AT_ENV,
+    env_time,
+    exit_now,
+    process_started_at,
+)
 from trainer.link import HEARTBEAT_S, POLL_S, Link, beating
+from trainer.model import GPT
+from trainer.phases import StartClock
 
 log = logging.getLogger("archipelago.island")
 
@@ -52,9 +60,8 @@ def config_from_spec(spec: dict[str, Any]) -> RunConfig:
 
 
 def run_fragments(config: RunConfig) -> list[Fragment]:
-    """The partition syncd uses, from the shapes of the run's model."""
-    shapes = {k: v.numel() for k, v in initial_model(config).state_dict().items()}
-    return partition(shapes, config.sync.fragments)
+    """The partition syncd uses, from the shapes of the run's model (computed, not built)."""
+    return partition(tensor_sizes(config.model), config.sync.fragments)
 
 
 class ProcessIsland:
@@ -66,14 +73,28 @@ class ProcessIsland:
         epoch: this incarnation's number; syncd refuses updates of older ones.
         device: "auto", "cpu" or "cuda"; default: the run's train.device.
         group: the island's processes, when it has several; this is rank 0.
+        idle_rss: this process's resident bytes after its imports, before the spec.
+        clock: the marks of this incarnation's start-up so far (trainer/phases.py);
+            default: from the supervisor's environment and /proc.
+        corpora: corpora already open, by (path, eval_fraction): a warm standby's.
+        model: a model already built (a warm standby's); used if its shape is the run's.
+        warm: this incarnation is a claimed standby (its heartbeats say so).
     """
 
     def __init__(self, store: RunStore, name: str, epoch: int, device: str | None = None,
-                 group: IslandGroup | None = None, idle_rss: int | None = None):
+                 group: IslandGroup | None = None, idle_rss: int | None = None,
+                 clock: StartClock | None = None,
+                 corpora: dict[tuple[str | None, float], Corpus] | None = None,
+                 model: GPT | None = None, warm: bool = False):
         self.store = store
         self.idle_rss = idle_rss  # bytes, after imports and before the spec is read
         self.name = name
         self.epoch = epoch
+        self.clock = clock if clock is not None else StartClock(
+            {"asked": env_time(ASKED_AT_ENV), "launched": env_time(LAUNCHED_AT_ENV),
+             "started": process_started_at(), "imported": time.time()})
+        self.corpora = corpora or {}
+        self.prebuilt = model
         spec = store.spec()
         if spec is None:
             raise ValueError(f"run {store.run_id} has no spec in Redis; was it started?")
@@ -87,8 +108,9 @@ class ProcessIsland:
         self.index = self.config.island_index(name)
         self.spec = self.config.islands[self.index]
         self.stopping = False
-        # From the supervisor's launch (interpreter and imports included) when it says.
-        self.started = float(os.environ.get(LAUNCHED_AT_ENV, time.time()))
+        # From the supervisor's launch (interpreter and imports included) when it says,
+        # from its claim for a warm standby.
+        self.started = self.clock.marks.get("launched", time.time())
         self.startup_s: float | None = None  # launch to first step: elastic's delay
         self.restart_generation = store.restart()[0]
         self.bytes_down = 0
@@ -97,6 +119,8 @@ class ProcessIsland:
         self._fault: dict[str, Any] = {}
         self._fault_read = 0.0
         self._last_beat = 0.0
+        self.phases: dict[str, float] | None = None  # once the first step is done
+        self.warm = warm
 
     # -- faults and the emulated link ----------------------------------------
 
@@ -130,7 +154,8 @@ class ProcessIsland:
                              island.tokens if island else 0, state=state,
                              bytes_down=self.bytes_down, startup_s=self.startup_s,
                              pid=os.getpid(), idle_rss=self.idle_rss, pulls=self.pulls,
-                             pull_s=round(self.pull_s, 4), **extra)
+                             pull_s=round(self.pull_s, 4), phases=self.phases,
+                             warm=self.warm, **extra)
 
     # -- globals -------------------------------------------------------------
 
@@ -252,25 +277,41 @@ class ProcessIsland:
 
     # -- the loop ------------------------------------------------------------
 
+    def _phase(self, name: str) -> None:
+        """Phase `name` ended now: marked, and logged with its seconds."""
+        self.clock.mark(name, time.time())
+        seconds = self.clock.breakdown().get(name)
+        log.info("island %s epoch %d: phase %s done%s", self.name, self.epoch, name,
+                 "" if seconds is None else f" in {seconds:.3f} s")
+
+    def _corpus(self) -> Corpus:
+        """The run's corpus: one a standby already opened, or opened now."""
+        data = self.config.data
+        corpus = self.corpora.get((data.path, data.eval_fraction))
+        return corpus if corpus is not None else load_corpus(data.path, data.eval_fraction)
+
     def setup(self) -> None:
         self.beat("starting", force=True)  # syncd knows this incarnation from now on
         config = self.config
         fragments = run_fragments(config)
-        versions = self._wait_for_globals(len(fragments))
-        init: dict[str, torch.Tensor] = {}
-        for p in range(len(fragments)):
-            _, tensors = self._full(p)
-            init.update(tensors)
+        self._wait_for_globals(len(fragments))  # syncd published version 0
+        self._phase("spec")
         if self.group:
             self.group.broadcast_object(self.run_spec)  # the other ranks build their island
         # Reading the corpus and building the island take seconds on a busy host: keep
         # heartbeating, or syncd takes the island for lost before its first step.
         with beating(lambda: self.beat("starting", force=True)):
-            corpus = load_corpus(config.data.path, config.data.eval_fraction)
-            self.island = Island(self.index, config, corpus, fragments, init, self.device,
-                                 self.group)
-        for p, state in enumerate(self.island.state):
-            state.version = versions[p]
+            corpus = self._corpus()
+            self._phase("data")
+            # Built in the run's shape (or a standby's model reused), then the globals
+            # replace its parameters: the pull below.
+            self.island = Island(self.index, config, corpus, fragments, None, self.device,
+                                 self.group, model=self.prebuilt)
+            self.prebuilt = None
+            self._phase("model")
+            for p in range(len(fragments)):
+                version, tensors = self._full(p)
+                self.island.reset_fragment(p, tensors, version)
         cursor = self.store.cursor(self.name)
         if cursor:
             self.island.step = cursor["step"]
@@ -282,6 +323,7 @@ class ProcessIsland:
         if self.group:
             self.group.share_start(self.island)
         self.link = Link(self, max_pending=2 * len(fragments))
+        self._phase("pull")
 
     def save_cursor(self) -> None:
         rng = base64.b64encode(self.island.sampler.state().numpy().tobytes()).decode()
@@ -333,7 +375,8 @@ class ProcessIsland:
         if slow > 1.0:
             time.sleep(elapsed * (slow - 1.0))
         self.compute_s += time.time() - started
-        self.beat("training", loss=loss, bytes_up=self.link.bytes_up)
+        if self.startup_s is not None:  # the first step's beat carries the phases: run()
+            self.beat("training", loss=loss, bytes_up=self.link.bytes_up)
 
     def run(self) -> int:
         self.compute_s = 0.0
@@ -347,7 +390,12 @@ class ProcessIsland:
                 self.follow_restart(mix_at)
             self.step()
             if self.startup_s is None:
+                self._phase("first_step")
                 self.startup_s = time.time() - self.started
+                self.phases = self.clock.breakdown()
+                # The first "training" heartbeat goes out at once, with no throttle.
+                self.beat("training", force=True, loss=self.island.last_loss,
+                          bytes_up=self.link.bytes_up)
             if not self.mix(mix_at):
                 continue  # a whole-job restart, followed before the next step
             for p in due_fragments(self.island.step, s.inner_steps, s.fragments):

@@ -31,7 +31,11 @@ most every fragment) + DDP gradient buckets B with processes > 1 + an update
 being made 2F + 2F_up (the increment and its decoding, the payload and its
 message) + the send queue (2P + 1) x F_up (trainer.link.Link: 2P waiting, one on
 the wire) + a global fragment being pulled 2F (its message and its tensors) +
-activations. An island host holds every process of its island.
+activations. An island host holds every process of its island, and its pool's
+warm standby islands (trainer/pool.py, ISLAND_POOL_SIZE of them): each is an
+interpreter with torch and the project imported (STANDBY_BASE_BYTES, measured
+at 226 MiB on CPU) and a model built in the run's shape, B (the corpus it opens
+is memory-mapped: page cache the host's islands share, not counted).
 
 Activations are an estimate, after Korthikanti et al. 2022 ("Reducing
 Activation Recomputation in Large Transformer Models", section 4.1): per layer
@@ -52,6 +56,7 @@ from trainer.fragments import partition
 
 MIB = 1024 * 1024
 REDIS_BASE_BYTES = 64 * MIB
+STANDBY_BASE_BYTES = 256 * MIB
 
 
 def encoded_bytes(numel: int, codec: str) -> int:
@@ -104,8 +109,9 @@ class Estimate:
                 "islands": {name: need(n) for name, n in self.islands.items()}}
 
 
-def estimate(config: RunConfig) -> Estimate:
-    """The parameters and the peak bytes of Redis, syncd and each island host of a run.
+def estimate(config: RunConfig, standbys: int = 0) -> Estimate:
+    """The parameters and the peak bytes of Redis, syncd and each island host of a run;
+    `standbys` is the warm standby islands each island host keeps (ISLAND_POOL_SIZE).
 
     Raises:
         ValueError: when sync.fragments is more than the model's tensors.
@@ -144,5 +150,8 @@ def estimate(config: RunConfig) -> Estimate:
                 island.batch_size // island.processes, config.model.block_size,
                 config.model.n_layer, config.model.n_embd, config.model.n_head,
                 config.train.precision)}
-        islands[island.name] = Need({k: v * island.processes for k, v in per_process.items()})
+        host = {k: v * island.processes for k, v in per_process.items()}
+        if standbys:
+            host["warm standbys"] = standbys * (STANDBY_BASE_BYTES + model)
+        islands[island.name] = Need(host)
     return Estimate(params, model, redis, syncd, islands)

@@ -15,6 +15,8 @@ one of them, and when one fails the others are killed: a rank alone cannot go on
 
 Commands (JSON objects in the island's control list, see syncd.store):
     kill     SIGKILL at once: the island dies mid-step, as a crashed host would.
+             {"report": false} keeps the death to itself (a region outage: a region
+             that has gone dark tells no one; syncd finds out by the heartbeat timeout).
     stop     SIGTERM: the loop finishes its step, saves its data cursor and exits 0;
              SIGKILL if it is still there after the grace period.
     pause    SIGSTOP.
@@ -23,6 +25,11 @@ A command may name an epoch. One for an older incarnation is dropped; one for a
 newer incarnation is put back for it. An incarnation whose epoch is no longer
 the island's current one (a rejoin started the next) stops itself, so a rejoin
 never leaves two copies of an island training, even if its "stop" went astray.
+
+A death (killed, or failed on its own) is reported at once to the run's store with
+its epoch and exit code (RunStore.report_death), so syncd marks the island lost as
+it happens rather than when its heartbeat times out. The loop waits on the child
+between polls, so it sees an exit within milliseconds.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import redis
 
 from trainer.island_logs import island_log_path, tail_lines
 from trainer.launch import (
+    ASKED_AT_ENV,
     LAUNCHED_AT_ENV,
     end_with_parent,
     island_command,
@@ -71,6 +79,9 @@ class ControlStore(Protocol):
     def epochs(self) -> dict[str, int]: ...
 
     def put_log(self, island: str, lines: list[str]) -> None: ...
+
+    def report_death(self, island: str, epoch: int, exit_code: int | None,
+                     at: float | None = None) -> None: ...
 
 
 class IslandSupervisor:
@@ -119,14 +130,19 @@ class IslandSupervisor:
         self._store_down = False
         self._sigterm = False
         self._shipped = (-1, 0.0)  # the log's size when last shipped, and when
+        self._report = True  # whether a death is reported (not in a region outage)
+        self._died_at: float | None = None
 
-    def run(self, handle_sigterm: bool = False) -> dict[str, Any]:
+    def run(self, handle_sigterm: bool = False,
+            adopt: list[subprocess.Popen[bytes]] | None = None) -> dict[str, Any]:
         """Start the island process, supervise it until it ends, and say how it ended.
 
         Args:
             handle_sigterm: treat a SIGTERM to this process as a "stop" (main thread
                 only). A Celery worker shut down with its process group then stops its
                 islands as a stop command would, and its tasks end instead of dying.
+            adopt: processes already running (a claimed warm standby, a child of this
+                process) to supervise instead of starting the command.
 
         Returns:
             {"island", "epoch", "exit_code", "ended"}, with "ended" one of: exited
@@ -138,18 +154,28 @@ class IslandSupervisor:
         with open(self.log_path, "ab") as self._log:
             if self._superseded():
                 self._note(f"epoch {self.epoch} not started: a newer epoch took over")
+                for child in adopt or ():
+                    child.kill()  # a claimed standby must not train for an old epoch
+                    child.wait()
                 return self._result("superseded", None)
             previous = signal.signal(signal.SIGTERM, self._on_sigterm) if handle_sigterm \
                 else None
             try:
-                times = f" x {self.processes}" if self.processes > 1 else ""
-                self._note(f"start epoch {self.epoch}: {shlex.join(self.command)}{times}")
-                self._start()
+                if adopt:
+                    self.children = list(adopt)
+                    self._note(f"start epoch {self.epoch} on warm standby "
+                               f"{', '.join(str(c.pid) for c in adopt)}")
+                else:
+                    times = f" x {self.processes}" if self.processes > 1 else ""
+                    self._note(f"start epoch {self.epoch}: {shlex.join(self.command)}{times}")
+                    self._start()
                 ended, forced = self._watch()
             finally:
                 if handle_sigterm:
                     signal.signal(signal.SIGTERM, previous)
             code = self._exit_code()
+            if ended in ("killed", "failed"):
+                self._report_death(code)
             self._note(f"epoch {self.epoch} ended ({ended}), exit code {code}")
         self._ship_log(force=True)
         result = self._result(ended, code)
@@ -158,6 +184,10 @@ class IslandSupervisor:
         if ended == "failed":
             result["log_tail"] = tail_lines(self.log_path, 20)
         return result
+
+    def request_stop(self) -> None:
+        """Stop the island as a "stop" command would (from any thread)."""
+        self._sigterm = True
 
     @property
     def child(self) -> subprocess.Popen[bytes] | None:
@@ -180,6 +210,13 @@ class IslandSupervisor:
                 stderr=subprocess.STDOUT, env=env, cwd=self.cwd,
                 preexec_fn=end_with_parent(os.getpid())))
 
+    def _report_death(self, code: int | None) -> None:
+        if not self._report:
+            self._note("death not reported (a dark region tells no one)")
+            return
+        self._store_call(self.store.report_death, self.island, self.epoch, code,
+                         at=self._died_at)
+
     def _exit_code(self) -> int | None:
         if self._failure is not None:
             return self._failure
@@ -194,9 +231,11 @@ class IslandSupervisor:
         while True:
             codes = [c.poll() for c in self.children]
             if None not in codes:
+                self._died_at = time.time()
                 return ended or ("exited" if not any(codes) else "failed"), False
             failed = next(((r, c) for r, c in enumerate(codes) if c), None)
             if failed is not None:
+                self._died_at = time.time()
                 self._failure = failed[1]
                 self._note(f"process {failed[0]} of {len(codes)} ended with exit code "
                            f"{failed[1]}: SIGKILL to the others")
@@ -218,6 +257,8 @@ class IslandSupervisor:
                     kind = command.get("kind")
                     if kind == "kill":
                         self._note("kill: SIGKILL")
+                        self._report = command.get("report", True) is not False
+                        self._died_at = time.time()
                         self._kill()
                         return "killed", False
                     if kind == "stop" and stop_deadline is None:
@@ -234,7 +275,12 @@ class IslandSupervisor:
                     elif kind not in ("stop", "pause", "resume"):
                         self._note(f"unknown command {command!r} ignored")
             self._ship_log()
-            time.sleep(self.poll_s)
+            self._wait_child(self.poll_s)
+
+    def _wait_child(self, seconds: float) -> None:
+        """Sleep up to `seconds`, less if the island's process (rank 0) ends."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.children[0].wait(timeout=seconds)
 
     def _ship_log(self, force: bool = False) -> None:
         """Put the log's last lines in Redis when it grew, at most every LOG_SHIP_S."""
@@ -321,14 +367,18 @@ class IslandSupervisor:
 # -- the Celery task's body --------------------------------------------------------
 
 def supervise_island(run_id: int, island: str, epoch: int, redis_url: str,
-                     log_dir: str | Path) -> dict[str, Any]:
-    """Run one incarnation of an island unless its run is no longer active or stopping."""
+                     log_dir: str | Path, asked_at: float | None = None) -> dict[str, Any]:
+    """Run one incarnation of an island unless its run is no longer active or stopping;
+    `asked_at`, when its start or rejoin was asked for, starts its dispatch phase
+    (trainer/phases.py)."""
     from syncd.store import RunStore, connect
 
     store = RunStore(connect(redis_url), run_id)
     if store.run_id not in RunStore.active_runs(store.r) or store.stop_requested() is not None:
         return {"island": island, "epoch": epoch, "exit_code": None, "ended": "inactive"}
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if asked_at is not None:
+        env[ASKED_AT_ENV] = repr(float(asked_at))
     processes, device = island_processes(store.spec(), island)
     command = island_command(redis_url, run_id, island, epoch,
                              device if processes > 1 else None)

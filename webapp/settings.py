@@ -188,6 +188,11 @@ if SYNCD_THREADS < 1:
 # Island logs (run-<id>/<island>.log) and, under `python -m webapp.start`, one log
 # per process.
 LOG_DIR = Path(env_str("LOG_DIR", str(VAR_DIR / "logs")))
+# Warm standby islands each island host keeps ready (trainer/pool_manager.py); 0 turns
+# the pool off, and every start and rejoin is a cold start.
+ISLAND_POOL_SIZE = env_int("ISLAND_POOL_SIZE", 1)
+if ISLAND_POOL_SIZE < 0:
+    raise ImproperlyConfigured(f"ISLAND_POOL_SIZE must be 0 or more, got {ISLAND_POOL_SIZE}.")
 # The bearer token a Prometheus scraper sends to /metrics; empty: only signed-in
 # operators (and staff) may read it.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")

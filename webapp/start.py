@@ -154,11 +154,14 @@ def ensure_demo(user: AbstractBaseUser | None) -> Run | None:
 
 
 def service_commands(regions: list[str], port: int, islands_per_worker: int,
-                     host: str = DEFAULT_HOST) -> list[tuple[str, list[str]]]:
+                     host: str = DEFAULT_HOST, pool_size: int = 0
+                     ) -> list[tuple[str, list[str]]]:
     """(name, argv) of every long-lived process besides Redis, in start order.
 
-    Only the web app listens (on host:port); syncd and the workers connect to Redis
-    and the database from their environment, like their peers on other hosts.
+    Only the web app listens (on host:port); syncd, the workers and the pool managers
+    (one per region with a pool_size above 0: its warm standby islands,
+    trainer/pool_manager.py) connect to Redis and the database from their
+    environment, like their peers on other hosts.
     """
     py = sys.executable
     worker = [py, "-m", "celery", "-A", "webapp", "worker", "--pool", "prefork",
@@ -168,6 +171,10 @@ def service_commands(regions: list[str], port: int, islands_per_worker: int,
         commands.append((f"worker-{region}", [*worker, "-Q", region_queue(region),
                                               "-n", f"{region}@%h",
                                               "--concurrency", str(islands_per_worker)]))
+        if pool_size > 0:
+            commands.append((f"pool-{region}", [py, "-m", "trainer.pool_manager",
+                                                "--region", region,
+                                                "--size", str(pool_size)]))
     commands.append(("worker-control", [*worker, "-Q", CONTROL_QUEUE, "-n", "control@%h",
                                         "--concurrency", "2"]))
     commands.append(("web", [py, "-m", "daphne", "-b", host, "-p", str(port),
@@ -230,7 +237,8 @@ def run(manager: ProcessManager) -> None:
         regions = sorted({island.region for island in demo.islands.all()})
         print(f"demo run started: {demo.islands.count()} islands in {', '.join(regions)}")
 
-    for name, argv in service_commands(settings.REGIONS, port, islands_per_worker, host):
+    for name, argv in service_commands(settings.REGIONS, port, islands_per_worker, host,
+                                       settings.ISLAND_POOL_SIZE):
         manager.start(name, argv, env=dict(os.environ), restart=True)
     web = manager.managed[-1].process
     reach = DEFAULT_HOST if host in ("0.0.0.0", "::") else host

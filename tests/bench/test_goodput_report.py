@@ -226,6 +226,7 @@ def made_up_run(mode: str, eval_loss: float, faults: int) -> dict:
                       "step_time_s": {"a": 0.1, "b": 0.1}, "max_stall_s": 0.1}
     run["series"] = [{"t": 1.0, "live": 2, "goodput": 0.5, "outer_steps": 1,
                       "eval_tokens": 100, "eval_loss": 3.0}]
+    run["restart_delays_s"] = [4.0] if mode == "elastic" else []
     return run
 
 
@@ -235,7 +236,8 @@ def test_the_report_gives_quality_adjusted_goodput_beside_goodput(tmp_path, monk
     base = {"decoupled": made_up_run("decoupled", 2.0, 0),
             "elastic": made_up_run("elastic", 2.4, 0)}
     seeds = {3: {"decoupled": made_up_run("decoupled", 2.2, 1),
-                 "elastic": made_up_run("elastic", 2.1, 1)}}
+                 "elastic": made_up_run("elastic", 2.1, 1),
+                 "elastic_warm": made_up_run("elastic", 2.1, 1)}}
 
     report(PROFILES["quick"], True, base, seeds, 1.0)
 
@@ -247,3 +249,6 @@ def test_the_report_gives_quality_adjusted_goodput_beside_goodput(tmp_path, monk
     assert written["decoupled"]["fault_free"]["quality_goodput"] == pytest.approx(1.0)
     assert "quality" in capsys.readouterr().out
     assert "quality's reference" in (tmp_path / "goodput-quick.html").read_text()
+    # Elastic twice: with cold restarts and with warm ones from the same pool.
+    assert set(written["decoupled_over_elastic"]) == {"cold restarts", "warm restarts"}
+    assert written["elastic_warm"]["fault_free"] == written["elastic"]["fault_free"]

@@ -160,13 +160,26 @@ def test_a_due_kill_goes_to_the_supervisor_with_the_epoch_and_is_an_event(monkey
     first = driver.plan.actions[0]
     driver.tick(2000.0 + first.at_s + 0.01)
     (island,) = first.fault.islands
-    assert run.store.commands == [(island, "kill", {"epoch": 1})]
+    # A kill's supervisor reports the death at once.
+    assert run.store.commands == [(island, "kill", {"epoch": 1, "report": True})]
     kind, who, detail = run.recorder.events[0]
     assert (kind, who, detail["fault"]) == ("fault", island, "kill")
     assert detail["chaos"] == {"preset": "kills_only", "seed": 4, "at_s": first.at_s}
     assert driver.done == 1 and run.store.r.hashes["arch:7:chaos"][b"done"] == b"1"
     driver.tick(2000.0 + first.fault.ends_s + 0.01)
     assert [a.kind for a in rejoined] == ["rejoin"] and rejoined[0].fault == first.fault
+
+
+def test_a_region_outage_kills_its_islands_and_holds_their_deaths_back():
+    run = fake_run("aggressive", seed=0)
+    everyone_trains(run)
+    driver = ChaosDriver(run)
+    driver.tick(2000.0)
+    outage = next(a for a in driver.plan.actions
+                  if a.kind == "fault" and a.fault.kind == "region_outage")
+    driver._fault(outage, 2500.0)
+    assert run.store.commands == [(i, "kill", {"epoch": 1, "report": False})
+                                  for i in outage.fault.islands]
 
 
 def test_other_faults_set_the_key_the_island_reads():

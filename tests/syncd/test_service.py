@@ -280,6 +280,39 @@ def test_an_island_silent_past_the_timeout_is_lost_and_revived_when_it_speaks(ru
     assert kinds.count("island_revived") == 1
 
 
+def test_a_reported_death_marks_the_island_lost_on_the_next_pass(run_sync):
+    beat_at(run_sync, "a", 1000.0)
+    beat_at(run_sync, "b", 1000.0)
+    run_sync.tick()
+    assert run_sync.live == 2
+    run_sync.store.report_death("a", 1, -9, at=1000.2)
+    run_sync.clock_state["now"] = 1000.3  # far inside the 10 s heartbeat timeout
+    run_sync.control_every_s = 60.0  # the death alone brings the watch forward
+    run_sync.next_control = 2000.0
+    run_sync.tick()
+    assert run_sync.lost == {"a"}
+    assert run_sync.live == 1
+    status = run_status_now(run_sync)
+    run_sync.recorder.flush()
+    lost = Event.objects.get(run_id=run_sync.recorder.run_id, kind="island_lost")
+    assert lost.detail["cause"] == "died"
+    assert (lost.detail["epoch"], lost.detail["exit_code"], lost.detail["signal"]) == (1, -9, 9)
+    assert lost.detail["reported_after_s"] == pytest.approx(0.1, abs=1e-6)
+    assert status["islands"]["a"]["state"] == "lost"
+    # The next incarnation speaks: revived.
+    run_sync.store.set_epoch("a", 2)
+    run_sync.store.heartbeat("a", 2, 0, 0, state="training")
+    run_sync.next_control = 0.0
+    run_sync.tick()
+    assert run_sync.lost == set()
+
+
+def run_status_now(sync: RunSync) -> dict:
+    from syncd.status import run_status
+
+    return run_status(sync, sync.clock(), sync.live)
+
+
 def test_the_status_carries_goodput_once_step_times_are_known(run_sync):
     for round_, now in enumerate((1000.0, 1004.0, 1008.0)):  # 4 steps in 4 s: 1 s a step
         run_sync.clock_state["now"] = now

@@ -51,6 +51,7 @@ class FakeStore:
         self.sent_back = []
         self.failures = 0
         self.logs = []
+        self.deaths = []
 
     def next_command(self, island):
         if self.failures:
@@ -68,6 +69,10 @@ class FakeStore:
 
     def put_log(self, island, lines):
         self.logs.append(lines)
+
+    def report_death(self, island, epoch, exit_code, at=None):
+        self.deaths.append({"island": island, "epoch": epoch, "exit_code": exit_code,
+                            "at": at})
 
 
 def says(log: Path, line: str):

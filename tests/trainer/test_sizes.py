@@ -93,3 +93,15 @@ def test_no_outer_momentum_keeps_no_momentum_buffers(make_config):
                                              config.sync.fragments))
     assert sized.redis.parts["fragment in swap"] == 4 * largest
     assert sized.syncd.parts["outer momentum"] == 0
+
+
+def test_each_warm_standby_of_an_island_host_counts_with_its_interpreter_and_a_model(
+        make_config):
+    from trainer.sizes import STANDBY_BASE_BYTES
+
+    config = make_config(islands=2)
+    cold, warm = estimate(config), estimate(config, standbys=2)
+    for name, need in warm.islands.items():
+        assert need.parts["warm standbys"] == 2 * (STANDBY_BASE_BYTES + warm.model_bytes)
+        assert need.total == cold.islands[name].total + need.parts["warm standbys"]
+    assert "warm standbys" not in cold.islands["island-0"].parts

@@ -334,3 +334,58 @@ def test_when_one_process_fails_the_others_are_killed(tmp_path):
     assert time.monotonic() - started < 10
     assert "process 1 of 2 ended with exit code 3: SIGKILL to the others" in \
         (tmp_path / "island-0.log").read_text()
+
+
+def test_a_kill_is_reported_as_a_death_with_its_epoch_and_signal(tmp_path):
+    log = tmp_path / "island-0.log"
+    store = FakeStore([{"kind": "kill", "epoch": 2}], ready=says(log, "ready"))
+
+    before = time.time()
+    supervisor(tmp_path, STUBBORN, store, epoch=2).run()
+
+    (death,) = store.deaths
+    assert (death["island"], death["epoch"], death["exit_code"]) == ("island-0", 2,
+                                                                      -signal.SIGKILL)
+    assert before <= death["at"] <= time.time()
+
+
+def test_a_region_outage_kill_holds_the_death_back(tmp_path):
+    log = tmp_path / "island-0.log"
+    store = FakeStore([{"kind": "kill", "epoch": 1, "report": False}],
+                      ready=says(log, "ready"))
+
+    result = supervisor(tmp_path, STUBBORN, store).run()
+
+    assert result["ended"] == "killed"
+    assert store.deaths == []
+    assert "death not reported" in log.read_text()
+
+
+def test_a_death_from_outside_is_seen_and_reported_within_a_fraction_of_a_second(tmp_path):
+    log = tmp_path / "island-0.log"
+    store = FakeStore(ready=says(log, "ready"))
+    # A slow poll: the supervisor must see the exit by waiting on the child, not polling.
+    sup = IslandSupervisor(STUBBORN, store, "island-0", 1, log, poll_s=5.0)
+    killed = {}
+
+    def kill_when_ready():
+        wait_until(says(log, "ready"))
+        killed["at"] = time.time()
+        sup.child.send_signal(signal.SIGKILL)
+
+    threading.Thread(target=kill_when_ready, daemon=True).start()
+    result = sup.run()
+
+    assert result["ended"] == "failed"
+    (death,) = store.deaths
+    assert death["exit_code"] == -signal.SIGKILL
+    assert death["at"] - killed["at"] < 0.5
+
+
+def test_a_stop_is_not_a_death(tmp_path):
+    log = tmp_path / "island-0.log"
+    store = FakeStore([{"kind": "stop", "epoch": 1}], ready=says(log, "ready"))
+
+    supervisor(tmp_path, GRACEFUL, store).run()
+
+    assert store.deaths == []

@@ -221,6 +221,16 @@ def test_service_commands_run_a_worker_per_region_and_the_control_worker():
     assert commands["syncd"][1:] == ["-m", "syncd"]
 
 
+def test_with_a_pool_each_region_gets_a_pool_manager_after_its_worker():
+    commands = service_commands(["us-east", "eu-west"], 8123, 3, pool_size=2)
+
+    names = [name for name, _ in commands]
+    assert names == ["syncd", "worker-us-east", "pool-us-east", "worker-eu-west",
+                     "pool-eu-west", "worker-control", "web"]
+    pool = dict(commands)["pool-eu-west"]
+    assert pool[1:] == ["-m", "trainer.pool_manager", "--region", "eu-west", "--size", "2"]
+
+
 @pytest.mark.django_db
 def test_the_admin_is_created_once(django_user_model):
     password = ensure_admin()

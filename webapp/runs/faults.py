@@ -51,7 +51,9 @@ def kill_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -> 
 
 
 def kill_region(run: Run, region: str, by: AbstractBaseUser | None) -> list[Island]:
-    """A region outage: every island of the run in that region is killed."""
+    """A region outage: every island of the run in that region is killed, and their
+    supervisors hold the deaths back (a region that has gone dark tells no one):
+    syncd finds out by the heartbeat timeout, as it would of a real one."""
     require_state(run, LIVE_STATES, "kill a region")
     islands = [island for island in live_islands(run) if island.region == region]
     if not islands:
@@ -60,7 +62,7 @@ def kill_region(run: Run, region: str, by: AbstractBaseUser | None) -> list[Isla
                          f"(its regions: {', '.join(regions)})")
     store = run_store(run)
     for island in islands:
-        store.send_command(island.name, "kill", epoch=island.epoch)
+        store.send_command(island.name, "kill", epoch=island.epoch, report=False)
         record_event(run, island, Event.Kind.FAULT, by, fault="kill", region=region,
                epoch=island.epoch)
     return islands

@@ -23,7 +23,7 @@ from webapp.runs.models import (
     Island,
     Run,
 )
-from webapp.runs.stores import run_store
+from webapp.runs.stores import pool_store, run_store
 from webapp.runs.validation import check_data_path, checkpoint_misfit, memory_misfits
 
 if TYPE_CHECKING:
@@ -116,8 +116,10 @@ LIVE_STATES = (Run.State.RUNNING, Run.State.PAUSED)
 def start_run(run: Run, by: AbstractBaseUser | None) -> None:
     """Start a draft run: publish its spec, give every island epoch 1 and enqueue it.
 
-    Each island goes to its region's queue (trainer.queues.region_queue), where
-    that region's worker runs it as one long task.
+    Each island claims a warm standby of its region's pool when one is ready
+    (trainer/pool_manager.py), else goes to its region's queue
+    (trainer.queues.region_queue), where that region's worker runs it as one long
+    task.
 
     Raises:
         ConfigError: when the run no longer fits the memory the hosts declare.
@@ -195,8 +197,9 @@ def rejoin_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
     old_epoch = island.epoch
     store = run_store(run)
     store.send_command(island.name, "stop", epoch=old_epoch)
-    store.rejoin_requested(island.name, time.time())  # syncd reports the time to train
-    island = _next_incarnation(run, island, store)
+    asked = time.time()
+    store.rejoin_requested(island.name, asked)  # syncd reports the time to train
+    island = _next_incarnation(run, island, store, asked)
     record_event(run, island, Event.Kind.REJOIN, by, from_epoch=old_epoch, epoch=island.epoch)
     return island
 
@@ -372,8 +375,10 @@ def require_state(run: Run, states: tuple[str, ...], action: str) -> None:
                          f"(it must be {' or '.join(states)})")
 
 
-def _next_incarnation(run: Run, island: Island, store: RunStore) -> Island:
-    """The island's next epoch, in the database and Redis, and its task on the queue."""
+def _next_incarnation(run: Run, island: Island, store: RunStore,
+                      asked_at: float | None = None) -> Island:
+    """The island's next epoch, in the database and Redis, and its start: a claim of a
+    warm standby or a task on the queue (`asked_at`: when it was asked for)."""
     with transaction.atomic():
         # Under a row lock: two rejoins at once must not both start epoch n + 1.
         island = Island.objects.select_for_update().get(pk=island.pk)
@@ -383,13 +388,33 @@ def _next_incarnation(run: Run, island: Island, store: RunStore) -> Island:
     if run.state == Run.State.PAUSED:
         # Queued first, so the new process is frozen as soon as it starts.
         store.send_command(island.name, "pause", epoch=island.epoch)
-    _enqueue(run, island)
+    _enqueue(run, island, asked_at)
     return island
 
 
-def _enqueue(run: Run, island: Island) -> None:
+def _enqueue(run: Run, island: Island, asked_at: float | None = None) -> None:
+    """Start the island's current epoch: on a warm standby of its region when one is
+    ready, else as a task on its region's queue (today's cold start)."""
+    asked = time.time() if asked_at is None else asked_at
+    if claim_standby(run, island, asked):
+        return
     run_island.apply_async(args=[run.pk, island.name, island.epoch, settings.REDIS_URL],
-                           queue=region_queue(island.region))
+                           kwargs={"asked_at": asked}, queue=region_queue(island.region))
+
+
+def claim_standby(run: Run, island: Island, asked_at: float) -> bool:
+    """Claim a warm standby for the island's current epoch if its region's pool has one
+    ready; False when it has none (or the island has several processes: standbys are
+    one process each). The claim goes straight to the region's pool managers through
+    Redis, never behind the busy tasks of the region's queue; a manager that finds its
+    pool empty by then starts the island cold itself."""
+    config = next((i for i in run.config.get("islands", []) if i["name"] == island.name), {})
+    pools = pool_store()
+    if config.get("processes", 1) > 1 or pools.ready(island.region) < 1:
+        return False
+    pools.push_claim(island.region, {"run": run.pk, "island": island.name,
+                                     "epoch": island.epoch, "asked_at": asked_at})
+    return True
 
 
 def _command_all(run: Run, kind: str) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import redis
 from django.conf import settings
 
-from syncd.store import RunStore, connect
+from syncd.store import PoolStore, RunStore, connect
 
 if TYPE_CHECKING:
     from webapp.runs.models import Run
@@ -27,3 +27,8 @@ def redis_client(url: str) -> redis.Redis:
 def run_store(run: Run | int) -> RunStore:
     run_id = run if isinstance(run, int) else run.pk
     return RunStore(redis_client(settings.REDIS_URL), run_id)
+
+
+def pool_store() -> PoolStore:
+    """The hosts' pools of warm standby islands (trainer/pool_manager.py)."""
+    return PoolStore(redis_client(settings.REDIS_URL))

@@ -49,7 +49,7 @@ def memory_misfits(config: RunConfig) -> dict[str, list[str]]:
     settings.ISLAND_HOST_MEMORY_MB, keyed "islands.<i>.batch_size" when the island fits
     without its activations, else "model" (once: the first island that does not fit).
     """
-    sized = estimate(config)
+    sized = estimate(config, settings.ISLAND_POOL_SIZE)
     errors: dict[str, list[str]] = {}
     redis_mb = settings.REDIS_MAXMEMORY_MB
     if sized.redis.total > redis_mb * MIB:
@@ -89,7 +89,7 @@ def size_report(config: Any) -> dict[str, Any]:
         ConfigError: when `config` (decoded JSON) is not a valid run config.
     """
     run_config = parse_config(config, settings.REGIONS)
-    return {**estimate(run_config).to_dict(),
+    return {**estimate(run_config, settings.ISLAND_POOL_SIZE).to_dict(),
             "limits": {"redis_bytes": settings.REDIS_MAXMEMORY_MB * MIB,
                        "island_host_bytes": settings.ISLAND_HOST_MEMORY_MB * MIB},
             "misfits": memory_misfits(run_config)}

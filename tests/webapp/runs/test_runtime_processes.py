@@ -19,6 +19,7 @@ from django.db import connection
 
 from syncd.store import RunStore, connect
 from trainer.island_logs import island_log_path
+from trainer.phases import PHASES
 from webapp.runs.faults import (
     inject_fault,
     kill_island,
@@ -165,6 +166,13 @@ def test_islands_on_a_real_worker_merge_through_syncd_survive_a_kill_and_rejoin(
                                                  detail__has_key="seconds_to_first_step").first(),
                        10, "syncd to report the time from the rejoin to the first step")
     assert 0 < timed.detail["seconds_to_first_step"] < 60
+    # Where the seconds went, phase by phase (trainer/phases.py), adding up to the whole
+    # but the beat's own travel (the marks come from the island, the total from syncd).
+    phases = timed.detail["phases"]
+    assert list(phases) == list(PHASES), phases
+    assert sum(phases.values()) == pytest.approx(timed.detail["seconds_to_first_step"],
+                                                 abs=1.0)
+    assert timed.detail["warm"] is False  # this system has no pool: a cold start
     stop_run(run, by=None)
     wait_until(lambda: Run.objects.get(pk=run.pk).state == Run.State.STOPPED, 90,
                "the run to be stopped")
@@ -201,25 +209,27 @@ def test_elastic_mode_rolls_back_and_pauses_every_island_when_one_is_lost(
         system, corpus_file, redis_url):
     run = tiny_run(corpus_file, total_tokens=10**9)
     run.mode = Run.Mode.ELASTIC
-    run.config["elastic"] = {"restart_delay_s": 2.0}
+    # The death report starts the restart as soon as the kill: a pause long enough
+    # to be seen on a loaded machine after the waits before it.
+    run.config["elastic"] = {"restart_delay_s": 6.0}
     run.save(update_fields=["mode", "config"])
     store = start_and_wait(run, redis_url, 2)
     wait_all_training(store)
 
     kill_island(run, "island-0", by=None)
     survivors = {"island-1", "island-2"}
-    # Islands wait at every elastic outer step, so the dead island's last heartbeat
-    # may say "waiting" too: what matters is that both survivors stop there.
-    wait_until(lambda: survivors <= {n for n, b in store.heartbeats().items()
-                                     if b.get("state") == "waiting"}, 10,
-               "both survivors to wait at the barrier for the dead island")
+    # Its supervisor reports the death: island-0 is lost at once, and the whole job
+    # restarts without the survivors waiting at a barrier for a heartbeat timeout.
+    (lost,) = wait_until(lambda: island_lost_events(run, "island-0"), 10,
+                         "island-0 to be lost")
+    assert lost["cause"] == "died"
     wait_until(lambda: store.restart()[0] == 1, 30, "a whole-job restart")
-    wait_until(lambda: (store.status() or {}).get("lost_s", {}).get("barrier_wait", 0) > 0,
-               10, "the wait at the barrier counted as lost")
     paused = wait_until(lambda: {n for n, b in store.heartbeats().items()
                                  if b.get("state") == "restarting"}, 10,
                         "the survivors to pause for the restart delay")
     assert paused <= survivors
+    wait_until(lambda: (store.status() or {}).get("lost_s", {}).get("barrier_wait", 0) > 0,
+               10, "the wait at the barrier counted as lost")
     after_restart = sum(newest_versions(store))
     wait_until(lambda: sum(newest_versions(store)) >= after_restart + 2, 60,
                "the survivors to go on after the restart")
@@ -293,6 +303,51 @@ def test_a_partitioned_island_is_lost_then_revived_and_a_rejoin_leaves_one_incar
     wait_until(lambda: not runner_processes(run, "island-2", 1), 30,
                "the first incarnation of island-2 to be gone")
     assert len(runner_processes(run, "island-2", 2)) == 1
+    stop_run(run, by=None)
+
+
+def island_lost_events(run: Run, island: str) -> list[dict]:
+    return list(run.events.filter(kind="island_lost", island__name=island)
+                .values_list("detail", flat=True))
+
+
+def test_a_sigkilled_island_is_lost_before_its_heartbeat_could_have_timed_out(
+        system, corpus_file, redis_url):
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    run.config["liveness"] = {"heartbeat_timeout_s": 60.0}
+    run.save(update_fields=["config"])
+    store = start_and_wait(run, redis_url, 1)
+    wait_all_training(store)
+
+    pid = store.heartbeats()["island-1"]["pid"]
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)  # from outside: no command, the supervisor sees the exit
+    wait_until(lambda: (store.status() or {}).get("islands", {}).get("island-1", {})
+               .get("state") == "lost", 30, "island-1 to be lost")
+    assert time.monotonic() - killed_at < 30  # half the timeout, on a loaded machine
+    (lost,) = wait_until(lambda: island_lost_events(run, "island-1"), 10, "the event")
+    assert (lost["cause"], lost["epoch"], lost["signal"]) == ("died", 1, signal.SIGKILL)
+    assert store.deaths()["island-1"]["epoch"] == 1
+    stop_run(run, by=None)
+
+
+def test_a_region_outage_is_still_detected_by_the_heartbeat_timeout(
+        system, corpus_file, redis_url):
+    from webapp.runs.faults import kill_region
+
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    store = start_and_wait(run, redis_url, 1)
+    wait_all_training(store)
+
+    kill_region(run, "us-east", by=None)
+    wait_until(lambda: all(not runner_processes(run, f"island-{i}", 1) for i in range(3)),
+               30, "the region's islands to be killed")
+    for i in range(3):
+        (lost,) = wait_until(lambda i=i: island_lost_events(run, f"island-{i}"), 30,
+                             f"island-{i} to be lost")
+        assert lost["cause"] == "silent"
+        assert lost["silent_s"] >= 3.0  # the run's heartbeat timeout
+    assert store.deaths() == {}  # a dark region told no one
     stop_run(run, by=None)
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 import redis
 
-from syncd.store import RunStore, connect
+from syncd.store import PoolStore, RunStore, connect
 from trainer.config import ConfigError
 from trainer.tasks import run_island
 from webapp.runs.faults import (
@@ -129,7 +129,9 @@ def test_kill_region_kills_every_island_of_the_region(running, store, operator):
 
     assert [i.name for i in killed] == ["east-a", "east-b"]
     s = store(running)
-    assert commands(s, "east-a") == commands(s, "east-b") == [{"kind": "kill", "epoch": 1}]
+    # A dark region tells no one: the supervisors hold the deaths back.
+    assert commands(s, "east-a") == commands(s, "east-b") == [
+        {"kind": "kill", "epoch": 1, "report": False}]
     assert commands(s, "west-a") == []
     assert Event.objects.filter(run=running, kind=Event.Kind.FAULT, actor=operator,
                                 detail__region="us-east").count() == 2
@@ -201,6 +203,32 @@ def test_faults_need_a_running_run(running, operator):
         inject_fault(running, "east-a", "partition", 10)
     with pytest.raises(ValueError, match="cannot kill an island: the run is stopping"):
         kill_island(running, "east-a", operator)
+
+
+def test_a_rejoin_claims_a_warm_standby_when_the_regions_pool_has_one_ready(
+        running, store, enqueued, redis_url, operator):
+    pools = PoolStore(connect(redis_url))
+    pools.put_host("us-west", "host-1", {"ready": 1, "size": 1, "time": time.time()})
+
+    before = time.time()
+    rejoin_island(running, "west-a", operator)
+
+    assert enqueued == []  # never behind the busy tasks of the region's queue
+    (claim,) = pools.take_claims("us-west", 0.1)
+    assert (claim["run"], claim["island"], claim["epoch"]) == (running.pk, "west-a", 2)
+    assert before <= claim["asked_at"] <= time.time()
+
+
+def test_with_the_pool_empty_or_its_host_silent_a_rejoin_is_a_cold_start(
+        running, enqueued, redis_url, operator):
+    pools = PoolStore(connect(redis_url))
+    pools.put_host("us-west", "empty", {"ready": 0, "size": 1, "time": time.time()})
+    pools.put_host("us-west", "gone", {"ready": 1, "size": 1, "time": time.time() - 60})
+
+    rejoin_island(running, "west-a", operator)
+
+    assert [task["queue"] for task in enqueued] == ["region.us-west"]
+    assert pools.take_claims("us-west", 0.1) == []
 
 
 def test_rejoin_stops_the_old_incarnation_and_enqueues_the_next_epoch(running, store,

@@ -1,0 +1,309 @@
+"""Reintegration on the real system: `python -m bench rejoin [--quick]`.
+
+It starts Archipelago on this machine with state of its own under
+var/bench-rejoin (Redis, SQLite, syncd, a Celery worker per region), then, in
+one invocation, twice over:
+
+- warm: a pool manager per region (trainer/pool_manager.py) keeping one warm
+  standby, as many as each region's islands;
+- cold: the pool managers stopped, so every start and rejoin is today's cold
+  start (a task on the region's queue, a new interpreter).
+
+In each, it creates and starts the 4-island run (one island per region) a few
+times, timing create to all islands training, and keeps the last one for the
+cycles: `cycles` kill-and-rejoin cycles, their kills at least GAP_S apart, one
+island after the other. Odd cycles are an operator's: SIGKILL of the island
+process from outside (a crash: no command, the supervisor sees the exit) and a
+rejoin by an operator. Even cycles are the chaos driver's two calls
+(syncd/chaos_driver.py), made here so that they keep the spacing: a "kill"
+command to the island's supervisor, then services.rejoin_island with no actor.
+A warm cycle whose rejoin found its region's pool empty (its rejoin event says
+warm false) counts as cold.
+
+Per cycle, from the run's own records: SIGKILL to `island_lost` (the SIGKILL's
+moment is the kill here or, for a command, the death report's), rejoin to the
+first inner step (syncd's rejoin event, with the phases), rejoin to the first
+merge that takes the island's update after that step. Per mode: p50 and p95 of
+each, and of create to all training. It writes bench/results/rejoin.json
+(rejoin-quick.json with --quick), prints the table and the checks against the
+targets, and exits non-zero when one is missed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import results
+from bench.goodput import make_corpus
+from bench.system import ROOT, BenchSystem
+
+HOME = ROOT / "var" / "bench-rejoin"
+REGIONS = ("us-east", "us-west", "eu-west", "ap-south")
+PROFILES = {"full": {"cycles": 20, "creates": 3}, "quick": {"cycles": 5, "creates": 2}}
+GAP_S = 30.0  # between two kills
+OUTAGE_S = 3.0  # from a kill to its rejoin
+WAIT_S = 120.0
+METRICS = ("kill_to_lost_s", "rejoin_to_first_step_s", "rejoin_to_first_merge_s",
+           "create_to_training_s")
+
+
+def workload(corpus: Path) -> dict[str, Any]:
+    """The issue's workload: 4 layers, 128 wide, batch 8, H = 20, one island per region."""
+    return {
+        "model": {"n_layer": 4, "n_embd": 128, "n_head": 4, "block_size": 64},
+        "data": {"path": str(corpus)},
+        "sync": {"inner_steps": 20, "fragments": 2, "overlap_steps": 1, "min_quorum": 2},
+        "optim": {"inner_lr": 2e-3, "warmup_steps": 20},
+        "eval": {"tokens": 4096, "interval_steps": 10_000},
+        "checkpoint": {"interval_s": 600.0},
+        "budget": {"total_tokens": 10**12},
+        "islands": [{"name": region, "region": region, "batch_size": 8, "speed": 0.5}
+                    for region in REGIONS],
+    }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0..100), linear between the closest ranks; None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    p50, p95 = percentile(values, 50), percentile(values, 95)
+    return {"p50": None if p50 is None else round(p50, 3),
+            "p95": None if p95 is None else round(p95, 3), "n": len(values)}
+
+
+def wait(check: Any, what: str, timeout: float = WAIT_S, every: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout:g} s")
+        time.sleep(every)
+
+
+def pools_ready(system: BenchSystem) -> bool:
+    from syncd.store import PoolStore, connect
+
+    pools = PoolStore(connect(system.redis_url))
+    return all(pools.ready(region) >= 1 for region in REGIONS)
+
+
+def create_and_train(label: str, config: dict[str, Any]) -> tuple[Any, Any, float]:
+    """Create and start a run; seconds from the create to every island's first
+    training heartbeat."""
+    from syncd.store import RunStore, connect
+    from webapp.runs.services import create_run, start_run
+
+    asked = time.time()
+    run = create_run(name=label, mode="decoupled", config=config, user=None)
+    start_run(run, by=None)
+    store = RunStore(connect(os.environ["REDIS_URL"]), run.pk)
+    first: dict[str, float] = {}
+
+    def all_training() -> bool:
+        for name, beat in store.heartbeats().items():
+            if beat.get("state") == "training" and beat.get("epoch") == 1:
+                first.setdefault(name, float(beat["time"]))
+        return len(first) == len(config["islands"])
+
+    wait(all_training, f"{label}: every island training")
+    seconds = max(first.values()) - asked
+    results.say(f"  {label}: run {run.pk}, create to all training {seconds:.2f} s")
+    return run, store, seconds
+
+
+def round_fill_s(run: Any, since: float, until: float) -> float | None:
+    """The fault-free median time to fill a round: the gaps between successive merges
+    of each fragment between `since` and `until`."""
+    merges = run.events.filter(kind="merge").order_by("time")
+    times: dict[int, list[float]] = {}
+    for e in merges:
+        at = e.time.timestamp()
+        if since <= at <= until:
+            times.setdefault(e.detail.get("fragment", 0), []).append(at)
+    gaps = [b - a for t in times.values() for a, b in itertools.pairwise(t)]
+    return statistics.median(gaps) if gaps else None
+
+
+def cycle(run: Any, store: Any, island: str, kind: str, operator: Any) -> dict[str, Any]:
+    """One kill and rejoin of `island`; its figures from the run's records."""
+    from webapp.runs.services import rejoin_island
+
+    beat = store.heartbeats()[island]
+    epoch, pid = int(beat["epoch"]), int(beat["pid"])
+    if kind == "operator":
+        killed = time.time()
+        os.kill(pid, signal.SIGKILL)
+    else:
+        store.send_command(island, "kill", epoch=epoch, report=True)
+        death = wait(lambda: (store.deaths().get(island) or {}).get("epoch") == epoch
+                     and store.deaths()[island], f"{island}'s death report")
+        killed = float(death["time"])
+    lost = wait(lambda: run.events.filter(kind="island_lost", island__name=island,
+                                          time__gte=_when(killed - 1)).order_by("id").last(),
+                f"{island} lost")
+    time.sleep(max(killed + OUTAGE_S - time.time(), 0.0))  # the outage itself
+    asked = time.time()
+    rejoin_island(run, island, by=operator if kind == "operator" else None)
+    rejoined = wait(lambda: run.events.filter(
+        kind="rejoin", island__name=island, actor=None, detail__epoch=epoch + 1,
+        detail__has_key="seconds_to_first_step").first(), f"{island} training again")
+    first_step = asked + float(rejoined.detail["seconds_to_first_step"])
+
+    def merged() -> Any:
+        for e in run.events.filter(kind="merge", time__gte=_when(first_step)).order_by("id"):
+            if island in (e.detail.get("weights") or {}):
+                return e
+        return None
+
+    merge = wait(merged, f"a merge of {island}'s update")
+    sample = {"island": island, "kind": kind, "epoch": epoch + 1,
+              "warm": bool(rejoined.detail.get("warm")),
+              "kill_to_lost_s": round(lost.time.timestamp() - killed, 3),
+              "lost_cause": lost.detail.get("cause"),
+              "rejoin_to_first_step_s": round(first_step - asked, 3),
+              "rejoin_to_first_merge_s": round(merge.time.timestamp() - asked, 3),
+              "phases": rejoined.detail.get("phases") or {}}
+    results.say(f"  {kind} cycle {island}: lost {sample['kill_to_lost_s']:.3f} s, first step "
+                f"{sample['rejoin_to_first_step_s']:.3f} s, first merge "
+                f"{sample['rejoin_to_first_merge_s']:.3f} s, warm {sample['warm']}, "
+                f"{sample['phases']}")
+    return sample
+
+
+def _when(seconds: float) -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def run_mode(system: BenchSystem, mode: str, profile: dict[str, Any], corpus: Path,
+             operator: Any) -> dict[str, Any]:
+    from webapp.runs.services import stop_run
+
+    config = workload(corpus)
+    creates, run, store = [], None, None
+    for n in range(profile["creates"]):
+        if run is not None:
+            stop_run(run, by=None)
+            _wait_stopped(store)
+        if mode == "warm":
+            wait(lambda: pools_ready(system), "every region's pool ready", 300, 0.2)
+        run, store, seconds = create_and_train(f"{mode} run {n + 1}", config)
+        creates.append(seconds)
+    trained_at = time.time()
+    time.sleep(GAP_S)  # a fault-free stretch: the time to fill a round
+    fill = round_fill_s(run, trained_at, time.time())
+    samples = []
+    next_kill = time.time()
+    for i in range(profile["cycles"]):
+        time.sleep(max(next_kill - time.time(), 0.0))
+        next_kill = time.time() + GAP_S
+        island = REGIONS[i % len(REGIONS)]
+        samples.append(cycle(run, store, island, "operator" if i % 2 == 0 else "chaos",
+                             operator))
+    stop_run(run, by=None)
+    _wait_stopped(store)
+    return {"creates": creates, "round_fill_s": fill, "samples": samples}
+
+
+def _wait_stopped(store: Any) -> None:
+    from bench.goodput import wait_islands_stopped
+
+    wait_islands_stopped(store, list(REGIONS))
+
+
+def summarize(modes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per mode the p50 and p95 of each figure; a warm cycle that found the pool empty
+    counts as cold."""
+    samples = {"warm": [s for s in modes["warm"]["samples"] if s["warm"]],
+               "cold": modes["cold"]["samples"] + [s for s in modes["warm"]["samples"]
+                                                   if not s["warm"]]}
+    out = {}
+    for mode in ("warm", "cold"):
+        rows = samples[mode]
+        out[mode] = {key: spread([s[key] for s in rows]) for key in METRICS[:3]}
+        out[mode]["create_to_training_s"] = spread(modes[mode]["creates"])
+        phases = {p for s in rows for p in s["phases"]}
+        out[mode]["phases_p50_s"] = {p: round(statistics.median(
+            s["phases"][p] for s in rows if p in s["phases"]), 3) for p in sorted(phases)}
+        out[mode]["round_fill_s"] = modes[mode]["round_fill_s"]
+        out[mode]["cycles"] = len(rows)
+    return out
+
+
+def main(quick: bool = False) -> int:
+    profile = PROFILES["quick" if quick else "full"]
+    started = time.time()
+    system = BenchSystem(HOME, list(REGIONS))
+    modes: dict[str, dict[str, Any]] = {}
+    try:
+        system.setup_django()
+        from django.contrib.auth import get_user_model
+
+        operator = get_user_model().objects.create_user("bench-operator")
+        system.start_syncd()
+        system.start_workers(concurrency=2)
+        system.start_pools(size=1)
+        corpus = make_corpus(HOME / "corpus.txt")
+        modes["warm"] = run_mode(system, "warm", profile, corpus, operator)
+        for region in REGIONS:
+            system.stop_process(f"pool-{region}")  # the pool off: cold starts only
+        modes["cold"] = run_mode(system, "cold", profile, corpus, operator)
+    finally:
+        system.stop()
+    return report(profile, quick, modes, time.time() - started)
+
+
+def report(profile: dict[str, Any], quick: bool, modes: dict[str, dict[str, Any]],
+           seconds: float) -> int:
+    out: dict[str, Any] = {"profile": "quick" if quick else "full", **profile,
+                           "gap_s": GAP_S, "outage_s": OUTAGE_S,
+                           "workload": workload(Path("corpus")), **summarize(modes),
+                           "raw": modes}
+    warm = out["warm"]
+    fill = modes["warm"]["round_fill_s"] or 0.0
+    checks = {}
+    if warm["cycles"]:
+        checks["warm rejoin to first step p95 (s)"] = results.check(
+            warm["rejoin_to_first_step_s"]["p95"], 1.0, at_least=False)
+        checks["warm SIGKILL to lost p95 (s)"] = results.check(
+            warm["kill_to_lost_s"]["p95"], 0.5, at_least=False)
+        checks["warm rejoin to first merge p95 (s), 1 s + round fill"] = results.check(
+            warm["rejoin_to_first_merge_s"]["p95"], round(1.0 + fill, 3), at_least=False)
+    else:
+        checks["warm cycles that found a standby"] = results.check(0, 1)
+    checks["warm create to all training p95 (s)"] = results.check(
+        warm["create_to_training_s"]["p95"], 3.0, at_least=False)
+    out["checks"] = checks
+    out["seconds"] = round(seconds, 1)
+    path = results.write("rejoin-quick" if quick else "rejoin", out)
+    rows = [{"mode": mode, **{k: out[mode][k]["p50"] for k in METRICS},
+             **{f"{k}_p95": out[mode][k]["p95"] for k in METRICS}, "cycles": out[mode]["cycles"]}
+            for mode in ("warm", "cold")]
+    print(results.table([{"mode": r["mode"], **{k: f"{r[k]} / {r[k + '_p95']}"
+                                                for k in METRICS}, "cycles": r["cycles"]}
+                         for r in rows], ["mode", *METRICS, "cycles"]))
+    print("(p50 / p95, seconds)")
+    for mode in ("warm", "cold"):
+        print(f"{mode} phases (p50 s): {out[mode]['phases_p50_s']}; round fill "
+              f"{out[mode]['round_fill_s']}")
+    print()
+    print(results.checks_table(checks))
+    print(f"\n{out['seconds']} s; wrote {path}")
+    return results.exit_code(checks)

@@ -1,0 +1,52 @@
+"""The rejoin benchmark's arithmetic and report (bench/rejoin.py), on figures made up
+here: percentiles, a warm cycle that found the pool empty counted as cold, the
+keys docs/BENCHMARKS.md reads, and a missed target reported as missed."""
+
+import json
+
+import pytest
+
+from bench import rejoin, results
+
+
+def sample(warm: bool, first_step: float, lost: float = 0.1, merge: float = 2.0) -> dict:
+    return {"island": "us-east", "kind": "operator", "epoch": 2, "warm": warm,
+            "kill_to_lost_s": lost, "lost_cause": "died", "rejoin_to_first_step_s": first_step,
+            "rejoin_to_first_merge_s": merge, "phases": {"model": first_step / 2}}
+
+
+def modes(warm_samples, cold_samples, creates=(2.0, 2.5)):
+    return {"warm": {"creates": list(creates), "round_fill_s": 3.0, "samples": warm_samples},
+            "cold": {"creates": [9.0], "round_fill_s": 3.0, "samples": cold_samples}}
+
+
+def test_percentiles_are_linear_between_the_closest_ranks():
+    assert rejoin.percentile([4.0, 1.0, 2.0, 3.0], 50) == 2.5
+    assert rejoin.percentile([1.0, 2.0, 3.0, 4.0, 5.0], 95) == pytest.approx(4.8)
+    assert rejoin.percentile([], 50) is None
+
+
+def test_a_warm_cycle_that_found_the_pool_empty_counts_as_cold():
+    summary = rejoin.summarize(modes([sample(True, 0.5), sample(False, 9.0)],
+                                     [sample(False, 10.0)]))
+    assert summary["warm"]["cycles"] == 1
+    assert summary["cold"]["cycles"] == 2
+    assert summary["warm"]["rejoin_to_first_step_s"] == {"p50": 0.5, "p95": 0.5, "n": 1}
+    assert summary["cold"]["rejoin_to_first_step_s"]["p50"] == 9.5
+    assert summary["warm"]["phases_p50_s"] == {"model": 0.25}
+
+
+def test_the_report_writes_warm_and_cold_with_each_figure_and_says_a_miss(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    code = rejoin.report(rejoin.PROFILES["quick"], True,
+                         modes([sample(True, 0.4), sample(True, 1.6)], [sample(False, 10.0)]),
+                         1.0)
+    data = json.loads((tmp_path / "rejoin-quick.json").read_text())
+    for mode in ("warm", "cold"):
+        for key in rejoin.METRICS:
+            assert set(data[mode][key]) >= {"p50", "p95"}
+    assert code == 1  # rejoin to first step p95 is above 1 s
+    assert not data["checks"]["warm rejoin to first step p95 (s)"]["ok"]
+    assert data["checks"]["warm SIGKILL to lost p95 (s)"]["ok"]
+    assert "FAILED: warm rejoin to first step" in capsys.readouterr().err

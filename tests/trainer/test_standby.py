@@ -1,0 +1,91 @@
+"""A warm standby island (python -m trainer.standby) as a real process on the tests'
+Redis: it gets ready, then trains only for the run, island and epoch of its claim.
+
+Every wait polls with a deadline.
+"""
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from syncd.store import RunStore, connect
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_until(check, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.fixture
+def standby(tmp_path):
+    """A standby process, once it said it is ready."""
+    err = open(tmp_path / "standby.err", "wb")  # noqa: SIM115 - closed below
+    process = subprocess.Popen([sys.executable, "-m", "trainer.standby"], cwd=ROOT,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    ready, _, _ = select.select([process.stdout], [], [], 120)
+    assert ready and process.stdout.readline().strip() == b"ready"
+    yield process
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    err.close()
+
+
+def active_run(redis_url, run_id, make_config, epoch=1):
+    store = RunStore(connect(redis_url), run_id)
+    store.put_spec("decoupled", make_config(islands=2).to_dict(), "ab" * 16)
+    store.set_epoch("island-0", epoch)
+    store.set_epoch("island-1", 1)
+    return store
+
+
+def claim(process, redis_url, log_path, run_id, epoch, island="island-0"):
+    message = {"run": run_id, "island": island, "epoch": epoch, "asked_at": time.time(),
+               "claimed_at": time.time(), "redis_url": redis_url, "log_path": str(log_path)}
+    process.stdin.write((json.dumps(message) + "\n").encode())
+    process.stdin.close()
+
+
+def test_a_stale_claim_from_an_old_epoch_is_refused(standby, redis_url, make_config,
+                                                   tmp_path):
+    store = active_run(redis_url, 41, make_config, epoch=2)  # a rejoin moved on to 2
+    log = tmp_path / "island-0.log"
+
+    claim(standby, redis_url, log, 41, epoch=1)
+
+    assert standby.wait(timeout=60) == 3
+    assert store.heartbeats() == {}
+    assert "stale claim: epoch 1 of island 'island-0', which is at epoch 2" in log.read_text()
+
+
+def test_a_standby_trains_for_the_run_it_was_claimed_for_and_no_other(
+        standby, redis_url, make_config, tmp_path):
+    mine = active_run(redis_url, 41, make_config)
+    other = active_run(redis_url, 42, make_config)  # same island names, also active
+
+    claim(standby, redis_url, tmp_path / "island-0.log", 41, epoch=1)
+
+    # No syncd publishes version 0 here: it heartbeats "starting" while it waits.
+    beat = wait_until(lambda: mine.heartbeats().get("island-0"), 60, "its first heartbeat")
+    assert (beat["pid"], beat["epoch"], beat["warm"]) == (standby.pid, 1, True)
+    assert other.heartbeats() == {}
+    assert mine.heartbeats().keys() == {"island-0"}
+    standby.send_signal(signal.SIGTERM)
+    assert standby.wait(timeout=60) == 0
+    assert other.heartbeats() == {}

@@ -1,0 +1,114 @@
+"""Warm standby islands for real: syncd, a worker and a pool manager for region us-east
+(python -m trainer.pool_manager) on the tests' Redis and database; islands really
+killed and rejoined through the run services.
+
+Every wait polls a condition with a deadline; none sleeps and hopes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from test_runtime_processes import (  # noqa: F401 - fixtures
+    start_and_wait,
+    system,
+    tiny_run,
+    wait_all_training,
+    wait_until,
+)
+
+from syncd.store import PoolStore, RunStore, connect
+from trainer.island_logs import island_log_path
+from webapp.runs.faults import kill_island
+from webapp.runs.models import Run
+from webapp.runs.services import rejoin_island, stop_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def pool(redis_url: str) -> dict:
+    """What the region's one pool manager last announced."""
+    hosts = PoolStore(connect(redis_url)).hosts("us-east")
+    return next(iter(hosts.values()), {})
+
+
+def wait_ready(redis_url: str, standbys: int) -> list[int]:
+    wait_until(lambda: pool(redis_url).get("ready", 0) >= standbys, 180,
+               f"{standbys} standbys ready")
+    return pool(redis_url)["standbys"]
+
+
+def lost(store: RunStore, island: str) -> bool:
+    return (store.status() or {}).get("islands", {}).get(island, {}).get("state") == "lost"
+
+
+def trains(store: RunStore, island: str, epoch: int) -> dict | None:
+    beat = store.heartbeats().get(island, {})
+    return beat if beat.get("epoch") == epoch and beat.get("state") == "training" else None
+
+
+def kill_and_wait(run: Run, store: RunStore, *islands: str) -> None:
+    for island in islands:
+        kill_island(run, island, by=None)
+    for island in islands:
+        wait_until(lambda island=island: lost(store, island), 30, f"{island} to be lost")
+
+
+def test_a_rejoin_claims_a_warm_standby_that_trains_and_an_empty_pool_starts_cold(
+        system, corpus_file, redis_url):  # noqa: F811 - the system fixture
+    system.start("pool", "-m", "trainer.pool_manager", "--region", "us-east", "--size", "1")
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    store = start_and_wait(run, redis_url, 1)
+    wait_all_training(store)
+    (standby,) = wait_ready(redis_url, 1)
+
+    kill_and_wait(run, store, "island-0")
+    rejoin_island(run, "island-0", by=None)
+    beat = wait_until(lambda: trains(store, "island-0", 2), 60, "island-0 epoch 2 to train")
+    assert (beat["pid"], beat["warm"]) == (standby, True)
+    event = wait_until(lambda: run.events.filter(
+        kind="rejoin", island__name="island-0", detail__has_key="seconds_to_first_step")
+        .first(), 30, "syncd's rejoin event")
+    assert event.detail["warm"] is True
+    # Its start-up counts from its claim: the interpreter and imports were done before.
+    assert (event.detail["phases"]["process"], event.detail["phases"]["imports"]) == (0, 0)
+
+    # A pool of one and two rejoins at once: one start at least finds it empty (the
+    # standby claimed, or its refill not ready) and is a cold start; both train.
+    kill_and_wait(run, store, "island-1", "island-2")
+    rejoin_island(run, "island-1", by=None)
+    rejoin_island(run, "island-2", by=None)
+    beats = [wait_until(lambda i=i: trains(store, i, 2), 90, f"{i} epoch 2 to train")
+             for i in ("island-1", "island-2")]
+    assert [b["warm"] for b in beats].count(False) >= 1
+    assert beats[0]["pid"] != beats[1]["pid"]
+    stop_run(run, by=None)
+
+
+def test_two_rejoins_at_once_claim_two_standbys_and_a_stale_claim_is_refused(
+        system, corpus_file, redis_url, settings):  # noqa: F811 - the system fixture
+    system.start("pool", "-m", "trainer.pool_manager", "--region", "us-east", "--size", "2")
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    store = start_and_wait(run, redis_url, 1)
+    wait_all_training(store)
+    standbys = set(wait_ready(redis_url, 2))
+
+    kill_and_wait(run, store, "island-0", "island-1")
+    rejoin_island(run, "island-0", by=None)
+    rejoin_island(run, "island-1", by=None)
+    beats = [wait_until(lambda i=i: trains(store, i, 2), 60, f"{i} epoch 2 to train")
+             for i in ("island-0", "island-1")]
+    assert all(b["warm"] for b in beats)
+    assert {b["pid"] for b in beats} == standbys  # two different processes
+
+    # A claim for island-0's old epoch 1 (it is at 2): refused, and no standby is taken.
+    ready = set(wait_ready(redis_url, 1))
+    PoolStore(connect(redis_url)).push_claim("us-east", {
+        "run": run.pk, "island": "island-0", "epoch": 1, "asked_at": time.time()})
+    log = island_log_path(settings.LOG_DIR, run.pk, "island-0")
+    wait_until(lambda: "claim refused: stale claim: epoch 1" in log.read_text(), 30,
+               "the stale claim to be refused")
+    assert ready <= set(pool(redis_url)["standbys"])
+    assert store.heartbeats()["island-0"]["pid"] == beats[0]["pid"]
+    stop_run(run, by=None)

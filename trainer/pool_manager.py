@@ -1,0 +1,323 @@
+"""python -m trainer.pool_manager --region R: the warm standby islands of one host.
+
+One manager per host owns its standbys (trainer/standby.py) as its own children,
+so it can wait for each and report its exit: a Celery prefork child can wait only
+for its own children. It
+
+- keeps `ISLAND_POOL_SIZE` standbys ready (trainer/pool.py's Pool), refilling one
+  at a time, each at idle priority (SCHED_IDLE) until it is claimed, so that a
+  refill never slows the islands that train;
+- takes claims from its region's claim list in Redis (syncd/store.py PoolStore),
+  which the run services push there directly for a start or a rejoin: a claim
+  never waits behind the busy tasks of the region's Celery queue;
+- checks each claim (trainer.pool.check_claim: the run active, the claim's epoch
+  the island's current one; a stale claim is refused and written in the island's
+  log), hands it to the standby ready the longest, or, with the pool empty, starts
+  the island cold (`python -m trainer.runner`, today's start);
+- supervises every island it started with trainer.supervisor.IslandSupervisor
+  (commands, kill, stop, pause, the death report, the log shipped to Redis), one
+  thread per island;
+- announces its pool (ready, launching, pids) every half second, which the run
+  services read to decide between a claim and a task on the region's queue.
+
+SIGTERM stops it: the islands it supervises stop as a "stop" would make them
+(their cursors saved), the unclaimed standbys end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from syncd.store import PoolStore, RunStore, connect
+from trainer.island_logs import island_log_path
+from trainer.launch import (
+    ASKED_AT_ENV,
+    LAUNCHED_AT_ENV,
+    end_with_parent,
+    island_command,
+    island_processes,
+)
+from trainer.pool import Pool, check_claim, warm_for
+from trainer.supervisor import PROJECT_ROOT, IslandSupervisor
+
+log = logging.getLogger("archipelago.pool")
+POLL_S = 0.05
+ANNOUNCE_S = 0.5
+
+
+def idle_priority(parent: int) -> Callable[[], None]:
+    """In a standby before exec: SIGTERM when the manager dies, and idle priority."""
+    with_parent = end_with_parent(parent)
+
+    def preexec() -> None:
+        if with_parent is not None:
+            with_parent()
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+    return preexec
+
+
+class PoolManager:
+    """The standbys and the islands of one host.
+
+    Args:
+        redis_url: the Redis of the runs (claims, specs, epochs).
+        region: the region whose claims this host takes.
+        size: the standbys kept ready (0: no pool; claims, if any, start cold).
+        log_dir: islands' logs go to <log_dir>/run-<id>/<island>.log; the standbys'
+            output before their claim to <log_dir>/pool-<region>.log.
+        host: this host's name in the announcements; default hostname:pid.
+        on_failure: called with (run id, island, the supervisor's result) when an
+            island it supervises fails on its own (the web app's alert).
+    """
+
+    def __init__(self, redis_url: str, region: str, size: int, log_dir: str | Path, *,
+                 host: str | None = None,
+                 on_failure: Callable[[int, str, dict[str, Any]], None] | None = None):
+        self.redis_url = redis_url
+        self.client = connect(redis_url)
+        self.pools = PoolStore(self.client)
+        self.region = region
+        self.pool = Pool(size)
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.host = host or f"{socket.gethostname()}:{os.getpid()}"
+        self.on_failure = on_failure
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.standbys: dict[int, subprocess.Popen[bytes]] = {}  # unclaimed, by pid
+        self.islands: dict[tuple[str, str, int], IslandSupervisor] = {}
+        self.threads: list[threading.Thread] = []
+        self.ready_events: queue.Queue[int] = queue.Queue()
+        self.warm: dict[str, Any] = {}  # what new standbys prepare: the last claim's run
+        self.stopping = False
+        self._announced = 0.0
+        self._lock = threading.Lock()
+        self._log: IO[bytes] = open(self.log_dir / f"pool-{region}.log", "ab")  # noqa: SIM115
+
+    # -- the loop -------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        try:
+            while not self.stopping:
+                self.tick()
+        finally:
+            self.shutdown()
+
+    def tick(self) -> None:
+        """One pass: standbys that got ready or died, the claims waiting, a refill."""
+        self._take_ready()
+        self._reap()
+        claims = self.pools.take_claims(self.region, POLL_S)
+        for claim in claims:
+            try:
+                self.handle(claim)
+            except Exception:  # one bad claim must not end the host's pool
+                log.exception("claim %r failed", claim)
+        if not claims and self.pool.needs_refill():
+            self._launch()
+        self.announce(force=bool(claims))
+
+    def announce(self, force: bool = False) -> None:
+        now = time.time()
+        if not force and now - self._announced < ANNOUNCE_S:
+            return
+        self._announced = now
+        with self._lock:
+            running = len(self.islands)
+        self.pools.put_host(self.region, self.host, {
+            **self.pool.counts(), "time": now, "pid": os.getpid(), "islands": running,
+            "standbys": sorted(self.standbys)})
+
+    # -- standbys ---------------------------------------------------------------
+
+    def _launch(self) -> None:
+        argv = [sys.executable, "-m", "trainer.standby", "--warm", json.dumps(self.warm)]
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=self._log, env=self.env, cwd=PROJECT_ROOT,
+                                   preexec_fn=idle_priority(os.getpid()))
+        self.standbys[process.pid] = process
+        self.pool.launched(process.pid, time.time(), self.warm)
+        self._note(f"standby {process.pid} launched (warm for {json.dumps(self.warm)})")
+        threading.Thread(target=self._wait_ready, args=(process,), daemon=True).start()
+
+    def _wait_ready(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.strip() == b"ready":
+                self.ready_events.put(process.pid)
+        process.stdout.close()  # after a claim the standby writes to the island's log
+
+    def _take_ready(self) -> None:
+        while True:
+            try:
+                pid = self.ready_events.get_nowait()
+            except queue.Empty:
+                return
+            if pid in self.standbys:
+                self.pool.ready(pid, time.time())
+                self._note(f"standby {pid} ready")
+
+    def _reap(self) -> None:
+        for pid, process in list(self.standbys.items()):
+            code = process.poll()
+            if code is not None:
+                del self.standbys[pid]
+                self.pool.exited(pid)
+                self._note(f"standby {pid} exited unclaimed with exit code {code}")
+
+    # -- claims -----------------------------------------------------------------
+
+    def handle(self, claim: dict[str, Any]) -> None:
+        """Check a claim and start its island: on a warm standby, or cold."""
+        store = RunStore(self.client, claim.get("run", ""))
+        # A run being stopped takes no new incarnation, as a worker's task would not.
+        active = store.run_id in RunStore.active_runs(self.client) \
+            and store.stop_requested() is None
+        refused = check_claim(claim, active, store.epochs().get(str(claim.get("island"))))
+        if refused:
+            self._note(f"claim refused: {refused}")
+            if isinstance(claim.get("island"), str) and active:
+                self._island_note(store.run_id, claim["island"], f"claim refused: {refused}")
+            return
+        run_id, island, epoch = store.run_id, claim["island"], claim["epoch"]
+        spec = store.spec() or {}
+        processes, device = island_processes(spec, island)
+        self.warm = warm_for(spec)
+        log_path = island_log_path(self.log_dir, run_id, island)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        standby = self.pool.claim() if processes == 1 else None
+        if standby is not None:
+            process = self.standbys.pop(standby.pid)
+            message = {**claim, "claimed_at": time.time(), "redis_url": self.redis_url,
+                       "log_path": str(log_path)}
+            assert process.stdin is not None
+            process.stdin.write((json.dumps(message) + "\n").encode())
+            process.stdin.close()
+            supervisor = IslandSupervisor(process.args, store, island, epoch, log_path,
+                                          env=self.env)
+            self._note(f"standby {standby.pid} claimed by {island} epoch {epoch} of run "
+                       f"{run_id}")
+            self._supervise(supervisor, [process], claim)
+            return
+        env = {**self.env}
+        if claim.get("asked_at") is not None:
+            env[ASKED_AT_ENV] = repr(float(claim["asked_at"]))
+        env.pop(LAUNCHED_AT_ENV, None)
+        command = island_command(self.redis_url, int(run_id), island, epoch,
+                                 device if processes > 1 else None)
+        supervisor = IslandSupervisor(command, store, island, epoch, log_path, env=env,
+                                      processes=processes)
+        self._note(f"no standby ready: {island} epoch {epoch} of run {run_id} starts cold")
+        self._supervise(supervisor, None, claim)
+
+    def _supervise(self, supervisor: IslandSupervisor,
+                   children: list[subprocess.Popen[bytes]] | None, claim: dict) -> None:
+        key = (supervisor.store.run_id, supervisor.island, supervisor.epoch)
+
+        def body() -> None:
+            try:
+                result = supervisor.run(adopt=children)
+                self._note(f"{key[1]} epoch {key[2]} of run {key[0]} ended: {result['ended']}"
+                           f", exit code {result['exit_code']}")
+                if result["ended"] == "failed" and self.on_failure is not None:
+                    self.on_failure(int(key[0]), key[1], result)
+            except Exception:
+                log.exception("supervising %s failed", key)
+            finally:
+                with self._lock:
+                    self.islands.pop(key, None)
+
+        with self._lock:
+            self.islands[key] = supervisor
+        thread = threading.Thread(target=body, name=f"island-{key[1]}-{key[2]}")
+        self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+        thread.start()
+
+    # -- the end ----------------------------------------------------------------
+
+    def shutdown(self, timeout: float = 40.0) -> None:
+        """Stop the islands (their cursors saved) and end the unclaimed standbys."""
+        with self._lock:
+            supervisors = list(self.islands.values())
+        for supervisor in supervisors:
+            supervisor.request_stop()
+        for process in self.standbys.values():
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(deadline - time.monotonic(), 0.1))
+        for process in self.standbys.values():
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        with contextlib.suppress(Exception):
+            self.pools.remove_host(self.region, self.host)
+        self._log.close()
+
+    def _note(self, message: str) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        self._log.write(f"[pool {stamp}] {message}\n".encode())
+        self._log.flush()
+
+    def _island_note(self, run_id: str, island: str, message: str) -> None:
+        path = island_log_path(self.log_dir, run_id, island)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with open(path, "ab") as f:
+            f.write(f"[pool {stamp}] {message}\n".encode())
+
+
+def record_failure(run_id: int, island: str, result: dict[str, Any]) -> None:
+    """The web app's alert for an island that crashed on its own."""
+    from webapp.runs.faults import record_island_failure
+
+    record_island_failure(run_id, island, result)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--region", required=True)
+    parser.add_argument("--size", type=int, default=None,
+                        help="standbys kept ready; default: the ISLAND_POOL_SIZE setting")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+    import django
+
+    django.setup()
+    from django.conf import settings
+
+    size = settings.ISLAND_POOL_SIZE if args.size is None else args.size
+    manager = PoolManager(settings.REDIS_URL, args.region, size, settings.LOG_DIR,
+                          on_failure=record_failure)
+
+    def stop(signum: int, frame: object) -> None:
+        manager.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("pool of %d standby islands for region %s on %s", size, args.region,
+             manager.host)
+    manager.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

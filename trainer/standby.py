@@ -1,0 +1,133 @@
+"""python -m trainer.standby: a warm standby island, started by its host's pool manager.
+
+It gets ready before anyone needs it: the interpreter is up, torch and the
+project's modules are imported (trainer.runner and all it imports), and the
+corpus and model the manager names (those of the last run the host served) are
+open and built. Then it says "ready" on its stdout and waits for one claim on its
+stdin, a JSON line from the manager:
+
+    {"run", "island", "epoch", "asked_at", "claimed_at", "redis_url", "log_path"}
+
+It trains for that run, island and epoch and for nothing else: it never looks
+for work of its own, and a claim whose epoch is no longer the island's current
+one (a stale claim) is refused (exit code 3, no heartbeat sent). A claimed
+standby's start-up counts from its claim (trainer/phases.py: its process and
+imports phases are 0), and from then on it is trainer.runner's ProcessIsland.
+
+The manager starts it at idle priority (SCHED_IDLE), so a refill never slows the
+islands that train; at its claim it takes the normal priority back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+import torch
+
+from syncd.malloc import return_large_frees
+from syncd.store import RunStore, connect
+from trainer.data import Corpus, load_corpus
+from trainer.launch import exit_now
+from trainer.model import GPT, GPTConfig
+from trainer.phases import StartClock
+from trainer.pool import check_claim
+from trainer.runner import ProcessIsland, rss_bytes
+
+log = logging.getLogger("archipelago.island")
+READY_LINE = "ready"
+STALE_EXIT = 3
+
+
+def normal_priority() -> None:
+    """Every thread of this process back from SCHED_IDLE to SCHED_OTHER (allowed
+    without privileges for a process whose nice value is 0)."""
+    for tid in os.listdir("/proc/self/task"):
+        # A thread that ended meanwhile, or a system without the call.
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
+
+
+def prepare(warm: dict) -> tuple[dict[tuple[str, float], Corpus], GPT | None]:
+    """Open the corpus and build the model a standby was asked to have ready."""
+    corpora = {}
+    data = warm.get("data")
+    if data is not None:
+        key = (data.get("path") or "", float(data.get("eval_fraction", 0.05)))
+        corpora[key] = load_corpus(*key)
+    model = GPT(GPTConfig(**warm["model"])) if warm.get("model") else None
+    warm_up(model if model is not None else GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2,
+                                                           block_size=16)))
+    return corpora, model
+
+
+def warm_up(model: GPT) -> None:
+    """One throwaway training step: torch imports much of itself lazily on the first
+    optimizer and the first backward (2 s of a claimed standby's model phase before
+    this, measured), so a standby pays that before its claim. The step's changes
+    do not matter: a claim's pull replaces every parameter."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+    x = torch.zeros(1, model.config.block_size, dtype=torch.long)
+    _, loss = model(x, x)
+    loss.backward()
+    optimizer.step()
+    model.zero_grad(set_to_none=True)
+
+
+def redirect_output(log_path: str) -> None:
+    """From the claim on, stdout and stderr go to the island's log, as a cold start's do."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--warm", default="{}",
+                        help='JSON {"data": {"path", "eval_fraction"}, "model": {...}}')
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # several islands share a host's cores
+    return_large_frees()
+    corpora, model = prepare(json.loads(args.warm))
+    idle_rss = rss_bytes()
+    print(READY_LINE, flush=True)
+    line = sys.stdin.readline()
+    if not line.strip():
+        return  # the manager let it go unclaimed
+    claimed_at = time.time()
+    normal_priority()
+    claim = json.loads(line)
+    redirect_output(claim["log_path"])
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    store = RunStore(connect(claim["redis_url"], ride_out_restarts=True), claim["run"])
+    active = store.run_id in RunStore.active_runs(store.r) and store.stop_requested() is None
+    refused = check_claim(claim, active, store.epochs().get(claim["island"]))
+    if refused:
+        log.warning("standby %d refused its claim: %s", os.getpid(), refused)
+        raise SystemExit(STALE_EXIT)
+    clock = StartClock({"asked": claim.get("asked_at"), "launched": claimed_at,
+                        "started": claimed_at, "imported": claimed_at})
+    island = ProcessIsland(store, claim["island"], claim["epoch"], None, None, idle_rss,
+                           clock=clock, corpora=corpora, model=model, warm=True)
+
+    def stop(signum: int, frame: object) -> None:
+        island.stopping = True  # finish the current step, save the cursor, exit
+
+    signal.signal(signal.SIGTERM, stop)
+    log.info("island %s epoch %d of run %s starting on %s (warm standby %d, claimed "
+             "%.3f s after it was asked for)", claim["island"], claim["epoch"], claim["run"],
+             island.device, os.getpid(), claimed_at - (claim.get("asked_at") or claimed_at))
+    exit_now(island.run())  # as the runner ends: no interpreter teardown with torch
+
+
+if __name__ == "__main__":
+    main()
