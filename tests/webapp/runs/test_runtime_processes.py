@@ -368,9 +368,9 @@ def test_tokens_and_progress_rise_in_the_api_while_a_run_trains_and_uptime_falls
     store = start_and_wait(run, redis_url, 3)
     wait_all_training(store)
 
-    first = wait_until(lambda: (d := api_run(client, run))["tokens"] > 0 and d, 30,
-                       "tokens merged in the API")
-    assert first["progress"] > 0 and first["outer_steps"] >= 1
+    first = wait_until(lambda: (d := api_run(client, run))["outer_steps"] >= 1 and d, 60,
+                       "an outer step (every fragment merged) in the API")
+    assert first["tokens"] > 0 and first["progress"] > 0
     wait_until(lambda: api_run(client, run)["tokens"] > first["tokens"], 30,
                "the API's tokens to rise")
     later = api_run(client, run)
