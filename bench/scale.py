@@ -86,21 +86,25 @@ def run_config(size: dict[str, Any], corpus: Path, total_tokens: int, device: st
     }
 
 
-def params_of(size: dict[str, Any]) -> int:
+def size_config(size: dict[str, Any]) -> Any:
+    """The run config of a size, parsed (trainer.config.RunConfig)."""
     from trainer.config import parse_config
-    from trainer.island import initial_model
 
-    config = parse_config(run_config(size, Path(""), 10**6), list(REGIONS))
-    return sum(t.numel() for t in initial_model(config).state_dict().values())
+    return parse_config(run_config(size, Path(""), 10**6), list(REGIONS))
+
+
+def params_of(size: dict[str, Any]) -> int:
+    """The size's parameter count, from its shapes (trainer.sizes; no model is built)."""
+    from trainer.sizes import estimate
+
+    return estimate(size_config(size)).params
 
 
 def estimate_of(size: dict[str, Any]) -> dict[str, int]:
     """What trainer.sizes estimates for this size: totals per part and the activations."""
-    from trainer.config import parse_config
     from trainer.sizes import activation_bytes, estimate
 
-    config = parse_config(run_config(size, Path(""), 10**6), list(REGIONS))
-    est = estimate(config)
+    est = estimate(size_config(size))
     return {"redis": est.redis.total, "syncd": est.syncd.total,
             "island": max(need.total for need in est.islands.values()),
             "activations": activation_bytes(size["batch"], size["block"], size["n_layer"],
