@@ -15,6 +15,7 @@ RUN pip install "torch==2.13.0" --index-url "$TORCH_INDEX_URL"
 
 COPY pyproject.toml README.md ./
 COPY webapp webapp
+COPY diloco diloco
 COPY trainer trainer
 COPY syncd syncd
 COPY bench bench

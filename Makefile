@@ -31,7 +31,7 @@ start: install
 
 # The demo run's method alone, in one process, with no services.
 demo: install
-	$(PY) -m trainer.demo
+	$(PY) -m diloco.demo
 
 test: install-test lint test-unit test-db test-system test-browser
 
@@ -41,7 +41,7 @@ lint: install-test
 # Unit tier: pure modules and the in-process cluster, no services; and the test
 # tiers' own tools (the databases of test-db, the Chromium of test-browser).
 test-unit: install-test
-	$(VENV)/bin/pytest tests/test_compose.py tests/test_databases.py tests/trainer tests/syncd \
+	$(VENV)/bin/pytest tests/test_compose.py tests/test_databases.py tests/diloco tests/trainer tests/syncd \
 		tests/bench -m "not integration" -q -p no:cacheprovider
 
 # Database tier, once per database in TEST_DATABASES: the web app, syncd against a

@@ -55,7 +55,7 @@ from bench.goodput_report import (
     tokens_to_reach,
 )
 from bench.system import ROOT, BenchSystem
-from syncd.chaos import Fault
+from diloco.chaos import Fault
 
 HOME = ROOT / "var" / "bench-goodput"
 REGIONS = ("us-east", "us-west")

@@ -29,7 +29,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from syncd.chaos import Fault
+from diloco.chaos import Fault
 
 
 def scheduled_loss(faults: Iterable[Fault], horizon_s: float, *, step_time_s: float,

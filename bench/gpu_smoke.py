@@ -1,7 +1,7 @@
 """GPU smoke: an island's inner loop on the best device here, fp32 against bf16.
 
 `python -m bench.gpu_smoke` trains a mid-sized model for a few hundred inner
-steps with trainer.island.Island, the loop every island runs, on cuda when
+steps with diloco.island.Island, the loop every island runs, on cuda when
 the host has a GPU: once in fp32 and once with bf16 autocast (train.precision),
 from the same initial weights on the same batches. Every `inner_steps` steps it
 sends each fragment and mixes a global back in, so fragments go through the
@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from bench import results
-from trainer.config import RunConfig, parse_config
-from trainer.data import load_corpus
-from trainer.distributed import HostStaging, resolve_device
-from trainer.fragments import due_fragments, partition
-from trainer.island import Island, initial_model
+from diloco.config import RunConfig, parse_config
+from diloco.data import load_corpus
+from diloco.device import HostStaging, resolve_device
+from diloco.fragments import due_fragments, partition
+from diloco.island import Island, initial_model
 
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {"model": {"n_layer": 8, "n_embd": 768, "n_head": 12, "block_size": 512},

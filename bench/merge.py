@@ -7,11 +7,11 @@ measures, side by side in one run, in rounds so that drift falls on all alike:
 - memcpy: torch's copy_ of a 256 MiB float32 buffer into another, counted as
   bytes copied (each byte is read once and written once): the speed limit of
   any pass over memory on this machine;
-- merge: syncd.merge.merge_updates (token weights, RDA on non-embedding
+- merge: diloco.merge.merge_updates (token weights, RDA on non-embedding
   tensors) and one Nesterov OuterOptimizer.step, the work syncd does per round;
 - ingest + merge: for each update, the HMAC check and safetensors parse of its
-  message (syncd.protocol.decode_message) and the dequantization of its int4
-  payload (trainer.compress.decode), then the same merge.
+  message (diloco.protocol.decode_message) and the dequantization of its int4
+  payload (diloco.codecs.decode), then the same merge.
 
 Both merge figures count M x the fragment's float32 bytes per round, so their
 ratio to memcpy says how close syncd comes to the machine's limit. A merge
@@ -30,10 +30,10 @@ from typing import Any
 import torch
 
 from bench import results
-from syncd.merge import OuterOptimizer, Update, merge_updates
-from syncd.protocol import decode_message, encode_message
-from trainer import compress
-from trainer.model import GPT, GPTConfig, embedding_tensor_names
+from diloco import codecs
+from diloco.merge import OuterOptimizer, Update, merge_updates
+from diloco.model import GPT, GPTConfig, embedding_tensor_names
+from diloco.protocol import decode_message, encode_message
 
 SECRET = b"bench-merge"
 CODEC = "int4"
@@ -64,14 +64,14 @@ def make_messages(shapes: dict[str, tuple[int, ...]], m: int) -> list[bytes]:
         meta = {"run": "bench", "island": f"island-{i}", "epoch": 0, "fragment": 0,
                 "base_version": 3, "seq": 200, "tokens": tokens, "inner_steps": 50,
                 "compute_s": 1.0, "codec": CODEC}
-        blobs.append(encode_message("update", meta, compress.encode(delta, CODEC), SECRET))
+        blobs.append(encode_message("update", meta, codecs.encode(delta, CODEC), SECRET))
     return blobs
 
 
 def ingest(blob: bytes, shapes: dict[str, tuple[int, ...]]) -> Update:
     """What syncd does with a message before it can merge it."""
     _, meta, tensors = decode_message(blob, SECRET)
-    delta = compress.decode(tensors, meta["codec"], shapes)
+    delta = codecs.decode(tensors, meta["codec"], shapes)
     return Update(meta["island"], meta["base_version"], meta["tokens"], meta["inner_steps"],
                   delta, meta["seq"])
 

@@ -5,11 +5,11 @@ run, in rounds of H steps each; within a round the two loops take turns step
 by step (island, bare, island, bare, ...; the next round starts with bare), so
 drift of the machine's speed and bursts of other work fall on both alike:
 
-- island: trainer.island.Island.inner_step, the loop every island runs:
+- island: diloco.island.Island.inner_step, the loop every island runs:
   warmup schedule, AdamW, gradient clipping, token accounting, loss.item();
   after each step it also sends the fragments that are due (make_update with
   the run's codec and error feedback, then encode_message), timed apart;
-- bare: the same model class (trainer.model.GPT) from the same initial weights,
+- bare: the same model class (diloco.model.GPT) from the same initial weights,
   the same batch shape, AdamW with the same settings, and nothing else.
 
 Both draw their batches with a ShardSampler of the same shard and seed, so they
@@ -32,12 +32,12 @@ from typing import Any
 import torch
 
 from bench import results
-from syncd.protocol import encode_message
-from trainer.config import RunConfig, parse_config
-from trainer.data import Corpus, ShardSampler, load_corpus
-from trainer.fragments import due_fragments, partition
-from trainer.island import Island, gpt_config, initial_model
-from trainer.model import GPT
+from diloco.config import RunConfig, parse_config
+from diloco.data import Corpus, ShardSampler, load_corpus
+from diloco.fragments import due_fragments, partition
+from diloco.island import Island, gpt_config, initial_model
+from diloco.model import GPT
+from diloco.protocol import encode_message
 
 SECRET = b"bench-overhead"
 

@@ -24,8 +24,8 @@ from dataclasses import replace
 from typing import Any
 
 from bench import results
-from trainer.config import RunConfig, parse_config
-from trainer.local import LocalResult, run_local
+from diloco.cluster import LocalResult, run_local
+from diloco.config import RunConfig, parse_config
 
 ISLANDS = [("fast-a", 12, 1.0), ("fast-b", 8, 1.0), ("mid", 8, 0.7), ("slow", 4, 0.5)]
 

@@ -87,22 +87,22 @@ def run_config(size: dict[str, Any], corpus: Path, total_tokens: int, device: st
 
 
 def size_config(size: dict[str, Any]) -> Any:
-    """The run config of a size, parsed (trainer.config.RunConfig)."""
-    from trainer.config import parse_config
+    """The run config of a size, parsed (diloco.config.RunConfig)."""
+    from diloco.config import parse_config
 
     return parse_config(run_config(size, Path(""), 10**6), list(REGIONS))
 
 
 def params_of(size: dict[str, Any]) -> int:
-    """The size's parameter count, from its shapes (trainer.sizes; no model is built)."""
-    from trainer.sizes import estimate
+    """The size's parameter count, from its shapes (diloco.sizes; no model is built)."""
+    from diloco.sizes import estimate
 
     return estimate(size_config(size)).params
 
 
 def estimate_of(size: dict[str, Any]) -> dict[str, int]:
-    """What trainer.sizes estimates for this size: totals per part and the activations."""
-    from trainer.sizes import activation_bytes, estimate
+    """What diloco.sizes estimates for this size: totals per part and the activations."""
+    from diloco.sizes import activation_bytes, estimate
 
     est = estimate(size_config(size))
     return {"redis": est.redis.total, "syncd": est.syncd.total,

@@ -1,11 +1,11 @@
 """Goodput at datacenter scale and compute utilization against bandwidth, simulated.
 
-`python -m bench simulate` runs the simulator of syncd/sim.py (the live
+`python -m bench simulate` runs the simulator of diloco/sim.py (the live
 syncd's quorum, grace, staleness and weighting code on a virtual clock):
 
 - plain data-parallel, elastic data-parallel and Decoupled DiLoCo with M in
   {1, 2, 4, 8, 16} learners, from 150k to 2.4M chips, per-chip MTBI one year,
-  in the paper's setting, with the one calibrated knob (syncd.simconfig.RECONFIGURE_S)
+  in the paper's setting, with the one calibrated knob (diloco.simconfig.RECONFIGURE_S)
   refitted first and compared with the value in the code;
 - Archipelago's own choices at 1.2M chips and 8 learners, one knob at a time;
 - compute utilization of a 12B model over 4 regions from 0.5 to 10 Gb/s.
@@ -22,8 +22,8 @@ from typing import Any
 import plotly.graph_objects as go
 
 from bench import results
-from syncd.simconfig import RECONFIGURE_S
-from syncd.simsweep import (
+from diloco.simconfig import RECONFIGURE_S
+from diloco.simsweep import (
     BANDWIDTH_METHODS,
     bandwidth_needed,
     calibrate_reconfigure,

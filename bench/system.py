@@ -18,10 +18,10 @@ from pathlib import Path
 import redis
 
 from bench import results
+from trainer.launch import free_port
 from webapp.processes import (
     Managed,
     ProcessManager,
-    free_port,
     port_accepts,
     redis_argv,
     redis_server_binary,
@@ -110,7 +110,7 @@ class BenchSystem:
         standby islands, as `python -m webapp.start` starts them."""
         for region in self.regions:
             self.processes.start(f"pool-{region}", [
-                sys.executable, "-m", "trainer.pool_manager", "--region", region,
+                sys.executable, "-m", "webapp.pool_manager", "--region", region,
                 "--size", str(size)], env=self.env, restart=restart)
 
     def pid(self, name: str) -> int:

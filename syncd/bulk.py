@@ -6,7 +6,7 @@ Redis value may hold (512 MiB by default) and more than one command should
 carry. So each is written as chunks of at most `chunk_bytes` under one key
 prefix, `<key>:0`, `<key>:1`, ..., and named by a `BulkRef` (key, chunk count,
 total size) that the small control messages carry instead: a stream entry, a
-pointer key. A message is signed whole (syncd.protocol), so a chunk that is
+pointer key. A message is signed whole (diloco.protocol), so a chunk that is
 missing, out of order or forged fails its reader's checks and is never merged.
 
 Chunks are written with a time to live, a backstop for a message nobody reads;

@@ -1,6 +1,6 @@
 """syncd carries out a run's chaos schedule (`config.chaos`): it has the clock and the store.
 
-The schedule (syncd/chaos.py) says at which second which islands break, how and
+The schedule (diloco/chaos.py) says at which second which islands break, how and
 for how long. `ChaosPlan` turns it into actions in time order: each fault's
 start and, for kills and region outages, its end, which is a rejoin. It is pure:
 the caller passes the seconds since the schedule's start and how many actions
@@ -14,8 +14,9 @@ paths the control room's buttons use:
 - straggle, partition, degrade, corrupt: the island's fault key
   `arch:R:fault:<island>` ({kind, until, factor}), which the island process reads
   and acts out;
-- the end of a kill: `webapp.runs.services.rejoin_island`, which starts the
-  island's next incarnation (next epoch, a task on its region's queue).
+- the end of a kill: the web side's rejoin (syncd.hooks.Hooks.rejoin, which is
+  `webapp.runs.services.rejoin_island`): the island's next incarnation (next
+  epoch, a warm standby or a task on its region's queue).
 
 Each fault is a "fault" event (no actor: the system) whose detail carries the
 schedule ({"preset", "seed", "at_s"}); the rejoin records its own "rejoin"
@@ -35,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from syncd.chaos import PRESETS, Fault, schedule
+from diloco.chaos import PRESETS, Fault, schedule
 
 if TYPE_CHECKING:
     from syncd.service import RunSync
@@ -73,7 +74,7 @@ class ChaosPlan:
     """Which actions of a seeded schedule are due.
 
     Args:
-        preset: a name in syncd.chaos.PRESETS.
+        preset: a name in diloco.chaos.PRESETS.
         islands: island name -> region, the islands the schedule may break.
         seed: seeds the schedule.
         horizon_s: how far ahead the schedule is drawn at first.
@@ -188,11 +189,9 @@ class ChaosDriver:
                                **detail)
 
     def _rejoin(self, action: Action) -> None:
-        from webapp.runs.models import Run
-        from webapp.runs.services import rejoin_island
-
-        run = Run.objects.get(pk=int(self.run.store.run_id))
+        if self.run.rejoin is None:
+            raise RuntimeError("this syncd was started without a way to rejoin islands")
         known = {i.name for i in self.run.config.islands}
         for island in action.fault.islands:
             if island in known:
-                rejoin_island(run, island, by=None)
+                self.run.rejoin(int(self.run.store.run_id), island)

@@ -3,7 +3,7 @@
 Written atomically (a temporary file, fsync, rename, fsync of the folder) as
 safetensors, with the versions in the header, so a crash mid-write leaves the
 previous checkpoint whole and a reader never sees half a file. Written tensor by
-tensor and hashed as it goes (syncd.tensorfile): no second copy of the model is
+tensor and hashed as it goes (diloco.tensorfile): no second copy of the model is
 made in memory.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from syncd import tensorfile
+from diloco import tensorfile
 
 
 def save(path: Path, params: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from trainer.config import RunConfig
+from diloco.config import RunConfig
 
 MIN_GAP_S = 5.0
 
@@ -82,8 +82,8 @@ class GlobalEval:
         still running in the background."""
         with self._evaluating:
             if self._evaluator is None:
-                from trainer.data import load_corpus
-                from trainer.local import Evaluator
+                from diloco.cluster import Evaluator
+                from diloco.data import load_corpus
 
                 corpus = load_corpus(self.config.data.path, self.config.data.eval_fraction)
                 self._evaluator = Evaluator(self.config, corpus)

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
+from diloco import codecs
+from diloco.merge import Update
+from diloco.protocol import MAX_HEADER_BYTES, TAG_BYTES, ProtocolError, decode_message
 from syncd.bulk import BulkError
-from syncd.merge import Update
-from syncd.protocol import MAX_HEADER_BYTES, TAG_BYTES, ProtocolError, decode_message
 from syncd.store import UpdateRef
-from trainer import compress
 
 NORM_FACTOR = 20.0  # an update this many times the recent median norm per step is refused
 NORM_WARMUP = 4  # updates seen before the norm bound applies
@@ -91,7 +91,7 @@ def check_update(read: Callable[[int], bytearray], ref: UpdateRef, secret: bytes
                 raise Rejection(f"tensor {name} has shape {tuple(t.shape)}, the fragment's "
                                 f"is {tuple(shapes[name])}")
     try:
-        delta = compress.decode(tensors, meta["codec"], shapes)
+        delta = codecs.decode(tensors, meta["codec"], shapes)
     except ValueError as exc:
         raise Rejection(str(exc)) from exc
     squares = 0.0

@@ -1,7 +1,8 @@
 """Live status for the control room: numbered deltas between status snapshots.
 
 syncd stores each status snapshot in Redis under a sequence number (the snapshot a
-page gets when it connects) and pushes to the run's channel layer group only what
+page gets when it connects) and pushes (through the web side's group_send,
+webapp/runs/live.py) to the run's channel layer group only what
 changed since the previous one. A delta names the snapshot it applies to (base),
 so a page that missed one notices the gap and takes a fresh snapshot instead of
 drifting. Lists are replaced whole; dicts are patched key by key.
@@ -9,9 +10,7 @@ drifting. Lists are replaced whole; dicts are patched key by key.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -57,43 +56,6 @@ def apply(state: dict[str, Any], ops: list[Op]) -> dict[str, Any]:
         else:
             target.pop(last, None)
     return state
-
-
-SEND_TIMEOUT_S = 5.0
-
-
-class GroupSender:
-    """group_send from synchronous code on one event loop that lives as long as the
-    process (a thread of its own), so the channel layer keeps its Redis connections:
-    async_to_sync would start a loop, and a connection, per message.
-
-    Calls block until the message is sent, so they keep their order.
-    """
-
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self, group: str, message: dict[str, Any]) -> None:
-        from channels.layers import get_channel_layer
-
-        layer = get_channel_layer()
-        if layer is None:
-            return
-        future = asyncio.run_coroutine_threadsafe(layer.group_send(group, message),
-                                                  self._running_loop())
-        future.result(timeout=SEND_TIMEOUT_S)
-
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                threading.Thread(target=self._loop.run_forever, name="channel-layer-sender",
-                                 daemon=True).start()
-            return self._loop
-
-
-group_send = GroupSender()
 
 
 def status_group(run_id: int | str) -> str:

@@ -9,18 +9,21 @@ layer group "run-<id>", where the control room's websockets listen.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from syncd import lease
+from syncd.connection import redis_problem
+from syncd.hooks import Hooks
 from syncd.lease import Lease, LeaseLost
-from syncd.live import LiveNotifier, group_send, status_group
-from syncd.records import Recorder
 from syncd.service import RunSync
 from syncd.store import RunStore, connect, syncd_command
 
@@ -30,12 +33,6 @@ LEASE_TTL_S = 10.0
 # A syncd whose main loop showed no progress this long stops renewing its leases from
 # its lease-keeper thread, so that another takes its runs.
 PROGRESS_DEADLINE_S = 60.0
-
-
-def channel_notifier() -> LiveNotifier:
-    """Push status snapshots to the run's channel layer group (Channels, Redis), as
-    numbered deltas (syncd/live.py)."""
-    return LiveNotifier(group_send, status_group)
 
 
 class Syncd:
@@ -52,7 +49,7 @@ class Syncd:
     Args:
         redis_url: where the runtime's Redis is.
         checkpoint_dir: the folder for checkpoints (one subfolder per run).
-        notify: pushes each run's status snapshots (see channel_notifier).
+        hooks: the web side's records, rejoins and status pushes (syncd/hooks.py).
         lease_ttl_s: how long a lease outlives its holder's last renewal (renewed
             every third of it): the runs of a dead syncd wait this long for another.
         owner: this process's name in the leases; default host, pid and a random part.
@@ -60,7 +57,7 @@ class Syncd:
     """
 
     def __init__(self, redis_url: str, checkpoint_dir: str | Path,
-                 notify: Callable[[str, int, dict], None] | None = None, *,
+                 hooks: Hooks, *,
                  lease_ttl_s: float = LEASE_TTL_S, owner: str | None = None,
                  clock: Callable[[], float] = time.monotonic):
         if lease_ttl_s <= 0:
@@ -72,7 +69,7 @@ class Syncd:
         self.runs: dict[str, RunSync] = {}
         self.leases: dict[str, Lease] = {}
         self.stopping = False
-        self.notify = notify
+        self.hooks = hooks
         self.lease_ttl_s = lease_ttl_s
         self.owner = owner or lease.new_owner()
         self.clock = clock
@@ -117,8 +114,9 @@ class Syncd:
     def _run_sync(self, run_id: str) -> RunSync:
         if run_id not in self.runs:
             store = RunStore(self.client, run_id, fence=self.leases[run_id])
-            sync = RunSync(store, Recorder(int(run_id)), self.checkpoint_dir,
-                           notify=self.notify, keepalive=self.keep_leases)
+            sync = RunSync(store, self.hooks.recorder(int(run_id)), self.checkpoint_dir,
+                           notify=self.hooks.notify, rejoin=self.hooks.rejoin,
+                           keepalive=self.keep_leases)
             # The merges a killed syncd (or this one, before a failed tick) published
             # but never wrote to the database get their events now.
             if not any(e["kind"] == "rollback" for e in sync.recorder.events):
@@ -220,3 +218,44 @@ class Syncd:
 def _in_order(run_ids: Iterable[str]) -> list[str]:
     """Run ids in numeric order (ids are numbers; shorter first, then by text)."""
     return sorted(run_ids, key=lambda r: (len(r), r))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m syncd",
+                                     description="The synchronizer service for its share "
+                                                 "of the active runs.")
+    parser.add_argument("--health", action="store_true",
+                        help="exit 0 if a syncd on this host is serving, 1 if not")
+    return parser
+
+
+def main(argv: list[str] | None, hooks: Hooks, redis_url: str, checkpoint_dir: str | Path,
+         lease_ttl_s: float = LEASE_TTL_S, threads: int = 1) -> int:
+    """The syncd program (`python -m syncd`, `manage.py syncd`): serve until SIGTERM or
+    SIGINT, or with --health say whether a syncd on this host is serving. Exits 2 with
+    a sentence when Redis cannot be reached or wants a password."""
+    args = build_parser().parse_args(argv)
+    if problem := redis_problem(redis_url):
+        print(f"syncd cannot start: {problem}", file=sys.stderr)
+        return 2
+    if args.health:
+        host = f"{socket.gethostname()}:"
+        members = lease.live_members(connect(redis_url))
+        return 0 if any(m.startswith(host) for m in members) else 1
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s "
+                                                   "%(message)s")
+    import torch
+
+    from syncd.malloc import return_large_frees
+
+    torch.set_num_threads(threads)
+    return_large_frees()
+    service = Syncd(redis_url, checkpoint_dir, hooks, lease_ttl_s=lease_ttl_s)
+
+    def stop(signum: int, frame: object) -> None:
+        service.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    service.serve_forever()
+    return 0

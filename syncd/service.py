@@ -19,21 +19,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from syncd import chaos_driver, checkpoint, liveness, outcome, recovery, tensorfile
-from syncd.accounting import RunAccounting
+from diloco import tensorfile
+from diloco.accounting import RunAccounting
+from diloco.cluster import transfer_time
+from diloco.config import config_from_spec
+from diloco.fragments import partition
+from diloco.island import initial_model
+from diloco.model import embedding_tensor_names
+from diloco.policy import Decision, RoundStats
+from diloco.protocol import decode_message, encode_message
+from diloco.synchronizer import Synchronizer, history_length
+from syncd import chaos_driver, checkpoint, liveness, outcome, recovery
 from syncd.evaluation import GlobalEval
+from syncd.hooks import Recorder
 from syncd.ingest import IslandFacts, Rejection, check_update, message_limit
-from syncd.policy import Decision, RoundStats
-from syncd.protocol import decode_message, encode_message
-from syncd.records import Recorder
 from syncd.status import run_status
 from syncd.store import RunStore, UpdateRef
-from syncd.synchronizer import Synchronizer, history_length
-from trainer.fragments import partition
-from trainer.island import initial_model
-from trainer.local import transfer_time
-from trainer.model import embedding_tensor_names
-from trainer.runner import config_from_spec
 
 log = logging.getLogger("archipelago.syncd")
 STATUS_EVERY_S = 0.5
@@ -60,6 +61,7 @@ class RunSync:
             to push it to the control room.
         control_every_s: how often heartbeats, faults, pauses, requests and the spec
             are read from Redis (updates are read on every pass).
+        rejoin: starts the next incarnation of (run id, island), as a chaos kill ends.
         keepalive: called between the pieces of long work (building the model,
             restoring each fragment, each update ingested, each merge), so that
             syncd renews its leases while a pass over a big run takes seconds.
@@ -69,8 +71,10 @@ class RunSync:
                  clock: Callable[[], float] = time.time,
                  notify: Callable[[str, int, dict], None] | None = None,
                  control_every_s: float = CONTROL_EVERY_S,
+                 rejoin: Callable[[int, str], None] | None = None,
                  keepalive: Callable[[], None] = lambda: None):
         self.store = store
+        self.rejoin = rejoin
         self.keepalive = keepalive
         self.notify = notify
         self.recorder = recorder

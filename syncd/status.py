@@ -5,7 +5,7 @@ from __future__ import annotations
 from statistics import median as _median
 from typing import TYPE_CHECKING, Any
 
-from syncd.accounting import uptime_theta
+from diloco.accounting import uptime_theta
 
 if TYPE_CHECKING:
     from syncd.service import RunSync

@@ -1,7 +1,7 @@
 """Redis as the runtime's shared memory: one place that names every key.
 
 Islands, syncd and the web app talk through these keys and nothing else. Every
-value that holds tensors is a signed wire message (syncd.protocol); the rest is
+value that holds tensors is a signed wire message (diloco.protocol); the rest is
 small JSON. A merge is acknowledged when `publish` has committed: the new
 global fragment, its version, the outer optimizer's momentum and the updates it
 took in are written in one MULTI/EXEC, so a crash of syncd either loses the

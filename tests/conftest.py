@@ -1,4 +1,5 @@
-"""Fixtures for every tier: a Redis of the tests' own, and a data directory.
+"""Fixtures for every tier: a Redis of the tests' own, a data directory, and a small
+corpus with tiny run configs for the method's and the island runtime's tests.
 
 The machine's Redis is shared with other work and is never touched, restarted
 or flushed by the tests. Prepared corpora go to a folder of the session's own,
@@ -6,13 +7,17 @@ not to the checkout's var/data.
 """
 
 import os
+import random
 import subprocess
 from pathlib import Path
 
 import pytest
 import redis
+import torch
 
-from webapp.processes import free_port, redis_argv, redis_server_binary, wait_for
+from diloco.config import RunConfig, parse_config
+from trainer.launch import free_port
+from webapp.processes import redis_argv, redis_server_binary, wait_for
 
 # Tensor messages travel in chunks of this size (syncd.bulk) in every test and in the
 # processes the tests start, so ordinary tests carry messages of several chunks.
@@ -21,7 +26,7 @@ os.environ.setdefault("CHUNK_BYTES", str(8 * 1024))
 
 @pytest.fixture(scope="session", autouse=True)
 def data_dir(tmp_path_factory):
-    """DATA_DIR for this session and every process it starts (trainer.data.data_dir)."""
+    """DATA_DIR for this session and every process it starts (diloco.data.data_dir)."""
     folder = tmp_path_factory.mktemp("data")
     before = os.environ.get("DATA_DIR")
     os.environ["DATA_DIR"] = str(folder)
@@ -102,3 +107,45 @@ def corpus_file(tmp_path) -> Path:
     path.write_text("".join(f"line {i}: the islands train and the merge goes on.\n"
                             for i in range(4000)))
     return path
+
+
+REGIONS = ["us-east", "eu-west"]
+# The models here are tiny: a second thread only adds synchronization, and on a
+# busy two-core machine OpenMP threads that spin-wait for each other make every
+# step hundreds of times slower.
+torch.set_num_threads(1)
+
+WORDS = ("island", "fragment", "quorum", "grace", "merge", "outer", "inner", "step", "token",
+         "weight", "anchor", "global", "version", "delta", "sync", "region", "link",
+         "bandwidth", "latency", "model", "data")
+
+
+@pytest.fixture(scope="session")
+def text_path(tmp_path_factory) -> str:
+    """One text file of about 200 KB; the same path all session, so it is prepared once."""
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) + "."
+             for _ in range(4000)]
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n".join(lines))
+    return str(path)
+
+
+@pytest.fixture
+def make_config(text_path):
+    """Build a tiny, valid RunConfig; sections given as dicts override the defaults."""
+
+    def make(islands: int = 2, batch_size: int = 4, **sections) -> RunConfig:
+        data = {
+            "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
+            "data": {"path": text_path},
+            "eval": {"tokens": 256},
+            "budget": {"total_tokens": 1024},
+            "islands": [{"name": f"island-{i}", "region": REGIONS[i % 2],
+                         "batch_size": batch_size} for i in range(islands)],
+        }
+        for name, values in sections.items():
+            data[name] = {**data.get(name, {}), **values}
+        return parse_config(data, REGIONS)
+
+    return make

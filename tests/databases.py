@@ -33,8 +33,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from trainer.launch import end_with_parent
-from webapp.processes import free_port, port_accepts, redact_url, wait_for
+from syncd.connection import redact_url
+from trainer.launch import end_with_parent, free_port
+from webapp.processes import port_accepts, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALHOST = {"localhost", "127.0.0.1", "::1"}

@@ -142,7 +142,7 @@ def check_command(argv: list[str], compose: dict[str, Any]) -> None:
         module = args[1]
         assert importlib.util.find_spec(f"{module}.__main__") is not None, module
         if module == "syncd":
-            from syncd.__main__ import build_parser
+            from syncd.server import build_parser
 
             build_parser().parse_args(args[2:])
         else:

@@ -12,7 +12,8 @@ import pytest
 
 from tests import databases
 from tests.databases import ROOT, main, throwaway_postgres
-from webapp.processes import free_port, port_accepts
+from trainer.launch import free_port
+from webapp.processes import port_accepts
 
 
 def saving_url(path: Path) -> list[str]:

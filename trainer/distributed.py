@@ -1,4 +1,4 @@
-"""Islands of several processes, and the device and precision an island trains with.
+"""Islands of several processes: one data-parallel group with torch.distributed.
 
 An island may span several processes (GPUs) of one host. They form one
 data-parallel group with torch.distributed (gloo on CPU, NCCL on GPU): every
@@ -17,10 +17,8 @@ RANK, LOCAL_RANK, WORLD_SIZE); trainer/supervisor.py sets it.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
-from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +26,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from diloco.device import resolve_device
+
 if TYPE_CHECKING:
-    from trainer.island import Island
+    from diloco.island import Island
 
 # Rank 0 may wait a long time between two broadcasts (for syncd's merge with
 # tau = 0, through a pause); the others wait in the broadcast meanwhile. A dead
@@ -38,103 +38,6 @@ COLLECTIVE_TIMEOUT = timedelta(days=1)
 # What rank 0 announces: [kind, fragment, version, tokens, inner_steps, step]. A
 # fragment's counts for FRAGMENT; the island's tokens and step for STEP.
 STEP, FRAGMENT, STOP = 0, 1, 2
-
-
-def resolve_device(setting: str, local_rank: int = 0) -> str:
-    """The device an island process trains on.
-
-    Args:
-        setting: train.device of the run config: "auto" (cuda when present), "cpu" or "cuda".
-        local_rank: the process's place among its island's processes on this host;
-            with cuda it takes GPU number local_rank.
-
-    Raises:
-        ValueError: for an unknown setting, or cuda on a host without enough GPUs.
-    """
-    if setting not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device must be one of auto, cpu, cuda, got {setting!r}")
-    if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
-        return "cpu"
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if local_rank >= count:
-        raise ValueError(f"island process {local_rank} needs GPU {local_rank}, but this host "
-                         f"has {count} GPU(s); use fewer processes or device cpu")
-    return f"cuda:{local_rank}"
-
-
-def autocast(device: str, precision: str) -> AbstractContextManager:
-    """The context of a forward pass: bf16 autocast, or nothing for fp32.
-
-    Parameters, gradients and the optimizer stay in float32 either way; the loss
-    is computed in float32 (trainer/model.py).
-    """
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    if precision != "bf16":
-        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
-    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
-
-
-def to_device(t: torch.Tensor, device: str) -> torch.Tensor:
-    """A host batch on `device`; to a GPU through pinned memory, without blocking."""
-    if torch.device(device).type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
-class HostStaging:
-    """Moves fragments between host memory and the island's device.
-
-    On a GPU every tensor name keeps a pinned host buffer, so copies run by DMA
-    and without blocking; one synchronization per fragment, not per tensor. On
-    the CPU it only converts.
-
-    Args:
-        device: the island's device.
-    """
-
-    def __init__(self, device: str):
-        self.device = device
-        self.pinned = torch.device(device).type == "cuda"
-        self.buffers: dict[str, torch.Tensor] = {}
-        self.uploaded: torch.cuda.Event | None = None
-
-    def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
-        buf = self.buffers.get(name)
-        if buf is None or buf.shape != like.shape:
-            buf = self.buffers[name] = torch.empty(like.shape, dtype=torch.float32,
-                                                   pin_memory=True)
-        return buf
-
-    def to_host(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Float32 copies on the host, the caller's to keep."""
-        if not self.pinned:
-            return {n: t.float().cpu() for n, t in tensors.items()}
-        self._wait_for_upload()
-        for n, t in tensors.items():
-            self._buffer(n, t).copy_(t, non_blocking=True)
-        torch.cuda.current_stream(self.device).synchronize()
-        return {n: self.buffers[n].clone() for n in tensors}
-
-    def to_device(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The tensors on the device; later work on the device's stream sees them."""
-        if not self.pinned:
-            return {n: t.to(self.device) for n, t in tensors.items()}
-        self._wait_for_upload()
-        out = {}
-        for n, t in tensors.items():
-            buf = self._buffer(n, t)
-            buf.copy_(t)
-            out[n] = buf.to(self.device, non_blocking=True)
-        self.uploaded = torch.cuda.Event()
-        self.uploaded.record(torch.cuda.current_stream(self.device))
-        return out
-
-    def _wait_for_upload(self) -> None:
-        """The buffers may be rewritten only once the last upload has read them."""
-        if self.uploaded is not None:
-            self.uploaded.synchronize()
-            self.uploaded = None
 
 
 class IslandGroup:
@@ -178,7 +81,7 @@ class IslandGroup:
         active exception"), and the supervisor takes a clean stop for a crash.
         """
         if island is not None:
-            island.forward = island.model
+            island.unwrap()
             gc.collect()
         dist.destroy_process_group()
 
@@ -233,22 +136,21 @@ class IslandGroup:
             if kind == STOP:
                 return
             if kind == STEP:
-                island.step, island.tokens = step, tokens
+                island.move_to(step, tokens)
                 island.inner_step()
                 continue
             self._broadcast_fragment(island, p)
-            s = island.state[p]
-            s.version, s.tokens, s.inner_steps, s.sent = version, tokens, inner_steps, None
+            island.set_fragment_counts(p, version, tokens, inner_steps)
 
     def share_start(self, island: Island) -> None:
         """Every rank, once the island is built: rank 0's data cursor and fragment state."""
         step, tokens, rng, counts = self.broadcast_object(
             (island.step, island.tokens, island.sampler.state(),
              [(s.version, s.tokens, s.inner_steps) for s in island.state]))
-        island.step, island.tokens = step, tokens
+        island.move_to(step, tokens)
         island.sampler.set_state(rng)
-        for p, s in enumerate(island.state):
-            s.version, s.tokens, s.inner_steps = counts[p]
+        for p, (version, fragment_tokens, inner_steps) in enumerate(counts):
+            island.set_fragment_counts(p, version, fragment_tokens, inner_steps)
             self._broadcast_fragment(island, p)
 
     def _announce(self, kind: int, p: int = 0, version: int = 0, tokens: int = 0,

@@ -8,6 +8,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +19,13 @@ LAUNCHED_AT_ENV = "ARCHIPELAGO_LAUNCHED_AT"
 # ... and with the time its start or rejoin was asked for (trainer/phases.py).
 ASKED_AT_ENV = "ARCHIPELAGO_ASKED_AT"
 _PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def island_command(redis_url: str, run_id: int, island: str, epoch: int,

@@ -1,4 +1,4 @@
-"""python -m trainer.pool_manager --region R: the warm standby islands of one host.
+"""The warm standby islands of one host (started as python -m webapp.pool_manager --region R).
 
 One manager per host owns its standbys (trainer/standby.py) as its own children,
 so it can wait for each and report its exit: a Celery prefork child can wait only
@@ -26,13 +26,11 @@ SIGTERM stops it: the islands it supervises stop as a "stop" would make them
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
 import os
 import queue
-import signal
 import socket
 import subprocess
 import sys
@@ -283,41 +281,3 @@ class PoolManager:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         with open(path, "ab") as f:
             f.write(f"[pool {stamp}] {message}\n".encode())
-
-
-def record_failure(run_id: int, island: str, result: dict[str, Any]) -> None:
-    """The web app's alert for an island that crashed on its own."""
-    from webapp.runs.faults import record_island_failure
-
-    record_island_failure(run_id, island, result)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--region", required=True)
-    parser.add_argument("--size", type=int, default=None,
-                        help="standbys kept ready; default: the ISLAND_POOL_SIZE setting")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-    import django
-
-    django.setup()
-    from django.conf import settings
-
-    size = settings.ISLAND_POOL_SIZE if args.size is None else args.size
-    manager = PoolManager(settings.REDIS_URL, args.region, size, settings.LOG_DIR,
-                          on_failure=record_failure)
-
-    def stop(signum: int, frame: object) -> None:
-        manager.stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    log.info("pool of %d standby islands for region %s on %s", size, args.region,
-             manager.host)
-    manager.serve_forever()
-
-
-if __name__ == "__main__":
-    main()

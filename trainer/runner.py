@@ -2,7 +2,7 @@
 
 The supervisor (trainer/supervisor.py, inside a Celery task) starts it and can
 kill it at any instant. It needs only Redis: it reads the run's spec, takes the
-newest global fragments that syncd published, trains with trainer.island.Island,
+newest global fragments that syncd published, trains with diloco.island.Island,
 sends updates through an emulated wide-area link, heartbeats, and keeps its data
 cursor in Redis after each send so that a later incarnation (a rejoin) goes on
 where this one was in its shard.
@@ -30,15 +30,17 @@ from typing import Any
 
 import torch
 
+from diloco.config import DEVICES, RunConfig, config_from_spec, tensor_sizes
+from diloco.data import Corpus, load_corpus
+from diloco.device import resolve_device
+from diloco.fragments import Fragment, due_fragments, partition
+from diloco.island import Island, initial_model
+from diloco.model import GPT
+from diloco.protocol import decode_message, encode_message
+from diloco.synchronizer import Published, apply_published
 from syncd.malloc import return_large_frees
-from syncd.protocol import decode_message, encode_message
 from syncd.store import RunStore, connect
-from syncd.synchronizer import Published, apply_published
-from trainer.config import DEVICES, RunConfig, parse_config, tensor_sizes
-from trainer.data import Corpus, load_corpus
-from trainer.distributed import IslandGroup, resolve_device
-from trainer.fragments import Fragment, due_fragments, partition
-from trainer.island import Island, initial_model
+from trainer.distributed import IslandGroup
 from trainer.launch import (
     ASKED_AT_ENV,
     LAUNCHED_AT_ENV,
@@ -47,16 +49,9 @@ from trainer.launch import (
     process_started_at,
 )
 from trainer.link import HEARTBEAT_S, POLL_S, Link, beating
-from trainer.model import GPT
 from trainer.phases import StartClock
 
 log = logging.getLogger("archipelago.island")
-
-
-def config_from_spec(spec: dict[str, Any]) -> RunConfig:
-    """The run config stored by the web app; it was validated when the run was made."""
-    regions = sorted({i["region"] for i in spec["config"]["islands"]})
-    return parse_config(spec["config"], regions)
 
 
 def run_fragments(config: RunConfig) -> list[Fragment]:
@@ -65,7 +60,7 @@ def run_fragments(config: RunConfig) -> list[Fragment]:
 
 
 class ProcessIsland:
-    """The island's training loop around trainer.island.Island.
+    """The island's training loop around diloco.island.Island.
 
     Args:
         store: the run's Redis keys.

@@ -31,11 +31,11 @@ import time
 
 import torch
 
+from diloco.data import Corpus, load_corpus
+from diloco.model import GPT, GPTConfig
 from syncd.malloc import return_large_frees
 from syncd.store import RunStore, connect
-from trainer.data import Corpus, load_corpus
 from trainer.launch import exit_now
-from trainer.model import GPT, GPTConfig
 from trainer.phases import StartClock
 from trainer.pool import check_claim
 from trainer.runner import ProcessIsland, rss_bytes

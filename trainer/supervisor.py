@@ -53,11 +53,11 @@ from trainer.launch import (
     ASKED_AT_ENV,
     LAUNCHED_AT_ENV,
     end_with_parent,
+    free_port,
     island_command,
     island_processes,
     rank_env,
 )
-from webapp.processes import free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 0.2

@@ -15,5 +15,3 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 app = Celery("archipelago")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
-# trainer is not a Django app, so the discovery over INSTALLED_APPS above misses it.
-app.autodiscover_tasks(["trainer"])

@@ -27,9 +27,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
-
-import redis
 
 # A process that keeps dying is started again at most this often.
 MAX_RESTART_DELAY_S = 30.0
@@ -38,13 +35,6 @@ MAX_RESTART_DELAY_S = 30.0
 STOP_TIMEOUT_S = 7.0
 STOP_LAST_TIMEOUT_S = 2.0
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -129,47 +119,6 @@ def redis_argv(binary: str | Path, port: int, data_dir: str | Path, *,
         return [*argv, "--appendonly", "no"]
     return [*argv, "--appendonly", "yes", "--auto-aof-rewrite-percentage", "100",
             "--auto-aof-rewrite-min-size", "64mb"]
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password (if any) replaced by ***, fit for logs and messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    userinfo = f"{parts.username or ''}:***"
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{userinfo}@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def redis_problem(url: str, timeout_s: float = 5.0) -> str | None:
-    """None if the Redis at `url` answers a PING; otherwise what is wrong, in a sentence.
-
-    A Redis across a wide-area link is reached with its password and, for TLS, a
-    rediss:// URL in REDIS_URL (docs/OPERATIONS.md); this names the part that failed.
-    """
-    shown = redact_url(url)
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
-                                      socket_timeout=timeout_s)
-    except ValueError as e:
-        return f"REDIS_URL {shown!r} is not a Redis URL: {e}"
-    try:
-        client.ping()
-    except redis.AuthenticationError as e:
-        if urlsplit(url).password is None:
-            return (f"the Redis at {shown} wants a password ({e}); put it in REDIS_URL: "
-                    "redis://:PASSWORD@HOST:PORT/0 (rediss:// for TLS)")
-        return f"the Redis at {shown} refused the password in REDIS_URL ({e})"
-    except redis.ConnectionError as e:
-        return f"cannot reach the Redis at {shown}: {e}"
-    except redis.RedisError as e:
-        return f"the Redis at {shown} did not answer a PING: {e}"
-    finally:
-        client.close()
-    return None
 
 
 @dataclass

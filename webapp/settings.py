@@ -188,6 +188,9 @@ if SYNCD_THREADS < 1:
 # Island logs (run-<id>/<island>.log) and, under `python -m webapp.start`, one log
 # per process.
 LOG_DIR = Path(env_str("LOG_DIR", str(VAR_DIR / "logs")))
+# Where `python -m bench` writes its results and HTML reports; the dashboard serves the
+# reports from here.
+BENCH_RESULTS_DIR = Path(env_str("BENCH_RESULTS_DIR", str(BASE_DIR / "bench" / "results")))
 # Warm standby islands each island host keeps ready (trainer/pool_manager.py); 0 turns
 # the pool off, and every start and rejoin is a cold start.
 ISLAND_POOL_SIZE = env_int("ISLAND_POOL_SIZE", 1)
@@ -197,7 +200,7 @@ if ISLAND_POOL_SIZE < 0:
 # operators (and staff) may read it.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # The data directory: users' corpora may live here, and every corpus is prepared once
-# into byte files under its prepared/ folder (trainer/data.py reads DATA_DIR itself:
+# into byte files under its prepared/ folder (diloco/data.py reads DATA_DIR itself:
 # island processes do not load Django).
 DATA_DIR = Path(env_str("DATA_DIR", str(VAR_DIR / "data")))
 # The folders a run's data.path may name a file or folder in, separated by the
@@ -208,7 +211,7 @@ DATA_ROOTS = [Path(p) for p in env_str(
     "DATA_ROOTS", os.pathsep.join([str(DATA_DIR), sysconfig.get_paths()["stdlib"]])
 ).split(os.pathsep) if p.strip()]
 
-# The memory the hosts declare. A run whose estimate (trainer/sizes.py) does not fit
+# The memory the hosts declare. A run whose estimate (diloco/sizes.py) does not fit
 # is refused when it is made and when it is started (webapp.runs.validation): Redis's
 # against REDIS_MAXMEMORY_MB, which `python -m webapp.start` gives its embedded Redis
 # as maxmemory (default a quarter of this machine's memory); each island's against
@@ -222,7 +225,7 @@ if min(REDIS_MAXMEMORY_MB, ISLAND_HOST_MEMORY_MB) < 1:
         f"{REDIS_MAXMEMORY_MB} and {ISLAND_HOST_MEMORY_MB}.")
 
 # Form posts: the new-run form has about 50 fields and 7 per island row, up to
-# trainer.config.MAX_ISLANDS (256) rows; Django's default of 1000 fields would refuse
+# diloco.config.MAX_ISLANDS (256) rows; Django's default of 1000 fields would refuse
 # the larger ones. Bodies stay under Django's default of 2.5 MB (the API's own limit is
 # 1 MiB, webapp/api/api.py).
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 2000

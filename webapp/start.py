@@ -30,17 +30,15 @@ from typing import TYPE_CHECKING, NoReturn
 
 import redis
 
-from trainer.launch import exit_now
+from syncd.connection import redact_url, redis_problem
+from trainer.launch import exit_now, free_port
 from trainer.queues import CONTROL_QUEUE, region_queue
 from webapp.processes import (
     ProcessManager,
-    free_port,
     port_accepts,
     port_is_free,
-    redact_url,
     redis_argv,
     redis_maxmemory_mb,
-    redis_problem,
     redis_server_binary,
     wait_for,
 )
@@ -62,7 +60,7 @@ DEFAULT_HOST = "127.0.0.1"
 # Islands a region's worker may run at once (its prefork processes).
 DEFAULT_ISLANDS_PER_WORKER = 4
 STARTUP_TIMEOUT_S = 60.0
-# The demo's token budget here: trainer/demo.py's million tokens last under a minute
+# The demo's token budget here: diloco/demo.py's million tokens last under a minute
 # on a laptop, gone before anyone opens the browser; this is some minutes.
 DEMO_TOKENS = 10_000_000
 
@@ -135,7 +133,7 @@ def ensure_demo(user: AbstractBaseUser | None) -> Run | None:
     """Create and start the demo run (4 islands over 2 regions) unless a run named demo exists."""
     from django.conf import settings
 
-    from trainer.demo import DEMO
+    from diloco.demo import DEMO
     from webapp.runs.models import Run
     from webapp.runs.services import create_run, start_run
 
@@ -172,7 +170,7 @@ def service_commands(regions: list[str], port: int, islands_per_worker: int,
                                               "-n", f"{region}@%h",
                                               "--concurrency", str(islands_per_worker)]))
         if pool_size > 0:
-            commands.append((f"pool-{region}", [py, "-m", "trainer.pool_manager",
+            commands.append((f"pool-{region}", [py, "-m", "webapp.pool_manager",
                                                 "--region", region,
                                                 "--size", str(pool_size)]))
     commands.append(("worker-control", [*worker, "-Q", CONTROL_QUEUE, "-n", "control@%h",

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from bench import merge, overhead, results
-from trainer.data import load_corpus
-from trainer.island import Island, initial_model
+from diloco.data import load_corpus
+from diloco.island import Island, initial_model
 
 TINY_MODEL = {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16}
 

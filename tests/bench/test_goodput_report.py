@@ -22,7 +22,7 @@ from bench.goodput_report import (
     system_costs,
     tokens_to_reach,
 )
-from syncd.chaos import Fault
+from diloco.chaos import Fault
 
 BASE = {"step_time_s": 0.1, "inner_steps": 10, "fragments": 2}
 

@@ -20,7 +20,7 @@ import pytest
 
 from bench.browser import CHROMIUM_FLAGS, chromium_path
 from tests.webapp.runs.test_runtime_processes import ROOT, Processes, database_url, wait_until
-from webapp.processes import free_port
+from trainer.launch import free_port
 
 # Playwright's sync API keeps an event loop running in the test thread; the ORM
 # calls the tests make around it are still synchronous.

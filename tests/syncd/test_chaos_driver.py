@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from syncd.chaos import PRESETS, Fault, schedule
+from diloco.chaos import PRESETS, Fault, schedule
 from syncd.chaos_driver import ChaosDriver, ChaosPlan, actions_of
 
 FOUR = {"east-a": "us-east", "east-b": "us-east", "west-a": "us-west", "west-b": "us-west"}

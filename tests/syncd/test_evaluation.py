@@ -2,9 +2,9 @@ import math
 
 import torch
 
+from diloco.config import parse_config
+from diloco.island import initial_model
 from syncd.evaluation import GlobalEval
-from trainer.config import parse_config
-from trainer.island import initial_model
 
 TINY = {"model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
         "sync": {"inner_steps": 10}, "eval": {"interval_steps": 30, "tokens": 256}}

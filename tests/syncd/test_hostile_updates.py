@@ -19,14 +19,14 @@ import pytest
 import torch
 from safetensors.torch import save as save_tensors
 
+from diloco import codecs
+from diloco.protocol import encode_message
 from syncd.ingest import NORM_WARMUP, message_limit
-from syncd.protocol import encode_message
-from syncd.records import Recorder
 from syncd.service import RunSync
 from syncd.status import run_status
 from syncd.store import RunStore, connect
-from trainer import compress
 from webapp.runs.models import Event
+from webapp.runs.records import DatabaseRecorder
 from webapp.runs.services import create_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
@@ -51,7 +51,7 @@ def run_sync(redis_url, tmp_path) -> RunSync:
     store.put_spec(run.mode, run.config, run.secret)
     store.set_epoch("a", 1)
     store.set_epoch("b", 1)
-    sync = RunSync(store, Recorder(run.pk), tmp_path, clock=lambda: 1000.0,
+    sync = RunSync(store, DatabaseRecorder(run.pk), tmp_path, clock=lambda: 1000.0,
                    control_every_s=0.0)
     for island in ("a", "b"):
         store.heartbeat(island, 1, 4, 128, state="training")
@@ -135,7 +135,7 @@ def with_inf(sync):
 
 
 def with_minus_inf_in_int8_scale(sync):
-    payload = compress.encode(tensors_of(sync), "int8")
+    payload = codecs.encode(tensors_of(sync), "int8")
     name = next(k for k in payload if k.endswith(":scale"))
     payload[name] = torch.full_like(payload[name], -math.inf)
     return encode_message("update", meta_of(sync, "a", 8, codec="int8"), payload, sync.secret)
@@ -273,7 +273,7 @@ def test_a_restarted_syncd_reads_handled_updates_again_without_calling_them_repl
     run_sync.tick()
     run_sync.recorder.flush()
 
-    again = RunSync(run_sync.store, Recorder(run_sync.store.run_id), tmp_path,
+    again = RunSync(run_sync.store, DatabaseRecorder(run_sync.store.run_id), tmp_path,
                     clock=lambda: 1001.0, control_every_s=0.0)
     again.tick()
 

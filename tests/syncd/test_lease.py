@@ -131,7 +131,7 @@ def test_a_lease_needs_a_positive_time_to_live(client):
 
 
 def test_redis_errors_name_what_is_wrong(redis_url):
-    from webapp.processes import redact_url, redis_problem
+    from syncd.connection import redact_url, redis_problem
 
     assert redis_problem(redis_url) is None
     assert redact_url("redis://:s3cret@host:6379/0") == "redis://:***@host:6379/0"

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from syncd import recovery
-from syncd.records import Recorder
 from syncd.service import RunSync
 from syncd.store import RunStore, connect
 from tests.syncd.test_service import CONFIG, beat_at, make_run_sync, send
 from webapp.runs.models import Event
+from webapp.runs.records import DatabaseRecorder
 from webapp.runs.services import create_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
@@ -176,7 +176,7 @@ def test_elastic_makes_one_restart_of_islands_lost_together(redis_url, tmp_path)
     store = RunStore(connect(redis_url), run.pk)
     store.put_spec(run.mode, run.config, run.secret)
     clock = {"now": 1000.0}
-    sync = RunSync(store, Recorder(run.pk), tmp_path, clock=lambda: clock["now"],
+    sync = RunSync(store, DatabaseRecorder(run.pk), tmp_path, clock=lambda: clock["now"],
                    control_every_s=0.0)
     for island in ("a", "b", "c"):
         store.set_epoch(island, 1)

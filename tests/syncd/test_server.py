@@ -3,13 +3,14 @@
 import time
 
 import pytest
-from asgiref.sync import async_to_sync
 
 from syncd import lease
+from syncd.hooks import Hooks
 from syncd.lease import LeaseLost
-from syncd.server import Syncd, channel_notifier, status_group
+from syncd.server import Syncd
 from syncd.store import RunStore, connect
 from webapp.runs.services import create_run
+from webapp.runs.syncd_wiring import web_hooks
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
@@ -25,7 +26,9 @@ def test_a_served_run_pushes_numbered_status_snapshots(redis_url, tmp_path):
     run = create_run(name="pushed", mode="decoupled", config=CONFIG, user=None)
     RunStore(connect(redis_url), run.pk).put_spec(run.mode, run.config, run.secret)
     pushed = []
-    served = Syncd(redis_url, tmp_path, lambda *message: pushed.append(message))
+    hooks = Hooks(web_hooks().recorder, web_hooks().rejoin,
+                  notify=lambda *message: pushed.append(message))
+    served = Syncd(redis_url, tmp_path, hooks)
     served.tick()
     served.runs[str(run.pk)].next_status = 0.0  # the next tick is due a snapshot
     served.tick()
@@ -36,19 +39,11 @@ def test_a_served_run_pushes_numbered_status_snapshots(redis_url, tmp_path):
     assert set(status["islands"]) == {"a", "b"}
 
 
-def test_the_channel_notifier_delivers_to_the_runs_group(channel_layer):
-    channel = async_to_sync(channel_layer.new_channel)()
-    async_to_sync(channel_layer.group_add)(status_group(7), channel)
-    channel_notifier()("7", 3, {"versions": [1, 2]})
-    message = async_to_sync(channel_layer.receive)(channel)
-    assert message == {"type": "run.status", "seq": 3, "status": {"versions": [1, 2]}}
-
-
 def test_a_run_that_is_no_longer_active_is_let_go(redis_url, tmp_path):
     run = create_run(name="let go", mode="decoupled", config=CONFIG, user=None)
     store = RunStore(connect(redis_url), run.pk)
     store.put_spec(run.mode, run.config, run.secret)
-    served = Syncd(redis_url, tmp_path)
+    served = Syncd(redis_url, tmp_path, web_hooks())
     served.tick()
     assert str(run.pk) in served.runs
     store.deactivate()
@@ -80,11 +75,11 @@ class Clock:
 def test_two_syncd_split_the_active_runs_and_never_serve_one_run_twice(redis_url, tmp_path):
     runs = active_runs(redis_url, 4)
     clock = Clock()
-    first = Syncd(redis_url, tmp_path, owner="syncd-a", lease_ttl_s=30, clock=clock)
+    first = Syncd(redis_url, tmp_path, web_hooks(), owner="syncd-a", lease_ttl_s=30, clock=clock)
     first.tick()
     assert sorted(first.runs) == sorted(runs)  # alone, it serves every run
 
-    second = Syncd(redis_url, tmp_path, owner="syncd-b", lease_ttl_s=30, clock=clock)
+    second = Syncd(redis_url, tmp_path, web_hooks(), owner="syncd-b", lease_ttl_s=30, clock=clock)
     for _ in range(4):  # a renewal round each: the first hands over, the second takes
         clock.now += 10
         second.tick()
@@ -103,8 +98,8 @@ def test_two_syncd_split_the_active_runs_and_never_serve_one_run_twice(redis_url
 def test_a_syncd_that_stops_hands_its_runs_over_at_once(redis_url, tmp_path):
     runs = active_runs(redis_url, 2)
     clock = Clock()
-    first = Syncd(redis_url, tmp_path, owner="syncd-a", lease_ttl_s=30, clock=clock)
-    second = Syncd(redis_url, tmp_path, owner="syncd-b", lease_ttl_s=30, clock=clock)
+    first = Syncd(redis_url, tmp_path, web_hooks(), owner="syncd-a", lease_ttl_s=30, clock=clock)
+    second = Syncd(redis_url, tmp_path, web_hooks(), owner="syncd-b", lease_ttl_s=30, clock=clock)
     first.tick()
     second.tick()
     assert len(first.runs) == 2 and second.runs == {}
@@ -118,12 +113,12 @@ def test_a_syncd_that_stops_hands_its_runs_over_at_once(redis_url, tmp_path):
 
 def test_the_runs_of_a_dead_syncd_are_taken_over_when_their_leases_expire(redis_url, tmp_path):
     runs = active_runs(redis_url, 2)
-    dead = Syncd(redis_url, tmp_path, owner="syncd-dead", lease_ttl_s=0.5)
+    dead = Syncd(redis_url, tmp_path, web_hooks(), owner="syncd-dead", lease_ttl_s=0.5)
     dead.tick()
     assert sorted(dead.runs) == sorted(runs)
     stale_store = dead.runs[runs[0]].store
     # From here on `dead` is never ticked again, as after a kill -9.
-    heir = Syncd(redis_url, tmp_path, owner="syncd-heir", lease_ttl_s=0.5)
+    heir = Syncd(redis_url, tmp_path, web_hooks(), owner="syncd-heir", lease_ttl_s=0.5)
     deadline = time.monotonic() + 20
     while sorted(heir.runs) != sorted(runs):
         assert time.monotonic() < deadline, f"the heir serves only {sorted(heir.runs)}"
@@ -140,7 +135,7 @@ def test_the_runs_of_a_dead_syncd_are_taken_over_when_their_leases_expire(redis_
 def test_leases_outlive_one_long_step_of_the_main_loop_but_not_a_stuck_loop(
         redis_url, tmp_path):
     [run_id] = active_runs(redis_url, 1)
-    syncd = Syncd(redis_url, tmp_path, owner="syncd-a", lease_ttl_s=2.0)
+    syncd = Syncd(redis_url, tmp_path, web_hooks(), owner="syncd-a", lease_ttl_s=2.0)
     syncd.tick()
     held = syncd.leases[run_id]
     client = connect(redis_url)

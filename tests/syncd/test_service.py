@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from diloco import codecs
+from diloco.protocol import encode_message
 from syncd import checkpoint, recovery
-from syncd.protocol import encode_message
-from syncd.records import Recorder
 from syncd.service import STOP_WAIT_S, RunSync
 from syncd.store import RunStore, connect
-from trainer import compress
 from webapp.runs.models import Event, Run
+from webapp.runs.records import DatabaseRecorder
 from webapp.runs.reports import run_summary
 from webapp.runs.services import create_run
 
@@ -44,7 +44,7 @@ def make_run_sync(redis_url: str, tmp_path, mode: str, config: dict | None = Non
     store.set_epoch("b", 1)
     clock = {"now": 1000.0}
     # Every tick reads everything: the tests step a frozen clock.
-    sync = RunSync(store, Recorder(run.pk), tmp_path, clock=lambda: clock["now"],
+    sync = RunSync(store, DatabaseRecorder(run.pk), tmp_path, clock=lambda: clock["now"],
                    control_every_s=0.0, keepalive=keepalive)
     sync.clock_state = clock
     return sync
@@ -65,7 +65,7 @@ def send(sync: RunSync, island: str, fragment: int, seq: int, *, epoch: int = 1,
             "base_version": base_version, "seq": seq,
             "tokens": steps * TOKENS_PER_STEP if tokens is None else tokens,
             "inner_steps": steps, "compute_s": 1.0, "codec": codec}
-    blob = encode_message("update", meta, compress.encode(delta, codec), secret or sync.secret)
+    blob = encode_message("update", meta, codecs.encode(delta, codec), secret or sync.secret)
     sync.store.push_update(island, epoch, fragment, seq, blob)
 
 
@@ -246,7 +246,7 @@ def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
     run_sync.tick()
     merged = {n: t.clone() for n, t in run_sync.sync.globals[0].items()}
 
-    again = RunSync(run_sync.store, Recorder(run_sync.recorder.run_id), tmp_path,
+    again = RunSync(run_sync.store, DatabaseRecorder(run_sync.recorder.run_id), tmp_path,
                     clock=lambda: 1000.0, control_every_s=0.0)
     again.tick()
     assert again.sync.versions == [1, 0]
@@ -345,7 +345,8 @@ def test_when_redis_loses_its_data_the_run_goes_on_from_its_last_checkpoint(run_
     store.r.flushall()  # the data is really gone
     store.put_spec(spec["mode"], spec["config"], spec["secret"])
 
-    again = RunSync(store, Recorder(run_sync.recorder.run_id), tmp_path, clock=lambda: 2000.0)
+    again = RunSync(store, DatabaseRecorder(run_sync.recorder.run_id), tmp_path,
+                    clock=lambda: 2000.0)
     again.recorder.flush()
 
     assert store.versions() == {0: 2, 1: 1}  # newer than the checkpoint's [1, 0]

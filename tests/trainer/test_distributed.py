@@ -9,16 +9,15 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from syncd.protocol import decode_message, encode_message
+from diloco.config import RunConfig, parse_config
+from diloco.data import load_corpus
+from diloco.fragments import partition
+from diloco.island import Island, initial_model
+from diloco.protocol import decode_message, encode_message
 from syncd.store import RunStore, connect
-from trainer.config import RunConfig, parse_config
-from trainer.data import load_corpus
-from trainer.distributed import HostStaging, IslandGroup, autocast, resolve_device
-from trainer.fragments import partition
-from trainer.island import Island, initial_model
-from trainer.launch import island_command, rank_env
+from trainer.distributed import IslandGroup
+from trainer.launch import free_port, island_command, rank_env
 from trainer.supervisor import IslandSupervisor
-from webapp.processes import free_port
 
 REGIONS = ["us-east"]
 STEPS_BEFORE_MIX = 3
@@ -166,28 +165,6 @@ def test_an_island_checks_its_group_against_the_run_config(text_path):
 # -- device and precision ----------------------------------------------------------
 
 
-def test_the_device_is_cpu_without_a_gpu_unless_cuda_is_asked_for(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-
-    assert resolve_device("auto") == "cpu"
-    assert resolve_device("cpu") == "cpu"
-    with pytest.raises(ValueError, match="needs GPU 0, but this host has 0 GPU"):
-        resolve_device("cuda")
-
-
-def test_the_device_is_the_gpu_of_the_processs_local_rank(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-
-    assert resolve_device("auto") == "cuda:0"
-    assert resolve_device("cuda", local_rank=1) == "cuda:1"
-    assert resolve_device("cpu", local_rank=1) == "cpu"
-    with pytest.raises(ValueError, match="island process 2 needs GPU 2, but this host has 2"):
-        resolve_device("auto", local_rank=2)
-    with pytest.raises(ValueError, match="device must be one of auto, cpu, cuda, got 'tpu'"):
-        resolve_device("tpu")
-
-
 def test_bf16_autocasts_the_forward_pass_and_keeps_fp32_parameters(text_path):
     island = make_island(tiny_config(text_path, processes=1, precision="bf16"))
     seen = []
@@ -210,26 +187,6 @@ def test_bf16_trains_close_to_fp32(text_path):
 
     assert loss16 == pytest.approx(loss32, rel=0.05)
     assert loss16 != loss32
-
-
-def test_fp32_runs_without_autocast():
-    with autocast("cpu", "fp32"):
-        assert not torch.is_autocast_enabled("cpu")
-    with autocast("cpu", "bf16"):
-        assert torch.is_autocast_enabled("cpu")
-    with pytest.raises(ValueError, match="precision must be fp32 or bf16, got 'fp16'"):
-        autocast("cpu", "fp16")
-
-
-def test_host_staging_on_the_cpu_only_converts():
-    staging = HostStaging("cpu")
-    t = torch.arange(4, dtype=torch.float64)
-
-    host = staging.to_host({"w": t})["w"]
-
-    assert host.dtype == torch.float32 and torch.equal(host, t.float())
-    assert staging.to_device({"w": host})["w"] is host
-    assert not staging.buffers
 
 
 def test_a_group_needs_two_processes_and_a_rank_among_them():

@@ -8,8 +8,9 @@ import time
 import pytest
 
 from syncd.store import RunStore, connect
+from trainer.launch import free_port
 from trainer.link import Link, RedisFull, beating
-from webapp.processes import free_port, port_accepts, redis_argv, redis_server_binary, wait_for
+from webapp.processes import port_accepts, redis_argv, redis_server_binary, wait_for
 
 
 def test_beating_calls_beat_while_the_body_runs_and_stops_after():

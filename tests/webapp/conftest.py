@@ -55,7 +55,7 @@ def admin_client(admin) -> Client:
 @pytest.fixture
 def enqueued(monkeypatch):
     """Island tasks the services send, recorded instead of going to a broker."""
-    from trainer.tasks import run_island
+    from webapp.runs.tasks import run_island
 
     sent: list[dict] = []
 

@@ -354,16 +354,16 @@ def test_a_redis_password_never_shows_in_pages_or_api(admin_client, admin, setti
 @pytest.mark.integration
 def test_syncd_never_logs_the_run_secret_when_it_rejects_updates(run, redis_url, tmp_path,
                                                                  caplog):
-    from syncd.protocol import encode_message
-    from syncd.records import Recorder
+    from diloco.protocol import encode_message
     from syncd.service import RunSync
     from syncd.store import RunStore
     from syncd.store import connect as connect_redis
+    from webapp.runs.records import DatabaseRecorder
 
     store = RunStore(connect_redis(redis_url), run.pk)
     store.put_spec(run.mode, run.config, run.secret)
     store.set_epoch("a", 1)
-    sync = RunSync(store, Recorder(run.pk), tmp_path, clock=lambda: 1000.0,
+    sync = RunSync(store, DatabaseRecorder(run.pk), tmp_path, clock=lambda: 1000.0,
                    control_every_s=0.0)
     meta = {"run": run.pk, "island": "a", "epoch": 1, "fragment": 0, "base_version": 0,
             "seq": 4, "tokens": 1, "inner_steps": 4, "compute_s": 1.0, "codec": "none"}

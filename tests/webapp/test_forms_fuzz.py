@@ -18,7 +18,7 @@ from django.test import Client
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from trainer.config import SECTIONS
+from diloco.config import SECTIONS
 from webapp.dashboard.forms import ISLAND_FIELDS
 from webapp.runs.models import ApiToken, Run, Simulation
 

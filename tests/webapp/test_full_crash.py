@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from webapp.processes import free_port
+from trainer.launch import free_port
 
 # The system under test has a database of its own: `make test-system` runs it once.
 pytestmark = [pytest.mark.integration, pytest.mark.system]

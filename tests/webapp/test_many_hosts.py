@@ -28,6 +28,7 @@ from celery import Celery
 from django.urls import reverse
 from kombu.exceptions import OperationalError
 
+from syncd.connection import redact_url, redis_problem
 from syncd.store import RunStore, connect
 from tests.webapp.runs.test_runtime_processes import (
     ROOT,
@@ -36,15 +37,8 @@ from tests.webapp.runs.test_runtime_processes import (
     newest_versions,
     wait_until,
 )
-from webapp.processes import (
-    free_port,
-    port_accepts,
-    redact_url,
-    redis_argv,
-    redis_problem,
-    redis_server_binary,
-    wait_for,
-)
+from trainer.launch import free_port
+from webapp.processes import port_accepts, redis_argv, redis_server_binary, wait_for
 
 PASSWORD = "wan-" + secrets.token_hex(8)
 

@@ -10,13 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from webapp.processes import (
-    ProcessManager,
-    free_port,
-    port_is_free,
-    redis_server_binary,
-    wait_for,
-)
+from trainer.launch import free_port
+from webapp.processes import ProcessManager, port_is_free, redis_server_binary, wait_for
 from webapp.runs.models import Run
 from webapp.start import (
     StartError,
@@ -228,7 +223,7 @@ def test_with_a_pool_each_region_gets_a_pool_manager_after_its_worker():
     assert names == ["syncd", "worker-us-east", "pool-us-east", "worker-eu-west",
                      "pool-eu-west", "worker-control", "web"]
     pool = dict(commands)["pool-eu-west"]
-    assert pool[1:] == ["-m", "trainer.pool_manager", "--region", "eu-west", "--size", "2"]
+    assert pool[1:] == ["-m", "webapp.pool_manager", "--region", "eu-west", "--size", "2"]
 
 
 @pytest.mark.django_db

@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 
-from trainer.config import MODES, field_help
+from diloco.config import MODES, field_help
 from webapp.api import schemas
 from webapp.api.access import ApiError, allow, get_run
 from webapp.api.schemas import answers

@@ -2,7 +2,7 @@
 /api/openapi.json is made from these.
 
 Request bodies refuse unknown fields. A run's config, and an island added to a run,
-are described here from the dataclasses of trainer/config.py (each field's type, bounds,
+are described here from the dataclasses of diloco/config.py (each field's type, bounds,
 choices, default and help), so the schema and the validation read the same facts; the
 values are taken as sent and checked by parse_config, which tells every problem at once,
 keyed by dotted path.
@@ -27,7 +27,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from trainer.config import (
+from diloco.config import (
     MAX_ISLAND_NAME,
     MAX_ISLANDS,
     MAX_PARAMS,
@@ -71,7 +71,7 @@ RELATIONS = {
     "islands.processes": "Must divide batch_size.",
 }
 CONFIG_RULES = (
-    "Each field's type, bounds and choices are stated here, from trainer/config.py. "
+    "Each field's type, bounds and choices are stated here, from diloco/config.py. "
     "parse_config checks them, and with them the rules between fields that this schema "
     "names only in descriptions: the model has at most "
     f"{MAX_PARAMS:,} parameters (model.n_layer, model.n_embd); sync.min_quorum, "
@@ -93,7 +93,7 @@ def _described(kind: Any) -> Any:
 
 
 def _json_type(f: dataclasses.Field) -> Any:
-    """The JSON a config field takes, as trainer.config checks it: its choices, or its
+    """The JSON a config field takes, as diloco.config checks it: its choices, or its
     type (from its default, as parse_config reads it) with its bounds."""
     meta = f.metadata
     kind = type(f.default) if f.default is not None else float
@@ -124,7 +124,7 @@ def _section_in(section: str, cls: type) -> type[Body]:
 
 
 def _island_in() -> type[Body]:
-    """An island of the run config (trainer.config.IslandConfig). As the body of POST
+    """An island of the run config (diloco.config.IslandConfig). As the body of POST
     .../islands it is the island's own fields, checked by parse_config with the run's."""
     fields = {f.name: _config_field("islands", f) for f in dataclasses.fields(IslandConfig)}
     fields["name"] = (_described(Annotated[str, Field(min_length=1, max_length=MAX_ISLAND_NAME,
@@ -142,7 +142,7 @@ IslandIn = _island_in()
 
 
 def _run_config_in() -> type[Body]:
-    """The run config (trainer.config.RunConfig): every field may be left out."""
+    """The run config (diloco.config.RunConfig): every field may be left out."""
     seed = next(f for f in dataclasses.fields(RunConfig) if f.name == "seed")
     fields: dict[str, Any] = {"seed": _config_field("", seed)}
     for section, cls in SECTIONS.items():
@@ -293,7 +293,7 @@ class NeedOut(Schema):
 
 
 class EstimateOut(Schema):
-    """trainer/sizes.py's estimate; docs/OPERATIONS.md, "Sizing a run", has the formulas."""
+    """diloco/sizes.py's estimate; docs/OPERATIONS.md, "Sizing a run", has the formulas."""
 
     params: int = Field(description="Parameters of the model.")
     model_bytes: int = Field(description="B: the model in float32.")

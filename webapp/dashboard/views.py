@@ -4,6 +4,8 @@ fed by its websocket and act through the JSON API."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -13,8 +15,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.templatetags.static import static
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from bench.results import RESULTS
-from trainer.config import ConfigError, field_help
+from diloco.config import ConfigError, field_help
 from webapp.dashboard.forms import RunForm
 from webapp.dashboard.regions import map_view, region_positions
 from webapp.runs import roles
@@ -22,7 +23,8 @@ from webapp.runs.models import ApiToken, Checkpoint, Metric, Run, Simulation
 from webapp.runs.presets import PRESETS, preset_config
 from webapp.runs.reports import progress, run_events, run_metrics, run_summary, run_timeline
 from webapp.runs.services import create_run
-from webapp.runs.simulations import DEFAULT_SPEC, check_spec, start_simulation
+from webapp.runs.simulations import DEFAULT_SPEC, check_spec
+from webapp.runs.tasks import start_simulation
 
 SORTS = {"name": "name", "mode": "mode", "state": "state", "progress": "tokens",
          "goodput": "goodput", "eval_loss": "eval_loss", "started": "started_at",
@@ -191,7 +193,7 @@ REPORTS = ("goodput", "goodput-quick", "simulate", "simulate-quick", "scale", "s
 def benchmark_report(request: HttpRequest, name: str) -> HttpResponse:
     """A benchmark's HTML report (bench/results/NAME.html, plotly.js inside it) as the
     last `python -m bench goodput|simulate` on this host wrote it."""
-    path = RESULTS / f"{name}.html"
+    path = Path(settings.BENCH_RESULTS_DIR) / f"{name}.html"
     if name not in REPORTS or not path.is_file():
         raise Http404(f"No {name} report here: run python -m bench "
                       f"{name.split('-')[0]} on this host first.")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
@@ -114,16 +114,6 @@ def _fault_factor(kind: str, factor: float | None) -> float:
         raise ValueError(f"factor of {kind} must be between 1 and 1e6 "
                          f"({FAULT_FACTORS[kind][0]}), got {factor:g}")
     return float(factor)
-
-
-def record_island_failure(run_id: int, island: str, result: dict[str, Any]) -> None:
-    """An island process died on its own: an alert with its exit code and last log lines,
-    so the control room can say why. A rejoin starts it again."""
-    row = Island.objects.filter(run_id=run_id, name=island).first()
-    Event.objects.create(run_id=run_id, island=row, kind=Event.Kind.ALERT,
-                         detail={"message": f"island {island} epoch {result['epoch']} crashed "
-                                            f"with exit code {result['exit_code']}",
-                                 "log": result.get("log_tail", [])})
 
 
 def kill_syncd(by: AbstractBaseUser) -> None:

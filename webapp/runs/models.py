@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
-from trainer.config import RunConfig, parse_config
+from diloco.config import RunConfig, parse_config
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -346,7 +346,7 @@ class ApiToken(models.Model):
 
 
 class Simulation(models.Model):
-    """A sweep of the datacenter simulator (syncd/simsweep.py), run as a Celery task on
+    """A sweep of the datacenter simulator (diloco/simsweep.py), run as a Celery task on
     the control queue; the Simulate page shows its progress and its tables."""
 
     class State(models.TextChoices):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from trainer.config import RunConfig
-from trainer.demo import DEMO
+from diloco.config import RunConfig
+from diloco.demo import DEMO
 
 PAPER_REGIONS = ("us-east", "us-central", "us-west", "us-south")
 

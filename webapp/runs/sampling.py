@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
+from diloco.island import initial_model
 from syncd.checkpoint import load
-from trainer.island import initial_model
 from webapp.runs.models import Checkpoint
 
 MAX_PROMPT_CHARS = 2000

@@ -11,10 +11,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from trainer.config import MODES, ConfigError, RunConfig, parse_config
+from diloco.config import MODES, ConfigError, RunConfig, parse_config
 from trainer.island_logs import island_log_path, tail_lines
 from trainer.queues import region_queue
-from trainer.tasks import run_island
 from webapp.runs.models import (
     FINAL_STATES,
     RUN_NAME_MAX_LENGTH,
@@ -24,6 +23,7 @@ from webapp.runs.models import (
     Run,
 )
 from webapp.runs.stores import pool_store, run_store
+from webapp.runs.tasks import run_island
 from webapp.runs.validation import check_data_path, checkpoint_misfit, memory_misfits
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
 
     Args:
         name: the run's name, 1 to 100 characters.
-        mode: one of trainer.config.MODES.
+        mode: one of diloco.config.MODES.
         config: the run config as decoded JSON; missing fields take their defaults.
         user: who creates it, or None.
         initial_checkpoint: a stored checkpoint the run's global model starts from; its

@@ -10,13 +10,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from syncd.simsweep import run_sweep
-from trainer.queues import CONTROL_QUEUE
+from diloco.simsweep import run_sweep
 from webapp.runs.live import send_to_group
 from webapp.runs.models import Simulation
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
+    pass
 
 # What the page may ask for: small enough to finish in a minute or two here.
 MAX_CHIPS = 5_000_000
@@ -67,15 +66,6 @@ def _numbers(value: Any, kind: type, lo: float, hi: float, name: str,
             return []
         out.append(number)
     return sorted(set(out))
-
-
-def start_simulation(spec: dict[str, Any], by: AbstractBaseUser | None) -> Simulation:
-    """Save a checked sweep and queue it on the control queue."""
-    from webapp.runs.tasks import run_simulation
-
-    simulation = Simulation.objects.create(spec=spec, created_by=by)
-    run_simulation.apply_async(args=[simulation.pk], queue=CONTROL_QUEUE)
-    return simulation
 
 
 def run_simulation_now(simulation_id: int) -> None:

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.conf import settings
 
-from trainer.config import RunConfig, parse_config
-from trainer.sizes import MIB, Need, estimate
+from diloco.config import RunConfig, parse_config
+from diloco.sizes import MIB, Need, estimate
 from webapp.runs.models import Checkpoint
 
 
@@ -82,7 +82,7 @@ def memory_misfits(config: RunConfig) -> dict[str, list[str]]:
 
 
 def size_report(config: Any) -> dict[str, Any]:
-    """The parameters and memory of a run config (trainer/sizes.py), the limits the
+    """The parameters and memory of a run config (diloco/sizes.py), the limits the
     hosts declare, and what does not fit them.
 
     Raises:

@@ -10,9 +10,9 @@ from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from django.test import Client
 
+from diloco.island import initial_model
 from syncd.checkpoint import save
 from tests.webapp.runs.test_runtime_services import THREE_ISLANDS
-from trainer.island import initial_model
 from webapp.runs.models import ApiToken, Checkpoint, Run
 from webapp.runs.services import create_run, pause_run, start_run
 

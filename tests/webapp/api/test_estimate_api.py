@@ -3,10 +3,10 @@ memory the hosts declare, through the API."""
 
 import pytest
 
-from trainer.config import parse_config
-from trainer.island import gpt_config
-from trainer.model import GPT
-from trainer.sizes import MIB
+from diloco.config import parse_config
+from diloco.island import gpt_config
+from diloco.model import GPT
+from diloco.sizes import MIB
 from webapp.runs.models import Run
 
 SMALL = {"model": {"n_layer": 2, "n_embd": 32, "n_head": 4, "block_size": 32},

@@ -8,8 +8,8 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from diloco.config import field_help
 from syncd.store import RunStore, connect
-from trainer.config import field_help
 from webapp.runs.models import Event, Metric, Run
 from webapp.runs.services import create_run
 

@@ -1,4 +1,4 @@
-"""The OpenAPI schema of a run config states every field of trainer/config.py: its type,
+"""The OpenAPI schema of a run config states every field of diloco/config.py: its type,
 bounds, choices, default and help, at every place a config or an island is sent."""
 
 import dataclasses
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from trainer.config import (
+from diloco.config import (
     MAX_ISLAND_NAME,
     MAX_ISLANDS,
     MAX_TEXT,

@@ -5,7 +5,6 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 
-from syncd.server import channel_notifier
 from syncd.store import RunStore, connect
 from webapp.asgi import application
 from webapp.dashboard.consumers import (
@@ -14,6 +13,7 @@ from webapp.dashboard.consumers import (
     RunsListConsumer,
     RunStatusConsumer,
 )
+from webapp.runs.live import channel_notifier
 from webapp.runs.models import Event, Run
 from webapp.runs.services import create_run
 

@@ -1,9 +1,9 @@
 import pytest
 from django.test import Client
 
+from diloco.config import parameter_count, parse_config
+from diloco.island import initial_model
 from syncd.checkpoint import save
-from trainer.config import parameter_count, parse_config
-from trainer.island import initial_model
 from webapp.runs.models import ApiToken, Checkpoint, Metric, Run
 from webapp.runs.presets import preset_config
 from webapp.runs.services import create_run

@@ -15,7 +15,7 @@ from test_runtime_processes import (  # noqa: F401 - fixtures
     wait_until,
 )
 
-from syncd.chaos import PRESETS, schedule
+from diloco.chaos import PRESETS, schedule
 from webapp.runs.services import stop_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

@@ -1,7 +1,7 @@
 import pytest
 from django.db import IntegrityError, transaction
 
-from trainer.config import RunConfig
+from diloco.config import RunConfig
 from webapp.runs.models import Event, Island, Run
 
 pytestmark = pytest.mark.django_db

@@ -10,9 +10,8 @@ import time
 import pytest
 import redis
 
+from diloco.config import ConfigError
 from syncd.store import PoolStore, RunStore, connect
-from trainer.config import ConfigError
-from trainer.tasks import run_island
 from webapp.runs.faults import (
     inject_fault,
     kill_island,
@@ -34,6 +33,7 @@ from webapp.runs.services import (
     start_run,
     stop_run,
 )
+from webapp.runs.tasks import run_island
 
 pytestmark = [pytest.mark.django_db, pytest.mark.integration]
 

@@ -1,5 +1,5 @@
 """Warm standby islands for real: syncd, a worker and a pool manager for region us-east
-(python -m trainer.pool_manager) on the tests' Redis and database; islands really
+(python -m webapp.pool_manager) on the tests' Redis and database; islands really
 killed and rejoined through the run services.
 
 Every wait polls a condition with a deadline; none sleeps and hopes.
@@ -57,7 +57,7 @@ def kill_and_wait(run: Run, store: RunStore, *islands: str) -> None:
 
 def test_a_rejoin_claims_a_warm_standby_that_trains_and_an_empty_pool_starts_cold(
         system, corpus_file, redis_url):  # noqa: F811 - the system fixture
-    system.start("pool", "-m", "trainer.pool_manager", "--region", "us-east", "--size", "1")
+    system.start("pool", "-m", "webapp.pool_manager", "--region", "us-east", "--size", "1")
     run = tiny_run(corpus_file, total_tokens=10**9)
     store = start_and_wait(run, redis_url, 1)
     wait_all_training(store)
@@ -88,7 +88,7 @@ def test_a_rejoin_claims_a_warm_standby_that_trains_and_an_empty_pool_starts_col
 
 def test_two_rejoins_at_once_claim_two_standbys_and_a_stale_claim_is_refused(
         system, corpus_file, redis_url, settings):  # noqa: F811 - the system fixture
-    system.start("pool", "-m", "trainer.pool_manager", "--region", "us-east", "--size", "2")
+    system.start("pool", "-m", "webapp.pool_manager", "--region", "us-east", "--size", "2")
     run = tiny_run(corpus_file, total_tokens=10**9)
     store = start_and_wait(run, redis_url, 1)
     wait_all_training(store)

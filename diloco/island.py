@@ -1,0 +1,231 @@
+"""One island: a full model copy that runs its own inner AdamW loop.
+
+The island never waits for other islands. After inner step t it sends the
+outer gradients of the fragments due at t (diloco.fragments.due_fragments),
+and `overlap_steps` steps later it mixes in the newest global version of each
+such fragment that has reached it (Streaming DiLoCo, arXiv 2501.18512):
+
+    theta_p = lerp(global_p, theta_p, alpha)
+
+An update is the increment since the island's last send of that fragment,
+(anchor_p - theta_p) minus what it already sent against the same anchor, so a
+second send before the merge of the first never counts the same progress
+twice, and the part a lossy codec dropped is sent again later (error feedback).
+The same class runs in the in-process cluster and in a worker's island process;
+an island of several processes runs one on each, in a data-parallel group
+(trainer/distributed.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from diloco import codecs
+from diloco.config import RunConfig
+from diloco.data import Corpus, ShardSampler
+from diloco.device import HostStaging, autocast, to_device
+from diloco.fragments import Fragment
+from diloco.model import GPT, GPTConfig
+
+
+class Group(Protocol):
+    """The processes of an island of several (trainer.distributed.IslandGroup): each
+    trains on its part of every batch, and gradients and losses are averaged over them."""
+
+    world_size: int
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module: ...
+
+    def part(self, batch: torch.Tensor) -> torch.Tensor: ...
+
+    def mean(self, value: torch.Tensor) -> float: ...
+
+
+@dataclass
+class FragmentState:
+    anchor: dict[str, torch.Tensor]  # the global version last mixed in
+    version: int = 0
+    sent: dict[str, torch.Tensor] | None = None  # decoded sum sent against this anchor
+    tokens: int = 0  # since the last send
+    inner_steps: int = 0
+    sent_seq: int = -1  # the island's inner step at its last send
+
+
+def gpt_config(config: RunConfig) -> GPTConfig:
+    m = config.model
+    return GPTConfig(n_layer=m.n_layer, n_embd=m.n_embd, n_head=m.n_head,
+                     block_size=m.block_size)
+
+
+def initial_model(config: RunConfig) -> GPT:
+    """The model every island and the synchronizer start from, made from the seed."""
+    torch.manual_seed(config.seed)
+    return GPT(gpt_config(config))
+
+
+def inner_lr(step: int, peak: float, warmup_steps: int) -> float:
+    """Linear warmup to `peak`, then constant: islands have no shared end to decay to."""
+    if warmup_steps and step <= warmup_steps:
+        return peak * step / warmup_steps
+    return peak
+
+
+class Island:
+    """An island's model, inner optimizer, data shard and per-fragment sync state.
+
+    Args:
+        index: position in the run's island list; also picks the data shard.
+        config: the run config.
+        corpus: the loaded corpus; the island trains on shard `index` of M.
+        fragments: the partition shared with the synchronizer.
+        init_state: the global starting parameters; None keeps the model's own (the
+            caller then sets every fragment with reset_fragment).
+        device: where the model lives ("cpu", "cuda:0").
+        group: the island's processes when it has several (islands[].processes); this
+            process then trains on its part of each batch. None: one process.
+        model: a model already built (a warm standby's), used when its shape is the
+            run's; otherwise a new one is built.
+    """
+
+    def __init__(self, index: int, config: RunConfig, corpus: Corpus, fragments: list[Fragment],
+                 init_state: dict[str, torch.Tensor] | None, device: str = "cpu",
+                 group: Group | None = None, model: GPT | None = None):
+        if not 0 <= index < len(config.islands):
+            raise ValueError(f"island index must be between 0 and {len(config.islands) - 1}, "
+                             f"got {index}")
+        self.index = index
+        self.spec = config.islands[index]
+        self.name = self.spec.name
+        self.config = config
+        self.device = device
+        if group is not None and group.world_size != self.spec.processes:
+            raise ValueError(f"island {self.name!r} has {self.spec.processes} processes in "
+                             f"the run config, but its group has {group.world_size}")
+        self.group = group
+        reuse = model is not None and model.config == gpt_config(config)
+        self.model = (model if reuse else GPT(gpt_config(config))).to(device)
+        if init_state is not None:
+            self.model.load_state_dict(init_state)
+        # DDP averages the gradients over the group's ranks during backward.
+        self.forward = group.wrap(self.model) if group else self.model
+        self.staging = HostStaging(device)
+        o = config.optim
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.inner_lr,
+                                           betas=(0.9, 0.95), weight_decay=o.weight_decay)
+        self.sampler = ShardSampler(corpus, index, len(config.islands), config.model.block_size,
+                                    config.seed)
+        self.fragments = fragments
+        self.params = dict(self.model.named_parameters())
+        self.state = [FragmentState(anchor={n: self.params[n].detach().clone()
+                                            for n in f.tensor_names}) for f in fragments]
+        self.step = 0
+        self.tokens = 0
+        self.last_loss = math.nan
+
+    def move_to(self, step: int, tokens: int) -> None:
+        """Take this place in training: the next inner step's number and the tokens
+        trained so far (the other ranks of an island take rank 0's)."""
+        self.step, self.tokens = step, tokens
+
+    def set_fragment_counts(self, p: int, version: int, tokens: int, inner_steps: int) -> None:
+        """Fragment p's version and the tokens and inner steps since its last send, as
+        rank 0 of the island has them; nothing of it counts as sent."""
+        s = self.state[p]
+        s.version, s.tokens, s.inner_steps, s.sent = version, tokens, inner_steps, None
+
+    def unwrap(self) -> None:
+        """Train on the bare model from now on, letting go of the group's wrapper (DDP):
+        the last thing before the group is closed."""
+        self.forward = self.model
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.spec.batch_size * self.config.model.block_size
+
+    def inner_step(self) -> float:
+        """One AdamW step on a batch of this island's shard; returns the loss."""
+        self.step += 1
+        lr = inner_lr(self.step, self.config.optim.inner_lr, self.config.optim.warmup_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        # Every rank draws the whole batch (the same, from the same cursor) and keeps its part.
+        x, y = self.sampler.batch(self.spec.batch_size)
+        if self.group:
+            x, y = self.group.part(x), self.group.part(y)
+        with autocast(self.device, self.config.train.precision):
+            _, loss = self.forward(to_device(x, self.device), to_device(y, self.device))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        # The gradients go now, not at the next step: between steps (sends, pulls,
+        # mixes) the island holds no gradient, a model's worth less at its peak.
+        self.optimizer.zero_grad(set_to_none=True)
+        self.tokens += self.tokens_per_step
+        for s in self.state:
+            s.tokens += self.tokens_per_step
+            s.inner_steps += 1
+        self.last_loss = self.group.mean(loss) if self.group else loss.item()
+        return self.last_loss
+
+    @torch.no_grad()
+    def make_update(self, p: int, codec: str) -> tuple[dict, dict[str, torch.Tensor]]:
+        """The encoded outer-gradient increment of fragment p and its metadata."""
+        s = self.state[p]
+        delta = self.staging.to_host({n: s.anchor[n] - self.params[n].detach()
+                                      for n in s.anchor})
+        if s.sent is not None:
+            delta = {n: delta[n] - s.sent[n] for n in delta}
+        payload = codecs.encode(delta, codec)
+        shapes = {n: tuple(t.shape) for n, t in delta.items()}
+        decoded = codecs.decode(payload, codec, shapes)
+        s.sent = decoded if s.sent is None else {n: s.sent[n] + decoded[n] for n in decoded}
+        s.sent_seq = self.step
+        meta = {"fragment": p, "base_version": s.version, "tokens": s.tokens,
+                "inner_steps": s.inner_steps, "seq": self.step}
+        s.tokens = 0
+        s.inner_steps = 0
+        return meta, payload
+
+    @torch.no_grad()
+    def mix_global(self, p: int, global_tensors: dict[str, torch.Tensor], version: int) -> None:
+        """Mix in a global fragment; it becomes the new anchor.
+
+        theta_p = lerp(global_p, theta_p, alpha). What no update carries yet is
+        kept on top: the inner steps trained since the last send (the overlap,
+        tau > 0) and what a lossy codec dropped from the sends. So the lerp uses
+        theta_p as the synchronizer received it (anchor minus the decoded sends)
+        and the rest is added back. Without that, every mix would throw away tau
+        steps of this island's work.
+        """
+        alpha = self.config.sync.alpha
+        s = self.state[p]
+        for n, g in self.staging.to_device(global_tensors).items():
+            theta = self.params[n]
+            if s.sent is not None:
+                at_send = s.anchor[n] - s.sent[n].to(self.device)
+                theta.copy_(torch.lerp(g, at_send, alpha) + (theta - at_send))
+            else:
+                theta.copy_(torch.lerp(g, theta, alpha))
+            s.anchor[n] = g.clone()
+        s.version = version
+        s.sent = None
+
+    @torch.no_grad()
+    def reset_fragment(self, p: int, global_tensors: dict[str, torch.Tensor],
+                       version: int) -> None:
+        """Take a global fragment whole, dropping local progress (an elastic restart)."""
+        s = self.state[p]
+        for n, g in self.staging.to_device(global_tensors).items():
+            self.params[n].copy_(g)
+            s.anchor[n] = g.clone()
+        s.version = version
+        s.sent = None
+        s.tokens = 0
+        s.inner_steps = 0
+
+    def fragment_params(self, p: int) -> dict[str, torch.Tensor]:
+        return {n: self.params[n].detach() for n in self.fragments[p].tensor_names}

@@ -1,0 +1,157 @@
+"""How much memory a run needs, from its config alone: the parameter count and the
+bytes each part holds at its peak (an upper bound, not a typical value), so that a
+user sees them before starting and a run that would not fit is refused.
+
+Notation: B is the fp32 model (4 bytes x parameters); F the largest fragment in
+fp32; B_up, F_up and B_down the model and that fragment encoded with
+sync.compression and sync.downlink_compression (diloco/codecs.py: none 4
+bytes a value, bf16 2, int8 1 plus a float32 scale per block of 64 values, int4
+half a byte plus the same scales; r = B_up / B is about 1, 0.5, 0.27 and 0.14);
+M the islands, P the fragments, S sync.max_staleness; B_m the outer momentum,
+one fp32 buffer per parameter (diloco/merge.py OuterOptimizer), B when
+optim.outer_momentum > 0 and else 0. D = S x B_down is the published
+differences kept for a lossy downlink, 0 for none. Wire headers are left out.
+
+Redis (syncd/store.py): globals B (full fragments) + momentum B_m + one
+fragment in swap F + F_m (a publish writes the new version before it deletes
+the one before; F_m is F with momentum) + update blobs M x B_up (one round of
+every fragment from every island: an upper bound, a blob is freed once merged)
++ D + 64 MiB base.
+
+syncd: globals B + momentum B_m + decoded pending updates M x B + merge
+temporaries 2F (the merged outer gradient and the new fragment) + D + evaluation
+B (syncd/evaluation.py reads the globals in place, so the versions that merges
+replace while it runs stay alive until it ends). Checkpoints are written tensor
+by tensor (syncd/checkpoint.py) and add nothing that counts.
+
+Island, per process (diloco/island.py, trainer/runner.py, trainer/link.py):
+parameters B + gradients B + AdamW moments 2B + anchors B (the global version of
+every fragment last mixed in) + sent B (what was sent against each anchor, at
+most every fragment) + DDP gradient buckets B with processes > 1 + an update
+being made 2F + 2F_up (the increment and its decoding, the payload and its
+message) + the send queue (2P + 1) x F_up (trainer.link.Link: 2P waiting, one on
+the wire) + a global fragment being pulled 2F (its message and its tensors) +
+activations. An island host holds every process of its island, and its pool's
+warm standby islands (trainer/pool.py, ISLAND_POOL_SIZE of them): each is an
+interpreter with torch and the project imported (STANDBY_BASE_BYTES, measured
+at 226 MiB on CPU) and a model built in the run's shape, B (the corpus it opens
+is memory-mapped: page cache the host's islands share, not counted).
+
+Activations are an estimate, after Korthikanti et al. 2022 ("Reducing
+Activation Recomputation in Large Transformer Models", section 4.1): per layer
+s x b x h x (34 + 5 x a x s / h) bytes with 16-bit activations, for b the
+sequences of one process (batch_size / processes), s = block_size,
+h = n_embd, a = n_head; twice that for train.precision fp32. It counts
+dropout masks this model does not have and attention scores that a fused
+attention kernel does not keep, so it is on the high side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diloco.codecs import BLOCK
+from diloco.config import RunConfig, tensor_sizes
+from diloco.fragments import partition
+
+MIB = 1024 * 1024
+REDIS_BASE_BYTES = 64 * MIB
+STANDBY_BASE_BYTES = 256 * MIB
+
+
+def encoded_bytes(numel: int, codec: str) -> int:
+    """Bytes of one tensor of `numel` values encoded with `codec` (diloco/codecs.py)."""
+    if codec == "none":
+        return 4 * numel
+    if codec == "bf16":
+        return 2 * numel
+    blocks = -(-numel // BLOCK)
+    scales = 4 * blocks
+    if codec == "int8":
+        return blocks * BLOCK + scales
+    if codec == "int4":
+        return -(-blocks * BLOCK // 2) + scales
+    raise ValueError(f"codec must be one of none, bf16, int8, int4, got {codec!r}")
+
+
+def activation_bytes(batch: int, block_size: int, n_layer: int, n_embd: int, n_head: int,
+                     precision: str) -> int:
+    """Activations kept for the backward pass (Korthikanti et al. 2022): an estimate."""
+    per_layer_16bit = batch * block_size * (34 * n_embd + 5 * n_head * block_size)
+    return n_layer * per_layer_16bit * (2 if precision == "fp32" else 1)
+
+
+@dataclass(frozen=True)
+class Need:
+    """The bytes one part of the system holds, by what holds them."""
+
+    parts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+
+@dataclass(frozen=True)
+class Estimate:
+    params: int
+    model_bytes: int  # B
+    redis: Need
+    syncd: Need
+    islands: dict[str, Need]  # per island host: every process of the island
+
+    def to_dict(self) -> dict:
+        def need(n: Need) -> dict:
+            return {"total": n.total, "parts": n.parts}
+
+        return {"params": self.params, "model_bytes": self.model_bytes,
+                "redis": need(self.redis), "syncd": need(self.syncd),
+                "islands": {name: need(n) for name, n in self.islands.items()}}
+
+
+def estimate(config: RunConfig, standbys: int = 0) -> Estimate:
+    """The parameters and the peak bytes of Redis, syncd and each island host of a run;
+    `standbys` is the warm standby islands each island host keeps (ISLAND_POOL_SIZE).
+
+    Raises:
+        ValueError: when sync.fragments is more than the model's tensors.
+    """
+    sizes = tensor_sizes(config.model)
+    s = config.sync
+    params = sum(sizes.values())
+    model = 4 * params
+    up = sum(encoded_bytes(n, s.compression) for n in sizes.values())
+    fragments = partition(sizes, s.fragments)
+    largest = 4 * max(f.numel for f in fragments)
+    largest_up = max(sum(encoded_bytes(sizes[n], s.compression) for n in f.tensor_names)
+                     for f in fragments)
+    differences = 0 if s.downlink_compression == "none" else s.max_staleness * sum(
+        encoded_bytes(n, s.downlink_compression) for n in sizes.values())
+    momentum = model if config.optim.outer_momentum > 0 else 0
+    m = len(config.islands)
+    swap = largest if momentum else 0
+    redis = Need({"global fragments": model, "outer momentum": momentum,
+                  "fragment in swap": largest + swap,
+                  "update blobs": m * up, "downlink differences": differences,
+                  "base": REDIS_BASE_BYTES})
+    syncd = Need({"global fragments": model, "outer momentum": momentum,
+                  "pending updates": m * model, "merge temporaries": 2 * largest,
+                  "downlink differences": differences, "evaluation": model})
+    islands = {}
+    for island in config.islands:
+        per_process = {
+            "parameters": model, "gradients": model, "AdamW moments": 2 * model,
+            "anchors": model, "sent since the last mix": model,
+            "DDP gradient buckets": model if island.processes > 1 else 0,
+            "update being made": 2 * largest + 2 * largest_up,
+            "send queue": (2 * s.fragments + 1) * largest_up,
+            "fragment being pulled": 2 * largest,
+            "activations": activation_bytes(
+                island.batch_size // island.processes, config.model.block_size,
+                config.model.n_layer, config.model.n_embd, config.model.n_head,
+                config.train.precision)}
+        host = {k: v * island.processes for k, v in per_process.items()}
+        if standbys:
+            host["warm standbys"] = standbys * (STANDBY_BASE_BYTES + model)
+        islands[island.name] = Need(host)
+    return Estimate(params, model, redis, syncd, islands)

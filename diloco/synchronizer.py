@@ -1,0 +1,227 @@
+"""The synchronizer's state for one run: global fragments, rounds and versions.
+
+This is the part of syncd that decides and merges, with no Redis, database or
+clock of its own: the live service and the in-process cluster both feed it
+decoded updates and the current time. For each fragment it keeps the global
+parameters, their version, an outer optimizer, the round of updates waiting to
+merge, and the recent published versions that islands pull.
+
+Downlink: with codec "none" a published version is the fragment itself. With a
+lossy codec it is the encoded difference to the previous version, and the
+synchronizer's own global becomes exactly what the islands reconstruct
+(previous + decoded difference), so islands and synchronizer never drift
+apart and the codec's error is not compounded.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from diloco import codecs
+from diloco.config import OptimConfig, SyncConfig
+from diloco.fragments import Fragment
+from diloco.merge import OuterOptimizer, Update, merge_updates
+from diloco.policy import Arrival, Decision, RoundStats, decide, is_stale
+
+
+@dataclass
+class Published:
+    version: int
+    time: float
+    codec: str  # "none": the full fragment; otherwise a difference to version - 1
+    payload: dict[str, torch.Tensor]
+
+
+@dataclass
+class MergeResult:
+    fragment: int
+    version: int
+    time: float
+    weights: dict[str, float]
+    tokens: int
+    inner_steps: dict[str, int]
+    dropped_stale: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Pending:
+    update: Update
+    arrival_time: float
+
+
+class Synchronizer:
+    """Global fragments of one run and the rounds that merge into them.
+
+    Args:
+        params: the initial global parameters (name -> tensor).
+        fragments: the partition the islands use.
+        sync: quorum, grace, weighting, RDA, codec and staleness settings.
+        optim: outer learning rate and momentum.
+        embedding_names: tensors RDA leaves alone.
+    """
+
+    def __init__(self, params: dict[str, torch.Tensor], fragments: list[Fragment],
+                 sync: SyncConfig, optim: OptimConfig, round_tokens: int,
+                 embedding_names: tuple[str, ...] = ()):
+        self.fragments = fragments
+        self.round_tokens = round_tokens
+        self.sync = sync
+        self.embedding_names = embedding_names
+        self.globals = [{n: params[n].detach().float().clone() for n in f.tensor_names}
+                        for f in fragments]
+        self.shapes = [{n: tuple(t.shape) for n, t in g.items()} for g in self.globals]
+        self.versions = [0] * len(fragments)
+        self.published_at = [0.0] * len(fragments)  # when each newest version was made
+        self.optimizers = [OuterOptimizer(optim.outer_lr, optim.outer_momentum)
+                           for _ in fragments]
+        self.rounds: list[dict[str, Pending]] = [{} for _ in fragments]
+        # With a lossy downlink, the differences an island up to max_staleness versions
+        # behind pulls; with "none" an island always takes the newest fragment whole.
+        self.history: list[deque[Published]] = [deque(maxlen=history_length(sync))
+                                                for _ in fragments]
+        # island -> the newest seq of its updates that a merge took in or dropped
+        self.handled: list[dict[str, int]] = [{} for _ in fragments]
+
+    @property
+    def outer_steps(self) -> int:
+        """The smallest fragment version: outer steps every fragment has taken."""
+        return min(self.versions)
+
+    def submit(self, update: Update, fragment: int, now: float) -> str | None:
+        """Add a decoded update to its fragment's round; returns a rejection reason or None.
+
+        A second update from an island whose first is still waiting is an
+        increment on top of it, so the two are added up.
+        """
+        if is_stale(update.base_version, self.versions[fragment], self.sync.max_staleness):
+            self._handled(fragment, update.island, update.seq)
+            return (f"stale: based on version {update.base_version}, newest is "
+                    f"{self.versions[fragment]}, max_staleness {self.sync.max_staleness}")
+        pending = self.rounds[fragment].get(update.island)
+        if pending is not None:
+            prev = pending.update
+            update = Update(update.island, min(prev.base_version, update.base_version),
+                            prev.tokens + update.tokens, prev.inner_steps + update.inner_steps,
+                            {n: prev.delta[n] + update.delta[n] for n in prev.delta},
+                            max(prev.seq, update.seq))
+            now = pending.arrival_time
+        self.rounds[fragment][update.island] = Pending(update, now)
+        return None
+
+    def _handled(self, fragment: int, island: str, seq: int) -> None:
+        self.handled[fragment][island] = max(seq, self.handled[fragment].get(island, -1))
+
+    def has_handled(self, fragment: int, island: str, seq: int) -> bool:
+        """Whether the island's update `seq` was merged into a version or dropped."""
+        return self.handled[fragment].get(island, -1) >= seq
+
+    def decide(self, fragment: int, now: float, live_islands: int, stats: RoundStats,
+               barrier: bool = False) -> Decision:
+        """Whether the fragment's round merges now; `barrier` waits for every live island
+        (the elastic baseline) instead of the quorum and grace window."""
+        arrivals = [Arrival(i, p.arrival_time, p.update.base_version)
+                    for i, p in self.rounds[fragment].items()]
+        return decide(arrivals, now,
+                      min_quorum=max(live_islands, 1) if barrier else self.sync.min_quorum,
+                      live_islands=live_islands, gamma=0.0 if barrier else self.sync.grace_gamma,
+                      overlap_steps=self.sync.overlap_steps, stats=stats)
+
+    def roll_back(self, fragment: int, params: dict[str, torch.Tensor],
+                  momentum: dict[str, torch.Tensor], now: float) -> list[str]:
+        """Put a fragment back to a checkpoint, as a new version.
+
+        Versions never go backwards: the checkpoint's content is published as the
+        next version, so every island sees it as newer than what it holds. The
+        open round is thrown away; returns the islands whose updates were in it.
+        """
+        discarded = list(self.rounds[fragment])
+        for island, pending in self.rounds[fragment].items():
+            self._handled(fragment, island, pending.update.seq)
+        self.rounds[fragment] = {}
+        self.globals[fragment] = {n: t.clone() for n, t in params.items()}
+        self.optimizers[fragment].load_state_dict(momentum)
+        self.versions[fragment] += 1
+        self.published_at[fragment] = now
+        self.history[fragment].clear()  # a difference across a rollback means nothing
+        return discarded
+
+    @torch.no_grad()
+    def merge(self, fragment: int, now: float) -> MergeResult | None:
+        """Merge the round of `fragment` and publish the next version; None if all were stale."""
+        version = self.versions[fragment]
+        pending = self.rounds[fragment]
+        self.rounds[fragment] = {}
+        stale = [i for i, p in pending.items()
+                 if is_stale(p.update.base_version, version, self.sync.max_staleness)]
+        updates = [p.update for i, p in pending.items() if i not in stale]
+        for p in pending.values():
+            self._handled(fragment, p.update.island, p.update.seq)
+        if not updates:
+            return None
+        outer_grad, weights = merge_updates(updates, self.sync.weighting, self.sync.rda,
+                                            self.embedding_names)
+        # A merge of K of M islands carries part of a round's work; it moves the
+        # global and its momentum by that share, so merging more often is not
+        # the same as taking bigger steps.
+        # At most 1: a round that carries more than a whole round's tokens (islands that
+        # kept sending increments while syncd was away, then merged at once) already
+        # holds all that progress in its outer gradient; scaling it up again would step
+        # that many times too far, and the run diverges.
+        share = min(sum(u.tokens for u in updates) / self.round_tokens, 1.0)
+        old = self.globals[fragment]
+        new = self.optimizers[fragment].step(old, outer_grad, share)
+        codec = self.sync.downlink_compression
+        if codec == "none":
+            payload = new
+        else:
+            payload = codecs.encode({n: new[n] - old[n] for n in new}, codec)
+            diff = codecs.decode(payload, codec, self.shapes[fragment])
+            new = {n: old[n] + diff[n] for n in old}
+        self.globals[fragment] = new
+        self.versions[fragment] = version + 1
+        self.published_at[fragment] = now
+        if codec != "none":
+            self.history[fragment].append(Published(version + 1, now, codec, payload))
+        return MergeResult(fragment, version + 1, now, weights, sum(u.tokens for u in updates),
+                           {u.island: u.inner_steps for u in updates}, stale)
+
+    def published_since(self, fragment: int, held_version: int) -> list[Published]:
+        """What an island holding `held_version` pulls to reach the newest version.
+
+        The newest full fragment for codec "none" or for an island too far behind
+        for the kept differences; otherwise the differences in order.
+        """
+        newest = self.versions[fragment]
+        if held_version >= newest:
+            return []
+        history = self.history[fragment]
+        if not history or history[0].version > held_version + 1:
+            return [Published(newest, self.published_at[fragment], "none",
+                              self.globals[fragment])]
+        return [p for p in history if p.version > held_version]
+
+    def global_params(self) -> dict[str, torch.Tensor]:
+        return {n: t for g in self.globals for n, t in g.items()}
+
+
+def history_length(sync: SyncConfig) -> int:
+    """Published differences worth keeping per fragment: as many as an island may lag
+    behind (max_staleness, at least one); none when the downlink sends whole fragments."""
+    return 0 if sync.downlink_compression == "none" else max(sync.max_staleness, 1)
+
+
+def apply_published(held: dict[str, torch.Tensor], published: list[Published],
+                    shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """The newest global fragment from what an island pulled (its tensors may be the
+    pulled payload's own: read them, do not write them)."""
+    out = held
+    for p in published:
+        if p.codec == "none":
+            out = dict(p.payload)  # not copied: Island.mix_global takes its own copy
+        else:
+            diff = codecs.decode(p.payload, p.codec, shapes)
+            out = {n: out[n] + diff[n] for n in out}
+    return out

@@ -1,0 +1,52 @@
+"""Reaching the runtime's Redis: what is wrong, in a sentence, when it cannot be reached.
+
+Every process of the runtime (web app, syncd, workers, islands) checks REDIS_URL
+with redis_problem before it starts, and names it in logs through redact_url.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password (if any) replaced by ***, fit for logs and messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo = f"{parts.username or ''}:***"
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{userinfo}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def redis_problem(url: str, timeout_s: float = 5.0) -> str | None:
+    """None if the Redis at `url` answers a PING; otherwise what is wrong, in a sentence.
+
+    A Redis across a wide-area link is reached with its password and, for TLS, a
+    rediss:// URL in REDIS_URL (docs/OPERATIONS.md); this names the part that failed.
+    """
+    shown = redact_url(url)
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
+                                      socket_timeout=timeout_s)
+    except ValueError as e:
+        return f"REDIS_URL {shown!r} is not a Redis URL: {e}"
+    try:
+        client.ping()
+    except redis.AuthenticationError as e:
+        if urlsplit(url).password is None:
+            return (f"the Redis at {shown} wants a password ({e}); put it in REDIS_URL: "
+                    "redis://:PASSWORD@HOST:PORT/0 (rediss:// for TLS)")
+        return f"the Redis at {shown} refused the password in REDIS_URL ({e})"
+    except redis.ConnectionError as e:
+        return f"cannot reach the Redis at {shown}: {e}"
+    except redis.RedisError as e:
+        return f"the Redis at {shown} did not answer a PING: {e}"
+    finally:
+        client.close()
+    return None

@@ -1,0 +1,309 @@
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from diloco.data import (
+    Corpus,
+    ShardSampler,
+    default_corpus_root,
+    eval_batches,
+    load_corpus,
+    prepared_folder,
+)
+
+
+@pytest.fixture(autouse=True)
+def own_data_dir(tmp_path, monkeypatch):
+    """Each test prepares its corpora in a data directory of its own."""
+    monkeypatch.setenv("DATA_DIR", str(tmp_path / "data"))
+
+
+def corpus_of(train: bytes, eval: bytes = b"e" * 300) -> Corpus:
+    as_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8).clone()  # noqa: E731
+    return Corpus(train=as_tensor(train), eval=as_tensor(eval), source="test")
+
+
+def write_files(folder: Path, count: int) -> dict[str, bytes]:
+    """`count` text files whose contents cannot be mistaken for one another."""
+    folder.mkdir(parents=True, exist_ok=True)
+    contents = {}
+    for i in range(count):
+        body = (f"# file {i:03d}\n" + f"value_{i:03d} = {i * 7919}\n" * 12).encode()
+        (folder / f"module_{i:03d}.py").write_bytes(body)
+        contents[f"module_{i:03d}.py"] = body
+    return contents
+
+
+def test_the_shards_of_different_islands_are_disjoint():
+    # Shard 0 of 2 is all "a", shard 1 all "b": a window from either holds one letter.
+    corpus = corpus_of(b"a" * 1000 + b"b" * 1000)
+    shards = [ShardSampler(corpus, i, 2, block_size=16, seed=0) for i in range(2)]
+
+    for sampler, letter in zip(shards, b"ab", strict=True):
+        for _ in range(5):
+            x, y = sampler.batch(8)
+            assert set(x.flatten().tolist()) == {letter}
+            assert set(y.flatten().tolist()) == {letter}
+
+
+def test_a_batch_targets_are_the_inputs_shifted_by_one_byte():
+    corpus = corpus_of(bytes(range(256)) * 8)
+    x, y = ShardSampler(corpus, 0, 1, block_size=16, seed=0).batch(4)
+
+    assert x.shape == y.shape == (4, 16)
+    assert x.dtype == torch.long
+    assert torch.equal(y[:, :-1], x[:, 1:])
+    assert torch.equal(y[:, -1], (x[:, -1] + 1) % 256)
+
+
+def test_the_same_seed_gives_the_same_batches():
+    corpus = corpus_of(bytes(range(256)) * 16)
+    a, b, other = (ShardSampler(corpus, 1, 2, block_size=16, seed=s) for s in (7, 7, 8))
+
+    for _ in range(3):
+        xa, ya = a.batch(4)
+        xb, yb = b.batch(4)
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert not torch.equal(a.batch(4)[0], other.batch(4)[0])
+
+
+def test_a_restored_sampler_state_replays_the_same_batches():
+    sampler = ShardSampler(corpus_of(bytes(range(256)) * 16), 0, 2, block_size=16, seed=0)
+    state = sampler.state()
+    first = sampler.batch(4)[0]
+
+    sampler.set_state(state)
+
+    assert torch.equal(sampler.batch(4)[0], first)
+
+
+def test_it_rejects_a_shard_outside_the_range():
+    with pytest.raises(ValueError, match="shard must be between 0 and 1, got 2"):
+        ShardSampler(corpus_of(b"x" * 2000), 2, 2, block_size=16, seed=0)
+
+
+def test_it_rejects_shards_too_small_for_one_window():
+    with pytest.raises(ValueError, match="fewer than block_size"):
+        ShardSampler(corpus_of(b"x" * 2000), 0, 100, block_size=32, seed=0)
+
+
+def test_a_user_folder_of_text_files_is_split_into_train_and_eval_by_file(tmp_path):
+    contents = write_files(tmp_path / "texts", 30)
+    (tmp_path / "texts" / "image.png").write_bytes(b"\x89PNG not text")
+
+    corpus = load_corpus(str(tmp_path / "texts"), eval_fraction=0.3)
+    train, held_out = bytes(corpus.train.tolist()), bytes(corpus.eval.tolist())
+
+    assert corpus.source == str(tmp_path / "texts")
+    assert len(train) + len(held_out) == sum(map(len, contents.values()))
+    in_train = {name for name, body in contents.items() if body in train}
+    in_eval = {name for name, body in contents.items() if body in held_out}
+    assert in_train and in_eval
+    assert in_train.isdisjoint(in_eval)
+    assert in_train | in_eval == set(contents)
+
+
+def test_the_split_holds_each_file_whole_in_sorted_path_order(tmp_path):
+    contents = write_files(tmp_path / "texts", 30)
+
+    corpus = load_corpus(str(tmp_path / "texts"), eval_fraction=0.3)
+
+    held = {name for name in contents if zlib.crc32(name.encode()) % 1000 < 300}
+    assert bytes(corpus.eval.tolist()) == b"".join(contents[n] for n in sorted(held))
+    assert bytes(corpus.train.tolist()) == b"".join(
+        contents[n] for n in sorted(set(contents) - held))
+
+
+def test_a_single_file_is_split_by_bytes(text_path):
+    corpus = load_corpus(text_path, eval_fraction=0.1)
+    whole = Path(text_path).read_bytes()
+
+    assert len(corpus.eval) == len(whole) - int(len(whole) * 0.9)
+    assert bytes(corpus.train.tolist()) + bytes(corpus.eval.tolist()) == whole
+
+
+def test_a_path_that_does_not_exist_is_reported_with_the_path(tmp_path):
+    missing = tmp_path / "no-such-corpus"
+
+    with pytest.raises(ValueError, match="no-such-corpus"):
+        load_corpus(str(missing))
+
+
+def test_it_rejects_a_corpus_too_small_to_train_on(tmp_path):
+    (tmp_path / "tiny.txt").write_text("too short")
+
+    with pytest.raises(ValueError, match="too small"):
+        load_corpus(str(tmp_path / "tiny.txt"))
+
+
+def test_the_default_corpus_is_the_standard_library_sources():
+    corpus = load_corpus()
+
+    assert corpus.source == str(default_corpus_root())
+    assert len(corpus.train) > 1_000_000
+    assert 0 < len(corpus.eval) < len(corpus.train) * 0.2
+    assert b"def " in bytes(corpus.train[:100_000].tolist())
+
+
+def test_the_eval_batches_are_the_same_evenly_spaced_windows_every_time():
+    corpus = corpus_of(b"t" * 2000, eval=bytes(range(256)) * 4)
+
+    first = eval_batches(corpus, tokens=640, block_size=16, batch_size=32)
+    again = eval_batches(corpus, tokens=640, block_size=16, batch_size=32)
+
+    assert [len(x) for x, _ in first] == [32, 8]
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again, strict=True))
+    x, y = first[0]
+    assert x[0, 0].item() == 0  # the first window starts at the first eval byte
+    assert torch.equal(y[:, :-1], x[:, 1:])
+
+
+def write_large_corpus(folder: Path, files: int, file_bytes: int) -> dict[str, bytes]:
+    """`files` text files of `file_bytes` each, every line naming its file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    contents = {}
+    for i in range(files):
+        line = f"file {i:03d}: the islands train and the merge goes on.\n".encode()
+        body = (line * (file_bytes // len(line) + 1))[:file_bytes]
+        (folder / f"part_{i:03d}.txt").write_bytes(body)
+        contents[f"part_{i:03d}.txt"] = body
+    return contents
+
+
+def test_a_corpus_larger_than_16_mib_is_used_whole(tmp_path):
+    contents = write_large_corpus(tmp_path / "big", files=40, file_bytes=512 * 1024)
+
+    corpus = load_corpus(str(tmp_path / "big"), eval_fraction=0.1)
+
+    assert sum(map(len, contents.values())) == 20 * 1024 * 1024
+    assert len(corpus.train) + len(corpus.eval) == 20 * 1024 * 1024
+    last = bytes(corpus.train[-100:].tolist()) + bytes(corpus.eval[-100:].tolist())
+    assert b"file 039" in last  # the file past the old 16 MiB cut is in
+
+
+def test_the_prepared_files_are_reused_while_nothing_changes(tmp_path):
+    write_files(tmp_path / "texts", 30)
+    load_corpus(str(tmp_path / "texts"), eval_fraction=0.3)
+    folder = prepared_folder(tmp_path / "texts", 0.3, tmp_path / "data")
+    built = {p.name: p.stat().st_ino for p in folder.iterdir()}
+
+    load_corpus(str(tmp_path / "texts"), eval_fraction=0.3)
+
+    assert {p.name: p.stat().st_ino for p in folder.iterdir()} == built
+    assert sorted(built) == [".lock", "eval.bin", "manifest.json", "train.bin"]
+
+
+@pytest.mark.parametrize("change", ["size", "mtime"])
+def test_the_prepared_files_are_rebuilt_when_a_file_changes(tmp_path, change):
+    contents = write_files(tmp_path / "texts", 30)
+    name = next(n for n in contents if zlib.crc32(n.encode()) % 1000 >= 300)  # a train file
+    before = load_corpus(str(tmp_path / "texts"), eval_fraction=0.3)
+    train_file = prepared_folder(tmp_path / "texts", 0.3, tmp_path / "data") / "train.bin"
+    inode = train_file.stat().st_ino
+    path = tmp_path / "texts" / name
+    if change == "size":
+        path.write_bytes(contents[name] + b"# one more line\n")
+    else:
+        path.write_bytes(contents[name].replace(b"value", b"VALUE"))
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+
+    after = load_corpus(str(tmp_path / "texts"), eval_fraction=0.3)
+
+    assert train_file.stat().st_ino != inode
+    assert bytes(after.train.tolist()) != bytes(before.train.tolist())
+    assert path.read_bytes() in bytes(after.train.tolist())
+    # The corpus opened before the rebuild still reads the bytes it had.
+    assert contents[name] in bytes(before.train.tolist())
+
+
+def test_a_data_folder_that_is_itself_the_corpus_leaves_its_prepared_files_out(tmp_path):
+    write_files(tmp_path, 30)
+    first = load_corpus(str(tmp_path), eval_fraction=0.3, directory=tmp_path)
+
+    again = load_corpus(str(tmp_path), eval_fraction=0.3, directory=tmp_path)
+
+    assert len(again.train) + len(again.eval) == len(first.train) + len(first.eval)
+    assert b'"fingerprint"' not in bytes(again.train.tolist()) + bytes(again.eval.tolist())
+
+
+PREPARE_IN_A_PROCESS = """
+import hashlib, sys, time
+from pathlib import Path
+from diloco import data
+
+corpus_path, data_dir, log, me, other = sys.argv[1:]
+prepare = data._prepare
+
+def slow_prepare(*args):
+    with open(log, "a") as f:
+        f.write("built\\n")
+    time.sleep(1.0)  # hold the lock long enough for the other process to wait on it
+    return prepare(*args)
+
+data._prepare = slow_prepare
+Path(me).touch()
+while not Path(other).exists():  # start together
+    time.sleep(0.01)
+corpus = data.load_corpus(corpus_path, 0.1, Path(data_dir))
+print(hashlib.sha256(corpus.train.numpy().tobytes()).hexdigest(),
+      hashlib.sha256(corpus.eval.numpy().tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.integration
+def test_two_processes_preparing_at_once_build_one_correct_file(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_bytes(b"".join(f"line {i}: one model, many islands.\n".encode()
+                              for i in range(50_000)))
+    log = tmp_path / "builds.log"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    ready = [tmp_path / "ready-0", tmp_path / "ready-1"]
+    processes = [subprocess.Popen(
+        [sys.executable, "-c", PREPARE_IN_A_PROCESS, str(text), str(tmp_path / "data"),
+         str(log), str(ready[i]), str(ready[1 - i])],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in range(2)]
+    outputs = [p.communicate(timeout=120) for p in processes]
+
+    assert [p.returncode for p in processes] == [0, 0], [err for _, err in outputs]
+    whole = text.read_bytes()
+    cut = int(len(whole) * 0.9)
+    expected = f"{hashlib.sha256(whole[:cut]).hexdigest()} " \
+               f"{hashlib.sha256(whole[cut:]).hexdigest()}"
+    assert [out.strip() for out, _ in outputs] == [expected, expected]
+    assert log.read_text() == "built\n"
+    folder = prepared_folder(text, 0.1, tmp_path / "data")
+    assert sorted(p.name for p in folder.iterdir()) == [".lock", "eval.bin", "manifest.json",
+                                                          "train.bin"]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["bytes"] == cut
+
+
+def resident_bytes() -> int:
+    fields = Path("/proc/self/status").read_text().split("VmRSS:")[1].split()
+    return int(fields[0]) * 1024
+
+
+def test_opening_a_prepared_corpus_does_not_read_it(tmp_path):
+    text = tmp_path / "corpus.txt"
+    with open(text, "wb") as f:
+        line = b"the islands train and the merge goes on.\n"
+        for _ in range(64):
+            f.write(line * (1024 * 1024 // len(line)))
+    load_corpus(str(text), eval_fraction=0.1)  # prepared here
+    before = resident_bytes()
+
+    corpus = load_corpus(str(text), eval_fraction=0.1)
+    sampler = ShardSampler(corpus, 1, 2, block_size=64, seed=0)
+
+    assert resident_bytes() - before < 4 * 1024 * 1024
+    assert len(corpus.train) > 56 * 1024 * 1024
+    # A batch reads its windows (and what the kernel reads around them), not the shard.
+    x, _ = sampler.batch(8)
+    assert x.shape == (8, 64) and x.dtype == torch.long

@@ -1,0 +1,141 @@
+import hashlib
+import hmac
+import json
+import struct
+
+import pytest
+import torch
+from safetensors.torch import save as save_tensors
+
+from diloco.protocol import (
+    PROTOCOL_VERSION,
+    TAG_BYTES,
+    ProtocolError,
+    decode_message,
+    encode_message,
+)
+
+SECRET = b"run-7-secret"
+UPDATE_META = {"run": "run-7", "island": "island-1", "epoch": 2, "fragment": 3,
+               "base_version": 11, "seq": 450, "tokens": 4096, "inner_steps": 8,
+               "compute_s": 12.5, "codec": "int4"}
+GLOBAL_META = {"run": "run-7", "fragment": 0, "version": 12, "base_version": 11,
+               "codec": "none"}
+
+
+def sign(body: bytes, secret: bytes = SECRET) -> bytes:
+    return body + hmac.new(secret, body, hashlib.sha256).digest()
+
+
+def update_blob() -> bytes:
+    tensors = {"w:q": torch.arange(32, dtype=torch.uint8), "w:scale": torch.tensor([0.5])}
+    return encode_message("update", UPDATE_META, tensors, SECRET)
+
+
+def test_an_update_survives_the_round_trip():
+    tensors = {"w:q": torch.arange(32, dtype=torch.uint8), "w:scale": torch.tensor([0.5])}
+
+    kind, meta, out = decode_message(encode_message("update", UPDATE_META, tensors, SECRET),
+                                     SECRET)
+
+    assert kind == "update"
+    assert meta == UPDATE_META
+    assert out.keys() == tensors.keys()
+    assert all(torch.equal(out[n], tensors[n]) and out[n].dtype == tensors[n].dtype
+               for n in tensors)
+
+
+def test_a_global_message_survives_the_round_trip():
+    tensors = {"blocks.0.mlp.c_fc.weight": torch.randn(8, 4), "ln_f.bias": torch.randn(4)}
+
+    kind, meta, out = decode_message(encode_message("global", GLOBAL_META, tensors, SECRET),
+                                     SECRET)
+
+    assert kind == "global"
+    assert meta == GLOBAL_META
+    assert all(torch.equal(out[n], tensors[n]) for n in tensors)
+
+
+def test_it_refuses_to_encode_a_message_without_its_required_metadata():
+    meta = {k: v for k, v in UPDATE_META.items() if k != "epoch"}
+
+    with pytest.raises(ValueError, match="missing \\['epoch'\\]"):
+        encode_message("update", meta, {}, SECRET)
+    with pytest.raises(ValueError, match="'merge' message"):
+        encode_message("merge", GLOBAL_META, {}, SECRET)
+
+
+@pytest.mark.parametrize("position", [0, 9, -TAG_BYTES - 1, -1])
+def test_it_rejects_a_message_with_a_flipped_byte(position):
+    blob = bytearray(update_blob())
+    blob[position] ^= 0x01
+
+    with pytest.raises(ProtocolError, match="bad signature"):
+        decode_message(bytes(blob), SECRET)
+
+
+def test_it_rejects_a_message_signed_with_another_runs_secret():
+    blob = encode_message("global", GLOBAL_META, {"x": torch.ones(2)}, b"run-8-secret")
+
+    with pytest.raises(ProtocolError, match="not signed with this run's secret"):
+        decode_message(blob, SECRET)
+
+
+@pytest.mark.parametrize("length", [0, 8 + TAG_BYTES - 1])
+def test_it_rejects_a_truncated_message(length):
+    with pytest.raises(ProtocolError, match="truncated"):
+        decode_message(update_blob()[:length], SECRET)
+
+
+def test_it_rejects_a_message_cut_short_even_with_room_for_a_tag():
+    with pytest.raises(ProtocolError):
+        decode_message(update_blob()[:-10], SECRET)
+
+
+def test_it_rejects_correctly_signed_bytes_that_are_not_safetensors():
+    garbage = sign(b"\x00" * 7 + b"\xff" + b"this is not a tensor file at all")
+
+    with pytest.raises(ProtocolError, match="does not fit"):
+        decode_message(garbage, SECRET)
+
+
+def test_it_rejects_a_correctly_signed_header_that_is_not_json():
+    header = b"{not json at all"
+    body = struct.pack("<Q", len(header)) + header + b"\x00" * 16
+
+    with pytest.raises(ProtocolError, match="not a safetensors message"):
+        decode_message(sign(body), SECRET)
+
+
+def test_it_rejects_another_protocol_version():
+    header = {"protocol": str(PROTOCOL_VERSION + 1), "kind": "global",
+              **{k: json.dumps(v) for k, v in GLOBAL_META.items()}}
+    body = save_tensors({"x": torch.ones(2)}, metadata=header)
+
+    with pytest.raises(ProtocolError, match=f"protocol version '{PROTOCOL_VERSION + 1}'"):
+        decode_message(sign(body), SECRET)
+
+
+def test_it_rejects_a_message_of_an_unknown_kind():
+    header = {"protocol": str(PROTOCOL_VERSION), "kind": "rollback"}
+    body = save_tensors({"x": torch.ones(2)}, metadata=header)
+
+    with pytest.raises(ProtocolError, match="unknown message kind 'rollback'"):
+        decode_message(sign(body), SECRET)
+
+
+def test_it_rejects_a_message_with_malformed_metadata():
+    header = {"protocol": str(PROTOCOL_VERSION), "kind": "global",
+              **{k: json.dumps(v) for k, v in GLOBAL_META.items()}, "version": "{"}
+    body = save_tensors({"x": torch.ones(2)}, metadata=header)
+
+    with pytest.raises(ProtocolError, match="metadata is missing or malformed"):
+        decode_message(sign(body), SECRET)
+
+
+def test_it_rejects_a_message_over_the_size_limit_before_checking_it():
+    blob = update_blob()
+
+    with pytest.raises(ProtocolError, match=f"{len(blob)} bytes exceeds the limit"):
+        decode_message(blob, SECRET, max_bytes=len(blob) - 1)
+    assert decode_message(blob, SECRET, max_bytes=len(blob))[0] == "update"
