@@ -12,12 +12,12 @@ import redis
 
 from diloco.config import ConfigError
 from syncd.store import PoolStore, RunStore, connect
+from webapp.runs.failures import record_island_failure
 from webapp.runs.faults import (
     inject_fault,
     kill_island,
     kill_region,
     kill_syncd,
-    record_island_failure,
 )
 from webapp.runs.models import Checkpoint, Event, Island, Run
 from webapp.runs.services import (
