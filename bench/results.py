@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -11,7 +12,8 @@ from typing import Any
 
 import torch
 
-RESULTS = Path(__file__).parent / "results"
+# The web app serves the HTML reports from the same folder (its BENCH_RESULTS_DIR setting).
+RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR", Path(__file__).parent / "results"))
 
 
 def write(name: str, data: dict[str, Any]) -> Path:

@@ -20,6 +20,7 @@ import redis
 from bench import results
 from trainer.launch import free_port
 from webapp.processes import (
+    PROJECT_ROOT,
     Managed,
     ProcessManager,
     port_accepts,
@@ -110,7 +111,7 @@ class BenchSystem:
         standby islands, as `python -m webapp.start` starts them."""
         for region in self.regions:
             self.processes.start(f"pool-{region}", [
-                sys.executable, "-m", "webapp.pool_manager", "--region", region,
+                sys.executable, str(PROJECT_ROOT / "manage.py"), "pool_manager", "--region", region,
                 "--size", str(size)], env=self.env, restart=restart)
 
     def pid(self, name: str) -> int:

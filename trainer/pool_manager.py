@@ -1,4 +1,4 @@
-"""The warm standby islands of one host (started as python -m webapp.pool_manager --region R).
+"""The warm standby islands of one host (started as manage.py pool_manager --region R).
 
 One manager per host owns its standbys (trainer/standby.py) as its own children,
 so it can wait for each and report its exit: a Celery prefork child can wait only

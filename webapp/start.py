@@ -34,6 +34,7 @@ from syncd.connection import redact_url, redis_problem
 from trainer.launch import exit_now, free_port
 from trainer.queues import CONTROL_QUEUE, region_queue
 from webapp.processes import (
+    PROJECT_ROOT,
     ProcessManager,
     port_accepts,
     port_is_free,
@@ -170,7 +171,8 @@ def service_commands(regions: list[str], port: int, islands_per_worker: int,
                                               "-n", f"{region}@%h",
                                               "--concurrency", str(islands_per_worker)]))
         if pool_size > 0:
-            commands.append((f"pool-{region}", [py, "-m", "webapp.pool_manager",
+            commands.append((f"pool-{region}", [py, str(PROJECT_ROOT / "manage.py"),
+                                                "pool_manager",
                                                 "--region", region,
                                                 "--size", str(pool_size)]))
     commands.append(("worker-control", [*worker, "-Q", CONTROL_QUEUE, "-n", "control@%h",

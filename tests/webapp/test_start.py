@@ -11,7 +11,13 @@ import pytest
 import redis
 
 from trainer.launch import free_port
-from webapp.processes import ProcessManager, port_is_free, redis_server_binary, wait_for
+from webapp.processes import (
+    PROJECT_ROOT,
+    ProcessManager,
+    port_is_free,
+    redis_server_binary,
+    wait_for,
+)
 from webapp.runs.models import Run
 from webapp.start import (
     StartError,
@@ -223,7 +229,8 @@ def test_with_a_pool_each_region_gets_a_pool_manager_after_its_worker():
     assert names == ["syncd", "worker-us-east", "pool-us-east", "worker-eu-west",
                      "pool-eu-west", "worker-control", "web"]
     pool = dict(commands)["pool-eu-west"]
-    assert pool[1:] == ["-m", "webapp.pool_manager", "--region", "eu-west", "--size", "2"]
+    assert pool[1:] == [str(PROJECT_ROOT / "manage.py"), "pool_manager", "--region", "eu-west",
+                        "--size", "2"]
 
 
 @pytest.mark.django_db

@@ -109,11 +109,9 @@ def test_the_page_gets_the_simulation_then_its_updates(viewer, operator, channel
     assert got[-1]["simulation"]["result"]["goodput_table"]
 
 
-def test_a_benchmark_report_is_served_to_signed_in_users(viewer_client, client, monkeypatch,
+def test_a_benchmark_report_is_served_to_signed_in_users(viewer_client, client, settings,
                                                          tmp_path):
-    from webapp.dashboard import views
-
-    monkeypatch.setattr(views, "RESULTS", tmp_path)
+    settings.BENCH_RESULTS_DIR = tmp_path
     (tmp_path / "goodput.html").write_text("<html>goodput figures</html>")
 
     shown = viewer_client.get("/reports/goodput/")
@@ -124,11 +122,9 @@ def test_a_benchmark_report_is_served_to_signed_in_users(viewer_client, client, 
 
 
 @pytest.mark.parametrize("name", ["simulate", "../settings", "quality"])
-def test_a_report_that_is_missing_or_not_a_report_is_404(viewer_client, monkeypatch, tmp_path,
+def test_a_report_that_is_missing_or_not_a_report_is_404(viewer_client, settings, tmp_path,
                                                          name):
-    from webapp.dashboard import views
-
-    monkeypatch.setattr(views, "RESULTS", tmp_path)
+    settings.BENCH_RESULTS_DIR = tmp_path
     (tmp_path / "quality.html").write_text("not offered")
 
     assert viewer_client.get(f"/reports/{name}/").status_code == 404

@@ -1,5 +1,5 @@
 """Warm standby islands for real: syncd, a worker and a pool manager for region us-east
-(python -m webapp.pool_manager) on the tests' Redis and database; islands really
+(manage.py pool_manager) on the tests' Redis and database; islands really
 killed and rejoined through the run services.
 
 Every wait polls a condition with a deadline; none sleeps and hopes.
@@ -7,10 +7,13 @@ Every wait polls a condition with a deadline; none sleeps and hopes.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
 from test_runtime_processes import (  # noqa: F401 - fixtures
+    ROOT,
     start_and_wait,
     system,
     tiny_run,
@@ -39,6 +42,12 @@ def wait_ready(redis_url: str, standbys: int) -> list[int]:
     return pool(redis_url)["standbys"]
 
 
+def health(running, region: str) -> int:
+    """The exit code of the pool manager's container health check for `region`."""
+    return subprocess.run([sys.executable, "manage.py", "pool_manager", "--region", region,
+                           "--health"], cwd=ROOT, env=running.env, timeout=60).returncode
+
+
 def lost(store: RunStore, island: str) -> bool:
     return (store.status() or {}).get("islands", {}).get(island, {}).get("state") == "lost"
 
@@ -57,11 +66,13 @@ def kill_and_wait(run: Run, store: RunStore, *islands: str) -> None:
 
 def test_a_rejoin_claims_a_warm_standby_that_trains_and_an_empty_pool_starts_cold(
         system, corpus_file, redis_url):  # noqa: F811 - the system fixture
-    system.start("pool", "-m", "webapp.pool_manager", "--region", "us-east", "--size", "1")
+    system.start("pool", "manage.py", "pool_manager", "--region", "us-east", "--size", "1")
     run = tiny_run(corpus_file, total_tokens=10**9)
     store = start_and_wait(run, redis_url, 1)
     wait_all_training(store)
     (standby,) = wait_ready(redis_url, 1)
+    assert health(system, "us-east") == 0  # this host serves us-east
+    assert health(system, "eu-west") == 1  # and not eu-west
 
     kill_and_wait(run, store, "island-0")
     rejoin_island(run, "island-0", by=None)
@@ -88,7 +99,7 @@ def test_a_rejoin_claims_a_warm_standby_that_trains_and_an_empty_pool_starts_col
 
 def test_two_rejoins_at_once_claim_two_standbys_and_a_stale_claim_is_refused(
         system, corpus_file, redis_url, settings):  # noqa: F811 - the system fixture
-    system.start("pool", "-m", "webapp.pool_manager", "--region", "us-east", "--size", "2")
+    system.start("pool", "manage.py", "pool_manager", "--region", "us-east", "--size", "2")
     run = tiny_run(corpus_file, total_tokens=10**9)
     store = start_and_wait(run, redis_url, 1)
     wait_all_training(store)
