@@ -35,8 +35,10 @@ demo: install
 
 test: install-test lint test-unit test-db test-system test-browser
 
+# ruff, and the layers (docs/ARCHITECTURE.md, "Layers"; contracts in pyproject.toml).
 lint: install-test
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 # Unit tier: pure modules and the in-process cluster, no services; and the test
 # tiers' own tools (the databases of test-db, the Chromium of test-browser).
