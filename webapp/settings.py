@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sysconfig
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -97,6 +98,8 @@ INSTALLED_APPS = [
     "webapp.runs",
     "webapp.api",
     "webapp.dashboard",
+    # Counts failed sign-ins (webapp/dashboard/login.py).
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -230,14 +233,24 @@ if min(REDIS_MAXMEMORY_MB, ISLAND_HOST_MEMORY_MB) < 1:
 # 1 MiB, webapp/api/api.py).
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 2000
 
-# Sign-in (webapp/dashboard/login.py): after this many failed sign-ins of one username
-# from one address within the window, the form refuses attempts until it has passed.
-LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
-LOGIN_FAILURE_WINDOW_S = env_int("LOGIN_FAILURE_WINDOW_S", 300)
-# The failure counts live here: the web process's memory, enough for the one Daphne
-# process of `python -m webapp.start`; several web processes need a shared cache.
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-                      "LOCATION": "archipelago"}}
+# Sign-in (webapp/dashboard/login.py, django-axes): after this many failed sign-ins of one
+# username from one address, the sign-in forms refuse attempts until this long has
+# passed since the last failure. axes keeps the counts in the database.
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("LOGIN_FAILURE_WINDOW_S", 300))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_USERNAME_CALLABLE = "webapp.dashboard.login.axes_username"
+AXES_RESET_ON_SUCCESS = True
+# Only failures are kept, not a row per successful sign-in.
+AXES_DISABLE_ACCESS_LOG = True
+# axes' backend refuses a locked-out sign-in whatever form sent it; ModelBackend signs in.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# axes' middleware only swaps the answer to a locked-out sign-in for a page of its own;
+# the forms answer it themselves, so it is left out, and its check (W002) with it.
+SILENCED_SYSTEM_CHECKS = ["axes.W002"]
 
 CELERY_BROKER_URL = REDIS_URL
 # An island is one long task. It is acknowledged when it ends, so a worker shut

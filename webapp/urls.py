@@ -5,7 +5,9 @@ from django.urls import include, path
 from webapp.api import prometheus
 from webapp.api import views as api_views
 from webapp.api.api import api
-from webapp.dashboard.login import RateLimitedLoginView
+from webapp.dashboard.login import RateLimitedAdminAuthenticationForm, RateLimitedLoginView
+
+admin.site.login_form = RateLimitedAdminAuthenticationForm
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -108,7 +108,7 @@ def test_the_tokens_form_never_fails_and_keeps_names_storable(viewer):
 
 
 def test_the_sign_in_form_never_fails(django_user_model, settings):
-    settings.LOGIN_FAILURE_LIMIT = 10**6
+    settings.AXES_FAILURE_LIMIT = 10**6
     django_user_model.objects.create_user("someone", password="a right password 9")
     client = Client(raise_request_exception=True)
 

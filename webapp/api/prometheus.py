@@ -5,24 +5,30 @@ operator's (or a staff member's) session. Every gauge is labelled by the run's i
 archipelago_run_info carries its name and mode. Live runs (running, paused) read
 syncd's status from Redis through reports.run_summary, the others the database only.
 Archived runs are left out.
+
+prometheus_client writes the text: RunsCollector reads the figures on each scrape into
+a registry of this module's own (not prometheus_client's global one).
 """
 
 from __future__ import annotations
 
 import hmac
-import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import redis
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from webapp.runs import reports, roles
 from webapp.runs.models import Island, Run
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# generate_latest writes version 0.0.4 of the text format (CONTENT_TYPE_LATEST names 1.0.0).
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 LIVE_STATES = (Run.State.RUNNING, Run.State.PAUSED)
 
 # name -> (help, the run_summary field it reads)
@@ -43,6 +49,66 @@ ISLAND_GAUGES = {
         "Newest version minus the base version of the island's last update.", "version_lag"),
     "archipelago_island_epoch": ("The island's incarnation.", "epoch"),
 }
+
+
+class RunsCollector(Collector):
+    """The gauges of every run that is not archived, read afresh on each collect()."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        runs = list(Run.objects.filter(archived=False).prefetch_related("islands")
+                    .order_by("id"))
+        redis_up = 1
+        summaries = []
+        for run in runs:
+            status: dict[str, Any] | None = None if run.state in LIVE_STATES else {}
+            try:
+                summaries.append(reports.run_summary(run, status=status))
+            except redis.RedisError:
+                redis_up = 0
+                summaries.append(reports.run_summary(run, status={}))
+        counts = {state: 0 for state in Run.State.values}
+        for run in Run.objects.values_list("state", flat=True):
+            counts[run] = counts.get(run, 0) + 1
+        yield gauge("archipelago_runs", "Runs by state, archived ones too.", ["state"],
+                    (([state], count) for state, count in counts.items()))
+        yield gauge("archipelago_redis_up", "Whether syncd's status could be read from Redis.",
+                    [], [([], redis_up)])
+        yield gauge("archipelago_run_info", "A run's name and mode (value 1).",
+                    ["run", "name", "mode"],
+                    (([s["id"], s["name"], s["mode"]], 1) for s in summaries))
+        yield gauge("archipelago_run_state", "1 for the run's state, 0 for the others.",
+                    ["run", "state"],
+                    (([s["id"], state], int(s["state"] == state))
+                     for s in summaries for state in Run.State.values))
+        for name, (help_text, field) in RUN_GAUGES.items():
+            yield gauge(name, help_text, ["run"], (([s["id"]], s.get(field)) for s in summaries))
+        islands = [(s["id"], island) for s in summaries for island in s["islands"]]
+        yield gauge("archipelago_island_state", "1 for the island's state, 0 for the others.",
+                    ["run", "island", "region", "state"],
+                    (([run, i["name"], i["region"], state], int(i["state"] == state))
+                     for run, i in islands for state in Island.State.values))
+        yield gauge("archipelago_island_fault",
+                    "1 for the island's active fault, 0 for the others.",
+                    ["run", "island", "fault"],
+                    (([run, i["name"], fault], int(i.get("active_fault", i["fault"]) == fault))
+                     for run, i in islands for fault in Island.Fault.values))
+        for name, (help_text, field) in ISLAND_GAUGES.items():
+            yield gauge(name, help_text, ["run", "island"],
+                        (([run, i["name"]], i.get(field)) for run, i in islands))
+
+
+def gauge(name: str, help_text: str, labels: list[str],
+          samples: Iterable[tuple[list[Any], Any]]) -> GaugeMetricFamily:
+    """One gauge family with a sample per (label values, value) whose value is known."""
+    family = GaugeMetricFamily(name, help_text, labels=labels)
+    for values, value in samples:
+        if value is not None:
+            family.add_metric([str(v) for v in values], value)
+    return family
+
+
+REGISTRY = CollectorRegistry()
+REGISTRY.register(RunsCollector())
 
 
 def allowed(request: HttpRequest) -> bool | None:
@@ -72,76 +138,4 @@ def metrics(request: HttpRequest) -> HttpResponse:
     if not verdict:
         return HttpResponse("The metrics are for operators.\n", status=403,
                             content_type=CONTENT_TYPE)
-    return HttpResponse(render(), content_type=CONTENT_TYPE)
-
-
-def render() -> str:
-    """The exposition text."""
-    runs = list(Run.objects.filter(archived=False).prefetch_related("islands").order_by("id"))
-    redis_up = 1
-    summaries = []
-    for run in runs:
-        status: dict[str, Any] | None = None if run.state in LIVE_STATES else {}
-        try:
-            summaries.append(reports.run_summary(run, status=status))
-        except redis.RedisError:
-            redis_up = 0
-            summaries.append(reports.run_summary(run, status={}))
-    lines: list[str] = []
-    counts = {state: 0 for state in Run.State.values}
-    for run in Run.objects.values_list("state", flat=True):
-        counts[run] = counts.get(run, 0) + 1
-    _family(lines, "archipelago_runs", "Runs by state, archived ones too.",
-            (({"state": state}, count) for state, count in counts.items()))
-    _family(lines, "archipelago_redis_up", "Whether syncd's status could be read from Redis.",
-            [({}, redis_up)])
-    _family(lines, "archipelago_run_info", "A run's name and mode (value 1).",
-            (({"run": s["id"], "name": s["name"], "mode": s["mode"]}, 1) for s in summaries))
-    _family(lines, "archipelago_run_state", "1 for the run's state, 0 for the others.",
-            (({"run": s["id"], "state": state}, int(s["state"] == state))
-             for s in summaries for state in Run.State.values))
-    for name, (help_text, field) in RUN_GAUGES.items():
-        _family(lines, name, help_text, (({"run": s["id"]}, s.get(field)) for s in summaries))
-    islands = [(s["id"], island) for s in summaries for island in s["islands"]]
-    _family(lines, "archipelago_island_state",
-            "1 for the island's state, 0 for the others.",
-            (({"run": run, "island": i["name"], "region": i["region"], "state": state},
-              int(i["state"] == state)) for run, i in islands for state in Island.State.values))
-    _family(lines, "archipelago_island_fault",
-            "1 for the island's active fault, 0 for the others.",
-            (({"run": run, "island": i["name"], "fault": fault},
-              int(i.get("active_fault", i["fault"]) == fault))
-             for run, i in islands for fault in Island.Fault.values))
-    for name, (help_text, field) in ISLAND_GAUGES.items():
-        _family(lines, name, help_text,
-                (({"run": run, "island": i["name"]}, i.get(field)) for run, i in islands))
-    return "\n".join(lines) + "\n"
-
-
-def _family(lines: list[str], name: str, help_text: str,
-            samples: Iterable[tuple[dict[str, Any], Any]]) -> None:
-    """One metric family: HELP, TYPE and a line per sample whose value is known."""
-    lines.append(f"# HELP {name} {help_text}")
-    lines.append(f"# TYPE {name} gauge")
-    for labels, value in samples:
-        if value is None:
-            continue
-        text = ",".join(f'{key}="{_escape(str(label))}"' for key, label in labels.items())
-        lines.append(f"{name}{{{text}}} {_number(value)}" if text else f"{name} {_number(value)}")
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _number(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(int(value))
-    if isinstance(value, int):
-        return str(value)
-    value = float(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(value)
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE)

@@ -1,69 +1,70 @@
-"""Sign-in with a limit on failed attempts.
+"""Sign-in with a limit on failed attempts, kept by django-axes.
 
-After settings.LOGIN_FAILURE_LIMIT failed sign-ins for one username from one address
-within settings.LOGIN_FAILURE_WINDOW_S seconds, the form refuses further attempts with
-"Too many failed sign-ins; try again in M minutes" until the window has passed, and
-does not check the password meanwhile (so guessing gets no answer either way). A
-successful sign-in clears the count.
+After settings.AXES_FAILURE_LIMIT failed sign-ins for one username (case-insensitive)
+from one address, the form refuses further attempts with "Too many failed sign-ins; try
+again in M minutes" until settings.AXES_COOLOFF_TIME has passed since the last failure,
+and does not check the password meanwhile (so guessing gets no answer either way). A
+successful sign-in clears the count. The Django admin's sign-in form does the same.
 
-The counts live in Django's cache (settings.CACHES "default"). The default backend is
-in the memory of the web process, which is enough for the one Daphne process that
-`python -m webapp.start` runs; several web processes need a shared cache (Redis).
+axes counts the failures (its authentication backend and signal handlers, settings
+AXES_*) in the database, so every web process sees the same counts; these forms only
+ask it before checking a password, and say how long the lock lasts.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import time
 from typing import Any
 
-from django.conf import settings
+from axes.handlers.proxy import AxesProxyHandler
+from axes.helpers import get_cool_off
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.views import LoginView
-from django.core.cache import cache
 from django.core.exceptions import ValidationError
+from django.db.models import Max
+from django.http import HttpRequest
+
+TOO_MANY = "Too many failed sign-ins; try again in %(minutes)s minute%(s)s."
 
 
-def failure_key(username: str, address: str) -> str:
-    """The cache key of a username (case-insensitive) signing in from an address."""
-    digest = hashlib.sha256(f"{username.strip().lower()}\n{address}".encode()).hexdigest()
-    return f"login-failures:{digest}"
+def axes_username(request: HttpRequest, credentials: dict[str, Any] | None) -> str:
+    """The username axes counts failures under (AXES_USERNAME_CALLABLE): stripped and
+    lowercased, so that "Sam" and "sam " share one count."""
+    username = (credentials or request.POST).get("username") or ""
+    return username.strip().lower()
 
 
-class RateLimitedAuthenticationForm(AuthenticationForm):
-    """Django's sign-in form that counts failures per username and address."""
+def minutes_left(request: HttpRequest, credentials: dict[str, Any]) -> int:
+    """Whole minutes, rounded up, until the lock on these credentials lifts."""
+    attempts = AxesProxyHandler.get_implementation().get_user_attempts(request, credentials)
+    last = max(query.aggregate(last=Max("attempt_time"))["last"] for query in attempts)
+    left = last + get_cool_off(request) - request.axes_attempt_time
+    return max(1, math.ceil(left.total_seconds() / 60))
 
-    error_messages = {
-        **AuthenticationForm.error_messages,
-        "too_many": "Too many failed sign-ins; try again in %(minutes)s minute%(s)s.",
-    }
+
+class SignInLimit:
+    """For a sign-in form: refuses, before the password is checked, a username that axes
+    has locked out from the request's address."""
+
+    request: HttpRequest
+    cleaned_data: dict[str, Any]
 
     def clean(self) -> dict[str, Any]:
-        username = self.cleaned_data.get("username") or ""
-        address = self.request.META.get("REMOTE_ADDR", "") if self.request else ""
-        key = failure_key(username, address)
-        now = time.time()
-        record = cache.get(key)
-        if record and record["count"] >= settings.LOGIN_FAILURE_LIMIT \
-                and record["until"] > now:
-            minutes = math.ceil((record["until"] - now) / 60)
-            raise ValidationError(self.error_messages["too_many"], code="too_many",
+        credentials = {"username": self.cleaned_data.get("username") or ""}
+        if not AxesProxyHandler.is_allowed(self.request, credentials):
+            minutes = minutes_left(self.request, credentials)
+            raise ValidationError(TOO_MANY, code="too_many",
                                   params={"minutes": minutes, "s": "" if minutes == 1 else "s"})
-        try:
-            cleaned = super().clean()
-        except ValidationError:
-            self._count_failure(key, record, now)
-            raise
-        cache.delete(key)
-        return cleaned
+        return super().clean()  # type: ignore[misc]
 
-    @staticmethod
-    def _count_failure(key: str, record: dict[str, float] | None, now: float) -> None:
-        if not record or record["until"] <= now:
-            record = {"count": 0, "until": now + settings.LOGIN_FAILURE_WINDOW_S}
-        record = {"count": record["count"] + 1, "until": record["until"]}
-        cache.set(key, record, timeout=max(1, math.ceil(record["until"] - now)))
+
+class RateLimitedAuthenticationForm(SignInLimit, AuthenticationForm):
+    """Django's sign-in form under the limit."""
+
+
+class RateLimitedAdminAuthenticationForm(SignInLimit, AdminAuthenticationForm):
+    """The Django admin's sign-in form under the limit."""
 
 
 class RateLimitedLoginView(LoginView):

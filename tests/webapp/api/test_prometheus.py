@@ -4,9 +4,9 @@ import json
 
 import pytest
 from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
 
 from syncd.store import RunStore, connect
-from webapp.api.prometheus import _escape
 from webapp.runs.models import Run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.integration]
@@ -14,6 +14,17 @@ pytestmark = [pytest.mark.django_db, pytest.mark.integration]
 
 def scrape(client: Client, **headers):
     return client.get("/metrics", **headers)
+
+
+def samples(response) -> dict[tuple[str, frozenset], float]:
+    """Every sample the exposition holds: (name, labels) -> value."""
+    return {sample(s.name, **s.labels): s.value
+            for family in text_string_to_metric_families(response.content.decode())
+            for s in family.samples}
+
+
+def sample(metric: str, /, **labels) -> tuple[str, frozenset]:
+    return metric, frozenset((key, str(value)) for key, value in labels.items())
 
 
 def test_anonymous_scrapers_get_401(client, metrics_token):
@@ -60,36 +71,42 @@ def test_the_scraper_reads_the_runs_and_their_live_islands(client, metrics_token
     response = scrape(client, HTTP_AUTHORIZATION=f"Bearer {metrics_token}")
 
     assert response.status_code == 200
-    lines = set(response.content.decode().splitlines())
+    assert "# TYPE archipelago_run_tokens gauge" in response.content.decode().splitlines()
+    found = samples(response)
     r = running.pk
-    assert "# TYPE archipelago_run_tokens gauge" in lines
-    assert f'archipelago_run_tokens{{run="{r}"}} 8192' in lines
-    assert f'archipelago_run_goodput{{run="{r}"}} 0.75' in lines
-    assert f'archipelago_run_uptime{{run="{r}"}} 0.5' in lines
-    assert f'archipelago_run_outer_steps{{run="{r}"}} 4' in lines
-    assert f'archipelago_run_state{{run="{r}",state="running"}} 1' in lines
-    assert f'archipelago_run_state{{run="{r}",state="paused"}} 0' in lines
-    assert f'archipelago_run_info{{run="{r}",name="running",mode="decoupled"}} 1' in lines
-    assert (f'archipelago_island_state{{run="{r}",island="east-a",region="us-east",'
-            'state="lost"} 1') in lines
-    assert f'archipelago_island_fault{{run="{r}",island="east-a",fault="partition"}} 1' in lines
-    assert f'archipelago_island_version_lag{{run="{r}",island="east-a"}} 3' in lines
-    assert f'archipelago_island_tokens{{run="{r}",island="east-a"}} 4096' in lines
-    assert f'archipelago_run_tokens{{run="{draft.pk}"}} 0' in lines
-    assert not any(line.startswith(f'archipelago_run_goodput{{run="{draft.pk}"')
-                   for line in lines)
-    assert 'archipelago_runs{state="running"} 1' in lines
-    assert "archipelago_redis_up 1" in lines
+    assert found[sample("archipelago_run_tokens", run=r)] == 8192
+    assert found[sample("archipelago_run_goodput", run=r)] == 0.75
+    assert found[sample("archipelago_run_uptime", run=r)] == 0.5
+    assert found[sample("archipelago_run_outer_steps", run=r)] == 4
+    assert found[sample("archipelago_run_state", run=r, state="running")] == 1
+    assert found[sample("archipelago_run_state", run=r, state="paused")] == 0
+    assert found[sample("archipelago_run_info", run=r, name="running", mode="decoupled")] == 1
+    assert found[sample("archipelago_island_state", run=r, island="east-a", region="us-east",
+                        state="lost")] == 1
+    assert found[sample("archipelago_island_fault", run=r, island="east-a",
+                        fault="partition")] == 1
+    assert found[sample("archipelago_island_version_lag", run=r, island="east-a")] == 3
+    assert found[sample("archipelago_island_tokens", run=r, island="east-a")] == 4096
+    assert found[sample("archipelago_run_tokens", run=draft.pk)] == 0
+    assert sample("archipelago_run_goodput", run=draft.pk) not in found
+    assert found[sample("archipelago_runs", state="running")] == 1
+    assert found[sample("archipelago_redis_up")] == 1
 
 
 def test_archived_runs_are_left_out(operator_client, draft):
     Run.objects.filter(pk=draft.pk).update(archived=True)
 
-    text = scrape(operator_client).content.decode()
+    response = scrape(operator_client)
 
-    assert f'run="{draft.pk}"' not in text
-    assert 'archipelago_runs{state="draft"} 1' in text
+    assert f'run="{draft.pk}"' not in response.content.decode()
+    assert samples(response)[sample("archipelago_runs", state="draft")] == 1
 
 
-def test_label_values_are_escaped():
-    assert _escape('a "b"\\c\nd') == 'a \\"b\\"\\\\c\\nd'
+def test_label_values_are_escaped(operator_client, draft):
+    Run.objects.filter(pk=draft.pk).update(name='a "b"\\c\nd')
+
+    response = scrape(operator_client)
+
+    assert 'name="a \\"b\\"\\\\c\\nd"' in response.content.decode()
+    assert samples(response)[sample("archipelago_run_info", run=draft.pk,
+                                    name='a "b"\\c\nd', mode=draft.mode)] == 1
