@@ -13,7 +13,7 @@ import torch
 
 from diloco import codecs
 from diloco.protocol import encode_message
-from syncd import checkpoint, recovery
+from syncd import checkpoint
 from syncd.service import STOP_WAIT_S, RunSync
 from syncd.store import RunStore, connect
 from webapp.runs.models import Event, Run
@@ -59,13 +59,13 @@ def send(sync: RunSync, island: str, fragment: int, seq: int, *, epoch: int = 1,
          base_version: int = 0, steps: int = 4, value: float = 0.01, codec: str = "none",
          secret: bytes | None = None, shapes: dict | None = None, tokens: int | None = None
          ) -> None:
-    shapes = shapes or sync.sync.shapes[fragment]
+    shapes = shapes or sync.rounds.sync.shapes[fragment]
     delta = {n: torch.full(s, value) for n, s in shapes.items()}
     meta = {"run": sync.store.run_id, "island": island, "epoch": epoch, "fragment": fragment,
             "base_version": base_version, "seq": seq,
             "tokens": steps * TOKENS_PER_STEP if tokens is None else tokens,
             "inner_steps": steps, "compute_s": 1.0, "codec": codec}
-    blob = encode_message("update", meta, codecs.encode(delta, codec), secret or sync.secret)
+    blob = encode_message("update", meta, codecs.encode(delta, codec), secret or sync.spec.secret)
     sync.store.push_update(island, epoch, fragment, seq, blob)
 
 
@@ -86,13 +86,13 @@ def test_it_publishes_version_zero_of_every_fragment_when_a_run_starts(run_sync)
 
 def test_two_good_updates_merge_into_version_one(run_sync):
     heartbeat_all(run_sync)
-    before = {n: t.clone() for n, t in run_sync.sync.globals[0].items()}
+    before = {n: t.clone() for n, t in run_sync.rounds.sync.globals[0].items()}
     send(run_sync, "a", 0, 4)
     send(run_sync, "b", 0, 4)
     run_sync.tick()
     assert run_sync.store.versions()[0] == 1
     assert run_sync.store.handled(0) == {"a": 4, "b": 4}
-    moved = any(not torch.equal(before[n], t) for n, t in run_sync.sync.globals[0].items())
+    moved = any(not torch.equal(before[n], t) for n, t in run_sync.rounds.sync.globals[0].items())
     assert moved
 
 
@@ -111,7 +111,7 @@ def test_it_rejects_a_bad_update_with_a_reason_and_never_merges_it(run_sync, bad
     assert any(reason in r for r in rejections(run_sync)), rejections(run_sync)
     # Only b's update is waiting; a bad one never counts towards the quorum.
     assert run_sync.store.versions()[0] == 0
-    assert list(run_sync.sync.rounds[0]) == ["b"]
+    assert list(run_sync.rounds.sync.rounds[0]) == ["b"]
 
 
 def blob_keys(sync: RunSync) -> list[bytes]:
@@ -121,17 +121,17 @@ def blob_keys(sync: RunSync) -> list[bytes]:
 def test_the_messages_of_merged_updates_are_gone_once_the_merge_is_published(run_sync):
     heartbeat_all(run_sync)
     for seq in (4, 8):
-        send(run_sync, "a", 0, seq, base_version=run_sync.sync.versions[0])
-        send(run_sync, "a", 1, seq, base_version=run_sync.sync.versions[1])
-        send(run_sync, "b", 0, seq, base_version=run_sync.sync.versions[0])
+        send(run_sync, "a", 0, seq, base_version=run_sync.rounds.sync.versions[0])
+        send(run_sync, "a", 1, seq, base_version=run_sync.rounds.sync.versions[1])
+        send(run_sync, "b", 0, seq, base_version=run_sync.rounds.sync.versions[0])
         assert blob_keys(run_sync)
         run_sync.tick()
         # b's update of fragment 1 has not come: a's waits in the open round, and
         # stays in Redis, since a restarted syncd reads open rounds again.
         assert run_sync.store.versions()[0] == seq // 4
-        assert len(run_sync.round_refs[1]["a"]) == seq // 4
+        assert len(run_sync.rounds.round_refs[1]["a"]) == seq // 4
         waiting = {k.decode().rsplit(":", 1)[0] for k in blob_keys(run_sync)}
-        assert waiting == {r.blob.key for r in run_sync.round_refs[1]["a"]}
+        assert waiting == {r.blob.key for r in run_sync.rounds.round_refs[1]["a"]}
 
     send(run_sync, "b", 1, 8)
     run_sync.tick()
@@ -143,8 +143,8 @@ def test_the_messages_of_merged_updates_are_gone_once_the_merge_is_published(run
 def test_the_messages_of_stale_and_refused_updates_are_gone_too(run_sync):
     heartbeat_all(run_sync)
     for seq in (4, 8):
-        send(run_sync, "a", 0, seq, base_version=run_sync.sync.versions[0])
-        send(run_sync, "b", 0, seq, base_version=run_sync.sync.versions[0])
+        send(run_sync, "a", 0, seq, base_version=run_sync.rounds.sync.versions[0])
+        send(run_sync, "b", 0, seq, base_version=run_sync.rounds.sync.versions[0])
         run_sync.tick()
     send(run_sync, "a", 0, 12, base_version=0)  # max_staleness 1: version 2 is newest
     send(run_sync, "b", 0, 12, secret=b"forged")
@@ -200,7 +200,7 @@ def test_the_eval_loss_comes_with_the_tokens_of_the_model_it_evaluated(redis_url
         for island in ("a", "b"):
             send(sync, island, p, 4)
     sync.tick()  # both fragments merge; an evaluation starts on that model
-    evaluated = sync.tokens_merged()
+    evaluated = sync.rounds.tokens_merged()
     sync.evaluation.wait(60)
     for p in (0, 1):
         for island in ("a", "b"):
@@ -222,7 +222,7 @@ def test_a_replayed_update_is_merged_at_most_once(run_sync):
     send(run_sync, "b", 0, 8)
     run_sync.tick()
     assert run_sync.store.versions()[0] == 1
-    assert list(run_sync.sync.rounds[0]) == ["b"]
+    assert list(run_sync.rounds.sync.rounds[0]) == ["b"]
 
 
 def test_an_update_based_on_a_version_too_old_is_dropped_as_stale(run_sync):
@@ -235,7 +235,7 @@ def test_an_update_based_on_a_version_too_old_is_dropped_as_stale(run_sync):
     send(run_sync, "a", 0, 12, base_version=0)
     run_sync.tick()
     assert any("stale" in r for r in rejections(run_sync))
-    assert "a" not in run_sync.sync.rounds[0]
+    assert "a" not in run_sync.rounds.sync.rounds[0]
 
 
 def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
@@ -244,15 +244,15 @@ def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
     send(run_sync, "b", 0, 4)
     send(run_sync, "a", 1, 4)  # waiting in fragment 1's round when syncd dies
     run_sync.tick()
-    merged = {n: t.clone() for n, t in run_sync.sync.globals[0].items()}
+    merged = {n: t.clone() for n, t in run_sync.rounds.sync.globals[0].items()}
 
     again = RunSync(run_sync.store, DatabaseRecorder(run_sync.recorder.run_id), tmp_path,
                     clock=lambda: 1000.0, control_every_s=0.0)
     again.tick()
-    assert again.sync.versions == [1, 0]
-    assert all(torch.equal(merged[n], t) for n, t in again.sync.globals[0].items())
-    assert list(again.sync.rounds[1]) == ["a"]  # read again from the stream
-    assert list(again.sync.rounds[0]) == []  # merged ones are not merged twice
+    assert again.rounds.sync.versions == [1, 0]
+    assert all(torch.equal(merged[n], t) for n, t in again.rounds.sync.globals[0].items())
+    assert list(again.rounds.sync.rounds[1]) == ["a"]  # read again from the stream
+    assert list(again.rounds.sync.rounds[0]) == []  # merged ones are not merged twice
 
 
 def beat_at(sync: RunSync, island: str, time: float, *, epoch: int = 1,
@@ -269,10 +269,10 @@ def test_an_island_silent_past_the_timeout_is_lost_and_revived_when_it_speaks(ru
     run_sync.clock_state["now"] = 1000.0 + 60  # past the 10 s heartbeat timeout
     beat_at(run_sync, "b", 1060.0)
     run_sync.tick()
-    assert run_sync.lost == {"a"}
+    assert run_sync.liveness.lost == {"a"}
     beat_at(run_sync, "a", 1060.0)
     run_sync.tick()
-    assert run_sync.lost == set()
+    assert run_sync.liveness.lost == set()
     run_sync.recorder.flush()
     kinds = list(Event.objects.filter(run_id=run_sync.recorder.run_id)
                  .values_list("kind", flat=True))
@@ -284,14 +284,14 @@ def test_a_reported_death_marks_the_island_lost_on_the_next_pass(run_sync):
     beat_at(run_sync, "a", 1000.0)
     beat_at(run_sync, "b", 1000.0)
     run_sync.tick()
-    assert run_sync.live == 2
+    assert run_sync.liveness.live == 2
     run_sync.store.report_death("a", 1, -9, at=1000.2)
     run_sync.clock_state["now"] = 1000.3  # far inside the 10 s heartbeat timeout
     run_sync.control_every_s = 60.0  # the death alone brings the watch forward
     run_sync.next_control = 2000.0
     run_sync.tick()
-    assert run_sync.lost == {"a"}
-    assert run_sync.live == 1
+    assert run_sync.liveness.lost == {"a"}
+    assert run_sync.liveness.live == 1
     status = run_status_now(run_sync)
     run_sync.recorder.flush()
     lost = Event.objects.get(run_id=run_sync.recorder.run_id, kind="island_lost")
@@ -304,13 +304,11 @@ def test_a_reported_death_marks_the_island_lost_on_the_next_pass(run_sync):
     run_sync.store.heartbeat("a", 2, 0, 0, state="training")
     run_sync.next_control = 0.0
     run_sync.tick()
-    assert run_sync.lost == set()
+    assert run_sync.liveness.lost == set()
 
 
 def run_status_now(sync: RunSync) -> dict:
-    from syncd.status import run_status
-
-    return run_status(sync, sync.clock(), sync.live)
+    return sync.status(sync.clock())
 
 
 def test_the_status_carries_goodput_once_step_times_are_known(run_sync):
@@ -337,9 +335,9 @@ def test_when_redis_loses_its_data_the_run_goes_on_from_its_last_checkpoint(run_
     send(run_sync, "a", 0, 4)
     send(run_sync, "b", 0, 4)
     run_sync.tick()
-    recovery.save_checkpoint(run_sync)
+    run_sync.recovery.save_checkpoint(run_sync.rounds, run_sync.eval_loss)
     run_sync.recorder.flush()
-    saved = {n: t.clone() for n, t in run_sync.sync.globals[0].items()}
+    saved = {n: t.clone() for n, t in run_sync.rounds.sync.globals[0].items()}
     store = run_sync.store
     spec = store.spec()
     store.r.flushall()  # the data is really gone
@@ -350,7 +348,7 @@ def test_when_redis_loses_its_data_the_run_goes_on_from_its_last_checkpoint(run_
     again.recorder.flush()
 
     assert store.versions() == {0: 2, 1: 1}  # newer than the checkpoint's [1, 0]
-    assert all(torch.equal(saved[n], t) for n, t in again.sync.globals[0].items())
+    assert all(torch.equal(saved[n], t) for n, t in again.rounds.sync.globals[0].items())
     rollback = Event.objects.get(run_id=run_sync.recorder.run_id, kind="rollback")
     assert rollback.detail["reason"] == "Redis lost the run's state"
 
@@ -364,7 +362,7 @@ def test_a_checkpoint_asked_for_is_written_at_the_next_pass(run_sync):
     path, sha256 = checkpoints[0]
     params, _, versions, _ = checkpoint.load(Path(path), sha256)
     assert versions == [0, 0]
-    assert set(params) == set(run_sync.sync.global_params())
+    assert set(params) == set(run_sync.rounds.sync.global_params())
     run_sync.tick()
     assert len(run_sync.recorder.checkpoints()) == 1  # asked once, written once
 
@@ -392,7 +390,7 @@ def test_each_islands_link_in_the_status_carries_the_bytes_of_the_last_interval(
             run_sync.store.r.hset(run_sync.store.key("heartbeats"), name, json.dumps(beat))
         run_sync.next_status = 0.0
         run_sync.tick()
-    scale = run_sync.config.emulation.bytes_scale
+    scale = run_sync.spec.config.emulation.bytes_scale
     assert run_sync.store.status()["islands"]["a"]["link"] == {
         "state": "up", "bytes_up": 600 * scale, "bytes_down": 1200 * scale}
 
@@ -418,7 +416,7 @@ def test_a_stop_merges_the_open_rounds_checkpoints_and_ends_the_run_as_stopped(r
     beat_at(run_sync, "b", 1000.0)
     send(run_sync, "a", 0, 4)  # below the quorum of 2: it waits
     run_sync.tick()
-    assert run_sync.sync.versions == [0, 0]
+    assert run_sync.rounds.sync.versions == [0, 0]
 
     run_sync.store.request_stop(1000.0)
     run_sync.tick()  # b still trains: the stop waits for it
@@ -428,7 +426,7 @@ def test_a_stop_merges_the_open_rounds_checkpoints_and_ends_the_run_as_stopped(r
     beat_at(run_sync, "a", 1000.0, state="stopped")
     run_sync.tick()
 
-    assert run_sync.sync.versions == [1, 1]  # both open rounds merged as they were
+    assert run_sync.rounds.sync.versions == [1, 1]  # both open rounds merged as they were
     run.refresh_from_db()
     assert run.state == Run.State.STOPPED
     assert run.tokens == (4 + 6) * TOKENS_PER_STEP // 2
