@@ -1,17 +1,20 @@
-"""The elastic baseline in syncd (syncd/recovery.py, syncd/liveness.py) against a real
-Redis and the real database, driven tick by tick: whole-job restarts on loss and on
-return, the barrier and its waits, and step times behind it."""
+"""How syncd recovers a run (syncd/recovery.py, with syncd/liveness.py) against a real
+Redis and the real database, driven tick by tick: the elastic baseline's whole-job
+restarts on loss and on return, the barrier and its waits, and step times behind it;
+checkpoints, and the fall-back to one when Redis lost the run's state."""
 
 import json
 import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
+from syncd import checkpoint
 from syncd.service import RunSync
 from syncd.store import RunStore, connect
-from tests.syncd.test_service import CONFIG, beat_at, make_run_sync, send
+from tests.syncd.test_service import CONFIG, beat_at, heartbeat_all, make_run_sync, send
 from webapp.runs.models import Event
 from webapp.runs.records import DatabaseRecorder
 from webapp.runs.services import create_run
@@ -231,3 +234,45 @@ def test_an_elastic_rollback_restores_the_outer_momentum_of_the_restore_point(
     back = sync.rounds.sync.optimizers[0].state_dict()
     assert back.keys() == restored.keys()
     assert all(torch.equal(back[k], v) for k, v in restored.items())
+
+
+@pytest.fixture
+def run_sync(redis_url, tmp_path):
+    return make_run_sync(redis_url, tmp_path, "decoupled")
+
+
+def test_when_redis_loses_its_data_the_run_goes_on_from_its_last_checkpoint(run_sync, tmp_path):
+    heartbeat_all(run_sync)
+    send(run_sync, "a", 0, 4)
+    send(run_sync, "b", 0, 4)
+    run_sync.tick()
+    run_sync.recovery.save_checkpoint(run_sync.rounds, run_sync.eval_loss)
+    run_sync.recorder.flush()
+    saved = {n: t.clone() for n, t in run_sync.rounds.sync.globals[0].items()}
+    store = run_sync.store
+    spec = store.spec()
+    store.r.flushall()  # the data is really gone
+    store.put_spec(spec["mode"], spec["config"], spec["secret"])
+
+    again = RunSync(store, DatabaseRecorder(run_sync.recorder.run_id), tmp_path,
+                    clock=lambda: 2000.0)
+    again.recorder.flush()
+
+    assert store.versions() == {0: 2, 1: 1}  # newer than the checkpoint's [1, 0]
+    assert all(torch.equal(saved[n], t) for n, t in again.rounds.sync.globals[0].items())
+    rollback = Event.objects.get(run_id=run_sync.recorder.run_id, kind="rollback")
+    assert rollback.detail["reason"] == "Redis lost the run's state"
+
+
+def test_a_checkpoint_asked_for_is_written_at_the_next_pass(run_sync):
+    run_sync.store.request_checkpoint()
+    run_sync.tick()
+    run_sync.recorder.flush()
+    checkpoints = run_sync.recorder.checkpoints()
+    assert len(checkpoints) == 1
+    path, sha256 = checkpoints[0]
+    params, _, versions, _ = checkpoint.load(Path(path), sha256)
+    assert versions == [0, 0]
+    assert set(params) == set(run_sync.rounds.sync.global_params())
+    run_sync.tick()
+    assert len(run_sync.recorder.checkpoints()) == 1  # asked once, written once
