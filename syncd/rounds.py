@@ -28,14 +28,13 @@ from diloco.policy import Decision, RoundStats
 from diloco.protocol import decode_message, encode_message
 from diloco.synchronizer import Synchronizer, history_length
 from syncd.ingest import IslandFacts, Rejection, check_update, message_limit
-from syncd.store import UpdateRef
+from syncd.store import RunStore, UpdateRef
 
 if TYPE_CHECKING:
     from diloco.accounting import RunAccounting
     from syncd.hooks import Recorder
     from syncd.liveness import Liveness
     from syncd.spec import RunSpec
-    from syncd.store import RunStore
 
 log = logging.getLogger("archipelago.syncd")
 # Updates are ingested for at most this long in one pass, so that merges, the status
