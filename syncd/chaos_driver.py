@@ -32,14 +32,17 @@ from __future__ import annotations
 
 import json
 import logging
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from diloco.chaos import PRESETS, Fault, schedule
 
 if TYPE_CHECKING:
-    from syncd.service import RunSync
+    from syncd.hooks import Recorder
+    from syncd.liveness import Liveness
+    from syncd.spec import RunSpec
+    from syncd.store import RunStore
 
 log = logging.getLogger("archipelago.syncd")
 START_AFTER_S = 120.0
@@ -113,39 +116,51 @@ class ChaosDriver:
     """Applies a run's chaos schedule from syncd's loop (RunSync calls `tick`).
 
     Args:
-        run: the run's RunSync; its config names the preset and the seed.
+        store: the run's Redis keys (commands, fault keys, the schedule's progress).
+        recorder: the run's rows (fault events).
+        spec: the run's spec; its config names the preset and the seed.
+        rejoin: starts the next incarnation of (run id, island); None in a syncd
+            started without one.
+        since: when syncd took the run: the schedule's clock starts START_AFTER_S
+            later at the latest.
     """
 
-    def __init__(self, run: RunSync):
-        self.run = run
-        chaos = run.config.chaos
+    def __init__(self, store: RunStore, recorder: Recorder, spec: RunSpec,
+                 rejoin: Callable[[int, str], None] | None, since: float):
+        self.store = store
+        self.recorder = recorder
+        self.spec = spec
+        self.rejoin = rejoin
+        self.since = since
+        chaos = spec.config.chaos
         self.preset, self.seed = chaos.preset, chaos.seed
-        self.key = run.store.key("chaos")
-        saved = {k.decode(): v.decode() for k, v in run.store.r.hgetall(self.key).items()}
+        saved = store.chaos_progress()
         self.start: float | None = float(saved["start"]) if "start" in saved else None
         self.done = int(saved.get("done", 0))
         islands = json.loads(saved["islands"]) if "islands" in saved else None
         self.plan = None if islands is None else ChaosPlan(self.preset, islands, self.seed)
 
     @classmethod
-    def for_run(cls, run: RunSync) -> ChaosDriver | None:
+    def for_run(cls, store: RunStore, recorder: Recorder, spec: RunSpec,
+                rejoin: Callable[[int, str], None] | None, since: float) -> ChaosDriver | None:
         """The driver of a run that asks for a schedule, else None."""
-        return None if run.config.chaos.preset == "none" else cls(run)
+        if spec.config.chaos.preset == "none":
+            return None
+        return cls(store, recorder, spec, rejoin, since)
 
-    def tick(self, now: float) -> None:
-        """Start the schedule's clock when it is time, then apply every due action."""
-        run = self.run
+    def tick(self, now: float, liveness: Liveness) -> None:
+        """Start the schedule's clock when it is time (`liveness` says whether every
+        island trains), then apply every due action."""
         if self.start is None:
-            islands = {i.name: i.region for i in run.config.islands}
-            everyone = run.live >= len(islands) and all(
-                run.heartbeats.get(n, {}).get("state") == "training" for n in islands)
-            if not everyone and now - run.accounting.start < START_AFTER_S:
+            islands = {i.name: i.region for i in self.spec.config.islands}
+            everyone = liveness.live >= len(islands) and all(
+                liveness.heartbeats.get(n, {}).get("state") == "training" for n in islands)
+            if not everyone and now - self.since < START_AFTER_S:
                 return
             self.start = now
             self.plan = ChaosPlan(self.preset, islands, self.seed)
-            run.store.r.hset(self.key, mapping={"start": now, "done": 0,
-                                                "islands": json.dumps(islands)})
-            log.info("run %s: chaos schedule %s (seed %d) starts", run.store.run_id,
+            self.store.start_chaos(now, islands)
+            log.info("run %s: chaos schedule %s (seed %d) starts", self.store.run_id,
                      self.preset, self.seed)
         assert self.plan is not None
         for action in self.plan.due(now - self.start, self.done):
@@ -153,45 +168,43 @@ class ChaosDriver:
                 if action.kind == "rejoin":
                     self._rejoin(action)
                 else:
-                    self._fault(action, now)
+                    self._fault(action, now, liveness.epochs)
             except Exception:  # one action that fails must not stop the schedule or merging
-                log.exception("run %s: chaos action %s failed", run.store.run_id, action)
+                log.exception("run %s: chaos action %s failed", self.store.run_id, action)
             self.done += 1
-            run.store.r.hset(self.key, "done", self.done)
+            self.store.chaos_done(self.done)
 
     def _detail(self, action: Action) -> dict:
         return {"chaos": {"preset": self.preset, "seed": self.seed, "at_s": action.at_s}}
 
-    def _fault(self, action: Action, now: float) -> None:
-        run, fault = self.run, action.fault
-        known = {i.name: i.region for i in run.config.islands}
+    def _fault(self, action: Action, now: float, epochs: dict[str, int]) -> None:
+        fault = action.fault
+        known = {i.name: i.region for i in self.spec.config.islands}
         for island in fault.islands:
             if island not in known:
                 continue  # removed from the run since the schedule was drawn
-            epoch = run.epochs.get(island, 0)
+            epoch = epochs.get(island, 0)
             detail = {"seconds": fault.duration_s, "epoch": epoch,
                       **self._detail(action)}
             if fault.kind in ("kill", "region_outage"):
                 # A region that has gone dark tells no one: its supervisors hold the
                 # death back, and syncd finds out by the heartbeat timeout.
-                run.store.send_command(island, "kill", epoch=epoch,
-                                       report=fault.kind == "kill")
+                self.store.send_command(island, "kill", epoch=epoch,
+                                        report=fault.kind == "kill")
                 if fault.kind == "region_outage":
                     detail["region"] = known[island]
-                run.recorder.event("fault", island, fault="kill", **detail)
+                self.recorder.event("fault", island, fault="kill", **detail)
                 continue
             factor = fault.factor if fault.factor is not None else DEFAULT_FACTOR[fault.kind]
             until = now + fault.duration_s
-            run.store.r.set(run.store.key("fault", island),
-                            json.dumps({"kind": fault.kind, "until": until, "factor": factor}),
-                            ex=math.ceil(fault.duration_s) + 60)
-            run.recorder.event("fault", island, fault=fault.kind, factor=factor, until=until,
-                               **detail)
+            self.store.set_fault(island, fault.kind, until, factor, fault.duration_s)
+            self.recorder.event("fault", island, fault=fault.kind, factor=factor, until=until,
+                                **detail)
 
     def _rejoin(self, action: Action) -> None:
-        if self.run.rejoin is None:
+        if self.rejoin is None:
             raise RuntimeError("this syncd was started without a way to rejoin islands")
-        known = {i.name for i in self.run.config.islands}
+        known = self.spec.island_names()
         for island in action.fault.islands:
             if island in known:
-                self.run.rejoin(int(self.run.store.run_id), island)
+                self.rejoin(int(self.store.run_id), island)

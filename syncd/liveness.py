@@ -7,18 +7,22 @@ incarnation (RunStore.report_death), and otherwise after `heartbeat_timeout_s` o
 silence: the timeout remains for hosts that vanish or are cut off (a region
 outage, a partition), which tell no one.
 
-Functions of a RunSync, called from its watch a few times a second.
+`Liveness` owns what syncd knows of the islands: their heartbeats, epochs, deaths
+and faults, which are lost, how many are alive, their rates and when each was
+last held up. RunSync feeds it the epochs on every pass and calls its watch a
+few times a second.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from syncd import recovery
-
 if TYPE_CHECKING:
-    from syncd.service import RunSync
+    from syncd.hooks import Recorder
+    from syncd.spec import RunSpec
+    from syncd.store import RunStore
 
 RATE_WINDOW_S = 1.0
 
@@ -44,83 +48,147 @@ def condition(beat: dict[str, Any] | None, death: dict[str, Any] | None, epoch: 
     return "stopped" if beat.get("state") == "stopped" else "alive"
 
 
-def watch_islands(run: RunSync, now: float) -> int:
-    """Mark islands lost or revived from their heartbeats and death reports; returns
-    how many are alive. Not called while the run is paused: a paused island is
-    silent on purpose."""
-    timeout = run.config.liveness.heartbeat_timeout_s
-    rejoins = run.store.rejoin_requests()
-    deaths = getattr(run, "deaths", {})
-    alive = 0
-    for island in run.config.islands:
-        beat = run.heartbeats.get(island.name)
-        death = deaths.get(island.name)
-        state = condition(beat, death, run.epochs.get(island.name, 0), now, timeout)
-        if state == "alive":
-            alive += 1
-            asked = rejoins.get(island.name)
-            if asked is not None and beat.get("state") == "training" \
-                    and beat["epoch"] == run.epochs.get(island.name):
-                run.store.close_rejoin_request(island.name)
-                # With where the seconds went (trainer/phases.py) and whether a warm
-                # standby took it.
-                run.recorder.event("rejoin", island.name, epoch=beat["epoch"],
-                                   seconds_to_first_step=round(beat["time"] - asked, 3),
-                                   phases=beat.get("phases") or {},
-                                   warm=bool(beat.get("warm")))
-            if island.name in run.lost:
-                run.lost.discard(island.name)
-                run.recorder.event("island_revived", island.name, epoch=beat["epoch"])
-                if run.elastic:
-                    recovery.restart_job(run, now, island.name, joining=True)
-            run.recorder.island(island.name, state="training", tokens=beat["tokens"],
-                                inner_steps=beat["step"])
-            track_rate(run, island.name, beat)
-        elif state in ("dead", "silent") and island.name not in run.lost:
-            run.lost.add(island.name)
-            if state == "dead":
-                run.recorder.event("island_lost", island.name, cause="died",
-                                   epoch=death["epoch"], exit_code=death.get("exit_code"),
-                                   signal=death.get("signal"),
-                                   reported_after_s=round(max(now - death["time"], 0.0), 3))
-            else:
-                run.recorder.event("island_lost", island.name, cause="silent",
-                                   silent_s=round(now - beat["time"], 1))
-            run.recorder.island(island.name, state="lost")
-            if run.elastic:
-                recovery.restart_job(run, now, island.name)
-    k = run.config.sync.min_quorum
-    if alive < k and not run.waiting_alert and run.heartbeats:
-        run.recorder.event("alert", None, message=f"waiting: {alive} of the {k} islands "
-                           f"needed for a merge are alive")
-    run.waiting_alert = alive < k
-    return alive
+class Liveness:
+    """The islands of one run as syncd sees them.
 
+    Args:
+        store: the run's Redis keys.
+        recorder: the run's rows (lost, revived, rejoin and alert events).
+        spec: the run's spec, whose islands and timeout are watched.
+    """
 
-def track_rate(run: RunSync, island: str, beat: dict[str, Any]) -> None:
-    """Tokens per second of an island, over at least RATE_WINDOW_S of its heartbeats."""
-    mark = run.rate_marks.get(island)
-    if mark is None or beat["tokens"] < mark[1]:
-        run.rate_marks[island] = (beat["time"], beat["tokens"])
-    elif beat["time"] - mark[0] >= RATE_WINDOW_S:
-        run.tokens_per_s[island] = (beat["tokens"] - mark[1]) / (beat["time"] - mark[0])
-        run.rate_marks[island] = (beat["time"], beat["tokens"])
+    def __init__(self, store: RunStore, recorder: Recorder, spec: RunSpec):
+        self.store = store
+        self.recorder = recorder
+        self.spec = spec
+        self.heartbeats: dict[str, dict[str, Any]] = {}
+        self.epochs: dict[str, int] = {}
+        self.deaths: dict[str, dict[str, Any]] = {}  # island -> its supervisor's report
+        self.faults: dict[str, str] = {}  # island -> the kind of its active fault
+        self.lost: set[str] = set()
+        self.live = 0  # islands alive at the last watch; 0 while the run is paused
+        self.waiting_alert = False
+        self.rate_marks: dict[str, tuple[float, int]] = {}  # island -> (time, tokens)
+        self.tokens_per_s: dict[str, float] = {}
+        # island ("" for the whole run) -> the last time it was seen faulted, lost or,
+        # for the run, restarting: step times spanning it are not fault-free.
+        self.disturbed: dict[str, float] = {}
 
+    def follow_incarnations(self, epochs: dict[str, int],
+                            deaths: dict[str, dict[str, Any]]) -> bool:
+        """Take the epochs and death reports read this pass (every pass: epochs fence
+        off old incarnations before their updates count); True if the death reports
+        changed, so that the watch marks their islands lost on this very pass."""
+        self.epochs = epochs
+        if deaths == self.deaths:
+            return False
+        self.deaths = deaths
+        return True
 
-def note_disturbed(run: RunSync, now: float) -> None:
-    """Islands faulted or lost at `now` were held up; so was the whole run, behind a
-    barrier (never earlier than the end of a restart's pause, which restart_job set)."""
-    disturbed = [*run.faults, *run.lost]
-    for island in disturbed:
-        run.disturbed[island] = now
-    if disturbed:
-        run.disturbed[""] = max(run.disturbed.get("", now), now)
+    def read(self) -> None:
+        """Read the islands' heartbeats and active faults."""
+        self.heartbeats = self.store.heartbeats()
+        self.faults = self.store.faults([i.name for i in self.spec.config.islands])
 
+    def watch(self, now: float, paused: bool,
+              membership_changed: Callable[[str, float, bool], None]) -> None:
+        """Mark islands lost or revived from their heartbeats and death reports (not
+        while the run is paused: a paused island is silent on purpose), and note who
+        was held up. `membership_changed(island, now, joining)` is called as each is
+        lost or comes back, before the next island is looked at."""
+        self.live = 0 if paused else self._watch_islands(now, membership_changed)
+        self._note_disturbed(now)
 
-def disturbed_since(run: RunSync, island: str, since: float) -> bool:
-    """Whether `island` was faulted or lost since `since`; in elastic, whether any
-    island was or the job restarted, since the barrier holds every island up."""
-    last = run.disturbed.get(island, -math.inf)
-    if run.elastic:
-        last = max(last, run.disturbed.get("", -math.inf))
-    return island in run.faults or last >= since
+    def _watch_islands(self, now: float,
+                       membership_changed: Callable[[str, float, bool], None]) -> int:
+        """How many islands are alive; marks the others lost and the returning revived."""
+        config = self.spec.config
+        timeout = config.liveness.heartbeat_timeout_s
+        rejoins = self.store.rejoin_requests()
+        alive = 0
+        for island in config.islands:
+            beat = self.heartbeats.get(island.name)
+            death = self.deaths.get(island.name)
+            state = condition(beat, death, self.epochs.get(island.name, 0), now, timeout)
+            if state == "alive":
+                alive += 1
+                asked = rejoins.get(island.name)
+                if asked is not None and beat.get("state") == "training" \
+                        and beat["epoch"] == self.epochs.get(island.name):
+                    self.store.close_rejoin_request(island.name)
+                    # With where the seconds went (trainer/phases.py) and whether a warm
+                    # standby took it.
+                    self.recorder.event("rejoin", island.name, epoch=beat["epoch"],
+                                        seconds_to_first_step=round(beat["time"] - asked, 3),
+                                        phases=beat.get("phases") or {},
+                                        warm=bool(beat.get("warm")))
+                if island.name in self.lost:
+                    self.lost.discard(island.name)
+                    self.recorder.event("island_revived", island.name, epoch=beat["epoch"])
+                    membership_changed(island.name, now, True)
+                self.recorder.island(island.name, state="training", tokens=beat["tokens"],
+                                     inner_steps=beat["step"])
+                self._track_rate(island.name, beat)
+            elif state in ("dead", "silent") and island.name not in self.lost:
+                self.lost.add(island.name)
+                if state == "dead":
+                    self.recorder.event("island_lost", island.name, cause="died",
+                                        epoch=death["epoch"], exit_code=death.get("exit_code"),
+                                        signal=death.get("signal"),
+                                        reported_after_s=round(max(now - death["time"], 0.0),
+                                                               3))
+                else:
+                    self.recorder.event("island_lost", island.name, cause="silent",
+                                        silent_s=round(now - beat["time"], 1))
+                self.recorder.island(island.name, state="lost")
+                membership_changed(island.name, now, False)
+        k = config.sync.min_quorum
+        if alive < k and not self.waiting_alert and self.heartbeats:
+            self.recorder.event("alert", None, message=f"waiting: {alive} of the {k} islands "
+                                f"needed for a merge are alive")
+        self.waiting_alert = alive < k
+        return alive
+
+    def _track_rate(self, island: str, beat: dict[str, Any]) -> None:
+        """Tokens per second of an island, over at least RATE_WINDOW_S of its heartbeats."""
+        mark = self.rate_marks.get(island)
+        if mark is None or beat["tokens"] < mark[1]:
+            self.rate_marks[island] = (beat["time"], beat["tokens"])
+        elif beat["time"] - mark[0] >= RATE_WINDOW_S:
+            self.tokens_per_s[island] = (beat["tokens"] - mark[1]) / (beat["time"] - mark[0])
+            self.rate_marks[island] = (beat["time"], beat["tokens"])
+
+    def _note_disturbed(self, now: float) -> None:
+        """Islands faulted or lost at `now` were held up; so was the whole run, behind a
+        barrier (never earlier than the end of a restart's pause: `hold_up_run`)."""
+        disturbed = [*self.faults, *self.lost]
+        for island in disturbed:
+            self.disturbed[island] = now
+        if disturbed:
+            self.disturbed[""] = max(self.disturbed.get("", now), now)
+
+    def hold_up_run(self, until: float) -> None:
+        """Elastic: a whole-job restart holds every island up until `until`, so that no
+        island's step time spans its pause."""
+        self.disturbed[""] = until
+
+    def disturbed_since(self, island: str, since: float) -> bool:
+        """Whether `island` was faulted or lost since `since`; in elastic, whether any
+        island was or the job restarted, since the barrier holds every island up."""
+        last = self.disturbed.get(island, -math.inf)
+        if self.spec.elastic:
+            last = max(last, self.disturbed.get("", -math.inf))
+        return island in self.faults or last >= since
+
+    def islands_stopped(self, now: float) -> bool:
+        """Whether no island of the run still trains: each has said it stopped, is
+        lost, has an incarnation newer than its last heartbeat's, or is silent."""
+        config = self.spec.config
+        timeout = config.liveness.heartbeat_timeout_s
+        for island in config.islands:
+            beat = self.heartbeats.get(island.name)
+            if beat and beat.get("state") != "stopped" and island.name not in self.lost \
+                    and beat["epoch"] >= self.epochs.get(island.name, 0) \
+                    and now - beat["time"] <= timeout:
+                return False
+        return True

@@ -1,4 +1,7 @@
-"""The status snapshot of a run that syncd keeps in Redis for the control room."""
+"""The status snapshot of a run that syncd keeps in Redis for the control room.
+
+A read-only view: `run_status` reads the parts of a RunSync and changes none.
+"""
 
 from __future__ import annotations
 
@@ -8,61 +11,68 @@ from typing import TYPE_CHECKING, Any
 from diloco.accounting import uptime_theta
 
 if TYPE_CHECKING:
-    from syncd.service import RunSync
+    from diloco.accounting import RunAccounting
+    from syncd.liveness import Liveness
+    from syncd.rounds import Rounds
+    from syncd.spec import RunSpec
 
 
-def run_status(run: RunSync, now: float, live: int,
-               previous: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, liveness: Liveness,
+               accounting: RunAccounting, tokens_merged: int, eval_loss: float | None,
+               eval_tokens: int | None, previous: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
     """Per island state, active fault, tokens, tokens/s, version lag, bytes (real and
     as emulated) and its WAN link to syncd (see `link`, against the `previous` status);
     per fragment arrivals/K, grace left and the last merge; the run's versions,
-    goodput, uptime, train and eval loss."""
-    newest = max(run.sync.versions)
-    scale = run.config.emulation.bytes_scale
+    goodput, uptime, train and eval loss (`eval_loss`, of the model with
+    `eval_tokens` merged)."""
+    config, sync, live = spec.config, rounds.sync, liveness.live
+    newest = max(sync.versions)
+    scale = config.emulation.bytes_scale
     islands = {}
-    for island in run.config.islands:
-        beat = run.heartbeats.get(island.name, {})
-        bases = [run.sync.rounds[p][island.name].update.base_version
-                 for p in range(len(run.fragments)) if island.name in run.sync.rounds[p]]
+    for island in config.islands:
+        beat = liveness.heartbeats.get(island.name, {})
+        bases = [sync.rounds[p][island.name].update.base_version
+                 for p in range(len(rounds.fragments)) if island.name in sync.rounds[p]]
         islands[island.name] = {
-            "region": island.region, "epoch": run.epochs.get(island.name, 0),
-            "state": "lost" if island.name in run.lost else beat.get("state", "pending"),
+            "region": island.region, "epoch": liveness.epochs.get(island.name, 0),
+            "state": "lost" if island.name in liveness.lost else beat.get("state", "pending"),
             "heartbeat_age_s": round(now - beat["time"], 2) if beat else None,
             "tokens": beat.get("tokens", 0), "inner_steps": beat.get("step", 0),
             "loss": beat.get("loss"), "bytes_up": beat.get("bytes_up", 0),
             "bytes_down": beat.get("bytes_down", 0),
             "emulated_bytes_up": beat.get("bytes_up", 0) * scale,
             "emulated_bytes_down": beat.get("bytes_down", 0) * scale,
-            "tokens_per_s": round(run.tokens_per_s.get(island.name, 0.0), 1),
+            "tokens_per_s": round(liveness.tokens_per_s.get(island.name, 0.0), 1),
             "version_lag": newest - min(bases) if bases else 0,
-            "rejections": run.rejections[island.name]}
+            "rejections": rounds.rejections[island.name]}
     fragments = []
-    for p, f in enumerate(run.fragments):
-        decision = run.decide(p, now, live)
-        fragments.append({"index": p, "name": f.name, "version": run.sync.versions[p],
-                          "arrivals": len(run.sync.rounds[p]),
-                          "min_quorum": run.barrier_size(p, live) if run.elastic
-                          else run.config.sync.min_quorum,
+    for p, f in enumerate(rounds.fragments):
+        decision = rounds.decide(p, now, live)
+        fragments.append({"index": p, "name": f.name, "version": sync.versions[p],
+                          "arrivals": len(sync.rounds[p]),
+                          "min_quorum": rounds.barrier_size(p, live) if spec.elastic
+                          else config.sync.min_quorum,
                           "grace_left_s": round(decision.deadline - now, 2)
                           if decision.deadline else None,
-                          "waiting": decision.reason, "last_merge": run.last_merge[p]})
-    accounting = run.accounting.snapshot(now, theta(run))
-    for name, figures in accounting["islands"].items():
+                          "waiting": decision.reason, "last_merge": rounds.last_merge[p]})
+    figures = accounting.snapshot(now, theta(accounting, spec))
+    for name, island_figures in figures["islands"].items():
         if name in islands:
-            islands[name]["goodput"] = figures["goodput"]
-            islands[name]["fault"] = run.faults.get(name, "none")
+            islands[name]["goodput"] = island_figures["goodput"]
+            islands[name]["fault"] = liveness.faults.get(name, "none")
     before = (previous or {}).get("islands", {})
     for name, island in islands.items():
         island["link"] = link(island, before.get(name))
-    return {"run": run.store.run_id, "time": now, "live_islands": live,
-            "goodput": accounting["goodput"], "uptime": accounting["uptime"],
+    return {"run": run_id, "time": now, "live_islands": live,
+            "goodput": figures["goodput"], "uptime": figures["uptime"],
             "train_loss": median([i["loss"] for i in islands.values()
                                   if i["loss"] is not None and i["state"] == "training"]),
-            "startup_s": accounting["startup_s"], "theta_s": accounting["theta_s"],
-            "max_stall_s": accounting["max_stall_s"], "lost_s": accounting["lost_s"],
-            "versions": list(run.sync.versions), "outer_steps": run.sync.outer_steps,
-            "tokens_merged": run.tokens_merged(), "eval_loss": run.eval_loss,
-            "eval_tokens": run.eval_tokens,
+            "startup_s": figures["startup_s"], "theta_s": figures["theta_s"],
+            "max_stall_s": figures["max_stall_s"], "lost_s": figures["lost_s"],
+            "versions": list(sync.versions), "outer_steps": sync.outer_steps,
+            "tokens_merged": tokens_merged, "eval_loss": eval_loss,
+            "eval_tokens": eval_tokens,
             "islands": islands, "fragments": fragments}
 
 
@@ -90,11 +100,12 @@ def link(island: dict[str, Any], before: dict[str, Any] | None) -> dict[str, Any
     return {"state": link_state(island["state"], island.get("fault", "none")), **carried}
 
 
-def theta(run: RunSync) -> float | None:
+def theta(accounting: RunAccounting, spec: RunSpec) -> float | None:
     """Uptime's theta: twice a fragment's cadence, H steps at the step time of the K-th
     fastest island (elastic: the slowest, the barrier waits for every island)."""
-    k = len(run.config.islands) if run.elastic else run.config.sync.min_quorum
-    cadence = run.accounting.cadence(run.config.sync.inner_steps, k)
+    config = spec.config
+    k = len(config.islands) if spec.elastic else config.sync.min_quorum
+    cadence = accounting.cadence(config.sync.inner_steps, k)
     return None if cadence is None else uptime_theta(cadence)
 
 

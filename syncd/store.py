@@ -65,6 +65,7 @@ islands' log lines, which the control room shows for a finished run.
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -518,6 +519,41 @@ class RunStore:
     def status(self) -> dict[str, Any] | None:
         raw = self.r.get(self.key("status"))
         return json.loads(raw) if raw else None
+
+    # -- syncd's watch of the run: its spec, its stream, its chaos schedule ---
+
+    def raw_spec(self) -> bytes | None:
+        """The spec as stored, so that syncd sees at a glance whether it changed."""
+        return self.r.get(self.key("spec"))
+
+    def newest_update_id(self) -> bytes | None:
+        """The id of the newest entry in the update stream, None while it is empty."""
+        newest = self.r.xrevrange(self.key("updates"), count=1)
+        return newest[0][0] if newest else None
+
+    def chaos_progress(self) -> dict[str, str]:
+        """How far syncd got with the run's chaos schedule: {start, done, islands}
+        (islands as JSON), {} before the schedule's clock started."""
+        raw = self.r.hgetall(self.key("chaos"))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def start_chaos(self, start: float, islands: dict[str, str]) -> None:
+        """The schedule's clock starts at `start`, over `islands` (name -> region)."""
+        self.r.hset(self.key("chaos"), mapping={"start": start, "done": 0,
+                                                "islands": json.dumps(islands)})
+
+    def chaos_done(self, done: int) -> None:
+        """The first `done` actions of the chaos schedule are carried out."""
+        self.r.hset(self.key("chaos"), "done", done)
+
+    def set_fault(self, island: str, kind: str, until: float, factor: float,
+                  seconds: float) -> None:
+        """The island's active fault, which it reads and acts out until `until`. The key
+        outlives the fault a little, so the island reads its end from "until" rather
+        than from the key vanishing mid-read; then Redis forgets it."""
+        self.r.set(self.key("fault", island),
+                   json.dumps({"kind": kind, "until": until, "factor": factor}),
+                   ex=math.ceil(seconds) + 60)
 
 
 class PoolStore:

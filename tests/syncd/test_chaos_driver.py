@@ -1,7 +1,8 @@
 """Which chaos actions are due, and what the driver does with them, on a fake clock.
 
-The driver is tested against small fakes of RunSync and its store: no Redis, no
-database, no processes; the integration test in tests/webapp/runs/ runs it for real.
+The driver is tested against small fakes of the parts a RunSync hands it (its store,
+recorder, spec and liveness view): no Redis, no database, no processes; the
+integration test in tests/webapp/runs/ runs it for real.
 """
 
 from __future__ import annotations
@@ -72,34 +73,27 @@ def test_it_rejects_a_bad_plan(args, message):
 # -- the driver, on fakes -------------------------------------------------------------
 
 
-class FakeRedis:
-    def __init__(self):
-        self.hashes: dict[str, dict[bytes, bytes]] = {}
-        self.values: dict[str, tuple[str, int | None]] = {}
-
-    def hgetall(self, key):
-        return dict(self.hashes.get(key, {}))
-
-    def hset(self, key, field=None, value=None, mapping=None):
-        items = dict(mapping or {})
-        if field is not None:
-            items[field] = value
-        self.hashes.setdefault(key, {}).update(
-            {str(k).encode(): str(v).encode() for k, v in items.items()})
-
-    def set(self, key, value, ex=None):
-        self.values[key] = (value, ex)
-
-
 class FakeStore:
+    """The chaos schedule's progress and the fault keys, in memory."""
+
     run_id = "7"
 
     def __init__(self):
-        self.r = FakeRedis()
+        self.chaos: dict[str, str] = {}
+        self.faults: dict[str, tuple[str, float, float, float]] = {}
         self.commands: list[tuple[str, str, dict]] = []
 
-    def key(self, *parts):
-        return "arch:7:" + ":".join(str(p) for p in parts)
+    def chaos_progress(self):
+        return dict(self.chaos)
+
+    def start_chaos(self, start, islands):
+        self.chaos.update(start=str(start), done="0", islands=json.dumps(islands))
+
+    def chaos_done(self, done):
+        self.chaos["done"] = str(done)
+
+    def set_fault(self, island, kind, until, factor, seconds):
+        self.faults[island] = (kind, until, factor, seconds)
 
     def send_command(self, island, kind, **args):
         self.commands.append((island, kind, args))
@@ -114,70 +108,78 @@ class FakeRecorder:
 
 
 def fake_run(preset="kills_only", seed=0):
+    """What a RunSync hands its driver: the store, recorder and spec, and the liveness
+    view it ticks with."""
     islands = [SimpleNamespace(name=n, region=r) for n, r in FOUR.items()]
     config = SimpleNamespace(chaos=SimpleNamespace(preset=preset, seed=seed), islands=islands)
-    return SimpleNamespace(config=config, store=FakeStore(), recorder=FakeRecorder(), live=0,
-                           heartbeats={}, epochs=dict.fromkeys(FOUR, 1),
-                           accounting=SimpleNamespace(start=1000.0))
+    spec = SimpleNamespace(config=config, island_names=lambda: set(FOUR))
+    liveness = SimpleNamespace(live=0, heartbeats={}, epochs=dict.fromkeys(FOUR, 1))
+    return SimpleNamespace(store=FakeStore(), recorder=FakeRecorder(), spec=spec,
+                           liveness=liveness)
+
+
+def driver_of(run):
+    """The driver of a run that syncd took at 1000.0."""
+    return ChaosDriver.for_run(run.store, run.recorder, run.spec, None, since=1000.0)
 
 
 def everyone_trains(run):
-    run.live = len(FOUR)
-    run.heartbeats = {n: {"state": "training"} for n in FOUR}
+    run.liveness.live = len(FOUR)
+    run.liveness.heartbeats = {n: {"state": "training"} for n in FOUR}
 
 
 def test_a_run_without_a_preset_gets_no_driver():
-    assert ChaosDriver.for_run(fake_run(preset="none")) is None
+    assert driver_of(fake_run(preset="none")) is None
 
 
 def test_the_clock_starts_when_every_island_trains():
     run = fake_run()
-    driver = ChaosDriver(run)
-    driver.tick(1010.0)
+    driver = driver_of(run)
+    driver.tick(1010.0, run.liveness)
     assert driver.start is None
     everyone_trains(run)
-    driver.tick(1012.0)
+    driver.tick(1012.0, run.liveness)
     assert driver.start == 1012.0
-    assert json.loads(run.store.r.hashes["arch:7:chaos"][b"islands"]) == FOUR
+    assert json.loads(run.store.chaos["islands"]) == FOUR
 
 
 def test_the_clock_starts_anyway_when_an_island_never_comes(monkeypatch):
     run = fake_run()
-    driver = ChaosDriver(run)
-    driver.tick(1000.0 + 119.0)
+    driver = driver_of(run)
+    driver.tick(1000.0 + 119.0, run.liveness)
     assert driver.start is None
-    driver.tick(1000.0 + 120.0)
+    driver.tick(1000.0 + 120.0, run.liveness)
     assert driver.start == 1120.0
 
 
 def test_a_due_kill_goes_to_the_supervisor_with_the_epoch_and_is_an_event(monkeypatch):
     run = fake_run("kills_only", seed=4)
     everyone_trains(run)
-    driver = ChaosDriver(run)
+    driver = driver_of(run)
     rejoined = []
     monkeypatch.setattr(driver, "_rejoin", lambda action: rejoined.append(action))
-    driver.tick(2000.0)
+    driver.tick(2000.0, run.liveness)
     first = driver.plan.actions[0]
-    driver.tick(2000.0 + first.at_s + 0.01)
+    driver.tick(2000.0 + first.at_s + 0.01, run.liveness)
     (island,) = first.fault.islands
     # A kill's supervisor reports the death at once.
     assert run.store.commands == [(island, "kill", {"epoch": 1, "report": True})]
     kind, who, detail = run.recorder.events[0]
     assert (kind, who, detail["fault"]) == ("fault", island, "kill")
     assert detail["chaos"] == {"preset": "kills_only", "seed": 4, "at_s": first.at_s}
-    assert driver.done == 1 and run.store.r.hashes["arch:7:chaos"][b"done"] == b"1"
-    driver.tick(2000.0 + first.fault.ends_s + 0.01)
+    assert driver.done == 1 and run.store.chaos["done"] == "1"
+    driver.tick(2000.0 + first.fault.ends_s + 0.01, run.liveness)
     assert [a.kind for a in rejoined] == ["rejoin"] and rejoined[0].fault == first.fault
 
 
 def test_a_region_outage_kills_its_islands_and_holds_their_deaths_back():
     run = fake_run("aggressive", seed=0)
     everyone_trains(run)
-    driver = ChaosDriver(run)
-    driver.tick(2000.0)
+    driver = driver_of(run)
+    driver.tick(2000.0, run.liveness)
     outage = next(a for a in driver.plan.actions
                   if a.kind == "fault" and a.fault.kind == "region_outage")
-    driver._fault(outage, 2500.0)
+    driver._fault(outage, 2500.0, run.liveness.epochs)
     assert run.store.commands == [(i, "kill", {"epoch": 1, "report": False})
                                   for i in outage.fault.islands]
 
@@ -185,27 +187,25 @@ def test_a_region_outage_kills_its_islands_and_holds_their_deaths_back():
 def test_other_faults_set_the_key_the_island_reads():
     run = fake_run("aggressive", seed=0)
     everyone_trains(run)
-    driver = ChaosDriver(run)
-    driver.tick(0.0 + 2000.0)
+    driver = driver_of(run)
+    driver.tick(0.0 + 2000.0, run.liveness)
     action = next(a for a in driver.plan.actions if a.fault.kind == "straggle")
-    driver._fault(action, 2500.0)
+    driver._fault(action, 2500.0, run.liveness.epochs)
     (island,) = action.fault.islands
-    value, ex = run.store.r.values[f"arch:7:fault:{island}"]
-    assert json.loads(value) == {"kind": "straggle", "until": 2500.0 + action.fault.duration_s,
-                                 "factor": 4.0}
-    assert ex >= action.fault.duration_s + 60
+    seconds = action.fault.duration_s
+    assert run.store.faults[island] == ("straggle", 2500.0 + seconds, 4.0, seconds)
     assert run.recorder.events[-1][2]["fault"] == "straggle"
 
 
 def test_a_restarted_syncd_goes_on_with_the_next_action(monkeypatch):
     run = fake_run("kills_only", seed=5)
     everyone_trains(run)
-    driver = ChaosDriver(run)
+    driver = driver_of(run)
     monkeypatch.setattr(driver, "_rejoin", lambda action: None)
-    driver.tick(3000.0)
-    driver.tick(3000.0 + 200.0)
+    driver.tick(3000.0, run.liveness)
+    driver.tick(3000.0 + 200.0, run.liveness)
     done = driver.done
     assert done > 0
-    again = ChaosDriver(run)  # syncd came back: same Redis
+    again = driver_of(run)  # syncd came back: same Redis
     assert (again.start, again.done) == (3000.0, done)
     assert again.plan.due(200.0, again.done) == []

@@ -23,7 +23,6 @@ from diloco import codecs
 from diloco.protocol import encode_message
 from syncd.ingest import NORM_WARMUP, message_limit
 from syncd.service import RunSync
-from syncd.status import run_status
 from syncd.store import RunStore, connect
 from webapp.runs.models import Event
 from webapp.runs.records import DatabaseRecorder
@@ -60,18 +59,18 @@ def run_sync(redis_url, tmp_path) -> RunSync:
 
 def meta_of(sync: RunSync, island: str, seq: int, **changes) -> dict:
     return {"run": sync.store.run_id, "island": island, "epoch": 1, "fragment": 0,
-            "base_version": sync.sync.versions[0], "seq": seq,
+            "base_version": sync.rounds.sync.versions[0], "seq": seq,
             "tokens": STEPS * TOKENS_PER_STEP, "inner_steps": STEPS, "compute_s": 1.0,
             "codec": "none", **changes}
 
 
 def tensors_of(sync: RunSync, value: float = 0.01, dtype=torch.float32) -> dict:
-    return {n: torch.full(s, value, dtype=dtype) for n, s in sync.sync.shapes[0].items()}
+    return {n: torch.full(s, value, dtype=dtype) for n, s in sync.rounds.sync.shapes[0].items()}
 
 
 def good_blob(sync: RunSync, island: str, seq: int, value: float = 0.01) -> bytes:
     return encode_message("update", meta_of(sync, island, seq), tensors_of(sync, value),
-                          sync.secret)
+                          sync.spec.secret)
 
 
 def sign(body: bytes, secret: bytes) -> bytes:
@@ -100,30 +99,30 @@ def a_few_bytes(sync):
 
 
 def not_safetensors(sync):
-    return sign(b"this is not a safetensors message, whatever its length says", sync.secret)
+    return sign(b"this is not a safetensors message, whatever its length says", sync.spec.secret)
 
 
 def bad_header_json(sync):
     header = b"{not json"
-    return sign(struct.pack("<Q", len(header)) + header, sync.secret)
+    return sign(struct.pack("<Q", len(header)) + header, sync.spec.secret)
 
 
 def wrong_dtype(sync):
     return encode_message("update", meta_of(sync, "a", 8),
-                          tensors_of(sync, dtype=torch.float64), sync.secret)
+                          tensors_of(sync, dtype=torch.float64), sync.spec.secret)
 
 
 def wrong_shape(sync):
     # The same number of values, transposed: it would reshape silently into garbage.
     tensors = {n: t.reshape(*reversed(t.shape)) if t.dim() == 2 and t.shape[0] != t.shape[1]
                else t for n, t in tensors_of(sync).items()}
-    assert any(t.shape != sync.sync.shapes[0][n] for n, t in tensors.items())
-    return encode_message("update", meta_of(sync, "a", 8), tensors, sync.secret)
+    assert any(t.shape != sync.rounds.sync.shapes[0][n] for n, t in tensors.items())
+    return encode_message("update", meta_of(sync, "a", 8), tensors, sync.spec.secret)
 
 
 def wrong_names(sync):
     return encode_message("update", meta_of(sync, "a", 8),
-                          {"lm_head.nonsense": torch.zeros(3, 3)}, sync.secret)
+                          {"lm_head.nonsense": torch.zeros(3, 3)}, sync.spec.secret)
 
 
 def with_nan(sync):
@@ -138,13 +137,13 @@ def with_minus_inf_in_int8_scale(sync):
     payload = codecs.encode(tensors_of(sync), "int8")
     name = next(k for k in payload if k.endswith(":scale"))
     payload[name] = torch.full_like(payload[name], -math.inf)
-    return encode_message("update", meta_of(sync, "a", 8, codec="int8"), payload, sync.secret)
+    return encode_message("update", meta_of(sync, "a", 8, codec="int8"), payload, sync.spec.secret)
 
 
 def huge(sync):
     tensors = tensors_of(sync)
-    tensors["padding"] = torch.zeros(message_limit(sync.sync.shapes[0]) // 4 + 1)
-    return encode_message("update", meta_of(sync, "a", 8), tensors, sync.secret)
+    tensors["padding"] = torch.zeros(message_limit(sync.rounds.sync.shapes[0]) // 4 + 1)
+    return encode_message("update", meta_of(sync, "a", 8), tensors, sync.spec.secret)
 
 
 def another_runs_secret(sync):
@@ -159,30 +158,30 @@ def unsigned(sync):
 
 
 def claims_another_island(sync):
-    return encode_message("update", meta_of(sync, "b", 8), tensors_of(sync), sync.secret)
+    return encode_message("update", meta_of(sync, "b", 8), tensors_of(sync), sync.spec.secret)
 
 
 def absurd_inner_steps(sync):
     steps = 10**12
     return encode_message("update", meta_of(sync, "a", 8, inner_steps=steps,
                                             tokens=steps * TOKENS_PER_STEP),
-                          tensors_of(sync), sync.secret)
+                          tensors_of(sync), sync.spec.secret)
 
 
 def base_version_not_a_number(sync):
     return encode_message("update", meta_of(sync, "a", 8, base_version="latest"),
-                          tensors_of(sync), sync.secret)
+                          tensors_of(sync), sync.spec.secret)
 
 
 def wrong_token_count(sync):
     return encode_message("update", meta_of(sync, "a", 8, tokens=10**9), tensors_of(sync),
-                          sync.secret)
+                          sync.spec.secret)
 
 
 def a_global_message(sync):
     meta = {"run": sync.store.run_id, "fragment": 0, "version": 9, "base_version": -1,
             "codec": "none"}
-    return encode_message("global", meta, tensors_of(sync), sync.secret)
+    return encode_message("global", meta, tensors_of(sync), sync.spec.secret)
 
 
 HOSTILE = [
@@ -212,18 +211,18 @@ def assert_rejected_and_the_run_goes_on(sync: RunSync, reason: str, seq: int) ->
     alone; a's next good update merges with it into a new version."""
     reasons = rejection_reasons(sync)
     assert len(reasons) == 1 and reason in reasons[0], reasons
-    assert sync.rejections == {"a": 1}
-    assert run_status(sync, 1000.0, 2)["islands"]["a"]["rejections"] == 1
-    version = sync.sync.versions[0]
+    assert sync.rounds.rejections == {"a": 1}
+    assert sync.status(1000.0)["islands"]["a"]["rejections"] == 1
+    version = sync.rounds.sync.versions[0]
     assert sync.store.versions()[0] == version
-    assert list(sync.sync.rounds[0]) == ["b"]
+    assert list(sync.rounds.sync.rounds[0]) == ["b"]
 
     push(sync, "a", seq + STEPS, good_blob(sync, "a", seq + STEPS))
     sync.tick()
 
     assert sync.store.versions()[0] == version + 1
-    assert all(torch.isfinite(t).all() for t in sync.sync.globals[0].values())
-    assert sync.rejections == {"a": 1}
+    assert all(torch.isfinite(t).all() for t in sync.rounds.sync.globals[0].values())
+    assert sync.rounds.rejections == {"a": 1}
 
 
 @pytest.mark.parametrize("make, reason", HOSTILE, ids=[m.__name__ for m, _ in HOSTILE])
@@ -238,7 +237,7 @@ def test_a_hostile_update_is_rejected_counted_and_never_merged(run_sync, make, r
 
 def test_an_update_of_an_absurd_norm_is_rejected_once_recent_norms_are_known(run_sync):
     seq = 0
-    while len(run_sync.norms[0]) < NORM_WARMUP:
+    while len(run_sync.rounds.norms[0]) < NORM_WARMUP:
         seq += STEPS
         push(run_sync, "a", seq, good_blob(run_sync, "a", seq))
         push(run_sync, "b", seq, good_blob(run_sync, "b", seq))
@@ -277,7 +276,7 @@ def test_a_restarted_syncd_reads_handled_updates_again_without_calling_them_repl
                     clock=lambda: 1001.0, control_every_s=0.0)
     again.tick()
 
-    assert again.rejections == {}
+    assert again.rounds.rejections == {}
     assert rejection_reasons(again) == []
     assert again.store.versions()[0] == 1
 

@@ -1,7 +1,13 @@
 """What syncd knows of an island from its heartbeat, its supervisor's death report and
-its epoch (syncd.liveness.condition), with plain values and a clock of the test's own."""
+its epoch (syncd.liveness.condition), with plain values and a clock of the test's own;
+then the watch of a RunSync's islands, lost and revived, against a real Redis and the
+real database."""
+
+import pytest
 
 from syncd.liveness import condition
+from tests.syncd.test_service import beat_at, make_run_sync
+from webapp.runs.models import Event
 
 TIMEOUT = 10.0
 
@@ -40,3 +46,60 @@ def test_an_incarnation_that_died_before_its_first_heartbeat_is_dead():
 def test_a_stopped_island_is_not_alive_and_not_dead():
     assert condition(beat(state="stopped"), None, 1, 100.5, TIMEOUT) == "stopped"
     assert condition(None, None, 1, 100.5, TIMEOUT) == "unknown"
+
+
+# -- the watch in a RunSync, against a real Redis and the real database ---------------
+
+
+@pytest.fixture
+def run_sync(redis_url, tmp_path):
+    return make_run_sync(redis_url, tmp_path, "decoupled")
+
+
+@pytest.mark.integration
+@pytest.mark.django_db
+def test_an_island_silent_past_the_timeout_is_lost_and_revived_when_it_speaks(run_sync):
+    beat_at(run_sync, "a", 1000.0)
+    beat_at(run_sync, "b", 1000.0)
+    run_sync.tick()
+    run_sync.clock_state["now"] = 1000.0 + 60  # past the 10 s heartbeat timeout
+    beat_at(run_sync, "b", 1060.0)
+    run_sync.tick()
+    assert run_sync.liveness.lost == {"a"}
+    beat_at(run_sync, "a", 1060.0)
+    run_sync.tick()
+    assert run_sync.liveness.lost == set()
+    run_sync.recorder.flush()
+    kinds = list(Event.objects.filter(run_id=run_sync.recorder.run_id)
+                 .values_list("kind", flat=True))
+    assert kinds.count("island_lost") == 1
+    assert kinds.count("island_revived") == 1
+
+
+@pytest.mark.integration
+@pytest.mark.django_db
+def test_a_reported_death_marks_the_island_lost_on_the_next_pass(run_sync):
+    beat_at(run_sync, "a", 1000.0)
+    beat_at(run_sync, "b", 1000.0)
+    run_sync.tick()
+    assert run_sync.liveness.live == 2
+    run_sync.store.report_death("a", 1, -9, at=1000.2)
+    run_sync.clock_state["now"] = 1000.3  # far inside the 10 s heartbeat timeout
+    run_sync.control_every_s = 60.0  # the death alone brings the watch forward
+    run_sync.next_control = 2000.0
+    run_sync.tick()
+    assert run_sync.liveness.lost == {"a"}
+    assert run_sync.liveness.live == 1
+    status = run_sync.status(run_sync.clock())
+    run_sync.recorder.flush()
+    lost = Event.objects.get(run_id=run_sync.recorder.run_id, kind="island_lost")
+    assert lost.detail["cause"] == "died"
+    assert (lost.detail["epoch"], lost.detail["exit_code"], lost.detail["signal"]) == (1, -9, 9)
+    assert lost.detail["reported_after_s"] == pytest.approx(0.1, abs=1e-6)
+    assert status["islands"]["a"]["state"] == "lost"
+    # The next incarnation speaks: revived.
+    run_sync.store.set_epoch("a", 2)
+    run_sync.store.heartbeat("a", 2, 0, 0, state="training")
+    run_sync.next_control = 0.0
+    run_sync.tick()
+    assert run_sync.liveness.lost == set()

@@ -1,19 +1,19 @@
-"""syncd's RunSync against a real Redis and the real database, driven tick by tick.
+"""syncd's RunSync against a real Redis and the real database, driven tick by tick:
+what ties its parts together (the status, the evaluation, the budget, a user's stop
+and the run's end). Its helpers make the runs the parts' own tests drive
+(test_rounds, test_liveness, test_recovery).
 
 Updates are written into the run's stream exactly as an island would write
 them (or as an attacker could), and each tick is one pass of the live loop.
 """
 
 import json
-import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from diloco import codecs
 from diloco.protocol import encode_message
-from syncd import checkpoint, recovery
 from syncd.service import STOP_WAIT_S, RunSync
 from syncd.store import RunStore, connect
 from webapp.runs.models import Event, Run
@@ -59,99 +59,19 @@ def send(sync: RunSync, island: str, fragment: int, seq: int, *, epoch: int = 1,
          base_version: int = 0, steps: int = 4, value: float = 0.01, codec: str = "none",
          secret: bytes | None = None, shapes: dict | None = None, tokens: int | None = None
          ) -> None:
-    shapes = shapes or sync.sync.shapes[fragment]
+    shapes = shapes or sync.rounds.sync.shapes[fragment]
     delta = {n: torch.full(s, value) for n, s in shapes.items()}
     meta = {"run": sync.store.run_id, "island": island, "epoch": epoch, "fragment": fragment,
             "base_version": base_version, "seq": seq,
             "tokens": steps * TOKENS_PER_STEP if tokens is None else tokens,
             "inner_steps": steps, "compute_s": 1.0, "codec": codec}
-    blob = encode_message("update", meta, codecs.encode(delta, codec), secret or sync.secret)
+    blob = encode_message("update", meta, codecs.encode(delta, codec), secret or sync.spec.secret)
     sync.store.push_update(island, epoch, fragment, seq, blob)
 
 
 def heartbeat_all(sync: RunSync) -> None:
     for island in ("a", "b"):
         sync.store.heartbeat(island, 1, 4, 128, state="training")
-
-
-def rejections(sync: RunSync) -> list[str]:
-    sync.recorder.flush()
-    return [e.detail["reason"] for e in Event.objects.filter(run_id=sync.recorder.run_id,
-                                                             kind="rejection")]
-
-
-def test_it_publishes_version_zero_of_every_fragment_when_a_run_starts(run_sync):
-    assert run_sync.store.versions() == {0: 0, 1: 0}
-
-
-def test_two_good_updates_merge_into_version_one(run_sync):
-    heartbeat_all(run_sync)
-    before = {n: t.clone() for n, t in run_sync.sync.globals[0].items()}
-    send(run_sync, "a", 0, 4)
-    send(run_sync, "b", 0, 4)
-    run_sync.tick()
-    assert run_sync.store.versions()[0] == 1
-    assert run_sync.store.handled(0) == {"a": 4, "b": 4}
-    moved = any(not torch.equal(before[n], t) for n, t in run_sync.sync.globals[0].items())
-    assert moved
-
-
-@pytest.mark.parametrize("bad, reason", [
-    ({"secret": b"another run's secret"}, "bad signature"),
-    ({"value": math.nan}, "non-finite"),
-    ({"epoch": 0}, "old epoch"),
-    ({"tokens": 7}, "do not match"),
-    ({"shapes": {"nonsense.weight": (3, 3)}}, "do not match the fragment"),
-])
-def test_it_rejects_a_bad_update_with_a_reason_and_never_merges_it(run_sync, bad, reason):
-    heartbeat_all(run_sync)
-    send(run_sync, "a", 0, 4, **bad)
-    send(run_sync, "b", 0, 4)
-    run_sync.tick()
-    assert any(reason in r for r in rejections(run_sync)), rejections(run_sync)
-    # Only b's update is waiting; a bad one never counts towards the quorum.
-    assert run_sync.store.versions()[0] == 0
-    assert list(run_sync.sync.rounds[0]) == ["b"]
-
-
-def blob_keys(sync: RunSync) -> list[bytes]:
-    return list(sync.store.r.scan_iter(match=sync.store.key("blob") + "*"))
-
-
-def test_the_messages_of_merged_updates_are_gone_once_the_merge_is_published(run_sync):
-    heartbeat_all(run_sync)
-    for seq in (4, 8):
-        send(run_sync, "a", 0, seq, base_version=run_sync.sync.versions[0])
-        send(run_sync, "a", 1, seq, base_version=run_sync.sync.versions[1])
-        send(run_sync, "b", 0, seq, base_version=run_sync.sync.versions[0])
-        assert blob_keys(run_sync)
-        run_sync.tick()
-        # b's update of fragment 1 has not come: a's waits in the open round, and
-        # stays in Redis, since a restarted syncd reads open rounds again.
-        assert run_sync.store.versions()[0] == seq // 4
-        assert len(run_sync.round_refs[1]["a"]) == seq // 4
-        waiting = {k.decode().rsplit(":", 1)[0] for k in blob_keys(run_sync)}
-        assert waiting == {r.blob.key for r in run_sync.round_refs[1]["a"]}
-
-    send(run_sync, "b", 1, 8)
-    run_sync.tick()
-
-    assert run_sync.store.versions() == {0: 2, 1: 1}
-    assert blob_keys(run_sync) == []
-
-
-def test_the_messages_of_stale_and_refused_updates_are_gone_too(run_sync):
-    heartbeat_all(run_sync)
-    for seq in (4, 8):
-        send(run_sync, "a", 0, seq, base_version=run_sync.sync.versions[0])
-        send(run_sync, "b", 0, seq, base_version=run_sync.sync.versions[0])
-        run_sync.tick()
-    send(run_sync, "a", 0, 12, base_version=0)  # max_staleness 1: version 2 is newest
-    send(run_sync, "b", 0, 12, secret=b"forged")
-    run_sync.tick()
-
-    assert [r.split(":")[0] for r in rejections(run_sync)] == ["stale", "bad signature"]
-    assert blob_keys(run_sync) == []
 
 
 def test_a_run_that_completes_at_its_budget_keeps_only_its_status_and_logs_in_redis(
@@ -200,7 +120,7 @@ def test_the_eval_loss_comes_with_the_tokens_of_the_model_it_evaluated(redis_url
         for island in ("a", "b"):
             send(sync, island, p, 4)
     sync.tick()  # both fragments merge; an evaluation starts on that model
-    evaluated = sync.tokens_merged()
+    evaluated = sync.rounds.tokens_merged()
     sync.evaluation.wait(60)
     for p in (0, 1):
         for island in ("a", "b"):
@@ -213,104 +133,11 @@ def test_the_eval_loss_comes_with_the_tokens_of_the_model_it_evaluated(redis_url
     assert status["eval_loss"] is not None and status["eval_tokens"] == evaluated
 
 
-def test_a_replayed_update_is_merged_at_most_once(run_sync):
-    heartbeat_all(run_sync)
-    send(run_sync, "a", 0, 4)
-    send(run_sync, "b", 0, 4)
-    run_sync.tick()
-    send(run_sync, "a", 0, 4)  # the same seq again
-    send(run_sync, "b", 0, 8)
-    run_sync.tick()
-    assert run_sync.store.versions()[0] == 1
-    assert list(run_sync.sync.rounds[0]) == ["b"]
-
-
-def test_an_update_based_on_a_version_too_old_is_dropped_as_stale(run_sync):
-    heartbeat_all(run_sync)
-    for seq in (4, 8):
-        send(run_sync, "a", 0, seq, base_version=seq // 4 - 1)
-        send(run_sync, "b", 0, seq, base_version=seq // 4 - 1)
-        run_sync.tick()
-    assert run_sync.store.versions()[0] == 2
-    send(run_sync, "a", 0, 12, base_version=0)
-    run_sync.tick()
-    assert any("stale" in r for r in rejections(run_sync))
-    assert "a" not in run_sync.sync.rounds[0]
-
-
-def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
-    heartbeat_all(run_sync)
-    send(run_sync, "a", 0, 4)
-    send(run_sync, "b", 0, 4)
-    send(run_sync, "a", 1, 4)  # waiting in fragment 1's round when syncd dies
-    run_sync.tick()
-    merged = {n: t.clone() for n, t in run_sync.sync.globals[0].items()}
-
-    again = RunSync(run_sync.store, DatabaseRecorder(run_sync.recorder.run_id), tmp_path,
-                    clock=lambda: 1000.0, control_every_s=0.0)
-    again.tick()
-    assert again.sync.versions == [1, 0]
-    assert all(torch.equal(merged[n], t) for n, t in again.sync.globals[0].items())
-    assert list(again.sync.rounds[1]) == ["a"]  # read again from the stream
-    assert list(again.sync.rounds[0]) == []  # merged ones are not merged twice
-
-
 def beat_at(sync: RunSync, island: str, time: float, *, epoch: int = 1,
             state: str = "training", startup_s: float | None = None) -> None:
     beat = {"epoch": epoch, "time": time, "step": 4, "tokens": 128, "state": state,
             "startup_s": startup_s}
     sync.store.r.hset(sync.store.key("heartbeats"), island, json.dumps(beat))
-
-
-def test_an_island_silent_past_the_timeout_is_lost_and_revived_when_it_speaks(run_sync):
-    beat_at(run_sync, "a", 1000.0)
-    beat_at(run_sync, "b", 1000.0)
-    run_sync.tick()
-    run_sync.clock_state["now"] = 1000.0 + 60  # past the 10 s heartbeat timeout
-    beat_at(run_sync, "b", 1060.0)
-    run_sync.tick()
-    assert run_sync.lost == {"a"}
-    beat_at(run_sync, "a", 1060.0)
-    run_sync.tick()
-    assert run_sync.lost == set()
-    run_sync.recorder.flush()
-    kinds = list(Event.objects.filter(run_id=run_sync.recorder.run_id)
-                 .values_list("kind", flat=True))
-    assert kinds.count("island_lost") == 1
-    assert kinds.count("island_revived") == 1
-
-
-def test_a_reported_death_marks_the_island_lost_on_the_next_pass(run_sync):
-    beat_at(run_sync, "a", 1000.0)
-    beat_at(run_sync, "b", 1000.0)
-    run_sync.tick()
-    assert run_sync.live == 2
-    run_sync.store.report_death("a", 1, -9, at=1000.2)
-    run_sync.clock_state["now"] = 1000.3  # far inside the 10 s heartbeat timeout
-    run_sync.control_every_s = 60.0  # the death alone brings the watch forward
-    run_sync.next_control = 2000.0
-    run_sync.tick()
-    assert run_sync.lost == {"a"}
-    assert run_sync.live == 1
-    status = run_status_now(run_sync)
-    run_sync.recorder.flush()
-    lost = Event.objects.get(run_id=run_sync.recorder.run_id, kind="island_lost")
-    assert lost.detail["cause"] == "died"
-    assert (lost.detail["epoch"], lost.detail["exit_code"], lost.detail["signal"]) == (1, -9, 9)
-    assert lost.detail["reported_after_s"] == pytest.approx(0.1, abs=1e-6)
-    assert status["islands"]["a"]["state"] == "lost"
-    # The next incarnation speaks: revived.
-    run_sync.store.set_epoch("a", 2)
-    run_sync.store.heartbeat("a", 2, 0, 0, state="training")
-    run_sync.next_control = 0.0
-    run_sync.tick()
-    assert run_sync.lost == set()
-
-
-def run_status_now(sync: RunSync) -> dict:
-    from syncd.status import run_status
-
-    return run_status(sync, sync.clock(), sync.live)
 
 
 def test_the_status_carries_goodput_once_step_times_are_known(run_sync):
@@ -330,43 +157,6 @@ def test_the_status_carries_goodput_once_step_times_are_known(run_sync):
     assert status["goodput"] == pytest.approx(0.75)
     assert status["islands"]["a"]["goodput"] > 0
     assert status["islands"]["a"]["fault"] == "none"
-
-
-def test_when_redis_loses_its_data_the_run_goes_on_from_its_last_checkpoint(run_sync, tmp_path):
-    heartbeat_all(run_sync)
-    send(run_sync, "a", 0, 4)
-    send(run_sync, "b", 0, 4)
-    run_sync.tick()
-    recovery.save_checkpoint(run_sync)
-    run_sync.recorder.flush()
-    saved = {n: t.clone() for n, t in run_sync.sync.globals[0].items()}
-    store = run_sync.store
-    spec = store.spec()
-    store.r.flushall()  # the data is really gone
-    store.put_spec(spec["mode"], spec["config"], spec["secret"])
-
-    again = RunSync(store, DatabaseRecorder(run_sync.recorder.run_id), tmp_path,
-                    clock=lambda: 2000.0)
-    again.recorder.flush()
-
-    assert store.versions() == {0: 2, 1: 1}  # newer than the checkpoint's [1, 0]
-    assert all(torch.equal(saved[n], t) for n, t in again.sync.globals[0].items())
-    rollback = Event.objects.get(run_id=run_sync.recorder.run_id, kind="rollback")
-    assert rollback.detail["reason"] == "Redis lost the run's state"
-
-
-def test_a_checkpoint_asked_for_is_written_at_the_next_pass(run_sync):
-    run_sync.store.request_checkpoint()
-    run_sync.tick()
-    run_sync.recorder.flush()
-    checkpoints = run_sync.recorder.checkpoints()
-    assert len(checkpoints) == 1
-    path, sha256 = checkpoints[0]
-    params, _, versions, _ = checkpoint.load(Path(path), sha256)
-    assert versions == [0, 0]
-    assert set(params) == set(run_sync.sync.global_params())
-    run_sync.tick()
-    assert len(run_sync.recorder.checkpoints()) == 1  # asked once, written once
 
 
 def test_the_status_has_each_islands_tokens_per_second_and_the_train_loss(run_sync):
@@ -392,7 +182,7 @@ def test_each_islands_link_in_the_status_carries_the_bytes_of_the_last_interval(
             run_sync.store.r.hset(run_sync.store.key("heartbeats"), name, json.dumps(beat))
         run_sync.next_status = 0.0
         run_sync.tick()
-    scale = run_sync.config.emulation.bytes_scale
+    scale = run_sync.spec.config.emulation.bytes_scale
     assert run_sync.store.status()["islands"]["a"]["link"] == {
         "state": "up", "bytes_up": 600 * scale, "bytes_down": 1200 * scale}
 
@@ -418,7 +208,7 @@ def test_a_stop_merges_the_open_rounds_checkpoints_and_ends_the_run_as_stopped(r
     beat_at(run_sync, "b", 1000.0)
     send(run_sync, "a", 0, 4)  # below the quorum of 2: it waits
     run_sync.tick()
-    assert run_sync.sync.versions == [0, 0]
+    assert run_sync.rounds.sync.versions == [0, 0]
 
     run_sync.store.request_stop(1000.0)
     run_sync.tick()  # b still trains: the stop waits for it
@@ -428,7 +218,7 @@ def test_a_stop_merges_the_open_rounds_checkpoints_and_ends_the_run_as_stopped(r
     beat_at(run_sync, "a", 1000.0, state="stopped")
     run_sync.tick()
 
-    assert run_sync.sync.versions == [1, 1]  # both open rounds merged as they were
+    assert run_sync.rounds.sync.versions == [1, 1]  # both open rounds merged as they were
     run.refresh_from_db()
     assert run.state == Run.State.STOPPED
     assert run.tokens == (4 + 6) * TOKENS_PER_STEP // 2

@@ -1,5 +1,8 @@
 """The run's Redis keys (syncd.store), against a real Redis."""
 
+import json
+import time
+
 import pytest
 
 from syncd.store import KEPT_AFTER_END, RunStore, connect
@@ -93,3 +96,31 @@ def test_a_deleted_run_keeps_nothing(store):
 
     assert all(store.r.ttl(k) > 0 for k in store.r.scan_iter(match=store.prefix + "*"))
     assert keys(store, "full") == [] and keys(store, "momentum") == []
+
+
+def test_the_newest_update_id_is_the_last_stream_entrys(store):
+    assert store.newest_update_id() is None
+    store.push_update("a", 1, 0, 4, b"u")
+    store.push_update("b", 1, 0, 4, b"v")
+    assert store.newest_update_id() == store.read_updates()[-1].stream_id
+
+
+def test_the_chaos_progress_is_kept_for_a_restarted_syncd(store):
+    assert store.chaos_progress() == {}
+    store.start_chaos(12.5, {"a": "us-east"})
+    store.chaos_done(3)
+    assert store.chaos_progress() == {"start": "12.5", "done": "3",
+                                      "islands": '{"a": "us-east"}'}
+
+
+def test_a_fault_set_by_syncd_is_what_the_island_reads(store):
+    store.set_fault("a", "straggle", time.time() + 30, 4.0, 30)
+    assert store.fault("a")["factor"] == 4.0
+    assert store.faults(["a", "b"]) == {"a": "straggle"}
+    assert 90 - 2 <= store.r.ttl(store.key("fault", "a")) <= 90
+
+
+def test_the_raw_spec_is_the_spec_as_stored(store):
+    assert store.raw_spec() is None
+    store.put_spec("decoupled", {"islands": []}, "00")
+    assert json.loads(store.raw_spec()) == store.spec()

@@ -1,0 +1,51 @@
+"""The spec of a run as syncd follows it: its config, secret and mode.
+
+Islands may be added to or removed from a running run (the web app rewrites the
+spec in Redis), so the config is read again at the watch's pace. The secret and
+the mode are the run's from its start. The parts of a RunSync read the config
+here, where it is current; only `follow` changes it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from diloco.config import RunConfig, config_from_spec
+
+if TYPE_CHECKING:
+    from syncd.store import RunStore
+
+
+class RunSpec:
+    """Args:
+        store: the run's Redis keys.
+
+    Raises:
+        ValueError: the run has no spec in Redis.
+    """
+
+    def __init__(self, store: RunStore):
+        self.store = store
+        raw = store.raw_spec()
+        if raw is None:
+            raise ValueError(f"run {store.run_id} has no spec in Redis")
+        self.raw = raw
+        self.initial: dict[str, Any] = json.loads(raw)
+        self.config: RunConfig = config_from_spec(self.initial)
+        self.secret = bytes.fromhex(self.initial["secret"])
+        # The elastic baseline: a barrier over live islands at every outer step, a
+        # checkpoint after each, and a whole-job restart from it on any island loss.
+        self.elastic = self.initial["mode"] == "elastic"
+
+    def island_names(self) -> set[str]:
+        return {i.name for i in self.config.islands}
+
+    def follow(self) -> bool:
+        """Read the spec again; True if it changed (the config is the new one)."""
+        raw = self.store.raw_spec()
+        if raw is None or raw == self.raw:
+            return False
+        self.raw = raw
+        self.config = config_from_spec(json.loads(raw))
+        return True

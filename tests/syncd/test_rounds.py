@@ -1,0 +1,146 @@
+"""The rounds of a run in syncd (syncd/rounds.py) against a real Redis and the real
+database, driven tick by tick: updates read from the stream, checked, merged and
+published, and what a restarted syncd finds again.
+
+Updates are written into the run's stream exactly as an island would write them
+(or as an attacker could).
+"""
+
+import math
+
+import pytest
+import torch
+
+from syncd.service import RunSync
+from tests.syncd.test_service import heartbeat_all, make_run_sync, send
+from webapp.runs.models import Event
+from webapp.runs.records import DatabaseRecorder
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
+
+
+@pytest.fixture
+def run_sync(redis_url, tmp_path):
+    return make_run_sync(redis_url, tmp_path, "decoupled")
+
+
+def rejections(sync: RunSync) -> list[str]:
+    sync.recorder.flush()
+    return [e.detail["reason"] for e in Event.objects.filter(run_id=sync.recorder.run_id,
+                                                             kind="rejection")]
+
+
+def test_it_publishes_version_zero_of_every_fragment_when_a_run_starts(run_sync):
+    assert run_sync.store.versions() == {0: 0, 1: 0}
+
+
+def test_two_good_updates_merge_into_version_one(run_sync):
+    heartbeat_all(run_sync)
+    before = {n: t.clone() for n, t in run_sync.rounds.sync.globals[0].items()}
+    send(run_sync, "a", 0, 4)
+    send(run_sync, "b", 0, 4)
+    run_sync.tick()
+    assert run_sync.store.versions()[0] == 1
+    assert run_sync.store.handled(0) == {"a": 4, "b": 4}
+    moved = any(not torch.equal(before[n], t) for n, t in run_sync.rounds.sync.globals[0].items())
+    assert moved
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ({"secret": b"another run's secret"}, "bad signature"),
+    ({"value": math.nan}, "non-finite"),
+    ({"epoch": 0}, "old epoch"),
+    ({"tokens": 7}, "do not match"),
+    ({"shapes": {"nonsense.weight": (3, 3)}}, "do not match the fragment"),
+])
+def test_it_rejects_a_bad_update_with_a_reason_and_never_merges_it(run_sync, bad, reason):
+    heartbeat_all(run_sync)
+    send(run_sync, "a", 0, 4, **bad)
+    send(run_sync, "b", 0, 4)
+    run_sync.tick()
+    assert any(reason in r for r in rejections(run_sync)), rejections(run_sync)
+    # Only b's update is waiting; a bad one never counts towards the quorum.
+    assert run_sync.store.versions()[0] == 0
+    assert list(run_sync.rounds.sync.rounds[0]) == ["b"]
+
+
+def blob_keys(sync: RunSync) -> list[bytes]:
+    return list(sync.store.r.scan_iter(match=sync.store.key("blob") + "*"))
+
+
+def test_the_messages_of_merged_updates_are_gone_once_the_merge_is_published(run_sync):
+    heartbeat_all(run_sync)
+    for seq in (4, 8):
+        send(run_sync, "a", 0, seq, base_version=run_sync.rounds.sync.versions[0])
+        send(run_sync, "a", 1, seq, base_version=run_sync.rounds.sync.versions[1])
+        send(run_sync, "b", 0, seq, base_version=run_sync.rounds.sync.versions[0])
+        assert blob_keys(run_sync)
+        run_sync.tick()
+        # b's update of fragment 1 has not come: a's waits in the open round, and
+        # stays in Redis, since a restarted syncd reads open rounds again.
+        assert run_sync.store.versions()[0] == seq // 4
+        assert len(run_sync.rounds.round_refs[1]["a"]) == seq // 4
+        waiting = {k.decode().rsplit(":", 1)[0] for k in blob_keys(run_sync)}
+        assert waiting == {r.blob.key for r in run_sync.rounds.round_refs[1]["a"]}
+
+    send(run_sync, "b", 1, 8)
+    run_sync.tick()
+
+    assert run_sync.store.versions() == {0: 2, 1: 1}
+    assert blob_keys(run_sync) == []
+
+
+def test_the_messages_of_stale_and_refused_updates_are_gone_too(run_sync):
+    heartbeat_all(run_sync)
+    for seq in (4, 8):
+        send(run_sync, "a", 0, seq, base_version=run_sync.rounds.sync.versions[0])
+        send(run_sync, "b", 0, seq, base_version=run_sync.rounds.sync.versions[0])
+        run_sync.tick()
+    send(run_sync, "a", 0, 12, base_version=0)  # max_staleness 1: version 2 is newest
+    send(run_sync, "b", 0, 12, secret=b"forged")
+    run_sync.tick()
+
+    assert [r.split(":")[0] for r in rejections(run_sync)] == ["stale", "bad signature"]
+    assert blob_keys(run_sync) == []
+
+
+def test_a_replayed_update_is_merged_at_most_once(run_sync):
+    heartbeat_all(run_sync)
+    send(run_sync, "a", 0, 4)
+    send(run_sync, "b", 0, 4)
+    run_sync.tick()
+    send(run_sync, "a", 0, 4)  # the same seq again
+    send(run_sync, "b", 0, 8)
+    run_sync.tick()
+    assert run_sync.store.versions()[0] == 1
+    assert list(run_sync.rounds.sync.rounds[0]) == ["b"]
+
+
+def test_an_update_based_on_a_version_too_old_is_dropped_as_stale(run_sync):
+    heartbeat_all(run_sync)
+    for seq in (4, 8):
+        send(run_sync, "a", 0, seq, base_version=seq // 4 - 1)
+        send(run_sync, "b", 0, seq, base_version=seq // 4 - 1)
+        run_sync.tick()
+    assert run_sync.store.versions()[0] == 2
+    send(run_sync, "a", 0, 12, base_version=0)
+    run_sync.tick()
+    assert any("stale" in r for r in rejections(run_sync))
+    assert "a" not in run_sync.rounds.sync.rounds[0]
+
+
+def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
+    heartbeat_all(run_sync)
+    send(run_sync, "a", 0, 4)
+    send(run_sync, "b", 0, 4)
+    send(run_sync, "a", 1, 4)  # waiting in fragment 1's round when syncd dies
+    run_sync.tick()
+    merged = {n: t.clone() for n, t in run_sync.rounds.sync.globals[0].items()}
+
+    again = RunSync(run_sync.store, DatabaseRecorder(run_sync.recorder.run_id), tmp_path,
+                    clock=lambda: 1000.0, control_every_s=0.0)
+    again.tick()
+    assert again.rounds.sync.versions == [1, 0]
+    assert all(torch.equal(merged[n], t) for n, t in again.rounds.sync.globals[0].items())
+    assert list(again.rounds.sync.rounds[1]) == ["a"]  # read again from the stream
+    assert list(again.rounds.sync.rounds[0]) == []  # merged ones are not merged twice
