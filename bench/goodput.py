@@ -143,7 +143,7 @@ def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any])
         time.sleep(0.2)
     out = status["outcome"]
     wait_islands_stopped(store, [i["name"] for i in config["islands"]])
-    chaos = {k.decode(): v.decode() for k, v in store.r.hgetall(store.key("chaos")).items()}
+    chaos = store.chaos_progress()
     start = out["start"]
     for point in series:
         point["t"] = point["time"] - start

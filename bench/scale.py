@@ -182,6 +182,7 @@ def halves_peak_ratio(samples: list[dict[str, Any]], series: str) -> float:
 
 def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: int,
              minutes: float | None = None, device: str = "cpu") -> dict[str, Any]:
+    from syncd import lease
     from syncd.store import RunStore, connect
     from webapp.processes import wait_for
     from webapp.runs.models import Event
@@ -189,7 +190,7 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
 
     client = connect(system.redis_url)
     system.start_syncd()
-    wait_for(lambda: client.zcard("arch:syncd:members") > 0, 120, "syncd serving", 0.2)
+    wait_for(lambda: lease.live_members(client), 120, "syncd serving", 0.2)
     time.sleep(2.0)
     syncd_pid = system.pid("syncd")
     syncd_idle = rss(syncd_pid)[0]

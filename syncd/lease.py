@@ -10,7 +10,7 @@ over once the time to live has passed.
 
 A holder can lose its lease without knowing (paused for longer than the time to
 live, cut off from Redis). Every write syncd makes for a run therefore goes
-through `guarded_transaction`: the lease key is WATCHed and compared with the
+through `syncd.fence.guarded_transaction`: the lease key is WATCHed and compared with the
 holder's "<token>:<owner>" before MULTI/EXEC, so the writes of a syncd whose
 lease was taken over (or merely expired) are refused with LeaseLost, never
 applied beside the new holder's.
@@ -26,13 +26,11 @@ import math
 import os
 import secrets
 import socket
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import redis
-from redis.client import Pipeline
 
-MEMBERS_KEY = "arch:syncd:members"
+from syncd.fence import Lease
+from syncd.store import SYNCD_MEMBERS_KEY, lease_key, lease_token_key
 
 # KEYS: lease, token counter. ARGV: owner, ttl ms. Returns the new token, or nil when
 # someone holds the lease.
@@ -70,42 +68,6 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 """
 
 
-class LeaseLost(RuntimeError):
-    """A write for a run was refused: this syncd no longer holds the run's lease."""
-
-
-@dataclass(frozen=True)
-class Lease:
-    """One grant of a run's lease.
-
-    Attributes:
-        run_id: the run.
-        owner: the syncd holding it (see new_owner).
-        token: the fencing token: larger for every later grant of this run's lease.
-    """
-
-    run_id: str
-    owner: str
-    token: int
-
-    @property
-    def key(self) -> str:
-        return lease_key(self.run_id)
-
-    @property
-    def value(self) -> str:
-        """What the lease key holds while this grant is current."""
-        return f"{self.token}:{self.owner}"
-
-
-def lease_key(run_id: int | str) -> str:
-    return f"arch:{run_id}:lease"
-
-
-def token_key(run_id: int | str) -> str:
-    return f"arch:{run_id}:lease_token"
-
-
 def new_owner() -> str:
     """A name for this syncd process: host, pid and a random part (pids are reused)."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -119,8 +81,9 @@ def _ms(seconds: float) -> int:
 
 def acquire(client: redis.Redis, run_id: int | str, owner: str, ttl_s: float) -> Lease | None:
     """Take the run's lease if nobody holds it; None if somebody does."""
-    token = client.eval(_ACQUIRE, 2, lease_key(run_id), token_key(run_id), owner, _ms(ttl_s))
-    return None if token is None else Lease(str(run_id), owner, int(token))
+    token = client.eval(_ACQUIRE, 2, lease_key(run_id), lease_token_key(run_id), owner,
+                        _ms(ttl_s))
+    return None if token is None else Lease(str(run_id), owner, int(token), lease_key(run_id))
 
 
 def renew(client: redis.Redis, lease: Lease, ttl_s: float) -> bool:
@@ -142,53 +105,20 @@ def holder(client: redis.Redis, run_id: int | str) -> tuple[int, str] | None:
     return int(token), owner
 
 
-WRITE_TRIES = 5  # a guarded write whose lease key was touched by a renewal runs again
-
-
-def guarded_transaction(client: redis.Redis, lease: Lease,
-                        fill: Callable[[Pipeline], object]) -> list:
-    """Run the commands `fill` queues in one MULTI/EXEC, only while `lease` is current.
-
-    The lease key is WATCHed and compared first, so the transaction is refused if the
-    lease expired or changed hands before it, or changes between the check and EXEC.
-    A change that leaves the lease this holder's (its own renewal, from syncd's
-    lease-keeper thread) runs the transaction again.
-
-    Raises:
-        LeaseLost: the lease is no longer this holder's; nothing was written.
-    """
-    for _ in range(WRITE_TRIES):
-        with client.pipeline(transaction=True) as pipe:
-            try:
-                pipe.watch(lease.key)
-                current = pipe.get(lease.key)
-                if current is None or current.decode() != lease.value:
-                    raise LeaseLost(f"run {lease.run_id}: the lease with fencing token "
-                                    f"{lease.token} is gone (now held: "
-                                    f"{current.decode() if current else 'by nobody'})")
-                pipe.multi()
-                fill(pipe)
-                return pipe.execute()
-            except redis.WatchError:
-                continue  # the lease key was touched: compare it again
-    raise LeaseLost(f"run {lease.run_id}: the lease with fencing token {lease.token} kept "
-                    f"changing during a write ({WRITE_TRIES} tries)")
-
-
 def register(client: redis.Redis, owner: str, ttl_s: float) -> int:
     """Announce this syncd for ttl_s more seconds; returns how many syncd are live."""
-    return int(client.eval(_REGISTER, 1, MEMBERS_KEY, owner, _ms(ttl_s)))
+    return int(client.eval(_REGISTER, 1, SYNCD_MEMBERS_KEY, owner, _ms(ttl_s)))
 
 
 def leave(client: redis.Redis, owner: str) -> None:
     """Withdraw this syncd's announcement (a clean stop)."""
-    client.zrem(MEMBERS_KEY, owner)
+    client.zrem(SYNCD_MEMBERS_KEY, owner)
 
 
 def live_members(client: redis.Redis) -> list[str]:
     """The owners of every syncd whose announcement has not expired."""
     return [m.decode() if isinstance(m, bytes) else m
-            for m in client.eval(_LIVE, 1, MEMBERS_KEY)]
+            for m in client.eval(_LIVE, 1, SYNCD_MEMBERS_KEY)]
 
 
 def fair_share(runs: int, members: int) -> int:

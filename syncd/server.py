@@ -22,8 +22,8 @@ from pathlib import Path
 
 from syncd import lease
 from syncd.connection import redis_problem
+from syncd.fence import Lease, LeaseLost
 from syncd.hooks import Hooks
-from syncd.lease import Lease, LeaseLost
 from syncd.service import RunSync
 from syncd.store import RunStore, connect, syncd_command
 

@@ -55,7 +55,7 @@ Keys of the hosts' pools of warm standby islands (PoolStore, trainer/pool_manage
                                    standbys, time}: each manager's pool, every half second
 
 syncd's RunStore carries the run's lease (`fence`): every write it makes for the
-run is one MULTI/EXEC guarded by that lease (syncd.lease.guarded_transaction), so
+run is one MULTI/EXEC guarded by that lease (syncd.fence.guarded_transaction), so
 a syncd that lost the run to another cannot publish, mark or trim anything.
 
 When a run ends (`release`), its keys go but its status snapshot and the
@@ -78,7 +78,7 @@ from redis.client import Pipeline
 from redis.retry import Retry
 
 from syncd.bulk import BulkError, BulkRef, RedisBulk
-from syncd.lease import Lease, guarded_transaction
+from syncd.fence import Lease, guarded_transaction
 
 # A backstop for chunks nobody reads (an island that died between its chunks and its
 # stream entry, a syncd that died before its publish committed): syncd deletes every
@@ -91,6 +91,19 @@ STREAM_MAXLEN = 100_000
 # What stays of a run that ended, for the control room: its last status and the logs.
 KEPT_AFTER_END = ("status", "status_seq", "log")
 READ_TRIES = 5  # a reference read just before its message was replaced is read again
+
+
+SYNCD_MEMBERS_KEY = "arch:syncd:members"
+
+
+def lease_key(run_id: int | str) -> str:
+    """The key of a run's lease: "<token>:<owner>" of the syncd serving it."""
+    return f"arch:{run_id}:lease"
+
+
+def lease_token_key(run_id: int | str) -> str:
+    """The counter that numbers the grants of a run's lease (the fencing tokens)."""
+    return f"arch:{run_id}:lease_token"
 
 
 def kill_syncd(client: redis.Redis) -> None:
@@ -140,7 +153,7 @@ class RunStore:
         run_id: the run's primary key.
         fence: syncd's lease on the run; when given, every write syncd makes for the
             run (publish, handled seqs, trims, status, completion, restarts) commits
-            only while this lease is current, and raises syncd.lease.LeaseLost if not.
+            only while this lease is current, and raises syncd.fence.LeaseLost if not.
             The web app and islands pass none.
     """
 
@@ -253,7 +266,7 @@ class RunStore:
         fragment is held twice, and never more.
 
         Raises:
-            syncd.lease.LeaseLost: this store's lease is gone; nothing was published.
+            syncd.fence.LeaseLost: this store's lease is gone; nothing was published.
         """
         pipe = self.r.pipeline(transaction=False)
         full_ref = self.bulk.put(self.key("full", fragment, version), full, BLOB_TTL_S, pipe)
@@ -484,7 +497,7 @@ class RunStore:
         return {i: f["kind"] for i, f in active.items() if f.get("until", 0) > now}
 
     def request_stop(self, at: float) -> None:
-        """A user stops the run at `at`: syncd finishes it (RunSync.finish_stop)."""
+        """A user stops the run at `at`: syncd finishes it (syncd/service.py)."""
         self.r.set(self.key("stop"), at, nx=True)
 
     def stop_requested(self) -> float | None:

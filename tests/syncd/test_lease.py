@@ -6,8 +6,8 @@ import pytest
 import redis
 
 from syncd import lease
-from syncd.lease import LeaseLost
-from syncd.store import RunStore, connect
+from syncd.fence import Lease, LeaseLost, guarded_transaction
+from syncd.store import RunStore, connect, lease_key
 
 pytestmark = pytest.mark.integration
 
@@ -42,8 +42,8 @@ def test_a_lease_has_one_holder_and_each_grant_a_larger_fencing_token(client):
 def test_only_the_current_holder_renews_or_releases(client):
     held = lease.acquire(client, 7, "syncd-a", ttl_s=0.2)
     assert lease.renew(client, held, ttl_s=30)
-    assert client.pttl(lease.lease_key(7)) > 1000
-    impostor = lease.Lease("7", "syncd-b", held.token)
+    assert client.pttl(lease_key(7)) > 1000
+    impostor = Lease("7", "syncd-b", held.token, lease_key(7))
     assert not lease.renew(client, impostor, ttl_s=30)
     assert not lease.release(client, impostor)
     assert lease.holder(client, 7) == (held.token, "syncd-a")
@@ -76,11 +76,11 @@ def test_a_write_is_refused_when_the_lease_changes_hands_during_it(client, redis
     def fill(pipe):
         pipe.set("arch:7:full:0", b"late")
         # Between WATCH and EXEC the lease moves on (as after an expiry).
-        other.delete(lease.lease_key(7))
+        other.delete(lease_key(7))
         lease.acquire(other, 7, "syncd-b", ttl_s=30)
 
     with pytest.raises(LeaseLost, match="is gone"):
-        lease.guarded_transaction(client, held, fill)
+        guarded_transaction(client, held, fill)
     assert client.get("arch:7:full:0") is None
     other.close()
 
@@ -95,7 +95,7 @@ def test_a_write_goes_through_when_its_holder_renews_the_lease_during_it(client,
         if not renewed:  # between WATCH and EXEC, once
             renewed.append(lease.renew(keeper, held, ttl_s=30))
 
-    lease.guarded_transaction(client, held, fill)
+    guarded_transaction(client, held, fill)
 
     assert renewed == [True]
     assert client.get("arch:7:full:0") == b"merged"
@@ -107,7 +107,7 @@ def test_a_store_without_a_lease_writes_as_before_and_a_lease_must_be_for_its_ru
     store.publish(0, 1, b"v1", None, b"m", {}, 10, keep=16)
     assert store.versions() == {0: 1}
     with pytest.raises(ValueError, match="lease is for run 8"):
-        RunStore(client, 7, fence=lease.Lease("8", "syncd-a", 1))
+        RunStore(client, 7, fence=Lease("8", "syncd-a", 1, lease_key(8)))
 
 
 def test_members_announce_themselves_and_drop_out_when_they_stop_renewing(client):

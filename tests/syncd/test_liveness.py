@@ -6,7 +6,7 @@ real database."""
 import pytest
 
 from syncd.liveness import condition
-from tests.syncd.test_service import beat_at, make_run_sync
+from tests.syncd.runs import beat_at
 from webapp.runs.models import Event
 
 TIMEOUT = 10.0
@@ -49,11 +49,6 @@ def test_a_stopped_island_is_not_alive_and_not_dead():
 
 
 # -- the watch in a RunSync, against a real Redis and the real database ---------------
-
-
-@pytest.fixture
-def run_sync(redis_url, tmp_path):
-    return make_run_sync(redis_url, tmp_path, "decoupled")
 
 
 @pytest.mark.integration

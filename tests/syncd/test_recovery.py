@@ -14,7 +14,7 @@ import torch
 from syncd import checkpoint
 from syncd.service import RunSync
 from syncd.store import RunStore, connect
-from tests.syncd.test_service import CONFIG, beat_at, heartbeat_all, make_run_sync, send
+from tests.syncd.runs import CONFIG, beat_at, heartbeat_all, make_run_sync, send
 from webapp.runs.models import Event
 from webapp.runs.records import DatabaseRecorder
 from webapp.runs.services import create_run
@@ -234,11 +234,6 @@ def test_an_elastic_rollback_restores_the_outer_momentum_of_the_restore_point(
     back = sync.rounds.sync.optimizers[0].state_dict()
     assert back.keys() == restored.keys()
     assert all(torch.equal(back[k], v) for k, v in restored.items())
-
-
-@pytest.fixture
-def run_sync(redis_url, tmp_path):
-    return make_run_sync(redis_url, tmp_path, "decoupled")
 
 
 def test_when_redis_loses_its_data_the_run_goes_on_from_its_last_checkpoint(run_sync, tmp_path):

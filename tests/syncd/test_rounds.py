@@ -12,16 +12,11 @@ import pytest
 import torch
 
 from syncd.service import RunSync
-from tests.syncd.test_service import heartbeat_all, make_run_sync, send
+from tests.syncd.runs import heartbeat_all, send
 from webapp.runs.models import Event
 from webapp.runs.records import DatabaseRecorder
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
-
-
-@pytest.fixture
-def run_sync(redis_url, tmp_path):
-    return make_run_sync(redis_url, tmp_path, "decoupled")
 
 
 def rejections(sync: RunSync) -> list[str]:

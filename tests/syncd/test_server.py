@@ -5,8 +5,8 @@ import time
 import pytest
 
 from syncd import lease
+from syncd.fence import LeaseLost
 from syncd.hooks import Hooks
-from syncd.lease import LeaseLost
 from syncd.server import Syncd
 from syncd.store import RunStore, connect
 from webapp.runs.services import create_run

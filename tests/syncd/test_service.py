@@ -1,7 +1,6 @@
 """syncd's RunSync against a real Redis and the real database, driven tick by tick:
 what ties its parts together (the status, the evaluation, the budget, a user's stop
-and the run's end). Its helpers make the runs the parts' own tests drive
-(test_rounds, test_liveness, test_recovery).
+and the run's end).
 
 Updates are written into the run's stream exactly as an island would write
 them (or as an attacker could), and each tick is one pass of the live loop.
@@ -10,68 +9,14 @@ them (or as an attacker could), and each tick is one pass of the live loop.
 import json
 
 import pytest
-import torch
 
-from diloco import codecs
-from diloco.protocol import encode_message
-from syncd.service import STOP_WAIT_S, RunSync
-from syncd.store import RunStore, connect
+from syncd.service import STOP_WAIT_S
+from syncd.store import RunStore
+from tests.syncd.runs import CONFIG, TOKENS_PER_STEP, beat_at, heartbeat_all, make_run_sync, send
 from webapp.runs.models import Event, Run
-from webapp.runs.records import DatabaseRecorder
 from webapp.runs.reports import run_summary
-from webapp.runs.services import create_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
-
-CONFIG = {
-    "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
-    "sync": {"inner_steps": 4, "fragments": 2, "overlap_steps": 1, "min_quorum": 2,
-             "max_staleness": 1},
-    "eval": {"tokens": 256},
-    "budget": {"total_tokens": 10**9},
-    "islands": [{"name": "a", "region": "us-east", "batch_size": 2},
-                {"name": "b", "region": "us-east", "batch_size": 2}],
-}
-TOKENS_PER_STEP = 2 * 16
-
-
-def make_run_sync(redis_url: str, tmp_path, mode: str, config: dict | None = None,
-                  keepalive=lambda: None) -> RunSync:
-    run = create_run(name="syncd test", mode=mode, config=config or CONFIG, user=None)
-    store = RunStore(connect(redis_url), run.pk)
-    store.put_spec(run.mode, run.config, run.secret)
-    store.set_epoch("a", 1)
-    store.set_epoch("b", 1)
-    clock = {"now": 1000.0}
-    # Every tick reads everything: the tests step a frozen clock.
-    sync = RunSync(store, DatabaseRecorder(run.pk), tmp_path, clock=lambda: clock["now"],
-                   control_every_s=0.0, keepalive=keepalive)
-    sync.clock_state = clock
-    return sync
-
-
-@pytest.fixture
-def run_sync(redis_url, tmp_path):
-    return make_run_sync(redis_url, tmp_path, "decoupled")
-
-
-def send(sync: RunSync, island: str, fragment: int, seq: int, *, epoch: int = 1,
-         base_version: int = 0, steps: int = 4, value: float = 0.01, codec: str = "none",
-         secret: bytes | None = None, shapes: dict | None = None, tokens: int | None = None
-         ) -> None:
-    shapes = shapes or sync.rounds.sync.shapes[fragment]
-    delta = {n: torch.full(s, value) for n, s in shapes.items()}
-    meta = {"run": sync.store.run_id, "island": island, "epoch": epoch, "fragment": fragment,
-            "base_version": base_version, "seq": seq,
-            "tokens": steps * TOKENS_PER_STEP if tokens is None else tokens,
-            "inner_steps": steps, "compute_s": 1.0, "codec": codec}
-    blob = encode_message("update", meta, codecs.encode(delta, codec), secret or sync.spec.secret)
-    sync.store.push_update(island, epoch, fragment, seq, blob)
-
-
-def heartbeat_all(sync: RunSync) -> None:
-    for island in ("a", "b"):
-        sync.store.heartbeat(island, 1, 4, 128, state="training")
 
 
 def test_a_run_that_completes_at_its_budget_keeps_only_its_status_and_logs_in_redis(
@@ -131,13 +76,6 @@ def test_the_eval_loss_comes_with_the_tokens_of_the_model_it_evaluated(redis_url
     status = sync.store.status()
     assert status["tokens_merged"] > evaluated
     assert status["eval_loss"] is not None and status["eval_tokens"] == evaluated
-
-
-def beat_at(sync: RunSync, island: str, time: float, *, epoch: int = 1,
-            state: str = "training", startup_s: float | None = None) -> None:
-    beat = {"epoch": epoch, "time": time, "step": 4, "tokens": 128, "state": state,
-            "startup_s": startup_s}
-    sync.store.r.hset(sync.store.key("heartbeats"), island, json.dumps(beat))
 
 
 def test_the_status_carries_goodput_once_step_times_are_known(run_sync):

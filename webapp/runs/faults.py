@@ -9,7 +9,6 @@ says who asked.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from typing import TYPE_CHECKING
@@ -93,12 +92,7 @@ def inject_fault(run: Run, island: Island | str, kind: str, seconds: float,
     require_state(run, (Run.State.RUNNING,), "inject a fault")
     island = get_island(run, island)
     until = time.time() + seconds
-    store = run_store(run)
-    # The key outlives the fault a little, so the island reads its end from "until"
-    # rather than from the key vanishing mid-read; then Redis forgets it.
-    store.r.set(store.key("fault", island.name),
-                json.dumps({"kind": kind, "until": until, "factor": factor}),
-                ex=math.ceil(seconds) + 60)
+    run_store(run).set_fault(island.name, kind, until, factor, seconds)
     record_event(run, island, Event.Kind.FAULT, by, fault=kind, seconds=seconds, factor=factor,
            until=until, epoch=island.epoch)
     return island

@@ -150,7 +150,7 @@ def stop_run(run: Run, by: AbstractBaseUser | None) -> None:
     """Stop a run for good, keeping its model: the run is `stopping` while every island
     sends what it has not sent and exits, and syncd merges what arrived, writes a final
     checkpoint, sets the islands' states, frees the run's Redis keys but its status
-    and makes the run `stopped` (RunSync.finish_stop).
+    and makes the run `stopped` (syncd/service.py).
 
     Raises:
         ValueError: when the run cannot be stopped from its state (a draft, stopping, or

@@ -1,0 +1,66 @@
+"""Runs served by a RunSync on the tests' Redis and database, driven tick by tick on a
+frozen clock, and updates and heartbeats written as islands write them: the helpers
+of syncd's tests (test_service, test_rounds, test_liveness, test_recovery)."""
+
+import json
+
+import torch
+
+from diloco import codecs
+from diloco.protocol import encode_message
+from syncd.service import RunSync
+from syncd.store import RunStore, connect
+from webapp.runs.records import DatabaseRecorder
+from webapp.runs.services import create_run
+
+CONFIG = {
+    "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
+    "sync": {"inner_steps": 4, "fragments": 2, "overlap_steps": 1, "min_quorum": 2,
+             "max_staleness": 1},
+    "eval": {"tokens": 256},
+    "budget": {"total_tokens": 10**9},
+    "islands": [{"name": "a", "region": "us-east", "batch_size": 2},
+                {"name": "b", "region": "us-east", "batch_size": 2}],
+}
+TOKENS_PER_STEP = 2 * 16
+
+
+def make_run_sync(redis_url: str, tmp_path, mode: str, config: dict | None = None,
+                  keepalive=lambda: None) -> RunSync:
+    run = create_run(name="syncd test", mode=mode, config=config or CONFIG, user=None)
+    store = RunStore(connect(redis_url), run.pk)
+    store.put_spec(run.mode, run.config, run.secret)
+    store.set_epoch("a", 1)
+    store.set_epoch("b", 1)
+    clock = {"now": 1000.0}
+    # Every tick reads everything: the tests step a frozen clock.
+    sync = RunSync(store, DatabaseRecorder(run.pk), tmp_path, clock=lambda: clock["now"],
+                   control_every_s=0.0, keepalive=keepalive)
+    sync.clock_state = clock
+    return sync
+
+
+def send(sync: RunSync, island: str, fragment: int, seq: int, *, epoch: int = 1,
+         base_version: int = 0, steps: int = 4, value: float = 0.01, codec: str = "none",
+         secret: bytes | None = None, shapes: dict | None = None, tokens: int | None = None
+         ) -> None:
+    shapes = shapes or sync.rounds.sync.shapes[fragment]
+    delta = {n: torch.full(s, value) for n, s in shapes.items()}
+    meta = {"run": sync.store.run_id, "island": island, "epoch": epoch, "fragment": fragment,
+            "base_version": base_version, "seq": seq,
+            "tokens": steps * TOKENS_PER_STEP if tokens is None else tokens,
+            "inner_steps": steps, "compute_s": 1.0, "codec": codec}
+    blob = encode_message("update", meta, codecs.encode(delta, codec), secret or sync.spec.secret)
+    sync.store.push_update(island, epoch, fragment, seq, blob)
+
+
+def heartbeat_all(sync: RunSync) -> None:
+    for island in ("a", "b"):
+        sync.store.heartbeat(island, 1, 4, 128, state="training")
+
+
+def beat_at(sync: RunSync, island: str, time: float, *, epoch: int = 1,
+            state: str = "training", startup_s: float | None = None) -> None:
+    beat = {"epoch": epoch, "time": time, "step": 4, "tokens": 128, "state": state,
+            "startup_s": startup_s}
+    sync.store.r.hset(sync.store.key("heartbeats"), island, json.dumps(beat))
