@@ -4,10 +4,10 @@
 syncd's quorum, grace, staleness and weighting code on a virtual clock):
 
 - plain data-parallel, elastic data-parallel and Decoupled DiLoCo with M in
-  {1, 2, 4, 8, 16} learners, from 150k to 2.4M chips, per-chip MTBI one year,
+  {1, 2, 4, 8, 16} islands, from 150k to 2.4M chips, per-chip MTBI one year,
   in the paper's setting, with the one calibrated knob (diloco.simconfig.RECONFIGURE_S)
   refitted first and compared with the value in the code;
-- Archipelago's own choices at 1.2M chips and 8 learners, one knob at a time;
+- Archipelago's own choices at 1.2M chips and 8 islands, one knob at a time;
 - compute utilization of a 12B model over 4 regions from 0.5 to 10 Gb/s.
 
 It writes bench/results/simulate.json and bench/results/simulate.html (Plotly,
@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 from bench import results
 from diloco.simconfig import RECONFIGURE_S
 from diloco.simsweep import (
-    BANDWIDTH_METHODS,
+    BANDWIDTH_MODES,
     bandwidth_needed,
     calibrate_reconfigure,
     run_sweep,
@@ -34,11 +34,11 @@ PAPER = {"dp": 0.27, "elastic": 0.58, "decoupled": 0.88}  # at 1.2M chips, M = 8
 PROFILES: dict[str, dict[str, Any]] = {
     # About 3.5 minutes on 2 busy cores.
     "full": {"chips": [150_000, 300_000, 600_000, 1_200_000, 2_400_000],
-             "learners": [1, 2, 4, 8, 16], "duration_s": 12 * 3600.0,
+             "islands": [1, 2, 4, 8, 16], "duration_s": 12 * 3600.0,
              "bandwidth_gbps": [0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0], "calibrate": True,
              "archipelago_aim": 0.93},
-    # Under a minute: the 1.2M point only, two learner counts, a shorter run.
-    "quick": {"chips": [1_200_000], "learners": [1, 8], "duration_s": 2 * 3600.0,
+    # Under a minute: the 1.2M point only, two island counts, a shorter run.
+    "quick": {"chips": [1_200_000], "islands": [1, 8], "duration_s": 2 * 3600.0,
               "bandwidth_gbps": [2.0], "calibrate": False, "archipelago_aim": 0.92},
 }
 
@@ -50,7 +50,7 @@ def main(quick: bool = False) -> int:
     if profile["calibrate"]:
         results.say("fitting the mesh rebuild pause on elastic at 1.2M chips ...")
         out["reconfigure_s_refit"] = calibrate_reconfigure()
-    spec = {k: profile[k] for k in ("chips", "learners", "duration_s", "bandwidth_gbps")}
+    spec = {k: profile[k] for k in ("chips", "islands", "duration_s", "bandwidth_gbps")}
     last = [0.0]
 
     def progress(fraction: float) -> None:
@@ -61,7 +61,7 @@ def main(quick: bool = False) -> int:
     out.update(run_sweep(spec, progress))
     out["bandwidth_for_utilization"] = {
         m: {f"{t:.0%}": bandwidth_needed(m, t) for t in (0.5, 0.95)}
-        for m in BANDWIDTH_METHODS} if not quick else {}
+        for m in BANDWIDTH_MODES} if not quick else {}
     out["checks"] = checks(out, profile["archipelago_aim"])
     out["profile"] = "quick" if quick else "full"
     out["seconds"] = round(time.time() - started, 1)
@@ -71,32 +71,32 @@ def main(quick: bool = False) -> int:
     html = results.RESULTS / f"{name}.html"
     html.write_text(figures_html(out))
 
-    print(results.table(out["goodput_table"], ["method", "learners", "chips", "goodput",
+    print(results.table(out["goodput_table"], ["mode", "islands", "chips", "goodput",
                                                "uptime", "failures", "stale_drops"]))
     print()
     print(results.table(out["knobs_table"], ["knob", "goodput", "uptime", "merges"]))
     print()
-    print(results.table(out["bandwidth_table"], ["method", "bandwidth_gbps", "utilization"]))
+    print(results.table(out["bandwidth_table"], ["mode", "bandwidth_gbps", "utilization"]))
     print()
     print(results.checks_table(out["checks"]))
     print(f"\n{out['seconds']} s; wrote {path} and {html}")
     return results.exit_code(out["checks"])
 
 
-def _goodput(out: dict[str, Any], method: str, learners: int, chips: int = 1_200_000
+def _goodput(out: dict[str, Any], mode: str, islands: int, chips: int = 1_200_000
              ) -> dict[str, Any]:
     return next(r for r in out["goodput_table"]
-                if (r["method"], r["learners"], r["chips"]) == (method, learners, chips))
+                if (r["mode"], r["islands"], r["chips"]) == (mode, islands, chips))
 
 
 def checks(out: dict[str, Any], archipelago_aim: float) -> dict[str, dict[str, Any]]:
     """The paper's regime at 1.2M chips (within 5 points) and the issue's aims."""
     rows = {f"|{m} goodput - paper's {v:.0%}| at 1.2M chips": (
         abs(_goodput(out, m, 8 if m == "decoupled" else 1)["goodput"] - v), 0.05, False)
-        for m, v in PAPER.items() if any(r["learners"] == (8 if m == "decoupled" else 1)
-                                         and r["method"] == m for r in out["goodput_table"])}
+        for m, v in PAPER.items() if any(r["islands"] == (8 if m == "decoupled" else 1)
+                                         and r["mode"] == m for r in out["goodput_table"])}
     decoupled = [r for r in out["goodput_table"]
-                 if r["method"] == "decoupled" and r["learners"] >= 4]
+                 if r["mode"] == "decoupled" and r["islands"] >= 4]
     if decoupled:
         rows["decoupled uptime with M >= 4, lowest"] = (
             min(r["uptime"] for r in decoupled), 0.999, True)
@@ -104,7 +104,7 @@ def checks(out: dict[str, Any], archipelago_aim: float) -> dict[str, dict[str, A
     rows["archipelago goodput, M = 8, 1.2M chips"] = (archipelago["goodput"], archipelago_aim,
                                                       True)
     int4 = next(r for r in out["bandwidth_table"]
-                if r["method"] == "streaming_int4" and r["bandwidth_gbps"] == 2.0)
+                if r["mode"] == "streaming_int4" and r["bandwidth_gbps"] == 2.0)
     rows["streaming int4 utilization at 2 Gb/s"] = (int4["utilization"], 0.95, True)
     if "reconfigure_s_refit" in out:
         rows["|refitted - coded reconfigure_s| (s)"] = (
@@ -119,7 +119,7 @@ def figures_html(out: dict[str, Any]) -> str:
         fig = go.Figure()
         series: dict[str, list[dict[str, Any]]] = {}
         for r in out["goodput_table"]:
-            label = r["method"] if r["method"] != "decoupled" else f"decoupled M={r['learners']}"
+            label = r["mode"] if r["mode"] != "decoupled" else f"decoupled M={r['islands']}"
             series.setdefault(label, []).append(r)
         for label, rows in series.items():
             fig.add_trace(go.Scatter(x=[r["chips"] for r in rows], y=[r[metric] for r in rows],
@@ -130,15 +130,15 @@ def figures_html(out: dict[str, Any]) -> str:
         figs.append(fig)
     knobs = go.Figure(go.Bar(x=[r["knob"] for r in out["knobs_table"]],
                              y=[r["goodput"] for r in out["knobs_table"]]))
-    knobs.update_layout(title="Decoupled, 8 learners, 1.2M chips: one knob at a time",
+    knobs.update_layout(title="Decoupled, 8 islands, 1.2M chips: one knob at a time",
                         yaxis={"title": "goodput", "range": [0, 1]})
     figs.append(knobs)
     bandwidth = go.Figure()
-    for method in BANDWIDTH_METHODS:
-        rows = [r for r in out["bandwidth_table"] if r["method"] == method]
+    for mode in BANDWIDTH_MODES:
+        rows = [r for r in out["bandwidth_table"] if r["mode"] == mode]
         bandwidth.add_trace(go.Scatter(x=[r["bandwidth_gbps"] for r in rows],
                                        y=[r["utilization"] for r in rows],
-                                       mode="lines+markers", name=method))
+                                       mode="lines+markers", name=mode))
     bandwidth.update_layout(title="12B model over 4 regions: compute utilization",
                             xaxis={"title": "wide-area bandwidth (Gb/s)", "type": "log"},
                             yaxis={"title": "compute utilization", "range": [0, 1.02]})

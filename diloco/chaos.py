@@ -22,7 +22,7 @@ REJOINED = ("kill", "region_outage")
 
 
 @dataclass(frozen=True)
-class ChaosSpec:
+class ChaosPreset:
     """How often and how islands break.
 
     Args:
@@ -71,23 +71,23 @@ class Fault:
         return self.kind in REJOINED
 
 
-PRESETS: dict[str, ChaosSpec] = {
+PRESETS: dict[str, ChaosPreset] = {
     # On 4 islands: one fault about every 30 s somewhere, each out for about 10 s.
-    "aggressive": ChaosSpec(mtbf_s=120.0, outage_s=10.0, mix={
+    "aggressive": ChaosPreset(mtbf_s=120.0, outage_s=10.0, mix={
         "kill": 0.5, "partition": 0.15, "straggle": 0.15, "region_outage": 0.05,
         "degrade": 0.1, "corrupt": 0.05}),
-    "moderate": ChaosSpec(mtbf_s=480.0, outage_s=10.0, mix={
+    "moderate": ChaosPreset(mtbf_s=480.0, outage_s=10.0, mix={
         "kill": 0.5, "partition": 0.2, "straggle": 0.2, "degrade": 0.1}),
-    "kills_only": ChaosSpec(mtbf_s=120.0, outage_s=10.0, mix={"kill": 1.0}),
+    "kills_only": ChaosPreset(mtbf_s=120.0, outage_s=10.0, mix={"kill": 1.0}),
 }
 
 
-def schedule(spec: ChaosSpec, islands: dict[str, str], duration_s: float, seed: int
+def schedule(preset: ChaosPreset, islands: dict[str, str], duration_s: float, seed: int
              ) -> list[Fault]:
     """The faults of one run, in time order; the same arguments give the same list.
 
     Args:
-        spec: rates, kinds and durations.
+        preset: rates, kinds and durations.
         islands: island name -> region.
         duration_s: faults start within [0, duration_s).
         seed: seeds the schedule.
@@ -97,11 +97,11 @@ def schedule(spec: ChaosSpec, islands: dict[str, str], duration_s: float, seed: 
     if not duration_s > 0:
         raise ValueError(f"duration_s must be positive, got {duration_s}")
     rng = random.Random(seed)
-    kinds = sorted(spec.mix)
-    weights = [spec.mix[k] for k in kinds]
+    kinds = sorted(preset.mix)
+    weights = [preset.mix[k] for k in kinds]
     names = sorted(islands)
     down_until = dict.fromkeys(names, 0.0)
-    rate = len(names) / spec.mtbf_s
+    rate = len(names) / preset.mtbf_s
     faults: list[Fault] = []
     t = rng.expovariate(rate)
     while t < duration_s:
@@ -109,13 +109,13 @@ def schedule(spec: ChaosSpec, islands: dict[str, str], duration_s: float, seed: 
         if up:
             kind = rng.choices(kinds, weights)[0]
             island = rng.choice(up)
-            duration = spec.outage_s * rng.uniform(0.5, 1.5)
+            duration = preset.outage_s * rng.uniform(0.5, 1.5)
             hit = (island,)
             if kind == "region_outage":
                 region = islands[island]
                 hit = tuple(n for n in up if islands[n] == region)
-            factor = {"straggle": spec.straggle_factor,
-                      "degrade": spec.degrade_factor}.get(kind)
+            factor = {"straggle": preset.straggle_factor,
+                      "degrade": preset.degrade_factor}.get(kind)
             faults.append(Fault(round(t, 3), kind, hit, round(duration, 3), factor))
             for name in hit:
                 down_until[name] = t + duration

@@ -1,8 +1,8 @@
-"""Datacenter-scale goodput simulator: learners of many chips on a virtual clock.
+"""Datacenter-scale goodput simulator: islands of many chips on a virtual clock.
 
 Decoupled DiLoCo (arXiv 2604.21428) compares, in simulation, how much of a
 very large allocation does useful training when chips fail: plain
-data-parallel, elastic data-parallel and decoupled learners. This module is
+data-parallel, elastic data-parallel and decoupled islands. This module is
 that simulation, discrete-event and seeded. Each chip is interrupted on
 average once per `mtbi_s`; an interruption takes out the chip's slice (the
 data-parallel replica it belongs to), which comes back `return_s` later.
@@ -13,17 +13,17 @@ data-parallel replica it belongs to), which comes back `return_s` later.
 - elastic: one job that drops the failed slice (everyone pauses `downscale_s`),
   trains on with the others, and takes the slice back when it returns
   (everyone pauses `upscale_s`).
-- decoupled: M learners, each elastic in that way on its own, that send
+- decoupled: M islands, each elastic in that way on its own, that send
   fragment updates over a wide-area link to a synchronizer. The synchronizer
   is the live one's logic: `diloco.policy.decide` (quorum and grace window),
   `diloco.policy.is_stale` and `diloco.merge.merge_weights`, looked up at call
   time so that what is simulated is the code that runs.
 
 Goodput and uptime come from `diloco.accounting.RunAccounting`, as docs/FIGURES.md
-defines them: a step of a learner with u of its n slices up is worth u/n of a
+defines them: a step of an island with u of its n slices up is worth u/n of a
 fault-free step, and counts once merged (dp: once checkpointed). Uptime's theta
-follows the live rule for every method: twice a fragment's cadence, H steps at the
-step time of the K-th fastest learner (dp and elastic merge the whole model every
+follows the live rule for every mode: twice a fragment's cadence, H steps at the
+step time of the K-th fastest island (dp and elastic merge the whole model every
 step, so theta is two steps).
 """
 
@@ -53,7 +53,7 @@ class SimResult:
     lost_s: dict[str, float]
 
     def row(self) -> dict:
-        return {"method": self.config.method, "learners": self.config.learners,
+        return {"mode": self.config.mode, "islands": self.config.islands,
                 "chips": self.config.chips, "goodput": self.goodput, "uptime": self.uptime,
                 "failures": self.failures, "merges": self.merges,
                 "stale_drops": self.stale_drops}
@@ -64,7 +64,7 @@ class SimResult:
 
 
 @dataclass
-class _Learner:
+class _Island:
     name: str
     slices: int
     up: int
@@ -89,17 +89,17 @@ class _Sim:
         self.rng = random.Random(config.seed)
         self.events: list[tuple[float, int, str, tuple]] = []
         self.seq = 0
-        per_learner = config.chips / config.learners
-        slices = max(1, round(per_learner / config.slice_chips))
-        self.fail_rate = per_learner / config.mtbi_s
-        self.learners = [_Learner(f"learner-{i}", slices, slices, [0] * config.fragments,
-                                  [[0, 0] for _ in range(config.fragments)])
-                         for i in range(config.learners)]
-        self.acc = RunAccounting([learner.name for learner in self.learners], 0.0,
-                                 fragments=config.fragments if config.method == "decoupled"
+        per_island = config.chips / config.islands
+        slices = max(1, round(per_island / config.slice_chips))
+        self.fail_rate = per_island / config.mtbi_s
+        self.islands = [_Island(f"island-{i}", slices, slices, [0] * config.fragments,
+                                [[0, 0] for _ in range(config.fragments)])
+                        for i in range(config.islands)]
+        self.acc = RunAccounting([island.name for island in self.islands], 0.0,
+                                 fragments=config.fragments if config.mode == "decoupled"
                                  else 1)
-        for learner in self.learners:  # a slice-step is worth 1/n of a fault-free step
-            self.acc.observe_step_time(learner.name, config.step_time_s / slices, faulted=False)
+        for island in self.islands:  # a slice-step is worth 1/n of a fault-free step
+            self.acc.observe_step_time(island.name, config.step_time_s / slices, faulted=False)
         self.versions = [0] * config.fragments
         self.rounds: list[dict[str, tuple[float, int, int, int]]] = [
             {} for _ in range(config.fragments)]
@@ -108,8 +108,8 @@ class _Sim:
                         for p in range(config.fragments)]
         self.failures = self.merges = self.stale_drops = 0
         for at, i in failures:
-            if not 0 <= i < config.learners:
-                raise ValueError(f"a failure names learner {i}; there are {config.learners}")
+            if not 0 <= i < config.islands:
+                raise ValueError(f"a failure names island {i}; there are {config.islands}")
             self.push(at, "failure", i, False)
 
     def push(self, time: float, kind: str, *args: object) -> None:
@@ -117,88 +117,88 @@ class _Sim:
         heapq.heappush(self.events, (time, self.seq, kind, args))
 
     def run(self) -> RunAccounting:
-        for i, learner in enumerate(self.learners):
+        for i, island in enumerate(self.islands):
             self._steady_start(i)
             self._next_failure(i, 0.0)
-            self._schedule_step(learner, 0.0)
+            self._schedule_step(island, 0.0)
         end = self.c.duration_s
         while self.events and self.events[0][0] <= end:
             time, _, kind, args = heapq.heappop(self.events)
             getattr(self, f"_on_{kind}")(time, *args)
-        for learner in self.learners:
-            self._advance(learner, end)
+        for island in self.islands:
+            self._advance(island, end)
         self.acc.finish(end)
         return self.acc
 
-    # -- a learner's steps --------------------------------------------------------------
+    # -- an island's steps --------------------------------------------------------------
 
-    def _advance(self, learner: _Learner, now: float) -> None:
+    def _advance(self, island: _Island, now: float) -> None:
         """Count the whole steps done since `running_since`; a partial step stays open."""
-        if learner.running_since is None:
+        if island.running_since is None:
             return
         t = self.c.step_time_s
-        done = int((now - learner.running_since) / t + 1e-9)
+        done = int((now - island.running_since) / t + 1e-9)
         for k in range(1, done + 1):
-            self._step_done(learner, learner.running_since + k * t)
-        learner.running_since += done * t
+            self._step_done(island, island.running_since + k * t)
+        island.running_since += done * t
 
-    def _step_done(self, learner: _Learner, at: float) -> None:
-        learner.steps += 1
-        if self.c.method == "elastic":
-            self.acc.merged(learner.name, learner.up, 1.0, at)
-        elif self.c.method == "dp":
-            learner.unsaved.append((at, learner.up))
-            if learner.steps % self.c.checkpoint_steps == 0:
-                for when, up in learner.unsaved:
-                    self.acc.merged(learner.name, up, 1.0, when)
-                learner.unsaved.clear()
+    def _step_done(self, island: _Island, at: float) -> None:
+        island.steps += 1
+        if self.c.mode == "elastic":
+            self.acc.merged(island.name, island.up, 1.0, at)
+        elif self.c.mode == "dp":
+            island.unsaved.append((at, island.up))
+            if island.steps % self.c.checkpoint_steps == 0:
+                for when, up in island.unsaved:
+                    self.acc.merged(island.name, up, 1.0, when)
+                island.unsaved.clear()
         else:
-            for counts in learner.since:
-                counts[0] += learner.up
+            for counts in island.since:
+                counts[0] += island.up
                 counts[1] += 1
 
-    def _stop(self, learner: _Learner, now: float) -> None:
+    def _stop(self, island: _Island, now: float) -> None:
         """Stop training now; the step in progress is lost."""
-        self._advance(learner, now)
-        learner.running_since = None
-        learner.gen += 1
+        self._advance(island, now)
+        island.running_since = None
+        island.gen += 1
 
-    def _start(self, learner: _Learner, now: float) -> None:
-        if now < learner.paused_until or learner.running_since is not None:
+    def _start(self, island: _Island, now: float) -> None:
+        if now < island.paused_until or island.running_since is not None:
             return
-        if any(step <= learner.steps for step in learner.need.values()):
-            if learner.blocked_since is None:
-                learner.blocked_since = now
+        if any(step <= island.steps for step in island.need.values()):
+            if island.blocked_since is None:
+                island.blocked_since = now
             return
-        if learner.blocked_since is not None:
-            self.acc.lost(learner.name, now - learner.blocked_since, "barrier_wait")
-            learner.blocked_since = None
-        learner.running_since = now
-        self._schedule_step(learner, now)
+        if island.blocked_since is not None:
+            self.acc.lost(island.name, now - island.blocked_since, "barrier_wait")
+            island.blocked_since = None
+        island.running_since = now
+        self._schedule_step(island, now)
 
-    def _schedule_step(self, learner: _Learner, now: float) -> None:
-        """The next step at which a decoupled learner sends or needs a merge."""
-        if self.c.method != "decoupled" or learner.running_since is None:
+    def _schedule_step(self, island: _Island, now: float) -> None:
+        """The next step at which a decoupled island sends or needs a merge."""
+        if self.c.mode != "decoupled" or island.running_since is None:
             return
-        learner.gen += 1
-        h, s = self.c.inner_steps, learner.steps
+        island.gen += 1
+        h, s = self.c.inner_steps, island.steps
         target = min(s + ((off - s) % h or h) for off in self.offsets)
-        target = min([target, *(n for n in learner.need.values() if n > s)])
-        at = learner.running_since + (target - s) * self.c.step_time_s
-        self.push(at, "step", learner, learner.gen)
+        target = min([target, *(n for n in island.need.values() if n > s)])
+        at = island.running_since + (target - s) * self.c.step_time_s
+        self.push(at, "step", island, island.gen)
 
-    def _on_step(self, now: float, learner: _Learner, gen: int) -> None:
-        if gen != learner.gen:
+    def _on_step(self, now: float, island: _Island, gen: int) -> None:
+        if gen != island.gen:
             return
-        self._advance(learner, now)
+        self._advance(island, now)
         for p, off in enumerate(self.offsets):
-            if learner.steps % self.c.inner_steps == off:
-                self._send(learner, p, now)
-        if any(step <= learner.steps for step in learner.need.values()):
-            self._stop(learner, now)
-            self._start(learner, now)  # records when it began to wait
+            if island.steps % self.c.inner_steps == off:
+                self._send(island, p, now)
+        if any(step <= island.steps for step in island.need.values()):
+            self._stop(island, now)
+            self._start(island, now)  # records when it began to wait
         else:
-            self._schedule_step(learner, now)
+            self._schedule_step(island, now)
 
     # -- interruptions ------------------------------------------------------------------
 
@@ -209,89 +209,89 @@ class _Sim:
     def _steady_start(self, i: int) -> None:
         """Start with the slices that interruptions in the last return_s took out still out,
         so that a short run measures the steady state and not a fresh allocation."""
-        if self.c.method == "dp" or self.fail_rate == 0:
+        if self.c.mode == "dp" or self.fail_rate == 0:
             return  # dp restarts on spares: all of its slices are always up
-        learner = self.learners[i]
+        island = self.islands[i]
         t = -self.c.return_s + self.rng.expovariate(self.fail_rate)
         while t < 0:
-            if self.rng.random() < learner.up / learner.slices:
-                learner.up -= 1
+            if self.rng.random() < island.up / island.slices:
+                island.up -= 1
                 self.push(t + self.c.return_s, "return", i)
             t += self.rng.expovariate(self.fail_rate)
 
     def _on_failure(self, now: float, i: int, random_: bool = True) -> None:
-        learner = self.learners[i]
+        island = self.islands[i]
         if not random_:  # a scripted failure (simulate's `failures`)
-            self._fail(learner, i, now)
+            self._fail(island, i, now)
             return
         self._next_failure(i, now)
         # Chips of slices already down cannot be interrupted again (thinning).
-        if self.rng.random() < learner.up / learner.slices:
-            self._fail(learner, i, now)
+        if self.rng.random() < island.up / island.slices:
+            self._fail(island, i, now)
 
-    def _fail(self, learner: _Learner, i: int, now: float) -> None:
+    def _fail(self, island: _Island, i: int, now: float) -> None:
         self.failures += 1
-        if self.c.method == "dp":
-            if now < learner.paused_until:
+        if self.c.mode == "dp":
+            if now < island.paused_until:
                 return  # the restart in progress lands on healthy spares anyway
-            self._stop(learner, now)
-            self.acc.lost(learner.name, len(learner.unsaved) * self.c.step_time_s, "rollback")
-            learner.steps -= len(learner.unsaved)
-            learner.unsaved.clear()
-            self._pause(learner, now, self.c.restart_s)
+            self._stop(island, now)
+            self.acc.lost(island.name, len(island.unsaved) * self.c.step_time_s, "rollback")
+            island.steps -= len(island.unsaved)
+            island.unsaved.clear()
+            self._pause(island, now, self.c.restart_s)
             return
-        if learner.up == 0:
+        if island.up == 0:
             return  # every slice is already out
-        self._advance(learner, now)  # the steps done so far had the slice
-        learner.up -= 1
+        self._advance(island, now)  # the steps done so far had the slice
+        island.up -= 1
         self.push(now + self.c.return_s, "return", i)
-        self._pause(learner, now, self.c.downscale_s)
+        self._pause(island, now, self.c.downscale_s)
 
     def _on_return(self, now: float, i: int) -> None:
-        learner = self.learners[i]
-        self._advance(learner, now)
-        learner.up += 1
+        island = self.islands[i]
+        self._advance(island, now)
+        island.up += 1
         if self.c.upscale_s > 0:
-            self._pause(learner, now, self.c.upscale_s)
+            self._pause(island, now, self.c.upscale_s)
 
-    def _pause(self, learner: _Learner, now: float, seconds: float) -> None:
-        was_live = now >= learner.paused_until
-        self._stop(learner, now)
-        if learner.blocked_since is not None:  # from here on the pause is the cause
-            self.acc.lost(learner.name, now - learner.blocked_since, "barrier_wait")
-            learner.blocked_since = None
-        until = max(learner.paused_until, now + seconds)
-        self.acc.lost(learner.name, until - max(now, learner.paused_until), "restart_pause")
-        learner.paused_until = until
-        self.push(until, "resume", learner)
-        if was_live and self.c.method == "decoupled":
-            for p in range(self.c.fragments):  # fewer live learners: a round may close
+    def _pause(self, island: _Island, now: float, seconds: float) -> None:
+        was_live = now >= island.paused_until
+        self._stop(island, now)
+        if island.blocked_since is not None:  # from here on the pause is the cause
+            self.acc.lost(island.name, now - island.blocked_since, "barrier_wait")
+            island.blocked_since = None
+        until = max(island.paused_until, now + seconds)
+        self.acc.lost(island.name, until - max(now, island.paused_until), "restart_pause")
+        island.paused_until = until
+        self.push(until, "resume", island)
+        if was_live and self.c.mode == "decoupled":
+            for p in range(self.c.fragments):  # fewer live islands: a round may close
                 self._try_merge(p, now)
 
-    def _on_resume(self, now: float, learner: _Learner) -> None:
-        self._start(learner, now)
+    def _on_resume(self, now: float, island: _Island) -> None:
+        self._start(island, now)
 
     # -- the synchronizer ---------------------------------------------------------------
 
-    def _send(self, learner: _Learner, p: int, now: float) -> None:
-        slice_steps, steps = learner.since[p]
-        learner.since[p] = [0, 0]
+    def _send(self, island: _Island, p: int, now: float) -> None:
+        slice_steps, steps = island.since[p]
+        island.since[p] = [0, 0]
         if slice_steps == 0:
-            return  # every slice of the learner is out: it trained nothing to send
-        start = max(now, learner.uplink_free)
-        learner.uplink_free = start + self.c.fragment_seconds
-        learner.need[p] = learner.steps + self.c.overlap_steps
-        self.push(learner.uplink_free + self.c.latency_s, "arrive", learner, p,
-                  learner.held[p], slice_steps, steps)
+            return  # every slice of the island is out: it trained nothing to send
+        start = max(now, island.uplink_free)
+        island.uplink_free = start + self.c.fragment_seconds
+        island.need[p] = island.steps + self.c.overlap_steps
+        self.push(island.uplink_free + self.c.latency_s, "arrive", island, p,
+                  island.held[p], slice_steps, steps)
 
-    def _on_arrive(self, now: float, learner: _Learner, p: int, base: int, slice_steps: int,
+    def _on_arrive(self, now: float, island: _Island, p: int, base: int, slice_steps: int,
                    steps: int) -> None:
         if policy.is_stale(base, self.versions[p], self.c.max_staleness):
-            self._drop(learner, p, slice_steps, now)
+            self._drop(island, p, slice_steps, now)
             return
-        # A learner waits for the merge of each update before its next send of the
-        # same fragment (overlap_steps < inner_steps), so a round holds one per learner.
-        self.rounds[p][learner.name] = (now, base, slice_steps, steps)
+        # An island waits for the merge of each update before its next send of the
+        # same fragment (overlap_steps < inner_steps), so a round holds one per island.
+        self.rounds[p][island.name] = (now, base, slice_steps, steps)
         self._try_merge(p, now)
 
     def _on_deadline(self, now: float, p: int) -> None:
@@ -304,7 +304,7 @@ class _Sim:
         if not round_:
             return
         arrivals = [policy.Arrival(name, t, base) for name, (t, base, _, _) in round_.items()]
-        live = sum(now >= learner.paused_until for learner in self.learners)
+        live = sum(now >= island.paused_until for island in self.islands)
         sync_s = self.c.fragment_seconds + self.c.latency_s
         stats = policy.RoundStats(self.c.step_time_s,
                                   2 * sync_s if self.c.grace_round_trip else sync_s)
@@ -319,7 +319,7 @@ class _Sim:
 
     def _merge(self, p: int, now: float) -> None:
         round_, self.rounds[p] = self.rounds[p], {}
-        by_name = {learner.name: learner for learner in self.learners}
+        by_name = {island.name: island for island in self.islands}
         fresh = {}
         for name, (_, base, slice_steps, steps) in round_.items():
             if policy.is_stale(base, self.versions[p], self.c.max_staleness):
@@ -337,53 +337,53 @@ class _Sim:
                             version=self.versions[p])
             self._publish(by_name[name], p, now)
 
-    def _drop(self, learner: _Learner, p: int, slice_steps: int, now: float) -> None:
+    def _drop(self, island: _Island, p: int, slice_steps: int, now: float) -> None:
         self.stale_drops += 1
-        value = slice_steps / self.c.fragments * self.c.step_time_s / learner.slices
-        self.acc.lost(learner.name, value, "stale")
-        self._publish(learner, p, now)
+        value = slice_steps / self.c.fragments * self.c.step_time_s / island.slices
+        self.acc.lost(island.name, value, "stale")
+        self._publish(island, p, now)
 
-    def _publish(self, learner: _Learner, p: int, now: float) -> None:
-        """The learner pulls the newest version of fragment p over its downlink."""
-        start = max(now, learner.downlink_free)
-        learner.downlink_free = start + self.c.fragment_seconds
-        self.push(learner.downlink_free + self.c.latency_s, "pulled", learner, p,
+    def _publish(self, island: _Island, p: int, now: float) -> None:
+        """The island pulls the newest version of fragment p over its downlink."""
+        start = max(now, island.downlink_free)
+        island.downlink_free = start + self.c.fragment_seconds
+        self.push(island.downlink_free + self.c.latency_s, "pulled", island, p,
                   self.versions[p])
 
-    def _on_pulled(self, now: float, learner: _Learner, p: int, version: int) -> None:
-        learner.held[p] = max(learner.held[p], version)
-        learner.need.pop(p, None)
-        if learner.blocked_since is not None:
-            self._start(learner, now)
+    def _on_pulled(self, now: float, island: _Island, p: int, version: int) -> None:
+        island.held[p] = max(island.held[p], version)
+        island.need.pop(p, None)
+        if island.blocked_since is not None:
+            self._start(island, now)
 
 
 def simulate(config: SimConfig, failures: tuple[tuple[float, int], ...] = ()) -> SimResult:
     """Run one configuration and measure its goodput and uptime.
 
-    `failures` adds scripted interruptions, (time, learner index) each, to the random ones.
+    `failures` adds scripted interruptions, (time, island index) each, to the random ones.
     """
     sim = _Sim(config, failures)
     acc = sim.run()
     theta = uptime_theta(cadence(config))
     snapshot = acc.snapshot(config.duration_s, theta)
     return SimResult(config, snapshot["goodput"] or 0.0, snapshot["uptime"] or 0.0, theta,
-                     sim.failures, sim.merges if config.method == "decoupled" else 0,
+                     sim.failures, sim.merges if config.mode == "decoupled" else 0,
                      sim.stale_drops, snapshot["lost_s"])
 
 
 def utilization(config: SimConfig) -> float:
-    """Compute utilization without interruptions: the share of the wall time the learners
+    """Compute utilization without interruptions: the share of the wall time the islands
     spend on inner steps rather than waiting on the link and the merges."""
     sim = _Sim(replace(config, mtbi_s=math.inf))
     sim.run()
-    steps = sum(learner.steps for learner in sim.learners)
-    return steps * config.step_time_s / (config.learners * config.duration_s)
+    steps = sum(island.steps for island in sim.islands)
+    return steps * config.step_time_s / (config.islands * config.duration_s)
 
 
 def cadence(config: SimConfig) -> float:
     """A fragment's cadence, by the live rule (diloco.accounting.fragment_cadence): H steps
-    at the step time of the K-th fastest learner, every learner stepping at step_time_s;
+    at the step time of the K-th fastest island, every island stepping at step_time_s;
     dp and elastic merge the whole model every step."""
-    steps = config.inner_steps if config.method == "decoupled" else 1
-    return fragment_cadence([config.step_time_s] * config.learners, steps,
-                            min(config.min_quorum, config.learners))
+    steps = config.inner_steps if config.mode == "decoupled" else 1
+    return fragment_cadence([config.step_time_s] * config.islands, steps,
+                            min(config.min_quorum, config.islands))

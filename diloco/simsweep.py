@@ -6,7 +6,7 @@ JSON-able values:
 
 - goodput_table: data-parallel, elastic data-parallel and decoupled with each M,
   per chip count, in the paper's setting (SimConfig's defaults);
-- knobs_table: decoupled at `knob_chips` and `knob_learners` with one of
+- knobs_table: decoupled at `knob_chips` and `knob_islands` with one of
   Archipelago's choices changed from that setting at a time, then all of them;
 - bandwidth_table: compute utilization of a 12B model over 4 regions against the
   wide-area bandwidth, for data-parallel, DiLoCo, streaming and streaming int4.
@@ -24,12 +24,12 @@ from diloco.simconfig import SimConfig
 
 DEFAULT_SPEC: dict[str, Any] = {
     "chips": [150_000, 1_200_000],
-    "learners": [1, 8],
+    "islands": [1, 8],
     "duration_s": 4 * 3600.0,
     "seed": 0,
     "base": {},  # SimConfig fields changed from the paper's setting for every run
     "knob_chips": 1_200_000,
-    "knob_learners": 8,
+    "knob_islands": 8,
     "knobs": True,
     "bandwidth_gbps": [0.5, 1.0, 2.0, 5.0, 10.0],
 }
@@ -37,7 +37,7 @@ DEFAULT_SPEC: dict[str, Any] = {
 # Archipelago's own choices, each a change of one SimConfig field from the paper's setting.
 KNOBS: dict[str, dict[str, Any]] = {
     # A returning slice loads the newest global in the background and joins the
-    # running learner at the next step instead of pausing it for a mesh rebuild.
+    # running island at the next step instead of pausing it for a mesh rebuild.
     "reintegration": {"upscale_s": 1.0},
     # The adaptive grace window after quorum with t_sync the downlink alone (how
     # syncd/service.py sized it before its round_stats passed the round trip).
@@ -50,12 +50,12 @@ KNOBS: dict[str, dict[str, Any]] = {
 }
 ARCHIPELAGO = ("reintegration", "grace_window_round_trip", "fragments")
 
-# The bandwidth study: a 12B model on 4 learners (one per region), no interruptions,
+# The bandwidth study: a 12B model on 4 islands (one per region), no interruptions,
 # every round waits for all 4 (K = M), as Streaming DiLoCo does.
-BANDWIDTH_BASE: dict[str, Any] = {"chips": 4, "learners": 4, "min_quorum": 4,
+BANDWIDTH_BASE: dict[str, Any] = {"chips": 4, "islands": 4, "min_quorum": 4,
                                   "model_params": 12e9, "step_time_s": 1.0,
                                   "inner_steps": 100, "latency_s": 0.05}
-BANDWIDTH_METHODS: dict[str, dict[str, Any]] = {
+BANDWIDTH_MODES: dict[str, dict[str, Any]] = {
     "data_parallel": {"inner_steps": 1, "fragments": 1, "overlap_steps": 0,
                       "compression": "bf16"},
     "diloco": {"fragments": 1, "overlap_steps": 0, "compression": "bf16"},
@@ -72,18 +72,18 @@ def run_sweep(spec: dict[str, Any], progress: Callable[[float], None] | None = N
     """
     spec = _check_spec(spec)
     base = {**spec["base"], "duration_s": spec["duration_s"], "seed": spec["seed"]}
-    goodput_runs = [({**base, "method": m, "learners": 1, "chips": c}, None)
+    goodput_runs = [({**base, "mode": m, "islands": 1, "chips": c}, None)
                     for c in spec["chips"] for m in ("dp", "elastic")]
-    goodput_runs += [({**base, "method": "decoupled", "learners": n, "chips": c}, None)
-                     for c in spec["chips"] for n in spec["learners"]]
-    knob_base = {**base, "chips": spec["knob_chips"], "learners": spec["knob_learners"]}
+    goodput_runs += [({**base, "mode": "decoupled", "islands": n, "chips": c}, None)
+                     for c in spec["chips"] for n in spec["islands"]]
+    knob_base = {**base, "chips": spec["knob_chips"], "islands": spec["knob_islands"]}
     knob_runs = []
     if spec["knobs"]:
         every = {k: v for name in ARCHIPELAGO for k, v in KNOBS[name].items()}
         knob_runs = [({**knob_base}, "paper")]
         knob_runs += [({**knob_base, **change}, name) for name, change in KNOBS.items()]
         knob_runs.append(({**knob_base, **every}, "archipelago"))
-    bandwidth_runs = [(bw, method) for method in BANDWIDTH_METHODS
+    bandwidth_runs = [(bw, mode) for mode in BANDWIDTH_MODES
                       for bw in spec["bandwidth_gbps"]]
     total = len(goodput_runs) + len(knob_runs) + len(bandwidth_runs)
     done = 0
@@ -101,9 +101,9 @@ def run_sweep(spec: dict[str, Any], progress: Callable[[float], None] | None = N
     for changes, name in knob_runs:
         knobs_table.append({"knob": name, **simulate(SimConfig(**changes)).row()})
         tick()
-    for bw, method in bandwidth_runs:
-        bandwidth_table.append({"method": method, "bandwidth_gbps": bw,
-                                "utilization": bandwidth_utilization(method, bw)})
+    for bw, mode in bandwidth_runs:
+        bandwidth_table.append({"mode": mode, "bandwidth_gbps": bw,
+                                "utilization": bandwidth_utilization(mode, bw)})
         tick()
     return {"goodput_table": goodput_table, "knobs_table": knobs_table,
             "bandwidth_table": bandwidth_table, "spec": spec,
@@ -111,11 +111,11 @@ def run_sweep(spec: dict[str, Any], progress: Callable[[float], None] | None = N
             "knobs": {name: KNOBS[name] for name in KNOBS}, "archipelago": list(ARCHIPELAGO)}
 
 
-def bandwidth_utilization(method: str, bandwidth_gbps: float) -> float:
-    """Compute utilization of the bandwidth study's `method` at `bandwidth_gbps`."""
-    if method not in BANDWIDTH_METHODS:
-        raise ValueError(f"method must be one of {', '.join(BANDWIDTH_METHODS)}, got {method!r}")
-    config = SimConfig(**{**BANDWIDTH_BASE, **BANDWIDTH_METHODS[method],
+def bandwidth_utilization(mode: str, bandwidth_gbps: float) -> float:
+    """Compute utilization of the bandwidth study's `mode` at `bandwidth_gbps`."""
+    if mode not in BANDWIDTH_MODES:
+        raise ValueError(f"mode must be one of {', '.join(BANDWIDTH_MODES)}, got {mode!r}")
+    config = SimConfig(**{**BANDWIDTH_BASE, **BANDWIDTH_MODES[mode],
                           "bandwidth_gbps": bandwidth_gbps, "duration_s": 1.0})
     # Long enough for 10 windows of H steps however slow the link makes them.
     window = config.inner_steps * config.step_time_s + 2 * config.fragments * (
@@ -123,13 +123,13 @@ def bandwidth_utilization(method: str, bandwidth_gbps: float) -> float:
     return utilization(replace(config, duration_s=10 * window))
 
 
-def bandwidth_needed(method: str, target: float, low: float = 0.01, high: float = 1e5) -> float:
-    """The least bandwidth (Gb/s, within 1%) at which `method` reaches `target` utilization."""
-    if bandwidth_utilization(method, high) < target:
+def bandwidth_needed(mode: str, target: float, low: float = 0.01, high: float = 1e5) -> float:
+    """The least bandwidth (Gb/s, within 1%) at which `mode` reaches `target` utilization."""
+    if bandwidth_utilization(mode, high) < target:
         return math.inf
     while high / low > 1.01:
         mid = math.sqrt(low * high)
-        low, high = (mid, high) if bandwidth_utilization(method, mid) < target else (low, mid)
+        low, high = (mid, high) if bandwidth_utilization(mode, mid) < target else (low, mid)
     return high
 
 
@@ -140,7 +140,7 @@ def calibrate_reconfigure(target: float = 0.58, chips: int = 1_200_000,
     low, high = 0.0, 120.0
     while high - low > 0.01:
         mid = (low + high) / 2
-        config = SimConfig(method="elastic", learners=1, chips=chips, downscale_s=mid,
+        config = SimConfig(mode="elastic", islands=1, chips=chips, downscale_s=mid,
                            upscale_s=mid, duration_s=duration_s, seed=seed)
         low, high = (mid, high) if simulate(config).goodput > target else (low, mid)
     return round((low + high) / 2, 2)
@@ -155,7 +155,7 @@ def _check_spec(spec: dict[str, Any]) -> dict[str, Any]:
     bad = sorted(set(spec["base"]) - names)
     if bad:
         raise ValueError(f"base sets unknown SimConfig fields {bad}")
-    for key in ("chips", "learners", "bandwidth_gbps"):
+    for key in ("chips", "islands", "bandwidth_gbps"):
         if not isinstance(spec[key], list) or not all(
                 isinstance(v, int | float) and not isinstance(v, bool) and v > 0
                 for v in spec[key]):

@@ -89,11 +89,11 @@ class ChaosPlan:
             raise ValueError(f"unknown chaos preset {preset!r}; known: {', '.join(PRESETS)}")
         if not horizon_s > 0:
             raise ValueError(f"horizon_s must be positive, got {horizon_s}")
-        self.spec = PRESETS[preset]
+        self.preset = PRESETS[preset]
         self.islands = dict(islands)
         self.seed = seed
         self.horizon_s = horizon_s
-        self.actions = actions_of(schedule(self.spec, self.islands, horizon_s, seed))
+        self.actions = actions_of(schedule(self.preset, self.islands, horizon_s, seed))
 
     def due(self, elapsed_s: float, done: int) -> list[Action]:
         """The actions after the first `done` whose time has come at `elapsed_s`."""
@@ -102,7 +102,7 @@ class ChaosPlan:
         while elapsed_s >= self.horizon_s / 2:
             # Every action before the old horizon is the same in the longer schedule.
             self.horizon_s *= 2
-            self.actions = actions_of(schedule(self.spec, self.islands, self.horizon_s,
+            self.actions = actions_of(schedule(self.preset, self.islands, self.horizon_s,
                                                self.seed))
         due = []
         for action in self.actions[done:]:

@@ -4,15 +4,15 @@ from collections import Counter
 
 import pytest
 
-from diloco.chaos import FAULT_KINDS, PRESETS, ChaosSpec, schedule
+from diloco.chaos import FAULT_KINDS, PRESETS, ChaosPreset, schedule
 
 FOUR = {"east-a": "us-east", "east-b": "us-east", "west-a": "us-west", "west-b": "us-west"}
 
 
 def test_the_same_seed_gives_the_same_schedule_and_another_seed_another():
-    spec = PRESETS["aggressive"]
-    assert schedule(spec, FOUR, 600, seed=1) == schedule(spec, FOUR, 600, seed=1)
-    assert schedule(spec, FOUR, 600, seed=1) != schedule(spec, FOUR, 600, seed=2)
+    preset = PRESETS["aggressive"]
+    assert schedule(preset, FOUR, 600, seed=1) == schedule(preset, FOUR, 600, seed=1)
+    assert schedule(preset, FOUR, 600, seed=1) != schedule(preset, FOUR, 600, seed=2)
 
 
 def test_aggressive_on_four_islands_breaks_something_about_every_30_seconds():
@@ -31,7 +31,7 @@ def test_every_kind_of_the_mix_happens_and_only_those():
 
 
 def test_an_island_that_is_down_is_not_hit_again_until_it_is_back():
-    faults = schedule(ChaosSpec(mtbf_s=5.0, outage_s=10.0), FOUR, 500, seed=3)
+    faults = schedule(ChaosPreset(mtbf_s=5.0, outage_s=10.0), FOUR, 500, seed=3)
     busy: dict[str, float] = {}
     for f in faults:
         for island in f.islands:
@@ -40,7 +40,7 @@ def test_an_island_that_is_down_is_not_hit_again_until_it_is_back():
 
 
 def test_a_region_outage_takes_every_island_of_that_region_that_is_up():
-    faults = schedule(ChaosSpec(mtbf_s=100.0, mix={"region_outage": 1.0}), FOUR, 400, seed=0)
+    faults = schedule(ChaosPreset(mtbf_s=100.0, mix={"region_outage": 1.0}), FOUR, 400, seed=0)
     assert faults
     for f in faults:
         assert len({FOUR[i] for i in f.islands}) == 1
@@ -60,9 +60,9 @@ def test_outages_last_about_the_mean_and_kills_are_rejoined_after_them():
     ({"mtbf_s": 10, "mix": {"kill": 0.0}}, "positive weight"),
     ({"mtbf_s": 10, "outage_s": -1}, "outage_s must be positive"),
 ])
-def test_a_bad_spec_is_refused_with_a_clear_message(bad, message):
+def test_a_bad_preset_is_refused_with_a_clear_message(bad, message):
     with pytest.raises(ValueError, match=message):
-        ChaosSpec(**bad)
+        ChaosPreset(**bad)
 
 
 def test_a_schedule_needs_islands_and_a_duration():

@@ -11,20 +11,20 @@ from diloco.simsweep import bandwidth_utilization, run_sweep
 # Four one-chip slices in one job, 1 s steps, no random interruptions.
 SMALL = {"chips": 4, "slice_chips": 1, "step_time_s": 1.0, "mtbi_s": math.inf,
          "duration_s": 100.0}
-# Two learners of one slice each on a link that takes no time.
-PAIR = {"method": "decoupled", "chips": 2, "learners": 2, "mtbi_s": math.inf,
+# Two islands of one slice each on a link that takes no time.
+PAIR = {"mode": "decoupled", "chips": 2, "islands": 2, "mtbi_s": math.inf,
         "inner_steps": 4, "fragments": 1, "overlap_steps": 1, "bandwidth_gbps": 1e12,
         "latency_s": 0.0, "duration_s": 10.0}
 
 
 def test_it_wastes_nothing_without_interruptions():
-    result = simulate(SimConfig(method="elastic", learners=1, **SMALL))
+    result = simulate(SimConfig(mode="elastic", islands=1, **SMALL))
     assert result.goodput == pytest.approx(1.0)
     assert result.uptime == 1.0 and result.failures == 0
 
 
 def test_a_dp_failure_loses_the_steps_since_the_checkpoint_and_the_restart():
-    config = SimConfig(method="dp", learners=1, restart_s=60.0, checkpoint_steps=10, **SMALL)
+    config = SimConfig(mode="dp", islands=1, restart_s=60.0, checkpoint_steps=10, **SMALL)
     result = simulate(config, failures=((25.5, 0),))
     # Steps 1-20 are checkpointed; 21-25 and half a step are lost; the restart ends at
     # 85.5 and steps 21-34 follow, of which 21-30 reach the checkpoint at step 30.
@@ -35,7 +35,7 @@ def test_a_dp_failure_loses_the_steps_since_the_checkpoint_and_the_restart():
 
 
 def test_an_elastic_failure_pauses_twice_and_trains_on_without_the_slice():
-    config = SimConfig(method="elastic", learners=1, downscale_s=5.0, upscale_s=5.0,
+    config = SimConfig(mode="elastic", islands=1, downscale_s=5.0, upscale_s=5.0,
                        return_s=20.0, **SMALL)
     result = simulate(config, failures=((10.5, 0),))
     # 10 steps on 4 slices, pause to 15.5, 15 steps on 3 slices until the slice returns
@@ -44,20 +44,20 @@ def test_an_elastic_failure_pauses_twice_and_trains_on_without_the_slice():
     assert result.lost_s["restart_pause"] == pytest.approx(10.0)
 
 
-def test_decoupled_learners_merge_what_they_send():
+def test_decoupled_islands_merge_what_they_send():
     result = simulate(SimConfig(**PAIR))
-    # Each learner sends at steps 4 and 8; steps 9 and 10 are not merged by the end.
+    # Each island sends at steps 4 and 8; steps 9 and 10 are not merged by the end.
     assert result.goodput == pytest.approx(0.8)
     assert result.merges == 4  # K = 1 without grace: every arrival merges on its own
     assert result.stale_drops == 0
 
 
-def test_a_decoupled_failure_only_stops_its_own_learner():
+def test_a_decoupled_failure_only_stops_its_own_island():
     quiet = simulate(SimConfig(**PAIR))
     hit = simulate(SimConfig(**{**PAIR, "downscale_s": 3.0, "return_s": 100.0}),
                    failures=((2.5, 0),))
-    # Learner 0 loses its only slice after 2 steps, which it still sends at step 4;
-    # learner 1 merges its 8 steps as if nothing happened.
+    # Island 0 loses its only slice after 2 steps, which it still sends at step 4;
+    # island 1 merges its 8 steps as if nothing happened.
     assert quiet.goodput == pytest.approx(16 / 20)
     assert hit.goodput == pytest.approx((2 + 8) / 20)
     assert hit.uptime == 1.0
@@ -96,9 +96,9 @@ def test_it_weights_merges_with_the_live_weights(monkeypatch):
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"method": "dp", "learners": 2}, "learners must be 1"),
+    ({"mode": "dp", "islands": 2}, "islands must be 1"),
     ({"fragments": 200}, "fragments must be between 1 and inner_steps"),
-    ({"min_quorum": 9}, "min_quorum must be between 1 and the number of learners"),
+    ({"min_quorum": 9}, "min_quorum must be between 1 and the number of islands"),
     ({"return_s": -1.0}, "return_s must be a finite number 0 or more"),
     ({"compression": "zip"}, "compression must be one of"),
     ({"overlap_steps": 100}, "overlap_steps must be at least 0 and below inner_steps"),
@@ -108,8 +108,8 @@ def test_it_rejects_bad_configs(changes, message):
         SimConfig(**changes)
 
 
-def test_a_scripted_failure_must_name_a_learner():
-    with pytest.raises(ValueError, match="names learner 3"):
+def test_a_scripted_failure_must_name_an_island():
+    with pytest.raises(ValueError, match="names island 3"):
         simulate(SimConfig(**PAIR), failures=((1.0, 3),))
 
 
@@ -120,11 +120,11 @@ def test_int4_streaming_keeps_a_12b_model_busy_at_2_gbps():
 
 def test_a_small_sweep_returns_the_tables_and_reports_progress():
     seen = []
-    out = run_sweep({"chips": [2000], "learners": [2], "duration_s": 600.0,
+    out = run_sweep({"chips": [2000], "islands": [2], "duration_s": 600.0,
                      "bandwidth_gbps": [10.0], "knobs": False}, seen.append)
-    assert [(r["method"], r["learners"]) for r in out["goodput_table"]] == [
+    assert [(r["mode"], r["islands"]) for r in out["goodput_table"]] == [
         ("dp", 1), ("elastic", 1), ("decoupled", 2)]
-    assert {"method", "learners", "chips", "goodput", "uptime"} <= set(out["goodput_table"][0])
+    assert {"mode", "islands", "chips", "goodput", "uptime"} <= set(out["goodput_table"][0])
     assert len(out["bandwidth_table"]) == 4 and seen[-1] == 1.0
 
 

@@ -93,7 +93,7 @@ def forms(new_run: dict, viewer_token: int) -> list[tuple[str, dict]]:
     """Every form the pages post, with valid values."""
     return [
         ("/runs/new/", new_run),
-        ("/simulate/", {"chips": "150000", "learners": "1", "hours": "1"}),
+        ("/simulate/", {"chips": "150000", "islands": "1", "hours": "1"}),
         ("/account/tokens/", {"name": "from the form"}),
         (f"/account/tokens/{viewer_token}/revoke/", {}),
     ]

@@ -81,8 +81,8 @@ def test_the_simulate_form_never_fails_and_saves_nothing_it_refuses(operator, mo
 
     @FUZZ
     @given(form=st.fixed_dictionaries({}, optional={
-        "chips": TEXT, "learners": TEXT, "hours": TEXT, "knobs": TEXT}))
-    @example(form={"chips": "1e400", "learners": "1", "hours": "1"})  # once a 500
+        "chips": TEXT, "islands": TEXT, "hours": TEXT, "knobs": TEXT}))
+    @example(form={"chips": "1e400", "islands": "1", "hours": "1"})  # once a 500
     def post(form):
         before = Simulation.objects.count()
         response = client.post("/simulate/", form)

@@ -163,11 +163,11 @@ def simulate(request: HttpRequest) -> HttpResponse:
     read its tables and plots (everyone)."""
     errors: dict[str, str] = {}
     values = {"chips": ", ".join(str(c) for c in DEFAULT_SPEC["chips"]),
-              "learners": ", ".join(str(n) for n in DEFAULT_SPEC["learners"]),
+              "islands": ", ".join(str(n) for n in DEFAULT_SPEC["islands"]),
               "hours": DEFAULT_SPEC["duration_s"] / 3600, "knobs": True}
     if request.method == "POST":
         roles.require(request.user, "operate")
-        values = {k: request.POST.get(k, "") for k in ("chips", "learners", "hours")}
+        values = {k: request.POST.get(k, "") for k in ("chips", "islands", "hours")}
         values["knobs"] = request.POST.get("knobs") == "on"
         try:
             spec = check_spec(values)

@@ -20,13 +20,13 @@ if TYPE_CHECKING:
 # What the page may ask for: small enough to finish in a minute or two here.
 MAX_CHIPS = 5_000_000
 MAX_RUNS = 40
-DEFAULT_SPEC = {"chips": [150_000, 600_000, 1_200_000], "learners": [1, 4, 8],
+DEFAULT_SPEC = {"chips": [150_000, 600_000, 1_200_000], "islands": [1, 4, 8],
                 "duration_s": 2 * 3600.0, "knobs": True}
 PROGRESS_EVERY_S = 0.25
 
 
 def check_spec(data: dict[str, Any]) -> dict[str, Any]:
-    """The sweep the page asked for, checked: chips and learners lists, hours, knobs.
+    """The sweep the page asked for, checked: chips and islands lists, hours, knobs.
 
     Raises:
         ValueError: with every problem, one sentence each, keyed by field in .args[0].
@@ -34,16 +34,16 @@ def check_spec(data: dict[str, Any]) -> dict[str, Any]:
     errors: dict[str, str] = {}
     chips = _numbers(data.get("chips", DEFAULT_SPEC["chips"]), int, 1000, MAX_CHIPS,
                      "chips", errors)
-    learners = _numbers(data.get("learners", DEFAULT_SPEC["learners"]), int, 1, 64,
-                        "learners", errors)
+    islands = _numbers(data.get("islands", DEFAULT_SPEC["islands"]), int, 1, 64,
+                       "islands", errors)
     hours = _numbers([data.get("hours", DEFAULT_SPEC["duration_s"] / 3600)], float, 0.1, 24,
                      "hours", errors)
-    if chips and learners and len(chips) * (2 + len(learners)) > MAX_RUNS:
+    if chips and islands and len(chips) * (2 + len(islands)) > MAX_RUNS:
         errors["chips"] = (f"At most {MAX_RUNS} simulated runs per sweep here: "
-                           f"{len(chips)} chip counts x {2 + len(learners)} methods is too many.")
+                           f"{len(chips)} chip counts x {2 + len(islands)} runs each is too many.")
     if errors:
         raise ValueError(errors)
-    return {"chips": chips, "learners": learners, "duration_s": hours[0] * 3600,
+    return {"chips": chips, "islands": islands, "duration_s": hours[0] * 3600,
             "knobs": bool(data.get("knobs", True))}
 
 

@@ -24,7 +24,7 @@ def queued(monkeypatch):
 
 def test_viewers_see_the_page_but_may_not_start_a_sweep(viewer_client, queued):
     page = viewer_client.get("/simulate/")
-    refused = viewer_client.post("/simulate/", {"chips": "150000", "learners": "1",
+    refused = viewer_client.post("/simulate/", {"chips": "150000", "islands": "1",
                                                 "hours": "1"})
 
     assert page.status_code == 200 and b"simulate-form" not in page.content
@@ -34,13 +34,13 @@ def test_viewers_see_the_page_but_may_not_start_a_sweep(viewer_client, queued):
 
 def test_an_operator_starts_a_sweep_on_the_control_queue(operator_client, queued):
     response = operator_client.post("/simulate/", {"chips": "150000, 1200000",
-                                                   "learners": "8, 1", "hours": "2",
+                                                   "islands": "8, 1", "hours": "2",
                                                    "knobs": "on"})
 
     simulation = Simulation.objects.get()
     assert response.status_code == 302
     assert response["Location"] == f"/simulate/?id={simulation.pk}"
-    assert simulation.spec == {"chips": [150000, 1200000], "learners": [1, 8],
+    assert simulation.spec == {"chips": [150000, 1200000], "islands": [1, 8],
                                "duration_s": 7200.0, "knobs": True}
     assert queued == [([simulation.pk], {"queue": "control"})]
 
@@ -48,12 +48,12 @@ def test_an_operator_starts_a_sweep_on_the_control_queue(operator_client, queued
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("chips", "many", "Must be numbers, got 'many'."),
     ("chips", "10", "Each must be between 1000 and 5e+06, got 10."),
-    ("learners", "", "Give 1 to 10 numbers, separated by commas."),
+    ("islands", "", "Give 1 to 10 numbers, separated by commas."),
     ("hours", "100", "Each must be between 0.1 and 24, got 100."),
 ])
 def test_a_bad_sweep_gets_its_message_beside_the_field(operator_client, queued, field, value,
                                                        message):
-    data = {"chips": "150000", "learners": "1", "hours": "1", field: value}
+    data = {"chips": "150000", "islands": "1", "hours": "1", field: value}
 
     response = operator_client.post("/simulate/", data)
 
@@ -64,28 +64,28 @@ def test_a_bad_sweep_gets_its_message_beside_the_field(operator_client, queued, 
 
 def test_a_sweep_too_big_for_this_page_is_refused():
     with pytest.raises(ValueError) as e:
-        check_spec({"chips": list(range(1000, 11000, 1000)), "learners": [1, 2, 4, 8]})
+        check_spec({"chips": list(range(1000, 11000, 1000)), "islands": [1, 2, 4, 8]})
 
     assert "At most 40 simulated runs" in e.value.args[0]["chips"]
 
 
 def test_a_sweep_run_writes_its_progress_and_tables(operator):
-    spec = check_spec({"chips": [150000], "learners": [2], "hours": 0.1, "knobs": False})
+    spec = check_spec({"chips": [150000], "islands": [2], "hours": 0.1, "knobs": False})
     simulation = Simulation.objects.create(spec=spec, created_by=operator)
 
     run_simulation_now(simulation.pk)
 
     simulation.refresh_from_db()
     assert (simulation.state, simulation.progress) == ("completed", 1.0)
-    methods = [(r["method"], r["learners"]) for r in simulation.result["goodput_table"]]
-    assert methods == [("dp", 1), ("elastic", 1), ("decoupled", 2)]
+    modes = [(r["mode"], r["islands"]) for r in simulation.result["goodput_table"]]
+    assert modes == [("dp", 1), ("elastic", 1), ("decoupled", 2)]
     assert simulation.result["bandwidth_table"]
 
 
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 def test_the_page_gets_the_simulation_then_its_updates(viewer, operator, channel_layer):
-    spec = check_spec({"chips": [150000], "learners": [2], "hours": 0.1, "knobs": False})
+    spec = check_spec({"chips": [150000], "islands": [2], "hours": 0.1, "knobs": False})
     simulation = Simulation.objects.create(spec=spec, created_by=operator)
     com = WebsocketCommunicator(SimulationConsumer.as_asgi(), f"/ws/simulations/{simulation.pk}/")
     com.scope["user"] = viewer

@@ -21,7 +21,7 @@ function show(sim) {
 function draw(result) {
   const series = {};
   for (const r of result.goodput_table) {
-    const label = r.method === "decoupled" ? `decoupled M=${r.learners}` : r.method;
+    const label = r.mode === "decoupled" ? `decoupled M=${r.islands}` : r.mode;
     (series[label] = series[label] || []).push(r);
   }
   Plotly.react("sim-goodput", Object.entries(series).map(([name, rows]) => ({
@@ -29,13 +29,13 @@ function draw(result) {
   layout("Goodput against chips", "chips", "goodput", true), config);
   Plotly.react("sim-knobs", [{type: "bar", x: result.knobs_table.map((r) => r.knob),
     y: result.knobs_table.map((r) => r.goodput)}], layout("One knob at a time", "", "goodput"), config);
-  const methods = [...new Set(result.bandwidth_table.map((r) => r.method))];
-  Plotly.react("sim-bandwidth", methods.map((m) => {
-    const rows = result.bandwidth_table.filter((r) => r.method === m);
+  const modes = [...new Set(result.bandwidth_table.map((r) => r.mode))];
+  Plotly.react("sim-bandwidth", modes.map((m) => {
+    const rows = result.bandwidth_table.filter((r) => r.mode === m);
     return {x: rows.map((r) => r.bandwidth_gbps), y: rows.map((r) => r.utilization), name: m, mode: "lines+markers"};
   }), layout("12B model, 4 regions: utilization", "Gb/s", "utilization", true), config);
   document.querySelector("#sim-table tbody").replaceChildren(...result.goodput_table.map((r) =>
-    arch.el("tr", {}, arch.el("td", {}, r.method), arch.el("td", {class: "num"}, r.learners),
+    arch.el("tr", {}, arch.el("td", {}, r.mode), arch.el("td", {class: "num"}, r.islands),
       arch.el("td", {class: "num"}, arch.fmt(r.chips)), arch.el("td", {class: "num"}, arch.fmt(r.goodput, 3)),
       arch.el("td", {class: "num"}, arch.fmt(r.uptime, 3)))));
 }
