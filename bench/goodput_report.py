@@ -88,7 +88,7 @@ def system_costs(startup_s: Sequence[float], rejoin_s: Sequence[float],
                  lost_s: Mapping[str, float], allocated_s: float) -> dict[str, float]:
     """The system's own costs in one run, each measured, as shares of its allocated
     island-seconds: every island's first start-up, each rejoin's time to its first
-    step, and each cause of loss syncd booked (in_flight: work an incarnation that
+    step, and each cause of loss syncd booked (in_flight: work an epoch that
     ended had not sent; stale, rejected, rollback, restart_pause, barrier_wait)."""
     if allocated_s <= 0:
         raise ValueError(f"allocated_s must be above 0, got {allocated_s}")
@@ -120,12 +120,12 @@ def merge_interval(inner_steps: int, fragments: int, step_time_s: float) -> floa
 def stall_with_quorum(marks: Sequence[float], wall_s: float,
                       live: Sequence[tuple[float, int]], min_quorum: int) -> float:
     """The longest gap between successive merges (or the last merge and the end) during
-    which every sample of the live island count was at least `min_quorum`.
+    which every sample of the alive island count was at least `min_quorum`.
 
     Args:
         marks: merge times, seconds since the run's start.
         wall_s: the run's length.
-        live: (seconds since the start, live islands) samples, in time order.
+        live: (seconds since the start, alive islands) samples, in time order.
         min_quorum: K.
     """
     longest = 0.0

@@ -190,7 +190,7 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
 
     client = connect(system.redis_url)
     system.start_syncd()
-    wait_for(lambda: lease.live_members(client), 120, "syncd serving", 0.2)
+    wait_for(lambda: lease.members_alive(client), 120, "syncd serving", 0.2)
     time.sleep(2.0)
     syncd_pid = system.pid("syncd")
     syncd_idle = rss(syncd_pid)[0]

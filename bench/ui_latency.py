@@ -4,7 +4,7 @@
 syncd, Daphne serving the ASGI app, the channel layer, the run websocket's
 consumer) and a real Chromium page on a run of 16 islands. The islands are
 synthetic: a thread here heartbeats for each of them four times a second as an
-island process does, so syncd's status carries 16 live islands; nothing trains.
+island process does, so syncd's status carries 16 alive islands; nothing trains.
 
 Measured side by side, in the same run and under the same load:
 - status: for each status the page takes (live.js applies the delta), the page's

@@ -10,7 +10,7 @@ after reaching quorum and syncing is free:
     grace = gamma * (tau * t_step - t_quorum - t_sync), clamped at 0
 
 Everything here is a pure function of the arrivals, a clock value and recent
-statistics. Nothing sleeps or reads the time; the live syncd and the
+statistics. Nothing sleeps or reads the time; syncd and the
 simulators pass `now` in.
 """
 
@@ -33,7 +33,7 @@ class Arrival:
 class RoundStats:
     """Recent timings that size the grace window, all in seconds.
 
-    step_time_s: a typical island's inner step (the median over live islands).
+    step_time_s: a typical island's inner step (the median over alive islands).
     sync_time_s: from a merge decision to the islands holding the new fragment.
     """
 
@@ -67,7 +67,7 @@ def grace_window(gamma: float, overlap_steps: int, step_time_s: float,
     return max(0.0, gamma * (overlap_steps * step_time_s - time_to_quorum_s - sync_time_s))
 
 
-def decide(arrivals: list[Arrival], now: float, *, min_quorum: int, live_islands: int,
+def decide(arrivals: list[Arrival], now: float, *, min_quorum: int, alive_islands: int,
            gamma: float, overlap_steps: int, stats: RoundStats) -> Decision:
     """Whether one fragment's round should merge now.
 
@@ -75,7 +75,7 @@ def decide(arrivals: list[Arrival], now: float, *, min_quorum: int, live_islands
         arrivals: the updates in the round, one per island, not yet merged.
         now: the current time on the caller's clock.
         min_quorum: K, updates needed before a merge.
-        live_islands: islands currently alive; once all of them are in, waiting
+        alive_islands: islands currently alive; once all of them are in, waiting
             longer cannot bring anyone else.
         gamma, overlap_steps: as in `grace_window`.
         stats: recent step and sync times.
@@ -87,8 +87,8 @@ def decide(arrivals: list[Arrival], now: float, *, min_quorum: int, live_islands
         missing = min_quorum - n
         return Decision(False, f"waiting for {missing} more island{'s' * (missing > 1)}"
                                f" ({n}/{min_quorum})")
-    if n >= live_islands:
-        return Decision(True, f"all {live_islands} live islands arrived")
+    if n >= alive_islands:
+        return Decision(True, f"all {alive_islands} alive islands arrived")
     times = sorted(a.time for a in arrivals)
     quorum_at = times[min_quorum - 1]
     grace = grace_window(gamma, overlap_steps, stats.step_time_s, quorum_at - times[0],

@@ -15,14 +15,14 @@ data-parallel replica it belongs to), which comes back `return_s` later.
   (everyone pauses `upscale_s`).
 - decoupled: M islands, each elastic in that way on its own, that send
   fragment updates over a wide-area link to a synchronizer. The synchronizer
-  is the live one's logic: `diloco.policy.decide` (quorum and grace window),
+  is syncd's logic: `diloco.policy.decide` (quorum and grace window),
   `diloco.policy.is_stale` and `diloco.merge.merge_weights`, looked up at call
   time so that what is simulated is the code that runs.
 
 Goodput and uptime come from `diloco.accounting.RunAccounting`, as docs/FIGURES.md
 defines them: a step of an island with u of its n slices up is worth u/n of a
 fault-free step, and counts once merged (dp: once checkpointed). Uptime's theta
-follows the live rule for every mode: twice a fragment's cadence, H steps at the
+follows syncd's rule for every mode: twice a fragment's cadence, H steps at the
 step time of the K-th fastest island (dp and elastic merge the whole model every
 step, so theta is two steps).
 """
@@ -265,7 +265,7 @@ class _Sim:
         island.paused_until = until
         self.push(until, "resume", island)
         if was_live and self.c.mode == "decoupled":
-            for p in range(self.c.fragments):  # fewer live islands: a round may close
+            for p in range(self.c.fragments):  # fewer alive islands: a round may close
                 self._try_merge(p, now)
 
     def _on_resume(self, now: float, island: _Island) -> None:
@@ -304,12 +304,12 @@ class _Sim:
         if not round_:
             return
         arrivals = [policy.Arrival(name, t, base) for name, (t, base, _, _) in round_.items()]
-        live = sum(now >= island.paused_until for island in self.islands)
+        alive = sum(now >= island.paused_until for island in self.islands)
         sync_s = self.c.fragment_seconds + self.c.latency_s
         stats = policy.RoundStats(self.c.step_time_s,
                                   2 * sync_s if self.c.grace_round_trip else sync_s)
         decision = policy.decide(arrivals, now, min_quorum=self.c.min_quorum,
-                                 live_islands=live, gamma=self.c.grace_gamma,
+                                 alive_islands=alive, gamma=self.c.grace_gamma,
                                  overlap_steps=self.c.overlap_steps, stats=stats)
         if decision.merge:
             self._merge(p, now)
@@ -381,7 +381,7 @@ def utilization(config: SimConfig) -> float:
 
 
 def cadence(config: SimConfig) -> float:
-    """A fragment's cadence, by the live rule (diloco.accounting.fragment_cadence): H steps
+    """A fragment's cadence, by syncd's rule (diloco.accounting.fragment_cadence): H steps
     at the step time of the K-th fastest island, every island stepping at step_time_s;
     dp and elastic merge the whole model every step."""
     steps = config.inner_steps if config.mode == "decoupled" else 1

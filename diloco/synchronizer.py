@@ -1,7 +1,7 @@
 """The synchronizer's state for one run: global fragments, rounds and versions.
 
 This is the part of syncd that decides and merges, with no Redis, database or
-clock of its own: the live service and the in-process cluster both feed it
+clock of its own: syncd and the in-process cluster both feed it
 decoded updates and the current time. For each fragment it keeps the global
 parameters, their version, an outer optimizer, the round of updates waiting to
 merge, and the recent published versions that islands pull.
@@ -118,15 +118,15 @@ class Synchronizer:
         """Whether the island's update `seq` was merged into a version or dropped."""
         return self.handled[fragment].get(island, -1) >= seq
 
-    def decide(self, fragment: int, now: float, live_islands: int, stats: RoundStats,
+    def decide(self, fragment: int, now: float, alive_islands: int, stats: RoundStats,
                barrier: bool = False) -> Decision:
-        """Whether the fragment's round merges now; `barrier` waits for every live island
+        """Whether the fragment's round merges now; `barrier` waits for every alive island
         (the elastic baseline) instead of the quorum and grace window."""
         arrivals = [Arrival(i, p.arrival_time, p.update.base_version)
                     for i, p in self.rounds[fragment].items()]
         return decide(arrivals, now,
-                      min_quorum=max(live_islands, 1) if barrier else self.sync.min_quorum,
-                      live_islands=live_islands, gamma=0.0 if barrier else self.sync.grace_gamma,
+                      min_quorum=max(alive_islands, 1) if barrier else self.sync.min_quorum,
+                      alive_islands=alive_islands, gamma=0.0 if barrier else self.sync.grace_gamma,
                       overlap_steps=self.sync.overlap_steps, stats=stats)
 
     def roll_back(self, fragment: int, params: dict[str, torch.Tensor],

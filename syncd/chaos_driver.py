@@ -4,7 +4,7 @@ The schedule (diloco/chaos.py) says at which second which islands break, how and
 for how long. `ChaosPlan` turns it into actions in time order: each fault's
 start and, for kills and region outages, its end, which is a rejoin. It is pure:
 the caller passes the seconds since the schedule's start and how many actions
-are already done. `ChaosDriver` applies the due ones to a live run through the
+are already done. `ChaosDriver` applies the due ones to an active run through the
 paths the control room's buttons use:
 
 - kill, region outage: a "kill" command in the island's control list, carried
@@ -15,7 +15,7 @@ paths the control room's buttons use:
   `arch:R:fault:<island>` ({kind, until, factor}), which the island process reads
   and acts out;
 - the end of a kill: the web side's rejoin (syncd.hooks.Hooks.rejoin, which is
-  `webapp.runs.services.rejoin_island`): the island's next incarnation (next
+  `webapp.runs.services.rejoin_island`): the island's next epoch (next
   epoch, a warm standby or a task on its region's queue).
 
 Each fault is a "fault" event (no actor: the system) whose detail carries the
@@ -119,7 +119,7 @@ class ChaosDriver:
         store: the run's Redis keys (commands, fault keys, the schedule's progress).
         recorder: the run's rows (fault events).
         spec: the run's spec; its config names the preset and the seed.
-        rejoin: starts the next incarnation of (run id, island); None in a syncd
+        rejoin: starts the next epoch of (run id, island); None in a syncd
             started without one.
         since: when syncd took the run: the schedule's clock starts START_AFTER_S
             later at the latest.
@@ -153,7 +153,7 @@ class ChaosDriver:
         island trains), then apply every due action."""
         if self.start is None:
             islands = {i.name: i.region for i in self.spec.config.islands}
-            everyone = liveness.live >= len(islands) and all(
+            everyone = liveness.alive >= len(islands) and all(
                 liveness.heartbeats.get(n, {}).get("state") == "training" for n in islands)
             if not everyone and now - self.since < START_AFTER_S:
                 return

@@ -45,7 +45,7 @@ class Hooks:
 
     Args:
         recorder: the Recorder of a run id.
-        rejoin: starts the next incarnation of (run id, island): a chaos kill's end.
+        rejoin: starts the next epoch of (run id, island): a chaos kill's end.
         notify: pushes (run id, sequence number, status) to the run's live pages.
     """
 

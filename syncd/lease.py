@@ -17,7 +17,7 @@ applied beside the new holder's.
 
 syncd processes also announce themselves in arch:syncd:members (owner ->
 expiry, in Redis's clock), so that each can take its fair share of the active
-runs: ceil(runs / live members).
+runs: ceil(runs / members alive).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-# KEYS: members. ARGV: owner, ttl ms. Returns the number of live members (ours included).
+# KEYS: members. ARGV: owner, ttl ms. Returns the number of members alive (ours included).
 _REGISTER = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -61,7 +61,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 return redis.call('ZCARD', KEYS[1])
 """
 # KEYS: members. Returns the owners whose announcement has not expired.
-_LIVE = """
+_ALIVE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
@@ -106,7 +106,7 @@ def holder(client: redis.Redis, run_id: int | str) -> tuple[int, str] | None:
 
 
 def register(client: redis.Redis, owner: str, ttl_s: float) -> int:
-    """Announce this syncd for ttl_s more seconds; returns how many syncd are live."""
+    """Announce this syncd for ttl_s more seconds; returns how many syncd are alive."""
     return int(client.eval(_REGISTER, 1, SYNCD_MEMBERS_KEY, owner, _ms(ttl_s)))
 
 
@@ -115,12 +115,12 @@ def leave(client: redis.Redis, owner: str) -> None:
     client.zrem(SYNCD_MEMBERS_KEY, owner)
 
 
-def live_members(client: redis.Redis) -> list[str]:
+def members_alive(client: redis.Redis) -> list[str]:
     """The owners of every syncd whose announcement has not expired."""
     return [m.decode() if isinstance(m, bytes) else m
-            for m in client.eval(_LIVE, 1, SYNCD_MEMBERS_KEY)]
+            for m in client.eval(_ALIVE, 1, SYNCD_MEMBERS_KEY)]
 
 
 def fair_share(runs: int, members: int) -> int:
-    """How many of `runs` active runs one of `members` live syncd should serve."""
+    """How many of `runs` active runs one of `members` syncd alive should serve."""
     return math.ceil(runs / max(members, 1))

@@ -3,7 +3,7 @@ death reports: lost and revived, rejoins, tokens per second, and when each was h
 up by a fault (the step times that may value useful steps).
 
 An island is lost as soon as its supervisor reports the death of its current
-incarnation (RunStore.report_death), and otherwise after `heartbeat_timeout_s` of
+epoch (RunStore.report_death), and otherwise after `heartbeat_timeout_s` of
 silence: the timeout remains for hosts that vanish or are cut off (a region
 outage, a partition), which tell no one.
 
@@ -32,11 +32,11 @@ def condition(beat: dict[str, Any] | None, death: dict[str, Any] | None, epoch: 
     """What syncd knows of one island at `now`, from its last heartbeat, its last
     reported death and its current epoch (plain values):
 
-    - "dead": its supervisor reported the death of the current incarnation (and no
+    - "dead": its supervisor reported the death of the current epoch (and no
       newer one has spoken since);
-    - "alive": the current incarnation heartbeats, and it has not stopped;
-    - "silent": the current incarnation was heard, but not for `timeout` seconds;
-    - "stopped", or "unknown" while the current incarnation has not spoken yet.
+    - "alive": the current epoch heartbeats, and it has not stopped;
+    - "silent": the current epoch was heard, but not for `timeout` seconds;
+    - "stopped", or "unknown" while the current epoch has not spoken yet.
     """
     spoke = beat["epoch"] if beat is not None else -1
     if death is not None and death["epoch"] >= max(epoch, spoke):
@@ -66,7 +66,7 @@ class Liveness:
         self.deaths: dict[str, dict[str, Any]] = {}  # island -> its supervisor's report
         self.faults: dict[str, str] = {}  # island -> the kind of its active fault
         self.lost: set[str] = set()
-        self.live = 0  # islands alive at the last watch; 0 while the run is paused
+        self.alive = 0  # islands alive at the last watch; 0 while the run is paused
         self.waiting_alert = False
         self.rate_marks: dict[str, tuple[float, int]] = {}  # island -> (time, tokens)
         self.tokens_per_s: dict[str, float] = {}
@@ -74,10 +74,10 @@ class Liveness:
         # for the run, restarting: step times spanning it are not fault-free.
         self.disturbed: dict[str, float] = {}
 
-    def follow_incarnations(self, epochs: dict[str, int],
+    def follow_epochs(self, epochs: dict[str, int],
                             deaths: dict[str, dict[str, Any]]) -> bool:
         """Take the epochs and death reports read this pass (every pass: epochs fence
-        off old incarnations before their updates count); True if the death reports
+        off old epochs before their updates count); True if the death reports
         changed, so that the watch marks their islands lost on this very pass."""
         self.epochs = epochs
         if deaths == self.deaths:
@@ -96,7 +96,7 @@ class Liveness:
         while the run is paused: a paused island is silent on purpose), and note who
         was held up. `membership_changed(island, now, joining)` is called as each is
         lost or comes back, before the next island is looked at."""
-        self.live = 0 if paused else self._watch_islands(now, membership_changed)
+        self.alive = 0 if paused else self._watch_islands(now, membership_changed)
         self._note_disturbed(now)
 
     def _watch_islands(self, now: float,
@@ -182,7 +182,7 @@ class Liveness:
 
     def islands_stopped(self, now: float) -> bool:
         """Whether no island of the run still trains: each has said it stopped, is
-        lost, has an incarnation newer than its last heartbeat's, or is silent."""
+        lost, has an epoch newer than its last heartbeat's, or is silent."""
         config = self.spec.config
         timeout = config.liveness.heartbeat_timeout_s
         for island in config.islands:

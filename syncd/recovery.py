@@ -35,7 +35,7 @@ class Recovery:
         store: the run's Redis keys.
         recorder: the run's rows (checkpoints, rollback and checkpoint events).
         spec: the run's spec.
-        accounting: the run's goodput, told of what a restart or a new incarnation
+        accounting: the run's goodput, told of what a restart or a new epoch
             throws away.
         checkpoint_dir: where this run's checkpoints go.
         clock: the time source (seconds).
@@ -127,7 +127,7 @@ class Recovery:
         self.save_checkpoint(rounds, eval_loss)
 
     def note_first_startups(self, heartbeats: dict[str, dict[str, Any]]) -> None:
-        """Keep the start-up each island's first incarnation reported (elastic's delay)."""
+        """Keep the start-up each island's first epoch reported (elastic's delay)."""
         for island, beat in heartbeats.items():
             if island not in self.first_startups and beat.get("startup_s"):
                 self.first_startups[island] = float(beat["startup_s"])
@@ -136,8 +136,8 @@ class Recovery:
         """elastic.restart_delay_s, or the measured time for the job to start: a
         whole-job restart starts every island at once, and the barrier goes on when the
         slowest is back, so it is the longest start-up (launch to first step) of the
-        islands' first incarnations, which started together (the first this syncd saw).
-        Until each has reported one, the median start-up any incarnation reported (in
+        islands' first epochs, which started together (the first this syncd saw).
+        Until each has reported one, the median start-up any epoch reported (in
         `heartbeats`)."""
         config = self.spec.config
         if config.elastic.restart_delay_s is not None:
@@ -147,10 +147,10 @@ class Recovery:
         measured = [b["startup_s"] for b in heartbeats.values() if b.get("startup_s")]
         return statistics.median(measured) if measured else DEFAULT_RESTART_DELAY_S
 
-    def account_new_incarnations(self, epochs: dict[str, int], liveness: Liveness,
+    def account_new_epochs(self, epochs: dict[str, int], liveness: Liveness,
                                  rounds: Rounds) -> None:
         """An island whose epoch moved on (`epochs`, against the ones `liveness` has) lost
-        the work its old incarnation had not sent: island-seconds lost "in_flight", at
+        the work its old epoch had not sent: island-seconds lost "in_flight", at
         its fault-free step time."""
         for island, epoch in epochs.items():
             old = liveness.epochs.get(island)

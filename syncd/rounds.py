@@ -221,7 +221,7 @@ class Rounds:
         self.norms[p].append(norm)
         self.round_refs[p].setdefault(ref.island, []).append(ref)
         previous = self.last_update.get((ref.island, p))
-        # Within one incarnation only: the gap across a kill and rejoin is down time.
+        # Within one epoch only: the gap across a kill and rejoin is down time.
         if previous is not None and previous[2] == ref.epoch and ref.seq > previous[1] \
                 and now > previous[0]:
             steps = ref.seq - previous[1]
@@ -295,27 +295,27 @@ class Rounds:
         # 82.7% against 89.4% goodput at 1.2M chips, M = 8).
         return RoundStats(statistics.median(times), 2 * one_way)
 
-    def barrier_size(self, p: int, live: int) -> int:
-        """Elastic: the updates fragment p's round waits for, every live island's but
+    def barrier_size(self, p: int, alive: int) -> int:
+        """Elastic: the updates fragment p's round waits for, every alive island's but
         the refused ones."""
-        return max(live - len(self.excused[p]), 1)
+        return max(alive - len(self.excused[p]), 1)
 
-    def decide(self, p: int, now: float, live: int) -> Decision:
+    def decide(self, p: int, now: float, alive: int) -> Decision:
         """Whether fragment p's round merges now: quorum and grace, or the barrier."""
         elastic = self.spec.elastic
-        return self.sync.decide(p, now, self.barrier_size(p, live) if elastic
-                                else max(live, 1), self.round_stats(), elastic)
+        return self.sync.decide(p, now, self.barrier_size(p, alive) if elastic
+                                else max(alive, 1), self.round_stats(), elastic)
 
-    def maybe_merge(self, p: int, now: float, live: int) -> bool:
+    def maybe_merge(self, p: int, now: float, alive: int) -> bool:
         """Merge fragment p's open round if the policy says so; True if that made an
         outer step (every fragment merged once more)."""
         if not self.sync.rounds[p]:
-            if self.excused[p] and len(self.excused[p]) >= live:
-                # Elastic, every live island's update refused: nothing to merge.
+            if self.excused[p] and len(self.excused[p]) >= alive:
+                # Elastic, every alive island's update refused: nothing to merge.
                 self.store.mark_handled(p, dict(self.sync.handled[p]))
                 self.excused[p].clear()
             return False
-        decision = self.decide(p, now, live)
+        decision = self.decide(p, now, alive)
         return decision.merge and self.merge_round(p, now, decision.reason)
 
     def merge_round(self, p: int, now: float, reason: str) -> bool:

@@ -40,7 +40,7 @@ class Syncd:
 
     Several syncd processes may share one Redis, on one host or many. Each serves
     the runs whose lease it holds (syncd/lease.py): it takes unowned runs up to its
-    fair share, ceil(active runs / live syncd processes), hands the runs beyond it
+    fair share, ceil(active runs / syncd processes alive), hands the runs beyond it
     over, and takes over the runs of a syncd that stopped renewing (killed, its host
     gone) once their leases expire. Every write for a run is fenced by its lease, so
     two syncd never write one run, and a slow run holds back only the runs of its
@@ -240,7 +240,7 @@ def main(argv: list[str] | None, hooks: Hooks, redis_url: str, checkpoint_dir: s
         return 2
     if args.health:
         host = f"{socket.gethostname()}:"
-        members = lease.live_members(connect(redis_url))
+        members = lease.members_alive(connect(redis_url))
         return 0 if any(m.startswith(host) for m in members) else 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s "
                                                    "%(message)s")

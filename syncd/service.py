@@ -1,4 +1,4 @@
-"""syncd's live loop over one run: a few parts, each owning its state, called in
+"""syncd's loop over one run: a few parts, each owning its state, called in
 order by a short tick.
 
 - the spec (syncd/spec.py): the run's config as it is now, its secret and mode;
@@ -62,7 +62,7 @@ class RunSync:
             to push it to the control room.
         control_every_s: how often heartbeats, faults, pauses, requests and the spec
             are read from Redis (updates are read on every pass).
-        rejoin: starts the next incarnation of (run id, island), as a chaos kill ends.
+        rejoin: starts the next epoch of (run id, island), as a chaos kill ends.
         keepalive: called between the pieces of long work (building the model,
             restoring each fragment, each update ingested, each merge), so that
             syncd renews its leases while a pass over a big run takes seconds.
@@ -112,11 +112,11 @@ class RunSync:
     def tick(self) -> bool:
         """Ingest what arrived, merge what may merge, watch liveness; True if busy."""
         now = self.clock()
-        # Epochs every pass: they fence off old incarnations before their updates count.
+        # Epochs every pass: they fence off old epochs before their updates count.
         # Deaths too: a death report marks its island lost on this very pass.
         epochs, deaths = self.store.epochs_and_deaths()
-        self.recovery.account_new_incarnations(epochs, self.liveness, self.rounds)
-        if self.liveness.follow_incarnations(epochs, deaths):
+        self.recovery.account_new_epochs(epochs, self.liveness, self.rounds)
+        if self.liveness.follow_epochs(epochs, deaths):
             self.next_control = now
         if now >= self.next_control:
             self.next_control = now + self.control_every_s
@@ -126,7 +126,7 @@ class RunSync:
             return False
         busy, read_all = self.rounds.ingest(now, self.liveness)
         for p in range(len(self.rounds.fragments)):
-            if self.rounds.maybe_merge(p, now, self.liveness.live):
+            if self.rounds.maybe_merge(p, now, self.liveness.alive):
                 self._outer_step(now)
         if self.stop_seen is not None and read_all and (
                 self.liveness.islands_stopped(now) or now >= self.stop_seen + STOP_WAIT_S):

@@ -34,7 +34,7 @@ class RunSpec:
         self.initial: dict[str, Any] = json.loads(raw)
         self.config: RunConfig = config_from_spec(self.initial)
         self.secret = bytes.fromhex(self.initial["secret"])
-        # The elastic baseline: a barrier over live islands at every outer step, a
+        # The elastic baseline: a barrier over alive islands at every outer step, a
         # checkpoint after each, and a whole-job restart from it on any island loss.
         self.elastic = self.initial["mode"] == "elastic"
 

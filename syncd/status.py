@@ -26,7 +26,7 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
     per fragment arrivals/K, grace left and the last merge; the run's versions,
     goodput, uptime, train and eval loss (`eval_loss`, of the model with
     `eval_tokens` merged)."""
-    config, sync, live = spec.config, rounds.sync, liveness.live
+    config, sync, alive = spec.config, rounds.sync, liveness.alive
     newest = max(sync.versions)
     scale = config.emulation.bytes_scale
     islands = {}
@@ -48,10 +48,10 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
             "rejections": rounds.rejections[island.name]}
     fragments = []
     for p, f in enumerate(rounds.fragments):
-        decision = rounds.decide(p, now, live)
+        decision = rounds.decide(p, now, alive)
         fragments.append({"index": p, "name": f.name, "version": sync.versions[p],
                           "arrivals": len(sync.rounds[p]),
-                          "min_quorum": rounds.barrier_size(p, live) if spec.elastic
+                          "min_quorum": rounds.barrier_size(p, alive) if spec.elastic
                           else config.sync.min_quorum,
                           "grace_left_s": round(decision.deadline - now, 2)
                           if decision.deadline else None,
@@ -64,7 +64,7 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
     before = (previous or {}).get("islands", {})
     for name, island in islands.items():
         island["link"] = link(island, before.get(name))
-    return {"run": run_id, "time": now, "live_islands": live,
+    return {"run": run_id, "time": now, "live_islands": alive,
             "goodput": figures["goodput"], "uptime": figures["uptime"],
             "train_loss": median([i["loss"] for i in islands.values()
                                   if i["loss"] is not None and i["state"] == "training"]),
@@ -95,7 +95,7 @@ def link(island: dict[str, Any], before: dict[str, Any] | None) -> dict[str, Any
     for way in ("up", "down"):
         total = island.get(f"emulated_bytes_{way}", 0)
         earlier = total if before is None else before.get(f"emulated_bytes_{way}", 0)
-        # A new incarnation counts its bytes from 0 again.
+        # A new epoch counts its bytes from 0 again.
         carried[f"bytes_{way}"] = total - earlier if total >= earlier else total
     return {"state": link_state(island["state"], island.get("fault", "none")), **carried}
 

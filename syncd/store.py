@@ -46,7 +46,7 @@ Keys, for run R:
     arch:R:status_seq              the snapshots' sequence counter
     arch:R:lease, arch:R:lease_token  which syncd serves the run, its fencing token
                                    (syncd/lease.py)
-    arch:syncd:members             sorted set of live syncd processes (syncd/lease.py)
+    arch:syncd:members             sorted set of syncd processes alive (syncd/lease.py)
 
 Keys of the hosts' pools of warm standby islands (PoolStore, trainer/pool_manager.py):
     arch:pool:<region>:claims      list of JSON claims {run, island, epoch, asked_at} for

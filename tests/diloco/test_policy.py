@@ -11,9 +11,9 @@ def arrivals(*times: float) -> list[Arrival]:
     return [Arrival(f"island-{i}", t, base_version=0) for i, t in enumerate(times)]
 
 
-def decide_at(now: float, times: tuple[float, ...], *, min_quorum: int = 2, live: int = 4,
+def decide_at(now: float, times: tuple[float, ...], *, min_quorum: int = 2, alive: int = 4,
               gamma: float = 1.0, tau: int = 5):
-    return decide(arrivals(*times), now, min_quorum=min_quorum, live_islands=live,
+    return decide(arrivals(*times), now, min_quorum=min_quorum, alive_islands=alive,
                   gamma=gamma, overlap_steps=tau, stats=STATS)
 
 
@@ -57,11 +57,11 @@ def test_with_no_arrivals_it_waits_for_the_whole_quorum():
     assert decide_at(0.0, (), min_quorum=2).reason == "waiting for 2 more islands (0/2)"
 
 
-def test_it_merges_at_once_when_every_live_island_is_in():
-    decision = decide_at(2.0, (0.0, 1.0, 2.0), min_quorum=2, live=3, gamma=math.inf)
+def test_it_merges_at_once_when_every_alive_island_is_in():
+    decision = decide_at(2.0, (0.0, 1.0, 2.0), min_quorum=2, alive=3, gamma=math.inf)
 
     assert decision.merge
-    assert decision.reason == "all 3 live islands arrived"
+    assert decision.reason == "all 3 alive islands arrived"
 
 
 def test_after_quorum_it_waits_until_the_grace_window_closes():
@@ -83,7 +83,7 @@ def test_after_quorum_it_waits_until_the_grace_window_closes():
 
 def test_the_grace_window_is_sized_from_the_kth_arrival():
     # Three in with K = 2: quorum is reached at the second arrival, t = 2.
-    decision = decide_at(2.0, (3.0, 0.0, 2.0), min_quorum=2, live=4)
+    decision = decide_at(2.0, (3.0, 0.0, 2.0), min_quorum=2, alive=4)
 
     assert decision.deadline == pytest.approx(2.0 + (5 - 2.0 - 0.5))
 
@@ -102,16 +102,16 @@ def test_without_overlap_there_is_no_grace_to_give():
     assert decision.grace_s == 0.0
 
 
-def test_with_endless_grace_it_waits_for_every_live_island():
-    decision = decide_at(1e9, (0.0, 1.0, 2.0), min_quorum=2, live=4, gamma=math.inf)
+def test_with_endless_grace_it_waits_for_every_alive_island():
+    decision = decide_at(1e9, (0.0, 1.0, 2.0), min_quorum=2, alive=4, gamma=math.inf)
 
     assert not decision.merge
     assert decision.deadline == math.inf
 
 
 def test_a_straggler_inside_the_grace_window_counts_toward_everyone_in():
-    before = decide_at(3.0, (0.0, 1.0), live=3)
-    after = decide_at(3.0, (0.0, 1.0, 3.0), live=3)
+    before = decide_at(3.0, (0.0, 1.0), alive=3)
+    after = decide_at(3.0, (0.0, 1.0, 3.0), alive=3)
 
     assert not before.merge
     assert after.merge

@@ -109,15 +109,15 @@ def test_it_rejects_an_update_older_than_the_staleness_bound_and_never_merges_it
 
 
 def test_it_merges_a_straggler_that_arrives_inside_the_grace_window():
-    # K = 2 of 4 live islands; quorum at t = 1, grace 5 * 1 - 1 - 0.5 = 3.5: until 4.5.
+    # K = 2 of 4 alive islands; quorum at t = 1, grace 5 * 1 - 1 - 0.5 = 3.5: until 4.5.
     sync = synchronizer()
     sync.submit(update_for(sync, "a"), 0, now=0.0)
     sync.submit(update_for(sync, "b"), 0, now=1.0)
-    assert not sync.decide(0, 1.0, live_islands=4, stats=STATS).merge
+    assert not sync.decide(0, 1.0, alive_islands=4, stats=STATS).merge
 
     sync.submit(update_for(sync, "straggler"), 0, now=3.0)
-    waiting = sync.decide(0, 3.0, live_islands=4, stats=STATS)
-    closed = sync.decide(0, waiting.deadline, live_islands=4, stats=STATS)
+    waiting = sync.decide(0, 3.0, alive_islands=4, stats=STATS)
+    closed = sync.decide(0, waiting.deadline, alive_islands=4, stats=STATS)
     result = sync.merge(0, now=waiting.deadline)
 
     assert not waiting.merge
@@ -157,12 +157,12 @@ def test_decide_uses_the_runs_quorum_and_grace_settings():
     sync = synchronizer(min_quorum=2, grace_gamma=math.inf)
     sync.submit(update_for(sync, "a"), 0, now=0.0)
 
-    assert sync.decide(0, 100.0, live_islands=3, stats=STATS).reason == \
+    assert sync.decide(0, 100.0, alive_islands=3, stats=STATS).reason == \
         "waiting for 1 more island (1/2)"
     sync.submit(update_for(sync, "b"), 0, now=1.0)
-    assert not sync.decide(0, 1e9, live_islands=3, stats=STATS).merge
+    assert not sync.decide(0, 1e9, alive_islands=3, stats=STATS).merge
     sync.submit(update_for(sync, "c"), 0, now=2.0)
-    assert sync.decide(0, 2.0, live_islands=3, stats=STATS).merge
+    assert sync.decide(0, 2.0, alive_islands=3, stats=STATS).merge
 
 
 def test_it_remembers_which_updates_a_merge_took_in():

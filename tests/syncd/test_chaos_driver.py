@@ -113,7 +113,7 @@ def fake_run(preset="kills_only", seed=0):
     islands = [SimpleNamespace(name=n, region=r) for n, r in FOUR.items()]
     config = SimpleNamespace(chaos=SimpleNamespace(preset=preset, seed=seed), islands=islands)
     spec = SimpleNamespace(config=config, island_names=lambda: set(FOUR))
-    liveness = SimpleNamespace(live=0, heartbeats={}, epochs=dict.fromkeys(FOUR, 1))
+    liveness = SimpleNamespace(alive=0, heartbeats={}, epochs=dict.fromkeys(FOUR, 1))
     return SimpleNamespace(store=FakeStore(), recorder=FakeRecorder(), spec=spec,
                            liveness=liveness)
 
@@ -124,7 +124,7 @@ def driver_of(run):
 
 
 def everyone_trains(run):
-    run.liveness.live = len(FOUR)
+    run.liveness.alive = len(FOUR)
     run.liveness.heartbeats = {n: {"state": "training"} for n in FOUR}
 
 

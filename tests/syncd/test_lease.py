@@ -79,10 +79,10 @@ def test_a_store_without_a_lease_writes_as_before_and_a_lease_must_be_for_its_ru
 def test_members_announce_themselves_and_drop_out_when_they_stop_renewing(client):
     assert lease.register(client, "syncd-a", ttl_s=30) == 1
     assert lease.register(client, "syncd-b", ttl_s=0.1) == 2
-    wait_until(lambda: lease.live_members(client) == ["syncd-a"], 5, "syncd-b to drop out")
+    wait_until(lambda: lease.members_alive(client) == ["syncd-a"], 5, "syncd-b to drop out")
     assert lease.register(client, "syncd-a", ttl_s=30) == 1
     lease.leave(client, "syncd-a")
-    assert lease.live_members(client) == []
+    assert lease.members_alive(client) == []
 
 
 @pytest.mark.parametrize(("runs", "members", "share"), [(0, 1, 0), (4, 1, 4), (4, 2, 2),

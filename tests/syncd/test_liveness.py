@@ -29,16 +29,16 @@ def test_without_a_report_an_island_is_alive_until_its_heartbeat_times_out():
     assert condition(beat(at=100.0), None, 1, 110.1, TIMEOUT) == "silent"
 
 
-def test_the_death_of_an_older_incarnation_says_nothing_of_the_current_one():
+def test_the_death_of_an_older_epoch_says_nothing_of_the_current_one():
     assert condition(beat(epoch=2, at=100.0), death(epoch=1), 2, 100.5, TIMEOUT) == "alive"
 
 
-def test_a_death_before_the_next_incarnation_spoke_no_longer_counts_once_it_is_current():
+def test_a_death_before_the_next_epoch_spoke_no_longer_counts_once_it_is_current():
     # A rejoin set epoch 2; until epoch 2 speaks the island is neither alive nor lost.
     assert condition(beat(epoch=1), death(epoch=1), 2, 100.5, TIMEOUT) == "unknown"
 
 
-def test_an_incarnation_that_died_before_its_first_heartbeat_is_dead():
+def test_an_epoch_that_died_before_its_first_heartbeat_is_dead():
     assert condition(beat(epoch=1), death(epoch=2), 2, 100.5, TIMEOUT) == "dead"
     assert condition(None, death(epoch=1), 1, 100.5, TIMEOUT) == "dead"
 
@@ -77,14 +77,14 @@ def test_a_reported_death_marks_the_island_lost_on_the_next_pass(run_sync):
     beat_at(run_sync, "a", 1000.0)
     beat_at(run_sync, "b", 1000.0)
     run_sync.tick()
-    assert run_sync.liveness.live == 2
+    assert run_sync.liveness.alive == 2
     run_sync.store.report_death("a", 1, -9, at=1000.2)
     run_sync.clock_state["now"] = 1000.3  # far inside the 10 s heartbeat timeout
     run_sync.control_every_s = 60.0  # the death alone brings the watch forward
     run_sync.next_control = 2000.0
     run_sync.tick()
     assert run_sync.liveness.lost == {"a"}
-    assert run_sync.liveness.live == 1
+    assert run_sync.liveness.alive == 1
     status = run_sync.status(run_sync.clock())
     run_sync.recorder.flush()
     lost = Event.objects.get(run_id=run_sync.recorder.run_id, kind="island_lost")
@@ -92,7 +92,7 @@ def test_a_reported_death_marks_the_island_lost_on_the_next_pass(run_sync):
     assert (lost.detail["epoch"], lost.detail["exit_code"], lost.detail["signal"]) == (1, -9, 9)
     assert lost.detail["reported_after_s"] == pytest.approx(0.1, abs=1e-6)
     assert status["islands"]["a"]["state"] == "lost"
-    # The next incarnation speaks: revived.
+    # The next epoch speaks: revived.
     run_sync.store.set_epoch("a", 2)
     run_sync.store.heartbeat("a", 2, 0, 0, state="training")
     run_sync.next_control = 0.0

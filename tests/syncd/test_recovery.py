@@ -73,7 +73,7 @@ def test_elastic_restarts_the_whole_job_again_when_a_lost_island_comes_back(
     sync.clock_state["now"] = 1070.0
     beat_at(sync, "a", 1070.0)
     sync.store.set_epoch("b", 2)
-    beat_at(sync, "b", 1070.0, epoch=2, state="starting")  # b's new incarnation arrives
+    beat_at(sync, "b", 1070.0, epoch=2, state="starting")  # b's new epoch arrives
     sync.tick()
 
     assert sync.liveness.lost == set()

@@ -105,7 +105,7 @@ def test_a_syncd_that_stops_hands_its_runs_over_at_once(redis_url, tmp_path):
     assert len(first.runs) == 2 and second.runs == {}
 
     first.close()
-    assert lease.live_members(connect(redis_url)) == ["syncd-b"]
+    assert lease.members_alive(connect(redis_url)) == ["syncd-b"]
     clock.now += 10
     second.tick()
     assert sorted(second.runs) == sorted(runs)

@@ -36,5 +36,5 @@ def test_a_link_carries_nothing_in_the_first_status():
     assert link(island(1500, 9000), None) == {"state": "up", "bytes_up": 0, "bytes_down": 0}
 
 
-def test_a_new_incarnation_counts_its_bytes_from_zero():
+def test_a_new_epoch_counts_its_bytes_from_zero():
     assert link(island(300, 700), island(1000, 4000))["bytes_up"] == 300

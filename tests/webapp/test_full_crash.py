@@ -229,7 +229,7 @@ print(json.dumps({{"state": run.state, "tokens": run.tokens,
 
     wait_until(lambda: all(b.get("epoch") == 2 and b.get("state") in ("training", "stopped")
                            for b in beats().values()), 180,
-               "the islands' second incarnations to train", system.process)
+               "the islands' second epochs to train", system.process)
     done = wait_until(lambda: (s := state())["state"] == "completed" and s, 300,
                       "the run to complete after the crash", system.process)
     assert done["tokens"] >= TOKENS

@@ -78,7 +78,7 @@ def island_fault(request: HttpRequest, run_id: int, name: str,
 @router.post("/{run_id}/islands/{name}/rejoin", auth=allow("fault"),
              response=answers({202: schemas.IslandOut}, 404, 409))
 def rejoin_island(request: HttpRequest, run_id: int, name: str) -> Status:
-    """Start the island's next incarnation, from the newest global fragments."""
+    """Start the island's next epoch, from the newest global fragments."""
     run = get_run(run_id)
     island = services.rejoin_island(run, get_island(run, name), request.auth)
     return Status(202, _island_out(run, island.name))

@@ -26,10 +26,10 @@ from prometheus_client.registry import Collector
 
 from webapp.runs import reports, roles
 from webapp.runs.models import Island, Run
+from webapp.runs.services import RUNNING_OR_PAUSED
 
 # generate_latest writes version 0.0.4 of the text format (CONTENT_TYPE_LATEST names 1.0.0).
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
-LIVE_STATES = (Run.State.RUNNING, Run.State.PAUSED)
 
 # name -> (help, the run_summary field it reads)
 RUN_GAUGES = {
@@ -47,7 +47,7 @@ ISLAND_GAUGES = {
     "archipelago_island_tokens_per_second": ("The island's recent throughput.", "tokens_per_s"),
     "archipelago_island_version_lag": (
         "Newest version minus the base version of the island's last update.", "version_lag"),
-    "archipelago_island_epoch": ("The island's incarnation.", "epoch"),
+    "archipelago_island_epoch": ("The island's epoch.", "epoch"),
 }
 
 
@@ -60,7 +60,7 @@ class RunsCollector(Collector):
         redis_up = 1
         summaries = []
         for run in runs:
-            status: dict[str, Any] | None = None if run.state in LIVE_STATES else {}
+            status: dict[str, Any] | None = None if run.state in RUNNING_OR_PAUSED else {}
             try:
                 summaries.append(reports.run_summary(run, status=status))
             except redis.RedisError:

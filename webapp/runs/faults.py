@@ -17,7 +17,7 @@ from django.conf import settings
 
 from webapp.runs.models import Event, Island, Run
 from webapp.runs.services import (
-    LIVE_STATES,
+    RUNNING_OR_PAUSED,
     get_island,
     live_islands,
     record_event,
@@ -42,7 +42,7 @@ MAX_FAULT_SECONDS = 24 * 3600
 
 def kill_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -> Island:
     """Kill an island's process with SIGKILL, mid-step, on its own host."""
-    require_state(run, LIVE_STATES, "kill an island")
+    require_state(run, RUNNING_OR_PAUSED, "kill an island")
     island = get_island(run, island)
     run_store(run).send_command(island.name, "kill", epoch=island.epoch)
     record_event(run, island, Event.Kind.FAULT, by, fault="kill", epoch=island.epoch)
@@ -53,7 +53,7 @@ def kill_region(run: Run, region: str, by: AbstractBaseUser | None) -> list[Isla
     """A region outage: every island of the run in that region is killed, and their
     supervisors hold the deaths back (a region that has gone dark tells no one):
     syncd finds out by the heartbeat timeout, as it would of a real one."""
-    require_state(run, LIVE_STATES, "kill a region")
+    require_state(run, RUNNING_OR_PAUSED, "kill a region")
     islands = [island for island in live_islands(run) if island.region == region]
     if not islands:
         regions = sorted({island.region for island in live_islands(run)})
@@ -124,6 +124,6 @@ def kill_syncd(by: AbstractBaseUser) -> None:
     from syncd.store import kill_syncd as send_kill
 
     send_kill(connect(settings.REDIS_URL))
-    for run in Run.objects.filter(state__in=LIVE_STATES):
+    for run in Run.objects.filter(state__in=RUNNING_OR_PAUSED):
         Event.objects.create(run=run, kind=Event.Kind.FAULT, actor=by,
                              detail={"fault": "kill_syncd"})

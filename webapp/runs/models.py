@@ -176,7 +176,7 @@ class Island(models.Model):
     fault = models.CharField("active fault", max_length=16, choices=Fault.choices,
                              default=Fault.NONE)
     epoch = models.PositiveIntegerField(
-        default=0, help_text="Incarnation; syncd refuses updates from an older one.")
+        default=0, help_text="Epoch; syncd refuses updates from an older one.")
     speed = models.FloatField(default=1.0)
     batch_size = models.PositiveIntegerField(default=8)
     bandwidth_gbps = models.FloatField(default=2.0)

@@ -110,7 +110,7 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
 # for the island supervisors, fault flags). Each service below changes the database
 # first, where a bad request is refused, and then tells the processes.
 
-LIVE_STATES = (Run.State.RUNNING, Run.State.PAUSED)
+RUNNING_OR_PAUSED = (Run.State.RUNNING, Run.State.PAUSED)
 
 
 def start_run(run: Run, by: AbstractBaseUser | None) -> None:
@@ -187,26 +187,26 @@ def resume_run(run: Run, by: AbstractBaseUser | None) -> None:
 
 
 def rejoin_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -> Island:
-    """Start the island's next incarnation; the one before it, if it still runs, stops.
+    """Start the island's next epoch; the one before it, if it still runs, stops.
 
-    The new incarnation pulls the newest global fragments and resumes from the
+    The new epoch pulls the newest global fragments and resumes from the
     island's data cursor; syncd refuses updates from the older epoch from now on.
     """
-    require_state(run, LIVE_STATES, "rejoin an island")
+    require_state(run, RUNNING_OR_PAUSED, "rejoin an island")
     island = get_island(run, island)
     old_epoch = island.epoch
     store = run_store(run)
     store.send_command(island.name, "stop", epoch=old_epoch)
     asked = time.time()
     store.rejoin_requested(island.name, asked)  # syncd reports the time to train
-    island = _next_incarnation(run, island, store, asked)
+    island = _next_epoch(run, island, store, asked)
     record_event(run, island, Event.Kind.REJOIN, by, from_epoch=old_epoch, epoch=island.epoch)
     return island
 
 
 def checkpoint_now(run: Run, by: AbstractBaseUser | None) -> None:
     """Ask syncd for a checkpoint of the run at its next pass."""
-    require_state(run, LIVE_STATES, "checkpoint a run")
+    require_state(run, RUNNING_OR_PAUSED, "checkpoint a run")
     run_store(run).request_checkpoint()
     Event.objects.create(run=run, kind=Event.Kind.CHECKPOINT, actor=by,
                          detail={"requested": True})
@@ -219,7 +219,7 @@ def add_island(run: Run, island_config: dict[str, Any], by: AbstractBaseUser | N
         ConfigError: when the island does not fit the config (keyed "islands.N.name", ...).
         ValueError: when the run is neither a draft nor live.
     """
-    require_state(run, (Run.State.DRAFT, *LIVE_STATES), "add an island")
+    require_state(run, (Run.State.DRAFT, *RUNNING_OR_PAUSED), "add an island")
     config = parse_config({**run.config, "islands": [*run.config["islands"], island_config]},
                           settings.REGIONS)
     new = config.islands[-1]
@@ -231,10 +231,10 @@ def add_island(run: Run, island_config: dict[str, Any], by: AbstractBaseUser | N
         run.save(update_fields=["config"])
         # A removed island keeps its row (and its epochs) for when it comes back.
         island, _ = Island.objects.update_or_create(run=run, name=new.name, defaults=fields)
-    if run.state in LIVE_STATES:
+    if run.state in RUNNING_OR_PAUSED:
         store = run_store(run)
         put_spec(run, store)
-        island = _next_incarnation(run, island, store)
+        island = _next_epoch(run, island, store)
     return island
 
 
@@ -245,7 +245,7 @@ def remove_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
         ConfigError: when the run would be left with too few islands for its quorum.
         ValueError: when the run has no such island or is neither a draft nor live.
     """
-    require_state(run, (Run.State.DRAFT, *LIVE_STATES), "remove an island")
+    require_state(run, (Run.State.DRAFT, *RUNNING_OR_PAUSED), "remove an island")
     island = get_island(run, island)
     config = parse_config({**run.config, "islands": [
         i for i in run.config["islands"] if i["name"] != island.name]}, settings.REGIONS)
@@ -271,19 +271,19 @@ def remove_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
 def resume_after_restart() -> list[Run]:
     """After the whole system restarted: run every island of every live run again.
 
-    Each island starts its next incarnation (so nothing left over from before the
+    Each island starts its next epoch (so nothing left over from before the
     restart merges) and goes on from its data cursor; a paused run stays paused.
     The interval the run lost is an "alert" event on its timeline (lost_interval).
     Returns the runs it resumed.
     """
-    runs = list(Run.objects.filter(state__in=LIVE_STATES).order_by("id"))
+    runs = list(Run.objects.filter(state__in=RUNNING_OR_PAUSED).order_by("id"))
     for run in runs:
         store = run_store(run)
         Event.objects.create(run=run, kind=Event.Kind.ALERT,
                              detail=lost_interval(store, time.time()))
         put_spec(run, store)
         for island in live_islands(run):
-            _next_incarnation(run, island, store)
+            _next_epoch(run, island, store)
     return runs
 
 
@@ -375,7 +375,7 @@ def require_state(run: Run, states: tuple[str, ...], action: str) -> None:
                          f"(it must be {' or '.join(states)})")
 
 
-def _next_incarnation(run: Run, island: Island, store: RunStore,
+def _next_epoch(run: Run, island: Island, store: RunStore,
                       asked_at: float | None = None) -> Island:
     """The island's next epoch, in the database and Redis, and its start: a claim of a
     warm standby or a task on the queue (`asked_at`: when it was asked for)."""

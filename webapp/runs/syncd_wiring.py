@@ -12,7 +12,7 @@ from syncd.hooks import Hooks
 
 
 def rejoin(run_id: int, island: str) -> None:
-    """The next incarnation of an island whose chaos kill has ended (no actor)."""
+    """The next epoch of an island whose chaos kill has ended (no actor)."""
     from webapp.runs.models import Run
     from webapp.runs.services import rejoin_island
 

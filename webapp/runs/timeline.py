@@ -81,7 +81,7 @@ def _outages(island: str, mine: list[Event], events: list[Event],
         elif kind == "island_revived" and open_ is not None:
             open_.revived = event["time"]
             open_, fault = None, None
-        elif kind == "rejoin":  # syncd's: the new incarnation's first step
+        elif kind == "rejoin":  # syncd's: the new epoch's first step
             owner = outages[-1] if outages and outages[-1].first_step is None else None
             if owner is not None and (open_ is owner or owner.rejoin is not None):
                 owner.first_step = event

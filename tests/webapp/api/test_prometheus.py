@@ -59,7 +59,7 @@ def test_an_admin_session_may_read_the_metrics(admin_client):
     assert scrape(admin_client).status_code == 200
 
 
-def test_the_scraper_reads_the_runs_and_their_live_islands(client, metrics_token, running,
+def test_the_scraper_reads_the_runs_and_their_alive_islands(client, metrics_token, running,
                                                           draft, redis_url):
     store = RunStore(connect(redis_url), running.pk)
     store.r.set(store.key("status"), json.dumps({

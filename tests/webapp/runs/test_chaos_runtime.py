@@ -1,5 +1,5 @@
 """A run with a chaos schedule, in real processes: syncd kills an island through its
-supervisor, records the fault, and rejoins it as a new incarnation when the fault ends.
+supervisor, records the fault, and rejoins it as a new epoch when the fault ends.
 
 Every wait polls a condition with a deadline; none sleeps and hopes.
 """
@@ -42,10 +42,10 @@ def test_a_chaos_schedule_kills_an_island_records_the_fault_and_rejoins_it(
     assert fault.detail["chaos"] == {"preset": "kills_only", "seed": SEED,
                                      "at_s": first.at_s}
     wait_until(lambda: not runner_processes(run, "island-2", 1), 30,
-               "the supervisor to kill island-2's first incarnation")
+               "the supervisor to kill island-2's first epoch")
     wait_until(lambda: store.heartbeats().get("island-2", {}).get("epoch") == 2
                and store.heartbeats()["island-2"].get("state") == "training", 90,
-               "island-2's next incarnation, started by the schedule, to train")
+               "island-2's next epoch, started by the schedule, to train")
     assert run.events.filter(kind="rejoin", island__name="island-2").exists()
     assert store.epochs()["island-2"] == 2
     stop_run(run, by=None)

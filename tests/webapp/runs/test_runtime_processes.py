@@ -154,7 +154,7 @@ def test_islands_on_a_real_worker_merge_through_syncd_survive_a_kill_and_rejoin(
     rejoin_island(run, "island-0", by=None)
     wait_until(lambda: store.heartbeats().get("island-0", {}).get("epoch") == 2
                and store.heartbeats()["island-0"].get("state") == "training", 60,
-               "island-0's second incarnation to train")
+               "island-0's second epoch to train")
 
     def merged_again() -> bool:
         fragments = (store.status() or {}).get("fragments", [])
@@ -274,13 +274,13 @@ def test_an_island_of_two_processes_follows_an_elastic_restart_and_stops_cleanly
 
 
 def runner_processes(run: Run, island: str, epoch: int) -> list[str]:
-    """PIDs of island processes of this incarnation, found in the process table."""
+    """PIDs of island processes of this epoch, found in the process table."""
     pattern = f"trainer.runner .*--run {run.pk} --island {island} --epoch {epoch}$"
     found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
     return found.stdout.split()
 
 
-def test_a_partitioned_island_is_lost_then_revived_and_a_rejoin_leaves_one_incarnation(
+def test_a_partitioned_island_is_lost_then_revived_and_a_rejoin_leaves_one_epoch(
         system, corpus_file, redis_url):
     run = tiny_run(corpus_file, total_tokens=10**9)
     store = start_and_wait(run, redis_url, 2)
@@ -299,9 +299,9 @@ def test_a_partitioned_island_is_lost_then_revived_and_a_rejoin_leaves_one_incar
     rejoin_island(run, "island-2", by=None)
     wait_until(lambda: store.heartbeats().get("island-2", {}).get("epoch") == 2
                and store.heartbeats()["island-2"].get("state") == "training", 60,
-               "island-2's second incarnation to train")
+               "island-2's second epoch to train")
     wait_until(lambda: not runner_processes(run, "island-2", 1), 30,
-               "the first incarnation of island-2 to be gone")
+               "the first epoch of island-2 to be gone")
     assert len(runner_processes(run, "island-2", 2)) == 1
     stop_run(run, by=None)
 

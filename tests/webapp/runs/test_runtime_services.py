@@ -231,7 +231,7 @@ def test_with_the_pool_empty_or_its_host_silent_a_rejoin_is_a_cold_start(
     assert pools.take_claims("us-west", 0.1) == []
 
 
-def test_rejoin_stops_the_old_incarnation_and_enqueues_the_next_epoch(running, store,
+def test_rejoin_stops_the_old_epoch_and_enqueues_the_next_epoch(running, store,
                                                                       enqueued, redis_url,
                                                                       operator):
     island = rejoin_island(running, "west-a", operator)
@@ -344,7 +344,7 @@ def test_a_removed_island_can_come_back_with_its_next_epoch(running, store, enqu
     assert [call["args"][1:3] for call in enqueued] == [["east-b", 3]]
 
 
-def test_resume_after_restart_runs_every_live_island_again_with_its_next_epoch(
+def test_resume_after_restart_runs_every_alive_island_again_with_its_next_epoch(
         running, store, enqueued, operator):
     paused = create_run(name="p", mode="decoupled", config=THREE_ISLANDS, user=operator)
     start_run(paused, operator)
@@ -395,7 +395,7 @@ def test_the_island_task_does_not_start_an_island_of_an_inactive_run(running, re
     assert result == {"island": "east-a", "epoch": 1, "exit_code": None, "ended": "inactive"}
 
 
-def test_the_island_task_does_not_start_a_superseded_incarnation(running, redis_url,
+def test_the_island_task_does_not_start_a_superseded_epoch(running, redis_url,
                                                                   settings, tmp_path,
                                                                   operator):
     settings.LOG_DIR = tmp_path
