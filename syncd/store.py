@@ -519,6 +519,11 @@ class RunStore:
         raw = self.r.get(self.key("status"))
         return json.loads(raw) if raw else None
 
+    def is_active(self) -> bool:
+        """Whether the run is in the active set: started, and not yet ended, stopped or
+        deleted. An island, its supervisor and a claimed standby ask before they train."""
+        return bool(self.r.sismember("arch:runs", self.run_id))
+
 
 class PoolStore:
     """The keys of the hosts' pools of warm standby islands (not of one run).
