@@ -7,8 +7,8 @@ sends updates through an emulated wide-area link, heartbeats, and keeps its data
 cursor in Redis after each send so that a later incarnation (a rejoin) goes on
 where this one was in its shard.
 
-Faults other than kill and stop reach it through the key `arch:R:fault:<island>`
-(JSON {kind, until, factor}): straggle multiplies its step time, partition holds
+Faults other than kill and stop reach it through the run's store (RunStore.fault:
+{kind, until, factor}): straggle multiplies its step time, partition holds
 its sends and heartbeats, degrade divides its bandwidth, corrupt poisons its next
 update with NaN.
 
