@@ -3,7 +3,6 @@
 import time
 
 import pytest
-import redis
 
 from syncd import lease
 from syncd.lease import LeaseLost
@@ -128,14 +127,3 @@ def test_the_fair_share_is_runs_over_live_members_rounded_up(runs, members, shar
 def test_a_lease_needs_a_positive_time_to_live(client):
     with pytest.raises(ValueError, match="above 0 seconds"):
         lease.acquire(client, 7, "syncd-a", ttl_s=0)
-
-
-def test_redis_errors_name_what_is_wrong(redis_url):
-    from syncd.connection import redact_url, redis_problem
-
-    assert redis_problem(redis_url) is None
-    assert redact_url("redis://:s3cret@host:6379/0") == "redis://:***@host:6379/0"
-    assert redact_url("redis://host:6379/0") == "redis://host:6379/0"
-    assert "cannot reach" in redis_problem("redis://127.0.0.1:1/0", timeout_s=1)
-    assert "not a Redis URL" in redis_problem("http://example.com/")
-    assert isinstance(connect(redis_url), redis.Redis)
