@@ -1,6 +1,6 @@
 """The process manager of the one-command start (webapp/processes.py): it logs, stops
-in order, kills what ignores SIGTERM, starts again what dies, and leaves nothing
-running when it is killed; and the Redis server it starts."""
+in order, kills what ignores SIGTERM and starts again what dies; and the Redis server
+it runs. When the manager itself is killed, its guard stops the rest (test_guard.py)."""
 
 import subprocess
 import sys
@@ -111,30 +111,6 @@ def test_the_manager_stops_its_processes_at_once_and_redis_after_them(manager, t
     assert sorted(lines[3:6]) == ["syncd ended", "web ended", "worker ended"]
     assert lines[6:] == ["redis got SIGTERM", "redis ended"]
     assert codes == {"web": 0, "worker": 0, "syncd": 0, "redis": 0}
-
-
-def test_the_guard_stops_the_processes_of_a_manager_killed_with_sigkill(tmp_path):
-    """Nothing is left running when the process that started them dies without a word."""
-    record, pids = tmp_path / "record", tmp_path / "pids"
-    starter = subprocess.Popen(python(f"""
-        import time
-        from webapp.processes import ProcessManager
-        manager = ProcessManager({str(tmp_path / "logs")!r})
-        started = [manager.start("redis", {slow_to_stop("redis", record, 0)!r}, stop_last=True),
-                   manager.start("worker", {slow_to_stop("worker", record, 1)!r})]
-        open({str(pids)!r}, "w").write(" ".join(str(p.pid) for p in started))
-        time.sleep(60)
-    """))
-    wait_for(lambda: record.exists() and record.read_text().count("ready") == 2, 20,
-             "the processes ready")
-    children = [int(pid) for pid in pids.read_text().split()]
-
-    starter.kill()
-    starter.wait()
-
-    wait_for(lambda: all(gone(pid) for pid in children), 15, "every process gone")
-    lines = [line for line in record.read_text().splitlines() if "ready" not in line]
-    assert lines == ["worker got SIGTERM", "worker ended", "redis got SIGTERM", "redis ended"]
 
 
 def test_the_manager_starts_again_a_process_that_dies_if_asked(manager, tmp_path):
