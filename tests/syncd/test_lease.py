@@ -101,14 +101,6 @@ def test_a_write_goes_through_when_its_holder_renews_the_lease_during_it(client,
     keeper.close()
 
 
-def test_a_store_without_a_lease_writes_as_before_and_a_lease_must_be_for_its_run(client):
-    store = RunStore(client, 7)
-    store.publish(0, 1, b"v1", None, b"m", {}, 10, keep=16)
-    assert store.versions() == {0: 1}
-    with pytest.raises(ValueError, match="lease is for run 8"):
-        RunStore(client, 7, fence=lease.Lease("8", "syncd-a", 1))
-
-
 def test_members_announce_themselves_and_drop_out_when_they_stop_renewing(client):
     assert lease.register(client, "syncd-a", ttl_s=30) == 1
     assert lease.register(client, "syncd-b", ttl_s=0.1) == 2

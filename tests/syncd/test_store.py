@@ -2,6 +2,7 @@
 
 import pytest
 
+from syncd.lease import Lease
 from syncd.store import KEPT_AFTER_END, RunStore, connect
 
 pytestmark = pytest.mark.integration
@@ -93,3 +94,23 @@ def test_a_deleted_run_keeps_nothing(store):
 
     assert all(store.r.ttl(k) > 0 for k in store.r.scan_iter(match=store.prefix + "*"))
     assert keys(store, "full") == [] and keys(store, "momentum") == []
+
+
+def test_a_store_without_a_lease_writes_as_before_and_a_lease_must_be_for_its_run(redis_url):
+    client = connect(redis_url)
+    store = RunStore(client, 7)
+    store.publish(0, 1, b"v1", None, b"m", {}, 10, keep=16)
+    assert store.versions() == {0: 1}
+    with pytest.raises(ValueError, match="lease is for run 8"):
+        RunStore(client, 7, fence=Lease("8", "syncd-a", 1))
+
+
+def test_a_run_is_active_from_its_spec_until_its_release(store):
+    assert not store.is_active()
+
+    store.put_spec("decoupled", {"islands": []}, "00")
+    assert store.is_active()
+    assert not RunStore(store.r, 8).is_active()  # another run of the same Redis
+
+    store.release()
+    assert not store.is_active()
