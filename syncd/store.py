@@ -568,6 +568,11 @@ class RunStore:
                    json.dumps({"kind": kind, "until": until, "factor": factor}),
                    ex=math.ceil(seconds) + 60)
 
+    def is_active(self) -> bool:
+        """Whether the run is in the active set: started, and not yet ended, stopped or
+        deleted. An island, its supervisor and a claimed standby ask before they train."""
+        return bool(self.r.sismember("arch:runs", self.run_id))
+
 
 class PoolStore:
     """The keys of the hosts' pools of warm standby islands (not of one run).

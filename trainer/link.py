@@ -8,12 +8,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 import redis
-
-if TYPE_CHECKING:
-    from trainer.runner import ProcessIsland
 
 HEARTBEAT_S = 0.25
 POLL_S = 0.05
@@ -47,10 +43,24 @@ class Link:
 
     The queue is bounded: when syncd or Redis cannot keep up, the island waits
     to send (backpressure) instead of piling up updates in memory.
+
+    The island hands it callables rather than itself: the link imports nothing of
+    the island (trainer/runner.py imports it), and still reads the island's faults at
+    the moment each message goes out.
+
+    Args:
+        deliver: puts one message into Redis, given (fragment, seq, message).
+        transfer_time: the seconds a message of so many bytes takes on the link now.
+        wait_while_partitioned: returns once the link is not cut (at once if it is not).
+        max_pending: messages queued at most before `send` waits.
     """
 
-    def __init__(self, island: ProcessIsland, max_pending: int):
-        self.island = island
+    def __init__(self, deliver: Callable[[int, int, bytes | bytearray], None],
+                 transfer_time: Callable[[int], float],
+                 wait_while_partitioned: Callable[[], None], max_pending: int):
+        self.deliver = deliver
+        self.transfer_time = transfer_time
+        self.wait_while_partitioned = wait_while_partitioned
         self.queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self.bytes_up = 0
         self.error: BaseException | None = None
@@ -68,10 +78,9 @@ class Link:
         try:
             while True:
                 fragment, seq, blob = self.queue.get()
-                self.island.wait_while_partitioned()
-                time.sleep(self.island.transfer_time(len(blob)))
-                self.island.store.push_update(self.island.name, self.island.epoch, fragment,
-                                              seq, blob)
+                self.wait_while_partitioned()
+                time.sleep(self.transfer_time(len(blob)))
+                self.deliver(fragment, seq, blob)
                 self.bytes_up += len(blob)
                 self.queue.task_done()
         except redis.OutOfMemoryError as exc:

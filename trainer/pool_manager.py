@@ -184,8 +184,7 @@ class PoolManager:
         """Check a claim and start its island: on a warm standby, or cold."""
         store = RunStore(self.client, claim.get("run", ""))
         # A run being stopped takes no new incarnation, as a worker's task would not.
-        active = store.run_id in RunStore.active_runs(self.client) \
-            and store.stop_requested() is None
+        active = store.is_active() and store.stop_requested() is None
         refused = check_claim(claim, active, store.epochs().get(str(claim.get("island"))))
         if refused:
             self._note(f"claim refused: {refused}")

@@ -7,8 +7,8 @@ sends updates through an emulated wide-area link, heartbeats, and keeps its data
 cursor in Redis after each send so that a later incarnation (a rejoin) goes on
 where this one was in its shard.
 
-Faults other than kill and stop reach it through the key `arch:R:fault:<island>`
-(JSON {kind, until, factor}): straggle multiplies its step time, partition holds
+Faults other than kill and stop reach it through the run's store (RunStore.fault:
+{kind, until, factor}): straggle multiplies its step time, partition holds
 its sends and heartbeats, degrade divides its bandwidth, corrupt poisons its next
 update with NaN.
 
@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -116,6 +117,11 @@ class ProcessIsland:
         self._last_beat = 0.0
         self.phases: dict[str, float] | None = None  # once the first step is done
         self.warm = warm
+
+    def stop(self) -> None:
+        """Finish the current step, save the cursor and exit (SIGTERM, from the
+        supervisor); the island's own flag, set here only."""
+        self.stopping = True
 
     # -- faults and the emulated link ----------------------------------------
 
@@ -234,7 +240,7 @@ class ProcessIsland:
         updates, rounded up to a multiple of H), at the end of the whole-job restart
         under way (until `until`), if any, like the others."""
         h = self.config.sync.inner_steps
-        self.island.step = -(-self.island.step // h) * h
+        self.island.move_to(-(-self.island.step // h) * h, self.island.tokens)
         while time.time() < until and not self.stopping:
             self.beat("restarting")
             time.sleep(POLL_S)
@@ -309,15 +315,16 @@ class ProcessIsland:
                 self.island.reset_fragment(p, tensors, version)
         cursor = self.store.cursor(self.name)
         if cursor:
-            self.island.step = cursor["step"]
-            self.island.tokens = cursor["tokens"]
+            self.island.move_to(cursor["step"], cursor["tokens"])
             state = torch.frombuffer(bytearray(base64.b64decode(cursor["rng"])), dtype=torch.uint8)
             self.island.sampler.set_state(state)
         if self.elastic:
             self.join_barrier(self.store.restart()[1])
         if self.group:
             self.group.share_start(self.island)
-        self.link = Link(self, max_pending=2 * len(fragments))
+        self.link = Link(partial(self.store.push_update, self.name, self.epoch),
+                         self.transfer_time, self.wait_while_partitioned,
+                         max_pending=2 * len(fragments))
         self._phase("pull")
 
     def save_cursor(self) -> None:
@@ -336,7 +343,7 @@ class ProcessIsland:
     def run_ended(self) -> bool:
         """Whether the run is over for good (done, or no longer active: stopped or
         deleted, its state freed)."""
-        return self.store.done() or self.store.run_id not in RunStore.active_runs(self.store.r)
+        return self.store.done() or not self.store.is_active()
 
     def send(self, p: int) -> None:
         s = self.config.sync
@@ -437,7 +444,7 @@ def main() -> None:
     island = ProcessIsland(store, args.island, args.epoch, args.device, group, rss_bytes())
 
     def stop(signum: int, frame: object) -> None:
-        island.stopping = True  # finish the current step, save the cursor, exit
+        island.stop()
 
     signal.signal(signal.SIGTERM, stop)
     log.info("island %s epoch %d of run %s starting on %s", args.island, args.epoch, args.run,

@@ -109,7 +109,7 @@ def main() -> None:
     redirect_output(claim["log_path"])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     store = RunStore(connect(claim["redis_url"], ride_out_restarts=True), claim["run"])
-    active = store.run_id in RunStore.active_runs(store.r) and store.stop_requested() is None
+    active = store.is_active() and store.stop_requested() is None
     refused = check_claim(claim, active, store.epochs().get(claim["island"]))
     if refused:
         log.warning("standby %d refused its claim: %s", os.getpid(), refused)
@@ -120,7 +120,7 @@ def main() -> None:
                            clock=clock, corpora=corpora, model=model, warm=True)
 
     def stop(signum: int, frame: object) -> None:
-        island.stopping = True  # finish the current step, save the cursor, exit
+        island.stop()
 
     signal.signal(signal.SIGTERM, stop)
     log.info("island %s epoch %d of run %s starting on %s (warm standby %d, claimed "

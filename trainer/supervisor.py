@@ -374,7 +374,7 @@ def supervise_island(run_id: int, island: str, epoch: int, redis_url: str,
     from syncd.store import RunStore, connect
 
     store = RunStore(connect(redis_url), run_id)
-    if store.run_id not in RunStore.active_runs(store.r) or store.stop_requested() is not None:
+    if not store.is_active() or store.stop_requested() is not None:
         return {"island": island, "epoch": epoch, "exit_code": None, "ended": "inactive"}
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if asked_at is not None:

@@ -1,4 +1,5 @@
-"""Reaching the runtime's Redis (syncd/connection.py): what is wrong, in a sentence."""
+"""Reaching Redis (syncd/connection.py): a problem said in words, and URLs with their
+password hidden."""
 
 import pytest
 import redis

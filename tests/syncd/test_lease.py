@@ -68,12 +68,6 @@ def test_an_expired_lease_is_taken_over_and_the_stale_holders_publish_is_refused
     assert stale_store.versions() == {0: 2}
 
 
-def test_a_store_without_a_lease_writes_as_before_and_a_lease_must_be_for_its_run(client):
-    store = RunStore(client, 7)
-    store.publish(0, 1, b"v1", None, b"m", {}, 10, keep=16)
-    assert store.versions() == {0: 1}
-    with pytest.raises(ValueError, match="lease is for run 8"):
-        RunStore(client, 7, fence=Lease("8", "syncd-a", 1, lease_key(8)))
 
 
 def test_members_announce_themselves_and_drop_out_when_they_stop_renewing(client):

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from syncd.store import KEPT_AFTER_END, RunStore, connect
+from syncd.fence import Lease
+from syncd.store import KEPT_AFTER_END, RunStore, connect, lease_key
 
 pytestmark = pytest.mark.integration
 
@@ -124,3 +125,22 @@ def test_the_raw_spec_is_the_spec_as_stored(store):
     assert store.raw_spec() is None
     store.put_spec("decoupled", {"islands": []}, "00")
     assert json.loads(store.raw_spec()) == store.spec()
+
+def test_a_store_without_a_lease_writes_as_before_and_a_lease_must_be_for_its_run(redis_url):
+    client = connect(redis_url)
+    store = RunStore(client, 7)
+    store.publish(0, 1, b"v1", None, b"m", {}, 10, keep=16)
+    assert store.versions() == {0: 1}
+    with pytest.raises(ValueError, match="lease is for run 8"):
+        RunStore(client, 7, fence=Lease("8", "syncd-a", 1, lease_key(8)))
+
+
+def test_a_run_is_active_from_its_spec_until_its_release(store):
+    assert not store.is_active()
+
+    store.put_spec("decoupled", {"islands": []}, "00")
+    assert store.is_active()
+    assert not RunStore(store.r, 8).is_active()  # another run of the same Redis
+
+    store.release()
+    assert not store.is_active()

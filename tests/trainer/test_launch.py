@@ -1,6 +1,9 @@
 """The island process's command line and the environment of its ranks."""
 
-from trainer.launch import island_command, island_processes, rank_env
+import socket
+
+from trainer.launch import free_port, island_command, island_processes, rank_env
+from webapp.processes import port_is_free
 
 
 def test_the_island_command_names_the_device_only_for_several_processes():
@@ -24,3 +27,13 @@ def test_the_processes_and_device_of_an_island_come_from_the_run_spec():
 def test_torchrun_style_environment_for_each_rank():
     assert rank_env(1, 2, 29500) == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
                                      "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}
+
+
+def test_free_port_gives_a_port_nothing_listens_on():
+    port = free_port()
+
+    assert port_is_free(port)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        assert not port_is_free(port)

@@ -4,6 +4,7 @@ and its link to Redis."""
 import subprocess
 import threading
 import time
+from functools import partial
 
 import pytest
 
@@ -27,19 +28,6 @@ def test_beating_calls_beat_while_the_body_runs_and_stops_after():
     assert len(beats) == after  # no beat once the body is over
 
 
-class Sender:
-    """What the link needs of its island: a store, a name and epoch, and link faults."""
-
-    def __init__(self, store):
-        self.store, self.name, self.epoch = store, "a", 1
-
-    def wait_while_partitioned(self) -> None:
-        pass
-
-    def transfer_time(self, nbytes: int) -> float:
-        return 0.0
-
-
 @pytest.mark.integration
 def test_an_update_that_a_full_redis_refuses_stops_the_island_with_a_clear_error(tmp_path):
     port = free_port()
@@ -49,7 +37,8 @@ def test_an_update_that_a_full_redis_refuses_stops_the_island_with_a_clear_error
     try:
         client = connect(f"redis://127.0.0.1:{port}/0")
         wait_for(lambda: port_accepts(port), 10, "the small Redis")
-        link = Link(Sender(RunStore(client, 1)), max_pending=2)
+        link = Link(partial(RunStore(client, 1).push_update, "a", 1), lambda nbytes: 0.0,
+                    lambda: None, max_pending=2)
         link.send(0, 1, bytearray(4 << 20))  # twice the Redis's memory
         wait_for(lambda: link.error is not None, 10, "the link to fail")
 
@@ -61,16 +50,9 @@ def test_an_update_that_a_full_redis_refuses_stops_the_island_with_a_clear_error
 
 
 def test_discard_drops_the_messages_still_waiting_but_not_the_one_on_the_wire():
-    class Blocked(Sender):
-        def __init__(self) -> None:
-            super().__init__(store=None)
-            self.go = threading.Event()
-
-        def wait_while_partitioned(self) -> None:
-            self.go.wait(10)
-
-    island = Blocked()
-    link = Link(island, max_pending=4)
+    partition_healed = threading.Event()  # never set: the first message stays on the wire
+    link = Link(lambda fragment, seq, blob: None, lambda nbytes: 0.0,
+                lambda: partition_healed.wait(10), max_pending=4)
     for seq in (1, 2, 3):
         link.send(0, seq, bytearray(8))
     deadline = time.monotonic() + 5

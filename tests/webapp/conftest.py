@@ -1,4 +1,4 @@
-"""Fixtures of the web app's tests: users and clients.
+"""Fixtures of the web app's tests: users and clients, and a process manager.
 
 A viewer may look; an operator (a member of the "operators" group) may create, run,
 break and heal runs; an admin (a superuser) may do everything.
@@ -10,6 +10,7 @@ with force_login.
 import pytest
 from django.test import Client
 
+from webapp.processes import ProcessManager
 from webapp.runs.roles import operators_group
 
 
@@ -91,3 +92,11 @@ def new_run_form(settings) -> dict[str, str]:
         for key, value in row["values"].items():
             data[f"islands-{n}-{key}"] = str(value)
     return data
+
+
+@pytest.fixture
+def manager(tmp_path):
+    """A manager of the one-command start's processes; what it started stops with the test."""
+    manager = ProcessManager(tmp_path / "logs", cwd=tmp_path)
+    yield manager
+    manager.stop_all(timeout=2)

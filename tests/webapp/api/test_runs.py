@@ -1,5 +1,6 @@
-"""/api/runs: list, create, read, archive, delete, start, stop, pause, resume,
-checkpoint, history, events and the config schema; with the error shape of each."""
+"""/api/runs (webapp/api/runs.py): list, create, read, archive, delete, start, stop,
+pause, resume, checkpoint, history, events and the config schema; with the error shape
+of each."""
 
 import json
 from datetime import timedelta

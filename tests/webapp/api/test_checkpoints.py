@@ -1,4 +1,5 @@
-"""Checkpoints through the API: the list, the download and a sample of the model."""
+"""Checkpoints through the API (webapp/api/checkpoints.py): the list, the download and
+a sample of the model."""
 
 import hashlib
 from pathlib import Path

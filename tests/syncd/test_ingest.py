@@ -1,5 +1,5 @@
-"""Hostile and broken updates against syncd's live ingestion (RunSync on a real Redis
-and the real database).
+"""Hostile and broken updates against syncd's live ingestion (syncd/ingest.py's checks,
+in RunSync on a real Redis and the real database).
 
 Each bad message is written into the run's stream as an attacker (or a broken island)
 could. It must be rejected with a reason, counted for its island (the status the

@@ -1,5 +1,6 @@
-"""Islands and faults through the API: list, add, remove, rejoin, log; kill, straggle,
-partition, degrade, corrupt an island; a region outage; kill syncd."""
+"""Islands and faults through the API (webapp/api/islands.py): list, add, remove,
+rejoin, log; kill, straggle, partition, degrade, corrupt an island; a region outage;
+kill syncd."""
 
 import json
 
