@@ -102,7 +102,7 @@ class Rounds:
         for p in range(len(self.fragments)):
             if p not in versions:
                 self.store.publish(p, 0, self._global_message(p, 0), None,
-                                   tensorfile.dumps({}), {}, 0, self.keep_diffs)
+                                   tensorfile.dumps({}), {}, 0, self.kept_differences)
                 continue
             _, meta, tensors = decode_message(self.store.full(p), self.spec.secret)
             momentum = self.store.momentum(p)
@@ -128,7 +128,7 @@ class Rounds:
         return encode_message("global", meta, self.sync.globals[p], self.spec.secret)
 
     @property
-    def keep_diffs(self) -> int:
+    def kept_differences(self) -> int:
         """Published differences kept in Redis per fragment: as far back as an island
         may lag (max_staleness); none without a lossy downlink."""
         return history_length(self.spec.config.sync)
@@ -147,13 +147,13 @@ class Rounds:
         diff = None
         history = self.sync.history[p]
         if history and history[-1].version == version:  # a lossy downlink's difference
-            pub = history[-1]
+            published = history[-1]
             meta = {"run": self.store.run_id, "fragment": p, "version": version,
-                    "base_version": version - 1, "codec": pub.codec}
-            diff = encode_message("global", meta, pub.payload, self.spec.secret)
+                    "base_version": version - 1, "codec": published.codec}
+            diff = encode_message("global", meta, published.payload, self.spec.secret)
         momentum = tensorfile.dumps(self.sync.optimizers[p].state_dict())
         self.store.publish(p, version, self._global_message(p, version), diff, momentum,
-                           dict(self.sync.handled[p]), result_tokens, self.keep_diffs, done)
+                           dict(self.sync.handled[p]), result_tokens, self.kept_differences, done)
 
     def tokens_merged(self) -> int:
         """Tokens merged into the model: each fragment's, on average."""

@@ -343,7 +343,7 @@ class RunStore:
         """The newest global fragment as a full message."""
         return self._read(self.key("full", fragment), max_bytes)
 
-    def diffs(self, fragment: int, versions: Iterable[int], max_bytes: int = 1 << 40
+    def differences(self, fragment: int, versions: Iterable[int], max_bytes: int = 1 << 40
               ) -> list[bytearray | None]:
         """The published differences to these versions (None where one is gone)."""
         out: list[bytearray | None] = []

@@ -32,7 +32,7 @@ PHASES = ("dispatch", "process", "imports", "spec", "data", "model", "pull", "fi
 
 
 class StartClock:
-    """The marks of one incarnation's start-up, as they happen.
+    """The marks of one epoch's start-up, as they happen.
 
     Args:
         marks: marks already known (from the supervisor's environment); each a name

@@ -183,7 +183,7 @@ class PoolManager:
     def handle(self, claim: dict[str, Any]) -> None:
         """Check a claim and start its island: on a warm standby, or cold."""
         store = RunStore(self.client, claim.get("run", ""))
-        # A run being stopped takes no new incarnation, as a worker's task would not.
+        # A run being stopped takes no new epoch, as a worker's task would not.
         active = store.is_active() and store.stop_requested() is None
         refused = check_claim(claim, active, store.epochs().get(str(claim.get("island"))))
         if refused:

@@ -1,10 +1,10 @@
-"""python -m trainer.runner: one incarnation of one island, as its own process.
+"""python -m trainer.runner: one epoch of one island, as its own process.
 
 The supervisor (trainer/supervisor.py, inside a Celery task) starts it and can
 kill it at any instant. It needs only Redis: it reads the run's spec, takes the
 newest global fragments that syncd published, trains with diloco.island.Island,
 sends updates through an emulated wide-area link, heartbeats, and keeps its data
-cursor in Redis after each send so that a later incarnation (a rejoin) goes on
+cursor in Redis after each send so that a later epoch (a rejoin) goes on
 where this one was in its shard.
 
 Faults other than kill and stop reach it through the run's store (RunStore.fault:
@@ -66,15 +66,15 @@ class ProcessIsland:
     Args:
         store: the run's Redis keys.
         name: the island's name in the run config.
-        epoch: this incarnation's number; syncd refuses updates of older ones.
+        epoch: the number of this start of the island; syncd refuses updates of older ones.
         device: "auto", "cpu" or "cuda"; default: the run's train.device.
         group: the island's processes, when it has several; this is rank 0.
         idle_rss: this process's resident bytes after its imports, before the spec.
-        clock: the marks of this incarnation's start-up so far (trainer/phases.py);
+        clock: the marks of this epoch's start-up so far (trainer/phases.py);
             default: from the supervisor's environment and /proc.
         corpora: corpora already open, by (path, eval_fraction): a warm standby's.
         model: a model already built (a warm standby's); used if its shape is the run's.
-        warm: this incarnation is a claimed standby (its heartbeats say so).
+        warm: this epoch is a claimed standby (its heartbeats say so).
     """
 
     def __init__(self, store: RunStore, name: str, epoch: int, device: str | None = None,
@@ -195,7 +195,7 @@ class ProcessIsland:
         blobs = []
         bytes_before = self.bytes_down
         if self.config.sync.downlink_compression != "none":
-            blobs = self.store.diffs(p, range(state.version + 1, newest + 1))
+            blobs = self.store.differences(p, range(state.version + 1, newest + 1))
         if blobs and all(b is not None for b in blobs):
             published = []
             for blob in blobs:
@@ -292,7 +292,7 @@ class ProcessIsland:
         return corpus if corpus is not None else load_corpus(data.path, data.eval_fraction)
 
     def setup(self) -> None:
-        self.beat("starting", force=True)  # syncd knows this incarnation from now on
+        self.beat("starting", force=True)  # syncd knows this epoch from now on
         config = self.config
         fragments = run_fragments(config)
         self._wait_for_globals(len(fragments))  # syncd published version 0

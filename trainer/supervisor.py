@@ -1,4 +1,4 @@
-"""Supervise one incarnation of an island: its training process and the commands sent to it.
+"""Supervise one epoch of an island: its training process and the commands sent to it.
 
 An island is one long Celery task on its region's worker. The task does not
 train: it starts the training loop (`python -m trainer.runner`) as a child
@@ -21,9 +21,9 @@ Commands (JSON objects in the island's control list, see syncd.store):
              SIGKILL if it is still there after the grace period.
     pause    SIGSTOP.
     resume   SIGCONT.
-A command may name an epoch. One for an older incarnation is dropped; one for a
-newer incarnation is put back for it. An incarnation whose epoch is no longer
-the island's current one (a rejoin started the next) stops itself, so a rejoin
+A command may name an epoch. One for an older epoch is dropped; one for a
+newer epoch is put back for it. An epoch that is no longer the island's
+current one (a rejoin started the next) stops itself, so a rejoin
 never leaves two copies of an island training, even if its "stop" went astray.
 
 A death (killed, or failed on its own) is reported at once to the run's store with
@@ -91,7 +91,7 @@ class IslandSupervisor:
         command: the island process's argv.
         store: where the island's commands and current epoch are read (a RunStore).
         island: the island's name.
-        epoch: this incarnation's epoch.
+        epoch: the number of this start of the island.
         log_path: the child's stdout and stderr are appended here, with a line from
             the supervisor when it starts and when it ends.
         poll_s: seconds between two looks at the control list and the child.
@@ -295,7 +295,7 @@ class IslandSupervisor:
         self._shipped = (current, now)
 
     def _commands(self) -> list[dict[str, Any]]:
-        """Take this incarnation's pending commands; drop older ones, put newer ones back."""
+        """Take this epoch's pending commands; drop older ones, put newer ones back."""
         mine = []
         for _ in range(COMMANDS_PER_POLL):
             command = self._store_call(self.store.next_command, self.island)
@@ -307,7 +307,7 @@ class IslandSupervisor:
             elif epoch < self.epoch:
                 self._note(f"command for older epoch {epoch} dropped: {command!r}")
             else:
-                # For the incarnation that replaces us: leave it to that one, and take
+                # For the epoch that replaces us: leave it to that one, and take
                 # nothing more this round so we do not pick the same command again.
                 args = {k: v for k, v in command.items() if k != "kind"}
                 self._store_call(self.store.send_command, self.island, command["kind"], **args)
@@ -368,7 +368,7 @@ class IslandSupervisor:
 
 def supervise_island(run_id: int, island: str, epoch: int, redis_url: str,
                      log_dir: str | Path, asked_at: float | None = None) -> dict[str, Any]:
-    """Run one incarnation of an island unless its run is no longer active or stopping;
+    """Run one epoch of an island unless its run is no longer active or stopping;
     `asked_at`, when its start or rejoin was asked for, starts its dispatch phase
     (trainer/phases.py)."""
     from syncd.store import RunStore, connect

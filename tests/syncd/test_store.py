@@ -61,7 +61,7 @@ def test_a_lossy_downlink_keeps_as_many_differences_as_it_is_told(store):
     for version in range(1, 6):
         store.publish(0, version, FULL, b"d" * 1100, MOMENTUM, {}, 1, keep=2)
 
-    assert store.diffs(0, [3, 4, 5]) == [None, b"d" * 1100, b"d" * 1100]
+    assert store.differences(0, [3, 4, 5]) == [None, b"d" * 1100, b"d" * 1100]
     assert {k.split(":")[4] for k in keys(store, "pub:0:")} == {"4", "5"}
 
 

@@ -75,7 +75,7 @@ def test_a_stale_claim_from_an_old_epoch_is_refused():
     ({"run": 4, "island": "east-0"}, True, 3, "a claim names run, island, epoch"),
     ({**CLAIM, "epoch": "3"}, True, 3, "a claim's epoch is a whole number"),
 ])
-def test_a_claim_for_another_run_or_incarnation_is_refused(claim, active, epoch, reason):
+def test_a_claim_for_another_run_or_epoch_is_refused(claim, active, epoch, reason):
     assert check_claim(claim, active, epoch).startswith(reason)
 
 

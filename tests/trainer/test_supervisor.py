@@ -60,7 +60,7 @@ def test_a_stop_the_island_ignores_ends_in_sigkill_after_the_grace(tmp_path):
 
 def test_it_ignores_commands_for_another_epoch(tmp_path):
     log = tmp_path / "island-0.log"
-    store = FakeStore([{"kind": "kill", "epoch": 1},    # the incarnation before
+    store = FakeStore([{"kind": "kill", "epoch": 1},    # the epoch before
                        {"kind": "kill", "epoch": 3},    # the one after: put back for it
                        {"kind": "stop", "epoch": 2}],
                       ready=says(log, "ready"))
@@ -72,7 +72,7 @@ def test_it_ignores_commands_for_another_epoch(tmp_path):
     assert "command for older epoch 1 dropped" in log.read_text()
 
 
-def test_an_incarnation_superseded_before_it_starts_never_starts(tmp_path):
+def test_an_epoch_superseded_before_it_starts_never_starts(tmp_path):
     store = FakeStore(epochs={"island-0": 2})
 
     result = supervisor(tmp_path, python("open('started', 'w')"), store, epoch=1,
@@ -83,7 +83,7 @@ def test_an_incarnation_superseded_before_it_starts_never_starts(tmp_path):
     assert not (tmp_path / "started").exists()
 
 
-def test_a_newer_epoch_stops_the_running_incarnation_even_without_a_command(tmp_path):
+def test_a_newer_epoch_stops_the_running_epoch_even_without_a_command(tmp_path):
     log = tmp_path / "island-0.log"
     store = FakeStore(epochs={"island-0": 1})
     sup = supervisor(tmp_path, GRACEFUL, store)

@@ -1,5 +1,5 @@
 """The Celery tasks (webapp/runs/tasks.py): the island task starts no island of an
-inactive run and no superseded incarnation. What it does with a good one is the
+inactive run and no superseded epoch. What it does with a good one is the
 supervisor's business (tests/trainer)."""
 
 import pytest
@@ -19,7 +19,7 @@ def test_the_island_task_does_not_start_an_island_of_an_inactive_run(running, re
     assert result == {"island": "east-a", "epoch": 1, "exit_code": None, "ended": "inactive"}
 
 
-def test_the_island_task_does_not_start_a_superseded_incarnation(running, redis_url,
+def test_the_island_task_does_not_start_a_superseded_epoch(running, redis_url,
                                                                   settings, tmp_path,
                                                                   operator):
     settings.LOG_DIR = tmp_path
