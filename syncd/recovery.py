@@ -206,7 +206,7 @@ class Recovery:
             discarded.update(rounds.roll_back(p, params[p], momentum[p], now,
                                               kept.get(p, 0) - merged.get(p, 0)))
         delay = self.restart_delay(liveness.heartbeats)
-        generation = self.store.restart_job(now + delay)
+        restarts = self.store.restart_job(now + delay)
         liveness.hold_up_run(now + delay)  # no island's step time spans the pause
         self.accounting.rollback(self.restore_time, now)
         for name in others:
@@ -216,7 +216,7 @@ class Recovery:
                                  "rollback")
         self.recorder.event("rollback", island, versions=list(sync.versions),
                             reason="island joined" if joining else "island lost",
-                            restart_delay_s=round(delay, 2), generation=generation,
+                            restart_delay_s=round(delay, 2), generation=restarts,
                             discarded=sorted(discarded))
 
 

@@ -456,8 +456,8 @@ class RunStore:
         return json.loads(raw) if raw else None
 
     def restart_job(self, until: float) -> int:
-        """Elastic: ask every island to roll back and pause until `until`; returns the
-        restart's generation number."""
+        """Elastic: ask every island to roll back and pause until `until`; returns how
+        many restarts the run has had, this one included (the field `generation`)."""
         def fill(pipe: Pipeline) -> None:
             pipe.hincrby(self.key("restart"), "generation", 1)
             pipe.hset(self.key("restart"), "until", until)
@@ -465,6 +465,7 @@ class RunStore:
         return int(self._write(fill)[0])
 
     def restart(self) -> tuple[int, float]:
+        """(restarts so far, the pause's end) of the run's last whole-job restart."""
         raw = self.r.hgetall(self.key("restart"))
         return int(raw.get(b"generation", 0)), float(raw.get(b"until", 0.0))
 

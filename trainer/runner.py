@@ -108,7 +108,7 @@ class ProcessIsland:
         # from its claim for a warm standby.
         self.started = self.clock.marks.get("launched", time.time())
         self.startup_s: float | None = None  # launch to first step: elastic's delay
-        self.restart_generation = store.restart()[0]
+        self.restarts_seen = store.restart()[0]
         self.bytes_down = 0
         self.pulls = 0
         self.pull_s = 0.0  # reading, checking and mixing pulled fragments, in all
@@ -222,10 +222,10 @@ class ProcessIsland:
     def follow_restart(self, mix_at: dict) -> None:
         """Elastic: when syncd restarts the whole job, pause for the restart delay, then
         take the rolled-back global model whole and go on from there."""
-        generation, until = self.store.restart()
-        if generation <= self.restart_generation:
+        restarts, until = self.store.restart()
+        if restarts <= self.restarts_seen:
             return
-        self.restart_generation = generation
+        self.restarts_seen = restarts
         self.join_barrier(until)
         mix_at.clear()
         for p in range(len(self.island.fragments)):
@@ -266,7 +266,7 @@ class ProcessIsland:
         run's end comes first."""
         while not self.handled(p, seq):
             if self.stopping or self.done() or \
-                    self.store.restart()[0] > self.restart_generation:
+                    self.store.restart()[0] > self.restarts_seen:
                 return False
             self.beat("waiting")
             time.sleep(POLL_S)
