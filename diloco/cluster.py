@@ -45,7 +45,7 @@ SECRET = b"in-process"  # messages are signed here too, so byte counts include t
 @dataclass
 class LocalResult:
     mode: str
-    eval_loss: float
+    eval_loss: float  # on the validation split
     tokens: int
     tokens_merged: float  # summed over merges, averaged over fragments
     bytes_sent: int
@@ -87,10 +87,19 @@ def transfer_time(island: IslandConfig, nbytes: int, bytes_scale: float) -> floa
 
 
 class Evaluator:
-    def __init__(self, config: RunConfig, corpus: Corpus):
+    """The loss of a model's parameters on a held-out split of the corpus.
+
+    Args:
+        config: the run's config (model and eval.tokens).
+        corpus: the run's corpus.
+        split: "validation" for what a run watches and tuning compares, "test" for a
+            benchmark's reported figure (diloco/data.py).
+    """
+
+    def __init__(self, config: RunConfig, corpus: Corpus, split: str):
         with torch.device("meta"):  # no tensors of its own: each call assigns them
             self.model = GPT(gpt_config(config))
-        self.batches = eval_batches(corpus, config.eval.tokens, config.model.block_size)
+        self.batches = eval_batches(corpus, split, config.eval.tokens, config.model.block_size)
 
     @torch.no_grad()
     def __call__(self, params: dict[str, torch.Tensor]) -> float:
@@ -107,6 +116,9 @@ def run_local(config: RunConfig, mode: str = "decoupled", *, step_time_s: float 
               eval_points: int = 4, window_steps: int | None = None,
               progress: Callable[[dict], None] | None = None) -> LocalResult:
     """Train a run in this process and return its final global model and figures.
+
+    Its evaluations, along the way and at the end, are on the validation split, as a
+    live run's are: a benchmark reports the final params on the test split itself.
 
     Args:
         config: the run config (islands, sync, optim, model, budget...).
@@ -136,7 +148,7 @@ class _Cluster:
         self.step_dur = [step_time_s / i.speed for i in config.islands]
         s = config.sync
         self.meter = LinkMeter(window_steps or max(1, s.inner_steps // s.fragments))
-        self.evaluate = Evaluator(config, self.corpus)
+        self.evaluate = Evaluator(config, self.corpus, "validation")
         # The last evaluation is at the end of the run, in _result.
         self.milestones = [config.budget.total_tokens * (k + 1) // eval_points
                            for k in range(eval_points - 1)]

@@ -4,7 +4,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from diloco.cluster import run_local
+from diloco.cluster import Evaluator, run_local
+from diloco.data import load_corpus
 from diloco.island import initial_model
 
 
@@ -111,6 +112,17 @@ def test_a_run_reports_its_tokens_and_a_finite_loss_at_each_eval_point(make_conf
     assert all(math.isfinite(p["eval_loss"]) for p in result.curve)
     assert result.eval_loss == result.curve[-1]["eval_loss"]
     assert result.virtual_time_s > 0
+
+
+def test_a_run_evaluates_on_the_validation_split(make_config):
+    # The curve and the final eval loss are what a live run shows: never the test split.
+    config = make_config(sync={"inner_steps": 4, "fragments": 2})
+    corpus = load_corpus(config.data.path, config.data.eval_fraction)
+
+    result = run_local(config, "decoupled", eval_points=1)
+
+    assert result.eval_loss == Evaluator(config, corpus, "validation")(result.params)
+    assert result.eval_loss != Evaluator(config, corpus, "test")(result.params)
 
 
 def test_it_rejects_an_unknown_mode(make_config):
