@@ -86,6 +86,17 @@ def transfer_time(island: IslandConfig, nbytes: int, bytes_scale: float) -> floa
     return island.latency_ms / 1000 + nbytes * bytes_scale * 8 / (island.bandwidth_gbps * 1e9)
 
 
+def round_trip_s(config: RunConfig, up_bytes: int, down_bytes: int) -> float:
+    """t_sync of the grace window: the median island's upload of an update plus its
+    download of the merged fragment. The round trip, as syncd/service.py's round_stats
+    passes it (the first sender spent its upload before it arrived, and its overlap of
+    tau steps must cover that, the wait and the download); here of the messages' own
+    sizes, where syncd, which does not see them, sizes both ways as an fp32 fragment."""
+    scale = config.emulation.bytes_scale
+    return statistics.median(transfer_time(i, up_bytes, scale)
+                             + transfer_time(i, down_bytes, scale) for i in config.islands)
+
+
 class Evaluator:
     """The loss of a model's parameters on a held-out split of the corpus.
 
@@ -148,6 +159,7 @@ class _Cluster:
         self.step_dur = [step_time_s / i.speed for i in config.islands]
         s = config.sync
         self.meter = LinkMeter(window_steps or max(1, s.inner_steps // s.fragments))
+        self.up_bytes = [0] * len(self.fragments)  # the last update's size, per fragment
         self.evaluate = Evaluator(config, self.corpus, "validation")
         # The last evaluation is at the end of the run, in _result.
         self.milestones = [config.budget.total_tokens * (k + 1) // eval_points
@@ -188,6 +200,7 @@ class _Cluster:
     def _receive(self, sync: Synchronizer, blob: bytes, now: float) -> tuple[str, int, str | None]:
         _, meta, tensors = decode_message(blob, SECRET)
         p = meta["fragment"]
+        self.up_bytes[p] = len(blob)
         delta = codecs.decode(tensors, meta["codec"], sync.shapes[p])
         update = Update(meta["island"], meta["base_version"], meta["tokens"],
                         meta["inner_steps"], delta, meta["seq"])
@@ -260,9 +273,8 @@ class _Cluster:
             self._account(result)
             if result is not None:
                 newest = sync.published_since(p, sync.versions[p] - 1)[-1]
-                size = len(self._global_message(p, newest))
-                last_sync_s = statistics.median(
-                    transfer_time(i.spec, size, config.emulation.bytes_scale) for i in islands)
+                down = len(self._global_message(p, newest))
+                last_sync_s = round_trip_s(config, self.up_bytes[p], down)
             for i, isl in enumerate(islands):
                 if waiting.get(i) == p and isl.name in before:
                     del waiting[i]
