@@ -201,10 +201,11 @@ def _prepare(root: Path, files: list[tuple[str, Path]], eval_fraction: float, fo
                 split = split_of(rel, eval_fraction) if root.is_dir() else "train"
                 used += _append_text(file, out[split])
             # One file, or too few files to hold some out: a held-out split left empty
-            # takes eval_fraction of the bytes from the end of train instead (test the
-            # last, so that a single file reads train, validation, test in order).
+            # takes eval_fraction of the bytes from the end of train instead. Validation
+            # takes the very end, which format 1 held out as eval, and test the share
+            # before it, which was train: a single file reads train, test, validation.
             share = int(out["train"].tell() * eval_fraction)
-            for split in reversed(HELD_OUT):
+            for split in HELD_OUT:
                 if out[split].tell() == 0:
                     _move_tail(out["train"], out[split], out["train"].tell() - share)
             sizes = {s: f.tell() for s, f in out.items()}

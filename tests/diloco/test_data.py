@@ -140,13 +140,14 @@ def test_validation_is_the_old_eval_split_and_test_takes_files_that_were_train()
     assert 0.03 < len(by_split["test"]) / len(names) < 0.07
 
 
-def test_a_single_file_is_split_by_bytes_into_train_validation_and_test(text_path):
+def test_a_single_file_is_split_by_bytes_with_validation_at_the_end_as_eval_was(text_path):
     corpus = load_corpus(text_path, eval_fraction=0.1)
     whole = Path(text_path).read_bytes()
     share = int(len(whole) * 0.1)
+    splits = split_bytes(corpus)
 
-    assert len(corpus.validation) == len(corpus.test) == share
-    assert b"".join(split_bytes(corpus).values()) == whole
+    assert len(splits["validation"]) == len(splits["test"]) == share
+    assert splits["train"] + splits["test"] + splits["validation"] == whole
 
 
 def test_a_path_that_does_not_exist_is_reported_with_the_path(tmp_path):
@@ -318,8 +319,8 @@ def test_two_processes_preparing_at_once_build_one_correct_file(tmp_path):
     whole = text.read_bytes()
     share = int(len(whole) * 0.1)
     cut = len(whole) - 2 * share
-    expected = " ".join(hashlib.sha256(part).hexdigest() for part in (
-        whole[:cut], whole[cut:cut + share], whole[cut + share:]))
+    expected = " ".join(hashlib.sha256(part).hexdigest() for part in (  # train, validation, test
+        whole[:cut], whole[cut + share:], whole[cut:cut + share]))
     assert [out.strip() for out, _ in outputs] == [expected, expected]
     assert log.read_text() == "built\n"
     folder = prepared_folder(text, 0.1, tmp_path / "data")
