@@ -9,11 +9,11 @@ A corpus is read once into prepared byte files under the data directory
 (`DATA_DIR`, default var/data), in prepared/<name>-<key>/, the key a hash of
 the source's path, eval_fraction and the layout's FORMAT: train.bin,
 validation.bin, test.bin and manifest.json, which names each split's file and
-size, and the source's fingerprint (every
-file's relative path, size and mtime). Each load stats the source's files; when
-the fingerprint is not the manifest's, the files are built again. Building
-holds an exclusive flock on the folder's lock file and writes temporary files
-that are renamed into place, the manifest last: a crash leaves no half file,
+size, and the source's fingerprint (every file's relative path, size and
+mtime). Each load stats the source's files; when the fingerprint is not the
+manifest's, the files are built again. Building holds an exclusive flock on the
+folder's lock file and writes temporary files that are renamed into place, the
+manifest last: a crash leaves no half file,
 and a process that waited for the lock finds the files finished. The splits
 are opened as memory maps (torch.from_file), so opening reads nothing and the
 islands of one host share the page cache; a batch reads only its windows.
