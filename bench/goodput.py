@@ -26,8 +26,12 @@ the other, through the run services the control room calls:
 
 Useful steps, allocated and lost island-seconds, uptime, start-up and eval loss
 come from syncd's accounting (the outcome in the run's final status, syncd/outcome.py);
-faults and rejoins from the run's events. Every run completes at the same token
-budget, so the eval losses are at equal tokens. It writes
+faults and rejoins from the run's events. syncd evaluates on the validation split,
+as every live run does, so its eval losses (and the eval curves that
+quality-adjusted goodput reads) are validation losses; the loss the benchmark
+reports and checks, test_loss, is the run's final checkpoint on the test split,
+evaluated here (diloco/data.py). Every run completes at the same token budget,
+so the losses are at equal tokens. It writes
 bench/results/goodput.json (goodput-quick.json with --quick), an HTML report
 with the curves (goodput.html), prints a table and exits non-zero when a target
 is missed.
@@ -56,6 +60,9 @@ from bench.goodput_report import (
 )
 from bench.system import ROOT, BenchSystem
 from diloco.chaos import Fault
+from diloco.cluster import Evaluator
+from diloco.config import parse_config
+from diloco.data import load_corpus
 
 HOME = ROOT / "var" / "bench-goodput"
 REGIONS = ("us-east", "us-west")
@@ -157,9 +164,11 @@ def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any])
     rejoin_s = [d["seconds_to_first_step"] for d in rejoins]
     warm_rejoin_s = [d["seconds_to_first_step"] for d in rejoins if d.get("warm")]
     step_times = [t for t in out["step_time_s"].values() if t]
-    results.say(f"  goodput {out['goodput']:.3f}, {out['wall_s']:.0f} s, eval loss "
-                f"{out['eval_loss']:.4f}, {len(faults)} faults")
+    test_loss = final_test_loss(run.pk, config)
+    results.say(f"  goodput {out['goodput']:.3f}, {out['wall_s']:.0f} s, validation loss "
+                f"{out['eval_loss']:.4f}, test loss {test_loss:.4f}, {len(faults)} faults")
     return {"run": run.pk, "mode": mode, "outcome": out, "series": series, "faults": faults,
+            "test_loss": test_loss,
             "chaos_offset_s": float(chaos["start"]) - start if "start" in chaos else 0.0,
             "startup_s": [first_training.get(i["name"], out["end"]) - start
                           for i in config["islands"]],
@@ -168,6 +177,23 @@ def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any])
                                  if e.kind == "rollback" and "restart_delay_s" in e.detail],
             "rollbacks": sum(e.kind == "rollback" for e in events),
             "step_time_s": statistics.median(step_times) if step_times else None}
+
+
+def final_test_loss(run_id: int, config: dict[str, Any]) -> float:
+    """The completed run's final model on the test split: the checkpoint syncd writes
+    when the budget is spent (syncd/outcome.py; the run is completed in the database
+    once that checkpoint's row is), evaluated here, since syncd reads validation only."""
+    from syncd import checkpoint
+    from webapp.processes import wait_for
+    from webapp.runs.models import Checkpoint, Run
+
+    wait_for(lambda: Run.objects.get(pk=run_id).state == Run.State.COMPLETED, 60.0,
+             f"run {run_id} completed in the database", 0.2)
+    final = Checkpoint.objects.filter(run_id=run_id).latest()
+    params, _, _, _ = checkpoint.load(Path(final.path), final.sha256)
+    run_config = parse_config(config, list(REGIONS))
+    corpus = load_corpus(run_config.data.path, run_config.data.eval_fraction)
+    return Evaluator(run_config, corpus, "test")(params)
 
 
 def config_islands(profile: dict[str, Any]) -> list[dict[str, Any]]:
@@ -234,7 +260,8 @@ def figures(run: dict[str, Any], min_quorum: int, step_time_s: dict[str, float],
                 min_quorum),
             "lost_s": out["lost_s"], "unattributed_s": out["unattributed_s"],
             "tokens_merged": out["tokens_merged"], "eval_loss": out["eval_loss"],
-            "wall_s": out["wall_s"], "faults": len(run["faults"]), "rollbacks": run["rollbacks"],
+            "test_loss": run["test_loss"], "wall_s": out["wall_s"], "faults": len(run["faults"]),
+            "rollbacks": run["rollbacks"],
             "rejoin_s": run["rejoin_s"], "run": run["run"]}
 
 
@@ -308,7 +335,7 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
             row[mode] = figures(run, k, step_times, quality)
         row["oracle_goodput"] = oracle_of(runs["decoupled"]["faults"], reference, config)
         per_seed.append(row)
-    fault_free = base["decoupled"]["outcome"]["eval_loss"]
+    fault_free = base["decoupled"]["test_loss"]
     out: dict[str, Any] = {"profile": "quick" if quick else "full", "preset": profile["preset"],
                            "seeds": profile["seeds"], "theta_s": thetas,
                            "merge_interval_s": interval, "workload": config}
@@ -321,20 +348,20 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
                      for key in ("goodput", "quality_goodput", "goodput_syncd",
                                  "tokens_per_island_s", "uptime",
                                  "startup_s", "max_stall_s", "max_stall_with_quorum_s",
-                                 "eval_loss", "tokens_merged", "wall_s")}
+                                 "eval_loss", "test_loss", "tokens_merged", "wall_s")}
         out[mode]["system_costs"] = {cause: statistics.fmean(r["system_costs"][cause]
                                                              for r in rows)
                                      for cause in rows[0]["system_costs"]}
         out[mode]["spread"] = {key: spread([r[key] for r in rows])
                                for key in ("goodput", "quality_goodput", "uptime",
-                                           "eval_loss")}
+                                           "eval_loss", "test_loss")}
         out[mode]["lost_s"] = {cause: statistics.fmean(r["lost_s"][cause] for r in rows)
                                for cause in rows[0]["lost_s"]}
         base_mode = "elastic" if mode == "elastic_warm" else mode
         out[mode]["fault_free"] = figures(base[base_mode], k, step_times, quality)
     out["oracle_goodput"] = statistics.fmean(r["oracle_goodput"] for r in per_seed)
     out["per_seed"] = per_seed
-    out["eval_loss_fault_free"] = fault_free
+    out["test_loss_fault_free"] = fault_free
     out["quality_reference"] = {key: quality[key] for key in ("mode", "eval_loss",
                                                               "s_per_token", "fit")}
     b = profile["bounds"]
@@ -355,7 +382,7 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
         "decoupled / elastic goodput": results.check(d["goodput"] / e["goodput"], b["ratio"]),
         "longest stall with K alive / 2 merge intervals": results.check(
             d["max_stall_with_quorum_s"] / (2 * interval), b["stall"], at_least=False),
-        "decoupled eval loss / fault-free": results.check(d["eval_loss"] / fault_free,
+        "decoupled test loss / fault-free": results.check(d["test_loss"] / fault_free,
                                                           b["loss"], at_least=False),
     }
     out["seconds"] = round(seconds, 1)
@@ -369,13 +396,15 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
              "syncd": r[mode]["goodput_syncd"], "tok/isl-s": r[mode]["tokens_per_island_s"],
              "uptime": r[mode]["uptime"], "max_stall_s": r[mode]["max_stall_s"],
              "stall_K_alive_s": r[mode]["max_stall_with_quorum_s"],
-             "eval_loss": r[mode]["eval_loss"], "wall_s": r[mode]["wall_s"],
+             "eval_loss": r[mode]["eval_loss"], "test_loss": r[mode]["test_loss"],
+             "wall_s": r[mode]["wall_s"],
              "faults": r[mode]["faults"], "oracle": r["oracle_goodput"]}
             for r in per_seed for mode in MODES]
     print(results.table(rows, ["seed", "mode", "goodput", "quality", "syncd", "tok/isl-s",
                                "uptime",
                                "max_stall_s",
-                               "stall_K_alive_s", "eval_loss", "wall_s", "faults", "oracle"]))
+                               "stall_K_alive_s", "eval_loss", "test_loss", "wall_s", "faults",
+                               "oracle"]))
     print()
     print(results.table([{"mode": m, **out[m]["system_costs"]} for m in MODES],
                         ["mode", *out["decoupled"]["system_costs"]]))
@@ -385,8 +414,8 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
     print(f"\ndecoupled / elastic goodput: {ratios['cold restarts']} with cold restarts, "
           f"{ratios['warm restarts']} with warm restarts; restart delays "
           f"{[r['restart_delay_s'] for r in per_seed]}")
-    print(f"\nmerge interval {interval:.3f} s, theta {thetas}, fault-free eval loss "
-          f"{fault_free:.4f}; quality's reference: {quality['mode']} without faults, eval "
-          f"loss {quality['eval_loss']:.4f}; {out['seconds']} s; "
+    print(f"\nmerge interval {interval:.3f} s, theta {thetas}, fault-free test loss "
+          f"{fault_free:.4f}; quality's reference: {quality['mode']} without faults, "
+          f"validation loss {quality['eval_loss']:.4f}; {out['seconds']} s; "
           f"wrote {path} and {html}")
     return results.exit_code(out["checks"])

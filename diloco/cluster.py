@@ -45,7 +45,7 @@ SECRET = b"in-process"  # messages are signed here too, so byte counts include t
 @dataclass
 class LocalResult:
     mode: str
-    eval_loss: float
+    eval_loss: float  # on the validation split
     tokens: int
     tokens_merged: float  # summed over merges, averaged over fragments
     bytes_sent: int
@@ -86,11 +86,31 @@ def transfer_time(island: IslandConfig, nbytes: int, bytes_scale: float) -> floa
     return island.latency_ms / 1000 + nbytes * bytes_scale * 8 / (island.bandwidth_gbps * 1e9)
 
 
+def round_trip_s(config: RunConfig, up_bytes: int, down_bytes: int) -> float:
+    """t_sync of the grace window: the median island's upload of an update plus its
+    download of the merged fragment. The round trip, as syncd/service.py's round_stats
+    passes it (the first sender spent its upload before it arrived, and its overlap of
+    tau steps must cover that, the wait and the download); here of the messages' own
+    sizes, where syncd, which does not see them, sizes both ways as an fp32 fragment."""
+    scale = config.emulation.bytes_scale
+    return statistics.median(transfer_time(i, up_bytes, scale)
+                             + transfer_time(i, down_bytes, scale) for i in config.islands)
+
+
 class Evaluator:
-    def __init__(self, config: RunConfig, corpus: Corpus):
+    """The loss of a model's parameters on a held-out split of the corpus.
+
+    Args:
+        config: the run's config (model and eval.tokens).
+        corpus: the run's corpus.
+        split: "validation" for what a run watches and tuning compares, "test" for a
+            benchmark's reported figure (diloco/data.py).
+    """
+
+    def __init__(self, config: RunConfig, corpus: Corpus, split: str):
         with torch.device("meta"):  # no tensors of its own: each call assigns them
             self.model = GPT(gpt_config(config))
-        self.batches = eval_batches(corpus, config.eval.tokens, config.model.block_size)
+        self.batches = eval_batches(corpus, split, config.eval.tokens, config.model.block_size)
 
     @torch.no_grad()
     def __call__(self, params: dict[str, torch.Tensor]) -> float:
@@ -107,6 +127,9 @@ def run_local(config: RunConfig, mode: str = "decoupled", *, step_time_s: float 
               eval_points: int = 4, window_steps: int | None = None,
               progress: Callable[[dict], None] | None = None) -> LocalResult:
     """Train a run in this process and return its final global model and figures.
+
+    Its evaluations, along the way and at the end, are on the validation split, as a
+    live run's are: a benchmark reports the final params on the test split itself.
 
     Args:
         config: the run config (islands, sync, optim, model, budget...).
@@ -136,7 +159,8 @@ class _Cluster:
         self.step_dur = [step_time_s / i.speed for i in config.islands]
         s = config.sync
         self.meter = LinkMeter(window_steps or max(1, s.inner_steps // s.fragments))
-        self.evaluate = Evaluator(config, self.corpus)
+        self.up_bytes = [0] * len(self.fragments)  # the last update's size, per fragment
+        self.evaluate = Evaluator(config, self.corpus, "validation")
         # The last evaluation is at the end of the run, in _result.
         self.milestones = [config.budget.total_tokens * (k + 1) // eval_points
                            for k in range(eval_points - 1)]
@@ -176,6 +200,7 @@ class _Cluster:
     def _receive(self, sync: Synchronizer, blob: bytes, now: float) -> tuple[str, int, str | None]:
         _, meta, tensors = decode_message(blob, SECRET)
         p = meta["fragment"]
+        self.up_bytes[p] = len(blob)
         delta = codecs.decode(tensors, meta["codec"], sync.shapes[p])
         update = Update(meta["island"], meta["base_version"], meta["tokens"],
                         meta["inner_steps"], delta, meta["seq"])
@@ -248,9 +273,8 @@ class _Cluster:
             self._account(result)
             if result is not None:
                 newest = sync.published_since(p, sync.versions[p] - 1)[-1]
-                size = len(self._global_message(p, newest))
-                last_sync_s = statistics.median(
-                    transfer_time(i.spec, size, config.emulation.bytes_scale) for i in islands)
+                down = len(self._global_message(p, newest))
+                last_sync_s = round_trip_s(config, self.up_bytes[p], down)
             for i, isl in enumerate(islands):
                 if waiting.get(i) == p and isl.name in before:
                     del waiting[i]

@@ -39,7 +39,9 @@ class ModelConfig:
 class DataConfig:
     path: str = spec("", "A text file or folder of text files; empty: the Python standard "
                          "library's own sources.")
-    eval_fraction: float = spec(0.05, "Share of the corpus held out for evaluation.", 0.01, 0.5)
+    eval_fraction: float = spec(0.05, "Share of the files in each held-out split: "
+                                      "validation (live eval loss, tuning) and test (benchmark "
+                                      "figures); train keeps the rest.", 0.01, 0.45)
 
 
 @dataclass

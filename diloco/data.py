@@ -1,4 +1,4 @@
-"""Byte-level text corpora, split into train and eval, and one shard per island.
+"""Byte-level text corpora, split into train, validation and test, and one shard per island.
 
 The default corpus is real text that every machine with Python has: the
 standard library's own sources, read in sorted path order so that two machines
@@ -7,19 +7,26 @@ name its own text file or folder instead, of any size.
 
 A corpus is read once into prepared byte files under the data directory
 (`DATA_DIR`, default var/data), in prepared/<name>-<key>/, the key a hash of
-the source's path and eval_fraction: train.bin, eval.bin and manifest.json,
-which names each split's file and size, and the source's fingerprint (every
-file's relative path, size and mtime). Each load stats the source's files; when
-the fingerprint is not the manifest's, the files are built again. Building
-holds an exclusive flock on the folder's lock file and writes temporary files
-that are renamed into place, the manifest last: a crash leaves no half file,
+the source's path, eval_fraction and the layout's FORMAT: train.bin,
+validation.bin, test.bin and manifest.json, which names each split's file and
+size, and the source's fingerprint (every file's relative path, size and
+mtime). Each load stats the source's files; when the fingerprint is not the
+manifest's, the files are built again. Building holds an exclusive flock on the
+folder's lock file and writes temporary files that are renamed into place, the
+manifest last: a crash leaves no half file,
 and a process that waited for the lock finds the files finished. The splits
 are opened as memory maps (torch.from_file), so opening reads nothing and the
 islands of one host share the page cache; a batch reads only its windows.
+
+The two held-out splits have two readers that must not mix. Validation is what
+the running system evaluates (syncd's live eval loss, the in-process cluster's
+curve) and what any tuning compares; test is read only for the figures a
+benchmark reports, so that no setting was chosen by looking at them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -28,7 +35,6 @@ import re
 import sysconfig
 import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -37,9 +43,12 @@ import torch
 
 TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".json", ".csv", ".html", ".c", ".h", ""}
 SKIPPED_FOLDERS = {"site-packages", "__pycache__"}
-# The layout of the prepared files; a change of it builds every corpus again.
-FORMAT = 1
-SPLITS = ("train", "eval")
+# The layout of the prepared files; part of the folder's key, so a change of it
+# builds every corpus again in a folder of its own (2: validation and test, where
+# 1 had one eval split).
+FORMAT = 2
+HELD_OUT = ("validation", "test")
+SPLITS = ("train", *HELD_OUT)
 MANIFEST = "manifest.json"
 CHUNK = 8 * 1024 * 1024  # bytes read or copied at a time while preparing
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent / "var" / "data"
@@ -47,9 +56,16 @@ DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent / "var" / "data"
 
 @dataclass(frozen=True)
 class Corpus:
-    train: torch.Tensor  # uint8, 1-D
-    eval: torch.Tensor  # uint8, 1-D
+    train: torch.Tensor  # uint8, 1-D, like the other two
+    validation: torch.Tensor  # live evaluation and tuning
+    test: torch.Tensor  # the benchmarks' reported figures only
     source: str
+
+    def held_out(self, split: str) -> torch.Tensor:
+        """The held-out split named `split`: "validation" or "test"."""
+        if split not in HELD_OUT:
+            raise ValueError(f"split must be one of {', '.join(HELD_OUT)}, got {split!r}")
+        return self.validation if split == "validation" else self.test
 
 
 def data_dir() -> Path:
@@ -95,23 +111,39 @@ def fingerprint(files: list[tuple[str, Path]]) -> str:
 
 
 def prepared_folder(root: Path, eval_fraction: float, under: Path) -> Path:
-    """Where the prepared files of `root` split with `eval_fraction` live."""
-    key = hashlib.sha256(f"{root.resolve()}\0{eval_fraction!r}".encode()).hexdigest()[:16]
+    """Where the prepared files of `root` split with `eval_fraction` live. The key holds
+    FORMAT, so that a folder of another layout (the two splits of format 1) is never
+    read as this one's, nor rebuilt under a process that still reads it."""
+    key = hashlib.sha256(f"{root.resolve()}\0{eval_fraction!r}\0{FORMAT}".encode()
+                         ).hexdigest()[:16]
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", root.name)[:40] or "corpus"
     return under / "prepared" / f"{name}-{key}"
 
 
+def split_of(rel: str, eval_fraction: float) -> str:
+    """The split of the file at relative path `rel`, by a hash of the path: validation
+    for a hash in the first eval_fraction (the files format 1 held out as eval, which
+    earlier tuning read), test for the next eval_fraction (files that were train then,
+    so never evaluated on), train for the rest."""
+    bucket = zlib.crc32(rel.encode()) % 1000
+    if bucket < eval_fraction * 1000:
+        return "validation"
+    return "test" if bucket < 2 * eval_fraction * 1000 else "train"
+
+
 def load_corpus(path: str = "", eval_fraction: float = 0.05,
                 directory: Path | None = None) -> Corpus:
-    """A corpus split by file into train and eval, prepared once and memory-mapped.
+    """A corpus split by file into train, validation and test, prepared once and
+    memory-mapped.
 
     Args:
         path: a text file or a folder of text files; empty for the default corpus.
-        eval_fraction: share of files (chosen by a hash of their path) held out.
+        eval_fraction: share of files (chosen by a hash of their path) in each held-out
+            split: validation and test hold eval_fraction each, train the rest.
         directory: the data directory; default data_dir().
     """
-    if not 0.0 < eval_fraction < 1.0:
-        raise ValueError(f"eval_fraction must be between 0 and 1, got {eval_fraction}")
+    if not 0.0 < eval_fraction < 0.5:
+        raise ValueError(f"eval_fraction must be between 0 and 0.5, got {eval_fraction}")
     root = Path(path) if path else default_corpus_root()
     under = directory or data_dir()
     folder = prepared_folder(root, eval_fraction, under)
@@ -123,12 +155,12 @@ def load_corpus(path: str = "", eval_fraction: float = 0.05,
         manifest = _manifest(folder)
         if not _is_current(manifest, folder, current):
             manifest = _prepare(root, files, eval_fraction, folder, current)
-        train, held_out = (_open(folder / manifest["splits"][s]["file"],
-                                 manifest["splits"][s]["bytes"]) for s in SPLITS)
-    return Corpus(train=train, eval=held_out, source=str(root))
+        splits = {s: _open(folder / manifest["splits"][s]["file"],
+                           manifest["splits"][s]["bytes"]) for s in SPLITS}
+    return Corpus(**splits, source=str(root))
 
 
-@contextmanager
+@contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     with open(path, "a+b") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -163,18 +195,24 @@ def _prepare(root: Path, files: list[tuple[str, Path]], eval_fraction: float, fo
     temps = {s: folder / f".{s}.bin.tmp" for s in SPLITS}
     used = 0
     try:
-        with open(temps["train"], "w+b") as train, open(temps["eval"], "w+b") as held_out:
+        with contextlib.ExitStack() as stack:
+            out = {s: stack.enter_context(open(temps[s], "w+b")) for s in SPLITS}
             for rel, file in files:
-                is_eval = zlib.crc32(rel.encode()) % 1000 < eval_fraction * 1000
-                used += _append_text(file, held_out if is_eval and root.is_dir() else train)
-            if root.is_file() or held_out.tell() == 0:
-                # One file, or too few files to hold some out: split the bytes instead.
-                _move_tail(train, held_out, int(train.tell() * (1 - eval_fraction)))
-            sizes = {"train": train.tell(), "eval": held_out.tell()}
-            if sizes["train"] < 1024 or sizes["eval"] < 256:
-                raise ValueError(f"corpus at {str(root)!r} is too small: "
-                                 f"{sizes['train']} train and {sizes['eval']} eval bytes")
-            for f in (train, held_out):
+                split = split_of(rel, eval_fraction) if root.is_dir() else "train"
+                used += _append_text(file, out[split])
+            # One file, or too few files to hold some out: a held-out split left empty
+            # takes eval_fraction of the bytes from the end of train instead. Validation
+            # takes the very end, which format 1 held out as eval, and test the share
+            # before it, which was train: a single file reads train, test, validation.
+            share = int(out["train"].tell() * eval_fraction)
+            for split in HELD_OUT:
+                if out[split].tell() == 0:
+                    _move_tail(out["train"], out[split], out["train"].tell() - share)
+            sizes = {s: f.tell() for s, f in out.items()}
+            if sizes["train"] < 1024 or min(sizes[s] for s in HELD_OUT) < 256:
+                raise ValueError(f"corpus at {str(root)!r} is too small: " + ", ".join(
+                    f"{sizes[s]} {s}" for s in SPLITS) + " bytes")
+            for f in out.values():
                 f.flush()
                 os.fsync(f.fileno())
         manifest = {"format": FORMAT, "source": str(root), "eval_fraction": eval_fraction,
@@ -250,16 +288,18 @@ class ShardSampler:
         self.generator.set_state(state)
 
 
-def eval_batches(corpus: Corpus, tokens: int, block_size: int, batch_size: int = 32
-                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Evenly spaced windows over the eval split: the same ones for every run."""
+def eval_batches(corpus: Corpus, split: str, tokens: int, block_size: int,
+                 batch_size: int = 32) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Evenly spaced windows over the held-out `split` ("validation" for live evaluation
+    and tuning, "test" for a benchmark's reported figure): the same ones every run."""
+    data = corpus.held_out(split)
     n = max(1, tokens // block_size)
-    span = len(corpus.eval) - block_size - 1
+    span = len(data) - block_size - 1
     starts = torch.linspace(0, span, n).long().tolist()
     out = []
     for i in range(0, n, batch_size):
         chunk = starts[i:i + batch_size]
-        x = torch.stack([corpus.eval[s:s + block_size] for s in chunk]).long()
-        y = torch.stack([corpus.eval[s + 1:s + 1 + block_size] for s in chunk]).long()
+        x = torch.stack([data[s:s + block_size] for s in chunk]).long()
+        y = torch.stack([data[s + 1:s + 1 + block_size] for s in chunk]).long()
         out.append((x, y))
     return out

@@ -6,7 +6,9 @@ MIN_GAP_S of syncd's clock. While the run trains, an evaluation runs in a thread
 its own on the global parameters of that moment (the tensors themselves: a merge
 makes new ones, so only the fragments merged during the evaluation are held twice),
 so merges never wait behind it; the loss is picked up on a later tick. The final
-one, at the budget, runs in line. The held-out batches are read once.
+one, at the budget, runs in line. The batches are read once, from the validation
+split: what a run shows and what its settings are tuned by is never the test split
+that the benchmarks report (diloco/data.py).
 """
 
 from __future__ import annotations
@@ -78,13 +80,13 @@ class GlobalEval:
         return loss
 
     def __call__(self, params: dict[str, torch.Tensor]) -> float:
-        """The eval loss of `params` on the run's held-out text; waits for an evaluation
-        still running in the background."""
+        """The eval loss of `params` on the run's validation split; waits for an
+        evaluation still running in the background."""
         with self._evaluating:
             if self._evaluator is None:
                 from diloco.cluster import Evaluator
                 from diloco.data import load_corpus
 
                 corpus = load_corpus(self.config.data.path, self.config.data.eval_fraction)
-                self._evaluator = Evaluator(self.config, corpus)
+                self._evaluator = Evaluator(self.config, corpus, "validation")
             return self._evaluator(params)

@@ -6,6 +6,7 @@ and compares like with like.
 """
 
 import json
+import math
 import random
 
 import pytest
@@ -90,3 +91,73 @@ def test_a_missed_target_exits_non_zero(results_dir, tiny_overhead, capsys):
     tiny_overhead["bounds"] = {"ratio": 1e9}
     assert overhead.main(quick=True) == 1
     assert "FAILED: island / bare tokens/s" in capsys.readouterr().err
+
+
+def test_quality_chooses_data_parallels_rate_on_validation_and_reports_the_test_split(
+        results_dir, monkeypatch, text_path):
+    from bench import quality
+    from diloco.cluster import Evaluator
+
+    splits = []
+    monkeypatch.setattr(Evaluator, "__init__", spy_on_split(Evaluator.__init__, splits))
+    monkeypatch.setitem(quality.PROFILES, "quick", {
+        "model": TINY_MODEL, "data_path": text_path, "tokens": 20 * 512, "inner_steps": 4,
+        "warmup": 2, "eval_tokens": 256, "seeds": [0], "sweep": [4], "dp_lrs": [1e-3, 4e-3],
+        "dp_max_runs": 2,
+        "bounds": {"decoupled_vs_sync": 9.0, "sync_vs_dp": 9.0, "int4_vs_decoupled": 9.0,
+                   "bytes_ratio": 0.0, "peak_ratio": 9.0}})
+
+    quality.main(quick=True)
+
+    out = json.loads((results_dir / "quality-quick.json").read_text())
+    sweep = out["dp_lr_sweep"]
+    assert sweep["chosen"] == min(sweep["rows"], key=lambda r: r["validation_loss"])["inner_lr"]
+    assert all(set(row) == {"inner_lr", "validation_loss"} for row in sweep["rows"])
+    chosen = next(r for r in sweep["rows"] if r["inner_lr"] == sweep["chosen"])
+    assert out["dp"]["validation_loss"] == chosen["validation_loss"]  # the same run
+    # Every run watched validation; each reported figure is one test evaluation more.
+    assert out["splits"] == {"reported": "test", "tuning": "validation"}
+    assert splits.count("test") == 4  # dp, diloco_sync, decoupled, decoupled_int4
+    for name in quality.MAIN:
+        assert out[name]["eval_loss"] != out[name]["validation_loss"]
+
+
+def spy_on_split(init, splits: list[str]):
+    def spy(self, config, corpus, split):
+        splits.append(split)
+        init(self, config, corpus, split)
+    return spy
+
+
+def test_the_data_parallel_sweep_goes_past_an_end_while_that_end_is_best(monkeypatch):
+    # A validation loss whose minimum is at 8e-3: past the sweep's 4e-3, found by doubling.
+    from bench import quality
+    from diloco.cluster import LocalResult
+
+    def run_one(label, config, mode, window_steps):
+        loss = 2.0 + math.log2(config.optim.inner_lr / 8e-3) ** 2
+        return LocalResult(mode, loss, 0, 0.0, 0, 0, 0, 0.0, 0, 0, 0, 0)
+
+    monkeypatch.setattr(quality, "run_one", run_one)
+    profile = {**quality.PROFILES["quick"], "dp_lrs": [1e-3, 2e-3, 4e-3], "dp_max_runs": 6}
+
+    rows, runs = quality.dp_lr_sweep(profile, window=12)
+
+    assert [r["inner_lr"] for r in rows] == pytest.approx([1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2])
+    assert quality.chosen_lr(rows) == pytest.approx(8e-3)
+    assert set(runs) == {r["inner_lr"] for r in rows}
+
+
+def test_the_data_parallel_sweep_stops_at_its_most_runs(monkeypatch):
+    from bench import quality
+    from diloco.cluster import LocalResult
+
+    def run_one(label, config, mode, window_steps):  # the larger, the better: no end
+        return LocalResult(mode, 1.0 / config.optim.inner_lr, 0, 0.0, 0, 0, 0, 0.0, 0, 0, 0, 0)
+
+    monkeypatch.setattr(quality, "run_one", run_one)
+    profile = {**quality.PROFILES["quick"], "dp_lrs": [1e-3, 2e-3, 4e-3], "dp_max_runs": 4}
+
+    rows, _ = quality.dp_lr_sweep(profile, window=12)
+
+    assert [r["inner_lr"] for r in rows] == pytest.approx([1e-3, 2e-3, 4e-3, 8e-3])

@@ -89,7 +89,7 @@ def faulted_run(rejoin_s: float) -> dict:
                "merge_marks": [1.0, 2.0],
                "islands": {"a": {"useful_steps": 900}, "b": {"useful_steps": 700}}}
     return {"outcome": outcome, "startup_s": [5.0, 5.0], "rejoin_s": [rejoin_s],
-            "series": [{"t": 1.0, "live": 2}], "rollbacks": 0, "run": 1,
+            "series": [{"t": 1.0, "live": 2}], "rollbacks": 0, "run": 1, "test_loss": 2.1,
             "faults": [{"at_s": 10.0, "kind": "kill", "island": "a", "duration_s": 8.0,
                         "factor": None}]}
 
@@ -226,6 +226,7 @@ def made_up_run(mode: str, eval_loss: float, faults: int) -> dict:
                       "step_time_s": {"a": 0.1, "b": 0.1}, "max_stall_s": 0.1}
     run["series"] = [{"t": 1.0, "live": 2, "goodput": 0.5, "outer_steps": 1,
                       "eval_tokens": 100, "eval_loss": 3.0}]
+    run["test_loss"] = eval_loss + 0.05
     run["restart_delays_s"] = [4.0] if mode == "elastic" else []
     return run
 
@@ -252,3 +253,34 @@ def test_the_report_gives_quality_adjusted_goodput_beside_goodput(tmp_path, monk
     # Elastic twice: with cold restarts and with warm ones from the same pool.
     assert set(written["decoupled_over_elastic"]) == {"cold restarts", "warm restarts"}
     assert written["elastic_warm"]["fault_free"] == written["elastic"]["fault_free"]
+
+
+@pytest.mark.django_db
+def test_the_reported_test_loss_is_the_final_checkpoint_on_the_test_split(tmp_path, text_path):
+    # syncd's own eval loss is on validation; the benchmark evaluates the last
+    # checkpoint of the completed run on the test split itself.
+    from bench.goodput import REGIONS, final_test_loss
+    from diloco.cluster import Evaluator
+    from diloco.config import parse_config
+    from diloco.data import load_corpus
+    from diloco.island import initial_model
+    from syncd import checkpoint
+    from webapp.runs.models import Checkpoint, Run
+
+    config = {"model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
+              "data": {"path": text_path}, "eval": {"tokens": 256},
+              "islands": [{"name": f"east-{i}", "region": REGIONS[0]} for i in range(2)]}
+    run_config = parse_config(config, list(REGIONS))
+    params = initial_model(run_config).state_dict()
+    run = Run.objects.create(name="done", config=run_config.to_dict(), state=Run.State.COMPLETED)
+    for i, scale in enumerate((0.5, 1.0)):  # the later one is the final model
+        path = tmp_path / f"outer-{i}.safetensors"
+        sha, nbytes = checkpoint.save(path, {k: v * scale for k, v in params.items()}, {}, [i], 0)
+        Checkpoint.objects.create(run=run, versions={"0": i}, outer_step=i, path=str(path),
+                                  sha256=sha, bytes=nbytes)
+    corpus = load_corpus(text_path, run_config.data.eval_fraction)
+
+    loss = final_test_loss(run.pk, config)
+
+    assert loss == Evaluator(run_config, corpus, "test")(params)
+    assert loss != Evaluator(run_config, corpus, "validation")(params)

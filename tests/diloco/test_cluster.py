@@ -4,8 +4,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from diloco.cluster import run_local
+from diloco.cluster import Evaluator, run_local
+from diloco.data import load_corpus
 from diloco.island import initial_model
+from diloco.synchronizer import Synchronizer
 
 
 def assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float):
@@ -111,6 +113,37 @@ def test_a_run_reports_its_tokens_and_a_finite_loss_at_each_eval_point(make_conf
     assert all(math.isfinite(p["eval_loss"]) for p in result.curve)
     assert result.eval_loss == result.curve[-1]["eval_loss"]
     assert result.virtual_time_s > 0
+
+
+def test_the_grace_window_is_sized_with_the_round_trip_of_a_fragment(make_config, monkeypatch):
+    # syncd's round_stats passes t_sync = upload + download; so does the cluster, where
+    # it passed the download alone. 200 ms each way; a fragment's bytes take far less.
+    config = make_config(sync={"inner_steps": 4, "fragments": 2, "min_quorum": 1})
+    config = replace(config, islands=[replace(i, latency_ms=200.0) for i in config.islands])
+    sync_times = []
+    decide = Synchronizer.decide
+
+    def spy(self, fragment, now, live_islands, stats, barrier=False):
+        sync_times.append(stats.sync_time_s)
+        return decide(self, fragment, now, live_islands, stats, barrier)
+
+    monkeypatch.setattr(Synchronizer, "decide", spy)
+    run_local(config, "decoupled", eval_points=1)
+
+    after_a_merge = [t for t in sync_times if t > 0]
+    assert after_a_merge
+    assert all(0.4 < t < 0.41 for t in after_a_merge)
+
+
+def test_a_run_evaluates_on_the_validation_split(make_config):
+    # The curve and the final eval loss are what a live run shows: never the test split.
+    config = make_config(sync={"inner_steps": 4, "fragments": 2})
+    corpus = load_corpus(config.data.path, config.data.eval_fraction)
+
+    result = run_local(config, "decoupled", eval_points=1)
+
+    assert result.eval_loss == Evaluator(config, corpus, "validation")(result.params)
+    assert result.eval_loss != Evaluator(config, corpus, "test")(result.params)
 
 
 def test_it_rejects_an_unknown_mode(make_config):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from diloco import data
 from diloco.data import (
     Corpus,
     ShardSampler,
@@ -16,6 +17,8 @@ from diloco.data import (
     eval_batches,
     load_corpus,
     prepared_folder,
+    split_of,
+    text_files,
 )
 
 
@@ -25,9 +28,14 @@ def own_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("DATA_DIR", str(tmp_path / "data"))
 
 
-def corpus_of(train: bytes, eval: bytes = b"e" * 300) -> Corpus:
+def corpus_of(train: bytes, validation: bytes = b"v" * 300, test: bytes = b"t" * 300) -> Corpus:
     as_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8).clone()  # noqa: E731
-    return Corpus(train=as_tensor(train), eval=as_tensor(eval), source="test")
+    return Corpus(train=as_tensor(train), validation=as_tensor(validation), test=as_tensor(test),
+                  source="test")
+
+
+def split_bytes(corpus: Corpus) -> dict[str, bytes]:
+    return {s: bytes(getattr(corpus, s).tolist()) for s in data.SPLITS}
 
 
 def write_files(folder: Path, count: int) -> dict[str, bytes]:
@@ -94,39 +102,52 @@ def test_it_rejects_shards_too_small_for_one_window():
         ShardSampler(corpus_of(b"x" * 2000), 0, 100, block_size=32, seed=0)
 
 
-def test_a_user_folder_of_text_files_is_split_into_train_and_eval_by_file(tmp_path):
+def test_a_user_folder_is_split_into_train_validation_and_test_disjoint_by_file(tmp_path):
     contents = write_files(tmp_path / "texts", 30)
     (tmp_path / "texts" / "image.png").write_bytes(b"\x89PNG not text")
 
     corpus = load_corpus(str(tmp_path / "texts"), eval_fraction=0.3)
-    train, held_out = bytes(corpus.train.tolist()), bytes(corpus.eval.tolist())
+    splits = split_bytes(corpus)
 
     assert corpus.source == str(tmp_path / "texts")
-    assert len(train) + len(held_out) == sum(map(len, contents.values()))
-    in_train = {name for name, body in contents.items() if body in train}
-    in_eval = {name for name, body in contents.items() if body in held_out}
-    assert in_train and in_eval
-    assert in_train.isdisjoint(in_eval)
-    assert in_train | in_eval == set(contents)
+    assert sum(map(len, splits.values())) == sum(map(len, contents.values()))
+    holders = {name: [s for s, b in splits.items() if body in b]
+               for name, body in contents.items()}
+    assert all(len(h) == 1 for h in holders.values()), holders  # each file in one split
+    assert {h[0] for h in holders.values()} == set(data.SPLITS)
 
 
-def test_the_split_holds_each_file_whole_in_sorted_path_order(tmp_path):
+def test_each_split_holds_its_files_whole_in_sorted_path_order(tmp_path):
     contents = write_files(tmp_path / "texts", 30)
 
-    corpus = load_corpus(str(tmp_path / "texts"), eval_fraction=0.3)
+    splits = split_bytes(load_corpus(str(tmp_path / "texts"), eval_fraction=0.3))
 
-    held = {name for name in contents if zlib.crc32(name.encode()) % 1000 < 300}
-    assert bytes(corpus.eval.tolist()) == b"".join(contents[n] for n in sorted(held))
-    assert bytes(corpus.train.tolist()) == b"".join(
-        contents[n] for n in sorted(set(contents) - held))
+    for split in data.SPLITS:
+        assert splits[split] == b"".join(contents[n] for n in sorted(contents)
+                                         if split_of(n, 0.3) == split)
 
 
-def test_a_single_file_is_split_by_bytes(text_path):
+def test_validation_is_the_old_eval_split_and_test_takes_files_that_were_train():
+    # Format 1 held out the files whose path hash fell below eval_fraction, and tuning
+    # read them: they are validation now, and test is files that no evaluation read.
+    names = [rel for rel, _ in text_files(default_corpus_root())]
+    old_eval = {n for n in names if zlib.crc32(n.encode()) % 1000 < 50}
+
+    by_split = {s: {n for n in names if split_of(n, 0.05) == s} for s in data.SPLITS}
+
+    assert by_split["validation"] == old_eval
+    assert by_split["test"] and by_split["test"].isdisjoint(old_eval)
+    assert 0.03 < len(by_split["test"]) / len(names) < 0.07
+
+
+def test_a_single_file_is_split_by_bytes_with_validation_at_the_end_as_eval_was(text_path):
     corpus = load_corpus(text_path, eval_fraction=0.1)
     whole = Path(text_path).read_bytes()
+    share = int(len(whole) * 0.1)
+    splits = split_bytes(corpus)
 
-    assert len(corpus.eval) == len(whole) - int(len(whole) * 0.9)
-    assert bytes(corpus.train.tolist()) + bytes(corpus.eval.tolist()) == whole
+    assert len(splits["validation"]) == len(splits["test"]) == share
+    assert splits["train"] + splits["test"] + splits["validation"] == whole
 
 
 def test_a_path_that_does_not_exist_is_reported_with_the_path(tmp_path):
@@ -148,21 +169,36 @@ def test_the_default_corpus_is_the_standard_library_sources():
 
     assert corpus.source == str(default_corpus_root())
     assert len(corpus.train) > 1_000_000
-    assert 0 < len(corpus.eval) < len(corpus.train) * 0.2
+    assert 0 < len(corpus.validation) < len(corpus.train) * 0.1
+    assert 0 < len(corpus.test) < len(corpus.train) * 0.1
     assert b"def " in bytes(corpus.train[:100_000].tolist())
 
 
 def test_the_eval_batches_are_the_same_evenly_spaced_windows_every_time():
-    corpus = corpus_of(b"t" * 2000, eval=bytes(range(256)) * 4)
+    corpus = corpus_of(b"r" * 2000, validation=bytes(range(256)) * 4)
 
-    first = eval_batches(corpus, tokens=640, block_size=16, batch_size=32)
-    again = eval_batches(corpus, tokens=640, block_size=16, batch_size=32)
+    first = eval_batches(corpus, "validation", tokens=640, block_size=16, batch_size=32)
+    again = eval_batches(corpus, "validation", tokens=640, block_size=16, batch_size=32)
 
     assert [len(x) for x, _ in first] == [32, 8]
     assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again, strict=True))
     x, y = first[0]
-    assert x[0, 0].item() == 0  # the first window starts at the first eval byte
+    assert x[0, 0].item() == 0  # the first window starts at the split's first byte
     assert torch.equal(y[:, :-1], x[:, 1:])
+
+
+@pytest.mark.parametrize("split, letter", [("validation", b"v"), ("test", b"t")])
+def test_the_eval_batches_read_only_the_split_they_are_asked_for(split, letter):
+    corpus = corpus_of(b"r" * 2000, validation=b"v" * 300, test=b"t" * 300)
+
+    batches = eval_batches(corpus, split, tokens=256, block_size=16)
+
+    assert {v for x, _ in batches for v in x.flatten().tolist()} == set(letter)
+
+
+def test_the_train_split_is_no_held_out_split():
+    with pytest.raises(ValueError, match="split must be one of validation, test"):
+        eval_batches(corpus_of(b"r" * 2000), "train", tokens=256, block_size=16)
 
 
 def write_large_corpus(folder: Path, files: int, file_bytes: int) -> dict[str, bytes]:
@@ -183,8 +219,8 @@ def test_a_corpus_larger_than_16_mib_is_used_whole(tmp_path):
     corpus = load_corpus(str(tmp_path / "big"), eval_fraction=0.1)
 
     assert sum(map(len, contents.values())) == 20 * 1024 * 1024
-    assert len(corpus.train) + len(corpus.eval) == 20 * 1024 * 1024
-    last = bytes(corpus.train[-100:].tolist()) + bytes(corpus.eval[-100:].tolist())
+    assert sum(len(b) for b in split_bytes(corpus).values()) == 20 * 1024 * 1024
+    last = b"".join(b[-100:] for b in split_bytes(corpus).values())
     assert b"file 039" in last  # the file past the old 16 MiB cut is in
 
 
@@ -197,13 +233,22 @@ def test_the_prepared_files_are_reused_while_nothing_changes(tmp_path):
     load_corpus(str(tmp_path / "texts"), eval_fraction=0.3)
 
     assert {p.name: p.stat().st_ino for p in folder.iterdir()} == built
-    assert sorted(built) == [".lock", "eval.bin", "manifest.json", "train.bin"]
+    assert sorted(built) == [".lock", "manifest.json", "test.bin", "train.bin",
+                             "validation.bin"]
+
+
+def test_the_prepared_folder_changes_with_the_layout(tmp_path, monkeypatch):
+    # A folder of format 1 (train and eval) is never opened as three splits.
+    now = prepared_folder(tmp_path / "texts", 0.05, tmp_path / "data")
+    monkeypatch.setattr(data, "FORMAT", 1)
+
+    assert prepared_folder(tmp_path / "texts", 0.05, tmp_path / "data") != now
 
 
 @pytest.mark.parametrize("change", ["size", "mtime"])
 def test_the_prepared_files_are_rebuilt_when_a_file_changes(tmp_path, change):
     contents = write_files(tmp_path / "texts", 30)
-    name = next(n for n in contents if zlib.crc32(n.encode()) % 1000 >= 300)  # a train file
+    name = next(n for n in contents if split_of(n, 0.3) == "train")
     before = load_corpus(str(tmp_path / "texts"), eval_fraction=0.3)
     train_file = prepared_folder(tmp_path / "texts", 0.3, tmp_path / "data") / "train.bin"
     inode = train_file.stat().st_ino
@@ -229,8 +274,8 @@ def test_a_data_folder_that_is_itself_the_corpus_leaves_its_prepared_files_out(t
 
     again = load_corpus(str(tmp_path), eval_fraction=0.3, directory=tmp_path)
 
-    assert len(again.train) + len(again.eval) == len(first.train) + len(first.eval)
-    assert b'"fingerprint"' not in bytes(again.train.tolist()) + bytes(again.eval.tolist())
+    assert split_bytes(again) == split_bytes(first)
+    assert b'"fingerprint"' not in b"".join(split_bytes(again).values())
 
 
 PREPARE_IN_A_PROCESS = """
@@ -252,8 +297,7 @@ Path(me).touch()
 while not Path(other).exists():  # start together
     time.sleep(0.01)
 corpus = data.load_corpus(corpus_path, 0.1, Path(data_dir))
-print(hashlib.sha256(corpus.train.numpy().tobytes()).hexdigest(),
-      hashlib.sha256(corpus.eval.numpy().tobytes()).hexdigest())
+print(*(hashlib.sha256(getattr(corpus, s).numpy().tobytes()).hexdigest() for s in data.SPLITS))
 """
 
 
@@ -273,14 +317,15 @@ def test_two_processes_preparing_at_once_build_one_correct_file(tmp_path):
 
     assert [p.returncode for p in processes] == [0, 0], [err for _, err in outputs]
     whole = text.read_bytes()
-    cut = int(len(whole) * 0.9)
-    expected = f"{hashlib.sha256(whole[:cut]).hexdigest()} " \
-               f"{hashlib.sha256(whole[cut:]).hexdigest()}"
+    share = int(len(whole) * 0.1)
+    cut = len(whole) - 2 * share
+    expected = " ".join(hashlib.sha256(part).hexdigest() for part in (  # train, validation, test
+        whole[:cut], whole[cut + share:], whole[cut:cut + share]))
     assert [out.strip() for out, _ in outputs] == [expected, expected]
     assert log.read_text() == "built\n"
     folder = prepared_folder(text, 0.1, tmp_path / "data")
-    assert sorted(p.name for p in folder.iterdir()) == [".lock", "eval.bin", "manifest.json",
-                                                          "train.bin"]
+    assert sorted(p.name for p in folder.iterdir()) == [".lock", "manifest.json", "test.bin",
+                                                          "train.bin", "validation.bin"]
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["splits"]["train"]["bytes"] == cut
 
@@ -303,7 +348,7 @@ def test_opening_a_prepared_corpus_does_not_read_it(tmp_path):
     sampler = ShardSampler(corpus, 1, 2, block_size=64, seed=0)
 
     assert resident_bytes() - before < 4 * 1024 * 1024
-    assert len(corpus.train) > 56 * 1024 * 1024
+    assert len(corpus.train) > 51 * 1024 * 1024
     # A batch reads its windows (and what the kernel reads around them), not the shard.
     x, _ = sampler.batch(8)
     assert x.shape == (8, 64) and x.dtype == torch.long
