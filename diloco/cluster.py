@@ -88,7 +88,7 @@ def transfer_time(island: IslandConfig, nbytes: int, bytes_scale: float) -> floa
 
 def round_trip_s(config: RunConfig, up_bytes: int, down_bytes: int) -> float:
     """t_sync of the grace window: the median island's upload of an update plus its
-    download of the merged fragment. The round trip, as syncd/service.py's round_stats
+    download of the merged fragment. The round trip, as syncd/rounds.py's round_stats
     passes it (the first sender spent its upload before it arrived, and its overlap of
     tau steps must cover that, the wait and the download); here of the messages' own
     sizes, where syncd, which does not see them, sizes both ways as an fp32 fragment."""
@@ -210,22 +210,22 @@ class _Cluster:
 
     def _pull(self, sync: Synchronizer, island: Island, p: int, now: float) -> float:
         """Mix in the newest global fragment p; returns when the island has it."""
-        pubs = sync.published_since(p, island.state[p].version)
-        if not pubs:
+        published = sync.published_since(p, island.state[p].version)
+        if not published:
             return now
-        nbytes = sum(len(self._global_message(p, pub)) for pub in pubs)
+        nbytes = sum(len(self._global_message(p, one)) for one in published)
         self.meter.add(island.index, "down", island.step, nbytes)
-        new = apply_published(island.state[p].anchor, pubs, sync.shapes[p])
+        new = apply_published(island.state[p].anchor, published, sync.shapes[p])
         island.mix_global(p, new, sync.versions[p])
-        arrival = pubs[-1].time + transfer_time(island.spec, nbytes,
+        arrival = published[-1].time + transfer_time(island.island_config, nbytes,
                                                 self.config.emulation.bytes_scale)
         return max(now, arrival)
 
-    def _global_message(self, p: int, pub: Published) -> bytes:
-        meta = {"run": "local", "fragment": p, "version": pub.version,
-                "base_version": -1 if pub.codec == "none" else pub.version - 1,
-                "codec": pub.codec}
-        return encode_message("global", meta, pub.payload, SECRET)
+    def _global_message(self, p: int, published: Published) -> bytes:
+        meta = {"run": "local", "fragment": p, "version": published.version,
+                "base_version": -1 if published.codec == "none" else published.version - 1,
+                "codec": published.codec}
+        return encode_message("global", meta, published.payload, SECRET)
 
     def _account(self, result: MergeResult | None) -> None:
         if result is not None:
@@ -290,7 +290,7 @@ class _Cluster:
                 for p in range(len(self.fragments)):
                     if isl.state[p].inner_steps:
                         blob = self._send(isl, p, final=True)
-                        push(self.now + transfer_time(isl.spec, len(blob),
+                        push(self.now + transfer_time(isl.island_config, len(blob),
                                                       config.emulation.bytes_scale),
                              "arrive", blob)
                 continue
@@ -306,7 +306,7 @@ class _Cluster:
                 for p in due_fragments(isl.step, s.inner_steps, s.fragments):
                     blob = self._send(isl, p)
                     scale = config.emulation.bytes_scale
-                    push(ready + transfer_time(isl.spec, len(blob), scale), "arrive", blob)
+                    push(ready + transfer_time(isl.island_config, len(blob), scale), "arrive", blob)
                     if s.overlap_steps == 0:
                         waiting[i] = p
                     else:

@@ -98,13 +98,14 @@ class Island:
             raise ValueError(f"island index must be between 0 and {len(config.islands) - 1}, "
                              f"got {index}")
         self.index = index
-        self.spec = config.islands[index]
-        self.name = self.spec.name
+        self.island_config = config.islands[index]
+        self.name = self.island_config.name
         self.config = config
         self.device = device
-        if group is not None and group.world_size != self.spec.processes:
-            raise ValueError(f"island {self.name!r} has {self.spec.processes} processes in "
-                             f"the run config, but its group has {group.world_size}")
+        if group is not None and group.world_size != self.island_config.processes:
+            raise ValueError(f"island {self.name!r} has {self.island_config.processes} "
+                             f"processes in the run config, but its group has "
+                             f"{group.world_size}")
         self.group = group
         reuse = model is not None and model.config == gpt_config(config)
         self.model = (model if reuse else GPT(gpt_config(config))).to(device)
@@ -144,7 +145,7 @@ class Island:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.spec.batch_size * self.config.model.block_size
+        return self.island_config.batch_size * self.config.model.block_size
 
     def inner_step(self) -> float:
         """One AdamW step on a batch of this island's shard; returns the loss."""
@@ -153,7 +154,7 @@ class Island:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         # Every rank draws the whole batch (the same, from the same cursor) and keeps its part.
-        x, y = self.sampler.batch(self.spec.batch_size)
+        x, y = self.sampler.batch(self.island_config.batch_size)
         if self.group:
             x, y = self.group.part(x), self.group.part(y)
         with autocast(self.device, self.config.train.precision):

@@ -102,7 +102,7 @@ class ProcessIsland:
         self.elastic = spec["mode"] == "elastic"
         self.secret = bytes.fromhex(spec["secret"])
         self.index = self.config.island_index(name)
-        self.spec = self.config.islands[self.index]
+        self.island_config = self.config.islands[self.index]
         self.stopping = False
         # From the supervisor's launch (interpreter and imports included) when it says,
         # from its claim for a warm standby.
@@ -133,11 +133,11 @@ class ProcessIsland:
         return self._fault
 
     def transfer_time(self, nbytes: int) -> float:
-        bandwidth = self.spec.bandwidth_gbps
+        bandwidth = self.island_config.bandwidth_gbps
         if self.fault().get("kind") == "degrade":
             bandwidth /= max(float(self.fault().get("factor", 10.0)), 1.0)
         scaled = nbytes * self.config.emulation.bytes_scale
-        return self.spec.latency_ms / 1000 + scaled * 8 / (bandwidth * 1e9)
+        return self.island_config.latency_ms / 1000 + scaled * 8 / (bandwidth * 1e9)
 
     def wait_while_partitioned(self) -> None:
         while self.fault().get("kind") == "partition" and not self.stopping:
@@ -371,7 +371,7 @@ class ProcessIsland:
             self.group.announce_step(self.island)
         loss = self.island.inner_step()
         elapsed = time.time() - started
-        slow = 1.0 / self.spec.speed
+        slow = 1.0 / self.island_config.speed
         if self.fault().get("kind") == "straggle":
             slow *= max(float(self.fault().get("factor", 4.0)), 1.0)
         if slow > 1.0:

@@ -81,7 +81,7 @@ def test_an_update_carries_the_tokens_and_steps_since_the_last_send_of_its_fragm
     meta0_again, _ = island.make_update(0, "none")
     meta1, _ = island.make_update(1, "none")
 
-    per_step = island.spec.batch_size * island.config.model.block_size
+    per_step = island.island_config.batch_size * island.config.model.block_size
     assert meta0 == {"fragment": 0, "base_version": 0, "tokens": 3 * per_step,
                      "inner_steps": 3, "seq": 3}
     assert (meta0_again["tokens"], meta0_again["inner_steps"], meta0_again["seq"]) == \
