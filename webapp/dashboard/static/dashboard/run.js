@@ -197,7 +197,7 @@ function showFigures(status) {
   $("eval-loss").textContent = arch.fmt(status.eval_loss, 3);
   $("outer-steps").textContent = arch.fmt(status.outer_steps);
   $("versions").textContent = (status.versions || []).join(", ");
-  $("live-islands").textContent = arch.fmt(status.live_islands);
+  $("islands-alive").textContent = arch.fmt(status.live_islands);
   const budget = ((run.config.budget || {}).total_tokens) || 0;
   const share = budget ? Math.min(1, status.tokens_merged / budget) : 0;
   $("progress-bar").style.width = (100 * share).toFixed(1) + "%";
