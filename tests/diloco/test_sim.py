@@ -6,7 +6,6 @@ import pytest
 
 from diloco import merge, policy, sim
 from diloco.sim import SimConfig, simulate
-from diloco.simsweep import bandwidth_utilization, run_sweep
 
 # Four one-chip slices in one job, 1 s steps, no random interruptions.
 SMALL = {"chips": 4, "slice_chips": 1, "step_time_s": 1.0, "mtbi_s": math.inf,
@@ -95,39 +94,6 @@ def test_it_weights_merges_with_the_live_weights(monkeypatch):
     assert seen and set(seen) == {"uniform"}
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"mode": "dp", "islands": 2}, "islands must be 1"),
-    ({"fragments": 200}, "fragments must be between 1 and inner_steps"),
-    ({"min_quorum": 9}, "min_quorum must be between 1 and the number of islands"),
-    ({"return_s": -1.0}, "return_s must be a finite number 0 or more"),
-    ({"compression": "zip"}, "compression must be one of"),
-    ({"overlap_steps": 100}, "overlap_steps must be at least 0 and below inner_steps"),
-])
-def test_it_rejects_bad_configs(changes, message):
-    with pytest.raises(ValueError, match=message):
-        SimConfig(**changes)
-
-
 def test_a_scripted_failure_must_name_an_island():
     with pytest.raises(ValueError, match="names island 3"):
         simulate(SimConfig(**PAIR), failures=((1.0, 3),))
-
-
-def test_int4_streaming_keeps_a_12b_model_busy_at_2_gbps():
-    assert bandwidth_utilization("streaming_int4", 2.0) >= 0.95
-    assert bandwidth_utilization("data_parallel", 2.0) < 0.05
-
-
-def test_a_small_sweep_returns_the_tables_and_reports_progress():
-    seen = []
-    out = run_sweep({"chips": [2000], "islands": [2], "duration_s": 600.0,
-                     "bandwidth_gbps": [10.0], "knobs": False}, seen.append)
-    assert [(r["mode"], r["islands"]) for r in out["goodput_table"]] == [
-        ("dp", 1), ("elastic", 1), ("decoupled", 2)]
-    assert {"mode", "islands", "chips", "goodput", "uptime"} <= set(out["goodput_table"][0])
-    assert len(out["bandwidth_table"]) == 4 and seen[-1] == 1.0
-
-
-def test_a_sweep_rejects_unknown_keys():
-    with pytest.raises(ValueError, match="unknown sweep keys"):
-        run_sweep({"chip": [1]})
