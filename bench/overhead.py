@@ -177,7 +177,8 @@ def measure(profile: dict[str, Any], quick: bool) -> int:
     out["checks"] = {"island / bare tokens/s": results.check(out["ratio"], bound)}
     out["profile"] = "quick" if quick else "full"
     out["seconds"] = round(time.time() - started, 1)
-    path = results.write("overhead", out)
+    # A quick run keeps its own file, so it never hides the figures of the full one.
+    path = results.write("overhead-quick" if quick else "overhead", out)
 
     print(results.table([
         {"loop": "bare", "tokens_per_s": out["bare_tokens_per_s"], "ratio_to_bare": 1.0},

@@ -49,7 +49,7 @@ def tiny_overhead(monkeypatch, tmp_path):
 
 def test_overhead_writes_both_ratios(results_dir, tiny_overhead):
     assert overhead.main(quick=True) == 0
-    out = json.loads((results_dir / "overhead.json").read_text())
+    out = json.loads((results_dir / "overhead-quick.json").read_text())
     assert out["ratio"] > 0 and out["ratio_with_sync"] > 0
     assert out["island_tokens_per_s"] > out["island_with_sync_tokens_per_s"]
     assert out["steps"] == 2 * 4 and out["rounds"] == 2
@@ -81,7 +81,7 @@ def test_merge_writes_both_ratios_and_the_threads(results_dir, monkeypatch, one_
     monkeypatch.setitem(merge.PROFILES, "quick", {"model": TINY_MODEL, "updates": 3, "rounds": 2,
                                                   "bounds": {"ratio_to_memcpy": 0.0}})
     assert merge.main(quick=True) == 0
-    out = json.loads((results_dir / "merge.json").read_text())
+    out = json.loads((results_dir / "merge-quick.json").read_text())
     assert out["ratio_to_memcpy"] > 0 and out["ingest_ratio_to_memcpy"] > 0
     assert out["threads"] == 1
     assert out["merged_bytes"] == 3 * 4 * out["model_params"]
