@@ -251,13 +251,18 @@ class RunAccounting:
         return sum(self._active(now if b is None else min(b, now)) - self._active(a)
                    for a, b in self._island(island).windows if a <= now)
 
-    def useful_seconds(self, island: str) -> float | None:
-        """None while `island` has useful steps but no step time measured to value them."""
-        return self._value(island, self._island(island).useful_steps)
+    def useful_seconds(self, island: str, now: float) -> float | None:
+        """`island`'s useful seconds up to `now`, at most its allocated seconds: an update
+        may carry steps trained before the island's window began (the first merges of a
+        syncd that started its accounting anew), and no island does more useful work
+        than the time it was given. None while it has useful steps but no step time
+        measured to value them."""
+        useful = self._value(island, self._island(island).useful_steps)
+        return None if useful is None else min(useful, self.allocated_seconds(island, now))
 
     def goodput(self, now: float) -> float | None:
         """Useful / allocated island-seconds of the run (None if unknown or nothing allocated)."""
-        useful = self._total_useful()
+        useful = self._total_useful(now)
         allocated = sum(self.allocated_seconds(name, now) for name in self.islands)
         return None if useful is None or allocated == 0 else useful / allocated
 
@@ -310,7 +315,7 @@ class RunAccounting:
         """Every figure at `now`, per run and per island; uptime is None without `theta`."""
         islands, lost = {}, dict.fromkeys(LOST_CAUSES, 0.0)
         for name, state in self.islands.items():
-            allocated, useful = self.allocated_seconds(name, now), self.useful_seconds(name)
+            allocated, useful = self.allocated_seconds(name, now), self.useful_seconds(name, now)
             island_lost = dict(state.lost)  # and the merged steps rollback took back:
             island_lost["rollback"] += self._value(name, state.rolled_back_steps) or 0.0
             for cause, seconds in island_lost.items():
@@ -322,7 +327,7 @@ class RunAccounting:
                 "rolled_back_steps": state.rolled_back_steps, "lost_s": island_lost,
                 "in_run": state.windows[-1][1] is None and self.end is None,
             }
-        useful = self._total_useful()
+        useful = self._total_useful(now)
         allocated = sum(i["allocated_s"] for i in islands.values())
         return {
             "time": now, "wall_s": self.wall_seconds(now), "paused": self.paused,
@@ -355,8 +360,8 @@ class RunAccounting:
         paused = sum(max(0.0, (t if b is None else min(b, t)) - a) for a, b in self.pauses)
         return t - self.start - paused
 
-    def _total_useful(self) -> float | None:
-        useful = [self.useful_seconds(name) for name in self.islands]
+    def _total_useful(self, now: float) -> float | None:
+        useful = [self.useful_seconds(name, now) for name in self.islands]
         return None if None in useful else math.fsum(u for u in useful if u is not None)
 
     def _value(self, island: str, steps: int) -> float | None:

@@ -92,7 +92,7 @@ def test_useful_steps_are_valued_at_the_fault_free_step_time_not_the_straggling_
     acct.merged("a", 10, 1.0, 40.0)
 
     assert acct.step_time("a") == pytest.approx(1.0)
-    assert acct.useful_seconds("a") == pytest.approx(10.0)
+    assert acct.useful_seconds("a", 40.0) == pytest.approx(10.0)
     assert acct.goodput(40.0) == pytest.approx(0.25)
 
 
@@ -121,7 +121,7 @@ def test_an_island_without_fault_free_steps_is_valued_at_the_median_over_all_isl
 
     assert acct.step_time("b") == pytest.approx(4.0)
     assert acct.step_time("c") == pytest.approx(3.0)  # median of 1, 3, 5
-    assert acct.useful_seconds("c") == pytest.approx(30.0)
+    assert acct.useful_seconds("c", 50.0) == pytest.approx(30.0)
 
 
 def test_goodput_is_unknown_while_no_fault_free_step_time_was_observed():
@@ -155,7 +155,7 @@ def test_a_rollback_of_one_fragment_keeps_the_other_fragments_merges():
     acct.merged("a", 7, 0.5, 20.0, fragment=1)
 
     assert acct.rollback(10.0, 25.0, fragment=0) == 10
-    assert acct.useful_seconds("a") == pytest.approx(7.0)
+    assert acct.useful_seconds("a", 25.0) == pytest.approx(7.0)
 
 
 def test_a_reported_rollback_loss_adds_to_the_taken_back_steps():
@@ -185,8 +185,8 @@ def test_merged_round_records_every_island_of_one_merge():
     acct = accounting("a", "b")
     acct.merged_round({"a": 0.75, "b": 0.25}, {"a": 6, "b": 2}, 8.0, fragment=0, version=1)
 
-    assert acct.useful_seconds("a") == pytest.approx(6.0)
-    assert acct.useful_seconds("b") == pytest.approx(2.0)
+    assert acct.useful_seconds("a", 8.0) == pytest.approx(6.0)
+    assert acct.useful_seconds("b", 8.0) == pytest.approx(2.0)
     assert {(e.island, e.fragment, e.version) for e in acct.entries} == {
         ("a", 0, 1), ("b", 0, 1)}
 
@@ -378,3 +378,17 @@ def test_a_removed_island_cannot_be_removed_twice_nor_added_after_the_end():
 def test_a_step_time_window_below_one_is_refused():
     with pytest.raises(ValueError, match="step_time_window must be 1 or more"):
         RunAccounting(["a"], 0.0, step_time_window=0)
+
+
+def test_work_carried_in_from_before_the_window_counts_at_most_the_window():
+    # A syncd that started its accounting anew at t = 100 merges, at t = 104, an update of
+    # 20 one-second steps: 16 of them were trained before its window began.
+    acct = RunAccounting(["a"], 100.0)
+    acct.observe_step_time("a", 1.0, faulted=False, steps=20)
+    acct.merged("a", 20, 1.0, 104.0)
+
+    assert acct.useful_seconds("a", 104.0) == pytest.approx(4.0)
+    assert acct.goodput(104.0) == pytest.approx(1.0)
+    assert acct.useful_seconds("a", 200.0) == pytest.approx(20.0)  # once the window holds it
+    assert acct.snapshot(104.0)["islands"]["a"]["goodput"] == pytest.approx(1.0)
+
