@@ -10,13 +10,6 @@ from syncd.store import connect, lease_key
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def client(redis_url):
-    c = connect(redis_url)
-    yield c
-    c.close()
-
-
 def test_a_write_is_refused_when_the_lease_changes_hands_during_it(client, redis_url):
     held = lease.acquire(client, 7, "syncd-a", ttl_s=30)
     other = connect(redis_url)

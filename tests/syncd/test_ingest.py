@@ -23,44 +23,29 @@ from diloco import codecs
 from diloco.protocol import encode_message
 from syncd.ingest import NORM_WARMUP, message_limit
 from syncd.service import RunSync
-from syncd.store import RunStore, connect
+from syncd.store import RunStore
+from tests.syncd import runs
 from webapp.runs.models import Event
 from webapp.runs.records import DatabaseRecorder
-from webapp.runs.services import create_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
-CONFIG = {
-    "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
-    "sync": {"inner_steps": 4, "fragments": 2, "overlap_steps": 1, "min_quorum": 2,
-             "max_staleness": 4},
-    "eval": {"tokens": 256},
-    "budget": {"total_tokens": 10**9},
-    "islands": [{"name": "a", "region": "us-east", "batch_size": 2},
-                {"name": "b", "region": "us-east", "batch_size": 2}],
-}
-TOKENS_PER_STEP = 2 * 16
+# A lag of up to 4 versions is allowed, so that stale updates are only the ones meant to be.
+CONFIG = {**runs.CONFIG, "sync": {**runs.CONFIG["sync"], "max_staleness": 4}}
 STEPS = 4
 
 
 @pytest.fixture
 def run_sync(redis_url, tmp_path) -> RunSync:
-    run = create_run(name="hostile", mode="decoupled", config=CONFIG, user=None)
-    store = RunStore(connect(redis_url), run.pk)
-    store.put_spec(run.mode, run.config, run.secret)
-    store.set_epoch("a", 1)
-    store.set_epoch("b", 1)
-    sync = RunSync(store, DatabaseRecorder(run.pk), tmp_path, clock=lambda: 1000.0,
-                   control_every_s=0.0)
-    for island in ("a", "b"):
-        store.heartbeat(island, 1, 4, 128, state="training")
+    sync = runs.make_run_sync(redis_url, tmp_path, "decoupled", config=CONFIG)
+    runs.heartbeat_all(sync)
     return sync
 
 
 def meta_of(sync: RunSync, island: str, seq: int, **changes) -> dict:
     return {"run": sync.store.run_id, "island": island, "epoch": 1, "fragment": 0,
             "base_version": sync.rounds.sync.versions[0], "seq": seq,
-            "tokens": STEPS * TOKENS_PER_STEP, "inner_steps": STEPS, "compute_s": 1.0,
+            "tokens": STEPS * runs.TOKENS_PER_STEP, "inner_steps": STEPS, "compute_s": 1.0,
             "codec": "none", **changes}
 
 
@@ -164,7 +149,7 @@ def claims_another_island(sync):
 def absurd_inner_steps(sync):
     steps = 10**12
     return encode_message("update", meta_of(sync, "a", 8, inner_steps=steps,
-                                            tokens=steps * TOKENS_PER_STEP),
+                                            tokens=steps * runs.TOKENS_PER_STEP),
                           tensors_of(sync), sync.spec.secret)
 
 

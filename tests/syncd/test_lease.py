@@ -6,16 +6,9 @@ import pytest
 
 from syncd import lease
 from syncd.fence import Lease, LeaseLost
-from syncd.store import RunStore, connect, lease_key
+from syncd.store import RunStore, lease_key
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def client(redis_url):
-    c = connect(redis_url)
-    yield c
-    c.close()
 
 
 def wait_until(condition, timeout: float, what: str) -> None:

@@ -6,8 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from syncd import server
-from webapp.runs.syncd_wiring import web_hooks
+from webapp.runs.syncd_wiring import main
 
 
 class Command(BaseCommand):
@@ -18,11 +17,6 @@ class Command(BaseCommand):
                             help="exit 0 if a syncd on this host is serving, 1 if not")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from django.conf import settings
-
-        code = server.main(["--health"] if options["health"] else [], web_hooks(),
-                           settings.REDIS_URL, settings.CHECKPOINT_DIR,
-                           lease_ttl_s=settings.SYNCD_LEASE_TTL_S,
-                           threads=settings.SYNCD_THREADS)
+        code = main(["--health"] if options["health"] else [])
         if code:
             raise SystemExit(code)
