@@ -117,7 +117,8 @@ def make_corpus(path: Path) -> Path:
 
 def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any]) -> dict[str, Any]:
     """Create, start and watch one run until syncd completes it; its figures and curves."""
-    from syncd.store import RunStore, connect
+    from syncd.connection import connect
+    from syncd.store import RunStore
     from webapp.runs.models import Event
     from webapp.runs.services import create_run, start_run
 
@@ -202,7 +203,8 @@ def config_islands(profile: dict[str, Any]) -> list[dict[str, Any]]:
 
 def wait_pools_ready(system: BenchSystem, timeout: float = 300.0) -> None:
     """Every region's pool manager has its standbys ready (the runs start warm)."""
-    from syncd.store import PoolStore, connect
+    from syncd.connection import connect
+    from syncd.pool_store import PoolStore
     from webapp.processes import wait_for
 
     pools = PoolStore(connect(system.redis_url))

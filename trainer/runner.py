@@ -7,15 +7,15 @@ sends updates through an emulated wide-area link, heartbeats, and keeps its data
 cursor in Redis after each send so that a later epoch (a rejoin) goes on
 where this one was in its shard.
 
-Faults other than kill and stop reach it through the run's store (RunStore.fault:
-{kind, until, factor}): straggle multiplies its step time, partition holds
-its sends and heartbeats, degrade divides its bandwidth, corrupt poisons its next
-update with NaN.
+Faults other than kill and stop, and the emulated link, are acted out by
+trainer/emulation.py; elastic's whole-job restarts are followed with
+trainer/elastic.py.
 
 An island of several processes (islands[].processes) runs this module once per
 rank, with torchrun's environment: rank 0 is the island described above, the
 other ranks train their part of each batch and take what rank 0 broadcasts
-(trainer/distributed.py). They ignore SIGTERM and stop when rank 0 says so.
+(trainer/distributed.py, follow_rank). They ignore SIGTERM and stop when rank 0
+says so.
 """
 
 from __future__ import annotations
@@ -31,17 +31,20 @@ from typing import Any
 
 import torch
 
-from diloco.config import DEVICES, RunConfig, config_from_spec, tensor_sizes
+from diloco.config import DEVICES, config_from_spec
 from diloco.data import Corpus, load_corpus
 from diloco.device import resolve_device
-from diloco.fragments import Fragment, due_fragments, partition
-from diloco.island import Island, initial_model
+from diloco.fragments import due_fragments, run_fragments
+from diloco.island import Island
 from diloco.model import GPT
 from diloco.protocol import decode_message, encode_message
 from diloco.synchronizer import Published, apply_published
+from syncd.connection import connect
 from syncd.malloc import return_large_frees
-from syncd.store import RunStore, connect
-from trainer.distributed import IslandGroup
+from syncd.store import RunStore
+from trainer.distributed import IslandGroup, follow_rank
+from trainer.elastic import WholeJobRestarts
+from trainer.emulation import FaultEmulation
 from trainer.launch import (
     ASKED_AT_ENV,
     LAUNCHED_AT_ENV,
@@ -53,12 +56,6 @@ from trainer.link import HEARTBEAT_S, POLL_S, Link, beating
 from trainer.phases import StartClock
 
 log = logging.getLogger("archipelago.island")
-
-
-def run_fragments(config: RunConfig) -> list[Fragment]:
-    """The partition syncd uses, from the shapes of the run's model (computed, not built)."""
-    return partition(tensor_sizes(config.model), config.sync.fragments)
-
 
 class ProcessIsland:
     """The island's training loop around diloco.island.Island.
@@ -108,49 +105,35 @@ class ProcessIsland:
         # from its claim for a warm standby.
         self.started = self.clock.marks.get("launched", time.time())
         self.startup_s: float | None = None  # launch to first step: elastic's delay
-        self.restarts_seen = store.restart()[0]
+        self.restarts = WholeJobRestarts(store, self.config.sync.inner_steps)
+        self.emulation = FaultEmulation(store, name, self.island_config,
+                                        self.config.emulation.bytes_scale,
+                                        lambda: self.stopping)
         self.bytes_down = 0
         self.pulls = 0
         self.pull_s = 0.0  # reading, checking and mixing pulled fragments, in all
-        self._fault: dict[str, Any] = {}
-        self._fault_read = 0.0
+        self.compute_s = 0.0  # stepping, slowdowns included: sent with each update
         self._last_beat = 0.0
+        self._done = False
+        self._done_read = 0.0
         self.phases: dict[str, float] | None = None  # once the first step is done
         self.warm = warm
+        self.island: Island | None = None  # built by setup()
+        self.link: Link | None = None  # opened by setup()
 
     def stop(self) -> None:
         """Finish the current step, save the cursor and exit (SIGTERM, from the
         supervisor); the island's own flag, set here only."""
         self.stopping = True
 
-    # -- faults and the emulated link ----------------------------------------
-
-    def fault(self) -> dict[str, Any]:
-        now = time.time()
-        if now - self._fault_read > 0.2:
-            self._fault = self.store.fault(self.name)
-            self._fault_read = now
-        return self._fault
-
-    def transfer_time(self, nbytes: int) -> float:
-        bandwidth = self.island_config.bandwidth_gbps
-        if self.fault().get("kind") == "degrade":
-            bandwidth /= max(float(self.fault().get("factor", 10.0)), 1.0)
-        scaled = nbytes * self.config.emulation.bytes_scale
-        return self.island_config.latency_ms / 1000 + scaled * 8 / (bandwidth * 1e9)
-
-    def wait_while_partitioned(self) -> None:
-        while self.fault().get("kind") == "partition" and not self.stopping:
-            time.sleep(POLL_S)
-
     def beat(self, state: str, force: bool = False, **extra: Any) -> None:
         now = time.time()
         if not force and now - self._last_beat < HEARTBEAT_S:
             return
-        if self.fault().get("kind") == "partition":
+        if self.emulation.partitioned():
             return  # a cut link carries no heartbeats either
         self._last_beat = now
-        island = getattr(self, "island", None)
+        island = self.island
         self.store.heartbeat(self.name, self.epoch, island.step if island else 0,
                              island.tokens if island else 0, state=state,
                              bytes_down=self.bytes_down, startup_s=self.startup_s,
@@ -211,7 +194,7 @@ class ProcessIsland:
         self.island.mix_global(p, apply_published(anchor, published, shapes), version)
         self.pulls += 1
         self.pull_s += time.monotonic() - started
-        time.sleep(self.transfer_time(self.bytes_down - bytes_before))  # the emulated link
+        time.sleep(self.emulation.transfer_time(self.bytes_down - bytes_before))  # the link
         self.share(p)
 
     def share(self, p: int) -> None:
@@ -222,28 +205,20 @@ class ProcessIsland:
     def follow_restart(self, mix_at: dict) -> None:
         """Elastic: when syncd restarts the whole job, pause for the restart delay, then
         take the rolled-back global model whole and go on from there."""
-        restarts, until = self.store.restart()
-        if restarts <= self.restarts_seen:
+        until = self.restarts.take()
+        if until is None:
             return
-        self.restarts_seen = restarts
-        self.join_barrier(until)
+        self.join_restart(until)
         mix_at.clear()
         for p in range(len(self.island.fragments)):
             version, tensors = self._full(p)
             self.island.reset_fragment(p, tensors, version)
             self.share(p)
 
-    def join_barrier(self, until: float) -> None:
-        """Elastic: every island must send each fragment at the same steps (mod H), or
-        islands wait at the barriers of different fragments for each other for ever.
-        So a (re)started island begins a fresh outer step (its step, the seq of its
-        updates, rounded up to a multiple of H), at the end of the whole-job restart
-        under way (until `until`), if any, like the others."""
-        h = self.config.sync.inner_steps
-        self.island.move_to(-(-self.island.step // h) * h, self.island.tokens)
-        while time.time() < until and not self.stopping:
-            self.beat("restarting")
-            time.sleep(POLL_S)
+    def join_restart(self, until: float) -> None:
+        """Elastic: start a fresh outer step with the other islands, at `until`."""
+        self.restarts.join(self.island, until, lambda: self.beat("restarting"),
+                           lambda: self.stopping)
 
     def mix(self, mix_at: dict) -> bool:
         """Take each merged fragment once its tau overlapping steps are done; elastic
@@ -265,8 +240,7 @@ class ProcessIsland:
         island, after the tau overlapping steps. False when a whole-job restart or the
         run's end comes first."""
         while not self.handled(p, seq):
-            if self.stopping or self.done() or \
-                    self.store.restart()[0] > self.restarts_seen:
+            if self.stopping or self.done() or self.restarts.pending():
                 return False
             self.beat("waiting")
             time.sleep(POLL_S)
@@ -319,11 +293,11 @@ class ProcessIsland:
             state = torch.frombuffer(bytearray(base64.b64decode(cursor["rng"])), dtype=torch.uint8)
             self.island.sampler.set_state(state)
         if self.elastic:
-            self.join_barrier(self.store.restart()[1])
+            self.join_restart(self.restarts.until())
         if self.group:
             self.group.share_start(self.island)
         self.link = Link(partial(self.store.push_update, self.name, self.epoch),
-                         self.transfer_time, self.wait_while_partitioned,
+                         self.emulation.transfer_time, self.emulation.wait_while_partitioned,
                          max_pending=2 * len(fragments))
         self._phase("pull")
 
@@ -335,7 +309,7 @@ class ProcessIsland:
     def done(self) -> bool:
         """Whether syncd marked the run done; asked at most five times a second."""
         now = time.time()
-        if now - getattr(self, "_done_read", 0.0) > 0.2:
+        if now - self._done_read > 0.2:
             self._done = self.store.done()
             self._done_read = now
         return self._done
@@ -348,11 +322,7 @@ class ProcessIsland:
     def send(self, p: int) -> None:
         s = self.config.sync
         meta, payload = self.island.make_update(p, s.compression)
-        if self.fault().get("kind") == "corrupt":
-            payload = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
-                       for k, v in payload.items()}
-            self.store.clear_fault(self.name)
-            self._fault = {}
+        payload = self.emulation.corrupt(payload)
         meta.update(run=self.store.run_id, island=self.name, epoch=self.epoch,
                     compute_s=self.compute_s, codec=s.compression)
         self.link.send(p, meta["seq"], encode_message("update", meta, payload, self.secret))
@@ -371,9 +341,7 @@ class ProcessIsland:
             self.group.announce_step(self.island)
         loss = self.island.inner_step()
         elapsed = time.time() - started
-        slow = 1.0 / self.island_config.speed
-        if self.fault().get("kind") == "straggle":
-            slow *= max(float(self.fault().get("factor", 4.0)), 1.0)
+        slow = self.emulation.slowdown()
         if slow > 1.0:
             time.sleep(elapsed * (slow - 1.0))
         self.compute_s += time.time() - started
@@ -381,7 +349,6 @@ class ProcessIsland:
             self.beat("training", loss=loss, bytes_up=self.link.bytes_up)
 
     def run(self) -> int:
-        self.compute_s = 0.0
         self.setup()
         s = self.config.sync
         # fragment -> (inner step to mix at, seq of the send that must be handled first);
@@ -439,7 +406,7 @@ def main() -> None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # rank 0 says when to stop
             log.info("island %s rank %d of %d on %s", args.island, group.rank,
                      group.world_size, group.device)
-            exit_now(follow(group, args.island))
+            exit_now(follow_rank(group, args.island))
     store = RunStore(connect(args.redis_url, ride_out_restarts=True), args.run)
     island = ProcessIsland(store, args.island, args.epoch, args.device, group, rss_bytes())
 
@@ -456,24 +423,6 @@ def rss_bytes() -> int:
     """This process's resident memory now."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def follow(group: IslandGroup, name: str) -> int:
-    """A rank above 0 of island `name`: build the island from rank 0's spec and state,
-    then train as rank 0 says until it says stop."""
-    spec = group.broadcast_object(None)
-    if spec is None:  # rank 0 stopped before the island was built
-        group.close()
-        return 0
-    config = config_from_spec(spec)
-    corpus = load_corpus(config.data.path, config.data.eval_fraction)
-    # The parameters come from rank 0: DDP broadcasts them, then share_start does.
-    island = Island(config.island_index(name), config, corpus, run_fragments(config),
-                    initial_model(config).state_dict(), group.device, group)
-    group.share_start(island)
-    group.follow(island)
-    group.close(island)
-    return 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from diloco.config import RunConfig, parse_config
 from diloco.fragments import partition
 from diloco.island import initial_model
 from diloco.protocol import decode_message, encode_message
-from syncd.store import RunStore, connect
+from syncd.connection import connect
+from syncd.store import RunStore
 from trainer.launch import island_command
 from trainer.supervisor import IslandSupervisor
 
