@@ -43,6 +43,7 @@ from syncd.connection import connect
 from syncd.malloc import return_large_frees
 from syncd.store import RunStore
 from trainer.distributed import IslandGroup, follow_rank
+from trainer.downloads import Downloads, GlobalMissing
 from trainer.elastic import WholeJobRestarts
 from trainer.emulation import FaultEmulation
 from trainer.launch import (
@@ -112,6 +113,9 @@ class ProcessIsland:
         self.bytes_down = 0
         self.pulls = 0
         self.pull_s = 0.0  # reading, checking and mixing pulled fragments, in all
+        self.pull_wait_s = 0.0  # of it, on the training thread (mixes, blocking waits)
+        self.late_globals = 0  # merged fragments mixed after their tau overlap steps
+        self.activity = "starting"  # what the background heartbeat says the island does
         self.compute_s = 0.0  # stepping, slowdowns included: sent with each update
         self._last_beat = 0.0
         self._done = False
@@ -120,6 +124,9 @@ class ProcessIsland:
         self.warm = warm
         self.island: Island | None = None  # built by setup()
         self.link: Link | None = None  # opened by setup()
+        self.downloads = Downloads(self.fetch, self.handled, self.emulation.transfer_time,
+                                   self.emulation.wait_while_partitioned,
+                                   lambda: self.stopping)
 
     def stop(self) -> None:
         """Finish the current step, save the cursor and exit (SIGTERM, from the
@@ -138,7 +145,9 @@ class ProcessIsland:
                              island.tokens if island else 0, state=state,
                              bytes_down=self.bytes_down, startup_s=self.startup_s,
                              pid=os.getpid(), idle_rss=self.idle_rss, pulls=self.pulls,
-                             pull_s=round(self.pull_s, 4), phases=self.phases,
+                             pull_s=round(self.pull_s, 4),
+                             pull_wait_s=round(self.pull_wait_s, 4),
+                             late_globals=self.late_globals, phases=self.phases,
                              warm=self.warm, **extra)
 
     # -- globals -------------------------------------------------------------
@@ -168,34 +177,57 @@ class ProcessIsland:
         _, meta, tensors = decode_message(blob, self.secret)
         return meta["version"], tensors
 
-    def pull(self, p: int) -> None:
-        """Mix in the newest global version of fragment p."""
-        state = self.island.state[p]
-        newest = self.store.versions().get(p, state.version)
-        if newest <= state.version:
-            return
-        started = time.monotonic()
+    def fetch(self, p: int, version: int) -> tuple[int, list[Published], int]:
+        """Fragment p's published messages newer than `version`: (the newest version,
+        the messages, bytes read). On the downloads thread (trainer/downloads.py).
+
+        Raises:
+            GlobalMissing: the newest global fragment p is not in Redis.
+        """
+        newest = self.store.versions().get(p, version)
+        if newest <= version:
+            return version, [], 0
         blobs = []
-        bytes_before = self.bytes_down
         if self.config.sync.downlink_compression != "none":
-            blobs = self.store.differences(p, range(state.version + 1, newest + 1))
+            blobs = self.store.differences(p, range(version + 1, newest + 1))
         if blobs and all(b is not None for b in blobs):
             published = []
             for blob in blobs:
                 _, meta, tensors = decode_message(blob, self.secret)
                 published.append(Published(meta["version"], 0.0, meta["codec"], tensors))
-                self.bytes_down += len(blob)
-            version = published[-1].version
-        else:
-            version, tensors = self._full(p)
-            published = [Published(version, 0.0, "none", tensors)]
-        shapes = {n: tuple(t.shape) for n, t in state.anchor.items()}
-        anchor = {n: t.cpu() for n, t in state.anchor.items()}
-        self.island.mix_global(p, apply_published(anchor, published, shapes), version)
-        self.pulls += 1
-        self.pull_s += time.monotonic() - started
-        time.sleep(self.emulation.transfer_time(self.bytes_down - bytes_before))  # the link
-        self.share(p)
+            return published[-1].version, published, sum(len(b) for b in blobs)
+        blob = self.store.full(p)
+        if blob is None:
+            raise GlobalMissing(f"global fragment {p} is missing from Redis")
+        _, meta, tensors = decode_message(blob, self.secret)
+        return meta["version"], [Published(meta["version"], 0.0, "none", tensors)], len(blob)
+
+    def pull(self, p: int, block: bool = False) -> bool:
+        """Mix in fragment p's download if it has arrived (or, with `block`, once it
+        has); False if it has not arrived yet."""
+        started = time.monotonic()
+        try:
+            download = self.downloads.wait(p) if block else self.downloads.take(p)
+        except GlobalMissing:
+            if self.run_ended():
+                self.stopping = True  # the run ended and its state went with it
+                raise SystemExit(0) from None
+            raise
+        if download is None:
+            return False
+        if download.published:
+            state = self.island.state[p]
+            shapes = {n: tuple(t.shape) for n, t in state.anchor.items()}
+            anchor = {n: t.cpu() for n, t in state.anchor.items()}
+            mixing = time.monotonic()
+            self.island.mix_global(p, apply_published(anchor, download.published, shapes),
+                                   download.version)
+            self.bytes_down += download.nbytes
+            self.pulls += 1
+            self.pull_s += download.read_s + time.monotonic() - mixing
+            self.share(p)
+        self.pull_wait_s += time.monotonic() - started
+        return True
 
     def share(self, p: int) -> None:
         """Fragment p changed outside a step: the island's other ranks take it as it is here."""
@@ -210,6 +242,7 @@ class ProcessIsland:
             return
         self.join_restart(until)
         mix_at.clear()
+        self.downloads.cancel()
         for p in range(len(self.island.fragments)):
             version, tensors = self._full(p)
             self.island.reset_fragment(p, tensors, version)
@@ -221,7 +254,8 @@ class ProcessIsland:
                            lambda: self.stopping)
 
     def mix(self, mix_at: dict) -> bool:
-        """Take each merged fragment once its tau overlapping steps are done; elastic
+        """Take each merged fragment that has arrived once its tau overlapping steps are
+        done (one that has not is mixed at a later step, and counted late); elastic
         waits for it at the barrier. False if a whole-job restart or the run's end
         came first."""
         for p, (at, seq) in list(mix_at.items()):
@@ -229,9 +263,10 @@ class ProcessIsland:
                 continue
             if self.elastic and not self.wait_for_merge(p, seq):
                 return False
-            if self.handled(p, seq):
+            if self.pull(p, block=self.elastic):
                 del mix_at[p]
-                self.pull(p)
+                if self.island.step > at:
+                    self.late_globals += 1
         return True
 
     def wait_for_merge(self, p: int, seq: int) -> bool:
@@ -239,12 +274,16 @@ class ProcessIsland:
         tau = 0, and in elastic, where the outer step is a barrier over every live
         island, after the tau overlapping steps. False when a whole-job restart or the
         run's end comes first."""
-        while not self.handled(p, seq):
-            if self.stopping or self.done() or self.restarts.pending():
-                return False
-            self.beat("waiting")
-            time.sleep(POLL_S)
-        return True
+        self.activity = "waiting"
+        try:
+            while not self.handled(p, seq):
+                if self.stopping or self.done() or self.restarts.pending():
+                    return False
+                self.beat("waiting")
+                time.sleep(POLL_S)
+            return True
+        finally:
+            self.activity = "training"
 
     def handled(self, p: int, seq: int) -> bool:
         """Whether syncd merged or dropped this island's update `seq` of fragment p."""
@@ -350,6 +389,23 @@ class ProcessIsland:
 
     def run(self) -> int:
         self.setup()
+        # A step, an encode or a mix of a big model can outlast the heartbeat timeout:
+        # a thread beats whenever the loop has not for a heartbeat's interval.
+        with beating(self.beat_for_loop):
+            self.train()
+        return self.finish()
+
+    def beat_for_loop(self) -> None:
+        """The heartbeat the loop would send, from the heartbeat thread, when the loop
+        has sent none for two intervals: its step or send is long."""
+        if time.time() - self._last_beat < 2 * HEARTBEAT_S or self.startup_s is None:
+            return
+        if self.activity == "training":
+            self.beat("training", loss=self.island.last_loss, bytes_up=self.link.bytes_up)
+        else:
+            self.beat(self.activity)
+
+    def train(self) -> None:
         s = self.config.sync
         # fragment -> (inner step to mix at, seq of the send that must be handled first);
         # a second send before the mix keeps the first one's target.
@@ -359,6 +415,7 @@ class ProcessIsland:
                 self.follow_restart(mix_at)
             self.step()
             if self.startup_s is None:
+                self.activity = "training"
                 self._phase("first_step")
                 self.startup_s = time.time() - self.started
                 self.phases = self.clock.breakdown()
@@ -370,11 +427,15 @@ class ProcessIsland:
             for p in due_fragments(self.island.step, s.inner_steps, s.fragments):
                 self.send(p)
                 seq = self.island.step
+                self.downloads.request(p, seq, self.island.state[p].version)
                 if s.overlap_steps == 0:
                     if self.wait_for_merge(p, seq):
-                        self.pull(p)
+                        self.pull(p, block=True)
                 else:
                     mix_at.setdefault(p, (seq + s.overlap_steps, seq))
+
+    def finish(self) -> int:
+        """The loop ended: flush a user's stop, tell the other ranks, drain the link."""
         if self.stopping and self.store.stop_requested() is not None:
             self.flush()
         if self.group:
