@@ -128,7 +128,7 @@ def test_the_new_run_form_shows_the_runs_sizes_from_the_estimate_endpoint(operat
     content = operator_client.get("/runs/new/").content.decode()
 
     assert 'id="estimate" data-url="/api/config/estimate"' in content
-    assert "dashboard/common.js" in content  # arch.api, which new_run.js calls
+    assert '<script type="module" src="/static/dashboard/new_run.js">' in content
     assert "Activations are an" in content
 
 

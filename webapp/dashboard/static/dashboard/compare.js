@@ -1,8 +1,8 @@
 // Overlay runs: loss against tokens and against time since each run's start, goodput
 // over time; e.g. decoupled against elastic on the same faults.
-"use strict";
+import * as arch from "./common.js";
 
-const series = JSON.parse(document.getElementById("series-data").textContent);
+const series = arch.pageData("series-data");
 const layout = (title, x, y) => ({title: {text: title, font: {size: 14}}, margin: {l: 50, r: 10, t: 35, b: 40},
   xaxis: {title: {text: x}}, yaxis: {title: {text: y}}, legend: {orientation: "h", y: -0.25}});
 

@@ -1,8 +1,11 @@
 // The run detail page: everything live from the run's websocket, actions through the
 // JSON API. Text from the server is always set as text, never as HTML.
-"use strict";
+import * as arch from "./common.js";
+import {LiveRun} from "./live.js";
+import {RunMap} from "./run_map.js";
+import {RunTimeline} from "./run_timeline.js";
 
-const page = JSON.parse(document.getElementById("page-data").textContent);
+const page = arch.pageData("page-data");
 const run = page.run;
 const RUN_API = `/api/runs/${run.id}`;
 const FAULTS = [["kill", "Kill"], ["straggle", "Straggle"], ["partition", "Partition"],
@@ -163,8 +166,8 @@ function showRegions(status) {
   }
 }
 
-const map = new arch.RunMap("map", page.map);
-const timeline = new arch.RunTimeline("timeline", run.id);
+const map = new RunMap("map", page.map);
+const timeline = new RunTimeline("timeline", run.id);
 
 // -- quorum panel, banner and figures ---------------------------------------------------
 
@@ -387,5 +390,6 @@ showQuorum({});
 timeline.draw(page.timeline);
 showEvents(page.events);
 showCheckpoints(page.checkpoints);
-window.archLive = new arch.LiveRun(run.id, {status: onStatus, events: showEvents});
-page.events.forEach((e) => window.archLive.seenEvents.add(e.id));
+const live = new LiveRun(run.id, {status: onStatus, events: showEvents});
+page.events.forEach((e) => live.seenEvents.add(e.id));
+window.archLive = live;  // bench/ui_latency.py reads when the page took each message

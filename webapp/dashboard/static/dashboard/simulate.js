@@ -1,7 +1,7 @@
 // A simulation's progress and results, live over /ws/simulations/<id>/.
-"use strict";
+import * as arch from "./common.js";
 
-const initial = JSON.parse(document.getElementById("simulation-data").textContent);
+const initial = arch.pageData("simulation-data");
 const $ = (id) => document.getElementById(id);
 const layout = (title, x, y, logX) => ({title: {text: title, font: {size: 14}},
   margin: {l: 50, r: 10, t: 35, b: 40}, legend: {orientation: "h", y: -0.3},
