@@ -2,6 +2,7 @@
 // JSON API. Text from the server is always set as text, never as HTML.
 import * as arch from "./common.js";
 import {LiveRun} from "./live.js";
+import {Plotly, plotConfig} from "./plotting.js";
 import {RunMap} from "./run_map.js";
 import {RunTimeline} from "./run_timeline.js";
 
@@ -224,7 +225,7 @@ function chart(id, title, names) {
   charts[id] = {names: names.slice()};
   Plotly.newPlot(id, names.map((n) => ({x: [], y: [], name: n, mode: "lines", type: "scatter"})),
     {title: {text: title, font: {size: 14}}, margin: {l: 50, r: 10, t: 35, b: 35},
-     legend: {orientation: "h", y: -0.2}}, {displayModeBar: false, responsive: true});
+     legend: {orientation: "h", y: -0.2}}, plotConfig());
 }
 
 // Add one point per trace; a trace for a name not seen before is added first.

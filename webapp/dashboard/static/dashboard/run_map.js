@@ -3,6 +3,7 @@
 // to syncd coloured by its state (syncd/status.py link) and as wide as the bytes it
 // carried in the last status.
 import * as arch from "./common.js";
+import {Plotly, plotConfig} from "./plotting.js";
 import {stateColour} from "./palette.js";
 
 const LINK_STYLES = {up: ["#12b76a", "solid"], degraded: ["#f79009", "solid"],
@@ -67,7 +68,7 @@ export class RunMap {
             showland: true, landcolor: "#e9edf2", showocean: true, oceancolor: "#f4f8fc",
             showcountries: true, countrycolor: "#c3cad4", showsubunits: true, subunitcolor: "#d5dbe3",
             coastlinecolor: "#aab4c0", showlakes: false, showframe: false, bgcolor: "rgba(0,0,0,0)"},
-    }, {displayModeBar: false, responsive: true, topojsonURL: this.map.topojson});
+    }, plotConfig({topojsonURL: this.map.topojson}));
   }
 
   // Degrees between islands around their region: a share of the view, so they stay

@@ -3,6 +3,7 @@
 // The lanes come from GET /api/runs/<id>/timeline (webapp/runs/timeline.py).
 import * as arch from "./common.js";
 import {faultColour, stateColour} from "./palette.js";
+import {Plotly, plotConfig} from "./plotting.js";
 
 const MARK_STYLES = {fault: {symbol: "x-thin-open", color: "#b42318", size: 9},
                      rejoin: {symbol: "triangle-up", color: "#1f6feb", size: 8},
@@ -88,7 +89,7 @@ export class RunTimeline {
       xaxis: {type: "date", range: [timeline.start * 1000, timeline.end * 1000]},
       yaxis: {tickvals: lanes.map((_, y) => y), ticktext: lanes.map((l) => l.island), range: [lanes.length - 0.5, -0.5],
               zeroline: false, fixedrange: true},
-    }, {displayModeBar: false, responsive: true});
+    }, plotConfig());
   }
 
   // What each colour and mark means, for the states and faults on the lanes.
