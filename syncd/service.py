@@ -33,6 +33,7 @@ from diloco.island import initial_model
 from syncd import checkpoint, outcome
 from syncd.chaos_driver import ChaosDriver
 from syncd.evaluation import GlobalEval
+from syncd.finite import finite
 from syncd.hooks import Recorder
 from syncd.liveness import Liveness
 from syncd.recovery import Recovery
@@ -207,7 +208,7 @@ class RunSync:
 
     def _put_status(self, now: float) -> None:
         """Keep a status snapshot in Redis and in the history, and push it."""
-        status = self.status(now)
+        status = finite(self.status(now))
         self.last_status = status
         seq = self.store.put_status(status)
         self.recorder.metric(status, now)
@@ -270,6 +271,7 @@ class RunSync:
         status["outcome"] = outcome.finish(
             self.accounting, self.spec, now, tokens_merged=self.rounds.tokens_merged(),
             eval_loss=self.eval_loss, versions=list(self.rounds.sync.versions))
+        status = finite(status)
         self.store.put_status(status)
         self._record_progress(status)
         self.next_status = math.inf  # the final snapshot, with the outcome, stays
