@@ -282,6 +282,28 @@ def test_the_limit_is_per_username_and_address(sam, django_user_model):
     assert other_address.status_code == 302
 
 
+def test_behind_a_trusted_proxy_one_address_failing_locks_out_no_other(sam, settings):
+    """With TRUSTED_PROXY_COUNT every request comes from the proxy: the address that
+    counts is the client's, from X-Forwarded-For."""
+    settings.AXES_IPWARE_META_PRECEDENCE_ORDER = ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR")
+    settings.AXES_IPWARE_PROXY_COUNT = 0
+    settings.IPWARE_STRICT = True
+    attacker, proxy = Client(), "10.0.0.9"
+    for _ in range(5):
+        attacker.post("/accounts/login/", {"username": "sam", "password": "wrong"},
+                      REMOTE_ADDR=proxy, HTTP_X_FORWARDED_FOR="198.51.100.66")
+
+    refused = attacker.post("/accounts/login/", {"username": "sam",
+                                                 "password": "a right password 9"},
+                            REMOTE_ADDR=proxy, HTTP_X_FORWARDED_FOR="198.51.100.66")
+    sam_himself = Client().post("/accounts/login/", {"username": "sam",
+                                                     "password": "a right password 9"},
+                                REMOTE_ADDR=proxy, HTTP_X_FORWARDED_FOR="198.51.100.7")
+
+    assert b"Too many failed sign-ins" in refused.content
+    assert sam_himself.status_code == 302
+
+
 def test_the_limit_counts_a_username_whatever_its_case(sam):
     client = Client()
     for _ in range(5):
