@@ -349,6 +349,9 @@ class Rounds:
         if result is None:
             self.store.mark_handled(p, dict(self.sync.handled[p]), done)
             return False
+        if not self._finite(p):
+            self._refuse_merge(p, result.version, list(result.inner_steps), done)
+            return False
         self.publish(p, result.tokens, done)
         self.keepalive()
         self.accounting.merged_round(result.weights, result.inner_steps, now, fragment=p,
@@ -361,6 +364,31 @@ class Rounds:
                             weights=result.weights, tokens=result.tokens,
                             reason=reason, latency_s=latency)
         return self.sync.outer_steps > outer_steps
+
+    def _finite(self, p: int) -> bool:
+        """Whether fragment p's global and outer momentum hold finite values only."""
+        tensors = [*self.sync.globals[p].values(),
+                   *self.sync.optimizers[p].state_dict().values()]
+        return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+    def _refuse_merge(self, p: int, version: int, islands: list[str],
+                      done: list[UpdateRef]) -> None:
+        """A merge into `version` that made fragment p non-finite (finite updates can
+        overflow together): it is not published, the fragment goes back to its
+        published version, and the round's updates are dropped as refused."""
+        _, meta, tensors = decode_message(self.store.full(p), self.spec.secret)
+        momentum = tensorfile.loads(self.store.momentum(p))[1]
+        self.load_fragment(p, tensors, momentum, meta["version"])
+        history = self.sync.history[p]
+        if history and history[-1].version == version:
+            history.pop()
+        self.store.mark_handled(p, dict(self.sync.handled[p]), done)
+        reason = (f"the merge into version {version} of fragment {p} made it non-finite; "
+                  f"not published, the updates of {', '.join(sorted(islands))} dropped")
+        log.warning("run %s: %s", self.store.run_id, reason)
+        for island in islands:
+            self.rejections[island] += 1
+            self.recorder.event("rejection", island, reason=reason, fragment=p)
 
     def barrier_waits(self, p: int, now: float) -> dict[str, float]:
         """Elastic: how long each island with an update in fragment p's round has waited

@@ -144,3 +144,23 @@ def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
     assert list(again.rounds.sync.rounds[1]) == ["a"]  # read again from the stream
     assert list(again.rounds.sync.rounds[0]) == []  # merged ones are not merged twice
 
+
+def test_a_merge_of_finite_updates_that_overflows_is_not_published(run_sync):
+    heartbeat_all(run_sync)
+    before = {n: t.clone() for n, t in run_sync.rounds.sync.globals[0].items()}
+    for island in ("a", "b"):
+        send(run_sync, island, 0, 4, value=3e38)  # finite, and no norm is known yet
+    run_sync.tick()
+
+    assert run_sync.store.versions()[0] == 0
+    assert run_sync.rounds.sync.versions[0] == 0
+    assert all(torch.equal(t, before[n]) for n, t in run_sync.rounds.sync.globals[0].items())
+    assert any("non-finite" in r for r in rejections(run_sync))
+    assert blob_keys(run_sync) == []
+
+    for island in ("a", "b"):
+        send(run_sync, island, 0, 8)
+    run_sync.tick()
+
+    assert run_sync.store.versions()[0] == 1
+    assert all(torch.isfinite(t).all() for t in run_sync.rounds.sync.globals[0].values())
