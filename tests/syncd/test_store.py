@@ -102,13 +102,6 @@ def test_a_deleted_run_keeps_nothing(store):
     assert keys(store, "full") == [] and keys(store, "momentum") == []
 
 
-def test_the_newest_update_id_is_the_last_stream_entrys(store):
-    assert store.newest_update_id() is None
-    store.push_update("a", 1, 0, 4, b"u")
-    store.push_update("b", 1, 0, 4, b"v")
-    assert store.newest_update_id() == store.read_updates()[-1].stream_id
-
-
 def test_the_chaos_progress_is_kept_for_a_restarted_syncd(store):
     assert store.chaos_progress() == {}
     store.start_chaos(12.5, {"a": "us-east"})

@@ -423,6 +423,6 @@ def test_syncd_never_logs_the_run_secret_when_it_rejects_updates(run, redis_url,
     with caplog.at_level("DEBUG"):
         sync.tick()
 
-    assert "rejected update" in caplog.text
+    assert "quarantined" in caplog.text
     assert run.secret not in caplog.text
     assert not re.search(bytes.fromhex(run.secret).hex(), caplog.text)
