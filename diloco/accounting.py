@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 LOST_CAUSES = ("in_flight", "stale", "rejected", "rollback", "restart_pause", "barrier_wait")
+# Useful seconds within this share above allocated ones are rounding, not a bug.
+OVERCREDIT_TOLERANCE = 1e-6
 
 
 def fragment_cadence(step_times: Iterable[float | None], inner_steps: int,
@@ -68,11 +70,14 @@ def _seconds(name: str, value: float, *, positive: bool = False) -> float:
 
 @dataclass(frozen=True, slots=True)
 class MergeEntry:
-    """One island's update merged into the global model at `time`."""
+    """One island's update merged into the global model at `time`: it carried
+    `inner_steps`, of which `credited_steps` were trained inside the accounting's
+    window (RunAccounting.trained_before)."""
 
     time: float
     island: str
     inner_steps: int
+    credited_steps: int
     weight: float
     fragment: int | None = None
     version: int | None = None
@@ -82,6 +87,9 @@ class MergeEntry:
 class _Island:
     windows: list[list[float | None]]  # [added, removed or None]
     step_times: deque[tuple[float, int]]  # fault-free (seconds, steps), the latest ones
+    # fragment (None: every fragment) -> its steps up to this one were trained before
+    # the accounting's window: no merge credits them.
+    trained_before: dict[int | None, int] = field(default_factory=dict)
     useful_steps: float = 0.0
     rolled_back_steps: float = 0.0
     lost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOST_CAUSES, 0.0))
@@ -97,6 +105,11 @@ class RunAccounting:
     out of allocation, gaps and wall time. Start-up, from the run's start to its first
     merge, is a figure of its own and no part of uptime; after it, each fragment's open
     gap counts up to `now` once it exceeds theta.
+
+    Useful seconds are credited, never clipped: only steps trained inside the window
+    count (`trained_before` names the steps a taken-over run trained earlier), and an
+    island whose useful seconds exceed its allocated seconds is a bug the snapshot
+    reports (`overcredited`), not a figure it hides.
 
     Args:
         islands: the names of the islands allocated from `start`.
@@ -180,31 +193,53 @@ class RunAccounting:
         if not faulted:
             state.step_times.append((seconds * steps, steps))
 
+    def trained_before(self, island: str, step: int, *, fragment: int | None = None
+                       ) -> None:
+        """`island`'s inner steps up to `step` (of `fragment`'s updates, or of every
+        fragment's) were trained before this accounting's window began: a syncd that
+        took over a running run gives, per fragment, the larger of the seq it had
+        handled and the island's last heartbeat step. A merge credits only the steps
+        of its update past that."""
+        state = self._island(island)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an integer 0 or more, got {step!r}")
+        state.trained_before[fragment] = max(step, state.trained_before.get(fragment, 0))
+
     def merged(self, island: str, inner_steps: int, weight: float, now: float, *,
-               fragment: int | None = None, version: int | None = None) -> None:
-        """`island`'s update of `inner_steps` was merged with `weight` (useful only
-        above 0) into the global published at `now` (an uptime mark) as `fragment`
-        `version` (optional; `fragment` filters `uptime`)."""
+               fragment: int | None = None, version: int | None = None,
+               seq: int | None = None) -> None:
+        """`island`'s update of `inner_steps`, ending at its inner step `seq` (optional),
+        was merged with `weight` (useful only above 0) into the global published at `now`
+        (an uptime mark) as `fragment` `version` (optional; `fragment` filters `uptime`).
+        With `seq`, only its steps past the island's `trained_before` are credited."""
         state = self._island(island)
         if isinstance(inner_steps, bool) or not isinstance(inner_steps, int) or inner_steps < 0:
             raise ValueError(f"inner_steps must be an integer 0 or more, got {inner_steps!r}")
         weight = float(weight)
         if not math.isfinite(weight) or weight < 0:
             raise ValueError(f"weight must be a finite number 0 or more, got {weight}")
-        self.entries.append(MergeEntry(self._now(now), island, inner_steps, weight,
+        credited = inner_steps
+        if seq is not None:
+            before = max(state.trained_before.get(fragment, 0),
+                         state.trained_before.get(None, 0))
+            credited = min(inner_steps, max(seq - before, 0))
+        self.entries.append(MergeEntry(self._now(now), island, inner_steps, credited, weight,
                                        fragment, version))
         if self.first_merge is None:
             self.first_merge = self._now(now)
         if weight > 0:
-            state.useful_steps += inner_steps / self.fragments
+            state.useful_steps += credited / self.fragments
 
     def merged_round(self, weights: Mapping[str, float], inner_steps: Mapping[str, int],
                      now: float, *, fragment: int | None = None,
-                     version: int | None = None) -> None:
-        """Every island of one merge (a synchronizer MergeResult's weights and inner_steps)."""
+                     version: int | None = None,
+                     seqs: Mapping[str, int] | None = None) -> None:
+        """Every island of one merge (a synchronizer MergeResult's weights, inner_steps
+        and seqs)."""
         for island, weight in weights.items():
             self.merged(island, inner_steps.get(island, 0), weight, now,
-                        fragment=fragment, version=version)
+                        fragment=fragment, version=version,
+                        seq=None if seqs is None else seqs.get(island))
 
     def rollback(self, after_time: float, now: float, *, fragment: int | None = None
                  ) -> float:
@@ -219,7 +254,7 @@ class RunAccounting:
             if entry.time <= after_time or fragment not in (None, entry.fragment):
                 kept.append(entry)
             elif entry.weight > 0:
-                steps = entry.inner_steps / self.fragments
+                steps = entry.credited_steps / self.fragments
                 self.islands[entry.island].useful_steps -= steps
                 self.islands[entry.island].rolled_back_steps += steps
                 taken += steps
@@ -252,13 +287,22 @@ class RunAccounting:
                    for a, b in self._island(island).windows if a <= now)
 
     def useful_seconds(self, island: str, now: float) -> float | None:
-        """`island`'s useful seconds up to `now`, at most its allocated seconds: an update
-        may carry steps trained before the island's window began (the first merges of a
-        syncd that started its accounting anew), and no island does more useful work
-        than the time it was given. None while it has useful steps but no step time
-        measured to value them."""
-        useful = self._value(island, self._island(island).useful_steps)
-        return None if useful is None else min(useful, self.allocated_seconds(island, now))
+        """`island`'s useful seconds up to `now`, as credited: never clipped at its
+        allocated seconds (`overcredited` reports an island above them). None while it
+        has useful steps but no step time measured to value them."""
+        return self._value(island, self._island(island).useful_steps)
+
+    def overcredited(self, now: float) -> list[str]:
+        """The islands credited more useful seconds than they were allocated by `now`: no
+        island does more work than the time it was given, so each is a bug in what was
+        credited (steps from before the window, a step time valued too slow), shown
+        rather than clipped."""
+        over = []
+        for name in self.islands:
+            useful, allocated = self.useful_seconds(name, now), self.allocated_seconds(name, now)
+            if useful is not None and useful > allocated * (1 + OVERCREDIT_TOLERANCE) + 1e-9:
+                over.append(name)
+        return over
 
     def goodput(self, now: float) -> float | None:
         """Useful / allocated island-seconds of the run (None if unknown or nothing allocated)."""
@@ -312,8 +356,10 @@ class RunAccounting:
         return statistics.median(gaps) if gaps else None
 
     def snapshot(self, now: float, theta: float | None = None) -> dict:
-        """Every figure at `now`, per run and per island; uptime is None without `theta`."""
+        """Every figure at `now`, per run and per island (`overcredited`: the islands
+        credited above their allocation, a bug shown); uptime is None without `theta`."""
         islands, lost = {}, dict.fromkeys(LOST_CAUSES, 0.0)
+        over = self.overcredited(now)
         for name, state in self.islands.items():
             allocated, useful = self.allocated_seconds(name, now), self.useful_seconds(name, now)
             island_lost = dict(state.lost)  # and the merged steps rollback took back:
@@ -326,6 +372,7 @@ class RunAccounting:
                 "useful_steps": state.useful_steps, "step_time_s": self.step_time(name),
                 "rolled_back_steps": state.rolled_back_steps, "lost_s": island_lost,
                 "in_run": state.windows[-1][1] is None and self.end is None,
+                "overcredited": name in over,
             }
         useful = self._total_useful(now)
         allocated = sum(i["allocated_s"] for i in islands.values())
@@ -335,6 +382,7 @@ class RunAccounting:
             "goodput": None if useful is None or allocated == 0 else useful / allocated,
             "lost_s": lost, "unattributed_s": None if useful is None
             else allocated - useful - sum(lost.values()),
+            "overcredited": over,
             "merges": len(self.entries), "merge_events": len(self._marks(None)),
             "startup_s": self.startup_seconds(now),
             "islands": islands, "theta_s": theta,

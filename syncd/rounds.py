@@ -337,7 +337,7 @@ class Rounds:
         self.publish(p, result.tokens, done)
         self.keepalive()
         self.accounting.merged_round(result.weights, result.inner_steps, now, fragment=p,
-                                     version=result.version)
+                                     version=result.version, seqs=result.seqs)
         self.last_merge[p] = {"version": result.version, "weights": result.weights,
                               "reason": reason, "dropped": result.dropped_stale}
         # From the pass that read the update closing the round to the merge committed.

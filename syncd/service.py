@@ -107,6 +107,20 @@ class RunSync:
         versions = store.versions()
         if versions or not self.recovery.fall_back_to_checkpoint(self.rounds):
             self.rounds.restore(versions)
+        self._take_over(store.heartbeats())
+        self.overcredited: set[str] = set()  # islands a warning was logged for
+
+    def _take_over(self, heartbeats: dict[str, dict[str, Any]]) -> None:
+        """This syncd's accounting starts now, and a run that was training (another
+        syncd's, or this one's before a restart) has updates in flight: per island and
+        fragment, the steps up to the larger of the seq handled and the island's last
+        heartbeat step were trained before, and no merge credits them."""
+        for island in self.accounting.islands:
+            step = int((heartbeats.get(island) or {}).get("step", 0))
+            for p in range(len(self.rounds.fragments)):
+                before = max(int(self.rounds.sync.handled[p].get(island, 0)), step, 0)
+                if before:
+                    self.accounting.trained_before(island, before, fragment=p)
 
     # -- one pass ------------------------------------------------------------
 
@@ -210,11 +224,22 @@ class RunSync:
         """Keep a status snapshot in Redis and in the history, and push it."""
         status = finite(self.status(now))
         self.last_status = status
+        self._warn_overcredited(status)
         seq = self.store.put_status(status)
         self.recorder.metric(status, now)
         self._record_progress(status)
         if self.notify:
             self.notify(self.store.run_id, seq, status)
+
+    def _warn_overcredited(self, status: dict[str, Any]) -> None:
+        """An island credited above its allocation is a bug in the figures: logged once
+        per island, and the status says so (`overcredited`)."""
+        new = set(status["overcredited"]) - self.overcredited
+        if new:
+            log.warning("run %s: islands %s were credited more useful seconds than they "
+                        "were allocated; their goodput is above 1", self.store.run_id,
+                        ", ".join(sorted(new)))
+            self.overcredited |= new
 
     def _record_progress(self, status: dict[str, Any]) -> None:
         """Tokens merged, outer steps and progress (tokens / budget, at most 1) of a

@@ -24,7 +24,8 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
     """Per island state, active fault, tokens, tokens/s, version lag, bytes (real and
     as emulated) and its WAN link to syncd (see `link`, against the `previous` status);
     per fragment arrivals/K, grace left and the last merge; the run's versions,
-    goodput, uptime, train and eval loss (`eval_loss`, of the model with
+    goodput (with `overcredited`: the islands credited above their allocation, a bug
+    shown, not clipped), uptime, train and eval loss (`eval_loss`, of the model with
     `eval_tokens` merged)."""
     config, sync, alive = spec.config, rounds.sync, liveness.alive
     newest = max(sync.versions)
@@ -60,12 +61,14 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
     for name, island_figures in figures["islands"].items():
         if name in islands:
             islands[name]["goodput"] = island_figures["goodput"]
+            islands[name]["overcredited"] = island_figures["overcredited"]
             islands[name]["fault"] = liveness.faults.get(name, "none")
     before = (previous or {}).get("islands", {})
     for name, island in islands.items():
         island["link"] = link(island, before.get(name))
     return {"run": run_id, "time": now, "live_islands": alive,
-            "goodput": figures["goodput"], "uptime": figures["uptime"],
+            "goodput": figures["goodput"], "overcredited": figures["overcredited"],
+            "uptime": figures["uptime"],
             "train_loss": median([i["loss"] for i in islands.values()
                                   if i["loss"] is not None and i["state"] == "training"]),
             "startup_s": figures["startup_s"], "theta_s": figures["theta_s"],

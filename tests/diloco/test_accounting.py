@@ -380,15 +380,47 @@ def test_a_step_time_window_below_one_is_refused():
         RunAccounting(["a"], 0.0, step_time_window=0)
 
 
-def test_work_carried_in_from_before_the_window_counts_at_most_the_window():
-    # A syncd that started its accounting anew at t = 100 merges, at t = 104, an update of
-    # 20 one-second steps: 16 of them were trained before its window began.
+def test_an_island_dead_for_19_of_20_s_after_a_takeover_reads_goodput_one_twentieth():
+    # A syncd takes the run over at t = 100; island a's last heartbeat says step 195 and
+    # its update of steps 1-200 (0.1 s each) was in flight. It trains 10 steps more, to
+    # 205, and dies at 101 with steps 201-205 unsent. Only steps 196-200 were trained
+    # in the window and merged: 0.5 s of the 20 allocated.
     acct = RunAccounting(["a"], 100.0)
+    acct.trained_before("a", 195)
+    acct.observe_step_time("a", 0.1, faulted=False, steps=200)
+    acct.merged("a", 200, 1.0, 100.5, seq=200)
+
+    assert acct.useful_seconds("a", 120.0) == pytest.approx(0.5)
+    assert acct.goodput(120.0) == pytest.approx(0.5 / 20)
+    assert acct.overcredited(120.0) == []
+
+
+def test_steps_are_credited_past_the_larger_of_each_fragments_handled_seq_and_the_beat():
+    acct = RunAccounting(["a"], 0.0, fragments=2)
+    acct.observe_step_time("a", 1.0, faulted=False)
+    acct.trained_before("a", 90)  # its last heartbeat
+    acct.trained_before("a", 96, fragment=1)  # fragment 1's handled seq
+    acct.merged("a", 10, 1.0, 1.0, fragment=0, seq=100)  # steps 91-100: all 10 after 90
+    acct.merged("a", 10, 1.0, 1.0, fragment=1, seq=100)  # 4 after 96
+    acct.merged("a", 10, 1.0, 2.0, fragment=1, seq=110)  # all 10
+
+    assert acct.islands["a"].useful_steps == pytest.approx((10 + 4 + 10) / 2)
+    assert acct.rollback(1.5, 3.0) == pytest.approx(10 / 2)  # what was credited
+
+
+def test_an_island_credited_above_its_allocation_is_reported_not_clipped():
+    # An update of 20 one-second steps merged 4 s into the window, with nothing saying
+    # they were trained before it: credited in full, and reported.
+    acct = RunAccounting(["a", "b"], 100.0)
     acct.observe_step_time("a", 1.0, faulted=False, steps=20)
     acct.merged("a", 20, 1.0, 104.0)
 
-    assert acct.useful_seconds("a", 104.0) == pytest.approx(4.0)
-    assert acct.goodput(104.0) == pytest.approx(1.0)
-    assert acct.useful_seconds("a", 200.0) == pytest.approx(20.0)  # once the window holds it
-    assert acct.snapshot(104.0)["islands"]["a"]["goodput"] == pytest.approx(1.0)
+    assert acct.useful_seconds("a", 104.0) == pytest.approx(20.0)
+    assert acct.overcredited(104.0) == ["a"]
+    snap = acct.snapshot(104.0)
+    assert snap["islands"]["a"]["goodput"] == pytest.approx(5.0)
+    assert snap["islands"]["a"]["overcredited"] and not snap["islands"]["b"]["overcredited"]
+    assert snap["overcredited"] == ["a"]
+    assert snap["goodput"] == pytest.approx(20.0 / 8.0)
+    assert acct.overcredited(200.0) == []
 

@@ -202,3 +202,63 @@ def test_a_stop_saves_and_ends_the_run_even_when_the_final_evaluation_fails(
     assert run.checkpoints.count() == 1
     failed = Event.objects.get(run=run, kind="evaluation_failed")
     assert "corpus.txt is not on syncd's host" in failed.detail["error"]
+
+
+def beat_step(sync, island: str, time: float, step: int) -> None:
+    beat = {"epoch": 1, "time": time, "step": step, "tokens": step * TOKENS_PER_STEP,
+            "state": "training"}
+    sync.store.client.hset(sync.store.key("heartbeats"), island, json.dumps(beat))
+
+
+def test_a_syncd_that_takes_a_run_over_credits_only_the_steps_trained_since(
+        run_sync, tmp_path, caplog):
+    from syncd.service import RunSync
+    from webapp.runs.records import DatabaseRecorder
+
+    # At 1000 a new syncd takes the run over: both islands' last heartbeats say step 395
+    # and their updates of fragment 0, steps 1-400, are in flight. Island a then dies;
+    # b trains on at 0.1 s a step.
+    for island in ("a", "b"):
+        beat_step(run_sync, island, 1000.0, 395)
+        send(run_sync, island, 0, 400, steps=400)
+    clock = {"now": 1000.0}
+    again = RunSync(run_sync.store, DatabaseRecorder(run_sync.recorder.run_id), tmp_path,
+                    clock=lambda: clock["now"], control_every_s=0.0)
+    clock["now"] = 1000.5
+    again.tick()
+    assert again.rounds.sync.versions[0] == 1
+    clock["now"] = 1001.5
+    beat_step(run_sync, "b", 1001.5, 410)
+    send(run_sync, "b", 0, 410, steps=10, base_version=1)
+    again.tick()
+
+    status = again.status(1020.0)
+    # a: steps 396-400 of one fragment of two, 2.5 steps at 0.1 s, out of 20 s; on the
+    # old clipped count, 200 steps' worth (20 s) read goodput 1.
+    assert status["islands"]["a"]["goodput"] == pytest.approx(2.5 * 0.1 / 20)
+    assert status["overcredited"] == []
+    assert not status["islands"]["a"]["overcredited"]
+
+
+def test_an_island_credited_above_its_allocation_is_flagged_in_the_status_and_logged(
+        run_sync, caplog):
+    # Nothing tells this syncd that the 400 steps were trained before it took the run:
+    # 200 steps' worth at 0.1 s a step is 20 s, credited in 4 s of allocation.
+    for island in ("a", "b"):
+        send(run_sync, island, 0, 4, steps=4)
+    run_sync.tick()
+    run_sync.clock_state["now"] = 1000.4
+    for island in ("a", "b"):
+        beat_step(run_sync, island, 1000.4, 8)
+        send(run_sync, island, 1, 400, steps=400)
+    run_sync.tick()
+    run_sync.accounting.observe_step_time("a", 0.1, faulted=False, steps=100)
+    run_sync.clock_state["now"] = 1004.0
+    run_sync.next_status = 0.0
+    run_sync.tick()
+
+    status = run_sync.store.status()
+    assert "a" in status["overcredited"] and status["islands"]["a"]["overcredited"]
+    assert status["islands"]["a"]["goodput"] > 1
+    assert any("credited more useful seconds than they were allocated" in r.message
+               for r in caplog.records)
