@@ -6,15 +6,17 @@ back, valued at the island's fault-free seconds per step measured in the same
 run. Allocated: every island slot from run start to run end, whatever its state;
 only a user's pause is left out. Uptime: the share of the time after start-up
 (the run's start to its first merge) in which the global model advances: per
-fragment, a gap between its successive merges counts as down when it exceeds
-theta = 2 x the fragment's cadence (H inner steps at the step time of the K-th
-fastest island); the run's uptime is the mean over its fragments. Pure: no
+a gap between successive merges of any fragment (the global model advancing) counts
+as down when it exceeds theta, at least twice a fragment's cadence (H inner steps
+at the step time of the K-th fastest island), judged against the largest theta in
+force while it was open. Pure: no
 Django, Celery, Redis or clock; every method takes `now` in seconds on the
 caller's clock (syncd's or a virtual one).
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import statistics
@@ -38,26 +40,50 @@ def fragment_cadence(step_times: Iterable[float | None], inner_steps: int,
     return inner_steps * times[min(min_quorum, len(times)) - 1] if times else None
 
 
-def uptime_theta(cadence_s: float) -> float:
-    """theta for `uptime`: twice a fragment's cadence (fragment_cadence)."""
-    return 2.0 * _seconds("cadence_s", cadence_s, positive=True)
+def uptime_theta(cadence_s: float, *, round_trip_s: float = 0.0, tick_s: float = 0.0
+                 ) -> float:
+    """theta for `uptime`: twice a fragment's cadence (fragment_cadence), and never less
+    than twice what one merge needs whatever the step time: a fragment's round trip
+    (its upload and the globals' download) and syncd's tick (a pass of its loop, whose
+    status, evaluation or flush work delays the merge that comes due during it)."""
+    cadence_s = _seconds("cadence_s", cadence_s, positive=True)
+    needs = _seconds("round_trip_s", round_trip_s) + _seconds("tick_s", tick_s)
+    return 2.0 * max(cadence_s, needs)
 
 
 def uptime_from_marks(fragment_marks: Iterable[Iterable[float]], startup_s: float,
-                      wall_s: float, theta: float) -> float | None:
-    """1 - the mean over fragments of (the gaps longer than `theta` between the end of
-    start-up, each of the fragment's merge marks and `wall_s`) / (`wall_s` - start-up).
-    Marks are seconds of wall time since the run's start; None while in start-up."""
+                      wall_s: float, theta: float,
+                      thetas: Iterable[tuple[float, float]] = ()) -> float | None:
+    """1 - (the gaps between the end of start-up, each merge mark of any fragment and
+    `wall_s` that were longer than their theta) / (`wall_s` - start-up): down is only
+    where the global model stopped advancing, a slowdown of one fragment is not.
+
+    A gap's theta is the largest in force while it was open: of `thetas`, the (wall
+    second, theta) noted as the run went (RunAccounting.note_theta), the one noted last
+    at or before its start and every one noted within it, and `theta` as the one in
+    force at `wall_s`; a gap that saw no theta takes the first noted after it. So a
+    slowdown that raised theta while it lasted stays up once theta falls back. Marks
+    are seconds of wall time since the run's start; None while in start-up."""
     theta, wall_s = _seconds("theta", theta, positive=True), _seconds("wall_s", wall_s)
     startup_s = _seconds("startup_s", startup_s)
     if wall_s <= startup_s:
         return None
-    downs = []
-    for marks in fragment_marks:
-        points = [startup_s, *sorted(m for m in marks if startup_s < m <= wall_s), wall_s]
-        downs.append(sum(g for g in (b - a for a, b in itertools.pairwise(points))
-                         if g > theta))
-    return 1.0 - statistics.fmean(downs) / (wall_s - startup_s) if downs else 1.0
+    notes = sorted((t, _seconds("theta", th, positive=True)) for t, th in thetas
+                   if t < wall_s)
+    notes.append((wall_s, theta))
+    marks = sorted({m for fragment in fragment_marks for m in fragment
+                    if startup_s < m <= wall_s})
+    points = [startup_s, *marks, wall_s]
+    down, first = 0.0, 0  # notes[first]: the last noted at or before the gap's start
+    for a, b in itertools.pairwise(points):
+        while first + 1 < len(notes) and notes[first + 1][0] <= a:
+            first += 1
+        last = bisect.bisect_right(notes, b, key=lambda note: note[0])
+        in_force = notes[first:last] if notes[first][0] <= a or last > first \
+            else notes[first:first + 1]
+        if b - a > max(th for _, th in in_force):
+            down += b - a
+    return 1.0 - down / (wall_s - startup_s)
 
 
 def _seconds(name: str, value: float, *, positive: bool = False) -> float:
@@ -103,8 +129,8 @@ class RunAccounting:
     island's), never at its own report. Not the median: under bursty load short
     samples outnumber long ones and the median undervalues every step. A user's pause is left
     out of allocation, gaps and wall time. Start-up, from the run's start to its first
-    merge, is a figure of its own and no part of uptime; after it, each fragment's open
-    gap counts up to `now` once it exceeds theta.
+    merge, is a figure of its own and no part of uptime; after it, the open gap since
+    the last merge of any fragment counts up to `now` once it exceeds theta.
 
     Useful seconds are credited, never clipped: only steps trained inside the window
     count (`trained_before` names the steps a taken-over run trained earlier), and an
@@ -133,6 +159,7 @@ class RunAccounting:
         self.pauses: list[list[float | None]] = []  # [paused, resumed or None]
         self.entries: list[MergeEntry] = []
         self.first_merge: float | None = None  # ends start-up; a rollback keeps it
+        self.thetas: list[tuple[float, float]] = []  # (wall second, theta) as noted
         for island in islands:
             self.add_island(island, self.start)
 
@@ -321,19 +348,27 @@ class RunAccounting:
         return fragment_cadence([self.step_time(name) for name in in_run], inner_steps,
                                 min(min_quorum, max(len(in_run), 1)))
 
+    def note_theta(self, now: float, theta: float) -> None:
+        """`theta` is in force at `now`: every gap open at `now` is judged against at
+        least it, whatever theta is later (a slowdown that raised it stays up)."""
+        theta, wall = _seconds("theta", theta, positive=True), self.wall_seconds(now)
+        if not self.thetas or self.thetas[-1][1] != theta:
+            self.thetas.append((wall, theta))
+
     def uptime(self, now: float, theta: float, *, fragment: int | None = None
                ) -> float | None:
         """The share of the time since start-up in which the global model advanced
-        (uptime_from_marks), over every fragment or over `fragment` alone; None while
-        the run is in start-up."""
+        (uptime_from_marks; a merge of any fragment advances it, or of `fragment` alone
+        with it), with `theta` noted as in force at `now` (note_theta); None while the
+        run is in start-up."""
+        self.note_theta(now, theta)
         marks = self.fragment_marks()
         if fragment is not None:
             marks = [marks[fragment]]
         if self.first_merge is None:
-            _seconds("theta", theta, positive=True)
             return None
         return uptime_from_marks(marks, self.startup_seconds(now), self.wall_seconds(now),
-                                 theta)
+                                 theta, self.thetas)
 
     def fragment_marks(self) -> list[list[float]]:
         """Per fragment, the distinct times its merges still standing were published,

@@ -277,18 +277,45 @@ def test_a_pause_is_left_out_of_merge_gaps_and_wall_time():
     assert acct.uptime(51.0, theta=2.0) == 1.0
 
 
-def test_uptime_is_the_mean_over_fragments_of_each_fragments_own_gaps():
+def test_uptime_falls_only_while_no_fragment_merges():
     acct = RunAccounting(["a"], 0.0, fragments=2)
     acct.observe_step_time("a", 1.0, faulted=False)
-    merge_every(acct, "a", 1.0, 10.0, steps=1, fragment=0)
+    merge_every(acct, "a", 1.0, 5.0, steps=1, fragment=0)
     acct.merged("a", 1, 0.5, 1.5, fragment=1)
     acct.merged("a", 1, 0.5, 9.0, fragment=1)
 
-    # Start-up ends at 1 s; fragment 1 is down from 1.5 to 9 (7.5 s of 9 s after it).
-    assert acct.uptime(10.0, theta=2.0, fragment=0) == 1.0
+    # Start-up ends at 1 s; fragment 1 alone is slow from 1.5 to 9, while fragment 0
+    # goes on merging until 5: the global model stood still from 5 to 9 only.
+    assert acct.uptime(10.0, theta=2.0, fragment=0) == pytest.approx(1 - 5 / 9)
     assert acct.uptime(10.0, theta=2.0, fragment=1) == pytest.approx(1 - 7.5 / 9)
-    assert acct.uptime(10.0, theta=2.0) == pytest.approx(1 - 7.5 / 9 / 2)
+    assert acct.uptime(10.0, theta=2.0) == pytest.approx(1 - 4 / 9)
     assert acct.median_merge_gap(fragment=0) == pytest.approx(1.0)
+
+
+def test_a_slowdown_that_raised_theta_while_it_lasted_stays_up_once_theta_falls_back():
+    acct = accounting("a")
+    # Merges every second (theta 2 s), then every 3 s while one island cold-starts
+    # beside the others and their steps are measured slower (theta 6 s), then every
+    # second again.
+    merge_every(acct, "a", 1.0, 10.0, steps=1)
+    assert acct.uptime(10.0, theta=2.0) == 1.0
+    for t in (13.0, 16.0, 19.0, 22.0):
+        assert acct.uptime(t - 1.0, theta=6.0) == 1.0
+        acct.merged("a", 1, 0.5, t)
+    merge_every(acct, "a", 1.0, 30.0, steps=1, first=23.0)
+
+    assert acct.uptime(30.0, theta=2.0) == 1.0
+    # A stall is still down: no merge from 30 to 40, against theta 2 s.
+    assert acct.uptime(40.0, theta=2.0) == pytest.approx(1 - 10 / 39)
+
+
+def test_a_gap_that_saw_no_theta_noted_is_judged_against_the_next_one():
+    assert uptime_from_marks([[1.0, 2.0, 8.0]], 1.0, 10.0, 1.0, thetas=[(9.0, 7.0)]) \
+        == 1.0
+    assert uptime_from_marks([[1.0, 2.0, 8.0]], 1.0, 10.0, 1.0, thetas=[(1.5, 7.0)]) \
+        == 1.0  # in force from 1.5 on: at the start of the gap 2 -> 8
+    assert uptime_from_marks([[1.0, 2.0, 8.0]], 1.0, 10.0, 1.0,
+                             thetas=[(1.5, 7.0), (1.8, 1.0)]) == pytest.approx(1 - 8 / 9)
 
 
 def test_a_fragments_cadence_is_h_steps_at_the_kth_fastest_islands_step_time():
@@ -301,6 +328,14 @@ def test_a_fragments_cadence_is_h_steps_at_the_kth_fastest_islands_step_time():
     assert acct.cadence(inner_steps=10, min_quorum=1) == pytest.approx(5.0)
     assert acct.cadence(inner_steps=10, min_quorum=2) == pytest.approx(10.0)
     assert uptime_theta(acct.cadence(10, 2)) == pytest.approx(20.0)
+
+
+def test_theta_is_never_below_twice_a_merges_round_trip_and_syncds_tick():
+    # Steps of 2 ms at H = 10 are due every 20 ms; a merge needs a 30 ms round trip of
+    # its fragment and a pass of syncd's loop, which status work makes 50 ms long.
+    assert uptime_theta(0.02) == pytest.approx(0.04)
+    assert uptime_theta(0.02, round_trip_s=0.03, tick_s=0.05) == pytest.approx(0.16)
+    assert uptime_theta(5.0, round_trip_s=0.03, tick_s=0.05) == pytest.approx(10.0)
 
 
 def test_uptime_from_marks_is_what_the_accounting_says():

@@ -262,3 +262,39 @@ def test_an_island_credited_above_its_allocation_is_flagged_in_the_status_and_lo
     assert status["islands"]["a"]["goodput"] > 1
     assert any("credited more useful seconds than they were allocated" in r.message
                for r in caplog.records)
+
+
+def drive_tiny_run(sync, until: float, *, islands=("a", "b"), step_s: float = 0.005,
+                   pass_s: float = 0.005, status_pass_s: float = 0.06) -> None:
+    """Islands of 5 ms steps (H = 4, P = 2: each sends one fragment every 2 steps), and
+    syncd's passes 5 ms apart but 60 ms for the one that writes the status."""
+    clock = sync.clock_state
+    step = {island: int((clock["now"] - 1000.0) / step_s) for island in islands}
+    while clock["now"] < until:
+        for island in islands:
+            while (step[island] + 1) * step_s <= clock["now"] - 1000.0:
+                step[island] += 1
+                seq = step[island]
+                if seq % 2 == 0:
+                    p = (seq // 2) % 2
+                    send(sync, island, p, seq, steps=min(4, seq),
+                         base_version=sync.rounds.sync.versions[p])
+                    beat_step(sync, island, clock["now"], seq)
+        due = clock["now"] >= sync.next_status
+        sync.tick()
+        clock["now"] += status_pass_s if due else pass_s
+
+
+def test_a_fault_free_run_of_a_tiny_model_reads_healthy_and_a_stall_reads_down(run_sync):
+    # Fragments are due every 20 ms (theta 40 ms on the step times alone); every status
+    # pass of syncd's holds merges up for 60 ms.
+    drive_tiny_run(run_sync, 1003.0)
+    healthy = run_sync.status(run_sync.clock_state["now"])
+    assert healthy["versions"][0] > 50
+    assert healthy["uptime"] >= 0.99
+    assert healthy["theta_s"] >= 2 * 0.06
+
+    # b stops: without a quorum of 2 nothing merges for 5 s.
+    drive_tiny_run(run_sync, 1008.0, islands=("a",))
+    stalled = run_sync.status(run_sync.clock_state["now"])
+    assert stalled["uptime"] < 0.5
