@@ -111,17 +111,18 @@ def test_a_step_time_sample_needs_whole_steps():
         RunAccounting(["a"], 0.0).observe_step_time("a", 1.0, faulted=False, steps=0)
 
 
-def test_an_island_without_fault_free_steps_is_valued_at_the_median_over_all_islands():
+def test_an_island_without_fault_free_steps_is_valued_at_the_mean_over_all_islands():
     acct = RunAccounting(["a", "b", "c"], 0.0)
     acct.observe_step_time("a", 1.0, faulted=False)
-    acct.observe_step_time("b", 3.0, faulted=False)
-    acct.observe_step_time("b", 5.0, faulted=False)
-    acct.observe_step_time("c", 9.0, faulted=True)
+    acct.observe_step_time("b", 2.0, faulted=False)
+    acct.observe_step_time("b", 9.0, faulted=False)
+    acct.observe_step_time("c", 20.0, faulted=True)
     acct.merged("c", 10, 1.0, 50.0)
 
-    assert acct.step_time("b") == pytest.approx(4.0)
-    assert acct.step_time("c") == pytest.approx(3.0)  # median of 1, 3, 5
-    assert acct.useful_seconds("c", 50.0) == pytest.approx(30.0)
+    assert acct.step_time("b") == pytest.approx(5.5)
+    # The step-weighted mean of 1, 2 and 9 s is 4 s; their median would be 2 s.
+    assert acct.step_time("c") == pytest.approx(4.0)
+    assert acct.useful_seconds("c", 50.0) == pytest.approx(40.0)
 
 
 def test_goodput_is_unknown_while_no_fault_free_step_time_was_observed():

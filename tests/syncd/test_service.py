@@ -240,6 +240,34 @@ def test_a_syncd_that_takes_a_run_over_credits_only_the_steps_trained_since(
     assert not status["islands"]["a"]["overcredited"]
 
 
+def test_the_benchmarks_revalued_goodput_of_a_taken_over_run_is_at_most_one(
+        run_sync, tmp_path):
+    from bench.goodput_report import revalued_goodput
+    from syncd import outcome
+    from syncd.service import RunSync
+    from webapp.runs.records import DatabaseRecorder
+
+    # As above, and the run ends 10 s after the takeover: bench goodput values each
+    # island's useful steps of the outcome at one clock. They were 200 steps each
+    # (40 s in 20 s allocated, 2.0) while syncd's clipped goodput read 1.
+    for island in ("a", "b"):
+        beat_step(run_sync, island, 1000.0, 395)
+        send(run_sync, island, 0, 400, steps=400)
+    clock = {"now": 1000.0}
+    again = RunSync(run_sync.store, DatabaseRecorder(run_sync.recorder.run_id), tmp_path,
+                    clock=lambda: clock["now"], control_every_s=0.0)
+    clock["now"] = 1000.5
+    again.tick()
+    again.accounting.observe_step_time("a", 0.1, faulted=False, steps=10)
+    out = outcome.finish(again.accounting, again.spec, 1010.0, tokens_merged=0,
+                         eval_loss=None, versions=[1, 0])
+
+    useful = {name: island["useful_steps"] for name, island in out["islands"].items()}
+    value = revalued_goodput(useful, {"a": 0.1, "b": 0.1}, out["allocated_s"])
+    assert value <= 1
+    assert value == pytest.approx(out["goodput"])
+
+
 def test_an_island_credited_above_its_allocation_is_flagged_in_the_status_and_logged(
         run_sync, caplog):
     # Nothing tells this syncd that the 400 steps were trained before it took the run:
