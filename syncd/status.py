@@ -60,7 +60,7 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
                           if decision.deadline else None,
                           "waiting": decision.reason, "last_merge": rounds.last_merge[p]})
     figures = accounting.snapshot(now, theta(
-        accounting, spec, pace=rounds.step_time,
+        accounting, spec, pace=pace(spec, liveness.tokens_per_s),
         round_trip_s=rounds.round_stats().sync_time_s, tick_s=tick_s))
     for name, island_figures in figures["islands"].items():
         if name in islands:
@@ -107,13 +107,22 @@ def link(island: dict[str, Any], before: dict[str, Any] | None) -> dict[str, Any
     return {"state": link_state(island["state"], island.get("fault", "none")), **carried}
 
 
+def pace(spec: RunSpec, tokens_per_s: Mapping[str, float]) -> dict[str, float]:
+    """Each island's seconds per inner step now, from the tokens per second of its
+    heartbeats (Liveness.tokens_per_s, over about a second): how fast it trains while
+    a merge is awaited, which its updates tell only once they arrive."""
+    config = spec.config
+    return {i.name: i.batch_size * config.model.block_size / tokens_per_s[i.name]
+            for i in config.islands if tokens_per_s.get(i.name, 0.0) > 0}
+
+
 def theta(accounting: RunAccounting, spec: RunSpec, *,
           pace: Mapping[str, float] | None = None, round_trip_s: float = 0.0,
           tick_s: float = 0.0) -> float | None:
     """Uptime's theta: twice a fragment's cadence, H steps at the step time of the K-th
     fastest island (elastic: the slowest, the barrier waits for every island), at the
     fault-free step times or, when the islands go slower now, at their `pace` (each
-    one's latest measured step time, Rounds.step_time): a slowdown is not a stall.
+    one's seconds per step now, `pace`): a slowdown is not a stall.
     Never less than twice a fragment's `round_trip_s` and syncd's `tick_s`
     (uptime_theta); None before any fault-free step time is known."""
     config = spec.config

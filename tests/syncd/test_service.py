@@ -326,3 +326,38 @@ def test_a_fault_free_run_of_a_tiny_model_reads_healthy_and_a_stall_reads_down(r
     drive_tiny_run(run_sync, 1008.0, islands=("a",))
     stalled = run_sync.status(run_sync.clock_state["now"])
     assert stalled["uptime"] < 0.5
+
+
+def test_a_run_that_merges_on_while_an_island_cold_starts_beside_the_others_reads_up(
+        redis_url, tmp_path):
+    # Three islands of 0.1 s steps, K = 2, one fragment due every H = 4 steps: merges
+    # every 0.4 s, theta 0.8 s. At 1020 c is lost and cold-starts beside a and b, which
+    # go at 0.3 s a step while it loads: merges every 1.2 s, until 1026.
+    config = {**CONFIG, "sync": {**CONFIG["sync"], "fragments": 1},
+              "islands": [*CONFIG["islands"],
+                          {"name": "c", "region": "us-east", "batch_size": 2}]}
+    sync = make_run_sync(redis_url, tmp_path, "decoupled", config)
+    sync.store.set_epoch("c", 1)
+    clock = sync.clock_state
+    steps = dict.fromkeys("abc", 0)
+    trained = dict.fromkeys("abc", 0.0)  # seconds of training so far
+    while clock["now"] < 1046.0:
+        now = clock["now"]
+        slow = 1020.0 <= now < 1026.0
+        for island in ("a", "b") if now >= 1020.0 else ("a", "b", "c"):
+            trained[island] += 0.1 / (3 if slow else 1)
+            while (steps[island] + 1) * 0.1 <= trained[island] + 1e-9:
+                steps[island] += 1
+                if steps[island] % 4 == 0:
+                    send(sync, island, 0, steps[island],
+                         base_version=sync.rounds.sync.versions[0])
+            beat_step(sync, island, now, steps[island])
+        if now == 1020.0:
+            sync.store.report_death("c", 1, -9, at=now)
+        sync.tick()
+        clock["now"] = round(now + 0.1, 3)
+
+    status = sync.status(clock["now"])
+    assert sync.liveness.lost == {"c"}
+    assert status["versions"][0] > 80
+    assert status["uptime"] == pytest.approx(1.0)

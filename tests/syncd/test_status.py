@@ -9,7 +9,7 @@ import pytest
 from diloco.accounting import RunAccounting
 from diloco.config import parse_config
 from syncd.service import PassTimes
-from syncd.status import link, link_state, theta
+from syncd.status import link, link_state, pace, theta
 
 SPEC = SimpleNamespace(elastic=False, config=parse_config({
     "sync": {"inner_steps": 10, "fragments": 2, "min_quorum": 2},
@@ -92,3 +92,9 @@ def test_syncds_tick_is_the_typical_seconds_longest_pass_not_a_one_off_hang():
 
     assert passes.tick_s == pytest.approx(0.08, abs=0.006)
     assert PassTimes().tick_s == 0.0
+
+
+def test_an_islands_pace_is_its_seconds_a_step_from_its_heartbeats_tokens_per_second():
+    # An inner step is a batch of batch_size x block_size tokens.
+    tokens = SPEC.config.islands[0].batch_size * SPEC.config.model.block_size
+    assert pace(SPEC, {"a": tokens / 0.25, "b": 0.0}) == {"a": pytest.approx(0.25)}
