@@ -94,6 +94,10 @@ class Rounds:
         self.restart_versions = [0] * len(fragments)  # published by the last restart
         self.step_time: dict[str, float] = {}
         self.last_update: dict[tuple[str, int], tuple[float, int, int]] = {}  # time, seq, epoch
+        # Elastic: each island's barrier waits booked as lost so far, and their total at
+        # its last update of each fragment: a step time counts them once, as lost.
+        self.waited: Counter[str] = Counter()
+        self.waited_at: dict[tuple[str, int], float] = {}
         self.last_merge: list[dict[str, Any]] = [{} for _ in fragments]
 
     # -- state in Redis --------------------------------------------------------
@@ -244,11 +248,15 @@ class Rounds:
                 and now > previous[0]:
             steps = ref.seq - previous[1]
             self.step_time[ref.island] = (now - previous[0]) / steps
-            self.accounting.observe_step_time(ref.island, self.step_time[ref.island],
-                                              faulted=liveness.disturbed_since(
-                                                  ref.island, previous[0]),
-                                              steps=steps)
+            training = now - previous[0] - (self.waited[ref.island]
+                                            - self.waited_at.get((ref.island, p), 0.0))
+            if training > 0:
+                self.accounting.observe_step_time(ref.island, training / steps,
+                                                  faulted=liveness.disturbed_since(
+                                                      ref.island, previous[0]),
+                                                  steps=steps)
         self.last_update[(ref.island, p)] = (now, ref.seq, ref.epoch)
+        self.waited_at[(ref.island, p)] = self.waited[ref.island]
 
     def _reject(self, ref: UpdateRef, reason: str) -> None:
         """Refuse a verified update of the island it names (and settle its seq)."""
@@ -340,6 +348,7 @@ class Rounds:
         self.excused[p].clear()
         if self.spec.elastic:
             for island, seconds in self.barrier_waits(p, now).items():
+                self.waited[island] += seconds
                 if island in self.accounting.islands:
                     self.accounting.lost(island, seconds, "barrier_wait")
         outer_steps = self.sync.outer_steps
@@ -355,7 +364,7 @@ class Rounds:
         self.publish(p, result.tokens, done)
         self.keepalive()
         self.accounting.merged_round(result.weights, result.inner_steps, now, fragment=p,
-                                     version=result.version)
+                                     version=result.version, seqs=result.seqs)
         self.last_merge[p] = {"version": result.version, "weights": result.weights,
                               "reason": reason, "dropped": result.dropped_stale}
         # From the pass that read the update closing the round to the merge committed.
