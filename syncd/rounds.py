@@ -154,15 +154,15 @@ class Rounds:
         """Commit fragment p's newest version; `done` are the updates it took in (or
         threw away), whose messages go in the same transaction."""
         version = self.sync.versions[p]
-        diff = None
+        difference = None
         history = self.sync.history[p]
         if history and history[-1].version == version:  # a lossy downlink's difference
             published = history[-1]
             meta = {"run": self.store.run_id, "fragment": p, "version": version,
                     "base_version": version - 1, "codec": published.codec}
-            diff = encode_message("global", meta, published.payload, self.spec.secret)
+            difference = encode_message("global", meta, published.payload, self.spec.secret)
         momentum = tensorfile.dumps(self.sync.optimizers[p].state_dict())
-        self.store.publish(p, version, self._global_message(p, version), diff, momentum,
+        self.store.publish(p, version, self._global_message(p, version), difference, momentum,
                            dict(self.sync.handled[p]), result_tokens, self.kept_differences, done)
 
     def tokens_merged(self) -> int:

@@ -105,7 +105,7 @@ def test_a_deleted_run_keeps_nothing(store):
 def test_the_chaos_progress_is_kept_for_a_restarted_syncd(store):
     assert store.chaos_progress() == {}
     store.start_chaos(12.5, {"a": "us-east"})
-    store.chaos_done(3)
+    store.set_chaos_done(3)
     assert store.chaos_progress() == {"start": "12.5", "done": "3",
                                       "islands": '{"a": "us-east"}'}
 
