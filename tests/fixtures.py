@@ -1,7 +1,8 @@
-"""The fixtures that more than one folder of tests uses, in one place: users of each
-role and their signed-in clients, island tasks recorded instead of sent, the data roots
-the tests' corpora live under, the demo form's post, a manager of the one-command
-start's processes, a running run of three islands, and a whole system of its own.
+"""The fixtures that more than one folder of tests uses, in one place: users of each role
+and their signed-in clients, island tasks recorded instead of sent, the data roots the
+tests' corpora live under, a data folder of one's own, the demo form's post, a manager
+of the one-command start's processes, a running run of three islands, and a whole system
+of its own.
 
 A viewer may look; an operator (a member of the "operators" group) may create, run,
 break and heal runs; an admin (a superuser) may do everything. The users have no
@@ -12,6 +13,7 @@ A folder's conftest.py imports the ones its tests use.
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -81,6 +83,18 @@ def _data_roots(settings, tmp_path_factory):
     """The tests' runs may read corpora from the tests' temporary folders (a run a user
     creates must name a data.path inside settings.DATA_ROOTS)."""
     settings.DATA_ROOTS = [*settings.DATA_ROOTS, tmp_path_factory.getbasetemp()]
+
+
+@pytest.fixture
+def data_root(tmp_path, settings) -> Path:
+    """The only data folder, with a corpus in it and a secret beside it."""
+    root = tmp_path / "data"
+    (root / "corpus").mkdir(parents=True)
+    (root / "corpus" / "text.txt").write_text("islands " * 1000)
+    (tmp_path / "secret.txt").write_text("the password file")
+    settings.DATA_ROOTS = [root]
+    return root
+
 
 
 @pytest.fixture
