@@ -128,16 +128,6 @@ def test_the_new_run_form_takes_as_many_island_rows_as_a_run_may_have(settings):
     assert 60 + per_island * MAX_ISLANDS <= settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
 
 
-def test_a_prompt_over_its_limit_is_refused(viewer, redis_url, enqueued):
-    from webapp.runs.sampling import MAX_PROMPT_CHARS, sample
-
-    class NoCheckpoint:
-        run = None
-
-    with pytest.raises(ValueError, match=f"at most {MAX_PROMPT_CHARS} characters"):
-        sample(NoCheckpoint(), "p" * (MAX_PROMPT_CHARS + 1))
-
-
 # -- data roots -----------------------------------------------------------------------
 
 def test_a_run_a_user_creates_must_read_inside_the_data_roots(data_root, operator):
