@@ -11,7 +11,6 @@ import pytest
 from django.test import Client
 
 from diloco.config import MAX_ISLANDS, MAX_PARAMS, ConfigError, parse_config
-from webapp.api.api import MAX_BODY_BYTES
 from webapp.runs.models import RUN_NAME_MAX_LENGTH, ApiToken, Run
 from webapp.runs.services import create_run
 
@@ -83,14 +82,6 @@ def test_the_api_refuses_values_over_their_limits_with_a_message(body, key, word
     errors = errors_of_run(Client(), operator_token, **body)
 
     assert words in errors[key][0]
-
-
-def test_the_api_refuses_a_body_over_its_limit_before_reading_it(operator_token):
-    response = Client().post("/api/runs", b"{" + b" " * MAX_BODY_BYTES + b"}",
-                             content_type="application/json", **operator_token)
-
-    assert response.status_code == 413
-    assert "larger than the limit" in response.json()["errors"]["body"][0]
 
 
 def test_the_api_refuses_a_token_name_over_100_characters(viewer):
