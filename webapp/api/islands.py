@@ -29,7 +29,7 @@ def _island_out(run: Run, name: str) -> dict[str, Any]:
 def list_islands(request: HttpRequest, run_id: int) -> dict[str, Any]:
     """The run's islands with their live state, active fault, tokens and version lag."""
     run = get_run(run_id)
-    names = set(services.live_islands(run).values_list("name", flat=True))
+    names = set(run.current_islands().values_list("name", flat=True))
     return {"islands": [i for i in summary(run)["islands"] if i["name"] in names]}
 
 
@@ -107,7 +107,7 @@ def region_fault(request: HttpRequest, run_id: int, region: str,
                  body: schemas.RegionFault) -> Status:
     """A region outage: every island of the run in that region is killed."""
     run = get_run(run_id)
-    regions = sorted(set(services.live_islands(run).values_list("region", flat=True)))
+    regions = sorted(set(run.current_islands().values_list("region", flat=True)))
     if region not in regions:
         raise ApiError(404, "region", f"Run {run.pk} has no island in region {region!r} "
                                       f"(its regions: {', '.join(regions) or 'none'}).")

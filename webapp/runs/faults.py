@@ -15,14 +15,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from webapp.runs.models import Event, Island, Run
-from webapp.runs.services import (
-    RUNNING_OR_PAUSED,
-    get_island,
-    live_islands,
-    record_event,
-    require_state,
-)
+from webapp.runs.models import RUNNING_OR_PAUSED, Event, Island, Run
 from webapp.runs.stores import run_store
 
 if TYPE_CHECKING:
@@ -42,10 +35,10 @@ MAX_FAULT_SECONDS = 24 * 3600
 
 def kill_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -> Island:
     """Kill an island's process with SIGKILL, mid-step, on its own host."""
-    require_state(run, RUNNING_OR_PAUSED, "kill an island")
-    island = get_island(run, island)
+    run.require_state(RUNNING_OR_PAUSED, "kill an island")
+    island = run.get_island(island)
     run_store(run).send_command(island.name, "kill", epoch=island.epoch)
-    record_event(run, island, Event.Kind.FAULT, by, fault="kill", epoch=island.epoch)
+    island.record_event(Event.Kind.FAULT, by, fault="kill", epoch=island.epoch)
     return island
 
 
@@ -53,17 +46,17 @@ def kill_region(run: Run, region: str, by: AbstractBaseUser | None) -> list[Isla
     """A region outage: every island of the run in that region is killed, and their
     supervisors hold the deaths back (a region that has gone dark tells no one):
     syncd finds out by the heartbeat timeout, as it would of a real one."""
-    require_state(run, RUNNING_OR_PAUSED, "kill a region")
-    islands = [island for island in live_islands(run) if island.region == region]
+    run.require_state(RUNNING_OR_PAUSED, "kill a region")
+    islands = [island for island in run.current_islands() if island.region == region]
     if not islands:
-        regions = sorted({island.region for island in live_islands(run)})
+        regions = sorted({island.region for island in run.current_islands()})
         raise ValueError(f"run {run.name!r} has no island in region {region!r} "
                          f"(its regions: {', '.join(regions)})")
     store = run_store(run)
     for island in islands:
         store.send_command(island.name, "kill", epoch=island.epoch, report=False)
-        record_event(run, island, Event.Kind.FAULT, by, fault="kill", region=region,
-               epoch=island.epoch)
+        island.record_event(Event.Kind.FAULT, by, fault="kill", region=region,
+                            epoch=island.epoch)
     return islands
 
 
@@ -89,12 +82,12 @@ def inject_fault(run: Run, island: Island | str, kind: str, seconds: float,
         raise ValueError(f"seconds must be more than 0 and at most {MAX_FAULT_SECONDS}, "
                          f"got {seconds!r}")
     factor = _fault_factor(kind, factor)
-    require_state(run, (Run.State.RUNNING,), "inject a fault")
-    island = get_island(run, island)
+    run.require_state((Run.State.RUNNING,), "inject a fault")
+    island = run.get_island(island)
     until = time.time() + seconds
     run_store(run).set_fault(island.name, kind, until, factor, seconds)
-    record_event(run, island, Event.Kind.FAULT, by, fault=kind, seconds=seconds, factor=factor,
-           until=until, epoch=island.epoch)
+    island.record_event(Event.Kind.FAULT, by, fault=kind, seconds=seconds, factor=factor,
+                        until=until, epoch=island.epoch)
     return island
 
 

@@ -89,8 +89,7 @@ def run_timeline(run: Run, islands: list[str] | None = None) -> dict[str, Any]:
     """Each island's lane (webapp.runs.timeline.island_timeline), all of the run's
     islands unless `islands` names some, from its start to now (to its end once it is
     over); times in seconds since the epoch."""
-    names = islands if islands is not None else [
-        island["name"] for island in run.config.get("islands", [])]
+    names = islands if islands is not None else run.island_names()
     kept = Event.objects.filter(run=run, kind__in=TIMELINE_KINDS).order_by("-time", "-id")
     events = [{"kind": kind, "time": time.timestamp(), "island": island, "detail": detail}
               for kind, time, island, detail in

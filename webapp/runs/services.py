@@ -17,6 +17,7 @@ from trainer.queues import region_queue
 from webapp.runs.models import (
     FINAL_STATES,
     RUN_NAME_MAX_LENGTH,
+    RUNNING_OR_PAUSED,
     Checkpoint,
     Event,
     Island,
@@ -28,7 +29,6 @@ from webapp.runs.validation import check_data_path, checkpoint_misfit, memory_mi
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
-    from django.db.models import QuerySet
 
     from syncd.store import RunStore
 
@@ -110,9 +110,6 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
 # for the island supervisors, fault flags). Each service below changes the database
 # first, where a bad request is refused, and then tells the processes.
 
-RUNNING_OR_PAUSED = (Run.State.RUNNING, Run.State.PAUSED)
-
-
 def start_run(run: Run, by: AbstractBaseUser | None) -> None:
     """Start a draft run: publish its spec, give every island epoch 1 and enqueue it.
 
@@ -131,7 +128,7 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
     try:
         store = run_store(run)
         put_spec(run, store)
-        islands = list(live_islands(run))
+        islands = list(run.current_islands())
         with transaction.atomic():
             for island in islands:
                 island.epoch = 1
@@ -192,21 +189,21 @@ def rejoin_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
     The new epoch pulls the newest global fragments and resumes from the
     island's data cursor; syncd refuses updates from the older epoch from now on.
     """
-    require_state(run, RUNNING_OR_PAUSED, "rejoin an island")
-    island = get_island(run, island)
+    run.require_state(RUNNING_OR_PAUSED, "rejoin an island")
+    island = run.get_island(island)
     old_epoch = island.epoch
     store = run_store(run)
     store.send_command(island.name, "stop", epoch=old_epoch)
     asked = time.time()
     store.rejoin_requested(island.name, asked)  # syncd reports the time to train
     island = _next_epoch(run, island, store, asked)
-    record_event(run, island, Event.Kind.REJOIN, by, from_epoch=old_epoch, epoch=island.epoch)
+    island.record_event(Event.Kind.REJOIN, by, from_epoch=old_epoch, epoch=island.epoch)
     return island
 
 
 def checkpoint_now(run: Run, by: AbstractBaseUser | None) -> None:
     """Ask syncd for a checkpoint of the run at its next pass."""
-    require_state(run, RUNNING_OR_PAUSED, "checkpoint a run")
+    run.require_state(RUNNING_OR_PAUSED, "checkpoint a run")
     run_store(run).request_checkpoint()
     Event.objects.create(run=run, kind=Event.Kind.CHECKPOINT, actor=by,
                          detail={"requested": True})
@@ -219,7 +216,7 @@ def add_island(run: Run, island_config: dict[str, Any], by: AbstractBaseUser | N
         ConfigError: when the island does not fit the config (keyed "islands.N.name", ...).
         ValueError: when the run is neither a draft nor live.
     """
-    require_state(run, (Run.State.DRAFT, *RUNNING_OR_PAUSED), "add an island")
+    run.require_state((Run.State.DRAFT, *RUNNING_OR_PAUSED), "add an island")
     config = parse_config({**run.config, "islands": [*run.config["islands"], island_config]},
                           settings.REGIONS)
     new = config.islands[-1]
@@ -245,8 +242,8 @@ def remove_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
         ConfigError: when the run would be left with too few islands for its quorum.
         ValueError: when the run has no such island or is neither a draft nor live.
     """
-    require_state(run, (Run.State.DRAFT, *RUNNING_OR_PAUSED), "remove an island")
-    island = get_island(run, island)
+    run.require_state((Run.State.DRAFT, *RUNNING_OR_PAUSED), "remove an island")
+    island = run.get_island(island)
     config = parse_config({**run.config, "islands": [
         i for i in run.config["islands"] if i["name"] != island.name]}, settings.REGIONS)
     with transaction.atomic():
@@ -282,7 +279,7 @@ def resume_after_restart() -> list[Run]:
         Event.objects.create(run=run, kind=Event.Kind.ALERT,
                              detail=lost_interval(store, time.time()))
         put_spec(run, store)
-        for island in live_islands(run):
+        for island in run.current_islands():
             _next_epoch(run, island, store)
     return runs
 
@@ -322,7 +319,7 @@ def delete_run(run: Run, by: AbstractBaseUser | None) -> None:
     Raises:
         ValueError: when the run is queued, running or paused: stop it first.
     """
-    require_state(run, (Run.State.DRAFT, *FINAL_STATES), "delete a run")
+    run.require_state((Run.State.DRAFT, *FINAL_STATES), "delete a run")
     with transaction.atomic():
         kept = Checkpoint.objects.filter(run=run, started_runs__isnull=False).distinct()
         kept.update(run=None)
@@ -353,27 +350,6 @@ def island_log(run: Run, island: Island | str, lines: int = 50) -> list[str]:
 
 
 # -- helpers ------------------------------------------------------------------------
-
-def live_islands(run: Run) -> QuerySet[Island]:
-    """The islands in the run's config (removed islands keep their rows)."""
-    return run.islands.filter(name__in=[i["name"] for i in run.config.get("islands", [])])
-
-
-def get_island(run: Run, island: Island | str) -> Island:
-    name = island.name if isinstance(island, Island) else island
-    found = live_islands(run).filter(name=name).first()
-    if found is None:
-        names = ", ".join(live_islands(run).values_list("name", flat=True))
-        raise ValueError(f"run {run.name!r} has no island named {name!r} (it has {names})")
-    return found
-
-
-def require_state(run: Run, states: tuple[str, ...], action: str) -> None:
-    run.refresh_from_db(fields=["state"])
-    if run.state not in states:
-        raise ValueError(f"cannot {action}: the run is {run.state} "
-                         f"(it must be {' or '.join(states)})")
-
 
 def _next_epoch(run: Run, island: Island, store: RunStore,
                       asked_at: float | None = None) -> Island:
@@ -419,11 +395,5 @@ def claim_standby(run: Run, island: Island, asked_at: float) -> bool:
 
 def _command_all(run: Run, kind: str) -> None:
     store = run_store(run)
-    for island in live_islands(run):
+    for island in run.current_islands():
         store.send_command(island.name, kind, epoch=island.epoch)
-
-
-def record_event(run: Run, island: Island, kind: str, by: AbstractBaseUser | None,
-           **detail: Any) -> Event:
-    return Event.objects.create(run=run, island=island, kind=kind, actor=by,
-                                detail={"island": island.name, **detail})
