@@ -11,8 +11,8 @@ from diloco.protocol import encode_message
 from syncd.connection import connect
 from syncd.service import RunSync
 from syncd.store import RunStore
+from webapp.runs.lifecycle import create_run
 from webapp.runs.records import DatabaseRecorder
-from webapp.runs.services import create_run
 
 CONFIG = {
     "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},

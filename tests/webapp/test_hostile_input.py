@@ -14,8 +14,8 @@ from django.test import Client
 
 from diloco.config import MAX_ISLANDS, MAX_PARAMS, ConfigError, parse_config
 from webapp.api.api import MAX_BODY_BYTES
+from webapp.runs.lifecycle import create_run
 from webapp.runs.models import RUN_NAME_MAX_LENGTH, ApiToken, Run
-from webapp.runs.services import create_run
 from webapp.runs.validation import check_data_path
 
 pytestmark = pytest.mark.django_db

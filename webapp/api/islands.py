@@ -13,7 +13,7 @@ from webapp.api import schemas
 from webapp.api.access import ApiError, allow, get_island, get_run
 from webapp.api.runs import summary
 from webapp.api.schemas import answers
-from webapp.runs import faults, reports, services
+from webapp.runs import faults, membership, reports
 from webapp.runs.models import Run
 
 router = Router(tags=["islands"])
@@ -41,7 +41,7 @@ def add_island(request: HttpRequest, run_id: int, body: schemas.IslandIn) -> Sta
     run = get_run(run_id)
     index = len(run.config.get("islands", []))
     try:
-        island = services.add_island(run, body.model_dump(exclude_unset=True), request.auth)
+        island = membership.add_island(run, body.model_dump(exclude_unset=True), request.auth)
     except ConfigError as e:
         # "islands.4.region" is the new island's own field: "region".
         prefix = f"islands.{index}."
@@ -55,7 +55,7 @@ def add_island(request: HttpRequest, run_id: int, body: schemas.IslandIn) -> Sta
 def remove_island(request: HttpRequest, run_id: int, name: str) -> Status:
     """Take an island out of the run; a training one saves its cursor and stops."""
     run = get_run(run_id)
-    services.remove_island(run, get_island(run, name), request.auth)
+    membership.remove_island(run, get_island(run, name), request.auth)
     return Status(204, None)
 
 
@@ -80,7 +80,7 @@ def island_fault(request: HttpRequest, run_id: int, name: str,
 def rejoin_island(request: HttpRequest, run_id: int, name: str) -> Status:
     """Start the island's next epoch, from the newest global fragments."""
     run = get_run(run_id)
-    island = services.rejoin_island(run, get_island(run, name), request.auth)
+    island = membership.rejoin_island(run, get_island(run, name), request.auth)
     return Status(202, _island_out(run, island.name))
 
 
@@ -90,7 +90,7 @@ def island_log(request: HttpRequest, run_id: int, name: str,
                lines: int = Query(50, ge=1, le=MAX_LOG_LINES)) -> dict[str, Any]:
     """The last lines of the island's log on the web app's host."""
     run = get_run(run_id)
-    return {"lines": services.island_log(run, get_island(run, name), lines)}
+    return {"lines": reports.island_log(run, get_island(run, name), lines)}
 
 
 @router.get("/{run_id}/islands/{name}/timeline", auth=allow("view"),

@@ -13,8 +13,8 @@ from django.test import Client
 from diloco.island import initial_model
 from syncd.checkpoint import save
 from tests.webapp.runs.three_islands import THREE_ISLANDS
+from webapp.runs.lifecycle import create_run, pause_run, start_run
 from webapp.runs.models import ApiToken, Checkpoint, Run
-from webapp.runs.services import create_run, pause_run, start_run
 
 
 class Api:

@@ -6,8 +6,8 @@ import pytest
 from syncd.connection import connect
 from syncd.store import RunStore
 from tests.webapp.runs.three_islands import THREE_ISLANDS
+from webapp.runs.lifecycle import create_run, start_run
 from webapp.runs.models import Run
-from webapp.runs.services import create_run, start_run
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from webapp.runs.faults import (
     kill_region,
     kill_syncd,
 )
+from webapp.runs.lifecycle import stop_run
 from webapp.runs.models import Event
-from webapp.runs.services import stop_run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.integration]
 
