@@ -59,7 +59,7 @@ def remove_island(request: HttpRequest, run_id: int, name: str) -> Status:
     return Status(204, None)
 
 
-@router.post("/{run_id}/islands/{name}/faults", auth=allow("fault"),
+@router.post("/{run_id}/islands/{name}/faults", auth=allow(faults.action_for("island")),
              response=answers({202: schemas.FaultDone}, 404, 409, body=True))
 def island_fault(request: HttpRequest, run_id: int, name: str,
                  body: schemas.IslandFault) -> Status:
@@ -101,7 +101,7 @@ def island_timeline(request: HttpRequest, run_id: int, name: str) -> dict[str, A
     return reports.run_timeline(run, [get_island(run, name).name])
 
 
-@router.post("/{run_id}/regions/{region}/faults", auth=allow("fault"),
+@router.post("/{run_id}/regions/{region}/faults", auth=allow(faults.action_for("region")),
              response=answers({202: schemas.FaultDone}, 404, 409, body=True))
 def region_fault(request: HttpRequest, run_id: int, region: str,
                  body: schemas.RegionFault) -> Status:
@@ -115,7 +115,7 @@ def region_fault(request: HttpRequest, run_id: int, region: str,
     return Status(202, {"kind": body.kind, "islands": [island.name for island in hit]})
 
 
-@system.post("/system/faults", auth=allow("admin"),
+@system.post("/system/faults", auth=allow(faults.action_for("system")),
              response=answers({202: schemas.FaultDone}, body=True))
 def system_fault(request: HttpRequest, body: schemas.SystemFault) -> Status:
     """Kill syncd (admins): every run stalls until its supervisor has it back."""

@@ -25,7 +25,7 @@ from pydantic_core import PydanticCustomError
 
 from diloco.config import MODES
 from webapp.api.config_schema import NOT_BLANK, island_in, run_config_in
-from webapp.runs.faults import FAULT_FACTORS, MAX_FAULT_SECONDS
+from webapp.runs.faults import FAULTS, MAX_FAULT_SECONDS, kinds_hitting
 from webapp.runs.models import RUN_NAME_MAX_LENGTH, Event, Run
 from webapp.runs.sampling import MAX_PROMPT_CHARS, MAX_SAMPLE_TOKENS
 
@@ -198,29 +198,28 @@ class EstimateOut(Schema):
 
 # -- faults -------------------------------------------------------------------------
 
-# A corrupt fault is one-shot: the island poisons its next update (within this many
-# seconds unless duration_s says otherwise) and clears the fault.
-CORRUPT_WINDOW_S = 300.0
-# The faults whose factor is bounded (the others do not use it).
-BOUNDED_FACTORS = ("straggle", "degrade")
-
-
 def _fault_kinds(schema: dict[str, Any]) -> None:
-    """What each kind takes, as IslandFault's validators check it: a kill neither
-    duration_s nor factor; corrupt an optional duration_s; the others a duration_s; and
-    straggle and degrade a factor from 1 to 1e6."""
+    """What each kind takes (FAULTS), as IslandFault's validators check it: an instant
+    one neither duration_s nor factor, the others a duration_s (optional where it has a
+    default) and a factor, within its range where it has one."""
     duration = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_FAULT_SECONDS}
     null = {"type": "null"}
-    kinds = [{"properties": {"kind": {"const": "kill"}, "duration_s": null, "factor": null}}]
-    for kind in FAULT_FACTORS:
-        factor = {"type": "number", **({"minimum": 1, "maximum": 1e6}
-                                       if kind in BOUNDED_FACTORS else {})}
+    kinds = []
+    for kind in kinds_hitting("island"):
+        rule = FAULTS[kind]
+        if rule.duration == "none":
+            kinds.append({"properties": {"kind": {"const": kind}, "duration_s": null,
+                                         "factor": null}})
+            continue
+        factor: dict[str, Any] = {"type": "number"}
+        if rule.factor_range:
+            factor["minimum"], factor["maximum"] = rule.factor_range
         kinds.append({
             "properties": {"kind": {"const": kind},
-                           "duration_s": {"anyOf": [duration, null]} if kind == "corrupt"
-                           else duration,
+                           "duration_s": {"anyOf": [duration, null]}
+                           if rule.duration == "optional" else duration,
                            "factor": {"anyOf": [factor, null]}},
-            **({} if kind == "corrupt" else {"required": ["duration_s"]})})
+            **({} if rule.duration == "optional" else {"required": ["duration_s"]})})
     schema["oneOf"] = kinds
 
 
@@ -229,30 +228,31 @@ class IslandFault(Body):
     and degrade last duration_s seconds; corrupt poisons the island's next update."""
 
     model_config = ConfigDict(json_schema_extra=_fault_kinds)
-    kind: Literal["kill", "straggle", "partition", "degrade", "corrupt"]
+    kind: Literal[kinds_hitting("island")]
     duration_s: float | None = Field(
         None, description=f"More than 0 and at most {MAX_FAULT_SECONDS}; not for kill; for "
                           f"corrupt the window for the next update (default "
-                          f"{CORRUPT_WINDOW_S:g}).",
+                          f"{FAULTS['corrupt'].default_seconds:g}).",
         validate_default=True)
     factor: float | None = Field(
-        None, description="; ".join(f"{kind}: {what} (default {default:g})"
-                                    for kind, (what, default) in FAULT_FACTORS.items()),
+        None, description="; ".join(f"{kind}: {rule.factor} (default {rule.default_factor:g})"
+                                    for kind, rule in FAULTS.items() if rule.factor),
         validate_default=True)
 
     @field_validator("duration_s")
     @classmethod
     def _duration(cls, value: float | None, info: ValidationInfo) -> float | None:
         kind = info.data.get("kind")
-        if kind == "kill":
+        rule = FAULTS.get(kind)
+        if rule is not None and rule.duration == "none":
             if value is not None:
-                raise ValueError("A kill is instant: leave duration_s out.")
+                raise ValueError(f"A {kind} is instant: leave duration_s out.")
             return None
         if value is None:
             if kind is None:
                 return None
-            if kind == "corrupt":
-                return CORRUPT_WINDOW_S
+            if rule.duration == "optional":
+                return rule.default_seconds
             raise ValueError(f"A {kind} fault needs duration_s, in seconds "
                              f"(more than 0, at most {MAX_FAULT_SECONDS}).")
         if not math.isfinite(value) or not 0 < value <= MAX_FAULT_SECONDS:
@@ -266,22 +266,24 @@ class IslandFault(Body):
         kind = info.data.get("kind")
         if value is None or kind is None:
             return value
-        if kind == "kill":
-            raise ValueError("A kill takes no factor.")
+        rule = FAULTS[kind]
+        if rule.factor is None:
+            raise ValueError(f"A {kind} takes no factor.")
         if not math.isfinite(value):
             raise ValueError(f"Must be a finite number, got {value:g}.")
-        if kind in BOUNDED_FACTORS and not 1 <= value <= 1e6:
-            raise ValueError(f"The factor of {kind} must be between 1 and 1e6 "
-                             f"({FAULT_FACTORS[kind][0]}), got {value:g}.")
+        if not rule.factor_fits(value):
+            raise ValueError(f"The factor of {kind} must be {rule.factor_range_text()} "
+                             f"({rule.factor}), got {value:g}.")
         return value
 
 
 class RegionFault(Body):
-    kind: Literal["outage"] = Field(description="Every island of the run in the region is killed.")
+    kind: Literal[kinds_hitting("region")] = Field(
+        description="Every island of the run in the region is killed.")
 
 
 class SystemFault(Body):
-    kind: Literal["kill_syncd"] = Field(
+    kind: Literal[kinds_hitting("system")] = Field(
         description="SIGKILL to syncd; its supervisor starts it again. Every run stalls "
                     "until it is back.")
 
