@@ -120,8 +120,8 @@ def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any])
     """Create, start and watch one run until syncd completes it; its figures and curves."""
     from syncd.connection import connect
     from syncd.store import RunStore
+    from webapp.runs.lifecycle import create_run, start_run
     from webapp.runs.models import Event
-    from webapp.runs.services import create_run, start_run
 
     run = create_run(name=label, mode=mode, config=config, user=None)
     store = RunStore(connect(system.redis_url), run.pk)

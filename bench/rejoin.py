@@ -16,7 +16,7 @@ island after the other. Odd cycles are an operator's: SIGKILL of the island
 process from outside (a crash: no command, the supervisor sees the exit) and a
 rejoin by an operator. Even cycles are the chaos driver's two calls
 (syncd/chaos_driver.py), made here so that they keep the spacing: a "kill"
-command to the island's supervisor, then services.rejoin_island with no actor.
+command to the island's supervisor, then membership.rejoin_island with no actor.
 A warm cycle whose rejoin found its region's pool empty (its rejoin event says
 warm false) counts as cold.
 
@@ -110,7 +110,7 @@ def create_and_train(label: str, config: dict[str, Any]) -> tuple[Any, Any, floa
     training heartbeat."""
     from syncd.connection import connect
     from syncd.store import RunStore
-    from webapp.runs.services import create_run, start_run
+    from webapp.runs.lifecycle import create_run, start_run
 
     asked = time.time()
     run = create_run(name=label, mode="decoupled", config=config, user=None)
@@ -145,7 +145,7 @@ def round_fill_s(run: Any, since: float, until: float) -> float | None:
 
 def cycle(run: Any, store: Any, island: str, kind: str, operator: Any) -> dict[str, Any]:
     """One kill and rejoin of `island`; its figures from the run's records."""
-    from webapp.runs.services import rejoin_island
+    from webapp.runs.membership import rejoin_island
 
     beat = store.heartbeats()[island]
     epoch, pid = int(beat["epoch"]), int(beat["pid"])
@@ -209,7 +209,7 @@ def _when(seconds: float) -> Any:
 
 def run_mode(system: BenchSystem, mode: str, profile: dict[str, Any], corpus: Path,
              operator: Any) -> dict[str, Any]:
-    from webapp.runs.services import stop_run
+    from webapp.runs.lifecycle import stop_run
 
     config = workload(corpus)
     creates, run, store = [], None, None

@@ -186,8 +186,8 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
     from syncd.connection import connect
     from syncd.store import RunStore
     from webapp.processes import wait_for
+    from webapp.runs.lifecycle import create_run, start_run, stop_run
     from webapp.runs.models import Event
-    from webapp.runs.services import create_run, start_run, stop_run
 
     client = connect(system.redis_url)
     system.start_syncd()

@@ -8,7 +8,7 @@ of 4 tiny islands in 2 regions trains while the soak breaks it at random, about
 every 4.5 s, through the paths the control room uses:
 
 - kill (webapp.runs.faults.kill_island) and region_outage (kill_region), each
-  followed a few seconds later by services.rejoin_island;
+  followed a few seconds later by membership.rejoin_island;
 - straggle, partition, degrade, corrupt (faults.inject_fault);
 - kill_syncd: `kill -9` of the syncd process group, started again at once;
 - restart_redis: `kill -9` of the project's own Redis (this soak's, never the
@@ -217,7 +217,7 @@ class Soak:
     # -- healing ---------------------------------------------------------------
 
     def _rejoin(self, island: str, why: str) -> None:
-        from webapp.runs.services import rejoin_island
+        from webapp.runs.membership import rejoin_island
 
         try:
             rejoin_island(self.run, island, by=None)
@@ -265,7 +265,7 @@ class Soak:
 
 def set_budget(run: Any, total_tokens: int) -> None:
     """Give the live run a new token budget (database and spec; syncd follows the spec)."""
-    from webapp.runs.services import put_spec
+    from webapp.runs.dispatch import put_spec
     from webapp.runs.stores import run_store
 
     run.config = {**run.config, "budget": {**run.config["budget"],
@@ -313,7 +313,7 @@ def main(quick: bool = False, minutes: float | None = None, home: Path | None = 
     groups: list[int] = []
     try:
         system.setup_django()
-        from webapp.runs.services import create_run, start_run
+        from webapp.runs.lifecycle import create_run, start_run
 
         system.start_syncd(restart=True)
         system.start_workers(concurrency=2, restart=True)

@@ -51,7 +51,7 @@ def make_run(islands: int) -> Any:
     worker consumes the region queues: the islands are the synthetic ones below."""
     from django.contrib.auth import get_user_model
 
-    from webapp.runs.services import create_run, start_run
+    from webapp.runs.lifecycle import create_run, start_run
 
     get_user_model().objects.create_user("bench", password=PASSWORD)
     config = {"model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},

@@ -15,7 +15,7 @@ paths the control room's buttons use:
   `arch:R:fault:<island>` ({kind, until, factor}), which the island process reads
   and acts out;
 - the end of a kill: the web side's rejoin (syncd.hooks.Hooks.rejoin, which is
-  `webapp.runs.services.rejoin_island`): the island's next epoch (next
+  `webapp.runs.membership.rejoin_island`): the island's next epoch (next
   epoch, a warm standby or a task on its region's queue).
 
 Each fault is a "fault" event (no actor: the system) whose detail carries the

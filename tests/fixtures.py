@@ -129,7 +129,7 @@ def manager(tmp_path):
 def running(redis_url, enqueued, operator) -> Run:
     """A run of three islands an operator created and started, on the tests' own Redis;
     the island tasks its start sent are cleared from `enqueued`."""
-    from webapp.runs.services import create_run, start_run
+    from webapp.runs.lifecycle import create_run, start_run
 
     run = create_run(name="running", mode="decoupled", config=THREE_ISLANDS, user=operator)
     start_run(run, operator)

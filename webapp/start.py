@@ -135,8 +135,8 @@ def ensure_demo(user: AbstractBaseUser | None) -> Run | None:
     from django.conf import settings
 
     from diloco.demo import DEMO
+    from webapp.runs.lifecycle import create_run, start_run
     from webapp.runs.models import Run
-    from webapp.runs.services import create_run, start_run
 
     if Run.objects.filter(name=DEMO_NAME).exists():
         return None
@@ -227,7 +227,7 @@ def run(manager: ProcessManager) -> None:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from webapp.runs.services import resume_after_restart
+    from webapp.runs.restart import resume_after_restart
 
     call_command("migrate", interactive=False, verbosity=0)
     password = ensure_admin()

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from webapp.runs.lifecycle import create_run
 from webapp.runs.models import Run
 from webapp.runs.roles import operators_group
-from webapp.runs.services import create_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 

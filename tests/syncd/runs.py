@@ -13,8 +13,8 @@ from syncd.connection import connect
 from syncd.run_keys import RunKeys
 from syncd.service import RunSync
 from syncd.store import RunStore
+from webapp.runs.lifecycle import create_run
 from webapp.runs.records import DatabaseRecorder
-from webapp.runs.services import create_run
 
 CONFIG = {
     "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},

@@ -16,9 +16,9 @@ from syncd.connection import connect
 from syncd.service import RunSync
 from syncd.store import RunStore
 from tests.syncd.runs import CONFIG, beat_at, heartbeat_all, make_run_sync, send
+from webapp.runs.lifecycle import create_run
 from webapp.runs.models import Event
 from webapp.runs.records import DatabaseRecorder
-from webapp.runs.services import create_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 

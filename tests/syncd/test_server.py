@@ -11,7 +11,7 @@ from syncd.hooks import Hooks
 from syncd.server import Syncd
 from syncd.service import RunSync
 from syncd.store import RunStore
-from webapp.runs.services import create_run
+from webapp.runs.lifecycle import create_run
 from webapp.runs.syncd_wiring import web_hooks
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]

@@ -15,8 +15,8 @@ from django.test import Client
 
 from webapp.asgi import application
 from webapp.dashboard.consumers import UNAUTHORIZED
+from webapp.runs.lifecycle import create_run
 from webapp.runs.models import ApiToken, Run, Simulation
-from webapp.runs.services import create_run
 
 pytestmark = pytest.mark.django_db
 

@@ -152,7 +152,7 @@ class WebClient:
 def test_web_syncd_and_two_region_workers_configured_only_by_environment_train_one_run(
         password_redis, tmp_path, settings, django_user_model):
     from webapp.celery import app
-    from webapp.runs.services import create_run, start_run, stop_run
+    from webapp.runs.lifecycle import create_run, start_run, stop_run
 
     redis_url, _ = password_redis
     connect(redis_url).flushall()

@@ -27,12 +27,12 @@ def training(system: System, tmp_path) -> list[int]:
     the workers, their pool processes and the islands)."""
     config = {**TINY, "data": {"path": str(tmp_path / "corpus.txt")}}
     system.django(f"""
-from webapp.runs.services import create_run
+from webapp.runs.lifecycle import create_run
 create_run(name="demo", mode="decoupled", config={config!r}, user=None)
 print(json.dumps(True))""")
     start = system.start()
     run_id = system.django("""
-from webapp.runs.services import start_run
+from webapp.runs.lifecycle import start_run
 run = Run.objects.get(name="demo"); start_run(run, by=None); print(json.dumps(run.pk))""")
     client = redis.Redis.from_url(system.redis_url())
 

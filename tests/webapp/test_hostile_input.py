@@ -11,8 +11,8 @@ import pytest
 from django.test import Client
 
 from diloco.config import MAX_ISLANDS, MAX_PARAMS, ConfigError, parse_config
+from webapp.runs.lifecycle import create_run
 from webapp.runs.models import RUN_NAME_MAX_LENGTH, ApiToken, Run
-from webapp.runs.services import create_run
 
 pytestmark = pytest.mark.django_db
 

@@ -20,8 +20,8 @@ from trainer.launch import free_port
 from trainer.supervisor import supervise_island
 from webapp.processes import redis_argv, redis_server_binary, wait_for
 from webapp.runs.failures import record_island_failure
+from webapp.runs.lifecycle import create_run
 from webapp.runs.models import Event
-from webapp.runs.services import create_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 

@@ -17,7 +17,6 @@ from ninja.utils import check_csrf
 
 from webapp.runs import roles
 from webapp.runs.models import ApiToken, Checkpoint, Island, Run
-from webapp.runs.services import live_islands
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -111,9 +110,9 @@ def get_run(run_id: int) -> Run:
 def get_island(run: Run, name: str) -> Island:
     """One of the run's islands (in its config; a removed island's row is not one)."""
     # A NUL is in no island's name, and PostgreSQL refuses it even in a query.
-    island = None if "\x00" in name else live_islands(run).filter(name=name).first()
+    island = None if "\x00" in name else run.current_islands().filter(name=name).first()
     if island is None:
-        names = ", ".join(live_islands(run).values_list("name", flat=True)) or "none"
+        names = ", ".join(run.current_islands().values_list("name", flat=True)) or "none"
         raise ApiError(404, "island",
                        f"Run {run.pk} has no island named {name!r} (it has {names}).")
     return island

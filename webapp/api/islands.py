@@ -13,7 +13,7 @@ from webapp.api import schemas
 from webapp.api.access import ApiError, allow, get_island, get_run
 from webapp.api.runs import summary
 from webapp.api.schemas import answers
-from webapp.runs import faults, reports, services
+from webapp.runs import faults, membership, reports
 from webapp.runs.models import Run
 
 router = Router(tags=["islands"])
@@ -29,7 +29,7 @@ def _island_out(run: Run, name: str) -> dict[str, Any]:
 def list_islands(request: HttpRequest, run_id: int) -> dict[str, Any]:
     """The run's islands with their live state, active fault, tokens and version lag."""
     run = get_run(run_id)
-    names = set(services.live_islands(run).values_list("name", flat=True))
+    names = set(run.current_islands().values_list("name", flat=True))
     return {"islands": [i for i in summary(run)["islands"] if i["name"] in names]}
 
 
@@ -41,7 +41,7 @@ def add_island(request: HttpRequest, run_id: int, body: schemas.IslandIn) -> Sta
     run = get_run(run_id)
     index = len(run.config.get("islands", []))
     try:
-        island = services.add_island(run, body.model_dump(exclude_unset=True), request.auth)
+        island = membership.add_island(run, body.model_dump(exclude_unset=True), request.auth)
     except ConfigError as e:
         # "islands.4.region" is the new island's own field: "region".
         prefix = f"islands.{index}."
@@ -55,11 +55,11 @@ def add_island(request: HttpRequest, run_id: int, body: schemas.IslandIn) -> Sta
 def remove_island(request: HttpRequest, run_id: int, name: str) -> Status:
     """Take an island out of the run; a training one saves its cursor and stops."""
     run = get_run(run_id)
-    services.remove_island(run, get_island(run, name), request.auth)
+    membership.remove_island(run, get_island(run, name), request.auth)
     return Status(204, None)
 
 
-@router.post("/{run_id}/islands/{name}/faults", auth=allow("fault"),
+@router.post("/{run_id}/islands/{name}/faults", auth=allow(faults.action_for("island")),
              response=answers({202: schemas.FaultDone}, 404, 409, body=True))
 def island_fault(request: HttpRequest, run_id: int, name: str,
                  body: schemas.IslandFault) -> Status:
@@ -80,7 +80,7 @@ def island_fault(request: HttpRequest, run_id: int, name: str,
 def rejoin_island(request: HttpRequest, run_id: int, name: str) -> Status:
     """Start the island's next epoch, from the newest global fragments."""
     run = get_run(run_id)
-    island = services.rejoin_island(run, get_island(run, name), request.auth)
+    island = membership.rejoin_island(run, get_island(run, name), request.auth)
     return Status(202, _island_out(run, island.name))
 
 
@@ -90,7 +90,7 @@ def island_log(request: HttpRequest, run_id: int, name: str,
                lines: int = Query(50, ge=1, le=MAX_LOG_LINES)) -> dict[str, Any]:
     """The last lines of the island's log on the web app's host."""
     run = get_run(run_id)
-    return {"lines": services.island_log(run, get_island(run, name), lines)}
+    return {"lines": reports.island_log(run, get_island(run, name), lines)}
 
 
 @router.get("/{run_id}/islands/{name}/timeline", auth=allow("view"),
@@ -101,13 +101,13 @@ def island_timeline(request: HttpRequest, run_id: int, name: str) -> dict[str, A
     return reports.run_timeline(run, [get_island(run, name).name])
 
 
-@router.post("/{run_id}/regions/{region}/faults", auth=allow("fault"),
+@router.post("/{run_id}/regions/{region}/faults", auth=allow(faults.action_for("region")),
              response=answers({202: schemas.FaultDone}, 404, 409, body=True))
 def region_fault(request: HttpRequest, run_id: int, region: str,
                  body: schemas.RegionFault) -> Status:
     """A region outage: every island of the run in that region is killed."""
     run = get_run(run_id)
-    regions = sorted(set(services.live_islands(run).values_list("region", flat=True)))
+    regions = sorted(set(run.current_islands().values_list("region", flat=True)))
     if region not in regions:
         raise ApiError(404, "region", f"Run {run.pk} has no island in region {region!r} "
                                       f"(its regions: {', '.join(regions) or 'none'}).")
@@ -115,7 +115,7 @@ def region_fault(request: HttpRequest, run_id: int, region: str,
     return Status(202, {"kind": body.kind, "islands": [island.name for island in hit]})
 
 
-@system.post("/system/faults", auth=allow("admin"),
+@system.post("/system/faults", auth=allow(faults.action_for("system")),
              response=answers({202: schemas.FaultDone}, body=True))
 def system_fault(request: HttpRequest, body: schemas.SystemFault) -> Status:
     """Kill syncd (admins): every run stalls until its supervisor has it back."""

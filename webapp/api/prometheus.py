@@ -25,8 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from webapp.runs import reports, roles
-from webapp.runs.models import Island, Run
-from webapp.runs.services import RUNNING_OR_PAUSED
+from webapp.runs.models import RUNNING_OR_PAUSED, Island, Run
 
 # generate_latest writes version 0.0.4 of the text format (CONTENT_TYPE_LATEST names 1.0.0).
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4

@@ -15,7 +15,7 @@ from diloco.config import MODES, field_help
 from webapp.api import schemas
 from webapp.api.access import ApiError, allow, get_run
 from webapp.api.schemas import answers
-from webapp.runs import reports, services, validation
+from webapp.runs import lifecycle, reports, validation
 from webapp.runs.models import Checkpoint, Event, Run
 
 router = Router(tags=["runs"])
@@ -63,8 +63,8 @@ def create_run(request: HttpRequest, body: schemas.RunIn,
         if initial is None:
             raise ApiError(422, "initial_checkpoint",
                            f"No checkpoint with id {body.initial_checkpoint}.")
-    run = services.create_run(name=body.name, mode=body.mode, config=body.config,
-                              user=request.auth, initial_checkpoint=initial)
+    run = lifecycle.create_run(name=body.name, mode=body.mode, config=body.config,
+                               user=request.auth, initial_checkpoint=initial)
     response["Location"] = f"/api/runs/{run.pk}"
     return Status(201, summary(run))
 
@@ -80,7 +80,7 @@ def get_run_detail(request: HttpRequest, run_id: int) -> dict[str, Any]:
 def update_run(request: HttpRequest, run_id: int, body: schemas.RunPatch) -> dict[str, Any]:
     """Archive the run (hide it from the list) or bring it back."""
     run = get_run(run_id)
-    services.archive_run(run, body.archived, request.auth)
+    lifecycle.archive_run(run, body.archived, request.auth)
     return summary(run)
 
 
@@ -88,7 +88,7 @@ def update_run(request: HttpRequest, run_id: int, body: schemas.RunPatch) -> dic
                response=answers({204: None}, 404, 409))
 def delete_run(request: HttpRequest, run_id: int) -> Status:
     """Delete a run that is not live (409 if it is: stop it first), with its history."""
-    services.delete_run(get_run(run_id), request.auth)
+    lifecycle.delete_run(get_run(run_id), request.auth)
     return Status(204, None)
 
 
@@ -102,35 +102,35 @@ def _act(request: HttpRequest, run_id: int, service: Any) -> dict[str, Any]:
              response=answers(schemas.RunOut, 404, 409))
 def start_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
     """Start a draft: every island is enqueued on its region's worker."""
-    return _act(request, run_id, services.start_run)
+    return _act(request, run_id, lifecycle.start_run)
 
 
 @router.post("/{run_id}/stop", auth=allow("operate"),
              response=answers(schemas.RunOut, 404, 409))
 def stop_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
     """Stop a queued, running or paused run for good."""
-    return _act(request, run_id, services.stop_run)
+    return _act(request, run_id, lifecycle.stop_run)
 
 
 @router.post("/{run_id}/pause", auth=allow("operate"),
              response=answers(schemas.RunOut, 404, 409))
 def pause_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
     """Freeze every island where it is."""
-    return _act(request, run_id, services.pause_run)
+    return _act(request, run_id, lifecycle.pause_run)
 
 
 @router.post("/{run_id}/resume", auth=allow("operate"),
              response=answers(schemas.RunOut, 404, 409))
 def resume_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
     """Let the islands of a paused run go on."""
-    return _act(request, run_id, services.resume_run)
+    return _act(request, run_id, lifecycle.resume_run)
 
 
 @router.post("/{run_id}/checkpoint", auth=allow("operate"),
              response=answers({202: schemas.RunOut}, 404, 409))
 def checkpoint_run(request: HttpRequest, run_id: int) -> Status:
     """Ask syncd for a checkpoint at its next pass (GET .../checkpoints lists it then)."""
-    return Status(202, _act(request, run_id, services.checkpoint_now))
+    return Status(202, _act(request, run_id, lifecycle.checkpoint_now))
 
 
 @router.get("/{run_id}/metrics", auth=allow("view"), response=answers(schemas.MetricList, 404))
@@ -171,7 +171,7 @@ def run_timeline(request: HttpRequest, run_id: int) -> dict[str, Any]:
 @config.get("/config/schema", auth=allow("view"), response=answers(schemas.ConfigSchema))
 def config_schema(request: HttpRequest) -> dict[str, Any]:
     """The run config's defaults, what each field means, the modes and the regions."""
-    return {"defaults": services.default_config(), "help": field_help(),
+    return {"defaults": lifecycle.default_config(), "help": field_help(),
             "modes": list(MODES), "regions": settings.REGIONS}
 
 

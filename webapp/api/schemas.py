@@ -2,43 +2,30 @@
 /api/openapi.json is made from these.
 
 Request bodies refuse unknown fields. A run's config, and an island added to a run,
-are described here from the dataclasses of diloco/config.py (each field's type, bounds,
-choices, default and help), so the schema and the validation read the same facts; the
-values are taken as sent and checked by parse_config, which tells every problem at once,
-keyed by dotted path.
+are described from the dataclasses of diloco/config.py (webapp/api/config_schema.py);
+the values are taken as sent and checked by parse_config, which tells every problem at
+once, keyed by dotted path.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from django.conf import settings
 from ninja import Field, Schema
 from pydantic import (
     ConfigDict,
     PlainValidator,
     ValidationInfo,
-    create_model,
     field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
-from diloco.config import (
-    MAX_ISLAND_NAME,
-    MAX_ISLANDS,
-    MAX_PARAMS,
-    MAX_TEXT,
-    MODES,
-    SECTIONS,
-    IslandConfig,
-    RunConfig,
-    default_islands,
-)
-from webapp.runs.faults import FAULT_FACTORS, MAX_FAULT_SECONDS
+from diloco.config import MODES
+from webapp.api.config_schema import NOT_BLANK, island_in, run_config_in
+from webapp.runs.faults import FAULTS, MAX_FAULT_SECONDS, kinds_hitting
 from webapp.runs.models import RUN_NAME_MAX_LENGTH, Event, Run
 from webapp.runs.sampling import MAX_PROMPT_CHARS, MAX_SAMPLE_TOKENS
 
@@ -56,107 +43,8 @@ class Body(Schema):
 
 # -- the run config ------------------------------------------------------------------
 
-# The body parser refuses a NUL anywhere (400). A name must not be blank: hold a
-# character that str.strip keeps (spelled out, since a schema's \s is ECMAScript's).
-NO_NUL = r"^[^\x00]*$"
-WHITESPACE = r"\t\n\v\f\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-NOT_BLANK = rf"^[^\x00]*[^\x00{WHITESPACE}][^\x00]*$"
-# Rules between fields, which parse_config checks and no field's bounds can say.
-RELATIONS = {
-    "sync.min_quorum": "At most the number of islands.",
-    "sync.fragments": "At most sync.inner_steps and the model's tensors "
-                      "(8 x model.n_layer + 5).",
-    "sync.overlap_steps": "Less than sync.inner_steps.",
-    "eval.tokens": "At least model.block_size.",
-    "islands.processes": "Must divide batch_size.",
-}
-CONFIG_RULES = (
-    "Each field's type, bounds and choices are stated here, from diloco/config.py. "
-    "parse_config checks them, and with them the rules between fields that this schema "
-    "names only in descriptions: the model has at most "
-    f"{MAX_PARAMS:,} parameters (model.n_layer, model.n_embd); sync.min_quorum, "
-    "sync.fragments, sync.overlap_steps, eval.tokens and model.n_head against the fields "
-    "their descriptions name; islands' names are unique and each island's processes divide "
-    "its batch_size; Redis and every island host fit in the memory their hosts declare "
-    "(REDIS_MAXMEMORY_MB, ISLAND_HOST_MEMORY_MB); data.path lies inside DATA_ROOTS. Every "
-    "problem comes back at once, keyed by dotted path (sync.min_quorum, islands.2.region).")
-
-
-def _as_sent(value: Any) -> Any:
-    return value
-
-
-def _described(kind: Any) -> Any:
-    """A value the schema describes as `kind` and the API takes as sent: parse_config
-    checks it beside the rest of the config, with messages keyed by dotted path."""
-    return Annotated[Any, PlainValidator(_as_sent, json_schema_input_type=kind)]
-
-
-def _json_type(f: dataclasses.Field) -> Any:
-    """The JSON a config field takes, as diloco.config checks it: its choices, or its
-    type (from its default, as parse_config reads it) with its bounds."""
-    meta = f.metadata
-    kind = type(f.default) if f.default is not None else float
-    if meta["choices"]:
-        value: Any = Literal[meta["choices"]]
-    elif kind is bool:
-        value = bool
-    elif kind is str:
-        value = Annotated[str, Field(max_length=MAX_TEXT, pattern=NO_NUL)]
-    else:
-        value = Annotated[kind, Field(ge=meta["lo"], le=meta["hi"])]
-    return value | None if meta["optional"] else value
-
-
-def _config_field(section: str, f: dataclasses.Field) -> tuple[Any, Any]:
-    help = " ".join(filter(None, (f.metadata["help"], RELATIONS.get(f"{section}.{f.name}"))))
-    return _described(_json_type(f)), Field(f.default, description=help)
-
-
-def _regions(schema: dict[str, Any]) -> None:
-    # Read when the schema is made, not at import: the regions are the deployment's.
-    schema["enum"] = list(settings.REGIONS)
-
-
-def _section_in(section: str, cls: type) -> type[Body]:
-    fields = {f.name: _config_field(section, f) for f in dataclasses.fields(cls)}
-    return create_model(f"{cls.__name__}In", __base__=Body, **fields)
-
-
-def _island_in() -> type[Body]:
-    """An island of the run config (diloco.config.IslandConfig). As the body of POST
-    .../islands it is the island's own fields, checked by parse_config with the run's."""
-    fields = {f.name: _config_field("islands", f) for f in dataclasses.fields(IslandConfig)}
-    fields["name"] = (_described(Annotated[str, Field(min_length=1, max_length=MAX_ISLAND_NAME,
-                                                      pattern=NOT_BLANK)]),
-                      Field(description=f"Unique within the run; 1 to {MAX_ISLAND_NAME} "
-                                        "characters, not blank."))
-    fields["region"] = (_described(str),
-                        Field(description="A region that has a worker (GET "
-                                          "/api/config/schema: regions).",
-                              json_schema_extra=_regions))
-    return create_model("IslandIn", __base__=Body, **fields)
-
-
-IslandIn = _island_in()
-
-
-def _run_config_in() -> type[Body]:
-    """The run config (diloco.config.RunConfig): every field may be left out."""
-    seed = next(f for f in dataclasses.fields(RunConfig) if f.name == "seed")
-    fields: dict[str, Any] = {"seed": _config_field("", seed)}
-    for section, cls in SECTIONS.items():
-        fields[section] = (_section_in(section, cls) | None, Field(
-            dataclasses.asdict(cls()),
-            description="Missing or null: every field takes its default."))
-    fields["islands"] = (
-        Annotated[list[IslandIn], Field(min_length=1, max_length=MAX_ISLANDS)] | None,
-        Field([dataclasses.asdict(i) for i in default_islands()],
-              description="Missing or null: these two islands."))
-    return create_model("RunConfigIn", __base__=Body, __doc__=CONFIG_RULES, **fields)
-
-
-RunConfigIn = _run_config_in()
+IslandIn = island_in(Body)
+RunConfigIn = run_config_in(Body, IslandIn)
 
 
 def _json_object(value: Any) -> dict[str, Any]:
@@ -310,29 +198,28 @@ class EstimateOut(Schema):
 
 # -- faults -------------------------------------------------------------------------
 
-# A corrupt fault is one-shot: the island poisons its next update (within this many
-# seconds unless duration_s says otherwise) and clears the fault.
-CORRUPT_WINDOW_S = 300.0
-# The faults whose factor is bounded (the others do not use it).
-BOUNDED_FACTORS = ("straggle", "degrade")
-
-
 def _fault_kinds(schema: dict[str, Any]) -> None:
-    """What each kind takes, as IslandFault's validators check it: a kill neither
-    duration_s nor factor; corrupt an optional duration_s; the others a duration_s; and
-    straggle and degrade a factor from 1 to 1e6."""
+    """What each kind takes (FAULTS), as IslandFault's validators check it: an instant
+    one neither duration_s nor factor, the others a duration_s (optional where it has a
+    default) and a factor, within its range where it has one."""
     duration = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_FAULT_SECONDS}
     null = {"type": "null"}
-    kinds = [{"properties": {"kind": {"const": "kill"}, "duration_s": null, "factor": null}}]
-    for kind in FAULT_FACTORS:
-        factor = {"type": "number", **({"minimum": 1, "maximum": 1e6}
-                                       if kind in BOUNDED_FACTORS else {})}
+    kinds = []
+    for kind in kinds_hitting("island"):
+        rule = FAULTS[kind]
+        if rule.duration == "none":
+            kinds.append({"properties": {"kind": {"const": kind}, "duration_s": null,
+                                         "factor": null}})
+            continue
+        factor: dict[str, Any] = {"type": "number"}
+        if rule.factor_range:
+            factor["minimum"], factor["maximum"] = rule.factor_range
         kinds.append({
             "properties": {"kind": {"const": kind},
-                           "duration_s": {"anyOf": [duration, null]} if kind == "corrupt"
-                           else duration,
+                           "duration_s": {"anyOf": [duration, null]}
+                           if rule.duration == "optional" else duration,
                            "factor": {"anyOf": [factor, null]}},
-            **({} if kind == "corrupt" else {"required": ["duration_s"]})})
+            **({} if rule.duration == "optional" else {"required": ["duration_s"]})})
     schema["oneOf"] = kinds
 
 
@@ -341,30 +228,31 @@ class IslandFault(Body):
     and degrade last duration_s seconds; corrupt poisons the island's next update."""
 
     model_config = ConfigDict(json_schema_extra=_fault_kinds)
-    kind: Literal["kill", "straggle", "partition", "degrade", "corrupt"]
+    kind: Literal[kinds_hitting("island")]
     duration_s: float | None = Field(
         None, description=f"More than 0 and at most {MAX_FAULT_SECONDS}; not for kill; for "
                           f"corrupt the window for the next update (default "
-                          f"{CORRUPT_WINDOW_S:g}).",
+                          f"{FAULTS['corrupt'].default_seconds:g}).",
         validate_default=True)
     factor: float | None = Field(
-        None, description="; ".join(f"{kind}: {what} (default {default:g})"
-                                    for kind, (what, default) in FAULT_FACTORS.items()),
+        None, description="; ".join(f"{kind}: {rule.factor} (default {rule.default_factor:g})"
+                                    for kind, rule in FAULTS.items() if rule.factor),
         validate_default=True)
 
     @field_validator("duration_s")
     @classmethod
     def _duration(cls, value: float | None, info: ValidationInfo) -> float | None:
         kind = info.data.get("kind")
-        if kind == "kill":
+        rule = FAULTS.get(kind)
+        if rule is not None and rule.duration == "none":
             if value is not None:
-                raise ValueError("A kill is instant: leave duration_s out.")
+                raise ValueError(f"A {kind} is instant: leave duration_s out.")
             return None
         if value is None:
             if kind is None:
                 return None
-            if kind == "corrupt":
-                return CORRUPT_WINDOW_S
+            if rule.duration == "optional":
+                return rule.default_seconds
             raise ValueError(f"A {kind} fault needs duration_s, in seconds "
                              f"(more than 0, at most {MAX_FAULT_SECONDS}).")
         if not math.isfinite(value) or not 0 < value <= MAX_FAULT_SECONDS:
@@ -378,22 +266,24 @@ class IslandFault(Body):
         kind = info.data.get("kind")
         if value is None or kind is None:
             return value
-        if kind == "kill":
-            raise ValueError("A kill takes no factor.")
+        rule = FAULTS[kind]
+        if rule.factor is None:
+            raise ValueError(f"A {kind} takes no factor.")
         if not math.isfinite(value):
             raise ValueError(f"Must be a finite number, got {value:g}.")
-        if kind in BOUNDED_FACTORS and not 1 <= value <= 1e6:
-            raise ValueError(f"The factor of {kind} must be between 1 and 1e6 "
-                             f"({FAULT_FACTORS[kind][0]}), got {value:g}.")
+        if not rule.factor_fits(value):
+            raise ValueError(f"The factor of {kind} must be {rule.factor_range_text()} "
+                             f"({rule.factor}), got {value:g}.")
         return value
 
 
 class RegionFault(Body):
-    kind: Literal["outage"] = Field(description="Every island of the run in the region is killed.")
+    kind: Literal[kinds_hitting("region")] = Field(
+        description="Every island of the run in the region is killed.")
 
 
 class SystemFault(Body):
-    kind: Literal["kill_syncd"] = Field(
+    kind: Literal[kinds_hitting("system")] = Field(
         description="SIGKILL to syncd; its supervisor starts it again. Every run stalls "
                     "until it is back.")
 

@@ -3,7 +3,7 @@ config as a field of its own (named by its dotted path, with its default and its
 one-line help), and the islands as rows that can be added and removed.
 
 The form only collects values. diloco.config.parse_config, through
-services.create_run, is the one validator; its messages, keyed by dotted path,
+lifecycle.create_run, is the one validator; its messages, keyed by dotted path,
 are put back beside the field they name.
 """
 

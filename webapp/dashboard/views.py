@@ -20,10 +20,10 @@ from diloco.config import ConfigError, field_help
 from webapp.dashboard.forms import RunForm
 from webapp.dashboard.regions import map_view, region_positions
 from webapp.runs import roles
+from webapp.runs.lifecycle import create_run
 from webapp.runs.models import ApiToken, Checkpoint, Island, Metric, Run, Simulation
 from webapp.runs.presets import PRESETS, preset_config
 from webapp.runs.reports import progress, run_events, run_metrics, run_summary, run_timeline
-from webapp.runs.services import create_run
 from webapp.runs.simulations import DEFAULT_SPEC, check_spec
 from webapp.runs.tasks import start_simulation
 

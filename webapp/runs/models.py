@@ -14,6 +14,7 @@ from diloco.config import RunConfig, parse_config
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
+    from django.db.models import QuerySet
 
 RUN_NAME_MAX_LENGTH = 100
 
@@ -115,9 +116,42 @@ class Run(models.Model):
         regions = [island.get("region", "") for island in self.config.get("islands", [])]
         return parse_config(self.config, regions)
 
+    def island_names(self) -> list[str]:
+        """The names of the islands the run has now: those of its config, in its order.
+        A removed island keeps its row (and its epochs) for when it comes back."""
+        return [island["name"] for island in self.config.get("islands", [])]
+
+    def current_islands(self) -> QuerySet[Island]:
+        """The rows of the islands the run has now (island_names)."""
+        return self.islands.filter(name__in=self.island_names())
+
+    def get_island(self, island: Island | str) -> Island:
+        """One of the islands the run has now, by row or by name.
+
+        Raises:
+            ValueError: when the run has no such island.
+        """
+        name = island.name if isinstance(island, Island) else island
+        found = self.current_islands().filter(name=name).first()
+        if found is None:
+            names = ", ".join(self.current_islands().values_list("name", flat=True))
+            raise ValueError(f"run {self.name!r} has no island named {name!r} (it has {names})")
+        return found
+
+    def require_state(self, states: tuple[str, ...], action: str) -> None:
+        """Refuse `action` unless the run, read afresh, is in one of `states`.
+
+        Raises:
+            ValueError: when it is not.
+        """
+        self.refresh_from_db(fields=["state"])
+        if self.state not in states:
+            raise ValueError(f"cannot {action}: the run is {self.state} "
+                             f"(it must be {' or '.join(states)})")
+
     def to_dict(self) -> dict[str, Any]:
         """The run as the API shows it; the secret is left out on purpose."""
-        configured = {island.get("name") for island in self.config.get("islands", [])}
+        configured = set(self.island_names())
         return {
             "id": self.pk,
             "name": self.name,
@@ -133,7 +167,7 @@ class Run(models.Model):
             "outer_steps": self.outer_steps,
             "archived": self.archived,
             "initial_checkpoint": self.initial_checkpoint_id,
-            # A removed island keeps its row (and epochs) for when it comes back.
+            # Not current_islands(): all() reads the islands a summary prefetched.
             "islands": [island.to_dict() for island in self.islands.all()
                         if island.name in configured],
         }
@@ -151,6 +185,7 @@ TRANSITIONS: dict[Run.State, frozenset[Run.State]] = {
     Run.State.STOPPED: frozenset(),
 }
 FINAL_STATES = frozenset(state for state, allowed in TRANSITIONS.items() if not allowed)
+RUNNING_OR_PAUSED = (Run.State.RUNNING, Run.State.PAUSED)
 
 
 class Island(models.Model):
@@ -192,6 +227,11 @@ class Island(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.region})"
+
+    def record_event(self, kind: str, by: AbstractBaseUser | None, **detail: Any) -> Event:
+        """An event of the island's run about the island, asked for by `by`."""
+        return Event.objects.create(run_id=self.run_id, island=self, kind=kind, actor=by,
+                                    detail={"island": self.name, **detail})
 
     def to_dict(self) -> dict[str, Any]:
         return {

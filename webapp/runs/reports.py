@@ -1,15 +1,18 @@
 """What a run looks like to its readers: the database row joined with syncd's live
-status, its history and its events. The API and the pages both read these."""
+status, its history, its events and its islands' logs. The API and the pages both
+read these."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 from redis.exceptions import RedisError
 
 from syncd.status import link_state
+from trainer.island_logs import island_log_path, tail_lines
 from webapp.runs.models import Event, Island, Metric, Run
 from webapp.runs.stores import run_store
 from webapp.runs.timeline import island_timeline
@@ -89,8 +92,7 @@ def run_timeline(run: Run, islands: list[str] | None = None) -> dict[str, Any]:
     """Each island's lane (webapp.runs.timeline.island_timeline), all of the run's
     islands unless `islands` names some, from its start to now (to its end once it is
     over); times in seconds since the epoch."""
-    names = islands if islands is not None else [
-        island["name"] for island in run.config.get("islands", [])]
+    names = islands if islands is not None else run.island_names()
     kept = Event.objects.filter(run=run, kind__in=TIMELINE_KINDS).order_by("-time", "-id")
     events = [{"kind": kind, "time": time.timestamp(), "island": island, "detail": detail}
               for kind, time, island, detail in
@@ -103,3 +105,13 @@ def run_timeline(run: Run, islands: list[str] | None = None) -> dict[str, Any]:
                 + [run.started_at.timestamp() if run.started_at else end])
     return {"start": start, "end": end,
             "islands": [island_timeline(name, events, samples, end) for name in names]}
+
+
+def island_log(run: Run, island: Island | str, lines: int = 50) -> list[str]:
+    """The last lines of an island's log (its output and its tracebacks): what its
+    supervisor last put in Redis, wherever it runs, else the file on this host."""
+    name = island.name if isinstance(island, Island) else island
+    shipped = run_store(run).log(name)
+    if shipped is not None:
+        return shipped[-lines:]
+    return tail_lines(island_log_path(settings.LOG_DIR, run.pk, name), lines)

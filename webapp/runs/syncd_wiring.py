@@ -13,8 +13,8 @@ from syncd.hooks import Hooks
 
 def rejoin(run_id: int, island: str) -> None:
     """The next epoch of an island whose chaos kill has ended (no actor)."""
+    from webapp.runs.membership import rejoin_island
     from webapp.runs.models import Run
-    from webapp.runs.services import rejoin_island
 
     rejoin_island(Run.objects.get(pk=run_id), island, by=None)
 

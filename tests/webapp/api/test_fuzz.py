@@ -28,8 +28,8 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.generation.modes import GenerationMode
 
 from webapp.api.api import api
+from webapp.runs.lifecycle import create_run
 from webapp.runs.models import ApiToken, Run
-from webapp.runs.services import create_run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.integration]
 

@@ -13,8 +13,8 @@ from django.utils import timezone
 from diloco.config import field_help
 from syncd.connection import connect
 from syncd.store import RunStore
+from webapp.runs.lifecycle import create_run
 from webapp.runs.models import Checkpoint, Event, Metric, Run
-from webapp.runs.services import create_run
 
 pytestmark = pytest.mark.django_db
 

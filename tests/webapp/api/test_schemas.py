@@ -37,7 +37,7 @@ from diloco.config import (
     default_islands,
 )
 from webapp.api.api import api
-from webapp.api.schemas import NOT_BLANK, WHITESPACE
+from webapp.api.config_schema import NOT_BLANK, WHITESPACE
 from webapp.runs.models import ApiToken
 
 

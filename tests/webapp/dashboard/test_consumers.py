@@ -16,9 +16,9 @@ from webapp.dashboard.consumers import (
     RunsListConsumer,
     RunStatusConsumer,
 )
+from webapp.runs.lifecycle import create_run
 from webapp.runs.live import channel_notifier
 from webapp.runs.models import Event, Run
-from webapp.runs.services import create_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -4,9 +4,9 @@ from django.test import Client
 from diloco.config import parameter_count, parse_config
 from diloco.island import initial_model
 from syncd.checkpoint import save
+from webapp.runs.lifecycle import create_run
 from webapp.runs.models import ApiToken, Checkpoint, Island, Metric, Run
 from webapp.runs.presets import preset_config
-from webapp.runs.services import create_run
 
 pytestmark = pytest.mark.django_db
 

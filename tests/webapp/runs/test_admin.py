@@ -3,8 +3,8 @@ nothing added there, and records that syncd writes never changed there."""
 
 import pytest
 
+from webapp.runs.lifecycle import create_run
 from webapp.runs.models import Checkpoint, Event, Island, Run
-from webapp.runs.services import create_run
 
 pytestmark = pytest.mark.django_db
 

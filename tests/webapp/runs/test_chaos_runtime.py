@@ -16,7 +16,7 @@ from test_runtime_processes import (  # noqa: F401 - fixtures
 )
 
 from diloco.chaos import PRESETS, schedule
-from webapp.runs.services import stop_run
+from webapp.runs.lifecycle import stop_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 # kills_only, seed 139 on the test's three islands: island-2 dies 0.06 s into the

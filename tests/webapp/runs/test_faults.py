@@ -10,13 +10,17 @@ import pytest
 from syncd.connection import connect
 from tests.webapp.runs.three_islands import commands
 from webapp.runs.faults import (
+    FAULTS,
+    TIMED_FAULTS,
+    action_for,
     inject_fault,
     kill_island,
     kill_region,
     kill_syncd,
+    kinds_hitting,
 )
+from webapp.runs.lifecycle import stop_run
 from webapp.runs.models import Event
-from webapp.runs.services import stop_run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.integration]
 
@@ -121,3 +125,14 @@ def test_only_an_admin_may_kill_syncd(running, operator, django_user_model, redi
     assert connect(redis_url).lpop("arch:syncd:control") == b"kill"
     assert Event.objects.filter(run=running, kind="fault", actor=admin,
                                 detail__fault="kill_syncd").exists()
+
+
+def test_the_fault_table_says_what_each_kind_hits_takes_and_needs():
+    assert kinds_hitting("island") == ("kill", *TIMED_FAULTS)
+    assert TIMED_FAULTS == ("straggle", "partition", "degrade", "corrupt")
+    assert (kinds_hitting("region"), kinds_hitting("system")) == (("outage",), ("kill_syncd",))
+    assert [action_for(hits) for hits in ("island", "region", "system")] == \
+        ["fault", "fault", "admin"]
+    assert FAULTS["straggle"].factor_range_text() == "between 1 and 1e6"
+    assert FAULTS["partition"].factor_fits(1e9)
+    assert not FAULTS["degrade"].factor_fits(0.5)

@@ -149,3 +149,45 @@ def test_events_come_in_time_order():
                                    time=later.time.replace(year=later.time.year - 1))
 
     assert list(run.events.all()) == [earlier, later]
+
+
+def test_the_islands_a_run_has_now_are_those_of_its_config():
+    run = make_run()
+    Island.objects.create(run=run, name="removed", region="us-east")
+    for name in ("island-0", "island-1"):
+        Island.objects.create(run=run, name=name, region="us-east")
+
+    assert run.island_names() == ["island-0", "island-1"]
+    assert [island.name for island in run.current_islands()] == ["island-0", "island-1"]
+    assert [island["name"] for island in run.to_dict()["islands"]] == ["island-0", "island-1"]
+
+
+def test_get_island_names_the_islands_there_are_when_it_has_no_such_one():
+    run = make_run()
+    island = Island.objects.create(run=run, name="island-0", region="us-east")
+    Island.objects.create(run=run, name="removed", region="us-east")
+
+    assert run.get_island("island-0") == island
+    assert run.get_island(island) == island
+    with pytest.raises(ValueError, match=r"no island named 'removed' \(it has island-0\)"):
+        run.get_island("removed")
+
+
+def test_require_state_reads_the_stored_state_not_a_stale_copy():
+    run = make_run()
+    Run.objects.filter(pk=run.pk).update(state=Run.State.RUNNING)
+
+    run.require_state((Run.State.RUNNING,), "pause a run")
+    with pytest.raises(ValueError, match=r"cannot delete a run: the run is running "
+                                         r"\(it must be draft\)"):
+        run.require_state((Run.State.DRAFT,), "delete a run")
+
+
+def test_an_island_event_names_the_island_and_who_asked(operator):
+    run = make_run()
+    island = Island.objects.create(run=run, name="island-0", region="us-east")
+
+    event = island.record_event(Event.Kind.REJOIN, operator, epoch=2)
+
+    assert (event.run, event.island, event.actor) == (run, island, operator)
+    assert event.detail == {"island": "island-0", "epoch": 2}

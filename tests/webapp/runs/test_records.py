@@ -6,9 +6,9 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from syncd.live import status_group
+from webapp.runs.lifecycle import create_run
 from webapp.runs.models import Checkpoint, Event, Metric, Run
 from webapp.runs.records import DatabaseRecorder
-from webapp.runs.services import create_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -26,13 +26,9 @@ from webapp.runs.faults import (
     kill_island,
     kill_syncd,
 )
+from webapp.runs.lifecycle import create_run, start_run, stop_run
+from webapp.runs.membership import rejoin_island
 from webapp.runs.models import Run
-from webapp.runs.services import (
-    create_run,
-    rejoin_island,
-    start_run,
-    stop_run,
-)
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parents[3]

@@ -15,20 +15,18 @@ from syncd.pool_store import PoolStore
 from syncd.store import RunStore
 from tests.webapp.runs.three_islands import THREE_ISLANDS, commands
 from webapp.runs.faults import kill_island
-from webapp.runs.models import Checkpoint, Event, Island, Run
-from webapp.runs.services import (
-    add_island,
+from webapp.runs.lifecycle import (
     checkpoint_now,
     create_run,
-    island_log,
     pause_run,
-    rejoin_island,
-    remove_island,
-    resume_after_restart,
     resume_run,
     start_run,
     stop_run,
 )
+from webapp.runs.membership import add_island, rejoin_island, remove_island
+from webapp.runs.models import Checkpoint, Event, Island, Run
+from webapp.runs.reports import island_log
+from webapp.runs.restart import resume_after_restart
 
 pytestmark = [pytest.mark.django_db, pytest.mark.integration]
 

@@ -4,7 +4,9 @@ supervisor's business (tests/trainer)."""
 
 import pytest
 
-from webapp.runs.services import island_log, rejoin_island, stop_run
+from webapp.runs.lifecycle import stop_run
+from webapp.runs.membership import rejoin_island
+from webapp.runs.reports import island_log
 from webapp.runs.tasks import run_island
 
 pytestmark = [pytest.mark.django_db, pytest.mark.integration]

@@ -26,8 +26,9 @@ from syncd.pool_store import PoolStore
 from syncd.store import RunStore
 from trainer.island_logs import island_log_path
 from webapp.runs.faults import kill_island
+from webapp.runs.lifecycle import stop_run
+from webapp.runs.membership import rejoin_island
 from webapp.runs.models import Run
-from webapp.runs.services import rejoin_island, stop_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

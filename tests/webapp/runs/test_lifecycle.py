@@ -1,8 +1,8 @@
 import pytest
 
 from diloco.config import ConfigError, parse_config
+from webapp.runs.lifecycle import create_run, default_config
 from webapp.runs.models import Island, Run
-from webapp.runs.services import create_run, default_config
 
 pytestmark = pytest.mark.django_db
 

@@ -1,0 +1,215 @@
+"""A run's life: create, start, stop, pause, resume, checkpoint, archive, delete.
+
+The UI and the API call these functions and nothing else (the islands of a run:
+webapp/runs/membership.py; faults: webapp/runs/faults.py).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from diloco.config import MODES, ConfigError, RunConfig, parse_config
+from webapp.runs.dispatch import enqueue, put_spec
+from webapp.runs.models import (
+    FINAL_STATES,
+    RUN_NAME_MAX_LENGTH,
+    RUNNING_OR_PAUSED,
+    Checkpoint,
+    Event,
+    Island,
+    Run,
+)
+from webapp.runs.stores import run_store
+from webapp.runs.validation import check_data_path, checkpoint_misfit, memory_misfits
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+
+
+def default_config() -> dict[str, Any]:
+    """The default run config, with its islands moved to a region this deployment has."""
+    config = RunConfig().to_dict()
+    for island in config["islands"]:
+        if island["region"] not in settings.REGIONS:
+            island["region"] = settings.REGIONS[0]
+    return config
+
+
+def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | None,
+               initial_checkpoint: Checkpoint | None = None) -> Run:
+    """Validate a new run and save it as a draft with one island row per configured island.
+
+    Args:
+        name: the run's name, 1 to 100 characters.
+        mode: one of diloco.config.MODES.
+        config: the run config as decoded JSON; missing fields take their defaults.
+        user: who creates it, or None.
+        initial_checkpoint: a stored checkpoint the run's global model starts from; its
+            model settings must be the run's.
+
+    Raises:
+        ConfigError: with every problem found, keyed "name", "mode", "initial_checkpoint"
+            or by the config's dotted path ("sync.min_quorum").
+    """
+    errors: dict[str, list[str]] = {}
+    if isinstance(name, str):
+        name = name.strip()
+    if not isinstance(name, str) or not name:
+        errors["name"] = ["This field is required."]
+    elif len(name) > RUN_NAME_MAX_LENGTH:
+        errors["name"] = [f"Must be at most {RUN_NAME_MAX_LENGTH} characters, got {len(name)}."]
+    if mode not in MODES:
+        errors["mode"] = [f"Must be one of {', '.join(MODES)}, got {mode!r}."]
+    try:
+        run_config = parse_config(config, settings.REGIONS)
+    except ConfigError as e:
+        for path, messages in e.errors.items():
+            # An unknown top-level config key "name" or "mode" must not read as a
+            # problem with the run's own name or mode.
+            key = f"config.{path}" if path in ("name", "mode") else path
+            errors.setdefault(key, []).extend(messages)
+    else:
+        errors.update(memory_misfits(run_config))
+    # What a user names must stay inside the data folders; the system's own runs (user
+    # None: the demo, benchmarks, tests) may read their own corpora.
+    data = config.get("data") if isinstance(config, dict) else None
+    path = data.get("path") if isinstance(data, dict) else None
+    if user is not None and isinstance(path, str) and "data.path" not in errors:
+        message = check_data_path(path)
+        if message:
+            errors["data.path"] = [message]
+    if initial_checkpoint is not None and "model" not in errors:
+        message = checkpoint_misfit(initial_checkpoint, config)
+        if message:
+            errors["initial_checkpoint"] = [message]
+    if errors:
+        raise ConfigError(errors)
+
+    with transaction.atomic():
+        run = Run.objects.create(name=name, mode=mode, config=run_config.to_dict(),
+                                 created_by=user, initial_checkpoint=initial_checkpoint)
+        Island.objects.bulk_create(
+            Island(run=run, name=island.name, region=island.region, speed=island.speed,
+                   batch_size=island.batch_size, bandwidth_gbps=island.bandwidth_gbps,
+                   latency_ms=island.latency_ms)
+            for island in run_config.islands)
+    return run
+
+
+def start_run(run: Run, by: AbstractBaseUser | None) -> None:
+    """Start a draft run: publish its spec, give every island epoch 1 and enqueue it.
+
+    Each island claims a warm standby of its region's pool when one is ready
+    (trainer/pool_manager.py), else goes to its region's queue
+    (trainer.queues.region_queue), where that region's worker runs it as one long
+    task.
+
+    Raises:
+        ConfigError: when the run no longer fits the memory the hosts declare.
+        ValueError: when the run is not a draft.
+    """
+    if run.state == Run.State.DRAFT and (misfits := memory_misfits(run.run_config())):
+        raise ConfigError(misfits)
+    run.transition(Run.State.QUEUED, by=by)
+    try:
+        store = run_store(run)
+        put_spec(run, store)
+        islands = list(run.current_islands())
+        with transaction.atomic():
+            for island in islands:
+                island.epoch = 1
+                island.save(update_fields=["epoch"])
+        for island in islands:
+            store.set_epoch(island.name, island.epoch)
+        for island in islands:
+            enqueue(run, island)
+    except Exception as e:
+        run.transition(Run.State.FAILED, by=by, reason=f"The run could not be started: {e}")
+        raise
+    run.transition(Run.State.RUNNING, by=by)
+
+
+def stop_run(run: Run, by: AbstractBaseUser | None) -> None:
+    """Stop a run for good, keeping its model: the run is `stopping` while every island
+    sends what it has not sent and exits, and syncd merges what arrived, writes a final
+    checkpoint, sets the islands' states, frees the run's Redis keys but its status
+    and makes the run `stopped` (syncd/service.py).
+
+    Raises:
+        ValueError: when the run cannot be stopped from its state (a draft, stopping, or
+            final).
+    """
+    run.transition(Run.State.STOPPING, by=by)
+    store = run_store(run)
+    store.request_stop(time.time())
+    store.set_paused(False)  # a paused run's islands thaw to stop (the supervisor's SIGCONT)
+    _command_all(run, "stop")
+
+
+# A pause checkpoints unless the run has a checkpoint at most this old.
+PAUSE_CHECKPOINT_AGE_S = 60.0
+
+
+def pause_run(run: Run, by: AbstractBaseUser | None) -> None:
+    """Freeze every island process (SIGSTOP); it keeps its memory and its place. syncd
+    checkpoints the run unless it has a checkpoint newer than a minute."""
+    run.transition(Run.State.PAUSED, by=by)
+    store = run_store(run)
+    store.set_paused(True)  # syncd: silent islands are paused, not lost
+    _command_all(run, "pause")
+    recent = timezone.now() - timedelta(seconds=PAUSE_CHECKPOINT_AGE_S)
+    if not Checkpoint.objects.filter(run=run, created_at__gte=recent).exists():
+        store.request_checkpoint()
+
+
+def resume_run(run: Run, by: AbstractBaseUser | None) -> None:
+    """Let the islands of a paused run go on (SIGCONT)."""
+    run.transition(Run.State.RUNNING, by=by)
+    _command_all(run, "resume")
+    run_store(run).set_paused(False)
+
+
+def checkpoint_now(run: Run, by: AbstractBaseUser | None) -> None:
+    """Ask syncd for a checkpoint of the run at its next pass."""
+    run.require_state(RUNNING_OR_PAUSED, "checkpoint a run")
+    run_store(run).request_checkpoint()
+    Event.objects.create(run=run, kind=Event.Kind.CHECKPOINT, actor=by,
+                         detail={"requested": True})
+
+
+def archive_run(run: Run, archived: bool, by: AbstractBaseUser | None) -> None:
+    """Hide a run from the runs list (or show it again); it is kept whole."""
+    Run.objects.filter(pk=run.pk).update(archived=archived)
+    run.archived = archived
+
+
+def delete_run(run: Run, by: AbstractBaseUser | None) -> None:
+    """Delete a run that is not live, with its events, metrics and checkpoints; a
+    checkpoint another run started from is kept (detached from the run).
+
+    Raises:
+        ValueError: when the run is queued, running or paused: stop it first.
+    """
+    run.require_state((Run.State.DRAFT, *FINAL_STATES), "delete a run")
+    with transaction.atomic():
+        kept = Checkpoint.objects.filter(run=run, started_runs__isnull=False).distinct()
+        kept.update(run=None)
+        doomed = list(Checkpoint.objects.filter(run=run).values_list("path", flat=True))
+        Checkpoint.objects.filter(run=run).delete()
+        run_store(run).release(keep=())
+        run.delete()
+    for path in doomed:
+        Path(path).unlink(missing_ok=True)
+
+
+def _command_all(run: Run, kind: str) -> None:
+    store = run_store(run)
+    for island in run.current_islands():
+        store.send_command(island.name, kind, epoch=island.epoch)

@@ -1,0 +1,92 @@
+"""Which islands a run has: add one, remove one, rejoin one (start its next epoch).
+Run.island_names says which islands a run has now."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import transaction
+
+from diloco.config import parse_config
+from webapp.runs.dispatch import put_spec, start_next_epoch
+from webapp.runs.models import RUNNING_OR_PAUSED, Event, Island, Run
+from webapp.runs.stores import run_store
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+
+
+def add_island(run: Run, island_config: dict[str, Any], by: AbstractBaseUser | None) -> Island:
+    """Add an island to a draft or a live run; in a live run it starts training at once.
+
+    Raises:
+        ConfigError: when the island does not fit the config (keyed "islands.N.name", ...).
+        ValueError: when the run is neither a draft nor live.
+    """
+    run.require_state((Run.State.DRAFT, *RUNNING_OR_PAUSED), "add an island")
+    config = parse_config({**run.config, "islands": [*run.config["islands"], island_config]},
+                          settings.REGIONS)
+    new = config.islands[-1]
+    fields = {"region": new.region, "speed": new.speed, "batch_size": new.batch_size,
+              "bandwidth_gbps": new.bandwidth_gbps, "latency_ms": new.latency_ms,
+              "state": Island.State.PENDING, "fault": Island.Fault.NONE}
+    with transaction.atomic():
+        run.config = config.to_dict()
+        run.save(update_fields=["config"])
+        # A removed island keeps its row (and its epochs) for when it comes back.
+        island, _ = Island.objects.update_or_create(run=run, name=new.name, defaults=fields)
+    if run.state in RUNNING_OR_PAUSED:
+        store = run_store(run)
+        put_spec(run, store)
+        island = start_next_epoch(run, island, store)
+    return island
+
+
+def remove_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -> None:
+    """Take an island out of a run; a running one saves its cursor and stops.
+
+    Raises:
+        ConfigError: when the run would be left with too few islands for its quorum.
+        ValueError: when the run has no such island or is neither a draft nor live.
+    """
+    run.require_state((Run.State.DRAFT, *RUNNING_OR_PAUSED), "remove an island")
+    island = run.get_island(island)
+    config = parse_config({**run.config, "islands": [
+        i for i in run.config["islands"] if i["name"] != island.name]}, settings.REGIONS)
+    with transaction.atomic():
+        run.config = config.to_dict()
+        run.save(update_fields=["config"])
+        if run.state == Run.State.DRAFT:
+            island.delete()
+            return
+        island = Island.objects.select_for_update().get(pk=island.pk)
+        old_epoch = island.epoch
+        # The next epoch, with no process behind it: syncd refuses the old one's
+        # updates and its supervisor stops it, even if the stop below goes astray.
+        island.epoch = old_epoch + 1
+        island.state = Island.State.STOPPED
+        island.save(update_fields=["epoch", "state"])
+    store = run_store(run)
+    put_spec(run, store)
+    store.send_command(island.name, "stop", epoch=old_epoch)
+    store.set_epoch(island.name, island.epoch)
+
+
+def rejoin_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -> Island:
+    """Start the island's next epoch; the one before it, if it still runs, stops.
+
+    The new epoch pulls the newest global fragments and resumes from the
+    island's data cursor; syncd refuses updates from the older epoch from now on.
+    """
+    run.require_state(RUNNING_OR_PAUSED, "rejoin an island")
+    island = run.get_island(island)
+    old_epoch = island.epoch
+    store = run_store(run)
+    store.send_command(island.name, "stop", epoch=old_epoch)
+    asked = time.time()
+    store.rejoin_requested(island.name, asked)  # syncd reports the time to train
+    island = start_next_epoch(run, island, store, asked)
+    island.record_event(Event.Kind.REJOIN, by, from_epoch=old_epoch, epoch=island.epoch)
+    return island
