@@ -317,11 +317,16 @@ def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[s
 
 
 def bare_phase(name: str, corpus: Path, seconds: float, label: str) -> dict[str, Any]:
-    """As many bare loops as islands, at once, for `seconds` once every one is warm."""
+    """As many bare loops as islands, at once, for `seconds` once every one is warm.
+
+    Each leads a session of its own, as every island process does: with the kernel's
+    autogroup scheduling each session gets its share of a busy machine, and four loops
+    in the benchmark's one session got a quarter of the islands' CPU under load."""
     spec = json.dumps({"model": WORKLOADS[name], "corpus": str(corpus)})
     loops = [subprocess.Popen([sys.executable, "-m", "bench.efficiency", spec], cwd=ROOT,
                               env={**os.environ, "PYTHONPATH": str(ROOT)},
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
              for _ in REGIONS]
     try:
         for loop in loops:
