@@ -285,6 +285,9 @@ def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[s
         for island, b in now.items():
             if b["time"] >= started:
                 beats[island][b["time"]] = (b["step"], b.get("pull_s", 0.0))
+        if stopped := [n for n, b in now.items() if b.get("state") == "stopped"]:
+            raise RuntimeError(f"{label}: {', '.join(stopped)} stopped in the window; see "
+                               f"{system.home / 'logs'}")
         if all(now[n]["step"] - first[n]["step"] >= window for n in REGIONS):
             break
         if time.time() - started > PHASE_TIMEOUT_S:
