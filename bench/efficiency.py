@@ -233,7 +233,8 @@ def wait(check: Callable[[], Any], what: str, system: StartedSystem,
 
 def wait_pools_ready(system: StartedSystem) -> None:
     """Every region's standby is ready: runs start warm, and nothing is importing."""
-    from syncd.store import PoolStore, connect
+    from syncd.connection import connect
+    from syncd.pool_store import PoolStore
 
     pools = PoolStore(connect(system.redis_url))
     wait(lambda: all(pools.ready(region) >= 1 for region in REGIONS),
@@ -242,7 +243,8 @@ def wait_pools_ready(system: StartedSystem) -> None:
 
 def stop_demo(system: StartedSystem) -> None:
     """The start's demo run stopped, its islands gone, the pools full again."""
-    from syncd.store import RunStore, connect
+    from syncd.connection import connect
+    from syncd.store import RunStore
     from webapp.runs.models import Run
     from webapp.runs.services import stop_run
 
@@ -258,7 +260,8 @@ def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[s
     """One run of the workload: its merged tokens/s, island step times, pulls and CPU."""
     from datetime import UTC, datetime
 
-    from syncd.store import RunStore, connect
+    from syncd.connection import connect
+    from syncd.store import RunStore
     from webapp.runs.models import Event
     from webapp.runs.services import create_run, start_run, stop_run
 
