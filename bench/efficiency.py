@@ -14,8 +14,9 @@ bare]:
   second are the least-squares slope of tokens merged (syncd's merge events:
   each merge's tokens, over the run's fragments) against the events' times in
   the window; each island's step time is the inverse of the slope of its
-  heartbeats' step against their time; its pulls the growth of its heartbeats'
-  pull_s. The CPU of every process of the start (utime + stime from /proc,
+  heartbeats' step against their time; its pulls the growth of the time its
+  training thread spent on them (the heartbeats' pull_wait_s, or pull_s where
+  pulls ran on that thread). The CPU of every process of the start (utime + stime from /proc,
   sampled every second) is split by kind: islands (the processes the
   heartbeats name), standbys (the pool managers' other children), syncd,
   pool_managers, redis, celery (the workers and their prefork children), web
@@ -255,6 +256,13 @@ def stop_demo(system: StartedSystem) -> None:
     wait_pools_ready(system)
 
 
+def training_thread_pull_s(beat: dict[str, Any]) -> float:
+    """The seconds an island's training thread has spent on pulls: pull_wait_s where
+    the heartbeat has it (downloads on a thread of their own), else pull_s (pulls on
+    the training thread, before that)."""
+    return float(beat.get("pull_wait_s", beat.get("pull_s", 0.0)))
+
+
 def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[str, Any],
                  label: str) -> dict[str, Any]:
     """One run of the workload: its merged tokens/s, island step times, pulls and CPU."""
@@ -287,7 +295,7 @@ def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[s
         meter.sample({int(b["pid"]) for b in now.values()})
         for island, b in now.items():
             if b["time"] >= started:
-                beats[island][b["time"]] = (b["step"], b.get("pull_s", 0.0))
+                beats[island][b["time"]] = (b["step"], training_thread_pull_s(b))
         if stopped := [n for n, b in now.items() if b.get("state") == "stopped"]:
             raise RuntimeError(f"{label}: {', '.join(stopped)} stopped in the window; see "
                                f"{system.home / 'logs'}")
