@@ -23,7 +23,7 @@ class GlobalsStore(RunKeys):
     """A run's published global fragments, their versions, momentum and handled seqs."""
 
     def publish(self, fragment: int, version: int, full: bytes | bytearray,
-                diff: bytes | bytearray | None, momentum: bytes | bytearray,
+                difference: bytes | bytearray | None, momentum: bytes | bytearray,
                 handled: dict[str, int], tokens: int, keep: int,
                 merged: Iterable[UpdateRef] = ()) -> None:
         """Commit one merge: the new version, its messages, momentum and handled seqs,
@@ -47,15 +47,15 @@ class GlobalsStore(RunKeys):
                                  BLOB_TTL_S, pipe)
         momentum_ref = self.bulk.put(self.key("momentum", fragment, version, token), momentum,
                                      BLOB_TTL_S, pipe)
-        diff_ref = None if diff is None else self.bulk.put(
-            self.key("pub", fragment, version, token), diff, BLOB_TTL_S, pipe)
+        difference_ref = None if difference is None else self.bulk.put(
+            self.key("pub", fragment, version, token), difference, BLOB_TTL_S, pipe)
         pipe.execute()
         merged = list(merged)
         # What the references name now: only the lease's holder changes them, and the
         # fenced transaction below is refused if that is no longer this store.
         replaced = {name: self._ref(self.key(name, fragment)) for name in ("full", "momentum")}
         old_pub = self.key("pub", fragment, version - keep)
-        dropped_pub = self._ref(old_pub) if diff_ref is not None else None
+        dropped_pub = self._ref(old_pub) if difference_ref is not None else None
 
         def fill(pipe: Pipeline) -> None:
             for ref, name in ((full_ref, "full"), (momentum_ref, "momentum")):
@@ -64,9 +64,9 @@ class GlobalsStore(RunKeys):
                 old = replaced[name]
                 if old is not None and old.key != ref.key:
                     self.bulk.delete(pipe, old)
-            if diff_ref is not None:
-                self.bulk.persist(pipe, diff_ref)
-                pipe.set(self.key("pub", fragment, version), diff_ref.dumps())
+            if difference_ref is not None:
+                self.bulk.persist(pipe, difference_ref)
+                pipe.set(self.key("pub", fragment, version), difference_ref.dumps())
                 pipe.delete(old_pub)
                 if dropped_pub is not None:
                     self.bulk.delete(pipe, dropped_pub)

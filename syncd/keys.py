@@ -9,9 +9,10 @@ Keys, for run R (built by syncd.run_keys.RunKeys.key):
     arch:runs                      set of active run ids, for syncd
     arch:R:spec                    JSON {mode, config, secret}
     arch:R:epochs                  hash island -> current epoch (older are refused)
-    arch:R:updates                 stream of {island, epoch, fragment, seq, key, chunks,
-                                   bytes} (syncd.update_stream)
-    arch:R:blob:<uuid>:<i>         chunks of an update message, with a TTL, deleted once
+    arch:R:updates                 stream of {island, epoch, fragment, seq, chunks, bytes}
+                                   (syncd.update_stream)
+    arch:R:blob:<island>:<epoch>:<fragment>:<seq>:<i>
+                                   chunks of an update message, with a TTL, deleted once
                                    syncd merged, refused or dropped it
     arch:R:versions                hash fragment -> newest global version (syncd.globals_store)
     arch:R:full:<p>                reference to the newest global fragment p (a full
