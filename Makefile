@@ -58,8 +58,10 @@ test-db: install-test
 		$(VENV)/bin/pytest tests/trainer tests/syncd -m integration -q -p no:cacheprovider'
 
 # System tier, once: whole systems with a database and Redis of their own: the chaos
-# soak's CI tier (every kind of fault at least once, then every invariant) and a kill -9
-# of every process of `python -m webapp.start` followed by a start again.
+# soak's CI tier (every kind of fault at least once, then every invariant), a kill -9
+# of every process of `python -m webapp.start` followed by a start again, and the quick
+# profile of `bench efficiency`, written to bench/results/efficiency-quick.json as a
+# measurement (its targets reported, not asserted).
 test-system: install-test
 	mkdir -p var
 	DATABASE_URL=sqlite:///var/test.sqlite3 $(VENV)/bin/pytest tests/bench tests/system \

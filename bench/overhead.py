@@ -66,9 +66,12 @@ def make_config(profile: dict[str, Any]) -> RunConfig:
 
 
 class BareLoop:
-    """The plainest training loop over the same model, batches and AdamW settings."""
+    """The plainest training loop over the same model, batches and AdamW settings;
+    with `clip`, it clips the gradient's norm at 1.0 as an island does
+    (bench/efficiency.py's bare loops)."""
 
-    def __init__(self, config: RunConfig, corpus: Corpus, init: dict[str, torch.Tensor]):
+    def __init__(self, config: RunConfig, corpus: Corpus, init: dict[str, torch.Tensor],
+                 clip: bool = False):
         self.model = GPT(gpt_config(config))
         self.model.load_state_dict(init)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.optim.inner_lr,
@@ -76,12 +79,15 @@ class BareLoop:
                                            weight_decay=config.optim.weight_decay)
         self.sampler = ShardSampler(corpus, 0, 1, config.model.block_size, config.seed)
         self.batch_size = config.islands[0].batch_size
+        self.clip = clip
 
     def step(self) -> None:
         x, y = self.sampler.batch(self.batch_size)
         _, loss = self.model(x, y)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if self.clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
 
 

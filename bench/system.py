@@ -1,7 +1,9 @@
 """The real system for a benchmark: its own Redis, SQLite database, syncd and, as
-asked, Daphne and a Celery worker per region, all under one folder of its own.
+asked, Daphne and a Celery worker per region, all under one folder of its own
+(BenchSystem); or the README's start command itself, `python -m webapp.start`, under
+a folder of its own (StartedSystem).
 
-This process is pointed at the same Redis and database (Django set up, migrated),
+This process is pointed at the same Redis and database (Django set up),
 so a benchmark creates and starts runs through the run services, as the web app does.
 """
 
@@ -30,6 +32,8 @@ from webapp.processes import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+STARTUP_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 60.0
 
 
 class BenchSystem:
@@ -167,3 +171,66 @@ class BenchSystem:
     def stop(self) -> None:
         for name, code in self.processes.stop_all().items():
             results.say(f"  stopped {name} ({code})")
+
+
+class StartedSystem:
+    """`python -m webapp.start` as a user runs it (Redis, syncd, a worker and a pool
+    manager per region, the control worker, the web app, the demo run), with its state
+    under `home`, emptied first: VAR_DIR, SQLite, checkpoints, logs and DATA_DIR; the
+    web app on a free port. The pool and the workers keep their defaults."""
+
+    def __init__(self, home: Path, regions: list[str]):
+        shutil.rmtree(home, ignore_errors=True)
+        (home / "data").mkdir(parents=True)
+        self.home, self.log = home, home / "start.log"
+        self.env = {**os.environ, "VAR_DIR": str(home / "var"),
+                    "DATABASE_URL": f"sqlite:///{home / 'db.sqlite3'}",
+                    "CHECKPOINT_DIR": str(home / "checkpoints"), "LOG_DIR": str(home / "logs"),
+                    "DATA_DIR": str(home / "data"), "PORT": str(free_port()),
+                    "REGIONS": ",".join(regions), "DJANGO_SETTINGS_MODULE": "webapp.settings",
+                    "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        for name in ("REDIS_URL", "ISLAND_POOL_SIZE", "ISLANDS_PER_WORKER"):
+            self.env.pop(name, None)
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "webapp.start"], cwd=ROOT,
+                                            env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        wait_for(self.up, STARTUP_TIMEOUT_S, "python -m webapp.start up", 0.5)
+        port = int((home / "var" / "redis" / "port").read_text())
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def up(self) -> bool:
+        """Whether the start says it is running; raises if it has exited."""
+        self.check()
+        return "Archipelago is running" in self.log.read_text(errors="replace")
+
+    def check(self) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"python -m webapp.start exited with code "
+                               f"{self.process.returncode}; see {self.log}")
+
+    def setup_django(self) -> None:
+        """Point this process at the system's Redis, database and folders (the start
+        has migrated)."""
+        os.environ.update({k: self.env[k] for k in ("DATABASE_URL", "CHECKPOINT_DIR",
+                                                     "LOG_DIR", "DATA_DIR", "REGIONS")})
+        os.environ["REDIS_URL"] = self.redis_url
+        os.environ["DJANGO_SETTINGS_MODULE"] = "webapp.settings"
+        import django
+
+        django.setup()
+
+    def stop(self) -> None:
+        """Ctrl-C's SIGTERM; the whole group SIGKILLed if it has not stopped in a minute."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            code = self.process.wait()
+        results.say(f"  python -m webapp.start stopped ({code})")

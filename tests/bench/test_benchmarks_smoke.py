@@ -161,3 +161,15 @@ def test_the_data_parallel_sweep_stops_at_its_most_runs(monkeypatch):
     rows, _ = quality.dp_lr_sweep(profile, window=12)
 
     assert [r["inner_lr"] for r in rows] == pytest.approx([1e-3, 2e-3, 4e-3, 8e-3])
+
+
+def test_the_bare_loop_clips_the_gradient_as_an_island_when_asked(tiny_overhead):
+    config = overhead.make_config(tiny_overhead)
+    corpus = load_corpus(config.data.path, config.data.eval_fraction)
+    init = initial_model(config).state_dict()
+    for clip in (False, True):
+        bare = overhead.BareLoop(config, corpus, init, clip=clip)
+        bare.step()  # the first step's gradient of a fresh model is well above norm 1
+        norm = torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(p.grad) for p in bare.model.parameters()]))
+        assert (norm <= 1.0 + 1e-4) == clip
