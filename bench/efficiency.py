@@ -246,8 +246,8 @@ def stop_demo(system: StartedSystem) -> None:
     """The start's demo run stopped, its islands gone, the pools full again."""
     from syncd.connection import connect
     from syncd.store import RunStore
+    from webapp.runs.lifecycle import stop_run
     from webapp.runs.models import Run
-    from webapp.runs.services import stop_run
 
     demo = Run.objects.get(name="demo")
     stop_run(demo, by=None)
@@ -270,8 +270,8 @@ def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[s
 
     from syncd.connection import connect
     from syncd.store import RunStore
+    from webapp.runs.lifecycle import create_run, start_run, stop_run
     from webapp.runs.models import Event
-    from webapp.runs.services import create_run, start_run, stop_run
 
     run = create_run(name=label, mode="decoupled", config=run_config(WORKLOADS[name],
                                                                      str(corpus)), user=None)
