@@ -13,6 +13,8 @@ import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
+from diloco.shapes import parameter_count, tensor_sizes
+
 CODECS = ("none", "bf16", "int8", "int4")
 WEIGHTINGS = ("tokens", "uniform")
 MODES = ("decoupled", "elastic")
@@ -155,7 +157,6 @@ MAX_ISLAND_NAME = 64
 # The largest model a run may ask for: every island, syncd (globals and outer momentum)
 # and each checkpoint hold it whole, in float32.
 MAX_PARAMS = 2_000_000_000
-VOCAB_SIZE = 256  # byte-level (diloco/model.py)
 
 
 def default_islands() -> list[IslandConfig]:
@@ -263,26 +264,6 @@ def _shown(value: int | float) -> str:
         digits = str(abs(value))
         return f"{'-' if value < 0 else ''}{digits[0]}.{digits[1:4]}e+{len(digits) - 1}"
     return f"{value:g}"
-
-
-def tensor_sizes(model: ModelConfig) -> dict[str, int]:
-    """Name -> values of each tensor of diloco.model.GPT with these settings, in its
-    order (untied embeddings, no biases in the linear layers, two LayerNorms per block
-    and one at the end)."""
-    n = model.n_embd
-    sizes = {"tok_emb.weight": VOCAB_SIZE * n, "pos_emb.weight": model.block_size * n}
-    for i in range(model.n_layer):
-        sizes.update({f"blocks.{i}.{name}": numel for name, numel in (
-            ("ln_1.weight", n), ("ln_1.bias", n), ("attn.c_attn.weight", 3 * n * n),
-            ("attn.c_proj.weight", n * n), ("ln_2.weight", n), ("ln_2.bias", n),
-            ("mlp.c_fc.weight", 4 * n * n), ("mlp.c_proj.weight", 4 * n * n))})
-    sizes.update({"ln_f.weight": n, "ln_f.bias": n, "lm_head.weight": VOCAB_SIZE * n})
-    return sizes
-
-
-def parameter_count(model: ModelConfig) -> int:
-    """The parameters of diloco.model.GPT with these settings."""
-    return sum(tensor_sizes(model).values())
 
 
 def _parse_section(prefix: str, cls: type, data: Any, errors: dict[str, list[str]]) -> Any:
