@@ -33,7 +33,8 @@ from typing import Any
 
 from bench import results
 from diloco.cluster import Evaluator, LocalResult, run_local
-from diloco.config import RunConfig, parse_config
+from diloco.config import RunConfig
+from diloco.config_parse import parse_config
 from diloco.data import load_corpus
 
 ISLANDS = [("fast-a", 12, 1.0), ("fast-b", 8, 1.0), ("mid", 8, 0.7), ("slow", 4, 0.5)]

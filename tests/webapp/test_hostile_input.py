@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
-from diloco.config import MAX_ISLANDS, MAX_PARAMS, ConfigError, parse_config
+from diloco.config import MAX_ISLANDS, MAX_PARAMS
+from diloco.config_parse import ConfigError, parse_config
 from webapp.api.api import MAX_BODY_BYTES
 from webapp.runs.models import RUN_NAME_MAX_LENGTH, ApiToken, Run
 from webapp.runs.services import create_run

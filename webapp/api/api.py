@@ -25,7 +25,7 @@ from ninja.openapi.docs import render_template
 from ninja.parser import Parser
 from pydantic import BaseModel
 
-from diloco.config import ConfigError
+from diloco.config_parse import ConfigError
 from webapp.api import checkpoints, islands, runs, tokens
 from webapp.api.access import ApiError, CsrfRefused, signed_in_user
 

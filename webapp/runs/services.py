@@ -11,7 +11,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from diloco.config import MODES, ConfigError, RunConfig, parse_config
+from diloco.config import MODES, RunConfig
+from diloco.config_parse import ConfigError, parse_config
 from trainer.island_logs import island_log_path, tail_lines
 from trainer.queues import region_queue
 from webapp.runs.models import (

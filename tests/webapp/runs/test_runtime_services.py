@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from diloco.config import ConfigError
+from diloco.config_parse import ConfigError
 from syncd.store import PoolStore, RunStore, connect
 from tests.webapp.runs.three_islands import THREE_ISLANDS, commands
 from webapp.runs.faults import kill_island
