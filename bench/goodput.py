@@ -62,7 +62,7 @@ from bench.system import ROOT, BenchSystem
 from diloco.chaos import Fault
 from diloco.config_parse import parse_config
 from diloco.data import load_corpus
-from diloco.cluster import Evaluator
+from diloco.evaluation import Evaluator
 
 HOME = ROOT / "var" / "bench-goodput"
 REGIONS = ("us-east", "us-west")
