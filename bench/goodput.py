@@ -117,7 +117,8 @@ def make_corpus(path: Path) -> Path:
 
 def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any]) -> dict[str, Any]:
     """Create, start and watch one run until syncd completes it; its figures and curves."""
-    from syncd.store import RunStore, connect
+    from syncd.connection import connect
+    from syncd.store import RunStore
     from webapp.runs.models import Event
     from webapp.runs.services import create_run, start_run
 
@@ -138,7 +139,7 @@ def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any])
         if status and (not series or status["time"] > series[-1]["time"]):
             series.append({"time": status["time"], "goodput": status.get("goodput"),
                            "outer_steps": status.get("outer_steps", 0),
-                           "live": status.get("live_islands", 0),
+                           "alive": status.get("live_islands", 0),
                            "tokens": status.get("tokens_merged", 0),
                            "eval_loss": status.get("eval_loss"),
                            "eval_tokens": status.get("eval_tokens")})
@@ -202,7 +203,8 @@ def config_islands(profile: dict[str, Any]) -> list[dict[str, Any]]:
 
 def wait_pools_ready(system: BenchSystem, timeout: float = 300.0) -> None:
     """Every region's pool manager has its standbys ready (the runs start warm)."""
-    from syncd.store import PoolStore, connect
+    from syncd.connection import connect
+    from syncd.pool_store import PoolStore
     from webapp.processes import wait_for
 
     pools = PoolStore(connect(system.redis_url))
@@ -256,7 +258,7 @@ def figures(run: dict[str, Any], min_quorum: int, step_time_s: dict[str, float],
             "uptime": out["uptime"], "startup_s": out["startup_s"], "theta_s": out["theta_s"],
             "max_stall_s": out["max_stall_s"],
             "max_stall_with_quorum_s": stall_with_quorum(
-                out["merge_marks"], out["wall_s"], [(p["t"], p["live"]) for p in run["series"]],
+                out["merge_marks"], out["wall_s"], [(p["t"], p["alive"]) for p in run["series"]],
                 min_quorum),
             "lost_s": out["lost_s"], "unattributed_s": out["unattributed_s"],
             "tokens_merged": out["tokens_merged"], "eval_loss": out["eval_loss"],
@@ -393,14 +395,14 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
                                 quality["fit"]))
     rows = [{"seed": r["seed"], "mode": mode, "goodput": r[mode]["goodput"],
              "quality": r[mode]["quality_goodput"],
-             "syncd": r[mode]["goodput_syncd"], "tok/isl-s": r[mode]["tokens_per_island_s"],
+             "syncd": r[mode]["goodput_syncd"], "tok/island-s": r[mode]["tokens_per_island_s"],
              "uptime": r[mode]["uptime"], "max_stall_s": r[mode]["max_stall_s"],
              "stall_K_alive_s": r[mode]["max_stall_with_quorum_s"],
              "eval_loss": r[mode]["eval_loss"], "test_loss": r[mode]["test_loss"],
              "wall_s": r[mode]["wall_s"],
              "faults": r[mode]["faults"], "oracle": r["oracle_goodput"]}
             for r in per_seed for mode in MODES]
-    print(results.table(rows, ["seed", "mode", "goodput", "quality", "syncd", "tok/isl-s",
+    print(results.table(rows, ["seed", "mode", "goodput", "quality", "syncd", "tok/island-s",
                                "uptime",
                                "max_stall_s",
                                "stall_K_alive_s", "eval_loss", "test_loss", "wall_s", "faults",

@@ -118,19 +118,19 @@ def merge_interval(inner_steps: int, fragments: int, step_time_s: float) -> floa
 
 
 def stall_with_quorum(marks: Sequence[float], wall_s: float,
-                      live: Sequence[tuple[float, int]], min_quorum: int) -> float:
+                      alive: Sequence[tuple[float, int]], min_quorum: int) -> float:
     """The longest gap between successive merges (or the last merge and the end) during
     which every sample of the alive island count was at least `min_quorum`.
 
     Args:
         marks: merge times, seconds since the run's start.
         wall_s: the run's length.
-        live: (seconds since the start, alive islands) samples, in time order.
+        alive: (seconds since the start, alive islands) samples, in time order.
         min_quorum: K.
     """
     longest = 0.0
     for a, b in itertools.pairwise([*sorted(marks), wall_s]):
-        inside = [n for t, n in live if a <= t <= b]
+        inside = [n for t, n in alive if a <= t <= b]
         if inside and min(inside) >= min_quorum:
             longest = max(longest, b - a)
     return longest

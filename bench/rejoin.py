@@ -97,7 +97,8 @@ def wait(check: Any, what: str, timeout: float = WAIT_S, every: float = 0.02) ->
 
 
 def pools_ready(system: BenchSystem) -> bool:
-    from syncd.store import PoolStore, connect
+    from syncd.connection import connect
+    from syncd.pool_store import PoolStore
 
     pools = PoolStore(connect(system.redis_url))
     return all(pools.ready(region) >= 1 for region in REGIONS)
@@ -106,7 +107,8 @@ def pools_ready(system: BenchSystem) -> bool:
 def create_and_train(label: str, config: dict[str, Any]) -> tuple[Any, Any, float]:
     """Create and start a run; seconds from the create to every island's first
     training heartbeat."""
-    from syncd.store import RunStore, connect
+    from syncd.connection import connect
+    from syncd.store import RunStore
     from webapp.runs.services import create_run, start_run
 
     asked = time.time()

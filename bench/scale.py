@@ -183,7 +183,8 @@ def halves_peak_ratio(samples: list[dict[str, Any]], series: str) -> float:
 def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: int,
              minutes: float | None = None, device: str = "cpu") -> dict[str, Any]:
     from syncd import lease
-    from syncd.store import RunStore, connect
+    from syncd.connection import connect
+    from syncd.store import RunStore
     from webapp.processes import wait_for
     from webapp.runs.models import Event
     from webapp.runs.services import create_run, start_run, stop_run

@@ -88,7 +88,8 @@ class Soak:
     """
 
     def __init__(self, system: BenchSystem, run: Any, rng: random.Random, gap_s: float):
-        from syncd.store import RunStore, connect
+        from syncd.connection import connect
+        from syncd.store import RunStore
 
         self.system, self.run, self.rng, self.gap_s = system, run, rng, gap_s
         self.store = RunStore(connect(system.redis_url), run.pk)

@@ -14,6 +14,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from diloco.config import RunConfig
+from diloco.shapes import tensor_sizes
+
 
 @dataclass(frozen=True)
 class Fragment:
@@ -52,6 +55,12 @@ def partition(shapes: dict[str, int], num_fragments: int) -> list[Fragment]:
         fragments.append(Fragment(p, module_label(names), tuple(names), sizes[p]))
     return fragments
 
+
+
+def run_fragments(config: RunConfig) -> list[Fragment]:
+    """The partition of a run's model that syncd and its islands use, from the model's
+    shapes (computed, not built)."""
+    return partition(tensor_sizes(config.model), config.sync.fragments)
 
 def module_label(tensor_names: Iterable[str]) -> str:
     """A short readable name for a set of tensors: "blocks.0-2+lm_head"."""

@@ -69,12 +69,12 @@ class RedisBulk:
     """Messages as chunks in Redis.
 
     Args:
-        client: a binary-safe connection (syncd.store.connect).
+        client: a binary-safe connection (syncd.connection.connect).
         chunk_bytes: the largest chunk; default from `chunk_bytes_setting`.
     """
 
     def __init__(self, client: redis.Redis, chunk_bytes: int | None = None):
-        self.r = client
+        self.client = client
         self.chunk_bytes = chunk_bytes or chunk_bytes_setting()
 
     def put(self, key: str, message: bytes | bytearray | memoryview, ttl_s: int,
@@ -83,7 +83,7 @@ class RedisBulk:
         the writes there instead of sending them."""
         view = memoryview(message)
         ref = BulkRef(key, max(1, -(-len(view) // self.chunk_bytes)), len(view))
-        target = pipe if pipe is not None else self.r.pipeline(transaction=False)
+        target = pipe if pipe is not None else self.client.pipeline(transaction=False)
         for i, chunk_key in enumerate(ref.chunk_keys()):
             target.set(chunk_key, view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes],
                        ex=ttl_s)
@@ -105,7 +105,7 @@ class RedisBulk:
         buffer = bytearray(ref.size)
         pos = 0
         for i, chunk_key in enumerate(ref.chunk_keys()):
-            chunk = self.r.get(chunk_key)
+            chunk = self.client.get(chunk_key)
             if chunk is None:
                 raise BulkError(f"chunk {i + 1} of {ref.chunks} is missing (expired or "
                                 "replaced)")

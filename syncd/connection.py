@@ -1,7 +1,8 @@
 """Reaching the runtime's Redis: what is wrong, in a sentence, when it cannot be reached.
 
 Every process of the runtime (web app, syncd, workers, islands) checks REDIS_URL
-with redis_problem before it starts, and names it in logs through redact_url.
+with redis_problem before it starts, names it in logs through redact_url, and
+opens its client with connect.
 """
 
 from __future__ import annotations
@@ -9,6 +10,11 @@ from __future__ import annotations
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+# About 8 s of retries with backoff: time for a Redis to restart and load its data.
+RESTART_RETRIES = 12
 
 
 def redact_url(url: str) -> str:
@@ -50,3 +56,22 @@ def redis_problem(url: str, timeout_s: float = 5.0) -> str | None:
     finally:
         client.close()
     return None
+
+
+def connect(url: str, *, ride_out_restarts: bool = False) -> redis.Redis:
+    """A binary-safe client; every caller decodes what it reads itself.
+
+    Args:
+        url: redis:// or rediss:// URL, password included.
+        ride_out_restarts: retry a command for a few seconds when the connection drops
+            (a Redis restarting and loading its append-only file). For islands, whose
+            writes are idempotent for syncd (an update is known by its seq); not for
+            syncd, whose merge transaction must not run twice.
+    """
+    if not ride_out_restarts:
+        return redis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+    return redis.Redis.from_url(
+        url, decode_responses=False, health_check_interval=30,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), RESTART_RETRIES),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError, ConnectionResetError,
+                        redis.BusyLoadingError])

@@ -34,7 +34,7 @@ class Lease:
     run_id: str
     owner: str
     token: int
-    key: str  # the run's lease key (syncd.store.lease_key)
+    key: str  # the run's lease key (syncd.keys.lease_key)
 
     @property
     def value(self) -> str:

@@ -21,7 +21,7 @@ from diloco import codecs
 from diloco.merge import Update
 from diloco.protocol import MAX_HEADER_BYTES, TAG_BYTES, ProtocolError, decode_message
 from syncd.bulk import BulkError
-from syncd.store import UpdateRef
+from syncd.update_stream import UpdateRef
 
 NORM_FACTOR = 20.0  # an update this many times the recent median norm per step is refused
 NORM_WARMUP = 4  # updates seen before the norm bound applies

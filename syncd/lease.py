@@ -30,7 +30,7 @@ import socket
 import redis
 
 from syncd.fence import Lease
-from syncd.store import SYNCD_MEMBERS_KEY, lease_key, lease_token_key
+from syncd.keys import SYNCD_MEMBERS_KEY, lease_key, lease_token_key
 
 # KEYS: lease, token counter. ARGV: owner, ttl ms. Returns the new token, or nil when
 # someone holds the lease.

@@ -21,7 +21,7 @@ log = logging.getLogger("archipelago.syncd")
 Op = list[Any]
 
 
-def diff(old: dict[str, Any], new: dict[str, Any], path: tuple[str, ...] = ()) -> list[Op]:
+def delta(old: dict[str, Any], new: dict[str, Any], path: tuple[str, ...] = ()) -> list[Op]:
     """The ops that turn `old` into `new`."""
     ops: list[Op] = []
     for key, value in new.items():
@@ -29,7 +29,7 @@ def diff(old: dict[str, Any], new: dict[str, Any], path: tuple[str, ...] = ()) -
             ops.append([[*path, key], value])
         elif old[key] != value:
             if isinstance(value, dict) and isinstance(old[key], dict):
-                ops.extend(diff(old[key], value, (*path, key)))
+                ops.extend(delta(old[key], value, (*path, key)))
             else:
                 ops.append([[*path, key], value])
     ops.extend([[*path, key]] for key in old if key not in new)
@@ -37,7 +37,7 @@ def diff(old: dict[str, Any], new: dict[str, Any], path: tuple[str, ...] = ()) -
 
 
 def apply(state: dict[str, Any], ops: list[Op]) -> dict[str, Any]:
-    """Apply `ops` (from diff) to `state` in place and return it.
+    """Apply `ops` (from delta) to `state` in place and return it.
 
     Raises:
         ValueError: when an op is malformed or its path does not lead to a dict.
@@ -86,7 +86,7 @@ class LiveNotifier:
             message = {"type": "run.status", "seq": seq, "status": status}
         else:
             message = {"type": "run.delta", "seq": seq, "base": previous[0],
-                       "ops": diff(previous[1], status)}
+                       "ops": delta(previous[1], status)}
         self.last[run_id] = (seq, status)
         try:
             self.group_send(self.group_name(run_id), message)

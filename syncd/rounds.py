@@ -28,7 +28,8 @@ from diloco.protocol import decode_message, encode_message
 from diloco.synchronizer import Synchronizer, history_length
 from diloco.wan import transfer_time
 from syncd.ingest import IslandFacts, Rejection, check_update, message_limit
-from syncd.store import RunStore, UpdateRef
+from syncd.store import RunStore
+from syncd.update_stream import UpdateRef
 
 if TYPE_CHECKING:
     from diloco.accounting import RunAccounting

@@ -20,11 +20,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from syncd import lease
-from syncd.connection import redis_problem
+from syncd.connection import connect, redis_problem
+from syncd.control import syncd_command
 from syncd.fence import Lease, LeaseLost
 from syncd.hooks import Hooks
 from syncd.service import RunSync
-from syncd.store import RunStore, connect, syncd_command
+from syncd.store import RunStore
 
 log = logging.getLogger("archipelago.syncd")
 # How long a run's lease outlives its holder's last renewal (SYNCD_LEASE_TTL_S).

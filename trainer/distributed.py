@@ -20,16 +20,17 @@ from __future__ import annotations
 import gc
 import os
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from diloco.config import config_from_spec
+from diloco.data import load_corpus
 from diloco.device import resolve_device
-
-if TYPE_CHECKING:
-    from diloco.island import Island
+from diloco.fragments import run_fragments
+from diloco.island import Island, initial_model
 
 # Rank 0 may wait a long time between two broadcasts (for syncd's merge with
 # tau = 0, through a pause); the others wait in the broadcast meanwhile. A dead
@@ -172,3 +173,21 @@ class IslandGroup:
         for n in island.fragments[p].tensor_names:
             dist.broadcast(island.params[n], src=0)
             dist.broadcast(s.anchor[n], src=0)
+
+
+def follow_rank(group: IslandGroup, name: str) -> int:
+    """A rank above 0 of island `name`: build the island from rank 0's spec and state,
+    then train as rank 0 says until it says stop."""
+    spec = group.broadcast_object(None)
+    if spec is None:  # rank 0 stopped before the island was built
+        group.close()
+        return 0
+    config = config_from_spec(spec)
+    corpus = load_corpus(config.data.path, config.data.eval_fraction)
+    # The parameters come from rank 0: DDP broadcasts them, then share_start does.
+    island = Island(config.island_index(name), config, corpus, run_fragments(config),
+                    initial_model(config).state_dict(), group.device, group)
+    group.share_start(island)
+    group.follow(island)
+    group.close(island)
+    return 0

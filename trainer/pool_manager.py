@@ -40,7 +40,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from syncd.store import PoolStore, RunStore, connect
+from syncd.connection import connect
+from syncd.pool_store import PoolStore
+from syncd.store import RunStore
 from trainer.island_logs import island_log_path
 from trainer.launch import (
     ASKED_AT_ENV,

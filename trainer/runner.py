@@ -7,15 +7,15 @@ sends updates through an emulated wide-area link, heartbeats, and keeps its data
 cursor in Redis after each send so that a later epoch (a rejoin) goes on
 where this one was in its shard.
 
-Faults other than kill and stop reach it through the run's store (RunStore.fault:
-{kind, until, factor}): straggle multiplies its step time, partition holds
-its sends and heartbeats, degrade divides its bandwidth, corrupt poisons its next
-update with NaN.
+Faults other than kill and stop, and the emulated link, are acted out by
+trainer/emulation.py; elastic's whole-job restarts are followed with
+trainer/elastic.py.
 
 An island of several processes (islands[].processes) runs this module once per
 rank, with torchrun's environment: rank 0 is the island described above, the
 other ranks train their part of each batch and take what rank 0 broadcasts
-(trainer/distributed.py). They ignore SIGTERM and stop when rank 0 says so.
+(trainer/distributed.py, follow_rank). They ignore SIGTERM and stop when rank 0
+says so.
 """
 
 from __future__ import annotations
@@ -31,17 +31,21 @@ from typing import Any
 
 import torch
 
-from diloco.config import DEVICES, RunConfig, config_from_spec, tensor_sizes
+from diloco.config import DEVICES, config_from_spec
 from diloco.data import Corpus, load_corpus
 from diloco.device import resolve_device
-from diloco.fragments import Fragment, due_fragments, partition
-from diloco.island import Island, initial_model
+from diloco.fragments import due_fragments, run_fragments
+from diloco.island import Island
 from diloco.model import GPT
 from diloco.protocol import decode_message, encode_message
 from diloco.synchronizer import Published, apply_published
+from syncd.connection import connect
 from syncd.malloc import return_large_frees
-from syncd.store import RunStore, connect
-from trainer.distributed import IslandGroup
+from syncd.store import RunStore
+from trainer.distributed import IslandGroup, follow_rank
+from trainer.downloads import Downloads, GlobalMissing
+from trainer.elastic import WholeJobRestarts
+from trainer.emulation import FaultEmulation
 from trainer.launch import (
     ASKED_AT_ENV,
     LAUNCHED_AT_ENV,
@@ -53,12 +57,6 @@ from trainer.link import HEARTBEAT_S, POLL_S, Link, beating
 from trainer.phases import StartClock
 
 log = logging.getLogger("archipelago.island")
-
-
-def run_fragments(config: RunConfig) -> list[Fragment]:
-    """The partition syncd uses, from the shapes of the run's model (computed, not built)."""
-    return partition(tensor_sizes(config.model), config.sync.fragments)
-
 
 class ProcessIsland:
     """The island's training loop around diloco.island.Island.
@@ -108,54 +106,48 @@ class ProcessIsland:
         # from its claim for a warm standby.
         self.started = self.clock.marks.get("launched", time.time())
         self.startup_s: float | None = None  # launch to first step: elastic's delay
-        self.restarts_seen = store.restart()[0]
+        self.restarts = WholeJobRestarts(store, self.config.sync.inner_steps)
+        self.emulation = FaultEmulation(store, name, self.island_config,
+                                        self.config.emulation.bytes_scale,
+                                        lambda: self.stopping)
         self.bytes_down = 0
         self.pulls = 0
         self.pull_s = 0.0  # reading, checking and mixing pulled fragments, in all
-        self._fault: dict[str, Any] = {}
-        self._fault_read = 0.0
+        self.pull_wait_s = 0.0  # of it, on the training thread (mixes, blocking waits)
+        self.late_globals = 0  # merged fragments mixed after their tau overlap steps
+        self.activity = "starting"  # what the background heartbeat says the island does
+        self.compute_s = 0.0  # stepping, slowdowns included: sent with each update
         self._last_beat = 0.0
+        self._done = False
+        self._done_read = 0.0
         self.phases: dict[str, float] | None = None  # once the first step is done
         self.warm = warm
+        self.island: Island | None = None  # built by setup()
+        self.link: Link | None = None  # opened by setup()
+        self.downloads = Downloads(self.fetch, self.handled, self.emulation.transfer_time,
+                                   self.emulation.wait_while_partitioned,
+                                   lambda: self.stopping)
 
     def stop(self) -> None:
         """Finish the current step, save the cursor and exit (SIGTERM, from the
         supervisor); the island's own flag, set here only."""
         self.stopping = True
 
-    # -- faults and the emulated link ----------------------------------------
-
-    def fault(self) -> dict[str, Any]:
-        now = time.time()
-        if now - self._fault_read > 0.2:
-            self._fault = self.store.fault(self.name)
-            self._fault_read = now
-        return self._fault
-
-    def transfer_time(self, nbytes: int) -> float:
-        bandwidth = self.island_config.bandwidth_gbps
-        if self.fault().get("kind") == "degrade":
-            bandwidth /= max(float(self.fault().get("factor", 10.0)), 1.0)
-        scaled = nbytes * self.config.emulation.bytes_scale
-        return self.island_config.latency_ms / 1000 + scaled * 8 / (bandwidth * 1e9)
-
-    def wait_while_partitioned(self) -> None:
-        while self.fault().get("kind") == "partition" and not self.stopping:
-            time.sleep(POLL_S)
-
     def beat(self, state: str, force: bool = False, **extra: Any) -> None:
         now = time.time()
         if not force and now - self._last_beat < HEARTBEAT_S:
             return
-        if self.fault().get("kind") == "partition":
+        if self.emulation.partitioned():
             return  # a cut link carries no heartbeats either
         self._last_beat = now
-        island = getattr(self, "island", None)
+        island = self.island
         self.store.heartbeat(self.name, self.epoch, island.step if island else 0,
                              island.tokens if island else 0, state=state,
                              bytes_down=self.bytes_down, startup_s=self.startup_s,
                              pid=os.getpid(), idle_rss=self.idle_rss, pulls=self.pulls,
-                             pull_s=round(self.pull_s, 4), phases=self.phases,
+                             pull_s=round(self.pull_s, 4),
+                             pull_wait_s=round(self.pull_wait_s, 4),
+                             late_globals=self.late_globals, phases=self.phases,
                              warm=self.warm, **extra)
 
     # -- globals -------------------------------------------------------------
@@ -185,34 +177,57 @@ class ProcessIsland:
         _, meta, tensors = decode_message(blob, self.secret)
         return meta["version"], tensors
 
-    def pull(self, p: int) -> None:
-        """Mix in the newest global version of fragment p."""
-        state = self.island.state[p]
-        newest = self.store.versions().get(p, state.version)
-        if newest <= state.version:
-            return
-        started = time.monotonic()
+    def fetch(self, p: int, version: int) -> tuple[int, list[Published], int]:
+        """Fragment p's published messages newer than `version`: (the newest version,
+        the messages, bytes read). On the downloads thread (trainer/downloads.py).
+
+        Raises:
+            GlobalMissing: the newest global fragment p is not in Redis.
+        """
+        newest = self.store.versions().get(p, version)
+        if newest <= version:
+            return version, [], 0
         blobs = []
-        bytes_before = self.bytes_down
         if self.config.sync.downlink_compression != "none":
-            blobs = self.store.differences(p, range(state.version + 1, newest + 1))
+            blobs = self.store.differences(p, range(version + 1, newest + 1))
         if blobs and all(b is not None for b in blobs):
             published = []
             for blob in blobs:
                 _, meta, tensors = decode_message(blob, self.secret)
                 published.append(Published(meta["version"], 0.0, meta["codec"], tensors))
-                self.bytes_down += len(blob)
-            version = published[-1].version
-        else:
-            version, tensors = self._full(p)
-            published = [Published(version, 0.0, "none", tensors)]
-        shapes = {n: tuple(t.shape) for n, t in state.anchor.items()}
-        anchor = {n: t.cpu() for n, t in state.anchor.items()}
-        self.island.mix_global(p, apply_published(anchor, published, shapes), version)
-        self.pulls += 1
-        self.pull_s += time.monotonic() - started
-        time.sleep(self.transfer_time(self.bytes_down - bytes_before))  # the emulated link
-        self.share(p)
+            return published[-1].version, published, sum(len(b) for b in blobs)
+        blob = self.store.full(p)
+        if blob is None:
+            raise GlobalMissing(f"global fragment {p} is missing from Redis")
+        _, meta, tensors = decode_message(blob, self.secret)
+        return meta["version"], [Published(meta["version"], 0.0, "none", tensors)], len(blob)
+
+    def pull(self, p: int, block: bool = False) -> bool:
+        """Mix in fragment p's download if it has arrived (or, with `block`, once it
+        has); False if it has not arrived yet."""
+        started = time.monotonic()
+        try:
+            download = self.downloads.wait(p) if block else self.downloads.take(p)
+        except GlobalMissing:
+            if self.run_ended():
+                self.stopping = True  # the run ended and its state went with it
+                raise SystemExit(0) from None
+            raise
+        if download is None:
+            return False
+        if download.published:
+            state = self.island.state[p]
+            shapes = {n: tuple(t.shape) for n, t in state.anchor.items()}
+            anchor = {n: t.cpu() for n, t in state.anchor.items()}
+            mixing = time.monotonic()
+            self.island.mix_global(p, apply_published(anchor, download.published, shapes),
+                                   download.version)
+            self.bytes_down += download.nbytes
+            self.pulls += 1
+            self.pull_s += download.read_s + time.monotonic() - mixing
+            self.share(p)
+        self.pull_wait_s += time.monotonic() - started
+        return True
 
     def share(self, p: int) -> None:
         """Fragment p changed outside a step: the island's other ranks take it as it is here."""
@@ -222,31 +237,25 @@ class ProcessIsland:
     def follow_restart(self, mix_at: dict) -> None:
         """Elastic: when syncd restarts the whole job, pause for the restart delay, then
         take the rolled-back global model whole and go on from there."""
-        restarts, until = self.store.restart()
-        if restarts <= self.restarts_seen:
+        until = self.restarts.take()
+        if until is None:
             return
-        self.restarts_seen = restarts
-        self.join_barrier(until)
+        self.join_restart(until)
         mix_at.clear()
+        self.downloads.cancel()
         for p in range(len(self.island.fragments)):
             version, tensors = self._full(p)
             self.island.reset_fragment(p, tensors, version)
             self.share(p)
 
-    def join_barrier(self, until: float) -> None:
-        """Elastic: every island must send each fragment at the same steps (mod H), or
-        islands wait at the barriers of different fragments for each other for ever.
-        So a (re)started island begins a fresh outer step (its step, the seq of its
-        updates, rounded up to a multiple of H), at the end of the whole-job restart
-        under way (until `until`), if any, like the others."""
-        h = self.config.sync.inner_steps
-        self.island.move_to(-(-self.island.step // h) * h, self.island.tokens)
-        while time.time() < until and not self.stopping:
-            self.beat("restarting")
-            time.sleep(POLL_S)
+    def join_restart(self, until: float) -> None:
+        """Elastic: start a fresh outer step with the other islands, at `until`."""
+        self.restarts.join(self.island, until, lambda: self.beat("restarting"),
+                           lambda: self.stopping)
 
     def mix(self, mix_at: dict) -> bool:
-        """Take each merged fragment once its tau overlapping steps are done; elastic
+        """Take each merged fragment that has arrived once its tau overlapping steps are
+        done (one that has not is mixed at a later step, and counted late); elastic
         waits for it at the barrier. False if a whole-job restart or the run's end
         came first."""
         for p, (at, seq) in list(mix_at.items()):
@@ -254,9 +263,10 @@ class ProcessIsland:
                 continue
             if self.elastic and not self.wait_for_merge(p, seq):
                 return False
-            if self.handled(p, seq):
+            if self.pull(p, block=self.elastic):
                 del mix_at[p]
-                self.pull(p)
+                if self.island.step > at:
+                    self.late_globals += 1
         return True
 
     def wait_for_merge(self, p: int, seq: int) -> bool:
@@ -264,13 +274,16 @@ class ProcessIsland:
         tau = 0, and in elastic, where the outer step is a barrier over every live
         island, after the tau overlapping steps. False when a whole-job restart or the
         run's end comes first."""
-        while not self.handled(p, seq):
-            if self.stopping or self.done() or \
-                    self.store.restart()[0] > self.restarts_seen:
-                return False
-            self.beat("waiting")
-            time.sleep(POLL_S)
-        return True
+        self.activity = "waiting"
+        try:
+            while not self.handled(p, seq):
+                if self.stopping or self.done() or self.restarts.pending():
+                    return False
+                self.beat("waiting")
+                time.sleep(POLL_S)
+            return True
+        finally:
+            self.activity = "training"
 
     def handled(self, p: int, seq: int) -> bool:
         """Whether syncd merged or dropped this island's update `seq` of fragment p."""
@@ -319,11 +332,11 @@ class ProcessIsland:
             state = torch.frombuffer(bytearray(base64.b64decode(cursor["rng"])), dtype=torch.uint8)
             self.island.sampler.set_state(state)
         if self.elastic:
-            self.join_barrier(self.store.restart()[1])
+            self.join_restart(self.restarts.until())
         if self.group:
             self.group.share_start(self.island)
         self.link = Link(partial(self.store.push_update, self.name, self.epoch),
-                         self.transfer_time, self.wait_while_partitioned,
+                         self.emulation.transfer_time, self.emulation.wait_while_partitioned,
                          max_pending=2 * len(fragments))
         self._phase("pull")
 
@@ -335,7 +348,7 @@ class ProcessIsland:
     def done(self) -> bool:
         """Whether syncd marked the run done; asked at most five times a second."""
         now = time.time()
-        if now - getattr(self, "_done_read", 0.0) > 0.2:
+        if now - self._done_read > 0.2:
             self._done = self.store.done()
             self._done_read = now
         return self._done
@@ -348,11 +361,7 @@ class ProcessIsland:
     def send(self, p: int) -> None:
         s = self.config.sync
         meta, payload = self.island.make_update(p, s.compression)
-        if self.fault().get("kind") == "corrupt":
-            payload = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
-                       for k, v in payload.items()}
-            self.store.clear_fault(self.name)
-            self._fault = {}
+        payload = self.emulation.corrupt(payload)
         meta.update(run=self.store.run_id, island=self.name, epoch=self.epoch,
                     compute_s=self.compute_s, codec=s.compression)
         self.link.send(p, meta["seq"], encode_message("update", meta, payload, self.secret))
@@ -371,9 +380,7 @@ class ProcessIsland:
             self.group.announce_step(self.island)
         loss = self.island.inner_step()
         elapsed = time.time() - started
-        slow = 1.0 / self.island_config.speed
-        if self.fault().get("kind") == "straggle":
-            slow *= max(float(self.fault().get("factor", 4.0)), 1.0)
+        slow = self.emulation.slowdown()
         if slow > 1.0:
             time.sleep(elapsed * (slow - 1.0))
         self.compute_s += time.time() - started
@@ -381,8 +388,24 @@ class ProcessIsland:
             self.beat("training", loss=loss, bytes_up=self.link.bytes_up)
 
     def run(self) -> int:
-        self.compute_s = 0.0
         self.setup()
+        # A step, an encode or a mix of a big model can outlast the heartbeat timeout:
+        # a thread beats whenever the loop has not for a heartbeat's interval.
+        with beating(self.beat_for_loop):
+            self.train()
+        return self.finish()
+
+    def beat_for_loop(self) -> None:
+        """The heartbeat the loop would send, from the heartbeat thread, when the loop
+        has sent none for two intervals: its step or send is long."""
+        if time.time() - self._last_beat < 2 * HEARTBEAT_S or self.startup_s is None:
+            return
+        if self.activity == "training":
+            self.beat("training", loss=self.island.last_loss, bytes_up=self.link.bytes_up)
+        else:
+            self.beat(self.activity)
+
+    def train(self) -> None:
         s = self.config.sync
         # fragment -> (inner step to mix at, seq of the send that must be handled first);
         # a second send before the mix keeps the first one's target.
@@ -392,6 +415,7 @@ class ProcessIsland:
                 self.follow_restart(mix_at)
             self.step()
             if self.startup_s is None:
+                self.activity = "training"
                 self._phase("first_step")
                 self.startup_s = time.time() - self.started
                 self.phases = self.clock.breakdown()
@@ -403,11 +427,15 @@ class ProcessIsland:
             for p in due_fragments(self.island.step, s.inner_steps, s.fragments):
                 self.send(p)
                 seq = self.island.step
+                self.downloads.request(p, seq, self.island.state[p].version)
                 if s.overlap_steps == 0:
                     if self.wait_for_merge(p, seq):
-                        self.pull(p)
+                        self.pull(p, block=True)
                 else:
                     mix_at.setdefault(p, (seq + s.overlap_steps, seq))
+
+    def finish(self) -> int:
+        """The loop ended: flush a user's stop, tell the other ranks, drain the link."""
         if self.stopping and self.store.stop_requested() is not None:
             self.flush()
         if self.group:
@@ -439,7 +467,7 @@ def main() -> None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # rank 0 says when to stop
             log.info("island %s rank %d of %d on %s", args.island, group.rank,
                      group.world_size, group.device)
-            exit_now(follow(group, args.island))
+            exit_now(follow_rank(group, args.island))
     store = RunStore(connect(args.redis_url, ride_out_restarts=True), args.run)
     island = ProcessIsland(store, args.island, args.epoch, args.device, group, rss_bytes())
 
@@ -456,24 +484,6 @@ def rss_bytes() -> int:
     """This process's resident memory now."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def follow(group: IslandGroup, name: str) -> int:
-    """A rank above 0 of island `name`: build the island from rank 0's spec and state,
-    then train as rank 0 says until it says stop."""
-    spec = group.broadcast_object(None)
-    if spec is None:  # rank 0 stopped before the island was built
-        group.close()
-        return 0
-    config = config_from_spec(spec)
-    corpus = load_corpus(config.data.path, config.data.eval_fraction)
-    # The parameters come from rank 0: DDP broadcasts them, then share_start does.
-    island = Island(config.island_index(name), config, corpus, run_fragments(config),
-                    initial_model(config).state_dict(), group.device, group)
-    group.share_start(island)
-    group.follow(island)
-    group.close(island)
-    return 0
 
 
 if __name__ == "__main__":

@@ -33,8 +33,9 @@ import torch
 
 from diloco.data import Corpus, load_corpus
 from diloco.model import GPT, GPTConfig
+from syncd.connection import connect
 from syncd.malloc import return_large_frees
-from syncd.store import RunStore, connect
+from syncd.store import RunStore
 from trainer.launch import exit_now
 from trainer.phases import StartClock
 from trainer.pool import check_claim

@@ -371,7 +371,8 @@ def supervise_island(run_id: int, island: str, epoch: int, redis_url: str,
     """Run one epoch of an island unless its run is no longer active or stopping;
     `asked_at`, when its start or rejoin was asked for, starts its dispatch phase
     (trainer/phases.py)."""
-    from syncd.store import RunStore, connect
+    from syncd.connection import connect
+    from syncd.store import RunStore
 
     store = RunStore(connect(redis_url), run_id)
     if not store.is_active() or store.stop_requested() is not None:

@@ -89,7 +89,7 @@ def faulted_run(rejoin_s: float) -> dict:
                "merge_marks": [1.0, 2.0],
                "islands": {"a": {"useful_steps": 900}, "b": {"useful_steps": 700}}}
     return {"outcome": outcome, "startup_s": [5.0, 5.0], "rejoin_s": [rejoin_s],
-            "series": [{"t": 1.0, "live": 2}], "rollbacks": 0, "run": 1, "test_loss": 2.1,
+            "series": [{"t": 1.0, "alive": 2}], "rollbacks": 0, "run": 1, "test_loss": 2.1,
             "faults": [{"at_s": 10.0, "kind": "kill", "island": "a", "duration_s": 8.0,
                         "factor": None}]}
 
@@ -187,10 +187,10 @@ def test_it_rejects_an_empty_run():
 
 def test_a_stall_counts_only_while_a_quorum_is_alive():
     marks = [1.0, 2.0, 10.0, 11.0]
-    live = [(t / 2, 1 if 4 <= t / 2 <= 8 else 3) for t in range(0, 25)]
+    alive = [(t / 2, 1 if 4 <= t / 2 <= 8 else 3) for t in range(0, 25)]
     # The 2 -> 10 gap had only 1 island alive for a while; 10 -> 11 -> 12 are short.
-    assert stall_with_quorum(marks, 12.0, live, 2) == pytest.approx(1.0)
-    assert stall_with_quorum(marks, 12.0, live, 1) == pytest.approx(8.0)
+    assert stall_with_quorum(marks, 12.0, alive, 2) == pytest.approx(1.0)
+    assert stall_with_quorum(marks, 12.0, alive, 1) == pytest.approx(8.0)
 
 
 def test_the_spread_over_seeds():
@@ -224,7 +224,7 @@ def made_up_run(mode: str, eval_loss: float, faults: int) -> dict:
     run["chaos_offset_s"] = 0.0
     run["outcome"] = {**run["outcome"], "eval_loss": eval_loss,
                       "step_time_s": {"a": 0.1, "b": 0.1}, "max_stall_s": 0.1}
-    run["series"] = [{"t": 1.0, "live": 2, "goodput": 0.5, "outer_steps": 1,
+    run["series"] = [{"t": 1.0, "alive": 2, "goodput": 0.5, "outer_steps": 1,
                       "eval_tokens": 100, "eval_loss": 3.0}]
     run["test_loss"] = eval_loss + 0.05
     run["restart_delays_s"] = [4.0] if mode == "elastic" else []

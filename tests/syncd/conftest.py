@@ -3,7 +3,7 @@ connection to the tests' Redis."""
 
 import pytest
 
-from syncd.store import connect
+from syncd.connection import connect
 from tests.syncd.runs import make_run_sync
 
 

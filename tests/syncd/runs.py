@@ -8,8 +8,9 @@ import torch
 
 from diloco import codecs
 from diloco.protocol import encode_message
+from syncd.connection import connect
 from syncd.service import RunSync
-from syncd.store import RunStore, connect
+from syncd.store import RunStore
 from webapp.runs.records import DatabaseRecorder
 from webapp.runs.services import create_run
 
@@ -63,4 +64,4 @@ def beat_at(sync: RunSync, island: str, time: float, *, epoch: int = 1,
             state: str = "training", startup_s: float | None = None) -> None:
     beat = {"epoch": epoch, "time": time, "step": 4, "tokens": 128, "state": state,
             "startup_s": startup_s}
-    sync.store.r.hset(sync.store.key("heartbeats"), island, json.dumps(beat))
+    sync.store.client.hset(sync.store.key("heartbeats"), island, json.dumps(beat))

@@ -3,7 +3,7 @@
 import pytest
 
 from syncd.bulk import BulkError, BulkRef, RedisBulk, chunk_bytes_setting
-from syncd.store import connect
+from syncd.connection import connect
 
 pytestmark = pytest.mark.integration
 
@@ -19,13 +19,13 @@ def test_a_message_of_several_chunks_round_trips(bulk):
     ref = bulk.put("m", MESSAGE, ttl_s=60)
 
     assert (ref.chunks, ref.size) == (6, len(MESSAGE))
-    assert all(len(bulk.r.get(k)) <= 1024 for k in ref.chunk_keys())
+    assert all(len(bulk.client.get(k)) <= 1024 for k in ref.chunk_keys())
     assert bulk.read(ref, max_bytes=1 << 20) == MESSAGE
 
 
 def test_a_missing_chunk_is_an_error_that_names_it(bulk):
     ref = bulk.put("m", MESSAGE, ttl_s=60)
-    bulk.r.delete("m:2")
+    bulk.client.delete("m:2")
 
     with pytest.raises(BulkError, match="chunk 3 of 6 is missing"):
         bulk.read(ref, max_bytes=1 << 20)
@@ -46,17 +46,17 @@ def test_chunks_that_do_not_add_up_to_the_reference_are_refused(bulk, ref, reaso
 
 def test_chunks_expire_until_persisted_and_go_when_deleted(bulk):
     ref = bulk.put("m", MESSAGE, ttl_s=60)
-    assert all(0 < bulk.r.ttl(k) <= 60 for k in ref.chunk_keys())
+    assert all(0 < bulk.client.ttl(k) <= 60 for k in ref.chunk_keys())
 
-    pipe = bulk.r.pipeline()
+    pipe = bulk.client.pipeline()
     bulk.persist(pipe, ref)
     pipe.execute()
-    assert all(bulk.r.ttl(k) == -1 for k in ref.chunk_keys())
+    assert all(bulk.client.ttl(k) == -1 for k in ref.chunk_keys())
 
-    pipe = bulk.r.pipeline()
+    pipe = bulk.client.pipeline()
     bulk.delete(pipe, ref)
     pipe.execute()
-    assert not any(bulk.r.exists(k) for k in ref.chunk_keys())
+    assert not any(bulk.client.exists(k) for k in ref.chunk_keys())
 
 
 def test_the_chunk_size_comes_from_the_environment(monkeypatch):

@@ -4,8 +4,7 @@ password hidden."""
 import pytest
 import redis
 
-from syncd.connection import redact_url, redis_problem
-from syncd.store import connect
+from syncd.connection import connect, redact_url, redis_problem
 
 pytestmark = pytest.mark.integration
 

@@ -4,8 +4,9 @@ Redis of the tests' own."""
 import pytest
 
 from syncd import lease
+from syncd.connection import connect
 from syncd.fence import LeaseLost, guarded_transaction
-from syncd.store import connect, lease_key
+from syncd.keys import lease_key
 
 pytestmark = pytest.mark.integration
 

@@ -269,19 +269,19 @@ def test_a_restarted_syncd_reads_handled_updates_again_without_calling_them_repl
 # -- a message in chunks (syncd.bulk), tampered with in Redis --------------------------
 
 def swap_chunks(store: RunStore, keys: list[str]) -> None:
-    first, second = store.r.get(keys[0]), store.r.get(keys[1])
-    store.r.set(keys[0], second)
-    store.r.set(keys[1], first)
+    first, second = store.client.get(keys[0]), store.client.get(keys[1])
+    store.client.set(keys[0], second)
+    store.client.set(keys[1], first)
 
 
 def forge_chunk(store: RunStore, keys: list[str]) -> None:
-    chunk = bytearray(store.r.get(keys[1]))
+    chunk = bytearray(store.client.get(keys[1]))
     chunk[10] ^= 0xFF
-    store.r.set(keys[1], bytes(chunk))
+    store.client.set(keys[1], bytes(chunk))
 
 
 def drop_chunk(store: RunStore, keys: list[str]) -> None:
-    store.r.delete(keys[1])
+    store.client.delete(keys[1])
 
 
 @pytest.mark.parametrize("tamper, reason", [
@@ -298,6 +298,6 @@ def test_a_tampered_chunk_gets_its_update_rejected_and_never_merged(run_sync, ta
 
     run_sync.tick()
 
-    assert not any(run_sync.store.r.exists(k) for k in ref.blob.chunk_keys())
+    assert not any(run_sync.store.client.exists(k) for k in ref.blob.chunk_keys())
     assert_rejected_and_the_run_goes_on(run_sync, reason, 8)
-    assert not list(run_sync.store.r.scan_iter(match=run_sync.store.key("blob") + "*"))
+    assert not list(run_sync.store.client.scan_iter(match=run_sync.store.key("blob") + "*"))

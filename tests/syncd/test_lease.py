@@ -6,7 +6,8 @@ import pytest
 
 from syncd import lease
 from syncd.fence import Lease, LeaseLost
-from syncd.store import RunStore, lease_key
+from syncd.keys import lease_key
+from syncd.store import RunStore
 
 pytestmark = pytest.mark.integration
 

@@ -2,29 +2,29 @@ import copy
 
 import pytest
 
-from syncd.live import LiveNotifier, apply, diff, status_group
+from syncd.live import LiveNotifier, apply, delta, status_group
 
 
-def test_a_diff_applied_to_the_old_status_gives_the_new_one():
+def test_a_delta_applied_to_the_old_status_gives_the_new_one():
     old = {"time": 1.0, "versions": [1, 2], "islands": {"a": {"state": "training", "tokens": 5},
                                                         "b": {"state": "lost"}}}
     new = {"time": 1.5, "versions": [2, 2], "islands": {"a": {"state": "training", "tokens": 9},
                                                         "c": {"state": "starting"}}}
 
-    ops = diff(old, new)
+    ops = delta(old, new)
 
     assert apply(copy.deepcopy(old), ops) == new
 
 
-def test_a_diff_names_only_what_changed():
+def test_a_delta_names_only_what_changed():
     old = {"goodput": 0.9, "islands": {"a": {"tokens": 5, "state": "training"}}}
     new = {"goodput": 0.9, "islands": {"a": {"tokens": 6, "state": "training"}}}
 
-    assert diff(old, new) == [[["islands", "a", "tokens"], 6]]
+    assert delta(old, new) == [[["islands", "a", "tokens"], 6]]
 
 
 def test_lists_and_none_values_are_set_whole_and_removed_keys_deleted():
-    ops = diff({"versions": [1, 2], "eval_loss": 2.0, "gone": 1},
+    ops = delta({"versions": [1, 2], "eval_loss": 2.0, "gone": 1},
                {"versions": [1, 3], "eval_loss": None})
 
     assert ops == [[["versions"], [1, 3]], [["eval_loss"], None], [["gone"]]]

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from syncd import checkpoint
+from syncd.connection import connect
 from syncd.service import RunSync
-from syncd.store import RunStore, connect
+from syncd.store import RunStore
 from tests.syncd.runs import CONFIG, beat_at, heartbeat_all, make_run_sync, send
 from webapp.runs.models import Event
 from webapp.runs.records import DatabaseRecorder
@@ -139,7 +140,7 @@ def test_elastic_counts_each_islands_wait_at_the_barrier_when_the_round_merges(
 def test_another_islands_fault_spoils_step_times_only_behind_a_barrier(
         redis_url, tmp_path, mode, a_has_a_step_time):
     sync = make_run_sync(redis_url, tmp_path, mode)
-    sync.store.r.set(sync.store.key("fault", "b"),
+    sync.store.client.set(sync.store.key("fault", "b"),
                      json.dumps({"kind": "straggle", "until": time.time() + 600}))
     for round_, now in enumerate((1000.0, 1004.0)):
         sync.clock_state["now"] = now
@@ -246,7 +247,7 @@ def test_when_redis_loses_its_data_the_run_goes_on_from_its_last_checkpoint(run_
     saved = {n: t.clone() for n, t in run_sync.rounds.sync.globals[0].items()}
     store = run_sync.store
     spec = store.spec()
-    store.r.flushall()  # the data is really gone
+    store.client.flushall()  # the data is really gone
     store.put_spec(spec["mode"], spec["config"], spec["secret"])
 
     again = RunSync(store, DatabaseRecorder(run_sync.recorder.run_id), tmp_path,

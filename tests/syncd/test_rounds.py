@@ -60,7 +60,7 @@ def test_it_rejects_a_bad_update_with_a_reason_and_never_merges_it(run_sync, bad
 
 
 def blob_keys(sync: RunSync) -> list[bytes]:
-    return list(sync.store.r.scan_iter(match=sync.store.key("blob") + "*"))
+    return list(sync.store.client.scan_iter(match=sync.store.key("blob") + "*"))
 
 
 def test_the_messages_of_merged_updates_are_gone_once_the_merge_is_published(run_sync):

@@ -5,10 +5,11 @@ import time
 import pytest
 
 from syncd import lease
+from syncd.connection import connect
 from syncd.fence import LeaseLost
 from syncd.hooks import Hooks
 from syncd.server import Syncd
-from syncd.store import RunStore, connect
+from syncd.store import RunStore
 from webapp.runs.services import create_run
 from webapp.runs.syncd_wiring import web_hooks
 

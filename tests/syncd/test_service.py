@@ -33,8 +33,8 @@ def test_a_run_that_completes_at_its_budget_keeps_only_its_status_and_logs_in_re
 
     assert sync.completed
     left = {k.decode()[len(sync.store.prefix):] for k in
-            sync.store.r.scan_iter(match=sync.store.prefix + "*")}
-    lasting = {k for k in left if sync.store.r.ttl(sync.store.key(k)) == -1}
+            sync.store.client.scan_iter(match=sync.store.prefix + "*")}
+    lasting = {k for k in left if sync.store.client.ttl(sync.store.key(k)) == -1}
     assert lasting == {"status", "status_seq"}
     assert "log:a" in left
     assert "outcome" in sync.store.status()
@@ -103,7 +103,7 @@ def test_the_status_has_each_islands_tokens_per_second_and_the_train_loss(run_sy
         for island in ("a", "b"):
             beat = {"epoch": 1, "time": now, "step": tokens // 32, "tokens": tokens,
                     "state": "training", "loss": loss + (island == "b")}
-            run_sync.store.r.hset(run_sync.store.key("heartbeats"), island, json.dumps(beat))
+            run_sync.store.client.hset(run_sync.store.key("heartbeats"), island, json.dumps(beat))
         run_sync.next_status = 0.0
         run_sync.tick()
     status = run_sync.store.status()
@@ -117,7 +117,7 @@ def test_each_islands_link_in_the_status_carries_the_bytes_of_the_last_interval(
         for name in ("a", "b"):
             beat = {"epoch": 1, "time": now, "step": 1, "tokens": 32, "state": "training",
                     "bytes_up": sent, "bytes_down": 2 * sent}
-            run_sync.store.r.hset(run_sync.store.key("heartbeats"), name, json.dumps(beat))
+            run_sync.store.client.hset(run_sync.store.key("heartbeats"), name, json.dumps(beat))
         run_sync.next_status = 0.0
         run_sync.tick()
     scale = run_sync.spec.config.emulation.bytes_scale
@@ -141,7 +141,7 @@ def test_the_run_row_keeps_tokens_outer_steps_and_progress_current_at_the_status
 def test_a_stop_merges_the_open_rounds_checkpoints_and_ends_the_run_as_stopped(run_sync):
     run = Run.objects.get(pk=run_sync.recorder.run_id)
     Run.objects.filter(pk=run.pk).update(state=Run.State.STOPPING)
-    run_sync.store.r.sadd("arch:runs", run_sync.store.run_id)
+    run_sync.store.client.sadd("arch:runs", run_sync.store.run_id)
     beat_at(run_sync, "a", 1000.0)
     beat_at(run_sync, "b", 1000.0)
     send(run_sync, "a", 0, 4)  # below the quorum of 2: it waits
@@ -165,7 +165,7 @@ def test_a_stop_merges_the_open_rounds_checkpoints_and_ends_the_run_as_stopped(r
     merges = Event.objects.filter(run=run, kind="merge")
     assert {e.detail["reason"] for e in merges} == {"stop"}
     assert set(run.islands.values_list("state", flat=True)) == {"stopped"}
-    assert run_sync.store.run_id not in RunStore.active_runs(run_sync.store.r)
+    assert run_sync.store.run_id not in RunStore.active_runs(run_sync.store.client)
     assert run_sync.store.status()["outcome"]["tokens_merged"] == run.tokens
 
 

@@ -5,8 +5,10 @@ import time
 
 import pytest
 
+from syncd.connection import connect
 from syncd.fence import Lease
-from syncd.store import KEPT_AFTER_END, RunStore, connect, lease_key
+from syncd.keys import lease_key
+from syncd.store import KEPT_AFTER_END, RunStore
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +22,7 @@ def store(redis_url):
 
 
 def keys(store: RunStore, part: str) -> list[str]:
-    return sorted(k.decode() for k in store.r.scan_iter(match=store.key(part) + "*"))
+    return sorted(k.decode() for k in store.client.scan_iter(match=store.key(part) + "*"))
 
 
 def test_a_publish_deletes_the_messages_of_the_updates_it_merged(store):
@@ -54,7 +56,7 @@ def test_a_published_fragment_replaces_the_version_before(store):
     assert store.full(0) == FULL + bytes([4])
     assert {k.split(":")[4] for k in keys(store, "full:0:")} == {"4"}
     assert {k.split(":")[4] for k in keys(store, "momentum:0:")} == {"4"}
-    assert all(store.r.ttl(k) == -1 for k in keys(store, "full:0:"))  # state, not a cache
+    assert all(store.client.ttl(k) == -1 for k in keys(store, "full:0:"))  # state, not a cache
 
 
 def test_a_lossy_downlink_keeps_as_many_differences_as_it_is_told(store):
@@ -74,13 +76,14 @@ def test_an_ended_run_keeps_only_its_status_and_logs(store):
     store.save_cursor("a", {"step": 4})
     store.put_log("a", ["a line"])
     store.put_status({"state": "running"})
-    store.r.set(store.key("lease"), "1:syncd")
+    store.client.set(store.key("lease"), "1:syncd")
 
     store.release(linger_s=60)
 
-    assert store.run_id not in RunStore.active_runs(store.r)
-    left = [k.decode()[len(store.prefix):] for k in store.r.scan_iter(match=store.prefix + "*")]
-    lingering = [k for k in left if 0 < store.r.ttl(store.key(k)) <= 60]
+    assert store.run_id not in RunStore.active_runs(store.client)
+    left = [k.decode()[len(store.prefix):]
+            for k in store.client.scan_iter(match=store.prefix + "*")]
+    lingering = [k for k in left if 0 < store.client.ttl(store.key(k)) <= 60]
     lasting = sorted(set(left) - set(lingering))
     assert lasting == ["log:a", "status", "status_seq"]  # the log has a week's TTL of its own
     assert {k.split(":")[0] for k in lasting} <= set(KEPT_AFTER_END)
@@ -95,7 +98,7 @@ def test_a_deleted_run_keeps_nothing(store):
 
     store.release(keep=(), linger_s=1)
 
-    assert all(store.r.ttl(k) > 0 for k in store.r.scan_iter(match=store.prefix + "*"))
+    assert all(store.client.ttl(k) > 0 for k in store.client.scan_iter(match=store.prefix + "*"))
     assert keys(store, "full") == [] and keys(store, "momentum") == []
 
 
@@ -118,7 +121,7 @@ def test_a_fault_set_by_syncd_is_what_the_island_reads(store):
     store.set_fault("a", "straggle", time.time() + 30, 4.0, 30)
     assert store.fault("a")["factor"] == 4.0
     assert store.faults(["a", "b"]) == {"a": "straggle"}
-    assert 90 - 2 <= store.r.ttl(store.key("fault", "a")) <= 90
+    assert 90 - 2 <= store.client.ttl(store.key("fault", "a")) <= 90
 
 
 def test_the_raw_spec_is_the_spec_as_stored(store):
@@ -140,7 +143,7 @@ def test_a_run_is_active_from_its_spec_until_its_release(store):
 
     store.put_spec("decoupled", {"islands": []}, "00")
     assert store.is_active()
-    assert not RunStore(store.r, 8).is_active()  # another run of the same Redis
+    assert not RunStore(store.client, 8).is_active()  # another run of the same Redis
 
     store.release()
     assert not store.is_active()

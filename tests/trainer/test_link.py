@@ -8,7 +8,8 @@ from functools import partial
 
 import pytest
 
-from syncd.store import RunStore, connect
+from syncd.connection import connect
+from syncd.store import RunStore
 from trainer.launch import free_port
 from trainer.link import Link, RedisFull, beating
 from webapp.processes import port_accepts, redis_argv, redis_server_binary, wait_for

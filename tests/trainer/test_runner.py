@@ -4,6 +4,7 @@ updates handled."""
 
 import threading
 import time
+from itertools import pairwise
 
 import pytest
 import torch
@@ -13,7 +14,8 @@ from diloco.config_parse import parse_config
 from diloco.fragments import partition
 from diloco.island import initial_model
 from diloco.protocol import decode_message, encode_message
-from syncd.store import RunStore, connect
+from syncd.connection import connect
+from syncd.store import RunStore
 from trainer.launch import island_command
 from trainer.supervisor import IslandSupervisor
 
@@ -103,3 +105,93 @@ def wait_for(find, timeout: float = 60.0):
             return found
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout} s")
+
+
+def one_island_config(text_path: str, **island) -> RunConfig:
+    """One island of one process, one fragment sent every 40 steps and mixed one step
+    after its send."""
+    return parse_config({
+        "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
+        "data": {"path": text_path},
+        "sync": {"inner_steps": 40, "fragments": 1, "overlap_steps": 1, "min_quorum": 1},
+        "optim": {"inner_lr": 1e-2, "warmup_steps": 20},
+        "train": {"device": "cpu"},
+        "islands": [{"name": "island-0", "region": "us-east", "batch_size": 4, **island}],
+    }, ["us-east"])
+
+
+def island_in_a_thread(store, config: RunConfig, secret: bytes):
+    """A ProcessIsland of run `store` training in a thread of the test, version 0 of
+    its globals published as syncd does."""
+    from trainer.runner import ProcessIsland
+
+    store.put_spec("decoupled", config.to_dict(), secret.hex())
+    store.set_epoch("island-0", 1)
+    init = initial_model(config).state_dict()
+    publish(store, config, secret, 0, 0, init)
+    island = ProcessIsland(store, "island-0", 1, "cpu")
+    thread = threading.Thread(target=island.run, daemon=True)
+    thread.start()
+    return island, thread, init
+
+
+@pytest.mark.integration
+def test_an_island_trains_on_while_its_merged_fragment_downloads_and_mixes_it_late(
+        redis_server, text_path):
+    """The global's download takes the emulated link's 1.5 s: the island keeps stepping
+    meanwhile, mixes it at a later step than its tau, and counts it late."""
+    client = connect(redis_server)
+    client.flushall()
+    store = RunStore(client, 42)
+    secret = b"late-global"
+    island, thread, init = island_in_a_thread(
+        store, one_island_config(text_path, latency_ms=1500.0), secret)
+    try:
+        first = wait_for(lambda: next(iter(store.read_updates()), None))
+        publish(store, None, secret, 0, 1, {n: t + 0.01 for n, t in init.items()})
+        store.mark_handled(0, {"island-0": first.seq})
+        wait_for(lambda: island.island.state[0].version == 1 or None)
+        assert island.late_globals == 1
+        assert wait_for(lambda: store.heartbeats()["island-0"].get("late_globals") or None) == 1
+        assert island.pulls == 1
+    finally:
+        store.mark_done()
+        thread.join(timeout=30)
+        client.close()
+    assert not thread.is_alive()
+
+
+@pytest.mark.integration
+def test_an_island_keeps_its_heartbeat_through_a_long_encode(redis_server, text_path,
+                                                              monkeypatch):
+    """An encode of 2 s (a big model's) on the training thread leaves no gap of a
+    second between heartbeats: syncd would take the island for lost."""
+    import trainer.runner
+
+    real_encode = trainer.runner.encode_message
+
+    def slow_encode(*args, **kwargs):
+        time.sleep(2.0)
+        return real_encode(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.runner, "encode_message", slow_encode)
+    client = connect(redis_server)
+    client.flushall()
+    store = RunStore(client, 43)
+    island, thread, _ = island_in_a_thread(store, one_island_config(text_path), b"beats")
+    try:
+        wait_for(lambda: store.heartbeats().get("island-0", {}).get("state") == "training"
+                 or None)
+        times: list[float] = []
+        deadline = time.monotonic() + 5.0  # past the first send, at step 40
+        while time.monotonic() < deadline:
+            beat = store.heartbeats()["island-0"]["time"]
+            if not times or beat != times[-1]:
+                times.append(beat)
+            time.sleep(0.02)
+        assert island.island.step >= 40  # the long encode happened in the window
+        assert max(b - a for a, b in pairwise(times)) < 1.0
+    finally:
+        store.mark_done()
+        thread.join(timeout=30)
+        client.close()

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from syncd.store import RunStore, connect
+from syncd.connection import connect
+from syncd.store import RunStore
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -383,9 +383,9 @@ def test_a_redis_password_never_shows_in_pages_or_api(admin_client, admin, setti
 def test_syncd_never_logs_the_run_secret_when_it_rejects_updates(run, redis_url, tmp_path,
                                                                  caplog):
     from diloco.protocol import encode_message
+    from syncd.connection import connect as connect_redis
     from syncd.service import RunSync
     from syncd.store import RunStore
-    from syncd.store import connect as connect_redis
     from webapp.runs.records import DatabaseRecorder
 
     store = RunStore(connect_redis(redis_url), run.pk)

@@ -28,8 +28,8 @@ from celery import Celery
 from django.urls import reverse
 from kombu.exceptions import OperationalError
 
-from syncd.connection import redact_url, redis_problem
-from syncd.store import RunStore, connect
+from syncd.connection import connect, redact_url, redis_problem
+from syncd.store import RunStore
 from tests.webapp.runs.test_runtime_processes import (
     ROOT,
     Processes,

@@ -5,6 +5,7 @@ fed by its websocket and act through the JSON API."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
@@ -20,7 +21,7 @@ from diloco.config_parse import ConfigError
 from webapp.dashboard.forms import RunForm
 from webapp.dashboard.regions import map_view, region_positions
 from webapp.runs import roles
-from webapp.runs.models import ApiToken, Checkpoint, Metric, Run, Simulation
+from webapp.runs.models import ApiToken, Checkpoint, Island, Metric, Run, Simulation
 from webapp.runs.presets import PRESETS, preset_config
 from webapp.runs.reports import progress, run_events, run_metrics, run_summary, run_timeline
 from webapp.runs.services import create_run
@@ -31,6 +32,19 @@ SORTS = {"name": "name", "mode": "mode", "state": "state", "progress": "tokens",
          "goodput": "goodput", "eval_loss": "eval_loss", "started": "started_at",
          "created": "created_at"}
 CHART_POINTS = 500
+
+# A run under way: queued, running or paused; stopping and the final states come after.
+UNDER_WAY = (Run.State.QUEUED, Run.State.RUNNING, Run.State.PAUSED)
+# The run bar's actions, each with the states of a run it is offered in.
+RUN_ACTIONS = {"start": (Run.State.DRAFT,), "pause": (Run.State.RUNNING,),
+               "resume": (Run.State.PAUSED,), "checkpoint": (Run.State.RUNNING, Run.State.PAUSED),
+               "stop": UNDER_WAY}
+# What the fault buttons say where a fault's own name (Island.Fault) would not do.
+FAULT_LABELS = {Island.Fault.DEGRADE: "Degrade link", Island.Fault.CORRUPT: "Corrupt next update"}
+# An island counted alive in its region: training, or elastic at its barrier (waiting) or
+# in a whole-job restart (restarting), two states of trainer/runner.py's heartbeats that
+# the Island rows never hold.
+ALIVE_STATES = (Island.State.TRAINING.value, "waiting", "restarting")
 
 
 def _id_param(request: HttpRequest, name: str) -> int:
@@ -98,6 +112,22 @@ def new_run(request: HttpRequest) -> HttpResponse:
             k.split(".", 1)[1]: v for k, v in field_help().items() if k.startswith("islands")}})
 
 
+def _vocabulary() -> dict[str, Any]:
+    """The run page's states, faults and actions as the models name them, so that its
+    script restates none: the actions offered in each run state, the run states under
+    way, the island states counted alive, and the island's fault buttons in order (a
+    kill, then each fault an island can carry; `lasts`: it lasts the seconds its button
+    asks for, where a kill is at once and a corrupt takes the next update)."""
+    faults = [{"kind": "kill", "label": "Kill", "lasts": False}] + [
+        {"kind": fault.value, "label": FAULT_LABELS.get(fault, fault.label),
+         "lasts": fault != Island.Fault.CORRUPT}
+        for fault in Island.Fault if fault != Island.Fault.NONE]
+    return {"actions": {state.value: [action for action, states in RUN_ACTIONS.items()
+                                      if state in states] for state in Run.State},
+            "under_way": [state.value for state in UNDER_WAY],
+            "alive": list(ALIVE_STATES), "faults": faults}
+
+
 @require_GET
 @login_required
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
@@ -116,6 +146,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
                 "view": map_view(list(regions.values())),
                 "topojson": static("dashboard/topojson/")},
         "all_regions": settings.REGIONS, "chart_points": CHART_POINTS,
+        "vocabulary": _vocabulary(),
         "can": {action: roles.can(request.user, action)
                 for action in ("operate", "fault", "edit", "delete", "admin")},
     }

@@ -120,8 +120,8 @@ def kill_syncd(by: AbstractBaseUser) -> None:
     """
     if not getattr(by, "is_superuser", False):
         raise PermissionError("Only admins may kill syncd.")
-    from syncd.store import connect
-    from syncd.store import kill_syncd as send_kill
+    from syncd.connection import connect
+    from syncd.control import kill_syncd as send_kill
 
     send_kill(connect(settings.REDIS_URL))
     for run in Run.objects.filter(state__in=RUNNING_OR_PAUSED):

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING
 import redis
 from django.conf import settings
 
-from syncd.store import PoolStore, RunStore, connect
+from syncd.connection import connect
+from syncd.pool_store import PoolStore
+from syncd.store import RunStore
 
 if TYPE_CHECKING:
     from webapp.runs.models import Run

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from syncd.store import RunStore, connect
+from syncd.connection import connect
+from syncd.store import RunStore
 from trainer.island_logs import island_log_path
 from webapp.runs.faults import MAX_FAULT_SECONDS
 from webapp.runs.models import Event, Island
@@ -144,7 +145,7 @@ def test_an_island_fault_is_set_for_the_island_to_act_out(operator_api, running,
 
     assert response.status_code == 202
     store = RunStore(connect(redis_url), running.pk)
-    assert json.loads(store.r.get(store.key("fault", "east-a")))["kind"] == kind
+    assert json.loads(store.client.get(store.key("fault", "east-a")))["kind"] == kind
 
 
 @pytest.mark.parametrize("body, key, message", [
@@ -186,7 +187,7 @@ def test_a_corrupt_fault_needs_no_duration(operator_api, running, redis_url):
 
     assert response.status_code == 202
     store = RunStore(connect(redis_url), running.pk)
-    assert json.loads(store.r.get(store.key("fault", "east-a")))["kind"] == "corrupt"
+    assert json.loads(store.client.get(store.key("fault", "east-a")))["kind"] == "corrupt"
 
 
 def test_a_fault_on_a_paused_run_is_a_409(operator_api, paused):

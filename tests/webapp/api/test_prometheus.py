@@ -6,7 +6,8 @@ import pytest
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from syncd.store import RunStore, connect
+from syncd.connection import connect
+from syncd.store import RunStore
 from webapp.runs.models import Run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.integration]
@@ -62,7 +63,7 @@ def test_an_admin_session_may_read_the_metrics(admin_client):
 def test_the_scraper_reads_the_runs_and_their_alive_islands(client, metrics_token, running,
                                                           draft, redis_url):
     store = RunStore(connect(redis_url), running.pk)
-    store.r.set(store.key("status"), json.dumps({
+    store.client.set(store.key("status"), json.dumps({
         "versions": [5, 4], "outer_steps": 4, "goodput": 0.75, "uptime": 0.5,
         "islands": {"east-a": {"state": "lost", "fault": "partition", "version_lag": 3,
                                "tokens": 4096}}}))

@@ -10,7 +10,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from diloco.config import field_help
-from syncd.store import RunStore, connect
+from syncd.connection import connect
+from syncd.store import RunStore
 from webapp.runs.models import Event, Metric, Run
 from webapp.runs.services import create_run
 
@@ -168,7 +169,7 @@ def test_it_shows_one_run_with_the_fields_of_the_contract(viewer_api, running):
 
 def test_it_shows_syncds_live_status(viewer_api, running, redis_url):
     store = RunStore(connect(redis_url), running.pk)
-    store.r.set(store.key("status"), json.dumps({
+    store.client.set(store.key("status"), json.dumps({
         "versions": [7, 6], "outer_steps": 6, "goodput": 0.9, "uptime": 1.0,
         "train_loss": 2.5, "eval_loss": 2.7,
         "islands": {"east-a": {"state": "lost", "fault": "partition", "version_lag": 2}}}))

@@ -5,7 +5,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 
-from syncd.store import RunStore, connect
+from syncd.connection import connect
+from syncd.store import RunStore
 from webapp.asgi import application
 from webapp.dashboard.consumers import (
     NOT_FOUND,

@@ -5,7 +5,7 @@ from diloco.config_parse import parse_config
 from diloco.island import initial_model
 from diloco.shapes import parameter_count
 from syncd.checkpoint import save
-from webapp.runs.models import ApiToken, Checkpoint, Metric, Run
+from webapp.runs.models import ApiToken, Checkpoint, Island, Metric, Run
 from webapp.runs.presets import preset_config
 from webapp.runs.services import create_run
 
@@ -129,7 +129,7 @@ def test_the_new_run_form_shows_the_runs_sizes_from_the_estimate_endpoint(operat
     content = operator_client.get("/runs/new/").content.decode()
 
     assert 'id="estimate" data-url="/api/config/estimate"' in content
-    assert "dashboard/common.js" in content  # arch.api, which new_run.js calls
+    assert '<script type="module" src="/static/dashboard/new_run.js">' in content
     assert "Activations are an" in content
 
 
@@ -276,6 +276,23 @@ def test_the_run_page_offers_operators_their_buttons(operator_client):
 
     assert response.context["page"]["can"]["fault"] is True
     assert b'data-action="start"' in response.content
+
+
+def test_the_run_page_names_states_faults_and_actions_as_the_models_do(viewer_client):
+    run = create_run(name="shown", mode="decoupled", config={}, user=None)
+
+    vocabulary = viewer_client.get(f"/runs/{run.pk}/").context["page"]["vocabulary"]
+
+    assert list(vocabulary["actions"]) == Run.State.values
+    assert vocabulary["actions"]["draft"] == ["start"]
+    assert vocabulary["actions"]["running"] == ["pause", "checkpoint", "stop"]
+    assert vocabulary["actions"]["paused"] == ["resume", "checkpoint", "stop"]
+    assert vocabulary["actions"]["stopping"] == vocabulary["actions"]["completed"] == []
+    assert vocabulary["under_way"] == ["queued", "running", "paused"]
+    assert [f["kind"] for f in vocabulary["faults"]] == [
+        "kill", *(kind for kind in Island.Fault.values if kind != Island.Fault.NONE)]
+    assert [f["label"] for f in vocabulary["faults"] if not f["lasts"]] == [
+        "Kill", "Corrupt next update"]
 
 
 def test_a_run_name_with_html_is_shown_as_text(viewer_client):

@@ -3,7 +3,8 @@ its island tasks recorded instead of sent, and the run stores."""
 
 import pytest
 
-from syncd.store import RunStore, connect
+from syncd.connection import connect
+from syncd.store import RunStore
 from tests.webapp.runs.three_islands import THREE_ISLANDS
 from webapp.runs.models import Run
 from webapp.runs.services import create_run, start_run

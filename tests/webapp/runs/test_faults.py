@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from syncd.store import connect
+from syncd.connection import connect
 from tests.webapp.runs.three_islands import commands
 from webapp.runs.faults import (
     inject_fault,
@@ -57,10 +57,10 @@ def test_inject_fault_sets_the_islands_fault_key_for_a_while(running, store, ope
     inject_fault(running, "east-b", "straggle", 30, 3.0, operator)
 
     s = store(running)
-    fault = json.loads(s.r.get(s.key("fault", "east-b")))
+    fault = json.loads(s.client.get(s.key("fault", "east-b")))
     assert (fault["kind"], fault["factor"]) == ("straggle", 3.0)
     assert before + 30 <= fault["until"] <= time.time() + 30
-    assert 30 < s.r.ttl(s.key("fault", "east-b")) <= 90
+    assert 30 < s.client.ttl(s.key("fault", "east-b")) <= 90
     event = Event.objects.get(run=running, kind=Event.Kind.FAULT)
     assert (event.island.name, event.actor) == ("east-b", operator)
     assert (event.detail["fault"], event.detail["seconds"], event.detail["factor"]) == (
@@ -73,7 +73,7 @@ def test_each_fault_kind_has_a_default_factor(running, store, kind, factor):
     inject_fault(running, "east-a", kind, 5)
 
     s = store(running)
-    assert json.loads(s.r.get(s.key("fault", "east-a")))["factor"] == factor
+    assert json.loads(s.client.get(s.key("fault", "east-a")))["factor"] == factor
 
 
 @pytest.mark.parametrize("kind, seconds, factor, message", [
@@ -94,7 +94,7 @@ def test_a_bad_fault_is_refused_and_changes_nothing(running, store, kind, second
         inject_fault(running, "east-a", kind, seconds, factor)
 
     s = store(running)
-    assert s.r.get(s.key("fault", "east-a")) is None
+    assert s.client.get(s.key("fault", "east-a")) is None
     assert not Event.objects.filter(kind=Event.Kind.FAULT).exists()
 
 

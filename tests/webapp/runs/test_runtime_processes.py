@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from syncd.store import RunStore, connect
+from syncd.connection import connect
+from syncd.store import RunStore
 from trainer.island_logs import island_log_path
 from trainer.phases import PHASES
 from webapp.runs.faults import (
@@ -407,7 +408,7 @@ def test_a_stop_merges_what_arrived_checkpoints_and_only_then_the_run_is_stopped
     stop_run(run, by=None)
     run.refresh_from_db()
     assert run.state == Run.State.STOPPING
-    assert str(run.pk) in RunStore.active_runs(store.r)  # syncd still holds it
+    assert str(run.pk) in RunStore.active_runs(store.client)  # syncd still holds it
 
     def stopped() -> bool:
         run.refresh_from_db()
@@ -421,7 +422,7 @@ def test_a_stop_merges_what_arrived_checkpoints_and_only_then_the_run_is_stopped
     assert detail["state"] == "stopped"
     assert all(island["state"] != "training" for island in detail["islands"]), detail
     assert detail["tokens"] > 0 and detail["tokens"] == newest_tokens(newest)
-    assert str(run.pk) not in RunStore.active_runs(store.r)
+    assert str(run.pk) not in RunStore.active_runs(store.client)
     assert "outcome" in store.status()
 
 

@@ -10,7 +10,9 @@ import pytest
 import redis
 
 from diloco.config_parse import ConfigError
-from syncd.store import PoolStore, RunStore, connect
+from syncd.connection import connect
+from syncd.pool_store import PoolStore
+from syncd.store import RunStore
 from tests.webapp.runs.three_islands import THREE_ISLANDS, commands
 from webapp.runs.faults import kill_island
 from webapp.runs.models import Checkpoint, Event, Island, Run
@@ -38,7 +40,7 @@ def test_start_run_publishes_the_spec_and_enqueues_each_island_on_its_region(
 
     s = store(run)
     assert s.spec() == {"mode": "elastic", "config": run.config, "secret": run.secret}
-    assert str(run.pk) in RunStore.active_runs(s.r)
+    assert str(run.pk) in RunStore.active_runs(s.client)
     assert s.epochs() == {"east-a": 1, "east-b": 1, "west-a": 1}
     assert set(run.islands.values_list("epoch", flat=True)) == {1}
     assert enqueued == [
@@ -124,7 +126,7 @@ def test_stop_run_stops_every_island_and_leaves_the_run_to_syncd_to_finish(
     for name in ("east-a", "east-b", "west-a"):
         assert commands(s, name) == [{"kind": "stop", "epoch": 1}]
     # syncd merges what arrives, checkpoints, frees the keys and makes it stopped.
-    assert str(running.pk) in RunStore.active_runs(s.r)
+    assert str(running.pk) in RunStore.active_runs(s.client)
     assert s.stop_requested() is not None
     running.refresh_from_db()
     assert running.state == Run.State.STOPPING and running.finished_at is None

@@ -21,7 +21,9 @@ from test_runtime_processes import (  # noqa: F401 - fixtures
     wait_until,
 )
 
-from syncd.store import PoolStore, RunStore, connect
+from syncd.connection import connect
+from syncd.pool_store import PoolStore
+from syncd.store import RunStore
 from trainer.island_logs import island_log_path
 from webapp.runs.faults import kill_island
 from webapp.runs.models import Run

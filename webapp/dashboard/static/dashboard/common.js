@@ -1,18 +1,21 @@
-// Shared by the control room's pages: API calls with the CSRF token, toasts, and a
-// websocket that reconnects with backoff.
-"use strict";
+// Shared by the control room's pages (each imports it as `arch`): the page's data, API
+// calls with the CSRF token, toasts, elements, a websocket that reconnects with
+// backoff, and numbers as words.
 
-const arch = {};
+// What the view put in the page as json_script under `id`.
+export function pageData(id) {
+  return JSON.parse(document.getElementById(id).textContent);
+}
 
-arch.csrf = function () {
+function csrf() {
   const match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
   return match ? decodeURIComponent(match[1]) : "";
-};
+}
 
 // Every action shows its result or its error: resolves to the JSON body, or throws an
 // Error whose message is the API's own sentences.
-arch.api = async function (method, path, body) {
-  const options = {method, headers: {"X-CSRFToken": arch.csrf(), "Accept": "application/json"},
+export async function api(method, path, body) {
+  const options = {method, headers: {"X-CSRFToken": csrf(), "Accept": "application/json"},
                    credentials: "same-origin"};
   if (body !== undefined) {
     options.headers["Content-Type"] = "application/json";
@@ -30,9 +33,9 @@ arch.api = async function (method, path, body) {
     throw error;
   }
   return data;
-};
+}
 
-arch.toast = function (message, isError) {
+export function toast(message, isError) {
   const box = document.getElementById("toasts");
   const item = document.createElement("div");
   item.className = "toast" + (isError ? " error" : "");
@@ -40,26 +43,26 @@ arch.toast = function (message, isError) {
   item.textContent = message;
   box.appendChild(item);
   setTimeout(() => item.remove(), isError ? 12000 : 5000);
-};
+}
 
 // Run an action: the button is disabled while it runs ("long actions show progress"),
 // then a toast says what happened.
-arch.act = async function (button, label, call) {
+export async function act(button, label, call) {
   const before = button ? button.textContent : "";
   if (button) { button.disabled = true; button.textContent = before + "…"; }
   try {
     const result = await call();
-    arch.toast(label + ": done");
+    toast(label + ": done");
     return result;
   } catch (e) {
-    arch.toast(label + " failed: " + e.message, true);
+    toast(label + " failed: " + e.message, true);
     return undefined;
   } finally {
     if (button) { button.disabled = false; button.textContent = before; }
   }
-};
+}
 
-arch.el = function (tag, attrs, ...children) {
+export function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
     if (k === "class") node.className = v;
@@ -72,10 +75,10 @@ arch.el = function (tag, attrs, ...children) {
       ? document.createTextNode(String(child)) : child);
   }
   return node;
-};
+}
 
 // A websocket that comes back: on close it reconnects after 1, 2, 4 ... 30 s.
-arch.socket = function (path, onMessage, onOpen) {
+export function socket(path, onMessage, onOpen) {
   let delay = 1000;
   let ws = null;
   const connect = () => {
@@ -87,17 +90,17 @@ arch.socket = function (path, onMessage, onOpen) {
   };
   connect();
   return {reconnect: () => ws && ws.close()};
-};
+}
 
-arch.fmt = function (value, digits) {
+export function fmt(value, digits) {
   if (value === null || value === undefined) return "—";
   if (typeof value !== "number") return String(value);
   return digits === undefined ? value.toLocaleString() : value.toFixed(digits);
-};
+}
 
-arch.bytes = function (n) {
+export function bytes(n) {
   if (!n) return "0 B";
   const units = ["B", "KB", "MB", "GB", "TB", "PB"];
   const i = Math.min(units.length - 1, Math.floor(Math.log10(n) / 3));
   return (n / 10 ** (3 * i)).toFixed(i ? 1 : 0) + " " + units[i];
-};
+}

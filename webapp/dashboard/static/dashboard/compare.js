@@ -1,8 +1,9 @@
 // Overlay runs: loss against tokens and against time since each run's start, goodput
 // over time; e.g. decoupled against elastic on the same faults.
-"use strict";
+import * as arch from "./common.js";
+import {Plotly, plotConfig} from "./plotting.js";
 
-const series = JSON.parse(document.getElementById("series-data").textContent);
+const series = arch.pageData("series-data");
 const layout = (title, x, y) => ({title: {text: title, font: {size: 14}}, margin: {l: 50, r: 10, t: 35, b: 40},
   xaxis: {title: {text: x}}, yaxis: {title: {text: y}}, legend: {orientation: "h", y: -0.25}});
 
@@ -16,8 +17,7 @@ function traces(xOf, yKey) {
 }
 const byTokens = (m) => m.tokens;
 const bySeconds = (m, start) => (new Date(m.time) - start) / 1000;
-const config = {displayModeBar: false, responsive: true};
-Plotly.newPlot("loss-tokens", traces(byTokens, "train_loss"), layout("Train loss against tokens", "tokens", "loss"), config);
-Plotly.newPlot("loss-time", traces(bySeconds, "train_loss"), layout("Train loss against time", "seconds since start", "loss"), config);
-Plotly.newPlot("goodput-time", traces(bySeconds, "goodput"), layout("Goodput over time", "seconds since start", "goodput"), config);
-Plotly.newPlot("eval-tokens", traces(byTokens, "eval_loss"), layout("Eval loss against tokens", "tokens", "loss"), config);
+Plotly.newPlot("loss-tokens", traces(byTokens, "train_loss"), layout("Train loss against tokens", "tokens", "loss"), plotConfig());
+Plotly.newPlot("loss-time", traces(bySeconds, "train_loss"), layout("Train loss against time", "seconds since start", "loss"), plotConfig());
+Plotly.newPlot("goodput-time", traces(bySeconds, "goodput"), layout("Goodput over time", "seconds since start", "goodput"), plotConfig());
+Plotly.newPlot("eval-tokens", traces(byTokens, "eval_loss"), layout("Eval loss against tokens", "tokens", "loss"), plotConfig());

@@ -6,9 +6,9 @@
 // were lost, so the page reconnects and takes a fresh snapshot. Events are numbered by
 // id and each is handed on once (the web app and syncd push theirs separately, so ids
 // may arrive out of order).
-"use strict";
+import {socket} from "./common.js";
 
-arch.applyOps = function (state, ops) {
+function applyOps(state, ops) {
   for (const op of ops) {
     const path = op[0];
     let target = state;
@@ -20,9 +20,9 @@ arch.applyOps = function (state, ops) {
     if (op.length === 2) target[last] = op[1]; else delete target[last];
   }
   return state;
-};
+}
 
-arch.LiveRun = class {
+export class LiveRun {
   // handlers: status(status, seq), events([event]); both optional.
   constructor(runId, handlers) {
     this.seq = -1;
@@ -33,7 +33,7 @@ arch.LiveRun = class {
     // and [event id, Date.now()]; bench/ui_latency.py reads them.
     this.received = [];
     this.eventsReceived = [];
-    this.socket = arch.socket(`/ws/runs/${runId}/`, (m) => this.onMessage(m));
+    this.socket = socket(`/ws/runs/${runId}/`, (m) => this.onMessage(m));
   }
 
   onMessage(message) {
@@ -49,7 +49,7 @@ arch.LiveRun = class {
         this.socket.reconnect();  // a delta was missed: start again from a snapshot
         return;
       }
-      arch.applyOps(this.status, message.ops);
+      applyOps(this.status, message.ops);
       this.seq = message.seq;
       this.onStatus();
     } else if (message.type === "events") {
@@ -74,4 +74,4 @@ arch.LiveRun = class {
     fresh.sort((a, b) => a.id - b.id);
     if (this.handlers.events) this.handlers.events(fresh);
   }
-};
+}

@@ -1,6 +1,6 @@
 // The new-run form: a preset reloads the form with its values; island rows are added
 // and removed here and renumbered so the server reads them in order.
-"use strict";
+import * as arch from "./common.js";
 
 document.getElementById("preset").addEventListener("change", (e) => {
   location.search = "?preset=" + encodeURIComponent(e.target.value);

@@ -1,28 +1,27 @@
 // The run detail page: everything live from the run's websocket, actions through the
 // JSON API. Text from the server is always set as text, never as HTML.
-"use strict";
+import * as arch from "./common.js";
+import {LiveRun} from "./live.js";
+import {Plotly, plotConfig} from "./plotting.js";
+import {RunMap} from "./run_map.js";
+import {RunTimeline} from "./run_timeline.js";
 
-const page = JSON.parse(document.getElementById("page-data").textContent);
+const page = arch.pageData("page-data");
 const run = page.run;
+// The states, faults and actions as the models name them (webapp/dashboard/views.py).
+const vocabulary = page.vocabulary;
 const RUN_API = `/api/runs/${run.id}`;
-const FAULTS = [["kill", "Kill"], ["straggle", "Straggle"], ["partition", "Partition"],
-                ["degrade", "Degrade link"], ["corrupt", "Corrupt next update"]];
-const ALIVE_STATES = ["training", "waiting", "restarting"];
-const LIVE_RUN_STATES = ["queued", "running", "paused"];
 const $ = (id) => document.getElementById(id);
 let runState = run.state;
 let lastStatus = null;
 
 // -- run state and actions -----------------------------------------------------------
 
-const ACTIONS_BY_STATE = {draft: ["start"], queued: ["stop"], running: ["pause", "checkpoint", "stop"],
-                          paused: ["resume", "checkpoint", "stop"]};
-
 function showRunState(state, reason) {
   runState = state;
   $("run-state").textContent = state;
   $("run-state").className = "state " + state;
-  const allowed = ACTIONS_BY_STATE[state] || [];
+  const allowed = vocabulary.actions[state] || [];
   document.querySelectorAll("#run-actions [data-action]").forEach((b) => {
     b.hidden = !allowed.includes(b.dataset.action);
   });
@@ -59,15 +58,15 @@ function islandRow(name) {
   cells.name.textContent = name;
   const actions = arch.el("td", {class: "row-actions"});
   if (page.can.fault) {
-    const [kill, ...others] = FAULTS;
-    actions.appendChild(arch.el("button", {class: "small danger", "data-fault": kill[0],
-      onclick: (e) => injectFault(e.target, name, ...kill)}, kill[1]));
+    const [kill, ...others] = vocabulary.faults;
+    actions.appendChild(arch.el("button", {class: "small danger", "data-fault": kill.kind,
+      onclick: (e) => injectFault(e.target, name, kill)}, kill.label));
     const menu = arch.el("details", {class: "menu"}, arch.el("summary", {}, "Faults ▾"));
-    menu.appendChild(arch.el("div", {}, ...others.map(([kind, label]) => arch.el("button", {
-      class: "small quiet", "data-fault": kind, onclick: (e) => {
+    menu.appendChild(arch.el("div", {}, ...others.map((fault) => arch.el("button", {
+      class: "small quiet", "data-fault": fault.kind, onclick: (e) => {
         menu.open = false;
-        injectFault(e.target, name, kind, label);
-      }}, label))));
+        injectFault(e.target, name, fault);
+      }}, fault.label))));
     actions.appendChild(menu);
     actions.appendChild(arch.el("button", {class: "small", "data-rejoin": "",
       onclick: (e) => arch.act(e.target, `Rejoin ${name}`, () => arch.api("POST", `${RUN_API}/islands/${encodeURIComponent(name)}/rejoin`))}, "Rejoin"));
@@ -87,14 +86,14 @@ function islandRow(name) {
   return islandRows[name];
 }
 
-async function injectFault(button, island, kind, label) {
-  const body = {kind};
-  if (kind !== "kill" && kind !== "corrupt") {
-    const seconds = prompt(`${label} ${island} for how many seconds?`, "20");
+async function injectFault(button, island, fault) {
+  const body = {kind: fault.kind};
+  if (fault.lasts) {
+    const seconds = prompt(`${fault.label} ${island} for how many seconds?`, "20");
     if (seconds === null) return;
     body.duration_s = Number(seconds);
   }
-  await arch.act(button, `${label} ${island}`, () => arch.api("POST", `${RUN_API}/islands/${encodeURIComponent(island)}/faults`, body));
+  await arch.act(button, `${fault.label} ${island}`, () => arch.api("POST", `${RUN_API}/islands/${encodeURIComponent(island)}/faults`, body));
 }
 
 async function showLog(button, island) {
@@ -152,7 +151,7 @@ function showRegions(status) {
   const list = $("region-list");
   list.replaceChildren();
   for (const [region, islands] of Object.entries(byRegion).sort()) {
-    const alive = islands.filter(([, i]) => ALIVE_STATES.includes(i.state)).length;
+    const alive = islands.filter(([, i]) => vocabulary.alive.includes(i.state)).length;
     const line = arch.el("div", {"data-region": region, title: `${alive} of ${islands.length} islands alive`},
       arch.el("span", {}, arch.el("strong", {}, region), ` ${alive}/${islands.length} alive`));
     if (page.can.fault) {
@@ -163,8 +162,8 @@ function showRegions(status) {
   }
 }
 
-const map = new arch.RunMap("map", page.map);
-const timeline = new arch.RunTimeline("timeline", run.id);
+const map = new RunMap("map", page.map);
+const timeline = new RunTimeline("timeline", run.id);
 
 // -- quorum panel, banner and figures ---------------------------------------------------
 
@@ -221,7 +220,7 @@ function chart(id, title, names) {
   charts[id] = {names: names.slice()};
   Plotly.newPlot(id, names.map((n) => ({x: [], y: [], name: n, mode: "lines", type: "scatter"})),
     {title: {text: title, font: {size: 14}}, margin: {l: 50, r: 10, t: 35, b: 35},
-     legend: {orientation: "h", y: -0.2}}, {displayModeBar: false, responsive: true});
+     legend: {orientation: "h", y: -0.2}}, plotConfig());
 }
 
 // Add one point per trace; a trace for a name not seen before is added first.
@@ -302,7 +301,7 @@ function showEvents(events) {
     if (e.kind === "run_state") showRunState(e.detail.to, e.detail.reason);
     if (e.kind === "checkpoint" && !e.detail.requested) loadCheckpoints();
   }
-  if (LIVE_RUN_STATES.includes(runState)) timeline.refresh(1000);
+  if (vocabulary.under_way.includes(runState)) timeline.refresh(1000);
   while (list.children.length > 300) list.lastChild.remove();
 }
 
@@ -363,7 +362,7 @@ function onStatus(status) {
     showIslands(lastStatus);
     showRegions(lastStatus);
     map.draw(lastStatus.islands);
-    if (LIVE_RUN_STATES.includes(runState)) timeline.refresh(3000);
+    if (vocabulary.under_way.includes(runState)) timeline.refresh(3000);
     showQuorum(lastStatus);
     showFigures(lastStatus);
     plotPoint(new Date(lastStatus.time * 1000), lastStatus);
@@ -387,5 +386,6 @@ showQuorum({});
 timeline.draw(page.timeline);
 showEvents(page.events);
 showCheckpoints(page.checkpoints);
-window.archLive = new arch.LiveRun(run.id, {status: onStatus, events: showEvents});
-page.events.forEach((e) => window.archLive.seenEvents.add(e.id));
+const live = new LiveRun(run.id, {status: onStatus, events: showEvents});
+page.events.forEach((e) => live.seenEvents.add(e.id));
+window.archLive = live;  // bench/ui_latency.py reads when the page took each message

@@ -2,20 +2,16 @@
 // regions, syncd's place, each island around its region, and each island's WAN link
 // to syncd coloured by its state (syncd/status.py link) and as wide as the bytes it
 // carried in the last status.
-"use strict";
+import * as arch from "./common.js";
+import {Plotly, plotConfig} from "./plotting.js";
+import {stateColour} from "./palette.js";
 
-// waiting and restarting: an elastic island at its barrier or in a whole-job restart.
-arch.STATE_COLOURS = {pending: "#98a2b3", starting: "#f79009", training: "#12b76a",
-                      waiting: "#f79009", restarting: "#f79009", lost: "#d92d20",
-                      rejoining: "#fdb022", stopped: "#667085", paused: "#7a5af8"};
-arch.FAULT_COLOURS = {straggle: "#0ba5ec", partition: "#7a5af8", degrade: "#ee46bc",
-                      corrupt: "#b42318"};
 const LINK_STYLES = {up: ["#12b76a", "solid"], degraded: ["#f79009", "solid"],
                      partitioned: ["#7a5af8", "dash"], down: ["#d92d20", "dot"]};
 const FAULT_SYMBOLS = {none: "circle", straggle: "triangle-down", partition: "x",
                        degrade: "diamond", corrupt: "star"};
 
-arch.RunMap = class {
+export class RunMap {
   // map: the page's {regions: {region: [lon, lat]}, syncd, view: {lon, lat}, topojson}.
   constructor(elementId, map) {
     this.id = elementId;
@@ -53,7 +49,7 @@ arch.RunMap = class {
       const fault = island.fault || "none";
       markers.lon.push(places[name][0]); markers.lat.push(places[name][1]);
       markers.text.push(`${name} (${island.region}): ${island.state}${fault === "none" ? "" : ", " + fault}`);
-      markers.marker.color.push(arch.STATE_COLOURS[island.state] || "#98a2b3");
+      markers.marker.color.push(stateColour(island.state));
       markers.marker.symbol.push(FAULT_SYMBOLS[fault] || "circle");
     }
     const regions = Object.keys(this.map.regions).filter((r) => r !== this.map.syncd ||
@@ -72,7 +68,7 @@ arch.RunMap = class {
             showland: true, landcolor: "#e9edf2", showocean: true, oceancolor: "#f4f8fc",
             showcountries: true, countrycolor: "#c3cad4", showsubunits: true, subunitcolor: "#d5dbe3",
             coastlinecolor: "#aab4c0", showlakes: false, showframe: false, bgcolor: "rgba(0,0,0,0)"},
-    }, {displayModeBar: false, responsive: true, topojsonURL: this.map.topojson});
+    }, plotConfig({topojsonURL: this.map.topojson}));
   }
 
   // Degrees between islands around their region: a share of the view, so they stay
@@ -97,4 +93,4 @@ arch.RunMap = class {
     }
     return places;
   }
-};
+}

@@ -1,7 +1,9 @@
 // The run page's timeline: a lane per island, time across. States as wide bars,
 // active faults as a thin bar above them, faults, rejoins and merges as marks below.
 // The lanes come from GET /api/runs/<id>/timeline (webapp/runs/timeline.py).
-"use strict";
+import * as arch from "./common.js";
+import {faultColour, stateColour} from "./palette.js";
+import {Plotly, plotConfig} from "./plotting.js";
 
 const MARK_STYLES = {fault: {symbol: "x-thin-open", color: "#b42318", size: 9},
                      rejoin: {symbol: "triangle-up", color: "#1f6feb", size: 8},
@@ -25,7 +27,7 @@ function clock(t) {
   return new Date(t * 1000).toLocaleTimeString();
 }
 
-arch.RunTimeline = class {
+export class RunTimeline {
   constructor(elementId, runId) {
     this.id = elementId;
     this.path = `/api/runs/${runId}/timeline`;
@@ -57,14 +59,14 @@ arch.RunTimeline = class {
     };
     lanes.forEach((lane, y) => {
       for (const span of lane.spans) {
-        const t = bar("state " + span.state, span.state, arch.STATE_COLOURS[span.state] || "#98a2b3", -0.3, 0.44);
+        const t = bar("state " + span.state, span.state, stateColour(span.state), -0.3, 0.44);
         t.base.push(span.start * 1000); t.x.push((span.end - span.start) * 1000); t.y.push(y);
         let words = `${lane.island}: ${span.state} from ${clock(span.start)} for ${(span.end - span.start).toFixed(1)} s`;
         if (span.recovery) words += "<br>" + recoveryWords(span.recovery);
         t.hovertext.push(words);
       }
       for (const fault of lane.faults) {
-        const t = bar("fault " + fault.fault, fault.fault, arch.FAULT_COLOURS[fault.fault] || "#f79009", -0.45, 0.12);
+        const t = bar("fault " + fault.fault, fault.fault, faultColour(fault.fault), -0.45, 0.12);
         t.base.push(fault.start * 1000); t.x.push((fault.end - fault.start) * 1000); t.y.push(y);
         t.hovertext.push(`${lane.island}: ${fault.fault} from ${clock(fault.start)} for ${(fault.end - fault.start).toFixed(1)} s`);
       }
@@ -87,7 +89,7 @@ arch.RunTimeline = class {
       xaxis: {type: "date", range: [timeline.start * 1000, timeline.end * 1000]},
       yaxis: {tickvals: lanes.map((_, y) => y), ticktext: lanes.map((l) => l.island), range: [lanes.length - 0.5, -0.5],
               zeroline: false, fixedrange: true},
-    }, {displayModeBar: false, responsive: true});
+    }, plotConfig());
   }
 
   // What each colour and mark means, for the states and faults on the lanes.
@@ -97,4 +99,4 @@ arch.RunTimeline = class {
       arch.el("i", {class: "swatch block", style: `background: ${t.marker.color}`}), t.name)),
       arch.el("span", {}, "marks: × fault, ▲ rejoin, | merge that took the island's update"));
   }
-};
+}

@@ -1,5 +1,5 @@
 // The runs list: archive and delete through the API; states change live.
-"use strict";
+import * as arch from "./common.js";
 
 document.querySelectorAll("#runs tr[data-run]").forEach((row) => {
   const id = row.dataset.run;

@@ -1,12 +1,12 @@
 // A simulation's progress and results, live over /ws/simulations/<id>/.
-"use strict";
+import * as arch from "./common.js";
+import {Plotly, plotConfig} from "./plotting.js";
 
-const initial = JSON.parse(document.getElementById("simulation-data").textContent);
+const initial = arch.pageData("simulation-data");
 const $ = (id) => document.getElementById(id);
 const layout = (title, x, y, logX) => ({title: {text: title, font: {size: 14}},
   margin: {l: 50, r: 10, t: 35, b: 40}, legend: {orientation: "h", y: -0.3},
   xaxis: {title: {text: x}, type: logX ? "log" : "linear"}, yaxis: {title: {text: y}, range: [0, 1.02]}});
-const config = {displayModeBar: false, responsive: true};
 
 function show(sim) {
   $("sim-state").textContent = sim.state;
@@ -26,14 +26,14 @@ function draw(result) {
   }
   Plotly.react("sim-goodput", Object.entries(series).map(([name, rows]) => ({
     x: rows.map((r) => r.chips), y: rows.map((r) => r.goodput), name, mode: "lines+markers"})),
-  layout("Goodput against chips", "chips", "goodput", true), config);
+  layout("Goodput against chips", "chips", "goodput", true), plotConfig());
   Plotly.react("sim-knobs", [{type: "bar", x: result.knobs_table.map((r) => r.knob),
-    y: result.knobs_table.map((r) => r.goodput)}], layout("One knob at a time", "", "goodput"), config);
+    y: result.knobs_table.map((r) => r.goodput)}], layout("One knob at a time", "", "goodput"), plotConfig());
   const modes = [...new Set(result.bandwidth_table.map((r) => r.mode))];
   Plotly.react("sim-bandwidth", modes.map((m) => {
     const rows = result.bandwidth_table.filter((r) => r.mode === m);
     return {x: rows.map((r) => r.bandwidth_gbps), y: rows.map((r) => r.utilization), name: m, mode: "lines+markers"};
-  }), layout("12B model, 4 regions: utilization", "Gb/s", "utilization", true), config);
+  }), layout("12B model, 4 regions: utilization", "Gb/s", "utilization", true), plotConfig());
   document.querySelector("#sim-table tbody").replaceChildren(...result.goodput_table.map((r) =>
     arch.el("tr", {}, arch.el("td", {}, r.mode), arch.el("td", {class: "num"}, r.islands),
       arch.el("td", {class: "num"}, arch.fmt(r.chips)), arch.el("td", {class: "num"}, arch.fmt(r.goodput, 3)),

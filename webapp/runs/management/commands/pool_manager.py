@@ -15,7 +15,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from syncd.store import PoolStore, connect
+from syncd.connection import connect
+from syncd.pool_store import PoolStore
 from trainer.pool_manager import PoolManager
 from webapp.runs.failures import record_island_failure
 

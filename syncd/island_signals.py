@@ -1,0 +1,102 @@
+"""The islands' signals: heartbeats, deaths, logs, commands, data cursors and faults.
+
+What an island, its supervisor and the control room tell each other about one
+island, beside the data plane.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+from syncd.run_keys import RunKeys
+
+LOG_TTL_S = 7 * 24 * 3600
+
+
+class IslandSignals(RunKeys):
+    """A run's per-island keys other than its updates."""
+
+    def heartbeat(self, island: str, epoch: int, step: int, tokens: int, **extra: Any) -> None:
+        beat = {"epoch": epoch, "time": time.time(), "step": step, "tokens": tokens, **extra}
+        self.client.hset(self.key("heartbeats"), island, json.dumps(beat))
+
+    def heartbeats(self) -> dict[str, dict[str, Any]]:
+        raw = self.client.hgetall(self.key("heartbeats"))
+        return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+    def report_death(self, island: str, epoch: int, exit_code: int | None,
+                     at: float | None = None) -> None:
+        """The island's process of `epoch` is dead (from its supervisor, which saw it
+        end): syncd marks the island lost at once instead of after its heartbeat
+        timeout. `exit_code` is the process's: negative for the signal that killed it."""
+        death = {"epoch": epoch, "time": time.time() if at is None else at,
+                 "exit_code": exit_code,
+                 "signal": -exit_code if exit_code is not None and exit_code < 0 else None}
+        self.client.hset(self.key("deaths"), island, json.dumps(death))
+
+    def deaths(self) -> dict[str, dict[str, Any]]:
+        """island -> the last death its supervisor reported."""
+        raw = self.client.hgetall(self.key("deaths"))
+        return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+    def epochs_and_deaths(self) -> tuple[dict[str, int], dict[str, dict[str, Any]]]:
+        """`epochs()` and `deaths()` in one round trip (syncd reads both every pass)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.key("epochs"))
+        pipe.hgetall(self.key("deaths"))
+        epochs, deaths = pipe.execute()
+        return ({k.decode(): int(v) for k, v in epochs.items()},
+                {k.decode(): json.loads(v) for k, v in deaths.items()})
+
+    def put_log(self, island: str, lines: list[str]) -> None:
+        """The last lines of an island's log, so the control room shows them whatever
+        host the island runs on."""
+        self.client.set(self.key("log", island), json.dumps(lines), ex=LOG_TTL_S)
+
+    def log(self, island: str) -> list[str] | None:
+        raw = self.client.get(self.key("log", island))
+        return json.loads(raw) if raw else None
+
+    def send_command(self, island: str, kind: str, **args: Any) -> None:
+        self.client.rpush(self.key("control", island), json.dumps({"kind": kind, **args}))
+
+    def next_command(self, island: str) -> dict[str, Any] | None:
+        raw = self.client.lpop(self.key("control", island))
+        return json.loads(raw) if raw else None
+
+    def save_cursor(self, island: str, cursor: dict[str, Any]) -> None:
+        self.client.set(self.key("cursor", island), json.dumps(cursor))
+
+    def cursor(self, island: str) -> dict[str, Any] | None:
+        raw = self.client.get(self.key("cursor", island))
+        return json.loads(raw) if raw else None
+
+    def fault(self, island: str) -> dict[str, Any]:
+        """The island's active fault ({kind, until, factor}), or {} if none."""
+        raw = self.client.get(self.key("fault", island))
+        fault = json.loads(raw) if raw else {}
+        return fault if fault.get("until", 0) > time.time() else {}
+
+    def clear_fault(self, island: str) -> None:
+        self.client.delete(self.key("fault", island))
+
+    def faults(self, islands: list[str]) -> dict[str, str]:
+        """island -> kind of its active fault (straggle, partition, degrade, corrupt)."""
+        if not islands:
+            return {}
+        values = self.client.mget([self.key("fault", i) for i in islands])
+        now = time.time()
+        active = {i: json.loads(v) for i, v in zip(islands, values, strict=True) if v}
+        return {i: f["kind"] for i, f in active.items() if f.get("until", 0) > now}
+
+    def set_fault(self, island: str, kind: str, until: float, factor: float,
+                  seconds: float) -> None:
+        """The island's active fault, which it reads and acts out until `until`. The key
+        outlives the fault a little, so the island reads its end from "until" rather
+        than from the key vanishing mid-read; then Redis forgets it."""
+        self.client.set(self.key("fault", island),
+                   json.dumps({"kind": kind, "until": until, "factor": factor}),
+                   ex=math.ceil(seconds) + 60)

@@ -1,0 +1,81 @@
+"""Every Redis key of the runtime, named in one place.
+
+Islands, syncd and the web app talk through these keys and nothing else. Every
+value that holds tensors is a signed wire message (diloco.protocol), stored in
+chunks (syncd.bulk): the key named below holds a reference {key, chunks, size}
+and the bytes lie in `<key>:<i>`. The rest is small JSON.
+
+Keys, for run R (built by syncd.run_keys.RunKeys.key):
+    arch:runs                      set of active run ids, for syncd
+    arch:R:spec                    JSON {mode, config, secret}
+    arch:R:epochs                  hash island -> current epoch (older are refused)
+    arch:R:updates                 stream of {island, epoch, fragment, seq, key, chunks,
+                                   bytes} (syncd.update_stream)
+    arch:R:blob:<uuid>:<i>         chunks of an update message, with a TTL, deleted once
+                                   syncd merged, refused or dropped it
+    arch:R:versions                hash fragment -> newest global version (syncd.globals_store)
+    arch:R:full:<p>                reference to the newest global fragment p (a full
+                                   message in arch:R:full:<p>:<v>:<i>)
+    arch:R:pub:<p>:<v>             reference to the published difference v-1 -> v
+                                   (lossy downlink; the last max_staleness are kept)
+    arch:R:momentum:<p>            reference to the outer optimizer buffers of fragment p
+                                   (arch:R:momentum:<p>:<v>:<i>)
+    arch:R:tokens_merged           hash fragment -> tokens behind its merged updates
+    arch:R:handled:<p>             hash island -> newest seq merged or dropped
+    arch:R:heartbeats              hash island -> JSON {epoch, time, step, tokens}
+                                   (syncd.island_signals)
+    arch:R:deaths                  hash island -> JSON {epoch, time, exit_code, signal}: the
+                                   death of an island process, from its supervisor
+    arch:R:control:<island>        list of JSON commands for the island's supervisor
+    arch:R:log:<island>            the last lines of the island's log, from its supervisor
+    arch:R:cursor:<island>         JSON data cursor, so a rejoin goes on in its shard
+    arch:R:fault:<island>          JSON {kind, until, factor}: the island's active fault
+    arch:R:paused                  set while a user has paused the run (syncd.store)
+    arch:R:done                    set when the budget is spent: islands stop
+    arch:R:stop                    when a user asked to stop the run: syncd merges what
+                                   arrives, checkpoints, and ends the run
+    arch:R:restart                 hash {generation, until}: elastic whole-job restarts
+    arch:R:rejoin                  hash island -> when a rejoin was asked for
+    arch:R:checkpoint_now          set when a user asks for a checkpoint
+    arch:R:chaos                   hash {start, done, islands}: how far syncd carried out
+                                   the run's chaos schedule
+    arch:R:status                  JSON snapshot with its sequence number
+    arch:R:status_seq              the snapshots' sequence counter
+    arch:R:lease, arch:R:lease_token  which syncd serves the run, its fencing token
+                                   (syncd/lease.py)
+
+Keys of syncd processes and of the hosts' pools of warm standby islands:
+    arch:syncd:control             list of commands for syncd ("kill")
+    arch:syncd:members             sorted set of syncd processes alive (syncd/lease.py)
+    arch:pool:<region>:claims      list of JSON claims {run, island, epoch, asked_at} for
+                                   the region's pool managers, pushed by the run services
+                                   (syncd.pool_store)
+    arch:pool:<region>:hosts       hash host -> JSON {size, ready, launching, claimed,
+                                   standbys, time}: each manager's pool, every half second
+"""
+
+from __future__ import annotations
+
+RUNS_KEY = "arch:runs"
+SYNCD_CONTROL_KEY = "arch:syncd:control"
+SYNCD_MEMBERS_KEY = "arch:syncd:members"
+
+
+def run_prefix(run_id: int | str) -> str:
+    """What every key of run `run_id` starts with."""
+    return f"arch:{run_id}:"
+
+
+def lease_key(run_id: int | str) -> str:
+    """The key of a run's lease: "<token>:<owner>" of the syncd serving it."""
+    return run_prefix(run_id) + "lease"
+
+
+def lease_token_key(run_id: int | str) -> str:
+    """The counter that numbers the grants of a run's lease (the fencing tokens)."""
+    return run_prefix(run_id) + "lease_token"
+
+
+def pool_key(region: str, part: str) -> str:
+    """A key of a region's pool of warm standbys: "claims" or "hosts"."""
+    return f"arch:pool:{region}:{part}"

@@ -1,0 +1,57 @@
+"""The keys of one run and its writes: what the parts of syncd.store.RunStore share.
+
+syncd's stores carry the run's lease (`fence`): every write they make for the run
+is one MULTI/EXEC guarded by that lease (syncd.fence.guarded_transaction), so a
+syncd that lost the run to another cannot publish, mark or trim anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import redis
+from redis.client import Pipeline
+
+from syncd.bulk import RedisBulk
+from syncd.fence import Lease, guarded_transaction
+from syncd.keys import run_prefix
+
+# A backstop for chunks nobody reads (an island that died between its chunks and its
+# stream entry, a syncd that died before its publish committed): syncd deletes every
+# update message it is done with and persists what it publishes.
+BLOB_TTL_S = 3600
+
+
+class RunKeys:
+    """The Redis keys of one run (syncd.keys names them all).
+
+    Args:
+        client: a connection from syncd.connection.connect.
+        run_id: the run's primary key.
+        fence: syncd's lease on the run; when given, every write syncd makes for the
+            run (publish, handled seqs, trims, status, completion, restarts) commits
+            only while this lease is current, and raises syncd.fence.LeaseLost if not.
+            The web app and islands pass none.
+        chunk_bytes: the size of the chunks tensor messages are stored in.
+    """
+
+    def __init__(self, client: redis.Redis, run_id: int | str, fence: Lease | None = None,
+                 chunk_bytes: int | None = None):
+        self.client = client
+        self.bulk = RedisBulk(client, chunk_bytes)
+        self.run_id = str(run_id)
+        self.prefix = run_prefix(run_id)
+        if fence is not None and fence.run_id != self.run_id:
+            raise ValueError(f"the lease is for run {fence.run_id}, not run {self.run_id}")
+        self.fence = fence
+
+    def key(self, *parts: object) -> str:
+        return self.prefix + ":".join(str(p) for p in parts)
+
+    def _write(self, fill: Callable[[Pipeline], object]) -> list:
+        """One MULTI/EXEC of the commands `fill` queues, fenced by the lease if any."""
+        if self.fence is not None:
+            return guarded_transaction(self.client, self.fence, fill)
+        pipe = self.client.pipeline(transaction=True)
+        fill(pipe)
+        return pipe.execute()

@@ -1,0 +1,92 @@
+"""What an island acts out of its active fault, and its emulated wide-area link.
+
+Faults other than kill and stop reach an island through the run's store
+(IslandSignals.fault: {kind, until, factor}): straggle multiplies its step time,
+partition holds its sends and heartbeats, degrade divides its bandwidth, corrupt
+poisons its next update with NaN. The link's time for a message is latency +
+bytes * bytes_scale * 8 / bandwidth, on the island's configured link.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from diloco.config import IslandConfig
+from trainer.link import POLL_S
+
+FAULT_READ_S = 0.2  # an island reads its fault at most five times a second
+
+
+class FaultStore(Protocol):
+    """What the emulation needs of a syncd.store.RunStore."""
+
+    def fault(self, island: str) -> dict[str, Any]: ...
+
+    def clear_fault(self, island: str) -> None: ...
+
+
+class FaultEmulation:
+    """One island's faults and link, as the island process acts them out.
+
+    Args:
+        store: where the island's active fault is read.
+        name: the island's name.
+        island_config: its speed, bandwidth and latency.
+        bytes_scale: the run's emulation.bytes_scale (a message counts this many times).
+        stopping: whether the island is stopping (a partition's wait ends then).
+    """
+
+    def __init__(self, store: FaultStore, name: str, island_config: IslandConfig,
+                 bytes_scale: float, stopping: Callable[[], bool]):
+        self.store = store
+        self.name = name
+        self.island_config = island_config
+        self.bytes_scale = bytes_scale
+        self.stopping = stopping
+        self._fault: dict[str, Any] = {}
+        self._fault_read = 0.0
+
+    def fault(self) -> dict[str, Any]:
+        """The active fault ({kind, until, factor}), {} if none; read at most every 0.2 s."""
+        now = time.time()
+        if now - self._fault_read > FAULT_READ_S:
+            self._fault = self.store.fault(self.name)
+            self._fault_read = now
+        return self._fault
+
+    def partitioned(self) -> bool:
+        """Whether the island's link is cut now (no sends, no heartbeats)."""
+        return self.fault().get("kind") == "partition"
+
+    def transfer_time(self, nbytes: int) -> float:
+        """Seconds a message of `nbytes` takes on the island's link now."""
+        bandwidth = self.island_config.bandwidth_gbps
+        if self.fault().get("kind") == "degrade":
+            bandwidth /= max(float(self.fault().get("factor", 10.0)), 1.0)
+        scaled = nbytes * self.bytes_scale
+        return self.island_config.latency_ms / 1000 + scaled * 8 / (bandwidth * 1e9)
+
+    def wait_while_partitioned(self) -> None:
+        while self.partitioned() and not self.stopping():
+            time.sleep(POLL_S)
+
+    def slowdown(self) -> float:
+        """How many times slower than its compute a step takes: the island's speed and
+        a straggle fault."""
+        slow = 1.0 / self.island_config.speed
+        if self.fault().get("kind") == "straggle":
+            slow *= max(float(self.fault().get("factor", 4.0)), 1.0)
+        return slow
+
+    def corrupt(self, payload: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The update's payload, poisoned with NaN once if a corrupt fault is active."""
+        if self.fault().get("kind") != "corrupt":
+            return payload
+        self.store.clear_fault(self.name)
+        self._fault = {}
+        return {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+                for k, v in payload.items()}
