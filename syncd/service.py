@@ -33,6 +33,7 @@ from diloco.island import initial_model
 from syncd import checkpoint, outcome
 from syncd.chaos_driver import ChaosDriver
 from syncd.evaluation import GlobalEval
+from syncd.finite import finite
 from syncd.hooks import Recorder
 from syncd.liveness import Liveness
 from syncd.recovery import Recovery
@@ -207,7 +208,7 @@ class RunSync:
 
     def _put_status(self, now: float) -> None:
         """Keep a status snapshot in Redis and in the history, and push it."""
-        status = self.status(now)
+        status = finite(self.status(now))
         self.last_status = status
         seq = self.store.put_status(status)
         self.recorder.metric(status, now)
@@ -233,7 +234,7 @@ class RunSync:
         """The budget is spent: the run ends as completed (or as stopped, if a user's stop
         was under way)."""
         self._end("stopped" if self.stop_seen is not None else "completed")
-        log.info("run %s completed: %d tokens merged, eval loss %.4f", self.store.run_id,
+        log.info("run %s completed: %d tokens merged, eval loss %s", self.store.run_id,
                  self.rounds.tokens_merged(), self.eval_loss)
 
     def _stop(self, now: float) -> None:
@@ -244,27 +245,36 @@ class RunSync:
             if self.rounds.sync.rounds[p] and self.rounds.merge_round(p, now, "stop"):
                 self._outer_step(now)
         self._end("stopped")
-        log.info("run %s stopped: %d tokens merged, eval loss %.4f", self.store.run_id,
+        log.info("run %s stopped: %d tokens merged, eval loss %s", self.store.run_id,
                  self.rounds.tokens_merged(), self.eval_loss)
 
     def _end(self, state: str) -> None:
-        """Mark the run done, evaluate the global model, keep the final snapshot with its
-        outcome, write the final checkpoint (a checkpoint event), record the run's tokens
-        and the islands as stopped, move the run to `state` (completed or stopped) and free
-        the run's Redis keys but that snapshot and the logs. No merge follows."""
+        """Mark the run done, write the final checkpoint (a checkpoint event), evaluate
+        the global model, keep the final snapshot with its outcome, record the run's
+        tokens and the islands as stopped, move the run to `state` (completed or stopped)
+        and free the run's Redis keys but that snapshot and the logs. No merge follows.
+
+        The checkpoint comes first: an evaluation that fails (the corpus missing on
+        syncd's host, say) is recorded as an event and the run still ends, its training
+        saved; the outcome then carries the last eval loss that was measured."""
         self.completed = True
         self.store.mark_done()
-        self.eval_loss = self.evaluation(self.rounds.sync.global_params())
-        self.eval_tokens = self.rounds.tokens_merged()
+        self.recovery.save_checkpoint(self.rounds, self.eval_loss)
+        try:
+            self.eval_loss = self.evaluation(self.rounds.sync.global_params())
+            self.eval_tokens = self.rounds.tokens_merged()
+        except Exception as exc:
+            log.exception("run %s: the final evaluation failed", self.store.run_id)
+            self.recorder.event("evaluation_failed", None, error=f"{type(exc).__name__}: {exc}")
         now = self.clock()
         status = self.status(now)
         status["outcome"] = outcome.finish(
             self.accounting, self.spec, now, tokens_merged=self.rounds.tokens_merged(),
             eval_loss=self.eval_loss, versions=list(self.rounds.sync.versions))
+        status = finite(status)
         self.store.put_status(status)
         self._record_progress(status)
         self.next_status = math.inf  # the final snapshot, with the outcome, stays
-        self.recovery.save_checkpoint(self.rounds, self.eval_loss)
         for island in self.spec.config.islands:
             self.recorder.island(island.name, state="stopped")
         self.recorder.flush()

@@ -180,3 +180,25 @@ def test_a_stop_gives_up_waiting_for_islands_that_never_stop(run_sync):
     run_sync.clock_state["now"] = 1000.0 + STOP_WAIT_S
     run_sync.tick()
     assert Run.objects.get(pk=run.pk).state == Run.State.STOPPED
+
+
+def test_a_stop_saves_and_ends_the_run_even_when_the_final_evaluation_fails(
+        run_sync, monkeypatch):
+    run = Run.objects.get(pk=run_sync.recorder.run_id)
+    Run.objects.filter(pk=run.pk).update(state=Run.State.STOPPING)
+    heartbeat_all(run_sync)
+
+    def missing_corpus(path, eval_fraction):
+        raise FileNotFoundError("corpus.txt is not on syncd's host")
+
+    monkeypatch.setattr("diloco.data.load_corpus", missing_corpus)  # read at the final eval
+    run_sync.store.request_stop(1000.0)
+    run_sync.tick()
+    run_sync.clock_state["now"] = 1000.0 + STOP_WAIT_S
+    run_sync.tick()
+
+    run.refresh_from_db()
+    assert run.state == Run.State.STOPPED
+    assert run.checkpoints.count() == 1
+    failed = Event.objects.get(run=run, kind="evaluation_failed")
+    assert "corpus.txt is not on syncd's host" in failed.detail["error"]

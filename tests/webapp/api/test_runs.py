@@ -3,6 +3,7 @@ pause, resume, checkpoint, history, events and the config schema; with the error
 of each."""
 
 import json
+import math
 from datetime import timedelta
 
 import pytest
@@ -353,3 +354,14 @@ def test_an_old_path_with_a_trailing_slash_gets_a_json_404_that_says_so(viewer_a
     assert response.status_code == 404
     [message] = response.json()["errors"]["path"]
     assert "no trailing slash: /api/runs." in message
+
+
+def test_a_nan_figure_is_answered_as_null(viewer_api, running, redis_url):
+    store = RunStore(connect(redis_url), running.pk)
+    store.client.set(store.key("status"), json.dumps({"versions": [1, 1], "eval_loss": math.nan,
+                                                      "goodput": math.inf}))
+
+    response = viewer_api.get(f"{RUNS}/{running.pk}")
+
+    assert b"NaN" not in response.content and b"Infinity" not in response.content
+    assert response.json()["eval_loss"] is None
