@@ -129,7 +129,7 @@ def process_table() -> dict[int, tuple[int, int, str]]:
 
 def service_kind(cmdline: str) -> str:
     """The kind of a process the start command started itself."""
-    for needle, kind in (("redis-server", "redis"), ("-m syncd", "syncd"),
+    for needle, kind in (("redis-server", "redis"), ("manage.py syncd", "syncd"),
                          ("pool_manager", "pool_managers"), ("celery", "celery"),
                          ("daphne", "web"), ("webapp.guard", "start")):
         if needle in cmdline:
@@ -492,7 +492,7 @@ def bare_loop(spec: dict[str, Any]) -> None:
     import torch
 
     from bench.overhead import BareLoop
-    from diloco.config import parse_config
+    from diloco.config_parse import parse_config
     from diloco.island import initial_model
 
     torch.set_num_threads(1)  # as an island process

@@ -61,9 +61,9 @@ from bench.goodput_report import (
 )
 from bench.system import ROOT, BenchSystem
 from diloco.chaos import Fault
-from diloco.cluster import Evaluator
-from diloco.config import parse_config
+from diloco.config_parse import parse_config
 from diloco.data import load_corpus
+from diloco.evaluation import Evaluator
 
 HOME = ROOT / "var" / "bench-goodput"
 REGIONS = ("us-east", "us-west")

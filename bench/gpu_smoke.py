@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from bench import results
-from diloco.config import RunConfig, parse_config
+from diloco.config import RunConfig
+from diloco.config_parse import parse_config
 from diloco.data import load_corpus
 from diloco.device import HostStaging, resolve_device
 from diloco.fragments import due_fragments, partition

@@ -32,7 +32,8 @@ from typing import Any
 import torch
 
 from bench import results
-from diloco.config import RunConfig, parse_config
+from diloco.config import RunConfig
+from diloco.config_parse import parse_config
 from diloco.data import Corpus, ShardSampler, load_corpus
 from diloco.fragments import due_fragments, partition
 from diloco.island import Island, gpt_config, initial_model

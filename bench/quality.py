@@ -32,9 +32,11 @@ from dataclasses import replace
 from typing import Any
 
 from bench import results
-from diloco.cluster import Evaluator, LocalResult, run_local
-from diloco.config import RunConfig, parse_config
+from diloco.cluster import LocalResult, run_local
+from diloco.config import RunConfig
+from diloco.config_parse import parse_config
 from diloco.data import load_corpus
+from diloco.evaluation import Evaluator
 
 ISLANDS = [("fast-a", 12, 1.0), ("fast-b", 8, 1.0), ("mid", 8, 0.7), ("slow", 4, 0.5)]
 

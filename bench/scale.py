@@ -88,7 +88,7 @@ def run_config(size: dict[str, Any], corpus: Path, total_tokens: int, device: st
 
 def size_config(size: dict[str, Any]) -> Any:
     """The run config of a size, parsed (diloco.config.RunConfig)."""
-    from diloco.config import parse_config
+    from diloco.config_parse import parse_config
 
     return parse_config(run_config(size, Path(""), 10**6), list(REGIONS))
 

@@ -99,8 +99,8 @@ class BenchSystem:
 
     def start_syncd(self, restart: bool = False) -> None:
         """syncd; with restart, `check` starts it again when it dies."""
-        self.processes.start("syncd", [sys.executable, "-m", "syncd"], env=self.env,
-                             restart=restart)
+        self.processes.start("syncd", [sys.executable, str(PROJECT_ROOT / "manage.py"), "syncd"],
+                             env=self.env, restart=restart)
 
     def start_workers(self, concurrency: int = 3, restart: bool = False) -> None:
         for region in self.regions:

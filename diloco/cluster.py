@@ -29,14 +29,16 @@ import torch
 
 from diloco import codecs
 from diloco.config import IslandConfig, RunConfig
-from diloco.data import Corpus, ShardSampler, eval_batches, load_corpus
+from diloco.data import ShardSampler, load_corpus
+from diloco.evaluation import Evaluator
 from diloco.fragments import due_fragments, partition
-from diloco.island import Island, gpt_config, initial_model, inner_lr
+from diloco.island import Island, initial_model, inner_lr
 from diloco.merge import Update
-from diloco.model import GPT, embedding_tensor_names
+from diloco.model import embedding_tensor_names
 from diloco.policy import RoundStats
 from diloco.protocol import decode_message, encode_message
 from diloco.synchronizer import MergeResult, Published, Synchronizer, apply_published
+from diloco.wan import transfer_time
 
 MODES = ("decoupled", "sync", "dp")
 SECRET = b"in-process"  # messages are signed here too, so byte counts include the tag
@@ -82,8 +84,8 @@ class LinkMeter:
         return max((v for (_, d, _), v in self.windows.items() if d == direction), default=0)
 
 
-def transfer_time(island: IslandConfig, nbytes: int, bytes_scale: float) -> float:
-    return island.latency_ms / 1000 + nbytes * bytes_scale * 8 / (island.bandwidth_gbps * 1e9)
+def _link_time(island: IslandConfig, nbytes: int, bytes_scale: float) -> float:
+    return transfer_time(nbytes, island.bandwidth_gbps, island.latency_ms, bytes_scale)
 
 
 def round_trip_s(config: RunConfig, up_bytes: int, down_bytes: int) -> float:
@@ -93,34 +95,8 @@ def round_trip_s(config: RunConfig, up_bytes: int, down_bytes: int) -> float:
     tau steps must cover that, the wait and the download); here of the messages' own
     sizes, where syncd, which does not see them, sizes both ways as an fp32 fragment."""
     scale = config.emulation.bytes_scale
-    return statistics.median(transfer_time(i, up_bytes, scale)
-                             + transfer_time(i, down_bytes, scale) for i in config.islands)
-
-
-class Evaluator:
-    """The loss of a model's parameters on a held-out split of the corpus.
-
-    Args:
-        config: the run's config (model and eval.tokens).
-        corpus: the run's corpus.
-        split: "validation" for what a run watches and tuning compares, "test" for a
-            benchmark's reported figure (diloco/data.py).
-    """
-
-    def __init__(self, config: RunConfig, corpus: Corpus, split: str):
-        with torch.device("meta"):  # no tensors of its own: each call assigns them
-            self.model = GPT(gpt_config(config))
-        self.batches = eval_batches(corpus, split, config.eval.tokens, config.model.block_size)
-
-    @torch.no_grad()
-    def __call__(self, params: dict[str, torch.Tensor]) -> float:
-        """The eval loss of `params`, which the model takes as they are (no copy): they
-        are only read."""
-        self.model.load_state_dict(params, assign=True)
-        self.model.eval()
-        losses = [self.model(x, y)[1].item() * len(x) for x, y in self.batches]
-        self.model.to_empty(device="meta")  # let go of the tensors until the next call
-        return sum(losses) / sum(len(x) for x, _ in self.batches)
+    return statistics.median(_link_time(i, up_bytes, scale)
+                             + _link_time(i, down_bytes, scale) for i in config.islands)
 
 
 def run_local(config: RunConfig, mode: str = "decoupled", *, step_time_s: float = 1.0,
@@ -217,7 +193,7 @@ class _Cluster:
         self.meter.add(island.index, "down", island.step, nbytes)
         new = apply_published(island.state[p].anchor, published, sync.shapes[p])
         island.mix_global(p, new, sync.versions[p])
-        arrival = published[-1].time + transfer_time(island.island_config, nbytes,
+        arrival = published[-1].time + _link_time(island.island_config, nbytes,
                                                 self.config.emulation.bytes_scale)
         return max(now, arrival)
 
@@ -290,7 +266,7 @@ class _Cluster:
                 for p in range(len(self.fragments)):
                     if isl.state[p].inner_steps:
                         blob = self._send(isl, p, final=True)
-                        push(self.now + transfer_time(isl.island_config, len(blob),
+                        push(self.now + _link_time(isl.island_config, len(blob),
                                                       config.emulation.bytes_scale),
                              "arrive", blob)
                 continue
@@ -306,7 +282,7 @@ class _Cluster:
                 for p in due_fragments(isl.step, s.inner_steps, s.fragments):
                     blob = self._send(isl, p)
                     scale = config.emulation.bytes_scale
-                    push(ready + transfer_time(isl.island_config, len(blob), scale), "arrive", blob)
+                    push(ready + _link_time(isl.island_config, len(blob), scale), "arrive", blob)
                     if s.overlap_steps == 0:
                         waiting[i] = p
                     else:

@@ -1,17 +1,18 @@
 """The run config: one schema for the form, the API, the runtime and the benchmarks.
 
 A run config is a tree of small dataclasses. Each field carries its bounds and a
-one-line help in its metadata, so the validator, the form and the docs read the
-same facts. `parse_config` turns untrusted JSON into a RunConfig or raises
-ConfigError with messages keyed by dotted path ("sync.min_quorum",
-"islands.2.region"), which the API returns as-is with status 422.
+one-line help in its metadata, and the rules between fields, which no field's bounds
+can say, are a table (RULES) beside them, so the validator (diloco/config_parse.py),
+the form and the docs read the same facts.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from diloco.shapes import parameter_count, tensor_sizes
 
 CODECS = ("none", "bf16", "int8", "int4")
 WEIGHTINGS = ("tokens", "uniform")
@@ -31,7 +32,7 @@ def spec(default: Any, help: str, lo: float | None = None, hi: float | None = No
 class ModelConfig:
     n_layer: int = spec(2, "Transformer blocks.", 1, 48)
     n_embd: int = spec(64, "Width of the residual stream.", 8, 4096)
-    n_head: int = spec(4, "Attention heads; must divide n_embd.", 1, 64)
+    n_head: int = spec(4, "Attention heads.", 1, 64)
     block_size: int = spec(64, "Context length in bytes.", 8, 4096)
 
 
@@ -155,7 +156,6 @@ MAX_ISLAND_NAME = 64
 # The largest model a run may ask for: every island, syncd (globals and outer momentum)
 # and each checkpoint hold it whole, in float32.
 MAX_PARAMS = 2_000_000_000
-VOCAB_SIZE = 256  # byte-level (diloco/model.py)
 
 
 def default_islands() -> list[IslandConfig]:
@@ -195,220 +195,103 @@ class RunConfig:
         raise KeyError(f"no island named {name!r}")
 
 
-class ConfigError(ValueError):
-    """Raised with every problem of a config, keyed by dotted path."""
-
-    def __init__(self, errors: dict[str, list[str]]):
-        self.errors = errors
-        super().__init__("; ".join(f"{k}: {' '.join(v)}" for k, v in sorted(errors.items())))
-
-
-def _check_value(path: str, f: Any, value: Any, errors: dict[str, list[str]]) -> Any:
-    """Coerce one JSON value to the field's type, or record why it cannot be."""
-    meta = f.metadata
-    default = f.default
-    if value is None:
-        if meta.get("optional"):
-            return None
-        errors.setdefault(path, []).append("This field is required.")
-        return default
-    kind = type(default) if default is not None else float
-    if kind is bool:
-        if not isinstance(value, bool):
-            errors.setdefault(path, []).append(f"Must be true or false, got {value!r}.")
-            return default
-        return value
-    if kind is str:
-        if not isinstance(value, str):
-            errors.setdefault(path, []).append(f"Must be a string, got {value!r}.")
-            return default
-        if len(value) > MAX_TEXT:
-            errors.setdefault(path, []).append(f"Must be at most {MAX_TEXT} characters.")
-            return default
-        if "\x00" in value:
-            errors.setdefault(path, []).append("Must not contain NUL characters.")
-            return default
-        if meta.get("choices") and value not in meta["choices"]:
-            choices = ", ".join(meta["choices"])
-            errors.setdefault(path, []).append(f"Must be one of {choices}, got {value!r}.")
-            return default
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        errors.setdefault(path, []).append(f"Must be a number, got {value!r}.")
-        return default
-    if kind is int:
-        if isinstance(value, float) and not value.is_integer():
-            errors.setdefault(path, []).append(f"Must be a whole number, got {value!r}.")
-            return default
-        value = int(value)
-    else:
-        try:
-            value = float(value)
-        except OverflowError:  # a whole number too large for a float
-            value = math.inf
-        if not math.isfinite(value):
-            errors.setdefault(path, []).append("Must be a finite number.")
-            return default
-    lo, hi = meta.get("lo"), meta.get("hi")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        errors.setdefault(path, []).append(
-            f"Must be between {lo:g} and {hi:g}, got {_shown(value)}.")
-        return default
-    return value
-
-
-def _shown(value: int | float) -> str:
-    """A number for a message; a whole number too large for a float is shortened."""
-    if isinstance(value, int) and abs(value) >= 10**16:
-        digits = str(abs(value))
-        return f"{'-' if value < 0 else ''}{digits[0]}.{digits[1:4]}e+{len(digits) - 1}"
-    return f"{value:g}"
-
-
-def tensor_sizes(model: ModelConfig) -> dict[str, int]:
-    """Name -> values of each tensor of diloco.model.GPT with these settings, in its
-    order (untied embeddings, no biases in the linear layers, two LayerNorms per block
-    and one at the end)."""
-    n = model.n_embd
-    sizes = {"tok_emb.weight": VOCAB_SIZE * n, "pos_emb.weight": model.block_size * n}
-    for i in range(model.n_layer):
-        sizes.update({f"blocks.{i}.{name}": numel for name, numel in (
-            ("ln_1.weight", n), ("ln_1.bias", n), ("attn.c_attn.weight", 3 * n * n),
-            ("attn.c_proj.weight", n * n), ("ln_2.weight", n), ("ln_2.bias", n),
-            ("mlp.c_fc.weight", 4 * n * n), ("mlp.c_proj.weight", 4 * n * n))})
-    sizes.update({"ln_f.weight": n, "ln_f.bias": n, "lm_head.weight": VOCAB_SIZE * n})
-    return sizes
-
-
-def parameter_count(model: ModelConfig) -> int:
-    """The parameters of diloco.model.GPT with these settings."""
-    return sum(tensor_sizes(model).values())
-
-
-def _parse_section(prefix: str, cls: type, data: Any, errors: dict[str, list[str]]) -> Any:
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        errors.setdefault(prefix, []).append("Must be an object.")
-        data = {}
-    known = {f.name: f for f in fields(cls)}
-    for key in data:
-        if key not in known:
-            errors.setdefault(f"{prefix}.{key}", []).append("Unknown field.")
-    values = {}
-    for name, f in known.items():
-        if name in data:
-            values[name] = _check_value(f"{prefix}.{name}", f, data[name], errors)
-        elif f.default is MISSING:
-            values[name] = f.default_factory()
-    return cls(**values)
-
-
-def parse_config(data: Any, regions: list[str] | tuple[str, ...]) -> RunConfig:
-    """Validate untrusted JSON into a RunConfig; missing fields take their defaults.
+@dataclass(frozen=True)
+class Rule:
+    """A rule between fields, which no field's bounds can say.
 
     Args:
-        data: the config as decoded JSON (a dict), possibly partial.
-        regions: the regions that have workers; every island must be in one.
-
-    Raises:
-        ConfigError: with every problem found, keyed by dotted path.
+        field: the field it constrains, as the docs name it ("sync.min_quorum"; a
+            field of every island as "islands.processes"; "model" for the whole model).
+        summary: the rule in a sentence, for the help and the API's schema.
+        problems: (dotted path, message) for each place a config breaks it.
     """
-    errors: dict[str, list[str]] = {}
-    if not isinstance(data, dict):
-        raise ConfigError({"config": ["Must be an object."]})
-    top = {f.name: f for f in fields(RunConfig)}
-    for key in data:
-        if key not in top:
-            errors.setdefault(key, []).append("Unknown field.")
-    seed = _check_value("seed", top["seed"], data.get("seed", 0), errors)
-    sections = {name: _parse_section(name, cls, data.get(name), errors)
-                for name, cls in SECTIONS.items()}
-    islands = _parse_islands(data.get("islands"), regions, errors)
-    config = RunConfig(seed=seed, islands=islands, **sections)
-    _check_relations(config, errors)
-    if errors:
-        raise ConfigError(errors)
-    return config
+
+    field: str
+    summary: str
+    problems: Callable[[RunConfig], Iterator[tuple[str, str]]]
 
 
-def _parse_islands(data: Any, regions: list[str] | tuple[str, ...],
-                   errors: dict[str, list[str]]) -> list[IslandConfig]:
-    if data is None:
-        data = [asdict(i) for i in default_islands()]
-    if not isinstance(data, list) or not data:
-        errors.setdefault("islands", []).append("Must be a list of at least one island.")
-        return default_islands()
-    if len(data) > MAX_ISLANDS:
-        errors.setdefault("islands", []).append(f"At most {MAX_ISLANDS} islands, got {len(data)}.")
-        return default_islands()
-    islands = [_parse_section(f"islands.{i}", IslandConfig, item, errors)
-               for i, item in enumerate(data)]
-    seen: set[str] = set()
-    for i, island in enumerate(islands):
-        if not island.name.strip():
-            errors.setdefault(f"islands.{i}.name", []).append("This field is required.")
-        elif len(island.name) > MAX_ISLAND_NAME:
-            errors.setdefault(f"islands.{i}.name", []).append(
-                f"Must be at most {MAX_ISLAND_NAME} characters.")
-        elif island.name in seen:
-            errors.setdefault(f"islands.{i}.name", []).append(
-                f"Island names must be unique; {island.name!r} is used twice.")
-        seen.add(island.name)
-        if island.batch_size % island.processes:
-            errors.setdefault(f"islands.{i}.processes", []).append(
-                f"Must divide islands.{i}.batch_size ({island.batch_size}), "
-                f"got {island.processes}.")
-        if island.region not in regions:
-            errors.setdefault(f"islands.{i}.region", []).append(
-                f"Must be one of the regions with workers ({', '.join(regions)}), "
-                f"got {island.region!r}.")
-    return islands
-
-
-def _check_relations(config: RunConfig, errors: dict[str, list[str]]) -> None:
-    """Rules that involve more than one field."""
+def _heads_divide_width(config: RunConfig) -> Iterator[tuple[str, str]]:
     m = config.model
     if m.n_embd % m.n_head:
-        errors.setdefault("model.n_head", []).append(
-            f"Must divide model.n_embd ({m.n_embd}), got {m.n_head}.")
-    params = parameter_count(m)
+        yield "model.n_head", f"Must divide model.n_embd ({m.n_embd}), got {m.n_head}."
+
+
+def _model_fits(config: RunConfig) -> Iterator[tuple[str, str]]:
+    params = parameter_count(config.model)
     if params > MAX_PARAMS:
-        errors.setdefault("model", []).append(
-            f"The model would have {params:,} parameters; at most {MAX_PARAMS:,} are allowed "
-            "(fewer model.n_layer or a smaller model.n_embd).")
+        yield "model", (f"The model would have {params:,} parameters; at most {MAX_PARAMS:,} "
+                        "are allowed (fewer model.n_layer or a smaller model.n_embd).")
+
+
+def _quorum_of_islands(config: RunConfig) -> Iterator[tuple[str, str]]:
+    n, k = len(config.islands), config.sync.min_quorum
+    if not 1 <= k <= n:
+        yield "sync.min_quorum", f"Must be between 1 and the number of islands ({n}), got {k}."
+
+
+def _fragments_of_tensors(config: RunConfig) -> Iterator[tuple[str, str]]:
+    tensors, p = len(tensor_sizes(config.model)), config.sync.fragments
+    if p > tensors:
+        yield "sync.fragments", ("Must be at most the number of the model's tensors "
+                                 f"(8 x model.n_layer + 5 = {tensors}), got {p}.")
+
+
+def _fragments_of_steps(config: RunConfig) -> Iterator[tuple[str, str]]:
     s = config.sync
-    n = len(config.islands)
-    if not 1 <= s.min_quorum <= n:
-        errors.setdefault("sync.min_quorum", []).append(
-            f"Must be between 1 and the number of islands ({n}), got {s.min_quorum}.")
-    tensors = len(tensor_sizes(m))
-    if s.fragments > tensors:
-        errors.setdefault("sync.fragments", []).append(
-            f"Must be at most the number of the model's tensors (8 x model.n_layer + 5 = "
-            f"{tensors}), got {s.fragments}.")
     if s.fragments > s.inner_steps:
-        errors.setdefault("sync.fragments", []).append(
-            f"Must be at most sync.inner_steps ({s.inner_steps}), got {s.fragments}.")
+        yield "sync.fragments", (f"Must be at most sync.inner_steps ({s.inner_steps}), "
+                                 f"got {s.fragments}.")
+
+
+def _overlap_within_steps(config: RunConfig) -> Iterator[tuple[str, str]]:
+    s = config.sync
     if s.overlap_steps >= s.inner_steps:
-        errors.setdefault("sync.overlap_steps", []).append(
-            f"Must be less than sync.inner_steps ({s.inner_steps}), got {s.overlap_steps}.")
-    if config.eval.tokens < m.block_size:
-        errors.setdefault("eval.tokens", []).append(
-            f"Must be at least model.block_size ({m.block_size}), got {config.eval.tokens}.")
+        yield "sync.overlap_steps", (f"Must be less than sync.inner_steps ({s.inner_steps}), "
+                                     f"got {s.overlap_steps}.")
 
 
-def field_help() -> dict[str, str]:
-    """Dotted path -> one-line help, for the form and the docs."""
-    out = {"seed": fields(RunConfig)[0].metadata["help"]}
-    for name, cls in {**SECTIONS, "islands[]": IslandConfig}.items():
-        for f in fields(cls):
-            out[f"{name}.{f.name}"] = f.metadata["help"]
+def _eval_of_blocks(config: RunConfig) -> Iterator[tuple[str, str]]:
+    block, tokens = config.model.block_size, config.eval.tokens
+    if tokens < block:
+        yield "eval.tokens", f"Must be at least model.block_size ({block}), got {tokens}."
+
+
+def _processes_divide_batch(config: RunConfig) -> Iterator[tuple[str, str]]:
+    for i, island in enumerate(config.islands):
+        if island.batch_size % island.processes:
+            yield f"islands.{i}.processes", (f"Must divide islands.{i}.batch_size "
+                                             f"({island.batch_size}), got {island.processes}.")
+
+
+RULES = (
+    Rule("model.n_head", "Must divide model.n_embd.", _heads_divide_width),
+    Rule("model", f"At most {MAX_PARAMS:,} parameters (model.n_layer, model.n_embd).",
+         _model_fits),
+    Rule("sync.min_quorum", "At most the number of islands.", _quorum_of_islands),
+    Rule("sync.fragments", "At most the model's tensors (8 x model.n_layer + 5).",
+         _fragments_of_tensors),
+    Rule("sync.fragments", "At most sync.inner_steps.", _fragments_of_steps),
+    Rule("sync.overlap_steps", "Less than sync.inner_steps.", _overlap_within_steps),
+    Rule("eval.tokens", "At least model.block_size.", _eval_of_blocks),
+    Rule("islands.processes", "Must divide batch_size.", _processes_divide_batch),
+)
+
+
+def rule_summaries() -> dict[str, str]:
+    """Field -> the rules between fields that constrain it, in the docs' words."""
+    out: dict[str, str] = {}
+    for rule in RULES:
+        out[rule.field] = f"{out[rule.field]} {rule.summary}" if rule.field in out else rule.summary
     return out
 
 
-def config_from_spec(spec: dict[str, Any]) -> RunConfig:
-    """The run config of a run spec (the web app stores it with the run, and islands and
-    syncd read it from Redis); it was validated when the run was made."""
-    regions = sorted({i["region"] for i in spec["config"]["islands"]})
-    return parse_config(spec["config"], regions)
+def field_help() -> dict[str, str]:
+    """Dotted path -> one-line help with the rules on the field, for the form and the docs."""
+    rules = rule_summaries()
+    out = {"seed": fields(RunConfig)[0].metadata["help"]}
+    for name, cls in {**SECTIONS, "islands[]": IslandConfig}.items():
+        for f in fields(cls):
+            rule = rules.get(f"{name.removesuffix('[]')}.{f.name}")
+            out[f"{name}.{f.name}"] = f"{f.metadata['help']} {rule}" if rule else f.metadata["help"]
+    return out

@@ -11,7 +11,8 @@ import argparse
 import time
 
 from diloco.cluster import run_local
-from diloco.config import RunConfig, parse_config
+from diloco.config import RunConfig
+from diloco.config_parse import parse_config
 
 DEMO = {
     "model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 64},

@@ -14,7 +14,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from diloco.config import RunConfig, tensor_sizes
+from diloco.config import RunConfig
+from diloco.shapes import tensor_sizes
 
 
 @dataclass(frozen=True)

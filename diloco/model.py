@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-VOCAB_SIZE = 256
+from diloco.shapes import VOCAB_SIZE
 
 
 @dataclass

@@ -51,8 +51,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diloco.codecs import BLOCK
-from diloco.config import RunConfig, tensor_sizes
+from diloco.config import RunConfig
 from diloco.fragments import partition
+from diloco.shapes import tensor_sizes
 
 MIB = 1024 * 1024
 REDIS_BASE_BYTES = 64 * MIB

@@ -84,8 +84,8 @@ class GlobalEval:
         evaluation still running in the background."""
         with self._evaluating:
             if self._evaluator is None:
-                from diloco.cluster import Evaluator
                 from diloco.data import load_corpus
+                from diloco.evaluation import Evaluator
 
                 corpus = load_corpus(self.config.data.path, self.config.data.eval_fraction)
                 self._evaluator = Evaluator(self.config, corpus, "validation")

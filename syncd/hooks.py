@@ -2,8 +2,7 @@
 
 syncd knows Redis and the method, not the database or the pages. The web app
 implements these (webapp/runs/records.py, webapp/runs/syncd_wiring.py) and plugs them
-in when it starts syncd (`manage.py syncd`, or `python -m syncd`, which does the
-same).
+in when it starts syncd (`manage.py syncd`).
 """
 
 from __future__ import annotations

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from diloco import tensorfile
-from diloco.cluster import transfer_time
 from diloco.fragments import Fragment
 from diloco.model import embedding_tensor_names
 from diloco.policy import Decision, RoundStats
 from diloco.protocol import decode_message, encode_message
 from diloco.synchronizer import Synchronizer, history_length
+from diloco.wan import transfer_time
 from syncd.ingest import (
     IslandFacts,
     Rejection,
@@ -310,8 +310,8 @@ class Rounds:
         config = self.spec.config
         times = list(self.step_time.values()) or [1.0]
         fragment_bytes = max(sum(t.numel() * 4 for t in g.values()) for g in self.sync.globals)
-        one_way = statistics.median(transfer_time(i, fragment_bytes,
-                                                  config.emulation.bytes_scale)
+        one_way = statistics.median(transfer_time(fragment_bytes, i.bandwidth_gbps,
+                                                  i.latency_ms, config.emulation.bytes_scale)
                                     for i in config.islands)
         # t_sync is the round trip: the first sender spent its upload before it arrived,
         # and its overlap (tau steps) must cover that, the wait and the download. With

@@ -9,7 +9,6 @@ layer group "run-<id>", where the control room's websockets listen.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -235,25 +234,15 @@ def _in_order(run_ids: Iterable[str]) -> list[str]:
     return sorted(run_ids, key=lambda r: (len(r), r))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m syncd",
-                                     description="The synchronizer service for its share "
-                                                 "of the active runs.")
-    parser.add_argument("--health", action="store_true",
-                        help="exit 0 if a syncd on this host is serving, 1 if not")
-    return parser
-
-
-def main(argv: list[str] | None, hooks: Hooks, redis_url: str, checkpoint_dir: str | Path,
+def main(hooks: Hooks, redis_url: str, checkpoint_dir: str | Path, health: bool = False,
          lease_ttl_s: float = LEASE_TTL_S, threads: int = 1) -> int:
-    """The syncd program (`python -m syncd`, `manage.py syncd`): serve until SIGTERM or
-    SIGINT, or with --health say whether a syncd on this host is serving. Exits 2 with
-    a sentence when Redis cannot be reached or wants a password."""
-    args = build_parser().parse_args(argv)
+    """The syncd program, as `manage.py syncd` wires it: serve until SIGTERM or SIGINT,
+    or with `health` say whether a syncd on this host is serving. Exits 2 with a
+    sentence when Redis cannot be reached or wants a password."""
     if problem := redis_problem(redis_url):
         print(f"syncd cannot start: {problem}", file=sys.stderr)
         return 2
-    if args.health:
+    if health:
         host = f"{socket.gethostname()}:"
         members = lease.members_alive(connect(redis_url))
         return 0 if any(m.startswith(host) for m in members) else 1

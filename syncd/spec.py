@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from diloco.config import RunConfig, config_from_spec
+from diloco.config import RunConfig
+from diloco.config_parse import config_from_spec
 
 if TYPE_CHECKING:
     from syncd.store import RunStore

@@ -15,7 +15,8 @@ import pytest
 import redis
 import torch
 
-from diloco.config import RunConfig, parse_config
+from diloco.config import RunConfig
+from diloco.config_parse import parse_config
 from trainer.launch import free_port
 from webapp.processes import redis_argv, redis_server_binary, wait_for
 

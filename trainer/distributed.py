@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from diloco.config import config_from_spec
+from diloco.config_parse import config_from_spec
 from diloco.data import load_corpus
 from diloco.device import resolve_device
 from diloco.fragments import run_fragments

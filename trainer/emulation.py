@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from diloco.config import IslandConfig
+from diloco.wan import transfer_time
 from trainer.link import POLL_S
 
 FAULT_READ_S = 0.2  # an island reads its fault at most five times a second
@@ -67,8 +68,7 @@ class FaultEmulation:
         bandwidth = self.island_config.bandwidth_gbps
         if self.fault().get("kind") == "degrade":
             bandwidth /= max(float(self.fault().get("factor", 10.0)), 1.0)
-        scaled = nbytes * self.bytes_scale
-        return self.island_config.latency_ms / 1000 + scaled * 8 / (bandwidth * 1e9)
+        return transfer_time(nbytes, bandwidth, self.island_config.latency_ms, self.bytes_scale)
 
     def wait_while_partitioned(self) -> None:
         while self.partitioned() and not self.stopping():

@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from diloco.config import DEVICES, config_from_spec
+from diloco.config import DEVICES
+from diloco.config_parse import config_from_spec
 from diloco.data import Corpus, load_corpus
 from diloco.device import resolve_device
 from diloco.fragments import due_fragments, run_fragments

@@ -165,7 +165,7 @@ def service_commands(regions: list[str], port: int, islands_per_worker: int,
     py = sys.executable
     worker = [py, "-m", "celery", "-A", "webapp", "worker", "--pool", "prefork",
               "--loglevel", "INFO"]
-    commands = [("syncd", [py, "-m", "syncd"])]
+    commands = [("syncd", [py, str(PROJECT_ROOT / "manage.py"), "syncd"])]
     for region in regions:
         commands.append((f"worker-{region}", [*worker, "-Q", region_queue(region),
                                               "-n", f"{region}@%h",

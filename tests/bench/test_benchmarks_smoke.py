@@ -96,7 +96,7 @@ def test_a_missed_target_exits_non_zero(results_dir, tiny_overhead, capsys):
 def test_quality_chooses_data_parallels_rate_on_validation_and_reports_the_test_split(
         results_dir, monkeypatch, text_path):
     from bench import quality
-    from diloco.cluster import Evaluator
+    from diloco.evaluation import Evaluator
 
     splits = []
     monkeypatch.setattr(Evaluator, "__init__", spy_on_split(Evaluator.__init__, splits))

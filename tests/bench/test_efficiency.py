@@ -33,7 +33,7 @@ def test_the_slope_is_least_squares():
 
 def test_every_process_of_the_start_gets_the_kind_of_the_service_it_descends_from():
     table = {1: (0, 0, "python -m webapp.start"), 2: (1, 0, "redis-server *:6379"),
-             3: (1, 0, "python -m syncd"), 4: (1, 0, "python -m celery -A webapp worker"),
+             3: (1, 0, "python manage.py syncd"), 4: (1, 0, "python -m celery -A webapp worker"),
              5: (4, 0, "python -m celery -A webapp worker"),
              6: (5, 0, "python -m trainer.runner --run 1"),
              7: (1, 0, "python manage.py pool_manager --region us-east"),

@@ -289,9 +289,9 @@ def test_the_reported_test_loss_is_the_final_checkpoint_on_the_test_split(tmp_pa
     # syncd's own eval loss is on validation; the benchmark evaluates the last
     # checkpoint of the completed run on the test split itself.
     from bench.goodput import REGIONS, final_test_loss
-    from diloco.cluster import Evaluator
-    from diloco.config import parse_config
+    from diloco.config_parse import parse_config
     from diloco.data import load_corpus
+    from diloco.evaluation import Evaluator
     from diloco.island import initial_model
     from syncd import checkpoint
     from webapp.runs.models import Checkpoint, Run

@@ -91,7 +91,7 @@ def control_room(redis_url, tmp_path, settings, transactional_db):
     processes = Processes(env, tmp_path)
     processes.start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                     "webapp.asgi:application")
-    processes.start("syncd", "-m", "syncd")
+    processes.start("syncd", "manage.py", "syncd")
     processes.start("worker", "-m", "celery", "-A", "webapp", "worker",
                     "-Q", "region.us-east,region.us-west", "--concurrency", "4",
                     "--pool", "prefork", "-n", "browser@test", "--without-gossip",

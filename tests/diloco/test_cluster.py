@@ -4,8 +4,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from diloco.cluster import Evaluator, run_local
+from diloco.cluster import run_local
 from diloco.data import load_corpus
+from diloco.evaluation import Evaluator
 from diloco.island import initial_model
 from diloco.synchronizer import Synchronizer
 

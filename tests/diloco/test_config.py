@@ -3,7 +3,8 @@ import math
 
 import pytest
 
-from diloco.config import ConfigError, RunConfig, field_help, parse_config
+from diloco.config import RunConfig, field_help
+from diloco.config_parse import ConfigError, parse_config
 
 REGIONS = ["us-east", "us-west"]
 

@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from diloco import codecs
-from diloco.config import tensor_sizes
 from diloco.fragments import partition
 from diloco.island import gpt_config
 from diloco.model import GPT
+from diloco.shapes import tensor_sizes
 from diloco.sizes import MIB, activation_bytes, encoded_bytes, estimate
 
 SHAPES = [(1, 8, 2, 8), (2, 64, 4, 64), (3, 48, 6, 128), (4, 96, 8, 32)]

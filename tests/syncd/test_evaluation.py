@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from diloco.config import parse_config
+from diloco.config_parse import parse_config
 from diloco.island import initial_model
 from syncd.evaluation import GlobalEval
 

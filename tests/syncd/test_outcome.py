@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from diloco.accounting import RunAccounting
-from diloco.config import parse_config
+from diloco.config_parse import parse_config
 from syncd.outcome import finish
 
 CONFIG = parse_config({

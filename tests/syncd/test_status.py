@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from diloco.accounting import RunAccounting
-from diloco.config import parse_config
+from diloco.config_parse import parse_config
 from syncd.service import PassTimes
 from syncd.status import link, link_state, pace, theta
 

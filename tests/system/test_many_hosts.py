@@ -97,7 +97,7 @@ def test_syncd_refuses_to_start_without_the_redis_password_and_says_why(
     _, without = password_redis
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(ROOT),
            "REDIS_URL": without, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"}
-    ran = subprocess.run([sys.executable, "-m", "syncd"], cwd=ROOT, env=env,
+    ran = subprocess.run([sys.executable, "manage.py", "syncd"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert ran.returncode == 2, ran.stderr
     assert "syncd cannot start: the Redis at" in ran.stderr
@@ -169,7 +169,7 @@ def test_web_syncd_and_two_region_workers_configured_only_by_environment_train_o
     processes = {name: Processes(env, Path(env["HOME"])) for name, env in hosts.items()}
     processes["web"].start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                            "webapp.asgi:application")
-    processes["syncd"].start("syncd", "-m", "syncd")
+    processes["syncd"].start("syncd", "manage.py", "syncd")
     for region in ("us-east", "us-west"):
         processes[f"worker-{region}"].start(
             "worker", "-m", "celery", "-A", "webapp", "worker", "-Q", f"region.{region}",

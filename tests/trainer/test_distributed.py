@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from diloco.config import RunConfig, parse_config
+from diloco.config import RunConfig
+from diloco.config_parse import parse_config
 from diloco.data import load_corpus
 from diloco.fragments import partition
 from diloco.island import Island, initial_model

@@ -10,7 +10,8 @@ from itertools import pairwise
 import pytest
 import torch
 
-from diloco.config import RunConfig, parse_config
+from diloco.config import RunConfig
+from diloco.config_parse import parse_config
 from diloco.fragments import partition
 from diloco.island import initial_model
 from diloco.protocol import decode_message, encode_message

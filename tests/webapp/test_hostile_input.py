@@ -10,7 +10,8 @@ import json
 import pytest
 from django.test import Client
 
-from diloco.config import MAX_ISLANDS, MAX_PARAMS, ConfigError, parse_config
+from diloco.config import MAX_ISLANDS, MAX_PARAMS
+from diloco.config_parse import ConfigError, parse_config
 from webapp.runs.lifecycle import create_run
 from webapp.runs.models import RUN_NAME_MAX_LENGTH, ApiToken, Run
 

@@ -43,7 +43,7 @@ def test_service_commands_run_a_worker_per_region_and_the_control_worker():
     control = commands["worker-control"]
     assert control[control.index("-Q") + 1] == "control"
     assert commands["web"][-3:] == ["-p", "8123", "webapp.asgi:application"]
-    assert commands["syncd"][1:] == ["-m", "syncd"]
+    assert commands["syncd"][1:] == [str(PROJECT_ROOT / "manage.py"), "syncd"]
 
 
 def test_with_a_pool_each_region_gets_a_pool_manager_after_its_worker():

@@ -26,7 +26,7 @@ from ninja.parser import Parser
 from ninja.renderers import JSONRenderer
 from pydantic import BaseModel
 
-from diloco.config import ConfigError
+from diloco.config_parse import ConfigError
 from syncd.finite import finite
 from webapp.api import checkpoints, islands, runs, tokens
 from webapp.api.access import ApiError, CsrfRefused, signed_in_user

@@ -19,12 +19,12 @@ from pydantic import PlainValidator, create_model
 from diloco.config import (
     MAX_ISLAND_NAME,
     MAX_ISLANDS,
-    MAX_PARAMS,
     MAX_TEXT,
     SECTIONS,
     IslandConfig,
     RunConfig,
     default_islands,
+    rule_summaries,
 )
 
 # The body parser refuses a NUL anywhere (400). A name must not be blank: hold a
@@ -32,25 +32,18 @@ from diloco.config import (
 NO_NUL = r"^[^\x00]*$"
 WHITESPACE = r"\t\n\v\f\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 NOT_BLANK = rf"^[^\x00]*[^\x00{WHITESPACE}][^\x00]*$"
-# Rules between fields, which parse_config checks and no field's bounds can say.
-RELATIONS = {
-    "sync.min_quorum": "At most the number of islands.",
-    "sync.fragments": "At most sync.inner_steps and the model's tensors "
-                      "(8 x model.n_layer + 5).",
-    "sync.overlap_steps": "Less than sync.inner_steps.",
-    "eval.tokens": "At least model.block_size.",
-    "islands.processes": "Must divide batch_size.",
-}
+# Rules between fields, which parse_config checks and no field's bounds can say
+# (diloco.config.RULES): stated in the descriptions of the fields they constrain.
+RELATIONS = rule_summaries()
 CONFIG_RULES = (
     "Each field's type, bounds and choices are stated here, from diloco/config.py. "
     "parse_config checks them, and with them the rules between fields that this schema "
-    "names only in descriptions: the model has at most "
-    f"{MAX_PARAMS:,} parameters (model.n_layer, model.n_embd); sync.min_quorum, "
-    "sync.fragments, sync.overlap_steps, eval.tokens and model.n_head against the fields "
-    "their descriptions name; islands' names are unique and each island's processes divide "
-    "its batch_size; Redis and every island host fit in the memory their hosts declare "
-    "(REDIS_MAXMEMORY_MB, ISLAND_HOST_MEMORY_MB); data.path lies inside DATA_ROOTS. Every "
-    "problem comes back at once, keyed by dotted path (sync.min_quorum, islands.2.region).")
+    "names only in descriptions: "
+    + " ".join(f"{name}: {summary}" for name, summary in RELATIONS.items())
+    + " Islands' names are unique; Redis and every island host fit in the memory their "
+    "hosts declare (REDIS_MAXMEMORY_MB, ISLAND_HOST_MEMORY_MB); data.path lies inside "
+    "DATA_ROOTS. Every problem comes back at once, keyed by dotted path (sync.min_quorum, "
+    "islands.2.region).")
 
 
 def _as_sent(value: Any) -> Any:

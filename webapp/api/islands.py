@@ -8,7 +8,7 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Query, Router, Status
 
-from diloco.config import ConfigError
+from diloco.config_parse import ConfigError
 from webapp.api import schemas
 from webapp.api.access import ApiError, allow, get_island, get_run
 from webapp.api.runs import summary

@@ -2,7 +2,7 @@
 config as a field of its own (named by its dotted path, with its default and its
 one-line help), and the islands as rows that can be added and removed.
 
-The form only collects values. diloco.config.parse_config, through
+The form only collects values. diloco.config_parse.parse_config, through
 lifecycle.create_run, is the one validator; its messages, keyed by dotted path,
 are put back beside the field they name.
 """
@@ -15,7 +15,8 @@ from typing import Any
 from django import forms
 from django.http import QueryDict
 
-from diloco.config import SECTIONS, ConfigError, IslandConfig, RunConfig
+from diloco.config import SECTIONS, IslandConfig, RunConfig
+from diloco.config_parse import ConfigError
 from webapp.runs.models import RUN_NAME_MAX_LENGTH, Checkpoint, Run
 
 ISLAND_FIELDS = [f.name for f in fields(IslandConfig)]

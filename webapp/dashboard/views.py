@@ -16,7 +16,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.templatetags.static import static
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from diloco.config import ConfigError, field_help
+from diloco.config import field_help
+from diloco.config_parse import ConfigError
 from webapp.dashboard.forms import RunForm
 from webapp.dashboard.regions import map_view, region_positions
 from webapp.runs import roles

@@ -15,7 +15,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from diloco.config import MODES, ConfigError, RunConfig, parse_config
+from diloco.config import MODES, RunConfig
+from diloco.config_parse import ConfigError, parse_config
 from webapp.runs.dispatch import enqueue, put_spec
 from webapp.runs.models import (
     FINAL_STATES,

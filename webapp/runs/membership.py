@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.db import transaction
 
-from diloco.config import parse_config
+from diloco.config_parse import parse_config
 from webapp.runs.dispatch import put_spec, start_next_epoch
 from webapp.runs.models import RUNNING_OR_PAUSED, Event, Island, Run
 from webapp.runs.stores import run_store

@@ -10,7 +10,8 @@ from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
-from diloco.config import RunConfig, parse_config
+from diloco.config import RunConfig
+from diloco.config_parse import parse_config
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser

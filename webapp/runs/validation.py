@@ -8,7 +8,8 @@ from typing import Any
 
 from django.conf import settings
 
-from diloco.config import RunConfig, parse_config
+from diloco.config import RunConfig
+from diloco.config_parse import parse_config
 from diloco.sizes import MIB, Need, estimate
 from webapp.runs.models import Checkpoint
 

@@ -3,7 +3,7 @@ memory the hosts declare, through the API."""
 
 import pytest
 
-from diloco.config import parse_config
+from diloco.config_parse import parse_config
 from diloco.island import gpt_config
 from diloco.model import GPT
 from diloco.sizes import MIB

@@ -1,8 +1,9 @@
 import pytest
 from django.test import Client
 
-from diloco.config import parameter_count, parse_config
+from diloco.config_parse import parse_config
 from diloco.island import initial_model
+from diloco.shapes import parameter_count
 from syncd.checkpoint import save
 from webapp.runs.lifecycle import create_run
 from webapp.runs.models import ApiToken, Checkpoint, Island, Metric, Run

@@ -1,6 +1,6 @@
 import pytest
 
-from diloco.config import ConfigError, parse_config
+from diloco.config_parse import ConfigError, parse_config
 from webapp.runs.lifecycle import create_run, default_config
 from webapp.runs.models import Island, Run
 

@@ -3,7 +3,8 @@ its islands moved to the regions this deployment has."""
 
 import pytest
 
-from diloco.config import RunConfig, parse_config
+from diloco.config import RunConfig
+from diloco.config_parse import parse_config
 from webapp.runs.presets import PAPER_REGIONS, PRESETS, preset_config
 
 

@@ -87,7 +87,7 @@ def system(redis_url, tmp_path, settings):
            "DJANGO_SETTINGS_MODULE": "webapp.settings", "PYTHONPATH": str(ROOT)}
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     processes = Processes(env, tmp_path)
-    processes.start("syncd", "-m", "syncd")
+    processes.start("syncd", "manage.py", "syncd")
     processes.start("worker", "-m", "celery", "-A", "webapp", "worker", "-Q", "region.us-east",
                     "--concurrency", "3", "--pool", "prefork", "-n", "us-east@test",
                     "--without-gossip", "--without-mingle", "--loglevel", "WARNING")
@@ -188,7 +188,7 @@ def test_a_kill_9_of_syncd_loses_no_version_and_the_run_completes(
     assert system.procs["syncd"].wait(timeout=30) == -signal.SIGKILL
     before = newest_versions(store)
     seen.append(before)
-    system.start("syncd", "-m", "syncd")
+    system.start("syncd", "manage.py", "syncd")
 
     def completed() -> bool:
         versions = newest_versions(store)

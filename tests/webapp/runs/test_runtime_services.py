@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from diloco.config import ConfigError
+from diloco.config_parse import ConfigError
 from syncd.connection import connect
 from syncd.pool_store import PoolStore
 from syncd.store import RunStore

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from diloco.config import ConfigError, RunConfig, parse_config
+from diloco.config import RunConfig
+from diloco.config_parse import ConfigError, parse_config
 from webapp.runs.models import Checkpoint, Run
 from webapp.runs.validation import (
     check_data_path,

@@ -1,12 +1,28 @@
-"""manage.py syncd: the synchronizer service, as `python -m syncd` starts it."""
+"""manage.py syncd: the synchronizer service for its share of the active runs.
+
+It finds active runs in Redis (arch:runs), takes a lease on its share of them
+(start several, on one host or many, to split the runs: syncd/lease.py), keeps
+one RunSync for each run it holds, and ticks them in turn. This command is
+syncd's composition root, as `manage.py pool_manager` is the pool's: syncd knows
+the web side only through syncd/hooks.py, and the command plugs in its records,
+rejoins and status pushes (webapp/runs/syncd_wiring.py) with the Django settings
+REDIS_URL, CHECKPOINT_DIR, SYNCD_LEASE_TTL_S and SYNCD_THREADS. It exits at once
+with a sentence saying what is wrong when Redis cannot be reached or wants a
+password.
+
+`--health` exits 0 when a syncd on this host is serving (its announcement in
+Redis is live), 1 otherwise: a container health check.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from webapp.runs.syncd_wiring import main
+from syncd import server
+from webapp.runs.syncd_wiring import web_hooks
 
 
 class Command(BaseCommand):
@@ -17,6 +33,8 @@ class Command(BaseCommand):
                             help="exit 0 if a syncd on this host is serving, 1 if not")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        code = main(["--health"] if options["health"] else [])
+        code = server.main(web_hooks(), settings.REDIS_URL, settings.CHECKPOINT_DIR,
+                           health=options["health"], lease_ttl_s=settings.SYNCD_LEASE_TTL_S,
+                           threads=settings.SYNCD_THREADS)
         if code:
             raise SystemExit(code)

@@ -1,0 +1,39 @@
+"""The eval loss of a model's parameters on a held-out split: one evaluator for the
+in-process cluster, syncd's live evaluations and the benchmarks' figures, so that a
+loss means the same wherever it is read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from diloco.config import RunConfig
+from diloco.data import Corpus, eval_batches
+from diloco.island import gpt_config
+from diloco.model import GPT
+
+
+class Evaluator:
+    """The loss of a model's parameters on a held-out split of the corpus.
+
+    Args:
+        config: the run's config (model and eval.tokens).
+        corpus: the run's corpus.
+        split: "validation" for what a run watches and tuning compares, "test" for a
+            benchmark's reported figure (diloco/data.py).
+    """
+
+    def __init__(self, config: RunConfig, corpus: Corpus, split: str):
+        with torch.device("meta"):  # no tensors of its own: each call assigns them
+            self.model = GPT(gpt_config(config))
+        self.batches = eval_batches(corpus, split, config.eval.tokens, config.model.block_size)
+
+    @torch.no_grad()
+    def __call__(self, params: dict[str, torch.Tensor]) -> float:
+        """The eval loss of `params`, which the model takes as they are (no copy): they
+        are only read."""
+        self.model.load_state_dict(params, assign=True)
+        self.model.eval()
+        losses = [self.model(x, y)[1].item() * len(x) for x, y in self.batches]
+        self.model.to_empty(device="meta")  # let go of the tensors until the next call
+        return sum(losses) / sum(len(x) for x, _ in self.batches)

@@ -1,0 +1,42 @@
+"""The shapes of diloco/model.py's GPT as arithmetic: the name and size of each of its
+tensors, without torch.
+
+The config's limits (the largest model a run may ask for, a fragment per tensor at
+most), the memory sizing and the fragment plan need them before any model is built,
+in processes (the web app's form and API) that never import torch. A test builds the
+model and checks the two agree (tests/diloco/test_sizes.py).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+VOCAB_SIZE = 256  # byte-level: the 256 byte values, no tokenizer
+
+
+class ModelShape(Protocol):
+    """The settings the shapes depend on (diloco.config.ModelConfig has them)."""
+
+    n_layer: int
+    n_embd: int
+    block_size: int
+
+
+def tensor_sizes(model: ModelShape) -> dict[str, int]:
+    """Name -> values of each tensor of diloco.model.GPT with these settings, in its
+    order (untied embeddings, no biases in the linear layers, two LayerNorms per block
+    and one at the end)."""
+    n = model.n_embd
+    sizes = {"tok_emb.weight": VOCAB_SIZE * n, "pos_emb.weight": model.block_size * n}
+    for i in range(model.n_layer):
+        sizes.update({f"blocks.{i}.{name}": numel for name, numel in (
+            ("ln_1.weight", n), ("ln_1.bias", n), ("attn.c_attn.weight", 3 * n * n),
+            ("attn.c_proj.weight", n * n), ("ln_2.weight", n), ("ln_2.bias", n),
+            ("mlp.c_fc.weight", 4 * n * n), ("mlp.c_proj.weight", 4 * n * n))})
+    sizes.update({"ln_f.weight": n, "ln_f.bias": n, "lm_head.weight": VOCAB_SIZE * n})
+    return sizes
+
+
+def parameter_count(model: ModelShape) -> int:
+    """The parameters of diloco.model.GPT with these settings."""
+    return sum(tensor_sizes(model).values())
