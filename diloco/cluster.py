@@ -40,7 +40,7 @@ from diloco.protocol import decode_message, encode_message
 from diloco.synchronizer import MergeResult, Published, Synchronizer, apply_published
 from diloco.wan import transfer_time
 
-MODES = ("decoupled", "sync", "dp")
+CLUSTER_MODES = ("decoupled", "sync", "dp")
 SECRET = b"in-process"  # messages are signed here too, so byte counts include the tag
 
 
@@ -115,8 +115,8 @@ def run_local(config: RunConfig, mode: str = "decoupled", *, step_time_s: float 
         window_steps: window for peak bytes; default H/P inner steps.
         progress: called with a dict after each evaluation.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode not in CLUSTER_MODES:
+        raise ValueError(f"mode must be one of {', '.join(CLUSTER_MODES)}, got {mode!r}")
     if step_time_s <= 0:
         raise ValueError(f"step_time_s must be positive, got {step_time_s}")
     cluster = _Cluster(config, step_time_s, eval_points, window_steps, progress)

@@ -16,12 +16,12 @@ from diloco.shapes import parameter_count, tensor_sizes
 
 CODECS = ("none", "bf16", "int8", "int4")
 WEIGHTINGS = ("tokens", "uniform")
-MODES = ("decoupled", "elastic")
+RUN_MODES = ("decoupled", "elastic")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
 
 
-def spec(default: Any, help: str, lo: float | None = None, hi: float | None = None,
+def setting(default: Any, help: str, lo: float | None = None, hi: float | None = None,
          choices: tuple[str, ...] | None = None, optional: bool = False) -> Any:
     """A dataclass field with validation facts in its metadata."""
     meta = {"help": help, "lo": lo, "hi": hi, "choices": choices, "optional": optional}
@@ -30,78 +30,78 @@ def spec(default: Any, help: str, lo: float | None = None, hi: float | None = No
 
 @dataclass
 class ModelConfig:
-    n_layer: int = spec(2, "Transformer blocks.", 1, 48)
-    n_embd: int = spec(64, "Width of the residual stream.", 8, 4096)
-    n_head: int = spec(4, "Attention heads.", 1, 64)
-    block_size: int = spec(64, "Context length in bytes.", 8, 4096)
+    n_layer: int = setting(2, "Transformer blocks.", 1, 48)
+    n_embd: int = setting(64, "Width of the residual stream.", 8, 4096)
+    n_head: int = setting(4, "Attention heads.", 1, 64)
+    block_size: int = setting(64, "Context length in bytes.", 8, 4096)
 
 
 @dataclass
 class DataConfig:
-    path: str = spec("", "A text file or folder of text files; empty: the Python standard "
+    path: str = setting("", "A text file or folder of text files; empty: the Python standard "
                          "library's own sources.")
-    eval_fraction: float = spec(0.05, "Share of the files in each held-out split: "
+    eval_fraction: float = setting(0.05, "Share of the files in each held-out split: "
                                       "validation (live eval loss, tuning) and test (benchmark "
                                       "figures); train keeps the rest.", 0.01, 0.45)
 
 
 @dataclass
 class SyncConfig:
-    inner_steps: int = spec(50, "H: inner steps between two syncs of one fragment.", 1, 100000)
-    fragments: int = spec(4, "P: the parameters are cut into this many fragments.", 1, 64)
-    overlap_steps: int = spec(1, "tau: inner steps an island trains before it mixes in the "
+    inner_steps: int = setting(50, "H: inner steps between two syncs of one fragment.", 1, 100000)
+    fragments: int = setting(4, "P: the parameters are cut into this many fragments.", 1, 64)
+    overlap_steps: int = setting(1, "tau: inner steps an island trains before it mixes in the "
                                  "global fragment it sent for (0: wait for the merge).", 0, 100000)
-    alpha: float = spec(0.0, "Mixing weight of the local fragment (0: replace with the global).",
+    alpha: float = setting(0.0, "Mixing weight of the local fragment (0: replace with the global).",
                         0.0, 1.0)
-    min_quorum: int = spec(2, "K: updates needed before a fragment may merge.", 1, 1024)
-    grace_gamma: float = spec(1.0, "Scales the adaptive grace window after quorum (0: none).",
+    min_quorum: int = setting(2, "K: updates needed before a fragment may merge.", 1, 1024)
+    grace_gamma: float = setting(1.0, "Scales the adaptive grace window after quorum (0: none).",
                               0.0, 100.0)
-    weighting: str = spec("tokens", "How updates are weighted in a merge.", choices=WEIGHTINGS)
-    rda: bool = spec(False, "Radial-directional averaging for non-embedding tensors.")
-    compression: str = spec("none", "Codec of outer gradients sent up.", choices=CODECS)
-    downlink_compression: str = spec("none", "Codec of global fragments sent down.",
+    weighting: str = setting("tokens", "How updates are weighted in a merge.", choices=WEIGHTINGS)
+    rda: bool = setting(False, "Radial-directional averaging for non-embedding tensors.")
+    compression: str = setting("none", "Codec of outer gradients sent up.", choices=CODECS)
+    downlink_compression: str = setting("none", "Codec of global fragments sent down.",
                                      choices=CODECS)
-    max_staleness: int = spec(4, "Updates based on a version older than newest minus this "
+    max_staleness: int = setting(4, "Updates based on a version older than newest minus this "
                                  "are dropped.", 0, 1000)
 
 
 @dataclass
 class OptimConfig:
-    inner_lr: float = spec(4e-4, "Peak AdamW learning rate of the inner loop.", 1e-6, 1.0)
-    outer_lr: float = spec(0.7, "Learning rate of the outer Nesterov SGD.", 1e-4, 10.0)
-    outer_momentum: float = spec(0.9, "Momentum of the outer SGD (Nesterov; 0: plain SGD).",
+    inner_lr: float = setting(4e-4, "Peak AdamW learning rate of the inner loop.", 1e-6, 1.0)
+    outer_lr: float = setting(0.7, "Learning rate of the outer Nesterov SGD.", 1e-4, 10.0)
+    outer_momentum: float = setting(0.9, "Momentum of the outer SGD (Nesterov; 0: plain SGD).",
                                  0.0, 0.999)
-    weight_decay: float = spec(0.1, "AdamW weight decay.", 0.0, 1.0)
-    warmup_steps: int = spec(100, "Linear warmup of the inner learning rate.", 0, 1000000)
+    weight_decay: float = setting(0.1, "AdamW weight decay.", 0.0, 1.0)
+    warmup_steps: int = setting(100, "Linear warmup of the inner learning rate.", 0, 1000000)
 
 
 @dataclass
 class EvalConfig:
-    interval_steps: int = spec(100, "Evaluate the global model every this many inner steps.",
+    interval_steps: int = setting(100, "Evaluate the global model every this many inner steps.",
                                 1, 1000000)
-    tokens: int = spec(16384, "Held-out tokens per evaluation.", 256, 10000000)
+    tokens: int = setting(16384, "Held-out tokens per evaluation.", 256, 10000000)
 
 
 @dataclass
 class CheckpointConfig:
-    interval_s: float = spec(60.0, "Seconds between periodic checkpoints.", 1.0, 86400.0)
-    keep: int = spec(3, "Checkpoints kept per run.", 1, 1000)
+    interval_s: float = setting(60.0, "Seconds between periodic checkpoints.", 1.0, 86400.0)
+    keep: int = setting(3, "Checkpoints kept per run.", 1, 1000)
 
 
 @dataclass
 class LivenessConfig:
-    heartbeat_timeout_s: float = spec(10.0, "An island silent this long is lost.", 0.5, 3600.0)
+    heartbeat_timeout_s: float = setting(10.0, "An island silent this long is lost.", 0.5, 3600.0)
 
 
 @dataclass
 class ElasticConfig:
-    restart_delay_s: float | None = spec(None, "Pause of a whole-job restart; empty: measured.",
+    restart_delay_s: float | None = setting(None, "Pause of a whole-job restart; empty: measured.",
                                          0.0, 3600.0, optional=True)
 
 
 @dataclass
 class EmulationConfig:
-    bytes_scale: float = spec(1.0, "The link emulator treats each fragment as this many times "
+    bytes_scale: float = setting(1.0, "The link emulator treats each fragment as this many times "
                                    "larger.", 1.0, 1e9)
 
 
@@ -110,36 +110,37 @@ CHAOS_PRESETS = ("none", "aggressive", "moderate", "kills_only")
 
 @dataclass
 class ChaosConfig:
-    preset: str = spec("none", "A seeded fault schedule syncd carries out on the run "
+    preset: str = setting("none", "A seeded fault schedule syncd carries out on the run "
                                "(diloco/chaos.py presets; none: no faults).",
                        choices=CHAOS_PRESETS)
-    seed: int = spec(0, "Seeds the fault schedule: the same seed breaks the same islands "
+    seed: int = setting(0, "Seeds the fault schedule: the same seed breaks the same islands "
                         "at the same times.", 0, 2**31 - 1)
 
 
 @dataclass
 class BudgetConfig:
-    total_tokens: int = spec(2_000_000, "The run completes after training this many tokens.",
+    total_tokens: int = setting(2_000_000, "The run completes after training this many tokens.",
                              1000, 10**13)
 
 
 @dataclass
 class TrainConfig:
-    device: str = spec("auto", "Where islands train; auto: cuda when the host has a GPU.",
+    device: str = setting("auto", "Where islands train; auto: cuda when the host has a GPU.",
                        choices=DEVICES)
-    precision: str = spec("fp32", "Inner-step arithmetic; bf16: autocast of the forward pass, "
+    precision: str = setting("fp32", "Inner-step arithmetic; bf16: autocast of the forward pass, "
                                   "fp32 parameters and optimizer.", choices=PRECISIONS)
 
 
 @dataclass
 class IslandConfig:
-    name: str = spec("", "Unique within the run.")
-    region: str = spec("", "A region that has a worker.")
-    batch_size: int = spec(8, "Sequences per inner step.", 1, 4096)
-    speed: float = spec(1.0, "Relative speed; 0.5 takes twice as long per inner step.", 0.01, 100.0)
-    bandwidth_gbps: float = spec(2.0, "Emulated wide-area bandwidth.", 1e-4, 1000.0)
-    latency_ms: float = spec(30.0, "Emulated one-way latency.", 0.0, 10000.0)
-    processes: int = spec(1, "Data-parallel processes (GPUs) of the island; each takes an "
+    name: str = setting("", "Unique within the run.")
+    region: str = setting("", "A region that has a worker.")
+    batch_size: int = setting(8, "Sequences per inner step.", 1, 4096)
+    speed: float = setting(1.0, "Relative speed; 0.5 takes twice as long per inner step.",
+                           0.01, 100.0)
+    bandwidth_gbps: float = setting(2.0, "Emulated wide-area bandwidth.", 1e-4, 1000.0)
+    latency_ms: float = setting(30.0, "Emulated one-way latency.", 0.0, 10000.0)
+    processes: int = setting(1, "Data-parallel processes (GPUs) of the island; each takes an "
                              "equal part of batch_size.", 1, 64)
 
 
@@ -165,7 +166,7 @@ def default_islands() -> list[IslandConfig]:
 
 @dataclass
 class RunConfig:
-    seed: int = spec(0, "Seeds the model, the data order and the island shards.", 0, 2**31 - 1)
+    seed: int = setting(0, "Seeds the model, the data order and the island shards.", 0, 2**31 - 1)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)

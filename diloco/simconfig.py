@@ -14,7 +14,7 @@ YEAR_S = 365 * 86400.0
 # chips (docs/BENCHMARKS.md; `diloco.simsweep.calibrate_reconfigure` refits it).
 RECONFIGURE_S = 6.61
 NO_STALENESS_BOUND = 10**9
-MODES = ("dp", "elastic", "decoupled")
+SIM_MODES = ("dp", "elastic", "decoupled")
 # Bytes on the wire per parameter for each codec of diloco/codecs.py
 # (int8 and int4 carry one float32 scale per block).
 BYTES_PER_PARAM = {"none": 4.0, "bf16": 2.0, "int8": 1.0 + 4 / BLOCK, "int4": 0.5 + 4 / BLOCK}
@@ -82,7 +82,7 @@ class SimConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _choice("mode", self.mode, MODES)
+        _choice("mode", self.mode, SIM_MODES)
         _choice("weighting", self.weighting, WEIGHTINGS)
         _choice("compression", self.compression, tuple(BYTES_PER_PARAM))
         if self.mode != "decoupled" and self.islands != 1:

@@ -98,7 +98,7 @@ class RunStore(UpdateStream, GlobalsStore, IslandSignals):
         raw = self.client.hgetall(self.key("restart"))
         return int(raw.get(b"generation", 0)), float(raw.get(b"until", 0.0))
 
-    def rejoin_requested(self, island: str, at: float) -> None:
+    def request_rejoin(self, island: str, at: float) -> None:
         self.client.hset(self.key("rejoin"), island, at)
 
     def rejoin_requests(self) -> dict[str, float]:

@@ -89,7 +89,7 @@ class RunsCollector(Collector):
         yield gauge("archipelago_island_fault",
                     "1 for the island's active fault, 0 for the others.",
                     ["run", "island", "fault"],
-                    (([run, i["name"], fault], int(i.get("active_fault", i["fault"]) == fault))
+                    (([run, i["name"], fault], int(i["fault"] == fault))
                      for run, i in islands for fault in Island.Fault.values))
         for name, (help_text, field) in ISLAND_GAUGES.items():
             yield gauge(name, help_text, ["run", "island"],

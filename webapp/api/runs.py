@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 
-from diloco.config import MODES, field_help
+from diloco.config import RUN_MODES, field_help
 from webapp.api import schemas
 from webapp.api.access import ApiError, allow, get_run
 from webapp.api.schemas import answers
@@ -172,7 +172,7 @@ def run_timeline(request: HttpRequest, run_id: int) -> dict[str, Any]:
 def config_schema(request: HttpRequest) -> dict[str, Any]:
     """The run config's defaults, what each field means, the modes and the regions."""
     return {"defaults": lifecycle.default_config(), "help": field_help(),
-            "modes": list(MODES), "regions": settings.REGIONS}
+            "modes": list(RUN_MODES), "regions": settings.REGIONS}
 
 
 @config.post("/config/estimate", auth=allow("view"),

@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from diloco.config import MODES
+from diloco.config import RUN_MODES
 from webapp.api.config_schema import NOT_BLANK, island_in, run_config_in
 from webapp.runs.faults import FAULTS, MAX_FAULT_SECONDS, kinds_hitting
 from webapp.runs.models import RUN_NAME_MAX_LENGTH, Event, Run
@@ -70,7 +70,7 @@ class RunIn(Body):
                       json_schema_extra={"minLength": 1, "maxLength": RUN_NAME_MAX_LENGTH,
                                          "pattern": NOT_BLANK})
     mode: str = Field(description="decoupled (Decoupled DiLoCo) or elastic (the baseline).",
-                      json_schema_extra={"enum": list(MODES)})
+                      json_schema_extra={"enum": list(RUN_MODES)})
     config: ConfigBody = Field(
         default_factory=dict,
         description="The run config; missing fields take their defaults (GET "
@@ -102,7 +102,7 @@ class IslandOut(Schema):
     name: str
     region: str
     state: str = Field(description=ISLAND_STATES)
-    active_fault: str = Field(description=ISLAND_FAULTS)
+    fault: str = Field(description=ISLAND_FAULTS)
     epoch: int
     tokens: int
     inner_steps: int

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from diloco.config import MODES, RunConfig
+from diloco.config import RUN_MODES, RunConfig
 from diloco.config_parse import ConfigError, parse_config
 from webapp.runs.dispatch import enqueue, put_spec
 from webapp.runs.models import (
@@ -49,7 +49,7 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
 
     Args:
         name: the run's name, 1 to 100 characters.
-        mode: one of diloco.config.MODES.
+        mode: one of diloco.config.RUN_MODES.
         config: the run config as decoded JSON; missing fields take their defaults.
         user: who creates it, or None.
         initial_checkpoint: a stored checkpoint the run's global model starts from; its
@@ -66,8 +66,8 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
         errors["name"] = ["This field is required."]
     elif len(name) > RUN_NAME_MAX_LENGTH:
         errors["name"] = [f"Must be at most {RUN_NAME_MAX_LENGTH} characters, got {len(name)}."]
-    if mode not in MODES:
-        errors["mode"] = [f"Must be one of {', '.join(MODES)}, got {mode!r}."]
+    if mode not in RUN_MODES:
+        errors["mode"] = [f"Must be one of {', '.join(RUN_MODES)}, got {mode!r}."]
     try:
         run_config = parse_config(config, settings.REGIONS)
     except ConfigError as e:

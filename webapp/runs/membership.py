@@ -86,7 +86,7 @@ def rejoin_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
     store = run_store(run)
     store.send_command(island.name, "stop", epoch=old_epoch)
     asked = time.time()
-    store.rejoin_requested(island.name, asked)  # syncd reports the time to train
+    store.request_rejoin(island.name, asked)  # syncd reports the time to train
     island = start_next_epoch(run, island, store, asked)
     island.record_event(Event.Kind.REJOIN, by, from_epoch=old_epoch, epoch=island.epoch)
     return island

@@ -49,7 +49,7 @@ def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any
     live = status.get("islands", {})
     for island in data["islands"]:
         now = live.get(island["name"], {})
-        island["active_fault"] = now.get("fault", island["fault"])
+        island["fault"] = now.get("fault", island["fault"])  # syncd's, when it has one
         island["version_lag"] = now.get("version_lag", 0)
         island["tokens_per_s"] = now.get("tokens_per_s", 0.0)
         island["heartbeat_age_s"] = now.get("heartbeat_age_s")
@@ -57,7 +57,7 @@ def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any
         if live_run and "state" in now:
             island["state"] = now["state"]
         island["link"] = now["link"] if live_run and "link" in now else {
-            "state": link_state(island["state"], island["active_fault"]),
+            "state": link_state(island["state"], island["fault"]),
             "bytes_up": 0, "bytes_down": 0}
         island["tokens"] = max(island["tokens"], now.get("tokens", 0))
     return data

@@ -183,7 +183,7 @@ def test_it_shows_one_run_with_the_fields_of_the_contract(viewer_api, running):
     assert {"id", "name", "mode", "state", "config", "islands", "versions", "outer_steps",
             "tokens", "goodput", "uptime", "train_loss", "eval_loss"} <= set(data)
     assert data["state"] == "running"
-    assert {"name", "region", "state", "active_fault", "tokens", "version_lag"} \
+    assert {"name", "region", "state", "fault", "tokens", "version_lag"} \
         <= set(data["islands"][0])
     assert "secret" not in data
 
@@ -204,7 +204,7 @@ def test_it_shows_syncds_live_status(viewer_api, running, redis_url):
     assert data["tokens"] == 1000 and data["progress"] == pytest.approx(
         1000 / running.config["budget"]["total_tokens"])
     east_a = data["islands"][0]
-    assert (east_a["state"], east_a["active_fault"], east_a["version_lag"]) == \
+    assert (east_a["state"], east_a["fault"], east_a["version_lag"]) == \
         ("lost", "partition", 2)
 
 

@@ -45,7 +45,7 @@ def test_a_run_syncd_has_not_served_yet_has_no_versions_and_no_live_figures(run)
     assert summary["versions"] == {} and summary["progress"] == 0.25
     assert all(summary[field] is None for field in LIVE_FIELDS)
     a = summary["islands"][0]
-    assert (a["active_fault"], a["version_lag"], a["tokens"]) == ("none", 0, 40)
+    assert (a["fault"], a["version_lag"], a["tokens"]) == ("none", 0, 40)
     assert a["link"]["bytes_up"] == 0
 
 
@@ -58,7 +58,7 @@ def test_a_running_runs_summary_takes_syncds_live_figures_and_island_states(run)
 
     assert summary["versions"] == {"0": 3, "1": 2} and summary["goodput"] == 0.9
     a, b = summary["islands"]
-    assert (a["state"], a["active_fault"], a["version_lag"], a["tokens"]) == (
+    assert (a["state"], a["fault"], a["version_lag"], a["tokens"]) == (
         "lost", "partition", 2, 64)
     assert a["link"] == {"state": "cut"}
     assert (b["state"], b["tokens"]) == ("training", 40)

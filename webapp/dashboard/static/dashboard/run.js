@@ -375,9 +375,9 @@ for (const island of run.islands) {
   const {cells} = islandRow(island.name);
   cells.region.textContent = island.region;
   cells.state.replaceChildren(arch.el("span", {class: "state " + island.state}, island.state));
-  cells.fault.textContent = island.active_fault || "none";
+  cells.fault.textContent = island.fault || "none";
   showLink(cells.link, island.link);
-  shownIslands[island.name] = {region: island.region, state: island.state, fault: island.active_fault,
+  shownIslands[island.name] = {region: island.region, state: island.state, fault: island.fault,
                                link: island.link};
 }
 map.draw(shownIslands);
