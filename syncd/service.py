@@ -32,7 +32,7 @@ from diloco.fragments import partition
 from diloco.island import initial_model
 from syncd import checkpoint, outcome
 from syncd.chaos_driver import ChaosDriver
-from syncd.evaluation import GlobalEval
+from syncd.evaluation import EVAL_CPU_SHARE, GlobalEval
 from syncd.hooks import Recorder
 from syncd.liveness import Liveness
 from syncd.recovery import Recovery
@@ -66,6 +66,8 @@ class RunSync:
         keepalive: called between the pieces of long work (building the model,
             restoring each fragment, each update ingested, each merge), so that
             syncd renews its leases while a pass over a big run takes seconds.
+        eval_cpu_share: the share of the host's CPU live evaluation takes on average
+            (syncd/evaluation.py).
     """
 
     def __init__(self, store: RunStore, recorder: Recorder, checkpoint_dir: Path,
@@ -73,7 +75,8 @@ class RunSync:
                  notify: Callable[[str, int, dict], None] | None = None,
                  control_every_s: float = CONTROL_EVERY_S,
                  rejoin: Callable[[int, str], None] | None = None,
-                 keepalive: Callable[[], None] = lambda: None):
+                 keepalive: Callable[[], None] = lambda: None,
+                 eval_cpu_share: float = EVAL_CPU_SHARE):
         self.store = store
         self.recorder = recorder
         self.clock = clock
@@ -95,7 +98,7 @@ class RunSync:
         keepalive()
         self.recovery = Recovery(store, recorder, spec, self.accounting, checkpoint_dir, clock)
         self.chaos = ChaosDriver.for_run(store, recorder, spec, rejoin, self.accounting.start)
-        self.evaluation = GlobalEval(config)
+        self.evaluation = GlobalEval(config, cpu_share=eval_cpu_share)
         self.eval_loss: float | None = None
         self.eval_tokens: int | None = None  # tokens merged into the model eval_loss is of
         self.evaluating_tokens = 0
@@ -195,6 +198,10 @@ class RunSync:
         if (loss := self.evaluation.result()) is not None:
             # The loss is the model's of when the evaluation started: those tokens.
             self.eval_loss, self.eval_tokens = loss, self.evaluating_tokens
+
+    def waiting_on(self) -> tuple[str, bytes]:
+        """The update stream's key and the last entry read: what a quiet syncd blocks on."""
+        return self.store.key("updates"), self.rounds.after
 
     # -- status ----------------------------------------------------------------
 

@@ -17,8 +17,12 @@ for its own children. It
 - supervises every island it started with trainer.supervisor.IslandSupervisor
   (commands, kill, stop, pause, the death report, the log shipped to Redis), one
   thread per island;
-- announces its pool (ready, launching, pids) every half second, which the run
-  services read to decide between a claim and a task on the region's queue.
+- announces its pool (ready, launching, pids) every second and at each change,
+  which the run services read to decide between a claim and a task on the region's
+  queue.
+
+Idle, it costs about nothing: it blocks on the claim list (BLPOP) for up to a second
+at a time, so a host with no claims makes one Redis call a second.
 
 SIGTERM stops it: the islands it supervises stop as a "stop" would make them
 (their cursors saved), the unclaimed standbys end.
@@ -55,8 +59,11 @@ from trainer.pool import Pool, check_claim, warm_for
 from trainer.supervisor import PROJECT_ROOT, IslandSupervisor
 
 log = logging.getLogger("archipelago.pool")
-POLL_S = 0.05
-ANNOUNCE_S = 0.5
+# The longest a pass blocks on the claim list: how soon a dead standby is noticed and
+# a ready one announced.
+CLAIM_WAIT_S = 1.0
+# Announcements every this long at least (readers believe one for 3 s, PoolStore).
+ANNOUNCE_S = 1.0
 
 
 def idle_priority(parent: int) -> Callable[[], None]:
@@ -120,9 +127,8 @@ class PoolManager:
 
     def tick(self) -> None:
         """One pass: standbys that got ready or died, the claims waiting, a refill."""
-        self._take_ready()
-        self._reap()
-        claims = self.pools.take_claims(self.region, POLL_S)
+        changed = self._take_ready() | self._reap()
+        claims = self.pools.take_claims(self.region, CLAIM_WAIT_S)
         for claim in claims:
             try:
                 self.handle(claim)
@@ -130,7 +136,8 @@ class PoolManager:
                 log.exception("claim %r failed", claim)
         if not claims and self.pool.needs_refill():
             self._launch()
-        self.announce(force=bool(claims))
+            changed = True
+        self.announce(force=changed or bool(claims))
 
     def announce(self, force: bool = False) -> None:
         now = time.time()
@@ -162,23 +169,30 @@ class PoolManager:
                 self.ready_events.put(process.pid)
         process.stdout.close()  # after a claim the standby writes to the island's log
 
-    def _take_ready(self) -> None:
+    def _take_ready(self) -> bool:
+        """Mark the standbys that said ready; True if any did."""
+        taken = False
         while True:
             try:
                 pid = self.ready_events.get_nowait()
             except queue.Empty:
-                return
+                return taken
             if pid in self.standbys:
                 self.pool.ready(pid, time.time())
                 self._note(f"standby {pid} ready")
+                taken = True
 
-    def _reap(self) -> None:
+    def _reap(self) -> bool:
+        """Forget the standbys that exited unclaimed; True if any did."""
+        reaped = False
         for pid, process in list(self.standbys.items()):
             code = process.poll()
             if code is not None:
                 del self.standbys[pid]
                 self.pool.exited(pid)
                 self._note(f"standby {pid} exited unclaimed with exit code {code}")
+                reaped = True
+        return reaped
 
     # -- claims -----------------------------------------------------------------
 

@@ -46,6 +46,16 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfigured(f"{name} must be a whole number, got {value!r}.") from None
 
 
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}.") from None
+
+
 def env_list(name: str, default: str) -> list[str]:
     """A comma-separated list; blank items are dropped."""
     return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
@@ -188,6 +198,12 @@ if SYNCD_LEASE_TTL_S < 1:
 SYNCD_THREADS = env_int("SYNCD_THREADS", 1)
 if SYNCD_THREADS < 1:
     raise ImproperlyConfigured(f"SYNCD_THREADS must be at least 1, got {SYNCD_THREADS}.")
+# The share of syncd's host's CPU that each run's live evaluation takes on average
+# (syncd/evaluation.py): the next evaluation waits until the last one's CPU time fits.
+SYNCD_EVAL_CPU_SHARE = env_float("SYNCD_EVAL_CPU_SHARE", 0.02)
+if not 0 < SYNCD_EVAL_CPU_SHARE <= 1:
+    raise ImproperlyConfigured(
+        f"SYNCD_EVAL_CPU_SHARE must be above 0 and at most 1, got {SYNCD_EVAL_CPU_SHARE}.")
 # Island logs (run-<id>/<island>.log) and, under `python -m webapp.start`, one log
 # per process.
 LOG_DIR = Path(env_str("LOG_DIR", str(VAR_DIR / "logs")))

@@ -61,6 +61,8 @@ DEFAULT_HOST = "127.0.0.1"
 # Islands a region's worker may run at once (its prefork processes).
 DEFAULT_ISLANDS_PER_WORKER = 4
 STARTUP_TIMEOUT_S = 60.0
+# What a Celery worker here does without (see service_commands).
+QUIET_WORKER = ("--without-gossip", "--without-mingle", "--without-heartbeat")
 # The demo's token budget here: diloco/demo.py's million tokens last under a minute
 # on a laptop, gone before anyone opens the browser; this is some minutes.
 DEMO_TOKENS = 10_000_000
@@ -163,20 +165,25 @@ def service_commands(regions: list[str], port: int, islands_per_worker: int,
     environment, like their peers on other hosts.
     """
     py = sys.executable
+    # No gossip, mingle or event heartbeats: nothing here reads them, and each costs
+    # every worker a wake-up every few seconds. Remote control (inspect ping, the
+    # health check) still works.
     worker = [py, "-m", "celery", "-A", "webapp", "worker", "--pool", "prefork",
-              "--loglevel", "INFO"]
+              "--loglevel", "INFO", *QUIET_WORKER]
     commands = [("syncd", [py, "-m", "syncd"])]
     for region in regions:
+        # One island per prefork child; children are started as islands come (most
+        # run under the pool manager) and end when idle: one waits.
         commands.append((f"worker-{region}", [*worker, "-Q", region_queue(region),
                                               "-n", f"{region}@%h",
-                                              "--concurrency", str(islands_per_worker)]))
+                                              "--autoscale", f"{islands_per_worker},1"]))
         if pool_size > 0:
             commands.append((f"pool-{region}", [py, str(PROJECT_ROOT / "manage.py"),
                                                 "pool_manager",
                                                 "--region", region,
                                                 "--size", str(pool_size)]))
     commands.append(("worker-control", [*worker, "-Q", CONTROL_QUEUE, "-n", "control@%h",
-                                        "--concurrency", "2"]))
+                                        "--autoscale", "2,1"]))
     commands.append(("web", [py, "-m", "daphne", "-b", host, "-p", str(port),
                              "webapp.asgi:application"]))
     return commands

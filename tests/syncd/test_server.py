@@ -149,3 +149,35 @@ def test_leases_outlive_one_long_step_of_the_main_loop_but_not_a_stuck_loop(
         assert lease.holder(client, run_id) is None
     finally:
         syncd.stopping = True
+
+
+def test_a_quiet_syncd_blocks_on_its_runs_update_streams_until_an_update_arrives(
+        redis_url, tmp_path):
+    run = create_run(name="quiet", mode="decoupled", config=CONFIG, user=None)
+    store = RunStore(connect(redis_url), run.pk)
+    store.put_spec(run.mode, run.config, run.secret)
+    served = Syncd(redis_url, tmp_path, web_hooks())
+    served.tick()
+    blocked = []
+    real_xread = served.client.xread
+    served.client.xread = lambda streams, **kwargs: blocked.append((streams, kwargs)) or \
+        real_xread(streams, **kwargs)
+    store.push_update("a", 1, 0, 0, b"an update")
+
+    served.wait_for_work(quiet_s=30.0)  # returns at once: an entry is there to read
+
+    (streams, kwargs), = blocked
+    assert streams == {store.key("updates"): served.runs[str(run.pk)].rounds.after}
+    assert kwargs == {"count": 1, "block": 30_000}
+
+
+def test_a_syncd_serving_no_run_sleeps_between_passes_instead_of_polling(
+        redis_url, tmp_path, monkeypatch):
+    served = Syncd(redis_url, tmp_path, web_hooks())
+    served.tick()
+    slept = []
+    monkeypatch.setattr("syncd.server.time.sleep", slept.append)
+
+    served.wait_for_work(idle_s=1.0)
+
+    assert served.runs == {} and slept == [1.0]

@@ -39,8 +39,10 @@ def test_service_commands_run_a_worker_per_region_and_the_control_worker():
     east = commands["worker-us-east"]
     assert east[east.index("-Q") + 1] == "region.us-east"
     assert east[east.index("-n") + 1] == "us-east@%h"
-    assert east[east.index("--concurrency") + 1] == "3"
+    assert east[east.index("--autoscale") + 1] == "3,1"  # up to 3 islands, one child idle
     control = commands["worker-control"]
+    for worker in (east, control):
+        assert {"--without-gossip", "--without-mingle", "--without-heartbeat"} <= set(worker)
     assert control[control.index("-Q") + 1] == "control"
     assert commands["web"][-3:] == ["-p", "8123", "webapp.asgi:application"]
     assert commands["syncd"][1:] == ["-m", "syncd"]

@@ -29,7 +29,7 @@ def web_hooks() -> Hooks:
 
 def main(argv: list[str] | None = None) -> int:
     """syncd with the web side plugged in, configured from the Django settings
-    (REDIS_URL, CHECKPOINT_DIR, SYNCD_LEASE_TTL_S, SYNCD_THREADS)."""
+    (REDIS_URL, CHECKPOINT_DIR, SYNCD_LEASE_TTL_S, SYNCD_THREADS, SYNCD_EVAL_CPU_SHARE)."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
     import django
 
@@ -39,4 +39,5 @@ def main(argv: list[str] | None = None) -> int:
     from syncd import server
 
     return server.main(argv, web_hooks(), settings.REDIS_URL, settings.CHECKPOINT_DIR,
-                       lease_ttl_s=settings.SYNCD_LEASE_TTL_S, threads=settings.SYNCD_THREADS)
+                       lease_ttl_s=settings.SYNCD_LEASE_TTL_S, threads=settings.SYNCD_THREADS,
+                       eval_cpu_share=settings.SYNCD_EVAL_CPU_SHARE)
