@@ -21,8 +21,10 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
                accounting: RunAccounting, tokens_merged: int, eval_loss: float | None,
                eval_tokens: int | None, previous: dict[str, Any] | None = None
                ) -> dict[str, Any]:
-    """Per island state, active fault, tokens, tokens/s, version lag, bytes (real and
-    as emulated) and its WAN link to syncd (see `link`, against the `previous` status);
+    """Per island state, active fault, tokens, tokens/s, seconds per inner step, its
+    process's share of its host's CPU (from its heartbeat: trainer/cpu.py), version
+    lag, bytes (real and as emulated) and its WAN link to syncd (see `link`, against the
+    `previous` status);
     per fragment arrivals/K, grace left and the last merge; the run's versions,
     goodput, uptime, train and eval loss (`eval_loss`, of the model with
     `eval_tokens` merged)."""
@@ -44,6 +46,8 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
             "emulated_bytes_up": beat.get("bytes_up", 0) * scale,
             "emulated_bytes_down": beat.get("bytes_down", 0) * scale,
             "tokens_per_s": round(liveness.tokens_per_s.get(island.name, 0.0), 1),
+            "step_time_s": _rounded(liveness.step_time_s.get(island.name), 4),
+            "cpu_share": beat.get("cpu_share"),
             "version_lag": newest - min(bases) if bases else 0,
             "rejections": rounds.rejections[island.name]}
     fragments = []
@@ -107,6 +111,10 @@ def theta(accounting: RunAccounting, spec: RunSpec) -> float | None:
     k = len(config.islands) if spec.elastic else config.sync.min_quorum
     cadence = accounting.cadence(config.sync.inner_steps, k)
     return None if cadence is None else uptime_theta(cadence)
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def median(values: list[float]) -> float | None:

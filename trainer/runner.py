@@ -42,6 +42,7 @@ from diloco.synchronizer import Published, apply_published
 from syncd.connection import connect
 from syncd.malloc import return_large_frees
 from syncd.store import RunStore
+from trainer.cpu import cpu_share
 from trainer.distributed import IslandGroup, follow_rank
 from trainer.elastic import WholeJobRestarts
 from trainer.emulation import FaultEmulation
@@ -139,7 +140,7 @@ class ProcessIsland:
                              bytes_down=self.bytes_down, startup_s=self.startup_s,
                              pid=os.getpid(), idle_rss=self.idle_rss, pulls=self.pulls,
                              pull_s=round(self.pull_s, 4), phases=self.phases,
-                             warm=self.warm, **extra)
+                             warm=self.warm, cpu_share=cpu_share(), **extra)
 
     # -- globals -------------------------------------------------------------
 

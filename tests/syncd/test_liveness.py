@@ -3,6 +3,8 @@ its epoch (syncd.liveness.condition), with plain values and a clock of the test'
 then the watch of a RunSync's islands, lost and revived, against a real Redis and the
 real database."""
 
+import json
+
 import pytest
 
 from syncd.liveness import condition
@@ -98,3 +100,23 @@ def test_a_reported_death_marks_the_island_lost_on_the_next_pass(run_sync):
     run_sync.next_control = 0.0
     run_sync.tick()
     assert run_sync.liveness.lost == set()
+
+
+@pytest.mark.integration
+@pytest.mark.django_db
+def test_the_status_shows_each_islands_step_time_and_share_of_its_hosts_cpu(run_sync):
+    def beats(at: float, steps: dict[str, int]) -> None:
+        for island, step in steps.items():
+            run_sync.store.client.hset(run_sync.store.key("heartbeats"), island, json.dumps(
+                {"epoch": 1, "time": at, "step": step, "tokens": step * 32,
+                 "state": "training", "cpu_share": {"a": 0.0625, "b": 0.02}[island]}))
+        run_sync.clock_state["now"] = at
+        run_sync.next_control = 0.0
+        run_sync.tick()
+
+    beats(1000.0, {"a": 10, "b": 10})
+    beats(1002.0, {"a": 30, "b": 14})  # a: 20 steps in 2 s; b, starved: 4
+
+    islands = run_sync.status(run_sync.clock())["islands"]
+    assert (islands["a"]["step_time_s"], islands["a"]["cpu_share"]) == (0.1, 0.0625)
+    assert (islands["b"]["step_time_s"], islands["b"]["cpu_share"]) == (0.5, 0.02)

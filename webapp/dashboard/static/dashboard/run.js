@@ -50,7 +50,7 @@ function islandRow(name) {
   if (islandRows[name]) return islandRows[name];
   const cells = {};
   const row = arch.el("tr", {"data-island": name});
-  for (const key of ["name", "region", "state", "fault", "age", "rate", "lag", "link", "bytes",
+  for (const key of ["name", "region", "state", "fault", "age", "rate", "step", "lag", "link", "bytes",
                      "weight", "goodput", "rejected"]) {
     const align = ["name", "region", "state", "fault", "link"].includes(key) ? "" : "num";
     cells[key] = arch.el("td", {class: OPTIONAL_COLUMNS.includes(key) ? align + " optional" : align});
@@ -125,6 +125,7 @@ function showIslands(status) {
     cells.fault.className = fault === "none" ? "" : "fault";
     cells.age.textContent = island.heartbeat_age_s === null ? "—" : island.heartbeat_age_s.toFixed(1) + " s";
     cells.rate.textContent = arch.fmt(island.tokens_per_s, 0);
+    cells.step.textContent = stepAndCpu(island);
     cells.lag.textContent = arch.fmt(island.version_lag);
     showLink(cells.link, island.link);
     cells.bytes.textContent = `${arch.bytes(island.emulated_bytes_up)} / ${arch.bytes(island.emulated_bytes_down)}`;
@@ -133,6 +134,14 @@ function showIslands(status) {
     cells.goodput.textContent = arch.fmt(island.goodput, 2);
     cells.rejected.textContent = arch.fmt(island.rejections || 0);
   }
+}
+
+// Seconds per inner step and the share of the host's CPU: a starved island shows a long
+// step and a small share beside its peers.
+function stepAndCpu(island) {
+  const step = island.step_time_s == null ? "—" : `${island.step_time_s.toFixed(3)} s`;
+  const cpu = island.cpu_share == null ? "—" : `${(island.cpu_share * 100).toFixed(1)}%`;
+  return `${step} · ${cpu}`;
 }
 
 function showLink(cell, link) {
