@@ -35,6 +35,7 @@ from syncd.chaos_driver import ChaosDriver
 from syncd.evaluation import EVAL_CPU_SHARE, GlobalEval
 from syncd.hooks import Recorder
 from syncd.liveness import Liveness
+from syncd.pool_store import PoolStore
 from syncd.recovery import Recovery
 from syncd.rounds import Rounds
 from syncd.spec import RunSpec
@@ -83,6 +84,7 @@ class RunSync:
         self.notify = notify
         self.control_every_s = control_every_s
         self.spec = spec = RunSpec(store)
+        self.pools = PoolStore(store.client)  # whether a rejoin would start warm
         config = spec.config
         params = checkpoint.initial_params(spec.initial, initial_model(config))
         keepalive()
@@ -207,10 +209,12 @@ class RunSync:
 
     def status(self, now: float) -> dict[str, Any]:
         """The run's status snapshot at `now` (its links against the last one kept)."""
+        regions = {island.region for island in self.spec.config.islands}
         return run_status(now, run_id=self.store.run_id, spec=self.spec, rounds=self.rounds,
                           liveness=self.liveness, accounting=self.accounting,
                           tokens_merged=self.rounds.tokens_merged(), eval_loss=self.eval_loss,
-                          eval_tokens=self.eval_tokens, previous=self.last_status)
+                          eval_tokens=self.eval_tokens, previous=self.last_status,
+                          standbys={region: self.pools.ready(region) for region in regions})
 
     def _put_status(self, now: float) -> None:
         """Keep a status snapshot in Redis and in the history, and push it."""

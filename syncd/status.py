@@ -19,15 +19,17 @@ if TYPE_CHECKING:
 
 def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, liveness: Liveness,
                accounting: RunAccounting, tokens_merged: int, eval_loss: float | None,
-               eval_tokens: int | None, previous: dict[str, Any] | None = None
-               ) -> dict[str, Any]:
+               eval_tokens: int | None, previous: dict[str, Any] | None = None,
+               standbys: dict[str, int] | None = None) -> dict[str, Any]:
     """Per island state, active fault, tokens, tokens/s, seconds per inner step, its
     process's share of its host's CPU (from its heartbeat: trainer/cpu.py), version
     lag, bytes (real and as emulated) and its WAN link to syncd (see `link`, against the
     `previous` status);
     per fragment arrivals/K, grace left and the last merge; the run's versions,
     goodput, uptime, train and eval loss (`eval_loss`, of the model with
-    `eval_tokens` merged)."""
+    `eval_tokens` merged); and per island whether a rejoin now would start warm
+    (`rejoin_warm`: a standby of its region is ready, `standbys` region -> ready, and
+    the island is of one process)."""
     config, sync, alive = spec.config, rounds.sync, liveness.alive
     newest = max(sync.versions)
     scale = config.emulation.bytes_scale
@@ -49,6 +51,8 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
             "step_time_s": _rounded(liveness.step_time_s.get(island.name), 4),
             "cpu_share": beat.get("cpu_share"),
             "version_lag": newest - min(bases) if bases else 0,
+            "rejoin_warm": island.processes == 1
+            and (standbys or {}).get(island.region, 0) >= 1,
             "rejections": rounds.rejections[island.name]}
     fragments = []
     for p, f in enumerate(rounds.fragments):

@@ -155,14 +155,14 @@ def ensure_demo(user: AbstractBaseUser | None) -> Run | None:
 
 
 def service_commands(regions: list[str], port: int, islands_per_worker: int,
-                     host: str = DEFAULT_HOST, pool_size: int = 0
+                     host: str = DEFAULT_HOST, pool_size: int | None = 0
                      ) -> list[tuple[str, list[str]]]:
     """(name, argv) of every long-lived process besides Redis, in start order.
 
     Only the web app listens (on host:port); syncd, the workers and the pool managers
-    (one per region with a pool_size above 0: its warm standby islands,
-    trainer/pool_manager.py) connect to Redis and the database from their
-    environment, like their peers on other hosts.
+    (one per region unless pool_size is 0: its warm standby islands,
+    trainer/pool_manager.py; None sizes the pools by the active runs) connect to Redis
+    and the database from their environment, like their peers on other hosts.
     """
     py = sys.executable
     # No gossip, mingle or event heartbeats: nothing here reads them, and each costs
@@ -177,16 +177,29 @@ def service_commands(regions: list[str], port: int, islands_per_worker: int,
         commands.append((f"worker-{region}", [*worker, "-Q", region_queue(region),
                                               "-n", f"{region}@%h",
                                               "--autoscale", f"{islands_per_worker},1"]))
-        if pool_size > 0:
+        if pool_size != 0:
+            size = [] if pool_size is None else ["--size", str(pool_size)]
             commands.append((f"pool-{region}", [py, str(PROJECT_ROOT / "manage.py"),
-                                                "pool_manager",
-                                                "--region", region,
-                                                "--size", str(pool_size)]))
+                                                "pool_manager", "--region", region, *size]))
     commands.append(("worker-control", [*worker, "-Q", CONTROL_QUEUE, "-n", "control@%h",
                                         "--autoscale", "2,1"]))
     commands.append(("web", [py, "-m", "daphne", "-b", host, "-p", str(port),
                              "webapp.asgi:application"]))
     return commands
+
+
+def pools_announced(regions: list[str], timeout: float) -> bool:
+    """Wait up to `timeout` for a pool manager of every region to announce its pool;
+    whether they all did."""
+    from webapp.runs.stores import pool_store
+
+    pools = pool_store()
+    deadline = time.monotonic() + timeout
+    while not all(pools.hosts(region) for region in regions):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
 
 
 def _interrupt(signum: int, frame: object) -> NoReturn:
@@ -240,9 +253,6 @@ def run(manager: ProcessManager) -> None:
     for resumed in resume_after_restart():
         print(f"run {resumed.name!r} ({resumed.state}) goes on: its islands start again")
     admin = get_user_model().objects.filter(is_superuser=True).order_by("id").first()
-    if demo := ensure_demo(admin):
-        regions = sorted({island.region for island in demo.islands.all()})
-        print(f"demo run started: {demo.islands.count()} islands in {', '.join(regions)}")
 
     for name, argv in service_commands(settings.REGIONS, port, islands_per_worker, host,
                                        settings.ISLAND_POOL_SIZE):
@@ -261,6 +271,12 @@ def run(manager: ProcessManager) -> None:
     if password:
         print(f"Sign in as {ADMIN_USERNAME} with password {password}  (shown this once)")
     print(f"Logs: {manager.log_dir}/<process>.log, islands in {settings.LOG_DIR}/run-<id>/")
+    # The demo starts once the pools are there, so that it starts on warm standbys.
+    if settings.ISLAND_POOL_SIZE != 0:
+        pools_announced(settings.REGIONS, STARTUP_TIMEOUT_S)
+    if demo := ensure_demo(admin):
+        regions = sorted({island.region for island in demo.islands.all()})
+        print(f"demo run started: {demo.islands.count()} islands in {', '.join(regions)}")
     print("Ctrl-C stops everything.\n", flush=True)
     while True:
         for line in manager.check():

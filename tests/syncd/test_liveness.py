@@ -4,10 +4,12 @@ then the watch of a RunSync's islands, lost and revived, against a real Redis an
 real database."""
 
 import json
+import time
 
 import pytest
 
 from syncd.liveness import condition
+from syncd.pool_store import PoolStore
 from tests.syncd.runs import beat_at
 from webapp.runs.models import Event
 
@@ -120,3 +122,18 @@ def test_the_status_shows_each_islands_step_time_and_share_of_its_hosts_cpu(run_
     islands = run_sync.status(run_sync.clock())["islands"]
     assert (islands["a"]["step_time_s"], islands["a"]["cpu_share"]) == (0.1, 0.0625)
     assert (islands["b"]["step_time_s"], islands["b"]["cpu_share"]) == (0.5, 0.02)
+
+
+@pytest.mark.integration
+@pytest.mark.django_db
+def test_the_status_says_whether_a_rejoin_would_start_warm_from_the_regions_pool(run_sync):
+    pools = PoolStore(run_sync.store.client)
+    pools.put_host("us-east", "host-1", {"ready": 1, "time": time.time()})
+    assert {i.region for i in run_sync.spec.config.islands} == {"us-east"}
+
+    warm = run_sync.status(run_sync.clock())["islands"]
+    pools.put_host("us-east", "host-1", {"ready": 0, "time": time.time()})
+    cold = run_sync.status(run_sync.clock())["islands"]
+
+    assert {i["rejoin_warm"] for i in warm.values()} == {True}
+    assert {i["rejoin_warm"] for i in cold.values()} == {False}

@@ -227,6 +227,9 @@ class IslandOut(Schema):
                                     "host's CPU (1 = every core) over its last 2 s: one "
                                     "thread with a core of its own shows 1/cores; much less "
                                     "is a starved island.")
+    rejoin_warm: bool | None = Field(None, description="Whether a rejoin now would start "
+                                     "on a warm standby of the island's region (None: not "
+                                     "known, syncd has not said).")
     heartbeat_age_s: float | None = None
     link: IslandLink
 

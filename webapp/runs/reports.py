@@ -52,6 +52,7 @@ def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any
         island["tokens_per_s"] = now.get("tokens_per_s", 0.0)
         island["step_time_s"] = now.get("step_time_s")
         island["cpu_share"] = now.get("cpu_share")
+        island["rejoin_warm"] = now.get("rejoin_warm")
         island["heartbeat_age_s"] = now.get("heartbeat_age_s")
         live_run = run.state in (Run.State.RUNNING, Run.State.PAUSED)
         if live_run and "state" in now:

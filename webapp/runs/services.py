@@ -25,6 +25,7 @@ from webapp.runs.models import (
 from webapp.runs.stores import pool_store, run_store
 from webapp.runs.tasks import run_island
 from webapp.runs.validation import check_data_path, checkpoint_misfit, memory_misfits
+from webapp.runs.warm_start import cold_start_message, standbys_wanted, wait_for_standbys
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -116,7 +117,9 @@ RUNNING_OR_PAUSED = (Run.State.RUNNING, Run.State.PAUSED)
 def start_run(run: Run, by: AbstractBaseUser | None) -> None:
     """Start a draft run: publish its spec, give every island epoch 1 and enqueue it.
 
-    Each island claims a warm standby of its region's pool when one is ready
+    The start first waits a bounded time for its regions' pools to fill
+    (webapp/runs/warm_start.py; an event says which islands start cold). Each island
+    claims a warm standby of its region's pool when one is ready
     (trainer/pool_manager.py), else goes to its region's queue
     (trainer.queues.region_queue), where that region's worker runs it as one long
     task.
@@ -138,8 +141,14 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
                 island.save(update_fields=["epoch"])
         for island in islands:
             store.set_epoch(island.name, island.epoch)
+        wait_s = settings.ISLAND_POOL_FILL_WAIT_S
+        short = wait_for_standbys(pool_store(), standbys_wanted(
+            run.config, [island.name for island in islands]), wait_s)
         for island in islands:
             _enqueue(run, island)
+        if short:
+            Event.objects.create(run=run, kind=Event.Kind.ALERT, actor=by, detail={
+                "message": cold_start_message(short, wait_s), "cold_start": short})
     except Exception as e:
         run.transition(Run.State.FAILED, by=by, reason=f"The run could not be started: {e}")
         raise
