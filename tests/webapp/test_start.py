@@ -59,6 +59,13 @@ def test_with_a_pool_each_region_gets_a_pool_manager_after_its_worker():
                         "--size", "2"]
 
 
+
+def test_with_the_default_pool_size_the_pool_managers_size_their_pools_by_the_runs():
+    pool = dict(service_commands(["us-east"], 8123, 3, pool_size=None))["pool-us-east"]
+
+    assert pool[1:] == [str(PROJECT_ROOT / "manage.py"), "pool_manager", "--region", "us-east"]
+
+
 @pytest.mark.django_db
 def test_the_admin_is_created_once(django_user_model):
     password = ensure_admin()
