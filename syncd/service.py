@@ -44,6 +44,9 @@ from syncd.store import RunStore
 
 log = logging.getLogger("archipelago.syncd")
 STATUS_EVERY_S = 0.5
+# The status (its accounting, its push) takes at most this share of one core: a status
+# that took c CPU seconds to make is the last for c / STATUS_CPU_SHARE seconds.
+STATUS_CPU_SHARE = 0.05
 FLUSH_EVERY_S = 1.0
 CONTROL_EVERY_S = 0.2
 # A stopped run waits this long at most for its islands to send what they have and
@@ -139,8 +142,10 @@ class RunSync:
             return False
         self._evaluate(now)
         if now >= self.next_status:
-            self.next_status = now + STATUS_EVERY_S
+            began = time.thread_time()
             self._put_status(now)
+            self.next_status = now + max(STATUS_EVERY_S,
+                                         (time.thread_time() - began) / STATUS_CPU_SHARE)
         self.recovery.checkpoint_if_due(now, self.rounds, self.eval_loss)
         if now >= self.next_flush or self.completed:
             self.next_flush = now + FLUSH_EVERY_S

@@ -246,6 +246,7 @@ def run(manager: ProcessManager) -> None:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
+    from webapp.runs.models import Run
     from webapp.runs.services import resume_after_restart
 
     call_command("migrate", interactive=False, verbosity=0)
@@ -271,8 +272,8 @@ def run(manager: ProcessManager) -> None:
     if password:
         print(f"Sign in as {ADMIN_USERNAME} with password {password}  (shown this once)")
     print(f"Logs: {manager.log_dir}/<process>.log, islands in {settings.LOG_DIR}/run-<id>/")
-    # The demo starts once the pools are there, so that it starts on warm standbys.
-    if settings.ISLAND_POOL_SIZE != 0:
+    # A new demo starts once the pools are there, so that it starts on warm standbys.
+    if settings.ISLAND_POOL_SIZE != 0 and not Run.objects.filter(name=DEMO_NAME).exists():
         pools_announced(settings.REGIONS, STARTUP_TIMEOUT_S)
     if demo := ensure_demo(admin):
         regions = sorted({island.region for island in demo.islands.all()})

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from syncd.service import STOP_WAIT_S
+from syncd.service import STATUS_CPU_SHARE, STOP_WAIT_S
 from syncd.store import RunStore
 from tests.syncd.runs import CONFIG, TOKENS_PER_STEP, beat_at, heartbeat_all, make_run_sync, send
 from webapp.runs.models import Event, Run
@@ -180,3 +180,15 @@ def test_a_stop_gives_up_waiting_for_islands_that_never_stop(run_sync):
     run_sync.clock_state["now"] = 1000.0 + STOP_WAIT_S
     run_sync.tick()
     assert Run.objects.get(pk=run.pk).state == Run.State.STOPPED
+
+
+def test_a_status_that_took_long_to_make_defers_the_next_within_its_cpu_share(
+        run_sync, monkeypatch):
+    cpu = iter([10.0, 10.5])  # the status takes half a CPU second to make
+    monkeypatch.setattr("syncd.service.time.thread_time", lambda: next(cpu))
+    run_sync.clock_state["now"] = 1000.0
+    run_sync.next_status = 0.0
+
+    run_sync.tick()
+
+    assert run_sync.next_status == 1000.0 + 0.5 / STATUS_CPU_SHARE  # not 0.5 s later
