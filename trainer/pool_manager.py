@@ -91,7 +91,7 @@ class PoolManager:
         size: the standbys kept ready (0: no pool; claims, if any, start cold); None:
             as many as the active runs want (trainer.pool.wanted_size).
         memory_bytes: the host's memory, which standbys and islands share (with `size`
-            None).
+            None); default the machine's.
         log_dir: islands' logs go to <log_dir>/run-<id>/<island>.log; the standbys'
             output before their claim to <log_dir>/pool-<region>.log.
         host: this host's name in the announcements; default hostname:pid.
@@ -100,14 +100,15 @@ class PoolManager:
     """
 
     def __init__(self, redis_url: str, region: str, size: int | None, log_dir: str | Path, *,
-                 memory_bytes: int = 0, host: str | None = None,
+                 memory_bytes: int | None = None, host: str | None = None,
                  on_failure: Callable[[int, str, dict[str, Any]], None] | None = None):
         self.redis_url = redis_url
         self.client = connect(redis_url)
         self.pools = PoolStore(self.client)
         self.region = region
         self.fixed_size = size
-        self.memory_bytes = memory_bytes
+        self.memory_bytes = memory_bytes or os.sysconf("SC_PAGE_SIZE") * os.sysconf(
+            "SC_PHYS_PAGES")
         self.pool = Pool(1 if size is None else size)
         self.ending: list[subprocess.Popen[bytes]] = []  # standbys beyond the size, ended
         self.log_dir = Path(log_dir)
@@ -119,7 +120,8 @@ class PoolManager:
         self.islands: dict[tuple[str, str, int], IslandSupervisor] = {}
         self.threads: list[threading.Thread] = []
         self.ready_events: queue.Queue[int] = queue.Queue()
-        self.warm: dict[str, Any] = {}  # what new standbys prepare: the last claim's run
+        # What new standbys prepare: the largest active run's, else the last claim's run.
+        self.warm: dict[str, Any] = {}
         self.stopping = False
         self._announced = self._resized = 0.0
         self._lock = threading.Lock()

@@ -273,8 +273,10 @@ def run(manager: ProcessManager) -> None:
         print(f"Sign in as {ADMIN_USERNAME} with password {password}  (shown this once)")
     print(f"Logs: {manager.log_dir}/<process>.log, islands in {settings.LOG_DIR}/run-<id>/")
     # A new demo starts once the pools are there, so that it starts on warm standbys.
-    if settings.ISLAND_POOL_SIZE != 0 and not Run.objects.filter(name=DEMO_NAME).exists():
-        pools_announced(settings.REGIONS, STARTUP_TIMEOUT_S)
+    if settings.ISLAND_POOL_SIZE != 0 and not Run.objects.filter(name=DEMO_NAME).exists() \
+            and not pools_announced(settings.REGIONS, STARTUP_TIMEOUT_S):
+        print(f"The pools did not announce themselves within {STARTUP_TIMEOUT_S:g} s: the "
+              f"demo's islands may start cold (see {manager.log_dir}/pool-<region>.log).")
     if demo := ensure_demo(admin):
         regions = sorted({island.region for island in demo.islands.all()})
         print(f"demo run started: {demo.islands.count()} islands in {', '.join(regions)}")
