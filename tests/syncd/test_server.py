@@ -164,11 +164,11 @@ def test_a_quiet_syncd_blocks_on_its_runs_update_streams_until_an_update_arrives
         real_xread(streams, **kwargs)
     store.push_update("a", 1, 0, 0, b"an update")
 
-    served.wait_for_work(quiet_s=30.0)  # returns at once: an entry is there to read
+    served.wait_for_work(quiet_s=2.0)  # returns at once: an entry is there to read
 
     (streams, kwargs), = blocked
     assert streams == {store.key("updates"): served.runs[str(run.pk)].rounds.after}
-    assert kwargs == {"count": 1, "block": 30_000}
+    assert kwargs == {"count": 1, "block": 2_000}
 
 
 def test_a_syncd_serving_no_run_sleeps_between_passes_instead_of_polling(
