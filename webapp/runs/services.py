@@ -143,7 +143,8 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
             store.set_epoch(island.name, island.epoch)
         wait_s = settings.ISLAND_POOL_FILL_WAIT_S
         short = wait_for_standbys(pool_store(), standbys_wanted(
-            run.config, [island.name for island in islands]), wait_s)
+            run.config, [island.name for island in islands], settings.ISLAND_POOL_SIZE),
+            wait_s)
         for island in islands:
             _enqueue(run, island)
         if short:

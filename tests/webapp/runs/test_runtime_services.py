@@ -273,18 +273,19 @@ def test_a_start_whose_pool_does_not_fill_in_time_starts_cold_and_says_so(
 
     (alert,) = Event.objects.filter(run=run, kind="alert")
     # us-west has no pool: its island starts cold as always, not waited for.
-    assert alert.detail["cold_start"] == {"us-east": {"ready": 1, "wanted": 2}}
-    assert alert.detail["message"] == ("1 island starts cold: after 0 s us-east had 1 of 2 "
+    # Two islands and the standby a first rejoin takes.
+    assert alert.detail["cold_start"] == {"us-east": {"ready": 1, "wanted": 3, "islands": 2}}
+    assert alert.detail["message"] == ("1 island starts cold: after 0 s us-east had 1 of 3 "
                                        "standbys ready")
     run.refresh_from_db()
     assert run.state == Run.State.RUNNING
 
 
-def test_a_start_whose_pools_are_full_or_absent_says_nothing_of_cold_starts(
+def test_a_start_with_a_standby_per_island_or_no_pool_says_nothing_of_cold_starts(
         redis_url, enqueued, operator, settings):
     settings.ISLAND_POOL_FILL_WAIT_S = 0
     PoolStore(connect(redis_url)).put_host("us-east", "host-1", {
-        "ready": 2, "size": 3, "time": time.time()})
+        "ready": 2, "size": 3, "time": time.time()})  # no spare: still no island is cold
     run = create_run(name="r", mode="decoupled", config=THREE_ISLANDS, user=operator)
 
     start_run(run, operator)
