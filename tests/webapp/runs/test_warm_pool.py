@@ -69,8 +69,9 @@ def kill_and_wait(run: Run, store: RunStore, *islands: str) -> None:
 
 
 def test_a_rejoin_claims_a_warm_standby_that_trains_and_an_empty_pool_starts_cold(
-        system, corpus_file, redis_url):  # noqa: F811 - the system fixture
+        system, corpus_file, redis_url, settings):  # noqa: F811 - the system fixture
     system.start("pool", "manage.py", "pool_manager", "--region", "us-east", "--size", "1")
+    settings.ISLAND_POOL_SIZE = 1  # what the start waits for, as the pool's host has it
     run = tiny_run(corpus_file, total_tokens=10**9)
     store = start_and_wait(run, redis_url, 1)
     wait_all_training(store)
@@ -104,6 +105,7 @@ def test_a_rejoin_claims_a_warm_standby_that_trains_and_an_empty_pool_starts_col
 def test_two_rejoins_at_once_claim_two_standbys_and_a_stale_claim_is_refused(
         system, corpus_file, redis_url, settings):  # noqa: F811 - the system fixture
     system.start("pool", "manage.py", "pool_manager", "--region", "us-east", "--size", "2")
+    settings.ISLAND_POOL_SIZE = 2
     run = tiny_run(corpus_file, total_tokens=10**9)
     store = start_and_wait(run, redis_url, 1)
     wait_all_training(store)
