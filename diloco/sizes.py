@@ -32,7 +32,8 @@ being made 2F + 2F_up (the increment and its decoding, the payload and its
 message) + the send queue (2P + 1) x F_up (trainer.link.Link: 2P waiting, one on
 the wire) + a global fragment being pulled 2F (its message and its tensors) +
 activations. An island host holds every process of its island, and its pool's
-warm standby islands (trainer/pool.py, ISLAND_POOL_SIZE of them): each is an
+warm standby islands (trainer/pool.py, ISLAND_POOL_SIZE of them when it is a
+number; with auto the pool fits itself into what the islands leave): each is an
 interpreter with torch and the project imported (STANDBY_BASE_BYTES, measured
 at 226 MiB on CPU) and a model built in the run's shape, B (the corpus it opens
 is memory-mapped: page cache the host's islands share, not counted).

@@ -2,18 +2,25 @@
 moves with it, and once more at the end.
 
 Every `eval.interval_steps` global inner steps (outer_steps x H), at most once per
-MIN_GAP_S of syncd's clock. While the run trains, an evaluation runs in a thread of
-its own on the global parameters of that moment (the tensors themselves: a merge
-makes new ones, so only the fragments merged during the evaluation are held twice),
-so merges never wait behind it; the loss is picked up on a later tick. The final
-one, at the budget, runs in line. The batches are read once, from the validation
-split: what a run shows and what its settings are tuned by is never the test split
-that the benchmarks report (diloco/data.py).
+MIN_GAP_S of syncd's clock, and within a CPU budget: an evaluation that took c CPU
+seconds lets the next one start only c / (cpu_share x cores) seconds after it began,
+so that live evaluation takes at most `cpu_share` of the host's CPU on average
+(SYNCD_EVAL_CPU_SHARE), however large the model or `eval.tokens` (the CPU time
+counted is the evaluation thread's: all of its torch work at SYNCD_THREADS = 1).
+While the run trains, an evaluation runs in a thread of its own on the global
+parameters of that moment (the tensors themselves: a merge makes new ones, so only
+the fragments merged during the evaluation are held twice), so merges never wait
+behind it; the loss is picked up on a later tick. The final one, at the budget, runs
+in line. The batches are read once, from the validation split: what a run shows and
+what its settings are tuned by is never the test split that the benchmarks report
+(diloco/data.py).
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -21,19 +28,37 @@ import torch
 from diloco.config import RunConfig
 
 MIN_GAP_S = 5.0
+# The share of the host's CPU live evaluation may take on average (SYNCD_EVAL_CPU_SHARE).
+EVAL_CPU_SHARE = 0.02
+
+
+def host_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 class GlobalEval:
     """Args:
         config: the run's config (model, data, eval and H).
         min_gap_s: the least time between two evaluations on syncd's clock.
+        cpu_share: the share of the host's CPU (0 to 1) live evaluation takes on average.
+        cores: the host's cores; default those this process may run on.
     """
 
-    def __init__(self, config: RunConfig, min_gap_s: float = MIN_GAP_S):
+    def __init__(self, config: RunConfig, min_gap_s: float = MIN_GAP_S,
+                 cpu_share: float = EVAL_CPU_SHARE, cores: int | None = None):
+        if not 0 < cpu_share <= 1:
+            raise ValueError(f"cpu_share must be above 0 and at most 1, got {cpu_share}")
         self.config = config
         self.min_gap_s = min_gap_s
+        self.cpu_per_s = cpu_share * (cores or host_cores())  # CPU seconds per second
         self.next_step = config.eval.interval_steps
         self.next_time = 0.0
+        self.started_at = 0.0  # syncd's clock when the last evaluation was due
+        self.cpu_s = 0.0  # CPU seconds the last background evaluation took
         self._evaluator: Callable[[dict[str, torch.Tensor]], float] | None = None
         self._thread: threading.Thread | None = None
         self._result: float | None = None
@@ -45,11 +70,18 @@ class GlobalEval:
     def due(self, outer_steps: int, now: float) -> bool:
         """Whether an evaluation is due at `outer_steps` (the smallest fragment version)."""
         step = outer_steps * self.config.sync.inner_steps
-        if step < self.next_step or now < self.next_time:
+        if step < self.next_step or now < self.next_time or now < self.budget_until():
             return False
         self.next_step = step + self.config.eval.interval_steps
         self.next_time = now + self.min_gap_s
+        self.started_at = now
         return True
+
+    def budget_until(self) -> float:
+        """When the CPU budget lets the next evaluation start (syncd's clock)."""
+        with self._lock:
+            spent = self.cpu_s
+        return self.started_at + spent / self.cpu_per_s
 
     def start(self, params: dict[str, torch.Tensor]) -> bool:
         """Evaluate `params` in the background; False if one is still running. The
@@ -60,9 +92,11 @@ class GlobalEval:
         snapshot = dict(params)
 
         def run() -> None:
+            began = time.thread_time()
             loss = self(snapshot)
             with self._lock:
                 self._result = loss
+                self.cpu_s = time.thread_time() - began
 
         self._thread = threading.Thread(target=run, name="evaluation", daemon=True)
         self._thread.start()

@@ -68,8 +68,9 @@ class Liveness:
         self.lost: set[str] = set()
         self.alive = 0  # islands alive at the last watch; 0 while the run is paused
         self.waiting_alert = False
-        self.rate_marks: dict[str, tuple[float, int]] = {}  # island -> (time, tokens)
+        self.rate_marks: dict[str, tuple[float, int, int]] = {}  # island -> (time, tokens, step)
         self.tokens_per_s: dict[str, float] = {}
+        self.step_time_s: dict[str, float] = {}  # island -> wall seconds per inner step
         # island ("" for the whole run) -> the last time it was seen faulted, lost or,
         # for the run, restarting: step times spanning it are not fault-free.
         self.disturbed: dict[str, float] = {}
@@ -150,13 +151,18 @@ class Liveness:
         return alive
 
     def _track_rate(self, island: str, beat: dict[str, Any]) -> None:
-        """Tokens per second of an island, over at least RATE_WINDOW_S of its heartbeats."""
+        """Tokens per second and seconds per inner step of an island, over at least
+        RATE_WINDOW_S of its heartbeats (a window without a step keeps the last step
+        time: a stalled island shows its heartbeat's age instead)."""
         mark = self.rate_marks.get(island)
-        if mark is None or beat["tokens"] < mark[1]:
-            self.rate_marks[island] = (beat["time"], beat["tokens"])
+        if mark is None or beat["tokens"] < mark[1] or beat["step"] < mark[2]:
+            self.rate_marks[island] = (beat["time"], beat["tokens"], beat["step"])
         elif beat["time"] - mark[0] >= RATE_WINDOW_S:
-            self.tokens_per_s[island] = (beat["tokens"] - mark[1]) / (beat["time"] - mark[0])
-            self.rate_marks[island] = (beat["time"], beat["tokens"])
+            elapsed = beat["time"] - mark[0]
+            self.tokens_per_s[island] = (beat["tokens"] - mark[1]) / elapsed
+            if beat["step"] > mark[2]:
+                self.step_time_s[island] = elapsed / (beat["step"] - mark[2])
+            self.rate_marks[island] = (beat["time"], beat["tokens"], beat["step"])
 
     def _note_disturbed(self, now: float, paused: bool) -> None:
         """Islands faulted or lost at `now` were held up, and every island while a user

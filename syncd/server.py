@@ -22,6 +22,7 @@ from pathlib import Path
 from syncd import lease
 from syncd.connection import connect, redis_problem
 from syncd.control import syncd_command
+from syncd.evaluation import EVAL_CPU_SHARE
 from syncd.fence import Lease, LeaseLost
 from syncd.hooks import Hooks
 from syncd.service import RunSync
@@ -38,6 +39,12 @@ PROGRESS_DEADLINE_S = 60.0
 # kept, so its updates are merged once it works again.
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 60.0
+# A pass that found nothing to do waits this long at most for an update to arrive
+# (blocking on the runs' update streams: heartbeats, deadlines and commands are looked
+# at again after it) ...
+QUIET_WAIT_S = 0.1
+# ... or, serving no run, sleeps this long before it looks for runs again.
+IDLE_WAIT_S = 1.0
 
 
 class Syncd:
@@ -59,12 +66,15 @@ class Syncd:
             every third of it): the runs of a dead syncd wait this long for another.
         owner: this process's name in the leases; default host, pid and a random part.
         clock: monotonic seconds, for the renewal schedule.
+        eval_cpu_share: the share of the host's CPU each run's live evaluation takes on
+            average (SYNCD_EVAL_CPU_SHARE, syncd/evaluation.py).
     """
 
     def __init__(self, redis_url: str, checkpoint_dir: str | Path,
                  hooks: Hooks, *,
                  lease_ttl_s: float = LEASE_TTL_S, owner: str | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 eval_cpu_share: float = EVAL_CPU_SHARE):
         if lease_ttl_s <= 0:
             raise ValueError(f"lease_ttl_s must be above 0 seconds, got {lease_ttl_s}")
         self.client = connect(redis_url)
@@ -78,6 +88,7 @@ class Syncd:
         self.lease_ttl_s = lease_ttl_s
         self.owner = owner or lease.new_owner()
         self.clock = clock
+        self.eval_cpu_share = eval_cpu_share
         self.members = 1
         self.next_renewal = 0.0
         self.last_active: set[str] = set()
@@ -129,7 +140,8 @@ class Syncd:
             store = RunStore(self.client, run_id, fence=self.leases[run_id])
             sync = RunSync(store, self.hooks.recorder(int(run_id)), self.checkpoint_dir,
                            notify=self.hooks.notify, rejoin=self.hooks.rejoin,
-                           keepalive=self.keep_leases)
+                           keepalive=self.keep_leases,
+                           eval_cpu_share=self.eval_cpu_share)
             # The merges a killed syncd (or this one, before a failed tick) published
             # but never wrote to the database get their events now.
             if not any(e["kind"] == "rollback" for e in sync.recorder.events):
@@ -218,13 +230,25 @@ class Syncd:
         thread.start()
         return thread
 
-    def serve_forever(self, idle_sleep_s: float = 0.02) -> None:
+    def wait_for_work(self, quiet_s: float = QUIET_WAIT_S, idle_s: float = IDLE_WAIT_S
+                      ) -> None:
+        """After a pass with nothing to do: block until an update arrives on the stream
+        of a run served (XREAD BLOCK, at most `quiet_s`), or, serving no run, sleep
+        `idle_s`. A syncd with no run costs one pass a second; a quiet run one blocking
+        read per `quiet_s` between passes, not passes back to back."""
+        streams = dict(sync.waiting_on() for sync in self.runs.values())
+        if not streams:
+            time.sleep(idle_s)
+            return
+        self.client.xread(streams, count=1, block=max(int(quiet_s * 1000), 1))
+
+    def serve_forever(self) -> None:
         log.info("syncd %s serving, checkpoints in %s", self.owner, self.checkpoint_dir)
         self.keep_leases_meanwhile()
         try:
             while not self.stopping:
                 if not self.tick():
-                    time.sleep(idle_sleep_s)
+                    self.wait_for_work()
         finally:
             self.close()
 
@@ -235,7 +259,8 @@ def _in_order(run_ids: Iterable[str]) -> list[str]:
 
 
 def main(hooks: Hooks, redis_url: str, checkpoint_dir: str | Path, health: bool = False,
-         lease_ttl_s: float = LEASE_TTL_S, threads: int = 1) -> int:
+         lease_ttl_s: float = LEASE_TTL_S, threads: int = 1,
+         eval_cpu_share: float = EVAL_CPU_SHARE) -> int:
     """The syncd program, as `manage.py syncd` wires it: serve until SIGTERM or SIGINT,
     or with `health` say whether a syncd on this host is serving. Exits 2 with a
     sentence when Redis cannot be reached or wants a password."""
@@ -254,7 +279,8 @@ def main(hooks: Hooks, redis_url: str, checkpoint_dir: str | Path, health: bool 
 
     torch.set_num_threads(threads)
     return_large_frees()
-    service = Syncd(redis_url, checkpoint_dir, hooks, lease_ttl_s=lease_ttl_s)
+    service = Syncd(redis_url, checkpoint_dir, hooks, lease_ttl_s=lease_ttl_s,
+                    eval_cpu_share=eval_cpu_share)
 
     def stop(signum: int, frame: object) -> None:
         service.stopping = True

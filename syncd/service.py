@@ -34,10 +34,11 @@ from diloco.fragments import partition
 from diloco.island import initial_model
 from syncd import checkpoint, outcome
 from syncd.chaos_driver import ChaosDriver
-from syncd.evaluation import GlobalEval
+from syncd.evaluation import EVAL_CPU_SHARE, GlobalEval
 from syncd.finite import finite
 from syncd.hooks import Recorder
 from syncd.liveness import Liveness
+from syncd.pool_store import PoolStore
 from syncd.recovery import Recovery
 from syncd.rounds import Rounds
 from syncd.spec import RunSpec
@@ -46,6 +47,9 @@ from syncd.store import RunStore
 
 log = logging.getLogger("archipelago.syncd")
 STATUS_EVERY_S = 0.5
+# The status (its accounting, its push) takes at most this share of one core: a status
+# that took c CPU seconds to make is the last for c / STATUS_CPU_SHARE seconds.
+STATUS_CPU_SHARE = 0.05
 FLUSH_EVERY_S = 1.0
 CONTROL_EVERY_S = 0.2
 # A stopped run waits this long at most for its islands to send what they have and
@@ -103,6 +107,8 @@ class RunSync:
         keepalive: called between the pieces of long work (building the model,
             restoring each fragment, each update ingested, each merge), so that
             syncd renews its leases while a pass over a big run takes seconds.
+        eval_cpu_share: the share of the host's CPU live evaluation takes on average
+            (syncd/evaluation.py).
     """
 
     def __init__(self, store: RunStore, recorder: Recorder, checkpoint_dir: Path,
@@ -110,13 +116,15 @@ class RunSync:
                  notify: Callable[[str, int, dict], None] | None = None,
                  control_every_s: float = CONTROL_EVERY_S,
                  rejoin: Callable[[int, str], None] | None = None,
-                 keepalive: Callable[[], None] = lambda: None):
+                 keepalive: Callable[[], None] = lambda: None,
+                 eval_cpu_share: float = EVAL_CPU_SHARE):
         self.store = store
         self.recorder = recorder
         self.clock = clock
         self.notify = notify
         self.control_every_s = control_every_s
         self.spec = spec = RunSpec(store)
+        self.pools = PoolStore(store.client)  # whether a rejoin would start warm
         config = spec.config
         params = checkpoint.initial_params(spec.initial, initial_model(config))
         keepalive()
@@ -132,7 +140,7 @@ class RunSync:
         keepalive()
         self.recovery = Recovery(store, recorder, spec, self.accounting, checkpoint_dir, clock)
         self.chaos = ChaosDriver.for_run(store, recorder, spec, rejoin, self.accounting.start)
-        self.evaluation = GlobalEval(config)
+        self.evaluation = GlobalEval(config, cpu_share=eval_cpu_share)
         self.eval_loss: float | None = None
         self.eval_tokens: int | None = None  # tokens merged into the model eval_loss is of
         self.evaluating_tokens = 0
@@ -187,8 +195,10 @@ class RunSync:
             return False
         self._evaluate(now)
         if now >= self.next_status:
-            self.next_status = now + STATUS_EVERY_S
+            began = time.thread_time()
             self._put_status(now)
+            self.next_status = now + max(STATUS_EVERY_S,
+                                         (time.thread_time() - began) / STATUS_CPU_SHARE)
         self.recovery.checkpoint_if_due(now, self.rounds, self.eval_loss)
         if now >= self.next_flush or self.completed:
             self.next_flush = now + FLUSH_EVERY_S
@@ -249,15 +259,21 @@ class RunSync:
             # The loss is the model's of when the evaluation started: those tokens.
             self.eval_loss, self.eval_tokens = loss, self.evaluating_tokens
 
+    def waiting_on(self) -> tuple[str, bytes]:
+        """The update stream's key and the last entry read: what a quiet syncd blocks on."""
+        return self.store.key("updates"), self.rounds.after
+
     # -- status ----------------------------------------------------------------
 
     def status(self, now: float) -> dict[str, Any]:
         """The run's status snapshot at `now` (its links against the last one kept)."""
+        regions = {island.region for island in self.spec.config.islands}
         return run_status(now, run_id=self.store.run_id, spec=self.spec, rounds=self.rounds,
                           liveness=self.liveness, accounting=self.accounting,
                           tokens_merged=self.rounds.tokens_merged(), eval_loss=self.eval_loss,
                           eval_tokens=self.eval_tokens, previous=self.last_status,
-                          tick_s=self.passes.tick_s)
+                          tick_s=self.passes.tick_s,
+                          standbys={region: self.pools.ready(region) for region in regions})
 
     def _put_status(self, now: float) -> None:
         """Keep a status snapshot in Redis and in the history, and push it."""

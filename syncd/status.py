@@ -21,14 +21,18 @@ if TYPE_CHECKING:
 def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, liveness: Liveness,
                accounting: RunAccounting, tokens_merged: int, eval_loss: float | None,
                eval_tokens: int | None, previous: dict[str, Any] | None = None,
-               tick_s: float = 0.0) -> dict[str, Any]:
-    """Per island state, active fault, tokens, tokens/s, version lag, bytes (real and
-    as emulated) and its WAN link to syncd (see `link`, against the `previous` status);
-    per fragment arrivals/K, grace left and the last merge; the run's versions,
-    goodput (with `overcredited`: the islands credited above their allocation, a bug
-    shown, not clipped), uptime, train and eval loss (`eval_loss`, of the model with
-    `eval_tokens` merged). Uptime's theta (`theta`) is floored by a fragment's round
-    trip and syncd's measured `tick_s`."""
+               tick_s: float = 0.0,
+               standbys: dict[str, int] | None = None) -> dict[str, Any]:
+    """Per island state, active fault, tokens, tokens/s, seconds per inner step, its
+    process's share of its host's CPU (from its heartbeat: trainer/cpu.py), version
+    lag, bytes (real and as emulated) and its WAN link to syncd (see `link`, against the
+    `previous` status); per fragment arrivals/K, grace left and the last merge; the
+    run's versions, goodput (with `overcredited`: the islands credited above their
+    allocation, a bug shown, not clipped), uptime, train and eval loss (`eval_loss`, of
+    the model with `eval_tokens` merged); and per island whether a rejoin now would
+    start warm (`rejoin_warm`: a standby of its region is ready, `standbys` region ->
+    ready, and the island is of one process). Uptime's theta (`theta`) is floored by a
+    fragment's round trip and syncd's measured `tick_s`."""
     config, sync, alive = spec.config, rounds.sync, liveness.alive
     newest = max(sync.versions)
     scale = config.emulation.bytes_scale
@@ -47,7 +51,11 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
             "emulated_bytes_up": beat.get("bytes_up", 0) * scale,
             "emulated_bytes_down": beat.get("bytes_down", 0) * scale,
             "tokens_per_s": round(liveness.tokens_per_s.get(island.name, 0.0), 1),
+            "step_time_s": _rounded(liveness.step_time_s.get(island.name), 4),
+            "cpu_share": beat.get("cpu_share"),
             "version_lag": newest - min(bases) if bases else 0,
+            "rejoin_warm": island.processes == 1
+            and (standbys or {}).get(island.region, 0) >= 1,
             "rejections": rounds.rejections[island.name]}
     fragments = []
     for p, f in enumerate(rounds.fragments):
@@ -133,6 +141,10 @@ def theta(accounting: RunAccounting, spec: RunSpec, *,
     now = fragment_cadence([(pace or {}).get(i.name) for i in config.islands],
                            config.sync.inner_steps, min(k, len(config.islands)))
     return uptime_theta(max(cadence, now or 0.0), round_trip_s=round_trip_s, tick_s=tick_s)
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def median(values: list[float]) -> float | None:

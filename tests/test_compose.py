@@ -171,7 +171,9 @@ def check_command(argv: list[str], compose: dict[str, Any]) -> None:
             assert queue in queues, f"nothing sends islands to queue {queue}"
             name = rest[rest.index("-n") + 1]
             assert name.endswith("@%h")
-            assert int(rest[rest.index("--concurrency") + 1]) >= 1
+            size = "--concurrency" if "--concurrency" in rest else "--autoscale"
+            assert int(rest[rest.index(size) + 1].split(",")[0]) >= 1
+            assert {"--without-gossip", "--without-mingle", "--without-heartbeat"} <= set(rest)
     else:
         pytest.fail(f"unknown program {program!r} in {argv}")
 

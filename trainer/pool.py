@@ -16,6 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from diloco.config_parse import config_from_spec
+from diloco.sizes import STANDBY_BASE_BYTES, estimate
+
 LAUNCHING, READY = "launching", "ready"
 CLAIM_FIELDS = ("run", "island", "epoch")
 
@@ -78,6 +81,20 @@ class Pool:
         self.claimed += 1
         return standby
 
+    def surplus(self) -> list[int]:
+        """The standbys beyond `size` (the size went down), to be ended: those still
+        launching first, then the youngest ready. They leave the pool at once, so that
+        no claim takes one."""
+        extra = len(self.standbys) - self.size
+        if extra <= 0:
+            return []
+        order = sorted(self.standbys.values(),
+                       key=lambda s: (s.state == READY, -(s.ready_at or s.launched_at)))
+        pids = [s.pid for s in order[:extra]]
+        for pid in pids:
+            del self.standbys[pid]
+        return pids
+
     def needs_refill(self) -> bool:
         """Whether to start one more standby now: fewer than `size` in the pool, and no
         other refill under way (one at a time, so refills never crowd the host)."""
@@ -125,3 +142,27 @@ def warm_for(spec: dict[str, Any]) -> dict[str, Any]:
     return {"data": {"path": data.get("path"), "eval_fraction": data.get("eval_fraction", 0.05)},
             "model": {k: model[k] for k in ("n_layer", "n_embd", "n_head", "block_size")
                       if k in model}}
+
+
+def wanted_size(specs: list[dict[str, Any]], region: str, memory_bytes: int,
+                running: int) -> tuple[int, dict[str, Any]]:
+    """How many standbys a host of `region` keeps by default, and what they prepare.
+
+    As many as the largest of the active runs (`specs`) has islands of one process in
+    the region, plus one (one with no run there), within the host's memory: the
+    `running` islands it serves count at that run's estimate of an island
+    (diloco/sizes.py), each standby at STANDBY_BASE_BYTES and a model. The standbys
+    prepare that run's corpus and model shape (`warm_for`); {} with no run there.
+    """
+    largest, islands = None, 0
+    for spec in specs:
+        count = sum(1 for i in spec.get("config", {}).get("islands", [])
+                    if i.get("region") == region and i.get("processes", 1) == 1)
+        if count > islands:
+            largest, islands = spec, count
+    if largest is None:
+        return (1 if memory_bytes >= STANDBY_BASE_BYTES else 0), {}
+    sized = estimate(config_from_spec(largest))
+    island = max(need.total for need in sized.islands.values())
+    fits = (memory_bytes - running * island) // (STANDBY_BASE_BYTES + sized.model_bytes)
+    return max(0, min(islands + 1, fits)), warm_for(largest)

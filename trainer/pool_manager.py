@@ -4,9 +4,12 @@ One manager per host owns its standbys (trainer/standby.py) as its own children,
 so it can wait for each and report its exit: a Celery prefork child can wait only
 for its own children. It
 
-- keeps `ISLAND_POOL_SIZE` standbys ready (trainer/pool.py's Pool), refilling one
-  at a time, each at idle priority (SCHED_IDLE) until it is claimed, so that a
-  refill never slows the islands that train;
+- keeps standbys ready (trainer/pool.py's Pool), refilling one at a time, each at
+  idle priority (SCHED_IDLE) until it is claimed, so that a refill never slows the
+  islands that train: by default (ISLAND_POOL_SIZE=auto) as many as the largest
+  active run has islands in its region plus one, within the host's memory
+  (trainer.pool.wanted_size, looked at every second: a run that starts raises it,
+  one that ends lowers it and the standbys beyond it end), or a fixed number;
 - takes claims from its region's claim list in Redis (syncd/store.py PoolStore),
   which the run services push there directly for a start or a rejoin: a claim
   never waits behind the busy tasks of the region's Celery queue;
@@ -17,8 +20,12 @@ for its own children. It
 - supervises every island it started with trainer.supervisor.IslandSupervisor
   (commands, kill, stop, pause, the death report, the log shipped to Redis), one
   thread per island;
-- announces its pool (ready, launching, pids) every half second, which the run
-  services read to decide between a claim and a task on the region's queue.
+- announces its pool (ready, launching, pids) every second and at each change,
+  which the run services read to decide between a claim and a task on the region's
+  queue.
+
+Idle, it costs about nothing: it blocks on the claim list (BLPOP) for up to a second
+at a time, so a host with no claims makes one Redis call a second.
 
 SIGTERM stops it: the islands it supervises stop as a "stop" would make them
 (their cursors saved), the unclaimed standbys end.
@@ -52,12 +59,15 @@ from trainer.launch import (
     island_command,
     island_processes,
 )
-from trainer.pool import Pool, check_claim, warm_for
+from trainer.pool import Pool, check_claim, wanted_size, warm_for
 from trainer.supervisor import PROJECT_ROOT, IslandSupervisor
 
 log = logging.getLogger("archipelago.pool")
-POLL_S = 0.05
-ANNOUNCE_S = 0.5
+# The longest a pass blocks on the claim list: how soon a dead standby is noticed and
+# a ready one announced.
+CLAIM_WAIT_S = 1.0
+# Announcements every this long at least (readers believe one for 3 s, PoolStore).
+ANNOUNCE_S = 1.0
 
 
 def idle_priority(parent: int) -> Callable[[], None]:
@@ -79,7 +89,10 @@ class PoolManager:
     Args:
         redis_url: the Redis of the runs (claims, specs, epochs).
         region: the region whose claims this host takes.
-        size: the standbys kept ready (0: no pool; claims, if any, start cold).
+        size: the standbys kept ready (0: no pool; claims, if any, start cold); None:
+            as many as the active runs want (trainer.pool.wanted_size).
+        memory_bytes: the host's memory, which standbys and islands share (with `size`
+            None); default the machine's.
         log_dir: islands' logs go to <log_dir>/run-<id>/<island>.log; the standbys'
             output before their claim to <log_dir>/pool-<region>.log.
         host: this host's name in the announcements; default hostname:pid.
@@ -87,14 +100,18 @@ class PoolManager:
             island it supervises fails on its own (the web app's alert).
     """
 
-    def __init__(self, redis_url: str, region: str, size: int, log_dir: str | Path, *,
-                 host: str | None = None,
+    def __init__(self, redis_url: str, region: str, size: int | None, log_dir: str | Path, *,
+                 memory_bytes: int | None = None, host: str | None = None,
                  on_failure: Callable[[int, str, dict[str, Any]], None] | None = None):
         self.redis_url = redis_url
         self.client = connect(redis_url)
         self.pools = PoolStore(self.client)
         self.region = region
-        self.pool = Pool(size)
+        self.fixed_size = size
+        self.memory_bytes = memory_bytes or os.sysconf("SC_PAGE_SIZE") * os.sysconf(
+            "SC_PHYS_PAGES")
+        self.pool = Pool(1 if size is None else size)
+        self.ending: list[subprocess.Popen[bytes]] = []  # standbys beyond the size, ended
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.host = host or f"{socket.gethostname()}:{os.getpid()}"
@@ -104,9 +121,10 @@ class PoolManager:
         self.islands: dict[tuple[str, str, int], IslandSupervisor] = {}
         self.threads: list[threading.Thread] = []
         self.ready_events: queue.Queue[int] = queue.Queue()
-        self.warm: dict[str, Any] = {}  # what new standbys prepare: the last claim's run
+        # What new standbys prepare: the largest active run's, else the last claim's run.
+        self.warm: dict[str, Any] = {}
         self.stopping = False
-        self._announced = 0.0
+        self._announced = self._resized = 0.0
         self._lock = threading.Lock()
         self._log: IO[bytes] = open(self.log_dir / f"pool-{region}.log", "ab")  # noqa: SIM115
 
@@ -121,9 +139,8 @@ class PoolManager:
 
     def tick(self) -> None:
         """One pass: standbys that got ready or died, the claims waiting, a refill."""
-        self._take_ready()
-        self._reap()
-        claims = self.pools.take_claims(self.region, POLL_S)
+        changed = self._take_ready() | self._reap() | self._resize()
+        claims = self.pools.take_claims(self.region, CLAIM_WAIT_S)
         for claim in claims:
             try:
                 self.handle(claim)
@@ -131,7 +148,8 @@ class PoolManager:
                 log.exception("claim %r failed", claim)
         if not claims and self.pool.needs_refill():
             self._launch()
-        self.announce(force=bool(claims))
+            changed = True
+        self.announce(force=changed or bool(claims))
 
     def announce(self, force: bool = False) -> None:
         now = time.time()
@@ -145,6 +163,32 @@ class PoolManager:
             "standbys": sorted(self.standbys)})
 
     # -- standbys ---------------------------------------------------------------
+
+    def _resize(self) -> bool:
+        """With no fixed size, once a second: the size the active runs want, and what
+        new standbys prepare; the standbys beyond it end. True if the size changed."""
+        now = time.time()
+        if self.fixed_size is not None or now - self._resized < ANNOUNCE_S:
+            return False
+        self._resized = now
+        specs = [spec for run_id in RunStore.active_runs(self.client)
+                 if (spec := RunStore(self.client, run_id).spec())]
+        with self._lock:
+            running = len(self.islands)
+        size, warm = wanted_size(specs, self.region, self.memory_bytes, running)
+        if warm:
+            self.warm = warm
+        if size == self.pool.size:
+            return False
+        self._note(f"pool size {self.pool.size} -> {size}")
+        self.pool.size = size
+        for pid in self.pool.surplus():
+            process = self.standbys.pop(pid)
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+            self.ending.append(process)
+            self._note(f"standby {pid} ended: the pool is smaller now")
+        return True
 
     def _launch(self) -> None:
         argv = [sys.executable, "-m", "trainer.standby", "--warm", json.dumps(self.warm)]
@@ -163,23 +207,31 @@ class PoolManager:
                 self.ready_events.put(process.pid)
         process.stdout.close()  # after a claim the standby writes to the island's log
 
-    def _take_ready(self) -> None:
+    def _take_ready(self) -> bool:
+        """Mark the standbys that said ready; True if any did."""
+        taken = False
         while True:
             try:
                 pid = self.ready_events.get_nowait()
             except queue.Empty:
-                return
+                return taken
             if pid in self.standbys:
                 self.pool.ready(pid, time.time())
                 self._note(f"standby {pid} ready")
+                taken = True
 
-    def _reap(self) -> None:
+    def _reap(self) -> bool:
+        """Forget the standbys that exited unclaimed; True if any did."""
+        reaped = False
         for pid, process in list(self.standbys.items()):
             code = process.poll()
             if code is not None:
                 del self.standbys[pid]
                 self.pool.exited(pid)
                 self._note(f"standby {pid} exited unclaimed with exit code {code}")
+                reaped = True
+        self.ending = [process for process in self.ending if process.poll() is None]
+        return reaped
 
     # -- claims -----------------------------------------------------------------
 
@@ -256,13 +308,13 @@ class PoolManager:
             supervisors = list(self.islands.values())
         for supervisor in supervisors:
             supervisor.request_stop()
-        for process in self.standbys.values():
+        for process in [*self.standbys.values(), *self.ending]:
             with contextlib.suppress(ProcessLookupError):
                 process.terminate()
         deadline = time.monotonic() + timeout
         for thread in self.threads:
             thread.join(max(deadline - time.monotonic(), 0.1))
-        for process in self.standbys.values():
+        for process in [*self.standbys.values(), *self.ending]:
             try:
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:

@@ -43,6 +43,7 @@ from diloco.synchronizer import Published, apply_published
 from syncd.connection import connect
 from syncd.malloc import return_large_frees
 from syncd.store import RunStore
+from trainer.cpu import cpu_share
 from trainer.distributed import IslandGroup, follow_rank
 from trainer.downloads import Downloads, GlobalMissing
 from trainer.elastic import WholeJobRestarts
@@ -150,7 +151,7 @@ class ProcessIsland:
                              pull_s=round(self.pull_s, 4),
                              pull_wait_s=round(self.pull_wait_s, 4),
                              late_globals=self.late_globals, phases=self.phases,
-                             warm=self.warm, **extra)
+                             warm=self.warm, cpu_share=cpu_share(), **extra)
 
     # -- globals -------------------------------------------------------------
 

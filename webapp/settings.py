@@ -46,6 +46,16 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfigured(f"{name} must be a whole number, got {value!r}.") from None
 
 
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}.") from None
+
+
 def env_list(name: str, default: str) -> list[str]:
     """A comma-separated list; blank items are dropped."""
     return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
@@ -188,17 +198,34 @@ if SYNCD_LEASE_TTL_S < 1:
 SYNCD_THREADS = env_int("SYNCD_THREADS", 1)
 if SYNCD_THREADS < 1:
     raise ImproperlyConfigured(f"SYNCD_THREADS must be at least 1, got {SYNCD_THREADS}.")
+# The share of syncd's host's CPU that each run's live evaluation takes on average
+# (syncd/evaluation.py): the next evaluation waits until the last one's CPU time fits.
+SYNCD_EVAL_CPU_SHARE = env_float("SYNCD_EVAL_CPU_SHARE", 0.02)
+if not 0 < SYNCD_EVAL_CPU_SHARE <= 1:
+    raise ImproperlyConfigured(
+        f"SYNCD_EVAL_CPU_SHARE must be above 0 and at most 1, got {SYNCD_EVAL_CPU_SHARE}.")
 # Island logs (run-<id>/<island>.log) and, under `python -m webapp.start`, one log
 # per process.
 LOG_DIR = Path(env_str("LOG_DIR", str(VAR_DIR / "logs")))
 # Where `python -m bench` writes its results and HTML reports; the dashboard serves the
 # reports from here.
 BENCH_RESULTS_DIR = Path(env_str("BENCH_RESULTS_DIR", str(BASE_DIR / "bench" / "results")))
-# Warm standby islands each island host keeps ready (trainer/pool_manager.py); 0 turns
-# the pool off, and every start and rejoin is a cold start.
-ISLAND_POOL_SIZE = env_int("ISLAND_POOL_SIZE", 1)
-if ISLAND_POOL_SIZE < 0:
-    raise ImproperlyConfigured(f"ISLAND_POOL_SIZE must be 0 or more, got {ISLAND_POOL_SIZE}.")
+# Warm standby islands each island host keeps ready (trainer/pool_manager.py): "auto"
+# (None here) keeps as many as the largest active run has islands in the host's region
+# plus one, within the host's memory; a number keeps that many; 0 turns the pool off,
+# and every start and rejoin is a cold start.
+_pool_size = env_str("ISLAND_POOL_SIZE", "auto").strip().lower() or "auto"
+if _pool_size != "auto" and not _pool_size.isdigit():
+    raise ImproperlyConfigured(
+        f"ISLAND_POOL_SIZE must be auto or a whole number of 0 or more, got {_pool_size!r}.")
+ISLAND_POOL_SIZE: int | None = None if _pool_size == "auto" else int(_pool_size)
+# How long a start waits for its regions' pools to have a standby ready for each of its
+# islands (webapp/runs/lifecycle.py); the islands without one start cold, said in an
+# event.
+ISLAND_POOL_FILL_WAIT_S = env_float("ISLAND_POOL_FILL_WAIT_S", 30.0)
+if ISLAND_POOL_FILL_WAIT_S < 0:
+    raise ImproperlyConfigured(
+        f"ISLAND_POOL_FILL_WAIT_S must be 0 or more, got {ISLAND_POOL_FILL_WAIT_S}.")
 # The bearer token a Prometheus scraper sends to /metrics; empty: only signed-in
 # operators (and staff) may read it.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")

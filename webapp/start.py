@@ -61,6 +61,8 @@ DEFAULT_HOST = "127.0.0.1"
 # Islands a region's worker may run at once (its prefork processes).
 DEFAULT_ISLANDS_PER_WORKER = 4
 STARTUP_TIMEOUT_S = 60.0
+# What a Celery worker here does without (see service_commands).
+QUIET_WORKER = ("--without-gossip", "--without-mingle", "--without-heartbeat")
 # The demo's token budget here: diloco/demo.py's million tokens last under a minute
 # on a laptop, gone before anyone opens the browser; this is some minutes.
 DEMO_TOKENS = 10_000_000
@@ -153,33 +155,51 @@ def ensure_demo(user: AbstractBaseUser | None) -> Run | None:
 
 
 def service_commands(regions: list[str], port: int, islands_per_worker: int,
-                     host: str = DEFAULT_HOST, pool_size: int = 0
+                     host: str = DEFAULT_HOST, pool_size: int | None = 0
                      ) -> list[tuple[str, list[str]]]:
     """(name, argv) of every long-lived process besides Redis, in start order.
 
     Only the web app listens (on host:port); syncd, the workers and the pool managers
-    (one per region with a pool_size above 0: its warm standby islands,
-    trainer/pool_manager.py) connect to Redis and the database from their
-    environment, like their peers on other hosts.
+    (one per region unless pool_size is 0: its warm standby islands,
+    trainer/pool_manager.py; None sizes the pools by the active runs) connect to Redis
+    and the database from their environment, like their peers on other hosts.
     """
     py = sys.executable
+    # No gossip, mingle or event heartbeats: nothing here reads them, and each costs
+    # every worker a wake-up every few seconds. Remote control (inspect ping, the
+    # health check) still works.
     worker = [py, "-m", "celery", "-A", "webapp", "worker", "--pool", "prefork",
-              "--loglevel", "INFO"]
+              "--loglevel", "INFO", *QUIET_WORKER]
     commands = [("syncd", [py, str(PROJECT_ROOT / "manage.py"), "syncd"])]
     for region in regions:
+        # One island per prefork child; children are started as islands come (most
+        # run under the pool manager) and end when idle: one waits.
         commands.append((f"worker-{region}", [*worker, "-Q", region_queue(region),
                                               "-n", f"{region}@%h",
-                                              "--concurrency", str(islands_per_worker)]))
-        if pool_size > 0:
+                                              "--autoscale", f"{islands_per_worker},1"]))
+        if pool_size != 0:
+            size = [] if pool_size is None else ["--size", str(pool_size)]
             commands.append((f"pool-{region}", [py, str(PROJECT_ROOT / "manage.py"),
-                                                "pool_manager",
-                                                "--region", region,
-                                                "--size", str(pool_size)]))
+                                                "pool_manager", "--region", region, *size]))
     commands.append(("worker-control", [*worker, "-Q", CONTROL_QUEUE, "-n", "control@%h",
-                                        "--concurrency", "2"]))
+                                        "--autoscale", "2,1"]))
     commands.append(("web", [py, "-m", "daphne", "-b", host, "-p", str(port),
                              "webapp.asgi:application"]))
     return commands
+
+
+def pools_announced(regions: list[str], timeout: float) -> bool:
+    """Wait up to `timeout` for a pool manager of every region to announce its pool;
+    whether they all did."""
+    from webapp.runs.stores import pool_store
+
+    pools = pool_store()
+    deadline = time.monotonic() + timeout
+    while not all(pools.hosts(region) for region in regions):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
 
 
 def _interrupt(signum: int, frame: object) -> NoReturn:
@@ -227,6 +247,7 @@ def run(manager: ProcessManager) -> None:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
+    from webapp.runs.models import Run
     from webapp.runs.restart import resume_after_restart
 
     call_command("migrate", interactive=False, verbosity=0)
@@ -234,9 +255,6 @@ def run(manager: ProcessManager) -> None:
     for resumed in resume_after_restart():
         print(f"run {resumed.name!r} ({resumed.state}) goes on: its islands start again")
     admin = get_user_model().objects.filter(is_superuser=True).order_by("id").first()
-    if demo := ensure_demo(admin):
-        regions = sorted({island.region for island in demo.islands.all()})
-        print(f"demo run started: {demo.islands.count()} islands in {', '.join(regions)}")
 
     for name, argv in service_commands(settings.REGIONS, port, islands_per_worker, host,
                                        settings.ISLAND_POOL_SIZE):
@@ -255,6 +273,14 @@ def run(manager: ProcessManager) -> None:
     if password:
         print(f"Sign in as {ADMIN_USERNAME} with password {password}  (shown this once)")
     print(f"Logs: {manager.log_dir}/<process>.log, islands in {settings.LOG_DIR}/run-<id>/")
+    # A new demo starts once the pools are there, so that it starts on warm standbys.
+    if settings.ISLAND_POOL_SIZE != 0 and not Run.objects.filter(name=DEMO_NAME).exists() \
+            and not pools_announced(settings.REGIONS, STARTUP_TIMEOUT_S):
+        print(f"The pools did not announce themselves within {STARTUP_TIMEOUT_S:g} s: the "
+              f"demo's islands may start cold (see {manager.log_dir}/pool-<region>.log).")
+    if demo := ensure_demo(admin):
+        regions = sorted({island.region for island in demo.islands.all()})
+        print(f"demo run started: {demo.islands.count()} islands in {', '.join(regions)}")
     print("Ctrl-C stops everything.\n", flush=True)
     while True:
         for line in manager.check():

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from diloco.config_parse import parse_config
@@ -71,3 +72,24 @@ def test_an_evaluation_in_line_waits_for_the_one_in_the_background(tmp_path):
 
     assert at_the_end == expected
     assert evaluation.result() == expected
+
+
+def test_the_next_evaluation_waits_until_the_last_ones_cpu_time_fits_its_share(tmp_path):
+    run_config = config(tmp_path)
+    evaluation = GlobalEval(run_config, min_gap_s=0.0, cpu_share=0.5, cores=2)
+    params = dict(initial_model(run_config).state_dict())
+    assert evaluation.due(3, now=100.0)
+    assert evaluation.start(params)
+    evaluation.wait(timeout=30)
+    evaluation.result()
+
+    # Half of two cores: c CPU seconds buy the next evaluation c seconds after the last.
+    assert evaluation.cpu_s > 0
+    assert evaluation.budget_until() == 100.0 + evaluation.cpu_s
+    assert not evaluation.due(6, now=100.0 + evaluation.cpu_s / 2)
+    assert evaluation.due(6, now=100.0 + evaluation.cpu_s)
+
+
+def test_an_evaluation_cpu_share_outside_0_to_1_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="cpu_share"):
+        GlobalEval(config(tmp_path), cpu_share=0.0)

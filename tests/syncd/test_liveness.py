@@ -3,9 +3,13 @@ its epoch (syncd.liveness.condition), with plain values and a clock of the test'
 then the watch of a RunSync's islands, lost and revived, against a real Redis and the
 real database."""
 
+import json
+import time
+
 import pytest
 
 from syncd.liveness import condition
+from syncd.pool_store import PoolStore
 from tests.syncd.runs import beat_at, send
 from webapp.runs.models import Event
 
@@ -123,3 +127,38 @@ def test_a_step_time_that_spans_a_users_pause_does_not_value_useful_steps(run_sy
     updates(1005.0, 12, 2)
 
     assert run_sync.accounting.step_time("a") == pytest.approx(0.25)
+
+
+@pytest.mark.integration
+@pytest.mark.django_db
+def test_the_status_shows_each_islands_step_time_and_share_of_its_hosts_cpu(run_sync):
+    def beats(at: float, steps: dict[str, int]) -> None:
+        for island, step in steps.items():
+            run_sync.store.client.hset(run_sync.store.key("heartbeats"), island, json.dumps(
+                {"epoch": 1, "time": at, "step": step, "tokens": step * 32,
+                 "state": "training", "cpu_share": {"a": 0.0625, "b": 0.02}[island]}))
+        run_sync.clock_state["now"] = at
+        run_sync.next_control = 0.0
+        run_sync.tick()
+
+    beats(1000.0, {"a": 10, "b": 10})
+    beats(1002.0, {"a": 30, "b": 14})  # a: 20 steps in 2 s; b, starved: 4
+
+    islands = run_sync.status(run_sync.clock())["islands"]
+    assert (islands["a"]["step_time_s"], islands["a"]["cpu_share"]) == (0.1, 0.0625)
+    assert (islands["b"]["step_time_s"], islands["b"]["cpu_share"]) == (0.5, 0.02)
+
+
+@pytest.mark.integration
+@pytest.mark.django_db
+def test_the_status_says_whether_a_rejoin_would_start_warm_from_the_regions_pool(run_sync):
+    pools = PoolStore(run_sync.store.client)
+    pools.put_host("us-east", "host-1", {"ready": 1, "time": time.time()})
+    assert {i.region for i in run_sync.spec.config.islands} == {"us-east"}
+
+    warm = run_sync.status(run_sync.clock())["islands"]
+    pools.put_host("us-east", "host-1", {"ready": 0, "time": time.time()})
+    cold = run_sync.status(run_sync.clock())["islands"]
+
+    assert {i["rejoin_warm"] for i in warm.values()} == {True}
+    assert {i["rejoin_warm"] for i in cold.values()} == {False}

@@ -178,3 +178,35 @@ def test_a_run_that_keeps_failing_is_built_again_less_and_less_often_and_others_
     assert builds.count(healthy) == 1 and ticks == 40
     assert healthy in served.runs
     assert broken in served.leases, "its lease is kept, so its updates wait for it"
+
+
+def test_a_quiet_syncd_blocks_on_its_runs_update_streams_until_an_update_arrives(
+        redis_url, tmp_path):
+    run = create_run(name="quiet", mode="decoupled", config=CONFIG, user=None)
+    store = RunStore(connect(redis_url), run.pk)
+    store.put_spec(run.mode, run.config, run.secret)
+    served = Syncd(redis_url, tmp_path, web_hooks())
+    served.tick()
+    blocked = []
+    real_xread = served.client.xread
+    served.client.xread = lambda streams, **kwargs: blocked.append((streams, kwargs)) or \
+        real_xread(streams, **kwargs)
+    store.push_update("a", 1, 0, 0, b"an update")
+
+    served.wait_for_work(quiet_s=2.0)  # returns at once: an entry is there to read
+
+    (streams, kwargs), = blocked
+    assert streams == {store.key("updates"): served.runs[str(run.pk)].rounds.after}
+    assert kwargs == {"count": 1, "block": 2_000}
+
+
+def test_a_syncd_serving_no_run_sleeps_between_passes_instead_of_polling(
+        redis_url, tmp_path, monkeypatch):
+    served = Syncd(redis_url, tmp_path, web_hooks())
+    served.tick()
+    slept = []
+    monkeypatch.setattr("syncd.server.time.sleep", slept.append)
+
+    served.wait_for_work(idle_s=1.0)
+
+    assert served.runs == {} and slept == [1.0]

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from syncd.service import STOP_WAIT_S
+from syncd.service import STATUS_CPU_SHARE, STOP_WAIT_S
 from syncd.store import RunStore
 from tests.syncd.runs import CONFIG, TOKENS_PER_STEP, beat_at, heartbeat_all, make_run_sync, send
 from webapp.runs.models import Event, Run
@@ -361,3 +361,15 @@ def test_a_run_that_merges_on_while_an_island_cold_starts_beside_the_others_read
     assert sync.liveness.lost == {"c"}
     assert status["versions"][0] > 80
     assert status["uptime"] == pytest.approx(1.0)
+
+
+def test_a_status_that_took_long_to_make_defers_the_next_within_its_cpu_share(
+        run_sync, monkeypatch):
+    cpu = iter([10.0, 10.5])  # the status takes half a CPU second to make
+    monkeypatch.setattr("syncd.service.time.thread_time", lambda: next(cpu))
+    run_sync.clock_state["now"] = 1000.0
+    run_sync.next_status = 0.0
+
+    run_sync.tick()
+
+    assert run_sync.next_status == 1000.0 + 0.5 / STATUS_CPU_SHARE  # not 0.5 s later

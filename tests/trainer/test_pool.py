@@ -3,7 +3,10 @@
 
 import pytest
 
-from trainer.pool import Pool, check_claim, warm_for
+from diloco.config import RunConfig
+from diloco.config_parse import config_from_spec
+from diloco.sizes import MIB, STANDBY_BASE_BYTES, estimate
+from trainer.pool import Pool, check_claim, wanted_size, warm_for
 
 
 def test_a_pool_refills_one_standby_at_a_time_up_to_its_size():
@@ -55,6 +58,50 @@ def test_a_pool_size_must_be_a_whole_number_of_zero_or_more():
     with pytest.raises(ValueError, match="pool size must be a whole number of 0 or more"):
         Pool(-1)
 
+
+
+def test_a_smaller_pool_ends_the_launching_standbys_first_then_the_youngest_ready():
+    pool = Pool(4)
+    for pid, ready_at in ((1, 1.0), (2, 2.0), (3, None), (4, 3.0)):
+        pool.launched(pid, now=0.0)
+        if ready_at is not None:
+            pool.ready(pid, now=ready_at)
+    pool.size = 1
+
+    assert pool.surplus() == [3, 4, 2]
+    assert pool.claim().pid == 1  # the one kept; the ended are gone from the pool
+    assert pool.surplus() == []
+
+
+def spec(islands: dict[str, int], **model) -> dict:
+    """A run spec with `islands` islands per region."""
+    config = RunConfig().to_dict()
+    config["model"].update(model)
+    config["islands"] = [{**config["islands"][0], "name": f"{region}-{i}", "region": region}
+                         for region, n in islands.items() for i in range(n)]
+    return {"config": config}
+
+
+def test_by_default_a_host_keeps_the_largest_active_runs_islands_in_its_region_plus_one():
+    runs = [spec({"us-east": 2, "us-west": 2}), spec({"us-east": 3}, n_layer=1)]
+
+    assert wanted_size(runs, "us-west", 10**12, running=0) == (3, warm_for(runs[0]))
+    assert wanted_size(runs, "us-east", 10**12, running=0) == (4, warm_for(runs[1]))
+    assert wanted_size([], "us-east", 10**12, running=0) == (1, {})  # one for a first start
+    assert wanted_size(runs, "eu-west", 10**12, running=0) == (1, {})
+
+
+def test_the_default_pool_fits_in_the_memory_the_hosts_islands_leave():
+    run = spec({"us-east": 4})
+    sized = estimate(config_from_spec(run))
+    island = max(need.total for need in sized.islands.values())
+    standby = STANDBY_BASE_BYTES + sized.model_bytes
+    memory = 2 * island + 2 * standby + MIB  # two islands and two standbys fit
+
+    assert wanted_size([run], "us-east", memory, running=2)[0] == 2
+    assert wanted_size([run], "us-east", 3 * standby + MIB, running=0)[0] == 3
+    assert wanted_size([run], "us-east", 10 * standby, running=0)[0] == 5  # 4 islands + 1
+    assert wanted_size([run], "us-east", island, running=1)[0] == 0  # no room left
 
 CLAIM = {"run": 4, "island": "east-0", "epoch": 3, "asked_at": 10.0}
 

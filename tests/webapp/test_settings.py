@@ -93,6 +93,22 @@ def test_the_memory_the_hosts_declare_defaults_to_this_machines_and_is_read_from
     assert "REDIS_MAXMEMORY_MB and ISLAND_HOST_MEMORY_MB must be at least 1" in refused.stderr
 
 
+
+def test_the_pool_size_is_auto_unless_a_number_and_the_eval_cpu_share_a_fraction():
+    script = ("from django.conf import settings; "
+              "print(settings.ISLAND_POOL_SIZE, settings.SYNCD_EVAL_CPU_SHARE)")
+
+    defaults = manage("shell", "--no-imports", "-c", script)
+    declared = manage("shell", "--no-imports", "-c", script, ISLAND_POOL_SIZE="3",
+                      SYNCD_EVAL_CPU_SHARE="0.1")
+    bad_size = manage("check", ISLAND_POOL_SIZE="some")
+    bad_share = manage("check", SYNCD_EVAL_CPU_SHARE="2")
+
+    assert defaults.stdout.split() == ["None", "0.02"], defaults.stderr
+    assert declared.stdout.split() == ["3", "0.1"], declared.stderr
+    assert "ISLAND_POOL_SIZE must be auto or a whole number of 0 or more" in bad_size.stderr
+    assert "SYNCD_EVAL_CPU_SHARE must be above 0 and at most 1" in bad_share.stderr
+
 def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(tmp_path):
     show = ("from django.db import connection; c = connection.cursor(); "
             "c.execute('PRAGMA journal_mode'); print(c.fetchone()[0]); "

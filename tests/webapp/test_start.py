@@ -39,8 +39,10 @@ def test_service_commands_run_a_worker_per_region_and_the_control_worker():
     east = commands["worker-us-east"]
     assert east[east.index("-Q") + 1] == "region.us-east"
     assert east[east.index("-n") + 1] == "us-east@%h"
-    assert east[east.index("--concurrency") + 1] == "3"
+    assert east[east.index("--autoscale") + 1] == "3,1"  # up to 3 islands, one child idle
     control = commands["worker-control"]
+    for worker in (east, control):
+        assert {"--without-gossip", "--without-mingle", "--without-heartbeat"} <= set(worker)
     assert control[control.index("-Q") + 1] == "control"
     assert commands["web"][-3:] == ["-p", "8123", "webapp.asgi:application"]
     assert commands["syncd"][1:] == [str(PROJECT_ROOT / "manage.py"), "syncd"]
@@ -55,6 +57,13 @@ def test_with_a_pool_each_region_gets_a_pool_manager_after_its_worker():
     pool = dict(commands)["pool-eu-west"]
     assert pool[1:] == [str(PROJECT_ROOT / "manage.py"), "pool_manager", "--region", "eu-west",
                         "--size", "2"]
+
+
+
+def test_with_the_default_pool_size_the_pool_managers_size_their_pools_by_the_runs():
+    pool = dict(service_commands(["us-east"], 8123, 3, pool_size=None))["pool-us-east"]
+
+    assert pool[1:] == [str(PROJECT_ROOT / "manage.py"), "pool_manager", "--region", "us-east"]
 
 
 @pytest.mark.django_db

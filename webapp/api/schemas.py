@@ -109,6 +109,15 @@ class IslandOut(Schema):
     version_lag: int = Field(description="Newest version minus the base version of the "
                                          "island's last update, over its fragments.")
     tokens_per_s: float = 0.0
+    step_time_s: float | None = Field(None, description="Wall seconds per inner step, "
+                                                        "over the island's last second or so.")
+    cpu_share: float | None = Field(None, description="The island process's share of its "
+                                    "host's CPU (1 = every core) over its last 2 s: one "
+                                    "thread with a core of its own shows 1/cores; much less "
+                                    "is a starved island.")
+    rejoin_warm: bool | None = Field(None, description="Whether a rejoin now would start "
+                                     "on a warm standby of the island's region (None: not "
+                                     "known, syncd has not said).")
     heartbeat_age_s: float | None = None
     link: IslandLink
 

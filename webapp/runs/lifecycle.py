@@ -27,8 +27,9 @@ from webapp.runs.models import (
     Island,
     Run,
 )
-from webapp.runs.stores import run_store
+from webapp.runs.stores import pool_store, run_store
 from webapp.runs.validation import check_data_path, checkpoint_misfit, memory_misfits
+from webapp.runs.warm_start import cold_start_message, standbys_wanted, wait_for_standbys
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -107,7 +108,9 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
 def start_run(run: Run, by: AbstractBaseUser | None) -> None:
     """Start a draft run: publish its spec, give every island epoch 1 and enqueue it.
 
-    Each island claims a warm standby of its region's pool when one is ready
+    The start first waits a bounded time for its regions' pools to fill
+    (webapp/runs/warm_start.py; an event says which islands start cold). Each island
+    claims a warm standby of its region's pool when one is ready
     (trainer/pool_manager.py), else goes to its region's queue
     (trainer.queues.region_queue), where that region's worker runs it as one long
     task.
@@ -129,8 +132,15 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
                 island.save(update_fields=["epoch"])
         for island in islands:
             store.set_epoch(island.name, island.epoch)
+        wait_s = settings.ISLAND_POOL_FILL_WAIT_S
+        short = wait_for_standbys(pool_store(), standbys_wanted(
+            run.config, [island.name for island in islands], settings.ISLAND_POOL_SIZE),
+            wait_s)
         for island in islands:
             enqueue(run, island)
+        if short:
+            Event.objects.create(run=run, kind=Event.Kind.ALERT, actor=by, detail={
+                "message": cold_start_message(short, wait_s), "cold_start": short})
     except Exception as e:
         run.transition(Run.State.FAILED, by=by, reason=f"The run could not be started: {e}")
         raise

@@ -47,6 +47,12 @@ def checkpoint_misfit(checkpoint: Checkpoint, config: Any) -> str:
     return ""
 
 
+def fixed_standbys() -> int:
+    """The standbys every island host keeps whatever runs: ISLAND_POOL_SIZE when it is
+    a number; 0 with auto, whose pools fit themselves into the memory islands leave."""
+    return settings.ISLAND_POOL_SIZE or 0
+
+
 def memory_misfits(config: RunConfig) -> dict[str, list[str]]:
     """What of a run does not fit the memory the hosts declare ({} when it all fits).
 
@@ -54,7 +60,7 @@ def memory_misfits(config: RunConfig) -> dict[str, list[str]]:
     settings.ISLAND_HOST_MEMORY_MB, keyed "islands.<i>.batch_size" when the island fits
     without its activations, else "model" (once: the first island that does not fit).
     """
-    sized = estimate(config, settings.ISLAND_POOL_SIZE)
+    sized = estimate(config, fixed_standbys())
     errors: dict[str, list[str]] = {}
     redis_mb = settings.REDIS_MAXMEMORY_MB
     if sized.redis.total > redis_mb * MIB:
@@ -94,7 +100,7 @@ def size_report(config: Any) -> dict[str, Any]:
         ConfigError: when `config` (decoded JSON) is not a valid run config.
     """
     run_config = parse_config(config, settings.REGIONS)
-    return {**estimate(run_config, settings.ISLAND_POOL_SIZE).to_dict(),
+    return {**estimate(run_config, fixed_standbys()).to_dict(),
             "limits": {"redis_bytes": settings.REDIS_MAXMEMORY_MB * MIB,
                        "island_host_bytes": settings.ISLAND_HOST_MEMORY_MB * MIB},
             "misfits": memory_misfits(run_config)}

@@ -33,6 +33,22 @@ def test_it_lists_the_islands_with_their_live_state(viewer_api, running):
     assert {"state", "fault", "tokens", "version_lag", "epoch"} <= set(islands[0])
 
 
+
+def test_each_island_shows_its_step_time_and_share_of_its_hosts_cpu(viewer_api, running,
+                                                                    redis_url):
+    RunStore(connect(redis_url), running.pk).put_status({"islands": {
+        "east-a": {"state": "training", "step_time_s": 0.1, "cpu_share": 0.0625},
+        "east-b": {"state": "training", "step_time_s": 0.5, "cpu_share": 0.02}}})
+
+    listed = viewer_api.get(islands_of(running)).json()["islands"]
+    detail = viewer_api.get(f"/api/runs/{running.pk}").json()["islands"]
+
+    for islands in (listed, detail):
+        figures = {i["name"]: (i["step_time_s"], i["cpu_share"]) for i in islands}
+        # west-a has no live figures yet.
+        assert figures == {"east-a": (0.1, 0.0625), "east-b": (0.5, 0.02),
+                           "west-a": (None, None)}
+
 def test_each_island_has_its_link_to_syncd_from_the_live_status(viewer_api, running,
                                                                 redis_url):
     link = {"state": "degraded", "bytes_up": 1200.0, "bytes_down": 5000.0}

@@ -258,3 +258,35 @@ def test_checkpoint_now_asks_syncd_and_records_who_asked(running, store, operato
     checkpoint_now(running, operator)
     assert store(running).take_checkpoint_request() is True
     assert Event.objects.filter(run=running, kind="checkpoint", actor=operator).exists()
+
+
+def test_a_start_whose_pool_does_not_fill_in_time_starts_cold_and_says_so(
+        redis_url, enqueued, operator, settings):
+    settings.ISLAND_POOL_FILL_WAIT_S = 0  # the pool has what it has
+    PoolStore(connect(redis_url)).put_host("us-east", "host-1", {
+        "ready": 1, "size": 3, "time": time.time()})
+    run = create_run(name="r", mode="decoupled", config=THREE_ISLANDS, user=operator)
+
+    start_run(run, operator)
+
+    (alert,) = Event.objects.filter(run=run, kind="alert")
+    # us-west has no pool: its island starts cold as always, not waited for.
+    # Two islands and the standby a first rejoin takes.
+    assert alert.detail["cold_start"] == {"us-east": {"ready": 1, "wanted": 3, "islands": 2}}
+    assert alert.detail["message"] == ("1 island starts cold: after 0 s us-east had 1 of 3 "
+                                       "standbys ready")
+    run.refresh_from_db()
+    assert run.state == Run.State.RUNNING
+
+
+def test_a_start_with_a_standby_per_island_or_no_pool_says_nothing_of_cold_starts(
+        redis_url, enqueued, operator, settings):
+    settings.ISLAND_POOL_FILL_WAIT_S = 0
+    PoolStore(connect(redis_url)).put_host("us-east", "host-1", {
+        "ready": 2, "size": 3, "time": time.time()})  # no spare: still no island is cold
+    run = create_run(name="r", mode="decoupled", config=THREE_ISLANDS, user=operator)
+
+    start_run(run, operator)
+
+    assert not Event.objects.filter(run=run, kind="alert").exists()
+    assert [task["queue"] for task in enqueued] == ["region.us-west"]  # us-east claimed

@@ -7,11 +7,13 @@ Every wait polls a condition with a deadline; none sleeps and hopes.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 
 import pytest
+from django.test import Client
 from test_runtime_processes import (  # noqa: F401 - fixtures
     ROOT,
     start_and_wait,
@@ -26,7 +28,7 @@ from syncd.pool_store import PoolStore
 from syncd.store import RunStore
 from trainer.island_logs import island_log_path
 from webapp.runs.faults import kill_island
-from webapp.runs.lifecycle import stop_run
+from webapp.runs.lifecycle import create_run, start_run, stop_run
 from webapp.runs.membership import rejoin_island
 from webapp.runs.models import Run
 
@@ -68,8 +70,9 @@ def kill_and_wait(run: Run, store: RunStore, *islands: str) -> None:
 
 
 def test_a_rejoin_claims_a_warm_standby_that_trains_and_an_empty_pool_starts_cold(
-        system, corpus_file, redis_url):  # noqa: F811 - the system fixture
+        system, corpus_file, redis_url, settings):  # noqa: F811 - the system fixture
     system.start("pool", "manage.py", "pool_manager", "--region", "us-east", "--size", "1")
+    settings.ISLAND_POOL_SIZE = 1  # what the start waits for, as the pool's host has it
     run = tiny_run(corpus_file, total_tokens=10**9)
     store = start_and_wait(run, redis_url, 1)
     wait_all_training(store)
@@ -103,6 +106,7 @@ def test_a_rejoin_claims_a_warm_standby_that_trains_and_an_empty_pool_starts_col
 def test_two_rejoins_at_once_claim_two_standbys_and_a_stale_claim_is_refused(
         system, corpus_file, redis_url, settings):  # noqa: F811 - the system fixture
     system.start("pool", "manage.py", "pool_manager", "--region", "us-east", "--size", "2")
+    settings.ISLAND_POOL_SIZE = 2
     run = tiny_run(corpus_file, total_tokens=10**9)
     store = start_and_wait(run, redis_url, 1)
     wait_all_training(store)
@@ -125,4 +129,56 @@ def test_two_rejoins_at_once_claim_two_standbys_and_a_stale_claim_is_refused(
                "the stale claim to be refused")
     assert ready <= set(pool(redis_url)["standbys"])
     assert store.heartbeats()["island-0"]["pid"] == beats[0]["pid"]
+    stop_run(run, by=None)
+
+
+def demo_shaped_run(corpus_file) -> Run:
+    """The demo's shape, 4 islands in 2 regions, on a tiny model."""
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    config = {**run.config, "islands": [
+        {**run.config["islands"][0], "name": f"{region}-{i}", "region": region}
+        for region in ("us-east", "us-west") for i in range(2)]}
+    run.delete()
+    return create_run(name="demo shape", mode="decoupled", config=config, user=None)
+
+
+def test_a_demo_shaped_run_starts_warm_and_a_rejoin_through_the_api_trains_within_a_second(
+        system, corpus_file, redis_url, settings, operator):  # noqa: F811 - the system fixture
+    # The default pool (ISLAND_POOL_SIZE=auto): no --size.
+    for region in ("us-east", "us-west"):
+        system.start(f"pool-{region}", "manage.py", "pool_manager", "--region", region)
+    pools = PoolStore(connect(redis_url))
+    wait_until(lambda: all(pools.hosts(r) for r in ("us-east", "us-west")), 120,
+               "both regions' pools to be announced")
+    settings.ISLAND_POOL_FILL_WAIT_S = 240  # a loaded test machine fills slowly
+    run = demo_shaped_run(corpus_file)
+
+    start_run(run, by=None)  # waits for 2 + 1 standbys in each region
+
+    assert not run.events.filter(kind="alert", detail__has_key="cold_start").exists()
+    store = RunStore(connect(redis_url), run.pk)
+    wait_all_training(store, islands=4)
+    assert all(beat["warm"] for beat in store.heartbeats().values())
+    wait_until(lambda: pools.ready("us-east") >= 1, 60, "a standby left ready in us-east")
+    api = Client()
+    api.force_login(operator)
+    islands = f"/api/runs/{run.pk}/islands"
+
+    def rejoin_warm() -> bool:
+        listed = api.get(islands).json()["islands"]
+        return next(i for i in listed if i["name"] == "us-east-0")["rejoin_warm"] is True
+
+    wait_until(rejoin_warm, 30, "the API to say a rejoin of us-east-0 starts warm")
+    killed = api.post(f"{islands}/us-east-0/faults", json.dumps({"kind": "kill"}),
+                      content_type="application/json")
+    assert killed.status_code == 202, killed.content
+    wait_until(lambda: lost(store, "us-east-0"), 30, "us-east-0 to be lost")
+    rejoined = api.post(f"{islands}/us-east-0/rejoin")
+    assert rejoined.status_code == 202, rejoined.content
+
+    event = wait_until(lambda: run.events.filter(
+        kind="rejoin", island__name="us-east-0", detail__has_key="seconds_to_first_step")
+        .first(), 60, "syncd's rejoin event")
+    assert event.detail["warm"] is True
+    assert event.detail["seconds_to_first_step"] <= 1.0, event.detail["phases"]
     stop_run(run, by=None)

@@ -49,7 +49,7 @@ function islandRow(name) {
   if (islandRows[name]) return islandRows[name];
   const cells = {};
   const row = arch.el("tr", {"data-island": name});
-  for (const key of ["name", "region", "state", "fault", "age", "rate", "lag", "link", "bytes",
+  for (const key of ["name", "region", "state", "fault", "age", "rate", "step", "lag", "link", "bytes",
                      "weight", "goodput", "rejected"]) {
     const align = ["name", "region", "state", "fault", "link"].includes(key) ? "" : "num";
     cells[key] = arch.el("td", {class: OPTIONAL_COLUMNS.includes(key) ? align + " optional" : align});
@@ -70,6 +70,8 @@ function islandRow(name) {
     actions.appendChild(menu);
     actions.appendChild(arch.el("button", {class: "small", "data-rejoin": "",
       onclick: (e) => arch.act(e.target, `Rejoin ${name}`, () => arch.api("POST", `${RUN_API}/islands/${encodeURIComponent(name)}/rejoin`))}, "Rejoin"));
+    cells.warmth = arch.el("small", {class: "muted", "data-rejoin-warmth": ""});
+    actions.appendChild(cells.warmth);
   }
   actions.appendChild(arch.el("button", {class: "small quiet", onclick: (e) => showLog(e.target, name)}, "Log"));
   if (page.can.edit) {
@@ -124,6 +126,8 @@ function showIslands(status) {
     cells.fault.className = fault === "none" ? "" : "fault";
     cells.age.textContent = island.heartbeat_age_s === null ? "—" : island.heartbeat_age_s.toFixed(1) + " s";
     cells.rate.textContent = arch.fmt(island.tokens_per_s, 0);
+    cells.step.textContent = stepAndCpu(island);
+    if (cells.warmth) showWarmth(cells.warmth, island);
     cells.lag.textContent = arch.fmt(island.version_lag);
     showLink(cells.link, island.link);
     cells.bytes.textContent = `${arch.bytes(island.emulated_bytes_up)} / ${arch.bytes(island.emulated_bytes_down)}`;
@@ -132,6 +136,25 @@ function showIslands(status) {
     cells.goodput.textContent = arch.fmt(island.goodput, 2);
     cells.rejected.textContent = arch.fmt(island.rejections || 0);
   }
+}
+
+// Seconds per inner step and the share of the host's CPU: a starved island shows a long
+// step and a small share beside its peers.
+function stepAndCpu(island) {
+  const step = island.step_time_s == null ? "—" : `${island.step_time_s.toFixed(3)} s`;
+  const cpu = island.cpu_share == null ? "—" : `${(island.cpu_share * 100).toFixed(1)}%`;
+  return `${step} · ${cpu}`;
+}
+
+// Whether a rejoin now starts on a warm standby of the island's region (about a
+// second) or cold (a new process: imports and the model, many seconds).
+function showWarmth(cell, island) {
+  if (island.rejoin_warm === undefined) return;
+  cell.textContent = island.rejoin_warm ? " warm" : " cold";
+  cell.dataset.rejoinWarmth = island.rejoin_warm ? "warm" : "cold";
+  cell.title = island.rejoin_warm
+    ? `a rejoin now starts on a warm standby of ${island.region}: about a second`
+    : `no standby of ${island.region} is ready: a rejoin now starts cold`;
 }
 
 function showLink(cell, link) {

@@ -15,6 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from diloco.sizes import MIB
 from syncd.connection import connect
 from syncd.pool_store import PoolStore
 from trainer.pool_manager import PoolManager
@@ -29,7 +30,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--region", required=True)
         parser.add_argument("--size", type=int, default=None,
-                            help="standbys kept ready; default: the ISLAND_POOL_SIZE setting")
+                            help="standbys kept ready; default: the ISLAND_POOL_SIZE setting "
+                                 "(auto: as many as the active runs want)")
         parser.add_argument("--health", action="store_true",
                             help="exit 0 if a pool manager of this host serves the region")
 
@@ -43,6 +45,7 @@ class Command(BaseCommand):
                             format="%(asctime)s %(levelname)s %(message)s")
         size = settings.ISLAND_POOL_SIZE if options["size"] is None else options["size"]
         manager = PoolManager(settings.REDIS_URL, region, size, settings.LOG_DIR,
+                              memory_bytes=settings.ISLAND_HOST_MEMORY_MB * MIB,
                               on_failure=record_island_failure)
 
         def stop(signum: int, frame: object) -> None:
@@ -50,5 +53,6 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        log.info("pool of %d standby islands for region %s on %s", size, region, manager.host)
+        log.info("pool of %s standby islands for region %s on %s",
+                 "auto" if size is None else size, region, manager.host)
         manager.serve_forever()

@@ -35,6 +35,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         code = server.main(web_hooks(), settings.REDIS_URL, settings.CHECKPOINT_DIR,
                            health=options["health"], lease_ttl_s=settings.SYNCD_LEASE_TTL_S,
-                           threads=settings.SYNCD_THREADS)
+                           threads=settings.SYNCD_THREADS,
+                           eval_cpu_share=settings.SYNCD_EVAL_CPU_SHARE)
         if code:
             raise SystemExit(code)
