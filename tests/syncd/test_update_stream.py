@@ -16,13 +16,6 @@ def store(redis_url):
     return UpdateStream(connect(redis_url), 7, chunk_bytes=1024)
 
 
-def test_the_newest_update_id_is_the_last_stream_entrys(store):
-    assert store.newest_update_id() is None
-    store.push_update("a", 1, 0, 4, b"u")
-    store.push_update("b", 1, 0, 4, b"v")
-    assert store.newest_update_id() == store.read_updates()[-1].stream_id
-
-
 def test_an_update_is_read_back_with_its_island_epoch_fragment_seq_and_message(store):
     store.push_update("a", 2, 1, 9, b"u" * 2500)
 
