@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from bench import (
+    dataplane,
     goodput,
     gpu_smoke,
     merge,
@@ -20,7 +21,7 @@ from bench import (
 BENCHMARKS = {"quality": quality.main, "overhead": overhead.main, "merge": merge.main,
               "goodput": goodput.main, "simulate": simulate.main, "ui_latency": ui_latency.main,
               "soak": soak.main, "gpu_smoke": gpu_smoke.main, "scale": scale.main,
-              "rejoin": rejoin.main}
+              "rejoin": rejoin.main, "dataplane": dataplane.main}
 TIMED = ("soak", "scale")  # the benchmarks that take --minutes
 
 
