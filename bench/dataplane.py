@@ -55,6 +55,7 @@ from typing import Any
 
 import redis
 import torch
+from redis.utils import HIREDIS_AVAILABLE
 
 from bench import results
 from bench.system import ROOT
@@ -473,7 +474,8 @@ def main(quick: bool = False) -> int:
         "profile": name, "limits": lim, "configs": configs,
         "load_average": {"start": load_start, "end": os.getloadavg()},
         "targets": {**TARGETS, "applies_from_params": TARGET_PARAMS},
-        "store": {"appendonly": False, "chunk_bytes": RedisBulk(redis.Redis()).chunk_bytes},
+        "store": {"appendonly": False, "chunk_bytes": RedisBulk(redis.Redis()).chunk_bytes,
+                  "hiredis": HIREDIS_AVAILABLE},
         "syncd": "in a process of its own: a RunSync ticked in a loop, no lease, an "
                  "in-memory recorder",
     }
