@@ -46,14 +46,15 @@ test-unit: install-test
 	$(VENV)/bin/pytest tests/test_compose.py tests/test_databases.py tests/diloco tests/trainer tests/syncd \
 		tests/bench -m "not integration" -q -p no:cacheprovider
 
-# Database tier, once per database in TEST_DATABASES: the web app, syncd against a
-# Redis of the tests' own, and the runtime with real worker, syncd and island processes.
+# Database tier, once per database in TEST_DATABASES: the web app and the scenarios
+# across it (tests/system: its doors, its hosts), syncd against a Redis of the tests'
+# own, and the runtime with real worker, syncd and island processes.
 # tests/databases.py makes sure each database answers: a local PostgreSQL where
 # nothing listens is replaced by a throwaway one under var/, stopped afterwards.
 test-db: install-test
 	mkdir -p var
 	$(PY) -m tests.databases $(TEST_DATABASES) -- sh -c '\
-		$(VENV)/bin/pytest tests/webapp -m "not system" -q -p no:cacheprovider && \
+		$(VENV)/bin/pytest tests/webapp tests/system -m "not system" -q -p no:cacheprovider && \
 		$(VENV)/bin/pytest tests/trainer tests/syncd -m integration -q -p no:cacheprovider'
 
 # System tier, once: whole systems with a database and Redis of their own: the chaos
@@ -61,7 +62,7 @@ test-db: install-test
 # of every process of `python -m webapp.start` followed by a start again.
 test-system: install-test
 	mkdir -p var
-	DATABASE_URL=sqlite:///var/test.sqlite3 $(VENV)/bin/pytest tests/bench tests/webapp \
+	DATABASE_URL=sqlite:///var/test.sqlite3 $(VENV)/bin/pytest tests/bench tests/system \
 		-m system -q -p no:cacheprovider
 
 # Browser tier: a real Chromium driven by Playwright. bench/browser.py finds it, or

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -156,10 +157,7 @@ def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any])
     for point in series:
         point["t"] = point["time"] - start
     events = list(Event.objects.filter(run=run).select_related("island").order_by("time", "id"))
-    faults = [{"at_s": e.detail["chaos"]["at_s"], "kind": e.detail["fault"],
-               "island": e.island.name if e.island else None,
-               "duration_s": e.detail.get("seconds", 0.0), "factor": e.detail.get("factor")}
-              for e in events if e.kind == "fault" and "chaos" in e.detail]
+    faults = scheduled_faults(events)
     rejoins = [e.detail for e in events
                if e.kind == "rejoin" and "seconds_to_first_step" in e.detail]
     rejoin_s = [d["seconds_to_first_step"] for d in rejoins]
@@ -265,6 +263,16 @@ def figures(run: dict[str, Any], min_quorum: int, step_time_s: dict[str, float],
             "test_loss": run["test_loss"], "wall_s": out["wall_s"], "faults": len(run["faults"]),
             "rollbacks": run["rollbacks"],
             "rejoin_s": run["rejoin_s"], "run": run["run"]}
+
+
+def scheduled_faults(events: Iterable[Any]) -> list[dict[str, Any]]:
+    """The chaos faults of a run's events (rows with kind, island and detail), as their
+    schedule drew them: each one's time from the schedule's start and its duration,
+    whenever the system fired it and however long its island took to come back."""
+    return [{"at_s": e.detail["chaos"]["at_s"], "kind": e.detail["fault"],
+             "island": e.island.name if e.island else None,
+             "duration_s": e.detail.get("seconds", 0.0), "factor": e.detail.get("factor")}
+            for e in events if e.kind == "fault" and "chaos" in e.detail]
 
 
 def oracle_of(faults: list[dict[str, Any]], fault_free: dict[str, Any],

@@ -36,6 +36,7 @@ import os
 import signal
 import statistics
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -165,27 +166,39 @@ def cycle(run: Any, store: Any, island: str, kind: str, operator: Any) -> dict[s
     rejoined = wait(lambda: run.events.filter(
         kind="rejoin", island__name=island, actor=None, detail__epoch=epoch + 1,
         detail__has_key="seconds_to_first_step").first(), f"{island} training again")
-    first_step = asked + float(rejoined.detail["seconds_to_first_step"])
-
-    def merged() -> Any:
-        for e in run.events.filter(kind="merge", time__gte=_when(first_step)).order_by("id"):
-            if island in (e.detail.get("weights") or {}):
-                return e
-        return None
-
-    merge = wait(merged, f"a merge of {island}'s update")
+    seconds_to_first_step = float(rejoined.detail["seconds_to_first_step"])
+    first_step = asked + seconds_to_first_step
+    merge = wait(lambda: first_merge_of(island, run.events.filter(
+        kind="merge", time__gte=_when(first_step)).order_by("id")),
+        f"a merge of {island}'s update")
     sample = {"island": island, "kind": kind, "epoch": epoch + 1,
               "warm": bool(rejoined.detail.get("warm")),
-              "kill_to_lost_s": round(lost.time.timestamp() - killed, 3),
               "lost_cause": lost.detail.get("cause"),
-              "rejoin_to_first_step_s": round(first_step - asked, 3),
-              "rejoin_to_first_merge_s": round(merge.time.timestamp() - asked, 3),
+              **cycle_seconds(killed, lost.time.timestamp(), asked, seconds_to_first_step,
+                              merge.time.timestamp()),
               "phases": rejoined.detail.get("phases") or {}}
     results.say(f"  {kind} cycle {island}: lost {sample['kill_to_lost_s']:.3f} s, first step "
                 f"{sample['rejoin_to_first_step_s']:.3f} s, first merge "
                 f"{sample['rejoin_to_first_merge_s']:.3f} s, warm {sample['warm']}, "
                 f"{sample['phases']}")
     return sample
+
+
+def first_merge_of(island: str, merges: Iterable[Any]) -> Any:
+    """The first of `merges` (events in order, from the rejoined island's first step
+    on) that took in an update of `island`; None before one has."""
+    return next((e for e in merges if island in (e.detail.get("weights") or {})), None)
+
+
+def cycle_seconds(killed: float, lost_at: float, asked: float, seconds_to_first_step: float,
+                  merged_at: float) -> dict[str, float]:
+    """A kill and rejoin's figures from its timestamps (seconds on one clock): from the
+    kill to syncd marking the island lost, and from the rejoin asked for to the new
+    epoch's first step (its own report, after `asked`) and to the first merge of its
+    update."""
+    return {"kill_to_lost_s": round(lost_at - killed, 3),
+            "rejoin_to_first_step_s": round(seconds_to_first_step, 3),
+            "rejoin_to_first_merge_s": round(merged_at - asked, 3)}
 
 
 def _when(seconds: float) -> Any:

@@ -6,15 +6,17 @@ back, valued at the island's fault-free seconds per step measured in the same
 run. Allocated: every island slot from run start to run end, whatever its state;
 only a user's pause is left out. Uptime: the share of the time after start-up
 (the run's start to its first merge) in which the global model advances: per
-fragment, a gap between its successive merges counts as down when it exceeds
-theta = 2 x the fragment's cadence (H inner steps at the step time of the K-th
-fastest island); the run's uptime is the mean over its fragments. Pure: no
+a gap between successive merges of any fragment (the global model advancing) counts
+as down when it exceeds theta, at least twice a fragment's cadence (H inner steps
+at the step time of the K-th fastest island), judged against the largest theta in
+force while it was open. Pure: no
 Django, Celery, Redis or clock; every method takes `now` in seconds on the
 caller's clock (syncd's or a virtual one).
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import statistics
@@ -23,6 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 LOST_CAUSES = ("in_flight", "stale", "rejected", "rollback", "restart_pause", "barrier_wait")
+# Useful seconds within this share above allocated ones are rounding, not a bug.
+OVERCREDIT_TOLERANCE = 1e-6
 
 
 def fragment_cadence(step_times: Iterable[float | None], inner_steps: int,
@@ -36,26 +40,50 @@ def fragment_cadence(step_times: Iterable[float | None], inner_steps: int,
     return inner_steps * times[min(min_quorum, len(times)) - 1] if times else None
 
 
-def uptime_theta(cadence_s: float) -> float:
-    """theta for `uptime`: twice a fragment's cadence (fragment_cadence)."""
-    return 2.0 * _seconds("cadence_s", cadence_s, positive=True)
+def uptime_theta(cadence_s: float, *, round_trip_s: float = 0.0, tick_s: float = 0.0
+                 ) -> float:
+    """theta for `uptime`: twice a fragment's cadence (fragment_cadence), and never less
+    than twice what one merge needs whatever the step time: a fragment's round trip
+    (its upload and the globals' download) and syncd's tick (a pass of its loop, whose
+    status, evaluation or flush work delays the merge that comes due during it)."""
+    cadence_s = _seconds("cadence_s", cadence_s, positive=True)
+    needs = _seconds("round_trip_s", round_trip_s) + _seconds("tick_s", tick_s)
+    return 2.0 * max(cadence_s, needs)
 
 
 def uptime_from_marks(fragment_marks: Iterable[Iterable[float]], startup_s: float,
-                      wall_s: float, theta: float) -> float | None:
-    """1 - the mean over fragments of (the gaps longer than `theta` between the end of
-    start-up, each of the fragment's merge marks and `wall_s`) / (`wall_s` - start-up).
-    Marks are seconds of wall time since the run's start; None while in start-up."""
+                      wall_s: float, theta: float,
+                      thetas: Iterable[tuple[float, float]] = ()) -> float | None:
+    """1 - (the gaps between the end of start-up, each merge mark of any fragment and
+    `wall_s` that were longer than their theta) / (`wall_s` - start-up): down is only
+    where the global model stopped advancing, a slowdown of one fragment is not.
+
+    A gap's theta is the largest in force while it was open: of `thetas`, the (wall
+    second, theta) noted as the run went (RunAccounting.note_theta), the one noted last
+    at or before its start and every one noted within it, and `theta` as the one in
+    force at `wall_s`; a gap that saw no theta takes the first noted after it. So a
+    slowdown that raised theta while it lasted stays up once theta falls back. Marks
+    are seconds of wall time since the run's start; None while in start-up."""
     theta, wall_s = _seconds("theta", theta, positive=True), _seconds("wall_s", wall_s)
     startup_s = _seconds("startup_s", startup_s)
     if wall_s <= startup_s:
         return None
-    downs = []
-    for marks in fragment_marks:
-        points = [startup_s, *sorted(m for m in marks if startup_s < m <= wall_s), wall_s]
-        downs.append(sum(g for g in (b - a for a, b in itertools.pairwise(points))
-                         if g > theta))
-    return 1.0 - statistics.fmean(downs) / (wall_s - startup_s) if downs else 1.0
+    notes = sorted((t, _seconds("theta", th, positive=True)) for t, th in thetas
+                   if t < wall_s)
+    notes.append((wall_s, theta))
+    marks = sorted({m for fragment in fragment_marks for m in fragment
+                    if startup_s < m <= wall_s})
+    points = [startup_s, *marks, wall_s]
+    down, first = 0.0, 0  # notes[first]: the last noted at or before the gap's start
+    for a, b in itertools.pairwise(points):
+        while first + 1 < len(notes) and notes[first + 1][0] <= a:
+            first += 1
+        last = bisect.bisect_right(notes, b, key=lambda note: note[0])
+        in_force = notes[first:last] if notes[first][0] <= a or last > first \
+            else notes[first:first + 1]
+        if b - a > max(th for _, th in in_force):
+            down += b - a
+    return 1.0 - down / (wall_s - startup_s)
 
 
 def _seconds(name: str, value: float, *, positive: bool = False) -> float:
@@ -68,11 +96,14 @@ def _seconds(name: str, value: float, *, positive: bool = False) -> float:
 
 @dataclass(frozen=True, slots=True)
 class MergeEntry:
-    """One island's update merged into the global model at `time`."""
+    """One island's update merged into the global model at `time`: it carried
+    `inner_steps`, of which `credited_steps` were trained inside the accounting's
+    window (RunAccounting.trained_before)."""
 
     time: float
     island: str
     inner_steps: int
+    credited_steps: int
     weight: float
     fragment: int | None = None
     version: int | None = None
@@ -82,6 +113,9 @@ class MergeEntry:
 class _Island:
     windows: list[list[float | None]]  # [added, removed or None]
     step_times: deque[tuple[float, int]]  # fault-free (seconds, steps), the latest ones
+    # fragment (None: every fragment) -> its steps up to this one were trained before
+    # the accounting's window: no merge credits them.
+    trained_before: dict[int | None, int] = field(default_factory=dict)
     useful_steps: float = 0.0
     rolled_back_steps: float = 0.0
     lost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOST_CAUSES, 0.0))
@@ -95,8 +129,13 @@ class RunAccounting:
     island's), never at its own report. Not the median: under bursty load short
     samples outnumber long ones and the median undervalues every step. A user's pause is left
     out of allocation, gaps and wall time. Start-up, from the run's start to its first
-    merge, is a figure of its own and no part of uptime; after it, each fragment's open
-    gap counts up to `now` once it exceeds theta.
+    merge, is a figure of its own and no part of uptime; after it, the open gap since
+    the last merge of any fragment counts up to `now` once it exceeds theta.
+
+    Useful seconds are credited, never clipped: only steps trained inside the window
+    count (`trained_before` names the steps a taken-over run trained earlier), and an
+    island whose useful seconds exceed its allocated seconds is a bug the snapshot
+    reports (`overcredited`), not a figure it hides.
 
     Args:
         islands: the names of the islands allocated from `start`.
@@ -120,6 +159,7 @@ class RunAccounting:
         self.pauses: list[list[float | None]] = []  # [paused, resumed or None]
         self.entries: list[MergeEntry] = []
         self.first_merge: float | None = None  # ends start-up; a rollback keeps it
+        self.thetas: list[tuple[float, float]] = []  # (wall second, theta) as noted
         for island in islands:
             self.add_island(island, self.start)
 
@@ -180,31 +220,53 @@ class RunAccounting:
         if not faulted:
             state.step_times.append((seconds * steps, steps))
 
+    def trained_before(self, island: str, step: int, *, fragment: int | None = None
+                       ) -> None:
+        """`island`'s inner steps up to `step` (of `fragment`'s updates, or of every
+        fragment's) were trained before this accounting's window began: a syncd that
+        took over a running run gives, per fragment, the larger of the seq it had
+        handled and the island's last heartbeat step. A merge credits only the steps
+        of its update past that."""
+        state = self._island(island)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an integer 0 or more, got {step!r}")
+        state.trained_before[fragment] = max(step, state.trained_before.get(fragment, 0))
+
     def merged(self, island: str, inner_steps: int, weight: float, now: float, *,
-               fragment: int | None = None, version: int | None = None) -> None:
-        """`island`'s update of `inner_steps` was merged with `weight` (useful only
-        above 0) into the global published at `now` (an uptime mark) as `fragment`
-        `version` (optional; `fragment` filters `uptime`)."""
+               fragment: int | None = None, version: int | None = None,
+               seq: int | None = None) -> None:
+        """`island`'s update of `inner_steps`, ending at its inner step `seq` (optional),
+        was merged with `weight` (useful only above 0) into the global published at `now`
+        (an uptime mark) as `fragment` `version` (optional; `fragment` filters `uptime`).
+        With `seq`, only its steps past the island's `trained_before` are credited."""
         state = self._island(island)
         if isinstance(inner_steps, bool) or not isinstance(inner_steps, int) or inner_steps < 0:
             raise ValueError(f"inner_steps must be an integer 0 or more, got {inner_steps!r}")
         weight = float(weight)
         if not math.isfinite(weight) or weight < 0:
             raise ValueError(f"weight must be a finite number 0 or more, got {weight}")
-        self.entries.append(MergeEntry(self._now(now), island, inner_steps, weight,
+        credited = inner_steps
+        if seq is not None:
+            before = max(state.trained_before.get(fragment, 0),
+                         state.trained_before.get(None, 0))
+            credited = min(inner_steps, max(seq - before, 0))
+        self.entries.append(MergeEntry(self._now(now), island, inner_steps, credited, weight,
                                        fragment, version))
         if self.first_merge is None:
             self.first_merge = self._now(now)
         if weight > 0:
-            state.useful_steps += inner_steps / self.fragments
+            state.useful_steps += credited / self.fragments
 
     def merged_round(self, weights: Mapping[str, float], inner_steps: Mapping[str, int],
                      now: float, *, fragment: int | None = None,
-                     version: int | None = None) -> None:
-        """Every island of one merge (a synchronizer MergeResult's weights and inner_steps)."""
+                     version: int | None = None,
+                     seqs: Mapping[str, int] | None = None) -> None:
+        """Every island of one merge (a synchronizer MergeResult's weights, inner_steps
+        and seqs)."""
         for island, weight in weights.items():
             self.merged(island, inner_steps.get(island, 0), weight, now,
-                        fragment=fragment, version=version)
+                        fragment=fragment, version=version,
+                        seq=None if seqs is None else seqs.get(island))
 
     def rollback(self, after_time: float, now: float, *, fragment: int | None = None
                  ) -> float:
@@ -219,7 +281,7 @@ class RunAccounting:
             if entry.time <= after_time or fragment not in (None, entry.fragment):
                 kept.append(entry)
             elif entry.weight > 0:
-                steps = entry.inner_steps / self.fragments
+                steps = entry.credited_steps / self.fragments
                 self.islands[entry.island].useful_steps -= steps
                 self.islands[entry.island].rolled_back_steps += steps
                 taken += steps
@@ -252,13 +314,22 @@ class RunAccounting:
                    for a, b in self._island(island).windows if a <= now)
 
     def useful_seconds(self, island: str, now: float) -> float | None:
-        """`island`'s useful seconds up to `now`, at most its allocated seconds: an update
-        may carry steps trained before the island's window began (the first merges of a
-        syncd that started its accounting anew), and no island does more useful work
-        than the time it was given. None while it has useful steps but no step time
-        measured to value them."""
-        useful = self._value(island, self._island(island).useful_steps)
-        return None if useful is None else min(useful, self.allocated_seconds(island, now))
+        """`island`'s useful seconds up to `now`, as credited: never clipped at its
+        allocated seconds (`overcredited` reports an island above them). None while it
+        has useful steps but no step time measured to value them."""
+        return self._value(island, self._island(island).useful_steps)
+
+    def overcredited(self, now: float) -> list[str]:
+        """The islands credited more useful seconds than they were allocated by `now`: no
+        island does more work than the time it was given, so each is a bug in what was
+        credited (steps from before the window, a step time valued too slow), shown
+        rather than clipped."""
+        over = []
+        for name in self.islands:
+            useful, allocated = self.useful_seconds(name, now), self.allocated_seconds(name, now)
+            if useful is not None and useful > allocated * (1 + OVERCREDIT_TOLERANCE) + 1e-9:
+                over.append(name)
+        return over
 
     def goodput(self, now: float) -> float | None:
         """Useful / allocated island-seconds of the run (None if unknown or nothing allocated)."""
@@ -277,19 +348,27 @@ class RunAccounting:
         return fragment_cadence([self.step_time(name) for name in in_run], inner_steps,
                                 min(min_quorum, max(len(in_run), 1)))
 
+    def note_theta(self, now: float, theta: float) -> None:
+        """`theta` is in force at `now`: every gap open at `now` is judged against at
+        least it, whatever theta is later (a slowdown that raised it stays up)."""
+        theta, wall = _seconds("theta", theta, positive=True), self.wall_seconds(now)
+        if not self.thetas or self.thetas[-1][1] != theta:
+            self.thetas.append((wall, theta))
+
     def uptime(self, now: float, theta: float, *, fragment: int | None = None
                ) -> float | None:
         """The share of the time since start-up in which the global model advanced
-        (uptime_from_marks), over every fragment or over `fragment` alone; None while
-        the run is in start-up."""
+        (uptime_from_marks; a merge of any fragment advances it, or of `fragment` alone
+        with it), with `theta` noted as in force at `now` (note_theta); None while the
+        run is in start-up."""
+        self.note_theta(now, theta)
         marks = self.fragment_marks()
         if fragment is not None:
             marks = [marks[fragment]]
         if self.first_merge is None:
-            _seconds("theta", theta, positive=True)
             return None
         return uptime_from_marks(marks, self.startup_seconds(now), self.wall_seconds(now),
-                                 theta)
+                                 theta, self.thetas)
 
     def fragment_marks(self) -> list[list[float]]:
         """Per fragment, the distinct times its merges still standing were published,
@@ -312,8 +391,10 @@ class RunAccounting:
         return statistics.median(gaps) if gaps else None
 
     def snapshot(self, now: float, theta: float | None = None) -> dict:
-        """Every figure at `now`, per run and per island; uptime is None without `theta`."""
+        """Every figure at `now`, per run and per island (`overcredited`: the islands
+        credited above their allocation, a bug shown); uptime is None without `theta`."""
         islands, lost = {}, dict.fromkeys(LOST_CAUSES, 0.0)
+        over = self.overcredited(now)
         for name, state in self.islands.items():
             allocated, useful = self.allocated_seconds(name, now), self.useful_seconds(name, now)
             island_lost = dict(state.lost)  # and the merged steps rollback took back:
@@ -326,6 +407,7 @@ class RunAccounting:
                 "useful_steps": state.useful_steps, "step_time_s": self.step_time(name),
                 "rolled_back_steps": state.rolled_back_steps, "lost_s": island_lost,
                 "in_run": state.windows[-1][1] is None and self.end is None,
+                "overcredited": name in over,
             }
         useful = self._total_useful(now)
         allocated = sum(i["allocated_s"] for i in islands.values())
@@ -335,6 +417,7 @@ class RunAccounting:
             "goodput": None if useful is None or allocated == 0 else useful / allocated,
             "lost_s": lost, "unattributed_s": None if useful is None
             else allocated - useful - sum(lost.values()),
+            "overcredited": over,
             "merges": len(self.entries), "merge_events": len(self._marks(None)),
             "startup_s": self.startup_seconds(now),
             "islands": islands, "theta_s": theta,

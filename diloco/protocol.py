@@ -82,6 +82,6 @@ def decode_message(blob: bytes | bytearray, secret: bytes, max_bytes: int = 1 <<
         raise ProtocolError(f"unknown message kind {kind!r}")
     try:
         meta = {k: json.loads(header[k]) for k in required}
-    except (KeyError, ValueError) as exc:
+    except (KeyError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"metadata is missing or malformed: {exc}") from exc
     return kind, meta, tensors

@@ -44,6 +44,7 @@ class MergeResult:
     tokens: int
     inner_steps: dict[str, int]
     dropped_stale: list[str] = field(default_factory=list)
+    seqs: dict[str, int] = field(default_factory=dict)  # each update's last inner step
 
 
 @dataclass
@@ -186,7 +187,8 @@ class Synchronizer:
         if codec != "none":
             self.history[fragment].append(Published(version + 1, now, codec, payload))
         return MergeResult(fragment, version + 1, now, weights, sum(u.tokens for u in updates),
-                           {u.island: u.inner_steps for u in updates}, stale)
+                           {u.island: u.inner_steps for u in updates}, stale,
+                           {u.island: u.seq for u in updates})
 
     def published_since(self, fragment: int, held_version: int) -> list[Published]:
         """What an island holding `held_version` pulls to reach the newest version.

@@ -105,7 +105,8 @@ def loads(buffer: bytearray | memoryview, max_header: int = 1 << 20
     """The metadata and tensors of a file held in `buffer`; the tensors are views of it.
 
     Raises:
-        FormatError: the header is too long, not JSON, or names bytes that are not there.
+        FormatError: the header is too long, not JSON (or nested too deep to parse), or
+            names bytes that are not there.
     """
     view = memoryview(buffer)
     if view.readonly:
@@ -117,7 +118,7 @@ def loads(buffer: bytearray | memoryview, max_header: int = 1 << 20
         raise FormatError(f"header of {header_len} bytes does not fit the message")
     try:
         header = json.loads(bytes(view[8:8 + header_len]))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise FormatError(f"the header is not JSON: {exc}") from exc
     if not isinstance(header, dict):
         raise FormatError("the header is not a JSON object")

@@ -33,6 +33,7 @@ import redis
 from redis.client import Pipeline
 
 DEFAULT_CHUNK_BYTES = 4 << 20
+MIN_CHUNK_BYTES = 1024
 CHUNK_BYTES_ENV = "CHUNK_BYTES"
 READ_WINDOW = 2  # chunks asked for in one round trip
 
@@ -68,8 +69,9 @@ def chunk_bytes_setting() -> int:
     """The chunk size: `CHUNK_BYTES` in the environment, 4 MiB by default."""
     raw = os.environ.get(CHUNK_BYTES_ENV, "")
     value = int(raw) if raw.strip() else DEFAULT_CHUNK_BYTES
-    if value < 1024:
-        raise ValueError(f"{CHUNK_BYTES_ENV} must be at least 1024 bytes, got {value}")
+    if value < MIN_CHUNK_BYTES:
+        raise ValueError(f"{CHUNK_BYTES_ENV} must be at least {MIN_CHUNK_BYTES} bytes, "
+                         f"got {value}")
     return value
 
 
@@ -103,12 +105,14 @@ class RedisBulk:
         """The message, read READ_WINDOW chunks per round trip into one buffer.
 
         Raises:
-            BulkError: larger than `max_bytes`, a chunk missing, or chunks that do not
-                add up to the size the reference gives.
+            BulkError: larger than `max_bytes`, more chunks than chunks of at least
+                MIN_CHUNK_BYTES make, a chunk missing, or chunks that do not add up to
+                the size the reference gives.
         """
         if ref.size > max_bytes:
             raise BulkError(f"message of {ref.size} bytes exceeds the limit of {max_bytes}")
-        if not 1 <= ref.chunks <= max(1, ref.size):
+        if not 1 <= ref.chunks <= max(1, -(-ref.size // MIN_CHUNK_BYTES)):
+            # Chunks are at least MIN_CHUNK_BYTES (but the last): no more are read.
             raise BulkError(f"{ref.chunks} chunks cannot hold {ref.size} bytes")
         buffer = bytearray(ref.size)
         view = memoryview(buffer)

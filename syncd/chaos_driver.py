@@ -172,7 +172,7 @@ class ChaosDriver:
             except Exception:  # one action that fails must not stop the schedule or merging
                 log.exception("run %s: chaos action %s failed", self.store.run_id, action)
             self.done += 1
-            self.store.chaos_done(self.done)
+            self.store.set_chaos_done(self.done)
 
     def _detail(self, action: Action) -> dict:
         return {"chaos": {"preset": self.preset, "seed": self.seed, "at_s": action.at_s}}

@@ -23,42 +23,53 @@ class GlobalsStore(RunKeys):
     """A run's published global fragments, their versions, momentum and handled seqs."""
 
     def publish(self, fragment: int, version: int, full: bytes | bytearray,
-                diff: bytes | bytearray | None, momentum: bytes | bytearray,
+                difference: bytes | bytearray | None, momentum: bytes | bytearray,
                 handled: dict[str, int], tokens: int, keep: int,
                 merged: Iterable[UpdateRef] = ()) -> None:
         """Commit one merge: the new version, its messages, momentum and handled seqs,
         and the deletion of the merged updates' messages.
 
-        The messages' chunks are written first, with a TTL, and made persistent by the
-        MULTI/EXEC that commits the merge; it also deletes the version before (an
-        island that was reading it reads the new one: `full`) and, with a lossy
+        The messages' chunks are written first, with a TTL, under names unique to this
+        grant of the run's lease (its fencing token), so a syncd that lost the run can
+        never overwrite or revive the new holder's chunks; the MULTI/EXEC that commits
+        the merge, fenced by the lease, makes them persistent and points the run's
+        references at them. It also deletes the messages the references named before
+        (an island that was reading one reads the new one: `full`) and, with a lossy
         downlink, the difference `keep` versions back. So between the two steps one
         fragment is held twice, and never more.
 
         Raises:
             syncd.fence.LeaseLost: this store's lease is gone; nothing was published.
         """
+        token = self.fence.token if self.fence is not None else 0
         pipe = self.client.pipeline(transaction=False)
-        full_ref = self.bulk.put(self.key("full", fragment, version), full, BLOB_TTL_S, pipe)
-        momentum_ref = self.bulk.put(self.key("momentum", fragment, version), momentum,
+        full_ref = self.bulk.put(self.key("full", fragment, version, token), full,
+                                 BLOB_TTL_S, pipe)
+        momentum_ref = self.bulk.put(self.key("momentum", fragment, version, token), momentum,
                                      BLOB_TTL_S, pipe)
-        diff_ref = None if diff is None else self.bulk.put(
-            self.key("pub", fragment, version), diff, BLOB_TTL_S, pipe)
+        difference_ref = None if difference is None else self.bulk.put(
+            self.key("pub", fragment, version, token), difference, BLOB_TTL_S, pipe)
         pipe.execute()
         merged = list(merged)
+        # What the references name now: only the lease's holder changes them, and the
+        # fenced transaction below is refused if that is no longer this store.
+        replaced = {name: self._ref(self.key(name, fragment)) for name in ("full", "momentum")}
+        old_pub = self.key("pub", fragment, version - keep)
+        dropped_pub = self._ref(old_pub) if difference_ref is not None else None
 
         def fill(pipe: Pipeline) -> None:
             for ref, name in ((full_ref, "full"), (momentum_ref, "momentum")):
                 self.bulk.persist(pipe, ref)
                 pipe.set(self.key(name, fragment), ref.dumps())
-                self.bulk.delete(pipe, BulkRef(self.key(name, fragment, version - 1),
-                                               ref.chunks, 0), spare=1)
-            if diff_ref is not None:
-                self.bulk.persist(pipe, diff_ref)
-                pipe.set(self.key("pub", fragment, version), diff_ref.dumps())
-                old = self.key("pub", fragment, version - keep)
-                pipe.delete(old)
-                self.bulk.delete(pipe, BulkRef(old, diff_ref.chunks, 0), spare=1)
+                old = replaced[name]
+                if old is not None and old.key != ref.key:
+                    self.bulk.delete(pipe, old)
+            if difference_ref is not None:
+                self.bulk.persist(pipe, difference_ref)
+                pipe.set(self.key("pub", fragment, version), difference_ref.dumps())
+                pipe.delete(old_pub)
+                if dropped_pub is not None:
+                    self.bulk.delete(pipe, dropped_pub)
             if handled:
                 pipe.hset(self.key("handled", fragment), mapping=handled)
             pipe.hset(self.key("versions"), fragment, version)
@@ -67,6 +78,11 @@ class GlobalsStore(RunKeys):
                 self.bulk.delete(pipe, ref.blob)
 
         self._write(fill)
+
+    def _ref(self, pointer: str) -> BulkRef | None:
+        """The reference a pointer key holds, None if none."""
+        raw = self.client.get(pointer)
+        return None if raw is None else BulkRef.loads(raw)
 
     def mark_handled(self, fragment: int, handled: dict[str, int],
                      dropped: Iterable[UpdateRef] = ()) -> None:

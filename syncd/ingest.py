@@ -1,10 +1,12 @@
 """Checking an update before it may touch a merge.
 
-Everything that arrives over the wire is hostile until shown otherwise: the
-signature, the metadata against the stream entry that referenced it, the
-island's epoch, the tensors' names, dtypes and shapes, finite values, a token
-count that matches the island's batch, and a norm that is not absurd next to
-recent updates of the same fragment. A failed check raises Rejection with a
+Everything that arrives over the wire is hostile until shown otherwise. First the
+entry is verified (verify_update): its message is signed with the run's secret and
+its metadata is the stream entry's; an entry that fails raises Unverified, and
+nothing is recorded in the name of the island it names. Then the update is
+checked (check_update): the island's epoch, the tensors' names, dtypes and shapes,
+finite values, a token count that matches the island's batch, and a norm that is
+not absurd next to recent updates of the same fragment. A failed check raises Rejection with a
 reason that syncd logs, counts per island and shows; nothing is merged.
 """
 
@@ -14,6 +16,7 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -29,7 +32,13 @@ FULL_PRECISION_CODECS = ("none", "bf16")  # tensors sent whole, in their own sha
 
 
 class Rejection(ValueError):
-    """An update that must not be merged; str() is the reason."""
+    """An island's update that must not be merged; str() is the reason."""
+
+
+class Unverified(ValueError):
+    """A stream entry whose message is not shown to be the update it claims (unreadable,
+    not signed with the run's secret, or another's): it speaks for no island, and
+    nothing is done in its name. str() is the reason."""
 
 
 @dataclass(frozen=True)
@@ -40,40 +49,60 @@ class IslandFacts:
     tokens_per_step: int
 
 
-def check_update(read: Callable[[int], bytearray], ref: UpdateRef, secret: bytes,
-                 facts: IslandFacts | None, shapes: dict[str, tuple[int, ...]],
-                 recent_norms: list[float], max_bytes: int) -> tuple[Update, float]:
-    """Decode and check one update; returns it and its norm per inner step.
+def verify_update(read: Callable[[int], bytearray], ref: UpdateRef, secret: bytes,
+                  max_bytes: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The signed metadata and tensors of the update a stream entry names, once shown to
+    be what the entry claims: a message signed with the run's secret whose island,
+    epoch, fragment and seq are the entry's. Until then the entry speaks for no one.
 
     Args:
         read: reads the message the stream entry points to, given the largest size
             accepted; raises syncd.bulk.BulkError when it is too large, expired,
-            missing or incomplete. Called only once the sender's identity checks out.
+            missing or incomplete.
         ref: the stream entry.
         secret: the run's HMAC key.
-        facts: the island's current epoch and tokens per step, None if unknown.
-        shapes: the fragment's tensor shapes.
-        recent_norms: norms per inner step of recent accepted updates of this fragment.
         max_bytes: the largest message accepted.
+
+    Raises:
+        Unverified: the message cannot be read, is not signed, or is not the entry's.
     """
-    if facts is None:
-        raise Rejection(f"unknown island {ref.island!r}")
-    if ref.epoch < facts.epoch:
-        raise Rejection(f"old epoch {ref.epoch}: island {ref.island} is at epoch {facts.epoch}")
     try:
         blob = read(max_bytes)
     except BulkError as exc:
-        raise Rejection(f"the update's message: {exc}") from exc
+        raise Unverified(f"the update's message: {exc}") from exc
     try:
         kind, meta, tensors = decode_message(blob, secret, max_bytes)
     except ProtocolError as exc:
-        raise Rejection(str(exc)) from exc
+        raise Unverified(str(exc)) from exc
     if kind != "update":
-        raise Rejection(f"a {kind!r} message where an update belongs")
+        raise Unverified(f"a {kind!r} message where an update belongs")
     claimed = (meta["island"], meta["epoch"], meta["fragment"], meta["seq"])
     if claimed != (ref.island, ref.epoch, ref.fragment, ref.seq):
-        raise Rejection(f"metadata {claimed} does not match the stream entry "
-                        f"{(ref.island, ref.epoch, ref.fragment, ref.seq)}")
+        raise Unverified(f"metadata {claimed} does not match the stream entry "
+                         f"{(ref.island, ref.epoch, ref.fragment, ref.seq)}")
+    return meta, tensors
+
+
+def check_update(meta: dict[str, Any], tensors: dict[str, torch.Tensor], ref: UpdateRef,
+                 facts: IslandFacts, shapes: dict[str, tuple[int, ...]],
+                 recent_norms: list[float]) -> tuple[Update, float]:
+    """Check a verified update (verify_update's metadata and tensors) against what syncd
+    knows; returns it and its norm per inner step.
+
+    Args:
+        meta, tensors: the signed message's.
+        ref: its stream entry.
+        facts: the island's current epoch and tokens per step.
+        shapes: the fragment's tensor shapes.
+        recent_norms: norms per inner step of recent accepted updates of this fragment.
+
+    Raises:
+        Rejection: the island's update must not be merged.
+    """
+    if ref.epoch < facts.epoch:
+        raise Rejection(f"old epoch {ref.epoch}: island {ref.island} is at epoch {facts.epoch}")
+    if not isinstance(meta["codec"], str):
+        raise Rejection(f"codec must be a name, got {meta['codec']!r}")
     steps, tokens, base = meta["inner_steps"], meta["tokens"], meta["base_version"]
     if not _whole(steps) or not _whole(tokens) or steps < 1:
         raise Rejection(f"inner_steps must be a positive whole number, got {steps!r}")

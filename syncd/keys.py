@@ -9,17 +9,20 @@ Keys, for run R (built by syncd.run_keys.RunKeys.key):
     arch:runs                      set of active run ids, for syncd
     arch:R:spec                    JSON {mode, config, secret}
     arch:R:epochs                  hash island -> current epoch (older are refused)
-    arch:R:updates                 stream of {island, epoch, fragment, seq, key, chunks,
-                                   bytes} (syncd.update_stream)
-    arch:R:blob:<uuid>:<i>         chunks of an update message, with a TTL, deleted once
+    arch:R:updates                 stream of {island, epoch, fragment, seq, chunks, bytes}
+                                   (syncd.update_stream)
+    arch:R:blob:<island>:<epoch>:<fragment>:<seq>:<i>
+                                   chunks of an update message, with a TTL, deleted once
                                    syncd merged, refused or dropped it
     arch:R:versions                hash fragment -> newest global version (syncd.globals_store)
     arch:R:full:<p>                reference to the newest global fragment p (a full
-                                   message in arch:R:full:<p>:<v>:<i>)
+                                   message in arch:R:full:<p>:<v>:<t>:<i>, t the fencing
+                                   token of the syncd that wrote it)
     arch:R:pub:<p>:<v>             reference to the published difference v-1 -> v
-                                   (lossy downlink; the last max_staleness are kept)
+                                   (arch:R:pub:<p>:<v>:<t>:<i>; lossy downlink; the last
+                                   max_staleness are kept)
     arch:R:momentum:<p>            reference to the outer optimizer buffers of fragment p
-                                   (arch:R:momentum:<p>:<v>:<i>)
+                                   (arch:R:momentum:<p>:<v>:<t>:<i>)
     arch:R:tokens_merged           hash fragment -> tokens behind its merged updates
     arch:R:handled:<p>             hash island -> newest seq merged or dropped
     arch:R:heartbeats              hash island -> JSON {epoch, time, step, tokens}

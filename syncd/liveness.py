@@ -1,6 +1,6 @@
 """syncd's watch over a run's islands, from their heartbeats and their supervisors'
 death reports: lost and revived, rejoins, tokens per second, and when each was held
-up by a fault (the step times that may value useful steps).
+up by a fault or a user's pause (the step times that may value useful steps).
 
 An island is lost as soon as its supervisor reports the death of its current
 epoch (RunStore.report_death), and otherwise after `heartbeat_timeout_s` of
@@ -97,7 +97,7 @@ class Liveness:
         was held up. `membership_changed(island, now, joining)` is called as each is
         lost or comes back, before the next island is looked at."""
         self.alive = 0 if paused else self._watch_islands(now, membership_changed)
-        self._note_disturbed(now)
+        self._note_disturbed(now, paused)
 
     def _watch_islands(self, now: float,
                        membership_changed: Callable[[str, float, bool], None]) -> int:
@@ -158,10 +158,14 @@ class Liveness:
             self.tokens_per_s[island] = (beat["tokens"] - mark[1]) / (beat["time"] - mark[0])
             self.rate_marks[island] = (beat["time"], beat["tokens"])
 
-    def _note_disturbed(self, now: float) -> None:
-        """Islands faulted or lost at `now` were held up; so was the whole run, behind a
-        barrier (never earlier than the end of a restart's pause: `hold_up_run`)."""
+    def _note_disturbed(self, now: float, paused: bool) -> None:
+        """Islands faulted or lost at `now` were held up, and every island while a user
+        paused the run (a step time spanning the pause is no training pace); so was the
+        whole run, behind a barrier (never earlier than the end of a restart's pause:
+        `hold_up_run`)."""
         disturbed = [*self.faults, *self.lost]
+        if paused:
+            disturbed += [island.name for island in self.spec.config.islands]
         for island in disturbed:
             self.disturbed[island] = now
         if disturbed:
@@ -173,8 +177,9 @@ class Liveness:
         self.disturbed[""] = until
 
     def disturbed_since(self, island: str, since: float) -> bool:
-        """Whether `island` was faulted or lost since `since`; in elastic, whether any
-        island was or the job restarted, since the barrier holds every island up."""
+        """Whether `island` was faulted, lost or paused since `since`; in elastic,
+        whether any island was or the job restarted, since the barrier holds every
+        island up."""
         last = self.disturbed.get(island, -math.inf)
         if self.spec.elastic:
             last = max(last, self.disturbed.get("", -math.inf))

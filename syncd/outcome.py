@@ -21,11 +21,13 @@ if TYPE_CHECKING:
 
 
 def finish(accounting: RunAccounting, spec: RunSpec, now: float, *, tokens_merged: int,
-           eval_loss: float | None, versions: list[int]) -> dict[str, Any]:
-    """End the run's accounting at `now` and return its outcome."""
+           eval_loss: float | None, versions: list[int], theta_s: float | None = None
+           ) -> dict[str, Any]:
+    """End the run's accounting at `now` and return its outcome; uptime's theta is
+    `theta_s` (the final status's), or from the step times alone without it."""
     if accounting.end is None:
         accounting.finish(now)
-    snap = accounting.snapshot(now, theta(accounting, spec))
+    snap = accounting.snapshot(now, theta(accounting, spec) if theta_s is None else theta_s)
     return {
         "start": accounting.start, "end": accounting.end, "wall_s": snap["wall_s"],
         "goodput": snap["goodput"], "useful_s": snap["useful_s"],

@@ -27,9 +27,17 @@ from diloco.model import embedding_tensor_names
 from diloco.policy import Decision, RoundStats
 from diloco.protocol import decode_message, encode_message
 from diloco.synchronizer import Synchronizer, history_length
-from syncd.ingest import IslandFacts, Rejection, check_update, message_limit
+from syncd.ingest import (
+    IslandFacts,
+    Rejection,
+    Unverified,
+    check_update,
+    message_limit,
+    verify_update,
+)
+from syncd.quarantine import Quarantine
 from syncd.store import RunStore
-from syncd.update_stream import UpdateRef
+from syncd.update_stream import BadEntry, UpdateRef
 
 if TYPE_CHECKING:
     from diloco.accounting import RunAccounting
@@ -74,21 +82,22 @@ class Rounds:
         self.sync = Synchronizer(params, fragments, config.sync, config.optim,
                                  config.round_tokens(), embedding_tensor_names())
         self.after = b"0-0"
-        # Stream entries up to this one may have been read by a syncd before this one:
-        # a handled seq among them is a redelivery. After it, a handled seq is a replay.
-        newest = store.newest_update_id()
-        self.redelivered_until = _stream_id(newest) if newest else (0, 0)
         # fragment -> island -> the stream entries of the updates in its open round
         # (several when increments were added up); their messages go when it merges.
         self.round_refs: list[dict[str, list[UpdateRef]]] = [{} for _ in fragments]
         self.norms = [deque(maxlen=32) for _ in fragments]
         self.rejections: Counter[str] = Counter()
+        self.quarantine = Quarantine(store, recorder)
         # Elastic: islands whose update of the fragment's open round was refused; the
         # barrier does not wait for them (a skipped bad step).
         self.excused: list[set[str]] = [set() for _ in fragments]
         self.restart_versions = [0] * len(fragments)  # published by the last restart
         self.step_time: dict[str, float] = {}
         self.last_update: dict[tuple[str, int], tuple[float, int, int]] = {}  # time, seq, epoch
+        # Elastic: each island's barrier waits booked as lost so far, and their total at
+        # its last update of each fragment: a step time counts them once, as lost.
+        self.waited: Counter[str] = Counter()
+        self.waited_at: dict[tuple[str, int], float] = {}
         self.last_merge: list[dict[str, Any]] = [{} for _ in fragments]
 
     # -- state in Redis --------------------------------------------------------
@@ -145,15 +154,15 @@ class Rounds:
         """Commit fragment p's newest version; `done` are the updates it took in (or
         threw away), whose messages go in the same transaction."""
         version = self.sync.versions[p]
-        diff = None
+        difference = None
         history = self.sync.history[p]
         if history and history[-1].version == version:  # a lossy downlink's difference
             published = history[-1]
             meta = {"run": self.store.run_id, "fragment": p, "version": version,
                     "base_version": version - 1, "codec": published.codec}
-            diff = encode_message("global", meta, published.payload, self.spec.secret)
+            difference = encode_message("global", meta, published.payload, self.spec.secret)
         momentum = tensorfile.dumps(self.sync.optimizers[p].state_dict())
-        self.store.publish(p, version, self._global_message(p, version), diff, momentum,
+        self.store.publish(p, version, self._global_message(p, version), difference, momentum,
                            dict(self.sync.handled[p]), result_tokens, self.kept_differences, done)
 
     def tokens_merged(self) -> int:
@@ -166,44 +175,56 @@ class Rounds:
     def ingest(self, now: float, liveness: Liveness) -> tuple[bool, bool]:
         """Read what arrived on the stream (for at most INGEST_BUDGET_S) into the open
         rounds; returns whether anything was read and whether the stream is read to its
-        end."""
-        refs = self.store.read_updates(self.after, count=READ_COUNT)
+        end. Each entry is taken alone: one that speaks for no island is quarantined
+        (syncd/quarantine.py) and its neighbours go on."""
+        entries = self.store.read_updates(self.after, count=READ_COUNT)
         budget_end = time.monotonic() + INGEST_BUDGET_S
-        read_all = len(refs) < READ_COUNT
-        for i, ref in enumerate(refs):
-            self.after = ref.stream_id
-            self._ingest(ref, now, liveness)
+        read_all = len(entries) < READ_COUNT
+        for i, entry in enumerate(entries):
+            self.after = entry.stream_id
+            if isinstance(entry, BadEntry):
+                self.quarantine.add(entry.stream_id, "malformed entry", entry.reason, None)
+            else:
+                self._ingest(entry, now, liveness)
             self.keepalive()
             if time.monotonic() > budget_end:
-                read_all &= i == len(refs) - 1
+                read_all &= i == len(entries) - 1
                 break  # the rest is read again on the next pass
-        return bool(refs), read_all
+        self.quarantine.settle(now)
+        return bool(entries), read_all
 
     def _ingest(self, ref: UpdateRef, now: float, liveness: Liveness) -> None:
         p = ref.fragment
+        config = self.spec.config
+        island = next((i for i in config.islands if i.name == ref.island), None)
+        if island is None:
+            self.quarantine.add(ref.stream_id, "unknown island",
+                                f"unknown island {ref.island[:64]!r}", None)
+            return
         if not 0 <= p < len(self.fragments):
-            self._reject(ref, f"no fragment {p}")
+            self.quarantine.add(ref.stream_id, f"no such fragment ({ref.island})",
+                                f"no fragment {p}", ref.island)
             return
         pending = self.sync.rounds[p].get(ref.island)
         if ref.seq <= self.sync.handled[p].get(ref.island, -1) or (
                 pending is not None and ref.seq <= pending.update.seq):
-            # Merged at most once; what another syncd may have read is redelivered
-            # silently, anything newer is a replay.
-            if _stream_id(ref.stream_id) > self.redelivered_until:
-                self._reject(ref, f"replayed seq {ref.seq}: island {ref.island} already sent "
-                                  f"an update of fragment {p} with this seq or a later one")
-            elif ref.blob not in (r.blob for r in self.round_refs[p].get(ref.island, ())):
-                self.store.drop_updates([ref])  # done with before this syncd took the run
+            # Merged at most once: an update sent again (the same seq, the same message)
+            # is the same update, and one before it is done with. Nothing is done in
+            # its name (the entry is not verified): a message sent again expires.
             return
-        config = self.spec.config
-        island = next((i for i in config.islands if i.name == ref.island), None)
-        facts = None if island is None else IslandFacts(
-            liveness.epochs.get(ref.island, 0), island.batch_size * config.model.block_size)
         try:
-            update, norm = check_update(
-                lambda limit: self.store.update_message(ref, limit), ref, self.spec.secret,
-                facts, self.sync.shapes[p], list(self.norms[p]),
-                message_limit(self.sync.shapes[p]))
+            meta, tensors = verify_update(lambda limit: self.store.update_message(ref, limit),
+                                          ref, self.spec.secret,
+                                          message_limit(self.sync.shapes[p]))
+        except Unverified as exc:
+            self.quarantine.add(ref.stream_id, f"unverified ({ref.island})", str(exc),
+                                ref.island)
+            return
+        facts = IslandFacts(liveness.epochs.get(ref.island, 0),
+                            island.batch_size * config.model.block_size)
+        try:
+            update, norm = check_update(meta, tensors, ref, facts, self.sync.shapes[p],
+                                        list(self.norms[p]))
         except Rejection as exc:
             self._reject(ref, str(exc))
             return
@@ -227,13 +248,18 @@ class Rounds:
                 and now > previous[0]:
             steps = ref.seq - previous[1]
             self.step_time[ref.island] = (now - previous[0]) / steps
-            self.accounting.observe_step_time(ref.island, self.step_time[ref.island],
-                                              faulted=liveness.disturbed_since(
-                                                  ref.island, previous[0]),
-                                              steps=steps)
+            training = now - previous[0] - (self.waited[ref.island]
+                                            - self.waited_at.get((ref.island, p), 0.0))
+            if training > 0:
+                self.accounting.observe_step_time(ref.island, training / steps,
+                                                  faulted=liveness.disturbed_since(
+                                                      ref.island, previous[0]),
+                                                  steps=steps)
         self.last_update[(ref.island, p)] = (now, ref.seq, ref.epoch)
+        self.waited_at[(ref.island, p)] = self.waited[ref.island]
 
     def _reject(self, ref: UpdateRef, reason: str) -> None:
+        """Refuse a verified update of the island it names (and settle its seq)."""
         log.warning("run %s: rejected update %s/%s seq %s from %s: %s", self.store.run_id,
                     ref.fragment, ref.epoch, ref.seq, ref.island, reason)
         self.rejections[ref.island] += 1
@@ -242,7 +268,7 @@ class Rounds:
         self.recorder.event("rejection", ref.island, reason=reason, fragment=ref.fragment,
                             seq=ref.seq, epoch=ref.epoch)
         p = ref.fragment
-        if 0 <= p < len(self.fragments) and ref.island not in self.sync.rounds[p]:
+        if ref.island not in self.sync.rounds[p]:
             # The island may be waiting for this update's fate; it is settled.
             self.sync.handled[p][ref.island] = max(ref.seq,
                                                    self.sync.handled[p].get(ref.island, -1))
@@ -256,9 +282,6 @@ class Rounds:
     def _account_lost_update(self, ref: UpdateRef, reason: str) -> None:
         """The island-seconds behind a refused update: its steps since the island's
         previous handled update of that fragment, at its fault-free step time."""
-        if not 0 <= ref.fragment < len(self.fragments) \
-                or ref.island not in self.spec.island_names():
-            return
         previous = self.sync.handled[ref.fragment].get(ref.island, ref.seq)
         step_time = self.accounting.step_time(ref.island) or 0.0
         cause = "stale" if reason.startswith("stale") else "rejected"
@@ -325,6 +348,7 @@ class Rounds:
         self.excused[p].clear()
         if self.spec.elastic:
             for island, seconds in self.barrier_waits(p, now).items():
+                self.waited[island] += seconds
                 if island in self.accounting.islands:
                     self.accounting.lost(island, seconds, "barrier_wait")
         outer_steps = self.sync.outer_steps
@@ -334,10 +358,13 @@ class Rounds:
         if result is None:
             self.store.mark_handled(p, dict(self.sync.handled[p]), done)
             return False
+        if not self._finite(p):
+            self._refuse_merge(p, result.version, list(result.inner_steps), done)
+            return False
         self.publish(p, result.tokens, done)
         self.keepalive()
         self.accounting.merged_round(result.weights, result.inner_steps, now, fragment=p,
-                                     version=result.version)
+                                     version=result.version, seqs=result.seqs)
         self.last_merge[p] = {"version": result.version, "weights": result.weights,
                               "reason": reason, "dropped": result.dropped_stale}
         # From the pass that read the update closing the round to the merge committed.
@@ -346,6 +373,31 @@ class Rounds:
                             weights=result.weights, tokens=result.tokens,
                             reason=reason, latency_s=latency)
         return self.sync.outer_steps > outer_steps
+
+    def _finite(self, p: int) -> bool:
+        """Whether fragment p's global and outer momentum hold finite values only."""
+        tensors = [*self.sync.globals[p].values(),
+                   *self.sync.optimizers[p].state_dict().values()]
+        return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+    def _refuse_merge(self, p: int, version: int, islands: list[str],
+                      done: list[UpdateRef]) -> None:
+        """A merge into `version` that made fragment p non-finite (finite updates can
+        overflow together): it is not published, the fragment goes back to its
+        published version, and the round's updates are dropped as refused."""
+        _, meta, tensors = decode_message(self.store.full(p), self.spec.secret)
+        momentum = tensorfile.loads(self.store.momentum(p))[1]
+        self.load_fragment(p, tensors, momentum, meta["version"])
+        history = self.sync.history[p]
+        if history and history[-1].version == version:
+            history.pop()
+        self.store.mark_handled(p, dict(self.sync.handled[p]), done)
+        reason = (f"the merge into version {version} of fragment {p} made it non-finite; "
+                  f"not published, the updates of {', '.join(sorted(islands))} dropped")
+        log.warning("run %s: %s", self.store.run_id, reason)
+        for island in islands:
+            self.rejections[island] += 1
+            self.recorder.event("rejection", island, reason=reason, fragment=p)
 
     def barrier_waits(self, p: int, now: float) -> dict[str, float]:
         """Elastic: how long each island with an update in fragment p's round has waited
@@ -368,8 +420,3 @@ class Rounds:
         self.restart_versions[p] = self.sync.versions[p]
         return discarded
 
-
-def _stream_id(raw: bytes) -> tuple[int, int]:
-    """A Redis stream id (b"1700000000000-3") as numbers that sort like the stream."""
-    millis, _, seq = raw.decode().partition("-")
-    return int(millis), int(seq or 0)

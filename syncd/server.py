@@ -34,6 +34,11 @@ LEASE_TTL_S = 10.0
 # A syncd whose main loop showed no progress this long stops renewing its leases from
 # its lease-keeper thread, so that another takes its runs.
 PROGRESS_DEADLINE_S = 60.0
+# A run whose tick failed is built anew after this long, doubled after each failure in a
+# row up to RETRY_MAX_S: a run that keeps failing costs syncd little, and its lease is
+# kept, so its updates are merged once it works again.
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 60.0
 
 
 class Syncd:
@@ -77,6 +82,8 @@ class Syncd:
         self.members = 1
         self.next_renewal = 0.0
         self.last_active: set[str] = set()
+        # run -> (when it is tried again, the wait after its last failure)
+        self.retries: dict[str, tuple[float, float]] = {}
 
     def tick(self) -> bool:
         """Renew leases when due, take or hand over runs, tick every run held; True if
@@ -99,16 +106,22 @@ class Syncd:
         for run_id in _in_order(self.leases):
             if run_id not in self.leases:
                 continue  # lost while an earlier run's pass renewed the leases
+            if run_id in self.retries and now < self.retries[run_id][0]:
+                continue  # failed lately: it waits its turn to be built again
             try:
                 busy |= self._run_sync(run_id).tick()
+                self.retries.pop(run_id, None)
             except LeaseLost as e:
                 log.warning("%s; run %s is another syncd's now", e, run_id)
                 self.leases.pop(run_id, None)
                 self.runs.pop(run_id, None)
             except Exception:
-                # One broken run must not stop the others; it is built anew next tick,
-                # its lease kept.
-                log.exception("run %s failed a tick", run_id)
+                # One broken run must not stop the others; it is built anew after a
+                # wait that grows while it keeps failing, its lease kept.
+                wait = min(2 * self.retries[run_id][1], RETRY_MAX_S) \
+                    if run_id in self.retries else RETRY_FIRST_S
+                self.retries[run_id] = (now + wait, wait)
+                log.exception("run %s failed a tick; built anew in %.0f s", run_id, wait)
                 self.runs.pop(run_id, None)
         return busy
 
@@ -165,6 +178,7 @@ class Syncd:
     def _let_go(self, run_id: str, why: str) -> None:
         """Stop serving a run and free its lease at once, so another may take it."""
         sync = self.runs.pop(run_id, None)
+        self.retries.pop(run_id, None)
         held = self.leases.pop(run_id)
         if sync is not None:
             try:

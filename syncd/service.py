@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from diloco.island import initial_model
 from syncd import checkpoint, outcome
 from syncd.chaos_driver import ChaosDriver
 from syncd.evaluation import GlobalEval
+from syncd.finite import finite
 from syncd.hooks import Recorder
 from syncd.liveness import Liveness
 from syncd.recovery import Recovery
@@ -48,6 +51,40 @@ CONTROL_EVERY_S = 0.2
 # A stopped run waits this long at most for its islands to send what they have and
 # exit (their supervisors SIGKILL an island still running 30 s after its SIGTERM).
 STOP_WAIT_S = 35.0
+TICK_WINDOW_S = 30  # seconds of passes whose typical longest is syncd's tick
+
+
+class PassTimes:
+    """syncd's tick as a merge feels it: the time from the start of one pass over the
+    run to the next, which a merge that comes due meanwhile waits for.
+
+    `tick_s` is the median, over the last `window_s` seconds, of each second's longest
+    pass: the status, flush and evaluation work that recurs every second or so counts,
+    a one-off hang (one second's) does not, and stays down time.
+    """
+
+    def __init__(self, window_s: int = TICK_WINDOW_S):
+        self.last: float | None = None
+        self.second: int | None = None
+        self.longest = 0.0  # the current second's
+        self.maxima: deque[float] = deque(maxlen=window_s)  # the seconds before it
+
+    def mark(self, now: float) -> None:
+        """A pass starts at `now`."""
+        if self.last is not None:
+            second = math.floor(now)
+            if second != self.second:
+                if self.second is not None:
+                    self.maxima.append(self.longest)
+                self.second, self.longest = second, 0.0
+            self.longest = max(self.longest, now - self.last)
+        self.last = now
+
+    @property
+    def tick_s(self) -> float:
+        if self.second is None:
+            return 0.0
+        return statistics.median([*self.maxima, self.longest])
 
 
 class RunSync:
@@ -101,17 +138,33 @@ class RunSync:
         self.evaluating_tokens = 0
         self.next_status = self.next_flush = self.next_control = 0.0
         self.last_status: dict[str, Any] = {}  # links count their bytes from it
+        self.passes = PassTimes()
         self.completed = False
         self.stop_seen: float | None = None  # when this syncd saw the user's stop
         versions = store.versions()
         if versions or not self.recovery.fall_back_to_checkpoint(self.rounds):
             self.rounds.restore(versions)
+        self._take_over(store.heartbeats())
+        self.overcredited: set[str] = set()  # islands a warning was logged for
+
+    def _take_over(self, heartbeats: dict[str, dict[str, Any]]) -> None:
+        """This syncd's accounting starts now, and a run that was training (another
+        syncd's, or this one's before a restart) has updates in flight: per island and
+        fragment, the steps up to the larger of the seq handled and the island's last
+        heartbeat step were trained before, and no merge credits them."""
+        for island in self.accounting.islands:
+            step = int((heartbeats.get(island) or {}).get("step", 0))
+            for p in range(len(self.rounds.fragments)):
+                before = max(int(self.rounds.sync.handled[p].get(island, 0)), step, 0)
+                if before:
+                    self.accounting.trained_before(island, before, fragment=p)
 
     # -- one pass ------------------------------------------------------------
 
     def tick(self) -> bool:
         """Ingest what arrived, merge what may merge, watch liveness; True if busy."""
         now = self.clock()
+        self.passes.mark(now)
         # Epochs every pass: they fence off old epochs before their updates count.
         # Deaths too: a death report marks its island lost on this very pass.
         epochs, deaths = self.store.epochs_and_deaths()
@@ -203,17 +256,29 @@ class RunSync:
         return run_status(now, run_id=self.store.run_id, spec=self.spec, rounds=self.rounds,
                           liveness=self.liveness, accounting=self.accounting,
                           tokens_merged=self.rounds.tokens_merged(), eval_loss=self.eval_loss,
-                          eval_tokens=self.eval_tokens, previous=self.last_status)
+                          eval_tokens=self.eval_tokens, previous=self.last_status,
+                          tick_s=self.passes.tick_s)
 
     def _put_status(self, now: float) -> None:
         """Keep a status snapshot in Redis and in the history, and push it."""
-        status = self.status(now)
+        status = finite(self.status(now))
         self.last_status = status
+        self._warn_overcredited(status)
         seq = self.store.put_status(status)
         self.recorder.metric(status, now)
         self._record_progress(status)
         if self.notify:
             self.notify(self.store.run_id, seq, status)
+
+    def _warn_overcredited(self, status: dict[str, Any]) -> None:
+        """An island credited above its allocation is a bug in the figures: logged once
+        per island, and the status says so (`overcredited`)."""
+        new = set(status["overcredited"]) - self.overcredited
+        if new:
+            log.warning("run %s: islands %s were credited more useful seconds than they "
+                        "were allocated; their goodput is above 1", self.store.run_id,
+                        ", ".join(sorted(new)))
+            self.overcredited |= new
 
     def _record_progress(self, status: dict[str, Any]) -> None:
         """Tokens merged, outer steps and progress (tokens / budget, at most 1) of a
@@ -233,7 +298,7 @@ class RunSync:
         """The budget is spent: the run ends as completed (or as stopped, if a user's stop
         was under way)."""
         self._end("stopped" if self.stop_seen is not None else "completed")
-        log.info("run %s completed: %d tokens merged, eval loss %.4f", self.store.run_id,
+        log.info("run %s completed: %d tokens merged, eval loss %s", self.store.run_id,
                  self.rounds.tokens_merged(), self.eval_loss)
 
     def _stop(self, now: float) -> None:
@@ -244,27 +309,37 @@ class RunSync:
             if self.rounds.sync.rounds[p] and self.rounds.merge_round(p, now, "stop"):
                 self._outer_step(now)
         self._end("stopped")
-        log.info("run %s stopped: %d tokens merged, eval loss %.4f", self.store.run_id,
+        log.info("run %s stopped: %d tokens merged, eval loss %s", self.store.run_id,
                  self.rounds.tokens_merged(), self.eval_loss)
 
     def _end(self, state: str) -> None:
-        """Mark the run done, evaluate the global model, keep the final snapshot with its
-        outcome, write the final checkpoint (a checkpoint event), record the run's tokens
-        and the islands as stopped, move the run to `state` (completed or stopped) and free
-        the run's Redis keys but that snapshot and the logs. No merge follows."""
+        """Mark the run done, write the final checkpoint (a checkpoint event), evaluate
+        the global model, keep the final snapshot with its outcome, record the run's
+        tokens and the islands as stopped, move the run to `state` (completed or stopped)
+        and free the run's Redis keys but that snapshot and the logs. No merge follows.
+
+        The checkpoint comes first: an evaluation that fails (the corpus missing on
+        syncd's host, say) is recorded as an event and the run still ends, its training
+        saved; the outcome then carries the last eval loss that was measured."""
         self.completed = True
         self.store.mark_done()
-        self.eval_loss = self.evaluation(self.rounds.sync.global_params())
-        self.eval_tokens = self.rounds.tokens_merged()
+        self.recovery.save_checkpoint(self.rounds, self.eval_loss)
+        try:
+            self.eval_loss = self.evaluation(self.rounds.sync.global_params())
+            self.eval_tokens = self.rounds.tokens_merged()
+        except Exception as exc:
+            log.exception("run %s: the final evaluation failed", self.store.run_id)
+            self.recorder.event("evaluation_failed", None, error=f"{type(exc).__name__}: {exc}")
         now = self.clock()
         status = self.status(now)
         status["outcome"] = outcome.finish(
             self.accounting, self.spec, now, tokens_merged=self.rounds.tokens_merged(),
-            eval_loss=self.eval_loss, versions=list(self.rounds.sync.versions))
+            eval_loss=self.eval_loss, versions=list(self.rounds.sync.versions),
+            theta_s=status["theta_s"])
+        status = finite(status)
         self.store.put_status(status)
         self._record_progress(status)
         self.next_status = math.inf  # the final snapshot, with the outcome, stays
-        self.recovery.save_checkpoint(self.rounds, self.eval_loss)
         for island in self.spec.config.islands:
             self.recorder.island(island.name, state="stopped")
         self.recorder.flush()

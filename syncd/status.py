@@ -5,10 +5,11 @@ A read-only view: `run_status` reads the parts of a RunSync and changes none.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from statistics import median as _median
 from typing import TYPE_CHECKING, Any
 
-from diloco.accounting import uptime_theta
+from diloco.accounting import fragment_cadence, uptime_theta
 
 if TYPE_CHECKING:
     from diloco.accounting import RunAccounting
@@ -19,13 +20,15 @@ if TYPE_CHECKING:
 
 def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, liveness: Liveness,
                accounting: RunAccounting, tokens_merged: int, eval_loss: float | None,
-               eval_tokens: int | None, previous: dict[str, Any] | None = None
-               ) -> dict[str, Any]:
+               eval_tokens: int | None, previous: dict[str, Any] | None = None,
+               tick_s: float = 0.0) -> dict[str, Any]:
     """Per island state, active fault, tokens, tokens/s, version lag, bytes (real and
     as emulated) and its WAN link to syncd (see `link`, against the `previous` status);
     per fragment arrivals/K, grace left and the last merge; the run's versions,
-    goodput, uptime, train and eval loss (`eval_loss`, of the model with
-    `eval_tokens` merged)."""
+    goodput (with `overcredited`: the islands credited above their allocation, a bug
+    shown, not clipped), uptime, train and eval loss (`eval_loss`, of the model with
+    `eval_tokens` merged). Uptime's theta (`theta`) is floored by a fragment's round
+    trip and syncd's measured `tick_s`."""
     config, sync, alive = spec.config, rounds.sync, liveness.alive
     newest = max(sync.versions)
     scale = config.emulation.bytes_scale
@@ -56,16 +59,20 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
                           "grace_left_s": round(decision.deadline - now, 2)
                           if decision.deadline else None,
                           "waiting": decision.reason, "last_merge": rounds.last_merge[p]})
-    figures = accounting.snapshot(now, theta(accounting, spec))
+    figures = accounting.snapshot(now, theta(
+        accounting, spec, pace=pace(spec, liveness.tokens_per_s),
+        round_trip_s=rounds.round_stats().sync_time_s, tick_s=tick_s))
     for name, island_figures in figures["islands"].items():
         if name in islands:
             islands[name]["goodput"] = island_figures["goodput"]
+            islands[name]["overcredited"] = island_figures["overcredited"]
             islands[name]["fault"] = liveness.faults.get(name, "none")
     before = (previous or {}).get("islands", {})
     for name, island in islands.items():
         island["link"] = link(island, before.get(name))
     return {"run": run_id, "time": now, "live_islands": alive,
-            "goodput": figures["goodput"], "uptime": figures["uptime"],
+            "goodput": figures["goodput"], "overcredited": figures["overcredited"],
+            "uptime": figures["uptime"],
             "train_loss": median([i["loss"] for i in islands.values()
                                   if i["loss"] is not None and i["state"] == "training"]),
             "startup_s": figures["startup_s"], "theta_s": figures["theta_s"],
@@ -100,13 +107,32 @@ def link(island: dict[str, Any], before: dict[str, Any] | None) -> dict[str, Any
     return {"state": link_state(island["state"], island.get("fault", "none")), **carried}
 
 
-def theta(accounting: RunAccounting, spec: RunSpec) -> float | None:
+def pace(spec: RunSpec, tokens_per_s: Mapping[str, float]) -> dict[str, float]:
+    """Each island's seconds per inner step now, from the tokens per second of its
+    heartbeats (Liveness.tokens_per_s, over about a second): how fast it trains while
+    a merge is awaited, which its updates tell only once they arrive."""
+    config = spec.config
+    return {i.name: i.batch_size * config.model.block_size / tokens_per_s[i.name]
+            for i in config.islands if tokens_per_s.get(i.name, 0.0) > 0}
+
+
+def theta(accounting: RunAccounting, spec: RunSpec, *,
+          pace: Mapping[str, float] | None = None, round_trip_s: float = 0.0,
+          tick_s: float = 0.0) -> float | None:
     """Uptime's theta: twice a fragment's cadence, H steps at the step time of the K-th
-    fastest island (elastic: the slowest, the barrier waits for every island)."""
+    fastest island (elastic: the slowest, the barrier waits for every island), at the
+    fault-free step times or, when the islands go slower now, at their `pace` (each
+    one's seconds per step now, `pace`): a slowdown is not a stall.
+    Never less than twice a fragment's `round_trip_s` and syncd's `tick_s`
+    (uptime_theta); None before any fault-free step time is known."""
     config = spec.config
     k = len(config.islands) if spec.elastic else config.sync.min_quorum
     cadence = accounting.cadence(config.sync.inner_steps, k)
-    return None if cadence is None else uptime_theta(cadence)
+    if cadence is None:
+        return None
+    now = fragment_cadence([(pace or {}).get(i.name) for i in config.islands],
+                           config.sync.inner_steps, min(k, len(config.islands)))
+    return uptime_theta(max(cadence, now or 0.0), round_trip_s=round_trip_s, tick_s=tick_s)
 
 
 def median(values: list[float]) -> float | None:

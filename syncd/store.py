@@ -156,7 +156,7 @@ class RunStore(UpdateStream, GlobalsStore, IslandSignals):
         self.client.hset(self.key("chaos"), mapping={"start": start, "done": 0,
                                                 "islands": json.dumps(islands)})
 
-    def chaos_done(self, done: int) -> None:
+    def set_chaos_done(self, done: int) -> None:
         """The first `done` actions of the chaos schedule are carried out."""
         self.client.hset(self.key("chaos"), "done", done)
 

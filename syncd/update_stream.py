@@ -1,13 +1,16 @@
 """The update stream: islands send their updates to syncd through it.
 
-An update message is stored in chunks with a TTL, then referenced by an entry of
-the run's stream arch:R:updates. syncd reads the entries in order, reads each
-message, and deletes it once it merged, refused or dropped it.
+An update message is stored in chunks with a TTL under a key named by its sender
+and place, (island, epoch, fragment, seq), then referenced by an entry of the
+run's stream arch:R:updates. syncd reads the entries in order, parses each one
+alone (a malformed one is a `BadEntry`, never an error of the batch), reads the
+message from the key it derives itself, and deletes it once it merged, refused or
+dropped it. An entry names no key: the worst it can make syncd read or delete is
+the message of the update it names.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -15,10 +18,14 @@ from syncd.bulk import BulkRef
 from syncd.run_keys import BLOB_TTL_S, RunKeys
 
 STREAM_MAXLEN = 100_000
+MAX_FIELD = 2**62  # the largest epoch, fragment, seq, chunk count or size an entry may give
+MAX_ISLAND_NAME = 256
 
 
 @dataclass(frozen=True)
 class UpdateRef:
+    """A well-formed stream entry: what it claims, until the message it names is verified."""
+
     stream_id: bytes
     island: str
     epoch: int
@@ -27,31 +34,56 @@ class UpdateRef:
     blob: BulkRef
 
 
+@dataclass(frozen=True)
+class BadEntry:
+    """A stream entry that cannot be parsed: `reason` says why."""
+
+    stream_id: bytes
+    reason: str
+
+
 class UpdateStream(RunKeys):
     """A run's update stream and the update messages it references."""
+
+    def update_key(self, island: str, epoch: int, fragment: int, seq: int) -> str:
+        """Where the message of an island's update lies: one key per (island, epoch,
+        fragment, seq), so that an update sent again is the same update."""
+        return self.key("blob", island, epoch, fragment, seq)
 
     def push_update(self, island: str, epoch: int, fragment: int, seq: int,
                     blob: bytes | bytearray) -> None:
         """Store an update message in chunks with a TTL, then reference it from the
         stream (in that order, so syncd never reads an entry before its chunks)."""
         pipe = self.client.pipeline(transaction=False)
-        ref = self.bulk.put(self.key("blob", uuid.uuid4().hex), blob, BLOB_TTL_S, pipe)
+        ref = self.bulk.put(self.update_key(island, epoch, fragment, seq), blob, BLOB_TTL_S,
+                            pipe)
         pipe.xadd(self.key("updates"), {"island": island, "epoch": epoch, "fragment": fragment,
-                                        "seq": seq, "key": ref.key, "chunks": ref.chunks,
-                                        "bytes": ref.size},
+                                        "seq": seq, "chunks": ref.chunks, "bytes": ref.size},
                   maxlen=STREAM_MAXLEN, approximate=True)
         pipe.execute()
 
     def read_updates(self, after: bytes = b"0-0", count: int = 64, block_ms: int | None = None
-                     ) -> list[UpdateRef]:
+                     ) -> list[UpdateRef | BadEntry]:
+        """The entries after `after`, each parsed alone."""
         reply = self.client.xread({self.key("updates"): after}, count=count, block=block_ms)
-        refs = []
-        for _, entries in reply or []:
-            for stream_id, f in entries:
-                blob = BulkRef(f[b"key"].decode(), int(f[b"chunks"]), int(f[b"bytes"]))
-                refs.append(UpdateRef(stream_id, f[b"island"].decode(), int(f[b"epoch"]),
-                                      int(f[b"fragment"]), int(f[b"seq"]), blob))
-        return refs
+        return [self.parse_entry(stream_id, fields)
+                for _, entries in reply or [] for stream_id, fields in entries]
+
+    def parse_entry(self, stream_id: bytes, fields: dict[bytes, bytes]) -> UpdateRef | BadEntry:
+        """A stream entry as the update it claims to be, or why it is not one."""
+        try:
+            island = fields[b"island"].decode()
+            if not 0 < len(island) <= MAX_ISLAND_NAME:
+                raise ValueError(f"an island name of {len(island)} characters")
+            epoch, fragment, seq, chunks, size = (
+                _whole(fields[name]) for name in (b"epoch", b"fragment", b"seq", b"chunks",
+                                                  b"bytes"))
+        except KeyError as exc:
+            return BadEntry(stream_id, f"malformed entry: no field {exc.args[0].decode()!r}")
+        except ValueError as exc:
+            return BadEntry(stream_id, f"malformed entry: {exc}")
+        return UpdateRef(stream_id, island, epoch, fragment, seq,
+                         BulkRef(self.update_key(island, epoch, fragment, seq), chunks, size))
 
     def update_message(self, ref: UpdateRef, max_bytes: int) -> bytearray:
         """The update message a stream entry names.
@@ -67,11 +99,23 @@ class UpdateStream(RunKeys):
         if refs:
             self._write(lambda pipe: [self.bulk.delete(pipe, ref.blob) for ref in refs])
 
+    def forget_entries(self, stream_ids: Iterable[bytes]) -> None:
+        """Delete stream entries that name no update syncd will ever take (quarantined):
+        a restart or a rebuild of the run does not read them again."""
+        ids = list(stream_ids)
+        if ids:
+            self._write(lambda pipe: pipe.xdel(self.key("updates"), *ids))
+
     def trim_updates(self, min_id: bytes) -> None:
         """Forget stream entries older than `min_id`: all of them are handled."""
         self._write(lambda pipe: pipe.xtrim(self.key("updates"), minid=min_id))
 
-    def newest_update_id(self) -> bytes | None:
-        """The id of the newest entry in the update stream, None while it is empty."""
-        newest = self.client.xrevrange(self.key("updates"), count=1)
-        return newest[0][0] if newest else None
+
+def _whole(raw: bytes) -> int:
+    """A field that must be a whole number from 0 to MAX_FIELD, in plain decimal digits."""
+    if not raw.isdigit() or len(raw) > 19:
+        raise ValueError(f"{raw[:40]!r} is not a whole number")
+    value = int(raw)
+    if value > MAX_FIELD:
+        raise ValueError(f"{value} is out of range")
+    return value

@@ -1,5 +1,6 @@
-"""How an island process is launched: its command line, the environment of each
-rank of an island of several processes, and its end: with its supervisor, and
+"""How an island process is launched: its command line (which carries no secret: the
+Redis URL is in its environment), the environment of each rank of an island of
+several processes, and its end: with its supervisor, and
 without the interpreter's teardown."""
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from typing import Any, NoReturn
 LAUNCHED_AT_ENV = "ARCHIPELAGO_LAUNCHED_AT"
 # ... and with the time its start or rejoin was asked for (trainer/phases.py).
 ASKED_AT_ENV = "ARCHIPELAGO_ASKED_AT"
+# ... and with the Redis URL, password and all: never on its command line, which `ps`,
+# the island's log and a crash alert show to anyone who looks.
+REDIS_URL_ENV = "ARCHIPELAGO_REDIS_URL"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -28,12 +32,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def island_command(redis_url: str, run_id: int, island: str, epoch: int,
-                   device: str | None = None) -> list[str]:
+def island_command(run_id: int, island: str, epoch: int, device: str | None = None
+                   ) -> list[str]:
     """The island process's argv; `device` is given to an island of several processes,
-    whose ranks above 0 need it before they have the run's spec."""
-    command = [sys.executable, "-m", "trainer.runner", "--redis-url", redis_url,
-               "--run", str(run_id), "--island", island, "--epoch", str(epoch)]
+    whose ranks above 0 need it before they have the run's spec. The Redis URL goes in
+    its environment (REDIS_URL_ENV), not here."""
+    command = [sys.executable, "-m", "trainer.runner", "--run", str(run_id),
+               "--island", island, "--epoch", str(epoch)]
     return [*command, "--device", device] if device else command
 
 

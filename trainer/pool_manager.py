@@ -47,6 +47,7 @@ from trainer.island_logs import island_log_path
 from trainer.launch import (
     ASKED_AT_ENV,
     LAUNCHED_AT_ENV,
+    REDIS_URL_ENV,
     end_with_parent,
     island_command,
     island_processes,
@@ -213,11 +214,11 @@ class PoolManager:
                        f"{run_id}")
             self._supervise(supervisor, [process], claim)
             return
-        env = {**self.env}
+        env = {**self.env, REDIS_URL_ENV: self.redis_url}
         if claim.get("asked_at") is not None:
             env[ASKED_AT_ENV] = repr(float(claim["asked_at"]))
         env.pop(LAUNCHED_AT_ENV, None)
-        command = island_command(self.redis_url, int(run_id), island, epoch,
+        command = island_command(int(run_id), island, epoch,
                                  device if processes > 1 else None)
         supervisor = IslandSupervisor(command, store, island, epoch, log_path, env=env,
                                       processes=processes)

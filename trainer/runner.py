@@ -49,6 +49,7 @@ from trainer.emulation import FaultEmulation
 from trainer.launch import (
     ASKED_AT_ENV,
     LAUNCHED_AT_ENV,
+    REDIS_URL_ENV,
     env_time,
     exit_now,
     process_started_at,
@@ -450,13 +451,15 @@ class ProcessIsland:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--redis-url", required=True)
     parser.add_argument("--run", required=True)
     parser.add_argument("--island", required=True)
     parser.add_argument("--epoch", type=int, required=True)
     parser.add_argument("--device", default=None, choices=DEVICES,
                         help="default: the run's train.device")
     args = parser.parse_args()
+    redis_url = os.environ.get(REDIS_URL_ENV)
+    if not redis_url:
+        parser.error(f"the Redis URL must be in the environment variable {REDIS_URL_ENV}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     torch.set_num_threads(1)  # several islands share a host's cores
     return_large_frees()
@@ -468,7 +471,7 @@ def main() -> None:
             log.info("island %s rank %d of %d on %s", args.island, group.rank,
                      group.world_size, group.device)
             exit_now(follow_rank(group, args.island))
-    store = RunStore(connect(args.redis_url, ride_out_restarts=True), args.run)
+    store = RunStore(connect(redis_url, ride_out_restarts=True), args.run)
     island = ProcessIsland(store, args.island, args.epoch, args.device, group, rss_bytes())
 
     def stop(signum: int, frame: object) -> None:

@@ -52,6 +52,7 @@ from trainer.island_logs import island_log_path, tail_lines
 from trainer.launch import (
     ASKED_AT_ENV,
     LAUNCHED_AT_ENV,
+    REDIS_URL_ENV,
     end_with_parent,
     free_port,
     island_command,
@@ -377,12 +378,11 @@ def supervise_island(run_id: int, island: str, epoch: int, redis_url: str,
     store = RunStore(connect(redis_url), run_id)
     if not store.is_active() or store.stop_requested() is not None:
         return {"island": island, "epoch": epoch, "exit_code": None, "ended": "inactive"}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", REDIS_URL_ENV: redis_url}
     if asked_at is not None:
         env[ASKED_AT_ENV] = repr(float(asked_at))
     processes, device = island_processes(store.spec(), island)
-    command = island_command(redis_url, run_id, island, epoch,
-                             device if processes > 1 else None)
+    command = island_command(run_id, island, epoch, device if processes > 1 else None)
     supervisor = IslandSupervisor(command, store, island, epoch,
                                   island_log_path(log_dir, run_id, island), env=env,
                                   processes=processes)

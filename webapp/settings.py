@@ -243,6 +243,18 @@ AXES_USERNAME_CALLABLE = "webapp.dashboard.login.axes_username"
 AXES_RESET_ON_SUCCESS = True
 # Only failures are kept, not a row per successful sign-in.
 AXES_DISABLE_ACCESS_LOG = True
+# Behind reverse proxies every request comes from a proxy's address, so one user's
+# failures would lock that user out for everybody. TRUSTED_PROXY_COUNT says how many
+# proxies stand in front of the web app (each appends to X-Forwarded-For); the address
+# is then read from that header by django-ipware, strictly: a header with more entries
+# than the proxies add (a client's own, spoofed) counts as the proxy's address.
+TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0)
+if TRUSTED_PROXY_COUNT > 0:
+    AXES_IPWARE_META_PRECEDENCE_ORDER = ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR")
+    AXES_IPWARE_PROXY_COUNT = TRUSTED_PROXY_COUNT - 1  # entries after the client's
+    IPWARE_STRICT = True
+else:
+    AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
 # axes' backend refuses a locked-out sign-in whatever form sent it; ModelBackend signs in.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",

@@ -211,7 +211,8 @@ def run(manager: ProcessManager) -> None:
                          "PORT")
     if not os.environ.get("REDIS_URL"):
         os.environ["REDIS_URL"] = start_embedded_redis(manager, var_dir() / "redis")
-        print(f"Redis (embedded): {os.environ['REDIS_URL']}, data in {var_dir() / 'redis'}")
+        print(f"Redis (embedded): {redact_url(os.environ['REDIS_URL'])}, data in "
+              f"{var_dir() / 'redis'}")
     elif problem := redis_problem(os.environ["REDIS_URL"]):
         raise StartError(problem)
     else:

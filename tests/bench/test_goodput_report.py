@@ -3,11 +3,19 @@ system's own costs, one clock for both modes, quality-adjusted goodput, stalls w
 quorum alive, the spread over seeds, and the report page."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from bench import results
-from bench.goodput import PROFILES, figures, oracle_of, quality_reference, report
+from bench.goodput import (
+    PROFILES,
+    figures,
+    oracle_of,
+    quality_reference,
+    report,
+    scheduled_faults,
+)
 from bench.goodput_report import (
     eval_curve,
     figure_html,
@@ -62,20 +70,41 @@ def test_a_region_outage_costs_every_island_it_hits():
     assert oracle_goodput([outage], 2, 100.0, **BASE) == pytest.approx(1 - 20 / (2 * 110))
 
 
-def test_the_oracle_bound_does_not_move_with_the_measured_rejoin_time():
+def fault_events(fired_at: float, back_at: float, *, at_s: float = 10.0) -> list:
+    """A run's events: the schedule's kill of a at `at_s`, fired by syncd at `fired_at`
+    on its clock, and a's rejoin at `back_at`."""
+    a = SimpleNamespace(name="a")
+    chaos = {"preset": "light", "seed": 1, "at_s": at_s}
+    return [SimpleNamespace(kind="fault", island=a, time=fired_at,
+                            detail={"fault": "kill", "seconds": 8.0, "epoch": 1,
+                                    "chaos": chaos}),
+            SimpleNamespace(kind="fault", island=a, time=fired_at + 1.0,
+                            detail={"fault": "straggle", "seconds": 3.0}),  # by hand
+            SimpleNamespace(kind="rejoin", island=a, time=back_at,
+                            detail={"seconds_to_first_step": back_at - fired_at})]
+
+
+def test_the_oracle_bound_comes_from_the_schedule_not_from_when_the_system_fired_or_rejoined():
     config = {"islands": [{}] * 4, "sync": {"inner_steps": 10, "fragments": 2}}
     fault_free = {"outcome": {"wall_s": 60.0, "startup_s": 5.0}, "step_time_s": 0.1}
-    faults = [{"at_s": 10.0, "kind": "kill", "island": "a", "duration_s": 8.0,
-               "factor": None}]
-    bound = oracle_of(faults, fault_free, config)
-    slow, quick = (faulted_run(rejoin_s) for rejoin_s in (30.0, 1.0))
-    steps = {"a": 0.1, "b": 0.1}
+    # A slow system fired the kill 2 s late and took 30 s to rejoin; a quick one fired it
+    # on time and rejoined in 1 s.
+    slow = scheduled_faults(fault_events(1012.0, 1042.0))
+    quick = scheduled_faults(fault_events(1010.0, 1011.0))
 
-    assert figures(slow, 2, steps, REFERENCE)["system_costs"]["rejoin"] > \
-        figures(quick, 2, steps, REFERENCE)["system_costs"]["rejoin"]
-    assert oracle_of(slow["faults"], fault_free, config) == bound
-    assert oracle_of(quick["faults"], fault_free, config) == bound
+    assert slow == quick == [{"at_s": 10.0, "kind": "kill", "island": "a",
+                              "duration_s": 8.0, "factor": None}]
+    bound = oracle_of(slow, fault_free, config)
     assert bound == pytest.approx(1 - 8 / (4 * 57.0))
+    assert oracle_of(quick, fault_free, config) == bound
+    # The bound moves with the schedule: the same kill drawn at 56 s is cut at the horizon.
+    later = oracle_of(scheduled_faults(fault_events(1056.0, 1060.0, at_s=56.0)), fault_free,
+                      config)
+    assert later > bound
+    slow_run, quick_run = (faulted_run(rejoin_s) for rejoin_s in (30.0, 1.0))
+    steps = {"a": 0.1, "b": 0.1}
+    assert figures(slow_run, 2, steps, REFERENCE)["system_costs"]["rejoin"] > \
+        figures(quick_run, 2, steps, REFERENCE)["system_costs"]["rejoin"]
 
 
 # Quality's reference: loss 3 at 100 tokens, 2 at 10,000, 0.5 island-seconds a token.

@@ -1,8 +1,10 @@
 """The rejoin benchmark's arithmetic and report (bench/rejoin.py), on figures made up
-here: percentiles, a warm cycle that found the pool empty counted as cold, the
-keys docs/BENCHMARKS.md reads, and a missed target reported as missed."""
+here: a cycle's seconds from its timestamps and the merge that counts as its first,
+percentiles, a warm cycle that found the pool empty counted as cold, the keys
+docs/BENCHMARKS.md reads, and a missed target reported as missed."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -50,3 +52,21 @@ def test_the_report_writes_warm_and_cold_with_each_figure_and_says_a_miss(
     assert not data["checks"]["warm rejoin to first step p95 (s)"]["ok"]
     assert data["checks"]["warm SIGKILL to lost p95 (s)"]["ok"]
     assert "FAILED: warm rejoin to first step" in capsys.readouterr().err
+
+
+def test_a_cycles_seconds_run_from_the_kill_and_from_the_rejoin_asked_for():
+    # Killed at 100.0, marked lost at 100.4; the outage ends and the rejoin is asked for
+    # at 105.0; the new epoch's first step is 1.25 s after it, its first merge at 107.5.
+    assert rejoin.cycle_seconds(100.0, 100.4, 105.0, 1.25, 107.5) == {
+        "kill_to_lost_s": 0.4, "rejoin_to_first_step_s": 1.25,
+        "rejoin_to_first_merge_s": 2.5}
+
+
+def test_the_first_merge_is_the_first_that_took_in_the_rejoined_islands_update():
+    def merge(at: float, *islands: str) -> SimpleNamespace:
+        return SimpleNamespace(time=at, detail={"weights": dict.fromkeys(islands, 0.5)})
+
+    merges = [merge(1.0, "us-west", "eu"), SimpleNamespace(time=1.5, detail={}),
+              merge(2.0, "us-east", "eu"), merge(3.0, "us-east")]
+    assert rejoin.first_merge_of("us-east", merges).time == 2.0
+    assert rejoin.first_merge_of("ap", merges) is None

@@ -111,17 +111,18 @@ def test_a_step_time_sample_needs_whole_steps():
         RunAccounting(["a"], 0.0).observe_step_time("a", 1.0, faulted=False, steps=0)
 
 
-def test_an_island_without_fault_free_steps_is_valued_at_the_median_over_all_islands():
+def test_an_island_without_fault_free_steps_is_valued_at_the_mean_over_all_islands():
     acct = RunAccounting(["a", "b", "c"], 0.0)
     acct.observe_step_time("a", 1.0, faulted=False)
-    acct.observe_step_time("b", 3.0, faulted=False)
-    acct.observe_step_time("b", 5.0, faulted=False)
-    acct.observe_step_time("c", 9.0, faulted=True)
+    acct.observe_step_time("b", 2.0, faulted=False)
+    acct.observe_step_time("b", 9.0, faulted=False)
+    acct.observe_step_time("c", 20.0, faulted=True)
     acct.merged("c", 10, 1.0, 50.0)
 
-    assert acct.step_time("b") == pytest.approx(4.0)
-    assert acct.step_time("c") == pytest.approx(3.0)  # median of 1, 3, 5
-    assert acct.useful_seconds("c", 50.0) == pytest.approx(30.0)
+    assert acct.step_time("b") == pytest.approx(5.5)
+    # The step-weighted mean of 1, 2 and 9 s is 4 s; their median would be 2 s.
+    assert acct.step_time("c") == pytest.approx(4.0)
+    assert acct.useful_seconds("c", 50.0) == pytest.approx(40.0)
 
 
 def test_goodput_is_unknown_while_no_fault_free_step_time_was_observed():
@@ -277,18 +278,45 @@ def test_a_pause_is_left_out_of_merge_gaps_and_wall_time():
     assert acct.uptime(51.0, theta=2.0) == 1.0
 
 
-def test_uptime_is_the_mean_over_fragments_of_each_fragments_own_gaps():
+def test_uptime_falls_only_while_no_fragment_merges():
     acct = RunAccounting(["a"], 0.0, fragments=2)
     acct.observe_step_time("a", 1.0, faulted=False)
-    merge_every(acct, "a", 1.0, 10.0, steps=1, fragment=0)
+    merge_every(acct, "a", 1.0, 5.0, steps=1, fragment=0)
     acct.merged("a", 1, 0.5, 1.5, fragment=1)
     acct.merged("a", 1, 0.5, 9.0, fragment=1)
 
-    # Start-up ends at 1 s; fragment 1 is down from 1.5 to 9 (7.5 s of 9 s after it).
-    assert acct.uptime(10.0, theta=2.0, fragment=0) == 1.0
+    # Start-up ends at 1 s; fragment 1 alone is slow from 1.5 to 9, while fragment 0
+    # goes on merging until 5: the global model stood still from 5 to 9 only.
+    assert acct.uptime(10.0, theta=2.0, fragment=0) == pytest.approx(1 - 5 / 9)
     assert acct.uptime(10.0, theta=2.0, fragment=1) == pytest.approx(1 - 7.5 / 9)
-    assert acct.uptime(10.0, theta=2.0) == pytest.approx(1 - 7.5 / 9 / 2)
+    assert acct.uptime(10.0, theta=2.0) == pytest.approx(1 - 4 / 9)
     assert acct.median_merge_gap(fragment=0) == pytest.approx(1.0)
+
+
+def test_a_slowdown_that_raised_theta_while_it_lasted_stays_up_once_theta_falls_back():
+    acct = accounting("a")
+    # Merges every second (theta 2 s), then every 3 s while one island cold-starts
+    # beside the others and their steps are measured slower (theta 6 s), then every
+    # second again.
+    merge_every(acct, "a", 1.0, 10.0, steps=1)
+    assert acct.uptime(10.0, theta=2.0) == 1.0
+    for t in (13.0, 16.0, 19.0, 22.0):
+        assert acct.uptime(t - 1.0, theta=6.0) == 1.0
+        acct.merged("a", 1, 0.5, t)
+    merge_every(acct, "a", 1.0, 30.0, steps=1, first=23.0)
+
+    assert acct.uptime(30.0, theta=2.0) == 1.0
+    # A stall is still down: no merge from 30 to 40, against theta 2 s.
+    assert acct.uptime(40.0, theta=2.0) == pytest.approx(1 - 10 / 39)
+
+
+def test_a_gap_that_saw_no_theta_noted_is_judged_against_the_next_one():
+    assert uptime_from_marks([[1.0, 2.0, 8.0]], 1.0, 10.0, 1.0, thetas=[(9.0, 7.0)]) \
+        == 1.0
+    assert uptime_from_marks([[1.0, 2.0, 8.0]], 1.0, 10.0, 1.0, thetas=[(1.5, 7.0)]) \
+        == 1.0  # in force from 1.5 on: at the start of the gap 2 -> 8
+    assert uptime_from_marks([[1.0, 2.0, 8.0]], 1.0, 10.0, 1.0,
+                             thetas=[(1.5, 7.0), (1.8, 1.0)]) == pytest.approx(1 - 8 / 9)
 
 
 def test_a_fragments_cadence_is_h_steps_at_the_kth_fastest_islands_step_time():
@@ -301,6 +329,14 @@ def test_a_fragments_cadence_is_h_steps_at_the_kth_fastest_islands_step_time():
     assert acct.cadence(inner_steps=10, min_quorum=1) == pytest.approx(5.0)
     assert acct.cadence(inner_steps=10, min_quorum=2) == pytest.approx(10.0)
     assert uptime_theta(acct.cadence(10, 2)) == pytest.approx(20.0)
+
+
+def test_theta_is_never_below_twice_a_merges_round_trip_and_syncds_tick():
+    # Steps of 2 ms at H = 10 are due every 20 ms; a merge needs a 30 ms round trip of
+    # its fragment and a pass of syncd's loop, which status work makes 50 ms long.
+    assert uptime_theta(0.02) == pytest.approx(0.04)
+    assert uptime_theta(0.02, round_trip_s=0.03, tick_s=0.05) == pytest.approx(0.16)
+    assert uptime_theta(5.0, round_trip_s=0.03, tick_s=0.05) == pytest.approx(10.0)
 
 
 def test_uptime_from_marks_is_what_the_accounting_says():
@@ -380,15 +416,47 @@ def test_a_step_time_window_below_one_is_refused():
         RunAccounting(["a"], 0.0, step_time_window=0)
 
 
-def test_work_carried_in_from_before_the_window_counts_at_most_the_window():
-    # A syncd that started its accounting anew at t = 100 merges, at t = 104, an update of
-    # 20 one-second steps: 16 of them were trained before its window began.
+def test_an_island_dead_for_19_of_20_s_after_a_takeover_reads_goodput_one_twentieth():
+    # A syncd takes the run over at t = 100; island a's last heartbeat says step 195 and
+    # its update of steps 1-200 (0.1 s each) was in flight. It trains 10 steps more, to
+    # 205, and dies at 101 with steps 201-205 unsent. Only steps 196-200 were trained
+    # in the window and merged: 0.5 s of the 20 allocated.
     acct = RunAccounting(["a"], 100.0)
+    acct.trained_before("a", 195)
+    acct.observe_step_time("a", 0.1, faulted=False, steps=200)
+    acct.merged("a", 200, 1.0, 100.5, seq=200)
+
+    assert acct.useful_seconds("a", 120.0) == pytest.approx(0.5)
+    assert acct.goodput(120.0) == pytest.approx(0.5 / 20)
+    assert acct.overcredited(120.0) == []
+
+
+def test_steps_are_credited_past_the_larger_of_each_fragments_handled_seq_and_the_beat():
+    acct = RunAccounting(["a"], 0.0, fragments=2)
+    acct.observe_step_time("a", 1.0, faulted=False)
+    acct.trained_before("a", 90)  # its last heartbeat
+    acct.trained_before("a", 96, fragment=1)  # fragment 1's handled seq
+    acct.merged("a", 10, 1.0, 1.0, fragment=0, seq=100)  # steps 91-100: all 10 after 90
+    acct.merged("a", 10, 1.0, 1.0, fragment=1, seq=100)  # 4 after 96
+    acct.merged("a", 10, 1.0, 2.0, fragment=1, seq=110)  # all 10
+
+    assert acct.islands["a"].useful_steps == pytest.approx((10 + 4 + 10) / 2)
+    assert acct.rollback(1.5, 3.0) == pytest.approx(10 / 2)  # what was credited
+
+
+def test_an_island_credited_above_its_allocation_is_reported_not_clipped():
+    # An update of 20 one-second steps merged 4 s into the window, with nothing saying
+    # they were trained before it: credited in full, and reported.
+    acct = RunAccounting(["a", "b"], 100.0)
     acct.observe_step_time("a", 1.0, faulted=False, steps=20)
     acct.merged("a", 20, 1.0, 104.0)
 
-    assert acct.useful_seconds("a", 104.0) == pytest.approx(4.0)
-    assert acct.goodput(104.0) == pytest.approx(1.0)
-    assert acct.useful_seconds("a", 200.0) == pytest.approx(20.0)  # once the window holds it
-    assert acct.snapshot(104.0)["islands"]["a"]["goodput"] == pytest.approx(1.0)
+    assert acct.useful_seconds("a", 104.0) == pytest.approx(20.0)
+    assert acct.overcredited(104.0) == ["a"]
+    snap = acct.snapshot(104.0)
+    assert snap["islands"]["a"]["goodput"] == pytest.approx(5.0)
+    assert snap["islands"]["a"]["overcredited"] and not snap["islands"]["b"]["overcredited"]
+    assert snap["overcredited"] == ["a"]
+    assert snap["goodput"] == pytest.approx(20.0 / 8.0)
+    assert acct.overcredited(200.0) == []
 

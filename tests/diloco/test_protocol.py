@@ -107,6 +107,23 @@ def test_it_rejects_a_correctly_signed_header_that_is_not_json():
         decode_message(sign(body), SECRET)
 
 
+def test_it_rejects_a_correctly_signed_header_nested_too_deep_as_a_protocol_error():
+    header = b"[" * 200_000
+    body = struct.pack("<Q", len(header)) + header
+
+    with pytest.raises(ProtocolError, match="not a safetensors message"):
+        decode_message(sign(body), SECRET)
+
+
+def test_it_rejects_metadata_nested_too_deep_as_a_protocol_error():
+    header = {"protocol": str(PROTOCOL_VERSION), "kind": "global",
+              **{k: json.dumps(v) for k, v in GLOBAL_META.items()}, "version": "[" * 200_000}
+    body = save_tensors({"x": torch.ones(2)}, metadata=header)
+
+    with pytest.raises(ProtocolError, match="metadata is missing or malformed"):
+        decode_message(sign(body), SECRET)
+
+
 def test_it_rejects_another_protocol_version():
     header = {"protocol": str(PROTOCOL_VERSION + 1), "kind": "global",
               **{k: json.dumps(v) for k, v in GLOBAL_META.items()}}

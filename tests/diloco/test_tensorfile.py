@@ -63,6 +63,8 @@ def with_header(header: bytes, data: bytes) -> bytearray:
      "malformed"),
     (with_header(b'{"__metadata__":{"a":1}}', b""), "map of strings"),
     (with_header(b"not json", b""), "not JSON"),
+    (with_header(b"[" * 200_000, b""), "not JSON"),  # nested too deep to parse
+    (with_header(b'{"w":' * 200_000, b""), "not JSON"),
     (bytearray(struct.pack("<Q", 1 << 40)), "does not fit"),
 ])
 def test_bytes_that_are_not_a_well_formed_file_are_refused_with_the_reason(raw, reason):

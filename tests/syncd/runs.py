@@ -1,6 +1,7 @@
 """Runs served by a RunSync on the tests' Redis and database, driven tick by tick on a
-frozen clock, and updates and heartbeats written as islands write them: the helpers
-of syncd's tests (test_service, test_rounds, test_liveness, test_recovery)."""
+frozen clock, updates and heartbeats written as islands write them, and the keys a
+run store holds: the helpers of syncd's tests (test_service, test_rounds,
+test_liveness, test_recovery, test_store and its parts' tests)."""
 
 import json
 
@@ -9,6 +10,7 @@ import torch
 from diloco import codecs
 from diloco.protocol import encode_message
 from syncd.connection import connect
+from syncd.run_keys import RunKeys
 from syncd.service import RunSync
 from syncd.store import RunStore
 from webapp.runs.records import DatabaseRecorder
@@ -65,3 +67,8 @@ def beat_at(sync: RunSync, island: str, time: float, *, epoch: int = 1,
     beat = {"epoch": epoch, "time": time, "step": 4, "tokens": 128, "state": state,
             "startup_s": startup_s}
     sync.store.client.hset(sync.store.key("heartbeats"), island, json.dumps(beat))
+
+
+def stored_keys(store: RunKeys, part: str) -> list[str]:
+    """The run's keys whose name after the run's prefix starts with `part`."""
+    return sorted(k.decode() for k in store.client.scan_iter(match=store.key(part) + "*"))

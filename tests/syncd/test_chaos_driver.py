@@ -89,7 +89,7 @@ class FakeStore:
     def start_chaos(self, start, islands):
         self.chaos.update(start=str(start), done="0", islands=json.dumps(islands))
 
-    def chaos_done(self, done):
+    def set_chaos_done(self, done):
         self.chaos["done"] = str(done)
 
     def set_fault(self, island, kind, until, factor, seconds):

@@ -2,9 +2,12 @@
 in RunSync on a real Redis and the real database).
 
 Each bad message is written into the run's stream as an attacker (or a broken island)
-could. It must be rejected with a reason, counted for its island (the status the
-control room shows), recorded as a rejection event and never merged, and the run goes
-on: the next good updates still merge into a new version.
+could. One not shown to be the island's (unsigned, torn, another's) is quarantined: a
+rejection event, and nothing done in the island's name, whose genuine update of the
+same seq still merges. One the island signed is rejected with a reason, counted for
+its island (the status the control room shows), recorded as a rejection event and
+never merged. Either way the run goes on: the next good updates merge into a new
+version.
 """
 
 from __future__ import annotations
@@ -169,25 +172,30 @@ def a_global_message(sync):
     return encode_message("global", meta, tensors_of(sync), sync.spec.secret)
 
 
-HOSTILE = [
+# Entries whose message is not shown to be the update they claim: they speak for no
+# island, and are quarantined (syncd/quarantine.py).
+UNVERIFIED = [
     (truncated, "bad signature"),
     (a_few_bytes, "truncated"),
     (not_safetensors, "does not fit the message"),
     (bad_header_json, "not a safetensors message"),
+    (huge, "exceeds the limit"),
+    (another_runs_secret, "bad signature"),
+    (unsigned, "bad signature"),
+    (claims_another_island, "does not match the stream entry"),
+    (a_global_message, "where an update belongs"),
+]
+# Signed by the run's secret and the island's own: refused as the island's.
+REFUSED = [
     (wrong_dtype, "torch.float64"),
     (wrong_shape, "has shape"),
     (wrong_names, "do not match the fragment"),
     (with_nan, "non-finite"),
     (with_inf, "non-finite"),
     (with_minus_inf_in_int8_scale, "non-finite"),
-    (huge, "exceeds the limit"),
-    (another_runs_secret, "bad signature"),
-    (unsigned, "bad signature"),
-    (claims_another_island, "does not match the stream entry"),
     (absurd_inner_steps, "more than the island's seq"),
     (base_version_not_a_number, "base_version must be a whole number"),
     (wrong_token_count, "do not match"),
-    (a_global_message, "where an update belongs"),
 ]
 
 
@@ -210,7 +218,41 @@ def assert_rejected_and_the_run_goes_on(sync: RunSync, reason: str, seq: int) ->
     assert sync.rounds.rejections == {"a": 1}
 
 
-@pytest.mark.parametrize("make, reason", HOSTILE, ids=[m.__name__ for m, _ in HOSTILE])
+def assert_quarantined_and_the_run_goes_on(sync: RunSync, reason: str, seq: int) -> None:
+    """One rejection event with `reason`, and nothing done in island a's name: nothing
+    counted, handled or booked as lost, the entry gone from the stream; b's good update
+    waits alone, and a's genuine update of that very seq merges with it."""
+    reasons = rejection_reasons(sync)
+    assert len(reasons) == 1 and reason in reasons[0], reasons
+    assert sync.rounds.rejections == {}
+    assert sync.status(1000.0)["islands"]["a"]["rejections"] == 0
+    assert "a" not in sync.store.handled(0)
+    assert sum(sync.accounting.islands["a"].lost.values()) == 0.0
+    entries = sync.store.client.xrange(sync.store.key("updates"))
+    assert [fields[b"island"] for _, fields in entries] == [b"b"]
+    version = sync.rounds.sync.versions[0]
+    assert sync.store.versions()[0] == version
+    assert list(sync.rounds.sync.rounds[0]) == ["b"]
+
+    push(sync, "a", seq, good_blob(sync, "a", seq))
+    sync.tick()
+
+    assert sync.store.versions()[0] == version + 1
+    assert sync.rounds.rejections == {}
+
+
+@pytest.mark.parametrize("make, reason", UNVERIFIED, ids=[m.__name__ for m, _ in UNVERIFIED])
+def test_an_unverified_update_is_quarantined_and_the_islands_genuine_one_still_merges(
+        run_sync, make, reason):
+    push(run_sync, "a", 8, make(run_sync))
+    push(run_sync, "b", 8, good_blob(run_sync, "b", 8))
+
+    run_sync.tick()
+
+    assert_quarantined_and_the_run_goes_on(run_sync, reason, 8)
+
+
+@pytest.mark.parametrize("make, reason", REFUSED, ids=[m.__name__ for m, _ in REFUSED])
 def test_a_hostile_update_is_rejected_counted_and_never_merged(run_sync, make, reason):
     push(run_sync, "a", 8, make(run_sync))
     push(run_sync, "b", 8, good_blob(run_sync, "b", 8))
@@ -236,7 +278,7 @@ def test_an_update_of_an_absurd_norm_is_rejected_once_recent_norms_are_known(run
     assert_rejected_and_the_run_goes_on(run_sync, "exceeds", seq)
 
 
-def test_a_replayed_update_is_rejected_as_a_replay_and_merged_once(run_sync):
+def test_an_update_sent_again_is_the_same_update_merged_once_and_refused_nothing(run_sync):
     blob = good_blob(run_sync, "a", 4)
     push(run_sync, "a", 4, blob)
     push(run_sync, "b", 4, good_blob(run_sync, "b", 4))
@@ -247,7 +289,10 @@ def test_a_replayed_update_is_rejected_as_a_replay_and_merged_once(run_sync):
     push(run_sync, "b", 8, good_blob(run_sync, "b", 8))
     run_sync.tick()
 
-    assert_rejected_and_the_run_goes_on(run_sync, "replayed seq 4", 4)
+    assert rejection_reasons(run_sync) == []
+    assert run_sync.rounds.rejections == {}
+    assert run_sync.store.versions()[0] == 1
+    assert list(run_sync.rounds.sync.rounds[0]) == ["b"]
 
 
 def test_a_restarted_syncd_reads_handled_updates_again_without_calling_them_replays(
@@ -289,7 +334,8 @@ def drop_chunk(store: RunStore, keys: list[str]) -> None:
     (forge_chunk, "bad signature"),
     (drop_chunk, "chunk 2 of"),
 ], ids=["reordered", "forged", "missing"])
-def test_a_tampered_chunk_gets_its_update_rejected_and_never_merged(run_sync, tamper, reason):
+def test_a_tampered_chunk_gets_its_update_quarantined_and_never_merged(run_sync, tamper,
+                                                                       reason):
     push(run_sync, "a", 8, good_blob(run_sync, "a", 8))
     [ref] = run_sync.store.read_updates()
     assert ref.blob.chunks >= 2, "the tests' chunk size (tests/conftest.py) splits updates"
@@ -298,6 +344,5 @@ def test_a_tampered_chunk_gets_its_update_rejected_and_never_merged(run_sync, ta
 
     run_sync.tick()
 
-    assert not any(run_sync.store.client.exists(k) for k in ref.blob.chunk_keys())
-    assert_rejected_and_the_run_goes_on(run_sync, reason, 8)
+    assert_quarantined_and_the_run_goes_on(run_sync, reason, 8)
     assert not list(run_sync.store.client.scan_iter(match=run_sync.store.key("blob") + "*"))

@@ -82,3 +82,30 @@ def test_the_fair_share_is_runs_over_live_members_rounded_up(runs, members, shar
 def test_a_lease_needs_a_positive_time_to_live(client):
     with pytest.raises(ValueError, match="above 0 seconds"):
         lease.acquire(client, 7, "syncd-a", ttl_s=0)
+def test_a_stale_holders_publish_never_touches_the_new_holders_chunks(client):
+    """The chunks of a publish are written before its fenced transaction: under names of
+    the writer's grant, so a refused publish of the same version leaves the new holder's
+    message whole, and leaves nothing that lives for good."""
+    stale = lease.acquire(client, 7, "syncd-a", ttl_s=0.1)
+    wait_until(lambda: lease.holder(client, 7) is None, 5, "the lease to expire")
+    fresh = lease.acquire(client, 7, "syncd-b", ttl_s=30)
+    fresh_store = RunStore(client, 7, fence=fresh)
+    fresh_store.publish(0, 2, b"fresh v2", None, b"fresh m", {"a": 8}, 100, keep=16)
+
+    with pytest.raises(LeaseLost):
+        RunStore(client, 7, fence=stale).publish(0, 2, b"stale", None, b"stale m", {"a": 8},
+                                                 100, keep=16)
+
+    assert fresh_store.full(0) == b"fresh v2" and fresh_store.momentum(0) == b"fresh m"
+    chunks = [k for k in client.scan_iter(match="arch:7:full:0:2:*")]
+    lasting = [k for k in chunks if client.ttl(k) == -1]
+    assert len(lasting) == 1  # the fresh holder's; the stale chunks expire
+
+
+def test_a_publish_deletes_the_message_its_reference_named_before(client):
+    store = RunStore(client, 7)
+    store.publish(0, 1, b"v1", None, b"m1", {}, 1, keep=16)
+    store.publish(0, 2, b"v2", None, b"m2", {}, 1, keep=16)
+    assert store.full(0) == b"v2"
+    assert sorted(k.decode() for k in client.scan_iter(match="arch:7:full:0:*")) == \
+        ["arch:7:full:0:2:0:0"]

@@ -6,7 +6,7 @@ real database."""
 import pytest
 
 from syncd.liveness import condition
-from tests.syncd.runs import beat_at
+from tests.syncd.runs import beat_at, send
 from webapp.runs.models import Event
 
 TIMEOUT = 10.0
@@ -98,3 +98,28 @@ def test_a_reported_death_marks_the_island_lost_on_the_next_pass(run_sync):
     run_sync.next_control = 0.0
     run_sync.tick()
     assert run_sync.liveness.lost == set()
+
+
+@pytest.mark.integration
+@pytest.mark.django_db
+def test_a_step_time_that_spans_a_users_pause_does_not_value_useful_steps(run_sync):
+    # 4 steps from 1000 to 1004 with a pause from 1001 to 1003 in between: 1 s a step
+    # on the clock, 0.5 s of training. The next 4 steps take 1 s: 0.25 s a step.
+    def updates(now: float, seq: int, version: int) -> None:
+        run_sync.clock_state["now"] = now
+        for island in ("a", "b"):
+            beat_at(run_sync, island, now)
+            send(run_sync, island, 0, seq, base_version=version)
+        run_sync.tick()
+
+    updates(1000.0, 4, 0)
+    run_sync.store.set_paused(True)
+    run_sync.clock_state["now"] = 1001.0
+    run_sync.tick()
+    run_sync.store.set_paused(False)
+    run_sync.clock_state["now"] = 1003.0
+    run_sync.tick()
+    updates(1004.0, 8, 1)
+    updates(1005.0, 12, 2)
+
+    assert run_sync.accounting.step_time("a") == pytest.approx(0.25)

@@ -272,3 +272,25 @@ def test_a_checkpoint_asked_for_is_written_at_the_next_pass(run_sync):
     assert set(params) == set(run_sync.rounds.sync.global_params())
     run_sync.tick()
     assert len(run_sync.recorder.checkpoints()) == 1  # asked once, written once
+
+
+def test_a_barrier_wait_is_lost_once_and_left_out_of_the_step_time(redis_url, tmp_path):
+    sync = make_run_sync(redis_url, tmp_path, "elastic")
+    clock = sync.clock_state
+
+    def update(island: str, now: float, seq: int, version: int) -> None:
+        clock["now"] = now
+        beat_at(sync, island, now)
+        send(sync, island, 0, seq, base_version=version)
+        sync.tick()
+
+    # a's update of fragment 0 waits 2 s at the barrier for b's, then a trains its next
+    # 4 steps in 1 s: 3 s on the clock, of which 2 s are booked as barrier wait.
+    beat_at(sync, "b", 1000.0)
+    update("a", 1000.0, 4, 0)
+    update("b", 1002.0, 4, 0)
+    assert sync.rounds.sync.versions[0] == 1
+    update("a", 1003.0, 8, 1)
+
+    assert sync.accounting.islands["a"].lost["barrier_wait"] == pytest.approx(2.0)
+    assert sync.accounting.step_time("a") == pytest.approx(0.25)

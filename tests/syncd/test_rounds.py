@@ -85,7 +85,7 @@ def test_the_messages_of_merged_updates_are_gone_once_the_merge_is_published(run
     assert blob_keys(run_sync) == []
 
 
-def test_the_messages_of_stale_and_refused_updates_are_gone_too(run_sync):
+def test_the_messages_of_stale_updates_are_gone_and_forged_ones_left_to_expire(run_sync):
     heartbeat_all(run_sync)
     for seq in (4, 8):
         send(run_sync, "a", 0, seq, base_version=run_sync.rounds.sync.versions[0])
@@ -96,7 +96,11 @@ def test_the_messages_of_stale_and_refused_updates_are_gone_too(run_sync):
     run_sync.tick()
 
     assert [r.split(":")[0] for r in rejections(run_sync)] == ["stale", "bad signature"]
-    assert blob_keys(run_sync) == []
+    # A forged entry deletes nothing, not even what lies at its key: b's own update of
+    # that seq may be there. Its chunks expire.
+    forged = run_sync.store.update_key("b", 1, 0, 12)
+    assert {k.decode().rsplit(":", 1)[0] for k in blob_keys(run_sync)} == {forged}
+    assert all(0 < run_sync.store.client.ttl(k) <= 3600 for k in blob_keys(run_sync))
 
 
 def test_a_replayed_update_is_merged_at_most_once(run_sync):
@@ -139,3 +143,24 @@ def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
     assert all(torch.equal(merged[n], t) for n, t in again.rounds.sync.globals[0].items())
     assert list(again.rounds.sync.rounds[1]) == ["a"]  # read again from the stream
     assert list(again.rounds.sync.rounds[0]) == []  # merged ones are not merged twice
+
+
+def test_a_merge_of_finite_updates_that_overflows_is_not_published(run_sync):
+    heartbeat_all(run_sync)
+    before = {n: t.clone() for n, t in run_sync.rounds.sync.globals[0].items()}
+    for island in ("a", "b"):
+        send(run_sync, island, 0, 4, value=3e38)  # finite, and no norm is known yet
+    run_sync.tick()
+
+    assert run_sync.store.versions()[0] == 0
+    assert run_sync.rounds.sync.versions[0] == 0
+    assert all(torch.equal(t, before[n]) for n, t in run_sync.rounds.sync.globals[0].items())
+    assert any("non-finite" in r for r in rejections(run_sync))
+    assert blob_keys(run_sync) == []
+
+    for island in ("a", "b"):
+        send(run_sync, island, 0, 8)
+    run_sync.tick()
+
+    assert run_sync.store.versions()[0] == 1
+    assert all(torch.isfinite(t).all() for t in run_sync.rounds.sync.globals[0].values())

@@ -9,6 +9,7 @@ from syncd.connection import connect
 from syncd.fence import LeaseLost
 from syncd.hooks import Hooks
 from syncd.server import Syncd
+from syncd.service import RunSync
 from syncd.store import RunStore
 from webapp.runs.services import create_run
 from webapp.runs.syncd_wiring import web_hooks
@@ -149,3 +150,31 @@ def test_leases_outlive_one_long_step_of_the_main_loop_but_not_a_stuck_loop(
         assert lease.holder(client, run_id) is None
     finally:
         syncd.stopping = True
+
+
+def test_a_run_that_keeps_failing_is_built_again_less_and_less_often_and_others_go_on(
+        redis_url, tmp_path, monkeypatch):
+    broken, healthy = active_runs(redis_url, 2)
+    builds = []
+
+    def build(store, *args, **kwargs):
+        builds.append(store.run_id)
+        if store.run_id == broken:
+            raise RuntimeError("this run cannot be built")
+        return RunSync(store, *args, **kwargs)
+
+    monkeypatch.setattr("syncd.server.RunSync", build)
+    clock = Clock()
+    served = Syncd(redis_url, tmp_path, web_hooks(), owner="syncd-a", lease_ttl_s=30,
+                   clock=clock)
+    ticks = 0
+    while clock.now < 10:
+        served.tick()
+        ticks += 1
+        clock.now += 0.25
+
+    # Tried at 0 s, then after waits of 1, 2 and 4 s: at 1, 3 and 7 s.
+    assert builds.count(broken) == 4
+    assert builds.count(healthy) == 1 and ticks == 40
+    assert healthy in served.runs
+    assert broken in served.leases, "its lease is kept, so its updates wait for it"

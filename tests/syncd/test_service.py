@@ -180,3 +180,184 @@ def test_a_stop_gives_up_waiting_for_islands_that_never_stop(run_sync):
     run_sync.clock_state["now"] = 1000.0 + STOP_WAIT_S
     run_sync.tick()
     assert Run.objects.get(pk=run.pk).state == Run.State.STOPPED
+
+
+def test_a_stop_saves_and_ends_the_run_even_when_the_final_evaluation_fails(
+        run_sync, monkeypatch):
+    run = Run.objects.get(pk=run_sync.recorder.run_id)
+    Run.objects.filter(pk=run.pk).update(state=Run.State.STOPPING)
+    heartbeat_all(run_sync)
+
+    def missing_corpus(path, eval_fraction):
+        raise FileNotFoundError("corpus.txt is not on syncd's host")
+
+    monkeypatch.setattr("diloco.data.load_corpus", missing_corpus)  # read at the final eval
+    run_sync.store.request_stop(1000.0)
+    run_sync.tick()
+    run_sync.clock_state["now"] = 1000.0 + STOP_WAIT_S
+    run_sync.tick()
+
+    run.refresh_from_db()
+    assert run.state == Run.State.STOPPED
+    assert run.checkpoints.count() == 1
+    failed = Event.objects.get(run=run, kind="evaluation_failed")
+    assert "corpus.txt is not on syncd's host" in failed.detail["error"]
+
+
+def beat_step(sync, island: str, time: float, step: int) -> None:
+    beat = {"epoch": 1, "time": time, "step": step, "tokens": step * TOKENS_PER_STEP,
+            "state": "training"}
+    sync.store.client.hset(sync.store.key("heartbeats"), island, json.dumps(beat))
+
+
+def test_a_syncd_that_takes_a_run_over_credits_only_the_steps_trained_since(
+        run_sync, tmp_path, caplog):
+    from syncd.service import RunSync
+    from webapp.runs.records import DatabaseRecorder
+
+    # At 1000 a new syncd takes the run over: both islands' last heartbeats say step 395
+    # and their updates of fragment 0, steps 1-400, are in flight. Island a then dies;
+    # b trains on at 0.1 s a step.
+    for island in ("a", "b"):
+        beat_step(run_sync, island, 1000.0, 395)
+        send(run_sync, island, 0, 400, steps=400)
+    clock = {"now": 1000.0}
+    again = RunSync(run_sync.store, DatabaseRecorder(run_sync.recorder.run_id), tmp_path,
+                    clock=lambda: clock["now"], control_every_s=0.0)
+    clock["now"] = 1000.5
+    again.tick()
+    assert again.rounds.sync.versions[0] == 1
+    clock["now"] = 1001.5
+    beat_step(run_sync, "b", 1001.5, 410)
+    send(run_sync, "b", 0, 410, steps=10, base_version=1)
+    again.tick()
+
+    status = again.status(1020.0)
+    # a: steps 396-400 of one fragment of two, 2.5 steps at 0.1 s, out of 20 s; on the
+    # old clipped count, 200 steps' worth (20 s) read goodput 1.
+    assert status["islands"]["a"]["goodput"] == pytest.approx(2.5 * 0.1 / 20)
+    assert status["overcredited"] == []
+    assert not status["islands"]["a"]["overcredited"]
+
+
+def test_the_benchmarks_revalued_goodput_of_a_taken_over_run_is_at_most_one(
+        run_sync, tmp_path):
+    from bench.goodput_report import revalued_goodput
+    from syncd import outcome
+    from syncd.service import RunSync
+    from webapp.runs.records import DatabaseRecorder
+
+    # As above, and the run ends 10 s after the takeover: bench goodput values each
+    # island's useful steps of the outcome at one clock. They were 200 steps each
+    # (40 s in 20 s allocated, 2.0) while syncd's clipped goodput read 1.
+    for island in ("a", "b"):
+        beat_step(run_sync, island, 1000.0, 395)
+        send(run_sync, island, 0, 400, steps=400)
+    clock = {"now": 1000.0}
+    again = RunSync(run_sync.store, DatabaseRecorder(run_sync.recorder.run_id), tmp_path,
+                    clock=lambda: clock["now"], control_every_s=0.0)
+    clock["now"] = 1000.5
+    again.tick()
+    again.accounting.observe_step_time("a", 0.1, faulted=False, steps=10)
+    out = outcome.finish(again.accounting, again.spec, 1010.0, tokens_merged=0,
+                         eval_loss=None, versions=[1, 0])
+
+    useful = {name: island["useful_steps"] for name, island in out["islands"].items()}
+    value = revalued_goodput(useful, {"a": 0.1, "b": 0.1}, out["allocated_s"])
+    assert value <= 1
+    assert value == pytest.approx(out["goodput"])
+
+
+def test_an_island_credited_above_its_allocation_is_flagged_in_the_status_and_logged(
+        run_sync, caplog):
+    # Nothing tells this syncd that the 400 steps were trained before it took the run:
+    # 200 steps' worth at 0.1 s a step is 20 s, credited in 4 s of allocation.
+    for island in ("a", "b"):
+        send(run_sync, island, 0, 4, steps=4)
+    run_sync.tick()
+    run_sync.clock_state["now"] = 1000.4
+    for island in ("a", "b"):
+        beat_step(run_sync, island, 1000.4, 8)
+        send(run_sync, island, 1, 400, steps=400)
+    run_sync.tick()
+    run_sync.accounting.observe_step_time("a", 0.1, faulted=False, steps=100)
+    run_sync.clock_state["now"] = 1004.0
+    run_sync.next_status = 0.0
+    run_sync.tick()
+
+    status = run_sync.store.status()
+    assert "a" in status["overcredited"] and status["islands"]["a"]["overcredited"]
+    assert status["islands"]["a"]["goodput"] > 1
+    assert any("credited more useful seconds than they were allocated" in r.message
+               for r in caplog.records)
+
+
+def drive_tiny_run(sync, until: float, *, islands=("a", "b"), step_s: float = 0.005,
+                   pass_s: float = 0.005, status_pass_s: float = 0.06) -> None:
+    """Islands of 5 ms steps (H = 4, P = 2: each sends one fragment every 2 steps), and
+    syncd's passes 5 ms apart but 60 ms for the one that writes the status."""
+    clock = sync.clock_state
+    step = {island: int((clock["now"] - 1000.0) / step_s) for island in islands}
+    while clock["now"] < until:
+        for island in islands:
+            while (step[island] + 1) * step_s <= clock["now"] - 1000.0:
+                step[island] += 1
+                seq = step[island]
+                if seq % 2 == 0:
+                    p = (seq // 2) % 2
+                    send(sync, island, p, seq, steps=min(4, seq),
+                         base_version=sync.rounds.sync.versions[p])
+                    beat_step(sync, island, clock["now"], seq)
+        due = clock["now"] >= sync.next_status
+        sync.tick()
+        clock["now"] += status_pass_s if due else pass_s
+
+
+def test_a_fault_free_run_of_a_tiny_model_reads_healthy_and_a_stall_reads_down(run_sync):
+    # Fragments are due every 20 ms (theta 40 ms on the step times alone); every status
+    # pass of syncd's holds merges up for 60 ms.
+    drive_tiny_run(run_sync, 1003.0)
+    healthy = run_sync.status(run_sync.clock_state["now"])
+    assert healthy["versions"][0] > 50
+    assert healthy["uptime"] >= 0.99
+    assert healthy["theta_s"] >= 2 * 0.06
+
+    # b stops: without a quorum of 2 nothing merges for 5 s.
+    drive_tiny_run(run_sync, 1008.0, islands=("a",))
+    stalled = run_sync.status(run_sync.clock_state["now"])
+    assert stalled["uptime"] < 0.5
+
+
+def test_a_run_that_merges_on_while_an_island_cold_starts_beside_the_others_reads_up(
+        redis_url, tmp_path):
+    # Three islands of 0.1 s steps, K = 2, one fragment due every H = 4 steps: merges
+    # every 0.4 s, theta 0.8 s. At 1020 c is lost and cold-starts beside a and b, which
+    # go at 0.3 s a step while it loads: merges every 1.2 s, until 1026.
+    config = {**CONFIG, "sync": {**CONFIG["sync"], "fragments": 1},
+              "islands": [*CONFIG["islands"],
+                          {"name": "c", "region": "us-east", "batch_size": 2}]}
+    sync = make_run_sync(redis_url, tmp_path, "decoupled", config)
+    sync.store.set_epoch("c", 1)
+    clock = sync.clock_state
+    steps = dict.fromkeys("abc", 0)
+    trained = dict.fromkeys("abc", 0.0)  # seconds of training so far
+    while clock["now"] < 1046.0:
+        now = clock["now"]
+        slow = 1020.0 <= now < 1026.0
+        for island in ("a", "b") if now >= 1020.0 else ("a", "b", "c"):
+            trained[island] += 0.1 / (3 if slow else 1)
+            while (steps[island] + 1) * 0.1 <= trained[island] + 1e-9:
+                steps[island] += 1
+                if steps[island] % 4 == 0:
+                    send(sync, island, 0, steps[island],
+                         base_version=sync.rounds.sync.versions[0])
+            beat_step(sync, island, now, steps[island])
+        if now == 1020.0:
+            sync.store.report_death("c", 1, -9, at=now)
+        sync.tick()
+        clock["now"] = round(now + 0.1, 3)
+
+    status = sync.status(clock["now"])
+    assert sync.liveness.lost == {"c"}
+    assert status["versions"][0] > 80
+    assert status["uptime"] == pytest.approx(1.0)

@@ -7,8 +7,8 @@ from webapp.processes import port_is_free
 
 
 def test_the_island_command_names_the_device_only_for_several_processes():
-    one = island_command("redis://r", 7, "a", 2)
-    two = island_command("redis://r", 7, "a", 2, device="cuda")
+    one = island_command(7, "a", 2)
+    two = island_command(7, "a", 2, device="cuda")
 
     assert one[-2:] == ["--epoch", "2"]
     assert two == [*one, "--device", "cuda"]

@@ -2,6 +2,7 @@
 syncd's part is played by the test, which publishes the global fragments and marks
 updates handled."""
 
+import os
 import threading
 import time
 from itertools import pairwise
@@ -15,7 +16,7 @@ from diloco.island import initial_model
 from diloco.protocol import decode_message, encode_message
 from syncd.connection import connect
 from syncd.store import RunStore
-from trainer.launch import island_command
+from trainer.launch import REDIS_URL_ENV, island_command
 from trainer.supervisor import IslandSupervisor
 
 
@@ -60,8 +61,9 @@ def test_an_island_of_two_processes_trains_mixes_and_stops_under_its_supervisor(
     fragments = partition({n: t.numel() for n, t in init.items()}, 2)
     for p, f in enumerate(fragments):
         publish(store, config, secret, p, 0, {n: init[n] for n in f.tensor_names})
-    sup = IslandSupervisor(island_command(redis_server, 41, "island-0", 1, "cpu"), store,
-                           "island-0", 1, tmp_path / "island-0.log", poll_s=0.05, processes=2)
+    sup = IslandSupervisor(island_command(41, "island-0", 1, "cpu"), store,
+                           "island-0", 1, tmp_path / "island-0.log", poll_s=0.05, processes=2,
+                           env={**os.environ, REDIS_URL_ENV: redis_server})
     outcome = {}
     thread = threading.Thread(target=lambda: outcome.update(sup.run()))
     thread.start()

@@ -1,102 +1,17 @@
-"""Fixtures of the web app's tests: users and clients, and a process manager.
+"""Fixtures of the web app's tests: users and clients, island tasks recorded instead of
+sent, the data roots and a data folder, the demo form's post and a process manager, from
+tests/fixtures.py."""
 
-A viewer may look; an operator (a member of the "operators" group) may create, run,
-break and heal runs; an admin (a superuser) may do everything.
-
-The users have no password (hashing one takes a third of a second); clients log in
-with force_login.
-"""
-
-import pytest
-from django.test import Client
-
-from webapp.processes import ProcessManager
-from webapp.runs.roles import operators_group
-
-
-@pytest.fixture
-def viewer(django_user_model):
-    return django_user_model.objects.create_user("vera")
-
-
-@pytest.fixture
-def operator(django_user_model):
-    """A member of the "operators" group (migration runs.0003_roles gives it its rights)."""
-    user = django_user_model.objects.create_user("otto")
-    user.groups.add(operators_group())
-    return user
-
-
-@pytest.fixture
-def admin(django_user_model):
-    return django_user_model.objects.create_user("ada", is_staff=True, is_superuser=True)
-
-
-@pytest.fixture
-def viewer_client(viewer) -> Client:
-    client = Client()
-    client.force_login(viewer)
-    return client
-
-
-@pytest.fixture
-def operator_client(operator) -> Client:
-    client = Client()
-    client.force_login(operator)
-    return client
-
-
-@pytest.fixture
-def admin_client(admin) -> Client:
-    client = Client()
-    client.force_login(admin)
-    return client
-
-
-@pytest.fixture
-def enqueued(monkeypatch):
-    """Island tasks the services send, recorded instead of going to a broker."""
-    from webapp.runs.tasks import run_island
-
-    sent: list[dict] = []
-
-    def apply_async(args=None, kwargs=None, **options):
-        sent.append({"args": list(args or []), **options})
-
-    monkeypatch.setattr(run_island, "apply_async", apply_async)
-    return sent
-
-
-@pytest.fixture(autouse=True)
-def _data_roots(settings, tmp_path_factory):
-    """The tests' runs may read corpora from the tests' temporary folders (a run a user
-    creates must name a data.path inside settings.DATA_ROOTS)."""
-    settings.DATA_ROOTS = [*settings.DATA_ROOTS, tmp_path_factory.getbasetemp()]
-
-
-@pytest.fixture
-def new_run_form(settings) -> dict[str, str]:
-    """What the browser posts on /runs/new/ for the demo preset: every value it shows."""
-    from webapp.dashboard.forms import RunForm
-    from webapp.runs.presets import preset_config
-
-    form = RunForm(config=preset_config("demo", settings.REGIONS))
-    data = {"name": "from the form", "mode": "decoupled"}
-    for name in form.fields:
-        value = form[name].value()
-        if value is True:
-            data[name] = "on"
-        elif value is not None and value is not False and name not in data:
-            data[name] = str(value)
-    for n, row in enumerate(form.island_rows):
-        for key, value in row["values"].items():
-            data[f"islands-{n}-{key}"] = str(value)
-    return data
-
-
-@pytest.fixture
-def manager(tmp_path):
-    """A manager of the one-command start's processes; what it started stops with the test."""
-    manager = ProcessManager(tmp_path / "logs", cwd=tmp_path)
-    yield manager
-    manager.stop_all(timeout=2)
+from tests.fixtures import (  # noqa: F401 - fixtures, found by name
+    _data_roots,
+    admin,
+    admin_client,
+    data_root,
+    enqueued,
+    manager,
+    new_run_form,
+    operator,
+    operator_client,
+    viewer,
+    viewer_client,
+)

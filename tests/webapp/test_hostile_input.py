@@ -6,17 +6,13 @@ a run's data.path, which must stay inside the configured data folders.
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 from django.test import Client
 
 from diloco.config import MAX_ISLANDS, MAX_PARAMS, ConfigError, parse_config
-from webapp.api.api import MAX_BODY_BYTES
 from webapp.runs.models import RUN_NAME_MAX_LENGTH, ApiToken, Run
 from webapp.runs.services import create_run
-from webapp.runs.validation import check_data_path
 
 pytestmark = pytest.mark.django_db
 
@@ -88,14 +84,6 @@ def test_the_api_refuses_values_over_their_limits_with_a_message(body, key, word
     assert words in errors[key][0]
 
 
-def test_the_api_refuses_a_body_over_its_limit_before_reading_it(operator_token):
-    response = Client().post("/api/runs", b"{" + b" " * MAX_BODY_BYTES + b"}",
-                             content_type="application/json", **operator_token)
-
-    assert response.status_code == 413
-    assert "larger than the limit" in response.json()["errors"]["body"][0]
-
-
 def test_the_api_refuses_a_token_name_over_100_characters(viewer):
     headers = {"HTTP_AUTHORIZATION": f"Bearer {ApiToken.issue(viewer, 'x')[1]}"}
 
@@ -131,53 +119,7 @@ def test_the_new_run_form_takes_as_many_island_rows_as_a_run_may_have(settings):
     assert 60 + per_island * MAX_ISLANDS <= settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
 
 
-def test_a_prompt_over_its_limit_is_refused(viewer, redis_url, enqueued):
-    from webapp.runs.sampling import MAX_PROMPT_CHARS, sample
-
-    class NoCheckpoint:
-        run = None
-
-    with pytest.raises(ValueError, match=f"at most {MAX_PROMPT_CHARS} characters"):
-        sample(NoCheckpoint(), "p" * (MAX_PROMPT_CHARS + 1))
-
-
 # -- data roots -----------------------------------------------------------------------
-
-@pytest.fixture
-def data_root(tmp_path, settings) -> Path:
-    """The only data folder, with a corpus in it and a secret beside it."""
-    root = tmp_path / "data"
-    (root / "corpus").mkdir(parents=True)
-    (root / "corpus" / "text.txt").write_text("islands " * 1000)
-    (tmp_path / "secret.txt").write_text("the password file")
-    settings.DATA_ROOTS = [root]
-    return root
-
-
-def test_a_data_path_inside_a_data_root_is_accepted(data_root):
-    assert check_data_path(str(data_root / "corpus" / "text.txt")) == ""
-    assert check_data_path(str(data_root / "corpus")) == ""
-    assert check_data_path("") == ""  # the default corpus
-
-
-@pytest.mark.parametrize("escape", ["{root}/../secret.txt", "{root}/corpus/../../secret.txt",
-                                    "/etc/passwd", "secret.txt", "~/.ssh/id_rsa"])
-def test_a_data_path_outside_every_data_root_is_refused_naming_the_roots(escape, data_root):
-    message = check_data_path(escape.format(root=data_root))
-
-    assert message.startswith(f"Must be a file or folder inside one of the data folders "
-                              f"({data_root.resolve()}; setting DATA_ROOTS)")
-
-
-def test_a_symlink_out_of_a_data_root_is_refused(data_root):
-    link = data_root / "corpus" / "innocent.txt"
-    os.symlink(data_root.parent / "secret.txt", link)
-    folder_link = data_root / "etc"
-    os.symlink("/etc", folder_link)
-
-    assert check_data_path(str(link)).startswith("Must be a file or folder inside")
-    assert check_data_path(str(folder_link / "passwd")).startswith("Must be a file or folder")
-
 
 def test_a_run_a_user_creates_must_read_inside_the_data_roots(data_root, operator):
     escape = str(data_root / ".." / "secret.txt")

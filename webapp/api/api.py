@@ -23,9 +23,11 @@ from ninja import NinjaAPI, Swagger
 from ninja.errors import AuthenticationError, HttpError, ValidationError, ValidationErrorContext
 from ninja.openapi.docs import render_template
 from ninja.parser import Parser
+from ninja.renderers import JSONRenderer
 from pydantic import BaseModel
 
 from diloco.config import ConfigError
+from syncd.finite import finite
 from webapp.api import checkpoints, islands, runs, tokens
 from webapp.api.access import ApiError, CsrfRefused, signed_in_user
 
@@ -78,6 +80,13 @@ def _has_nul(value: Any) -> bool:
         elif isinstance(item, list):
             stack.extend(item)
     return False
+
+
+class FiniteJSONRenderer(JSONRenderer):
+    """JSON a browser can parse: a NaN or an infinity is rendered as null."""
+
+    def render(self, request: HttpRequest, data: Any, *, response_status: int) -> Any:
+        return super().render(request, finite(data), response_status=response_status)
 
 
 class ArchipelagoApi(NinjaAPI):
@@ -175,6 +184,7 @@ api = ArchipelagoApi(
                 "`Authorization: Bearer <token>`.",
     urls_namespace="api",
     parser=JsonObjectParser(),
+    renderer=FiniteJSONRenderer(),
     docs=SessionSwagger(),
     docs_decorator=_docs_login_required,
 )

@@ -13,11 +13,13 @@ the page drops deltas whose seq is not newer than its snapshot.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from syncd.finite import finite
 from syncd.live import status_group
 from webapp.runs.live import RUNS_GROUP
 from webapp.runs.models import Event, Island, Run, Simulation
@@ -30,7 +32,16 @@ NOT_FOUND = 4404
 RECENT_EVENTS = 50
 
 
-class RunStatusConsumer(AsyncJsonWebsocketConsumer):
+class FiniteJsonConsumer(AsyncJsonWebsocketConsumer):
+    """A JSON websocket consumer whose messages a browser can always parse: a NaN or
+    an infinity goes out as null (syncd/finite.py)."""
+
+    @classmethod
+    async def encode_json(cls, content: Any) -> str:
+        return json.dumps(finite(content), allow_nan=False)
+
+
+class RunStatusConsumer(FiniteJsonConsumer):
     async def connect(self) -> None:
         if not can(self.scope.get("user"), "view"):
             await self.close(code=UNAUTHORIZED)
@@ -73,7 +84,7 @@ class RunStatusConsumer(AsyncJsonWebsocketConsumer):
         return run_store(self.run_id).status() or {}, events[::-1]
 
 
-class RunsListConsumer(AsyncJsonWebsocketConsumer):
+class RunsListConsumer(FiniteJsonConsumer):
     """/ws/runs/: every run's state changes, for the runs list."""
 
     async def connect(self) -> None:
@@ -95,7 +106,7 @@ class RunsListConsumer(AsyncJsonWebsocketConsumer):
                               "tokens": message["tokens"], "progress": message["progress"]})
 
 
-class SimulationConsumer(AsyncJsonWebsocketConsumer):
+class SimulationConsumer(FiniteJsonConsumer):
     """/ws/simulations/<id>/: the simulation as it is, then every update of it."""
 
     async def connect(self) -> None:

@@ -20,6 +20,7 @@ from webapp.runs.models import RUN_NAME_MAX_LENGTH, Checkpoint, Run
 
 ISLAND_FIELDS = [f.name for f in fields(IslandConfig)]
 MAX_ISLAND_ROWS = 256
+MAX_INDEX_DIGITS = 6
 
 
 def _config_field(f: Any) -> forms.Field:
@@ -89,9 +90,11 @@ class RunForm(forms.Form):
         if data is None:
             return [{"values": {k: island.get(k, "") for k in ISLAND_FIELDS}, "errors": {}}
                     for island in islands]
+        # An index is a short run of ASCII digits: int() refuses thousands of digits.
         indices = sorted({int(key.split("-")[1]) for key in data
                           if key.startswith("islands-") and key.count("-") >= 2
-                          and key.split("-")[1].isdecimal()})[:MAX_ISLAND_ROWS]
+                          and key.split("-")[1].isascii() and key.split("-")[1].isdigit()
+                          and len(key.split("-")[1]) <= MAX_INDEX_DIGITS})[:MAX_ISLAND_ROWS]
         return [{"values": {k: data.get(f"islands-{n}-{k}", "") for k in ISLAND_FIELDS},
                  "errors": {}} for n in indices]
 

@@ -86,12 +86,15 @@ class DatabaseRecorder:
 
     def checkpoint(self, versions: list[int], path: str, sha256: str, nbytes: int,
                    eval_loss: float | None, keep: int) -> list[str]:
-        """Record a checkpoint; returns the paths of the ones beyond `keep` to delete."""
+        """Record a checkpoint; returns the paths of the ones beyond `keep` to delete.
+
+        A checkpoint another run was created from is never rotated out: that run (a
+        draft, or one training) starts from it."""
         Checkpoint.objects.create(run_id=self.run_id, versions=dict(enumerate(versions)),
                                   outer_step=min(versions), path=path, sha256=sha256,
                                   bytes=nbytes, eval_loss=eval_loss)
-        old = list(Checkpoint.objects.filter(run_id=self.run_id)
-                   .order_by("-created_at", "-id")[keep:])
+        old = [c for c in Checkpoint.objects.filter(run_id=self.run_id)
+               .order_by("-created_at", "-id")[keep:] if not c.started_runs.exists()]
         Checkpoint.objects.filter(pk__in=[c.pk for c in old]).delete()
         return [c.path for c in old]
 

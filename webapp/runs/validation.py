@@ -34,8 +34,12 @@ def checkpoint_misfit(checkpoint: Checkpoint, config: Any) -> str:
     """Why a run with `config` cannot start from `checkpoint` ("" when it can)."""
     if not Path(checkpoint.path).is_file():
         return f"The checkpoint's file {checkpoint.path} is gone."
-    source = checkpoint.run.config.get("model") if checkpoint.run else None
-    model = config.get("model", {}) if isinstance(config, dict) else {}
+    if checkpoint.run is None:
+        return ("The checkpoint's run was deleted: the model settings it was trained with "
+                "are gone with it, so no run can start from it.")
+    source = checkpoint.run.config.get("model")
+    model = config.get("model") if isinstance(config, dict) else None
+    model = model if isinstance(model, dict) else {}  # a bad model is the config's error
     if source is not None and {**RunConfig().to_dict()["model"], **model} != source:
         return ("The run's model settings must be those of the checkpoint's run: "
                 f"{source}.")

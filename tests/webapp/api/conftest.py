@@ -1,6 +1,6 @@
 """Fixtures of the API tests: clients for each role (by session or bearer token), runs
-in each state on the tests' own Redis, a real checkpoint of a run's model, and Django's
-WSGI handler for schemathesis."""
+in each state on the tests' own Redis (the running one from tests/fixtures.py), a real
+checkpoint of a run's model, and Django's WSGI handler for schemathesis."""
 
 import json
 
@@ -12,6 +12,7 @@ from django.test import Client
 
 from diloco.island import initial_model
 from syncd.checkpoint import save
+from tests.fixtures import running  # noqa: F401 - a fixture, found by name
 from tests.webapp.runs.three_islands import THREE_ISLANDS
 from webapp.runs.models import ApiToken, Checkpoint, Run
 from webapp.runs.services import create_run, pause_run, start_run
@@ -95,13 +96,6 @@ def draft(redis_url) -> Run:
 
 
 @pytest.fixture
-def running(redis_url, enqueued) -> Run:
-    run = create_run(name="running", mode="decoupled", config=THREE_ISLANDS, user=None)
-    start_run(run, None)
-    return run
-
-
-@pytest.fixture
 def paused(redis_url, enqueued) -> Run:
     run = create_run(name="paused", mode="elastic", config=THREE_ISLANDS, user=None)
     start_run(run, None)
@@ -110,7 +104,7 @@ def paused(redis_url, enqueued) -> Run:
 
 
 @pytest.fixture
-def checkpoint(running, tmp_path) -> Checkpoint:
+def checkpoint(running, tmp_path) -> Checkpoint:  # noqa: F811 - the fixture imported
     """A real checkpoint of the running run's initial model."""
     params = initial_model(running.run_config()).state_dict()
     path = tmp_path / "checkpoint.safetensors"

@@ -3,6 +3,7 @@ pause, resume, checkpoint, history, events and the config schema; with the error
 of each."""
 
 import json
+import math
 from datetime import timedelta
 
 import pytest
@@ -12,7 +13,7 @@ from django.utils import timezone
 from diloco.config import field_help
 from syncd.connection import connect
 from syncd.store import RunStore
-from webapp.runs.models import Event, Metric, Run
+from webapp.runs.models import Checkpoint, Event, Metric, Run
 from webapp.runs.services import create_run
 
 pytestmark = pytest.mark.django_db
@@ -102,6 +103,26 @@ def test_it_starts_a_run_from_a_checkpoint(operator_api, checkpoint):
 
     assert response.status_code == 201
     assert response.json()["initial_checkpoint"] == checkpoint.pk
+
+
+def test_a_null_model_beside_a_checkpoint_takes_the_defaults_instead_of_a_500(
+        operator_api, checkpoint):
+    body = {"name": "r", "mode": "decoupled", "config": {"model": None},
+            "initial_checkpoint": checkpoint.pk}
+
+    response = operator_api.post(RUNS, body)
+
+    assert response.status_code == 201  # the checkpoint's run has the default model
+
+
+def test_it_refuses_a_checkpoint_whose_run_was_deleted(operator_api, checkpoint):
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(run=None)
+    body = {"name": "r", "mode": "decoupled", "config": {}, "initial_checkpoint": checkpoint.pk}
+
+    response = operator_api.post(RUNS, body)
+
+    assert response.status_code == 422
+    assert "run was deleted" in response.json()["errors"]["initial_checkpoint"][0]
 
 
 def test_it_refuses_a_checkpoint_that_does_not_exist(operator_api):
@@ -353,3 +374,14 @@ def test_an_old_path_with_a_trailing_slash_gets_a_json_404_that_says_so(viewer_a
     assert response.status_code == 404
     [message] = response.json()["errors"]["path"]
     assert "no trailing slash: /api/runs." in message
+
+
+def test_a_nan_figure_is_answered_as_null(viewer_api, running, redis_url):
+    store = RunStore(connect(redis_url), running.pk)
+    store.client.set(store.key("status"), json.dumps({"versions": [1, 1], "eval_loss": math.nan,
+                                                      "goodput": math.inf}))
+
+    response = viewer_api.get(f"{RUNS}/{running.pk}")
+
+    assert b"NaN" not in response.content and b"Infinity" not in response.content
+    assert response.json()["eval_loss"] is None

@@ -1,10 +1,9 @@
-"""API tokens: made in the API (shown once) or by `manage.py create_api_token`, listed
-by hint, revoked by their owner only."""
+"""API tokens: made in the API (shown once; `manage.py create_api_token` has
+tests/webapp/runs/management/commands/test_create_api_token.py), listed by hint,
+revoked by their owner only."""
 
-from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
 from django.test import Client
 
 from webapp.runs.models import ApiToken
@@ -68,27 +67,3 @@ def test_nobody_can_revoke_another_users_token(api_for, token_for, viewer, opera
     assert by_token.status_code == by_admin.status_code == 404
     assert by_token.json() == {"errors": {"token": [f"You have no token with id {row.pk}."]}}
     assert ApiToken.authenticate(token) == viewer
-
-
-def test_the_command_prints_a_token_for_the_user(operator):
-    out = StringIO()
-
-    call_command("create_api_token", "otto", "--name", "ci", stdout=out)
-
-    token = out.getvalue().strip()
-    assert ApiToken.authenticate(token) == operator
-    assert ApiToken.objects.get(user=operator).name == "ci"
-
-
-def test_the_command_refuses_an_unknown_user():
-    with pytest.raises(CommandError, match=r"No user named 'nobody'\. .* createsuperuser"):
-        call_command("create_api_token", "nobody", stdout=StringIO())
-
-
-def test_the_command_refuses_an_inactive_user(viewer):
-    viewer.is_active = False
-    viewer.save()
-
-    with pytest.raises(CommandError, match="inactive"):
-        call_command("create_api_token", "vera", stdout=StringIO())
-    assert not ApiToken.objects.exists()

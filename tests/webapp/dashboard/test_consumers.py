@@ -1,5 +1,7 @@
 """The live websockets with a real channel layer on the tests' own Redis."""
 
+import json
+
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
@@ -120,3 +122,22 @@ def test_the_asgi_application_routes_the_run_websocket_through_auth(run, channel
                                          (b"host", b"localhost")])
     connected, code = async_to_sync(com.connect)()
     assert not connected and code == UNAUTHORIZED  # no session cookie: anonymous
+
+
+def test_a_nan_in_the_status_reaches_the_page_as_null(run, viewer, channel_layer):
+    """Browsers refuse NaN in JSON: one diverged loss would stop the page's updates."""
+    com = communicator(f"/ws/runs/{run.pk}/", viewer)
+    notify = channel_notifier()
+
+    async def session() -> str:
+        await com.connect()
+        await com.receive_json_from()
+        await sync_to_async(notify)(str(run.pk), 1, {"versions": [3, 4],
+                                                     "train_loss": float("nan")})
+        text = await com.receive_from(timeout=5)
+        await com.disconnect()
+        return text
+
+    text = async_to_sync(session)()
+    assert "NaN" not in text
+    assert json.loads(text)["status"]["train_loss"] is None

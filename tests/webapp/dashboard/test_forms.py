@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import fields
+from urllib.parse import urlencode
 
 import pytest
 from django.test import Client
@@ -71,6 +72,15 @@ def test_the_new_run_form_never_fails_and_saves_nothing_it_refuses(operator, new
             assert Run.objects.count() == before + 1
 
     post()
+
+
+def test_an_island_index_of_thousands_of_digits_is_ignored_not_a_500(operator, new_run_form):
+    """int() refuses a string of over 4,300 digits: such an index once raised."""
+    client = client_of(operator)
+    data = {**new_run_form, f"islands-{'9' * 5000}-name": "a"}
+    response = client.post("/runs/new/", urlencode(data),
+                           content_type="application/x-www-form-urlencoded")
+    assert response.status_code in (200, 302)
 
 
 def test_the_simulate_form_never_fails_and_saves_nothing_it_refuses(operator, monkeypatch):

@@ -62,26 +62,6 @@ def test_a_bad_sweep_gets_its_message_beside_the_field(operator_client, queued, 
     assert not Simulation.objects.exists()
 
 
-def test_a_sweep_too_big_for_this_page_is_refused():
-    with pytest.raises(ValueError) as e:
-        check_spec({"chips": list(range(1000, 11000, 1000)), "islands": [1, 2, 4, 8]})
-
-    assert "At most 40 simulated runs" in e.value.args[0]["chips"]
-
-
-def test_a_sweep_run_writes_its_progress_and_tables(operator):
-    spec = check_spec({"chips": [150000], "islands": [2], "hours": 0.1, "knobs": False})
-    simulation = Simulation.objects.create(spec=spec, created_by=operator)
-
-    run_simulation_now(simulation.pk)
-
-    simulation.refresh_from_db()
-    assert (simulation.state, simulation.progress) == ("completed", 1.0)
-    modes = [(r["mode"], r["islands"]) for r in simulation.result["goodput_table"]]
-    assert modes == [("dp", 1), ("elastic", 1), ("decoupled", 2)]
-    assert simulation.result["bandwidth_table"]
-
-
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 def test_the_page_gets_the_simulation_then_its_updates(viewer, operator, channel_layer):

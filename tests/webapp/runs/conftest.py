@@ -1,13 +1,12 @@
-"""Fixtures of the run tests: a running run of three islands on the tests' own Redis,
-its island tasks recorded instead of sent, and the run stores."""
+"""Fixtures of the run tests: a running run of three islands on the tests' own Redis
+(tests/fixtures.py), its island tasks recorded instead of sent, and the run stores."""
 
 import pytest
 
 from syncd.connection import connect
 from syncd.store import RunStore
-from tests.webapp.runs.three_islands import THREE_ISLANDS
+from tests.fixtures import running  # noqa: F401 - a fixture, found by name
 from webapp.runs.models import Run
-from webapp.runs.services import create_run, start_run
 
 
 @pytest.fixture
@@ -17,10 +16,3 @@ def store(redis_url):
 
     return for_run
 
-
-@pytest.fixture
-def running(redis_url, enqueued, operator) -> Run:
-    run = create_run(name="r", mode="decoupled", config=THREE_ISLANDS, user=operator)
-    start_run(run, operator)
-    enqueued.clear()
-    return run

@@ -6,7 +6,7 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from syncd.live import status_group
-from webapp.runs.models import Event, Metric
+from webapp.runs.models import Checkpoint, Event, Metric, Run
 from webapp.runs.records import DatabaseRecorder
 from webapp.runs.services import create_run
 
@@ -73,3 +73,15 @@ def test_the_merges_a_killed_syncd_never_wrote_are_recorded_once_by_the_next():
                                            "after_version": 1}
     assert merges[1]["version"] == 2 and merges[1]["tokens"] == 128
     assert DatabaseRecorder(run.pk).recover_merges({0: 3, 1: 2}, {0: 192, 1: 128}) == []
+
+
+def test_rotation_keeps_a_checkpoint_another_run_was_created_from(run):
+    recorder = DatabaseRecorder(run.pk)
+    assert recorder.checkpoint([1], "/ck/1", "a" * 64, 10, None, keep=1) == []
+    first = Checkpoint.objects.get(path="/ck/1")
+    other = create_run(name="from here", mode="decoupled", config={}, user=None)
+    Run.objects.filter(pk=other.pk).update(initial_checkpoint=first)
+
+    assert recorder.checkpoint([2], "/ck/2", "b" * 64, 10, None, keep=1) == []
+    assert recorder.checkpoint([3], "/ck/3", "c" * 64, 10, None, keep=1) == ["/ck/2"]
+    assert set(Checkpoint.objects.values_list("path", flat=True)) == {"/ck/1", "/ck/3"}

@@ -1,10 +1,8 @@
-"""A full crash: every process of a running system killed at once, then started again
-with the README's command, `python -m webapp.start`.
-
-The system runs from a folder of its own (VAR_DIR, its own SQLite database,
-checkpoints and logs; start.py's embedded Redis with its append-only file, on a
-free port) so that it shares nothing with the machine or the other tests. Every
-wait polls a condition with a deadline.
+"""A whole system of its own for the scenario tests: `python -m webapp.start` run from a
+folder of its own (VAR_DIR, its own SQLite database, checkpoints and logs; start.py's
+embedded Redis with its append-only file, on a free port) so that it shares nothing
+with the machine or the other tests; the tiny run it trains; a kill -9 of it all; and
+waits that poll a condition with a deadline.
 """
 
 from __future__ import annotations
@@ -19,13 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-import redis
-
 from trainer.launch import free_port
 
-# The system under test has a database of its own: `make test-system` runs it once.
-pytestmark = [pytest.mark.integration, pytest.mark.system]
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = 40_000
 
@@ -152,17 +145,6 @@ class System:
                 crash(self.process)
 
 
-@pytest.fixture
-def system(tmp_path):
-    system = System(tmp_path)
-    (tmp_path / "corpus.txt").write_text("".join(
-        f"line {i}: the islands train and the merge goes on.\n" for i in range(4000)))
-    # A tiny run named "demo" in the system's database, so that the start makes no
-    # demo of its own and the run finishes in a minute or two; started once up.
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT,
-                   env=system.env, check=True, timeout=300)
-    yield system
-    system.stop()
 
 
 TINY = {
@@ -175,63 +157,3 @@ TINY = {
                 for i, region in enumerate(("us-east", "us-east", "us-west"))],
 }
 
-
-def test_a_full_crash_loses_no_acknowledged_merge_and_the_run_finishes(system, tmp_path):
-    config = {**TINY, "data": {"path": str(tmp_path / "corpus.txt")}}
-    system.django(f"""
-from webapp.runs.services import create_run
-create_run(name="demo", mode="decoupled", config={config!r}, user=None)
-print(json.dumps(True))""")
-    first = system.start()
-    run_id = system.django("""
-from webapp.runs.services import start_run
-run = Run.objects.get(name="demo"); start_run(run, by=None); print(json.dumps(run.pk))""")
-    client = redis.Redis.from_url(system.redis_url())
-
-    def versions() -> dict[int, int]:
-        return {int(k): int(v) for k, v in client.hgetall(f"arch:{run_id}:versions").items()}
-
-    wait_until(lambda: len(versions()) == 2 and min(versions().values()) >= 3, 240,
-               "three published versions of each fragment", first)
-    # Every version Redis has published is an acknowledged merge.
-    pids, acknowledged = crash(first, versions)
-    wait_until(lambda: not [pid for pid in pids if alive(pid)], 10,
-               "every process of the system to be gone")
-    client.close()
-
-    system.start()
-    client = redis.Redis.from_url(system.redis_url())
-    versions_after_crash = versions()  # what Redis read back from its append-only file
-    assert "goes on: its islands start again" in system.output()
-    assert versions_after_crash, "the published versions did not survive the crash"
-
-    # Every acknowledged merge the run had is still there, and the run goes on from it.
-    assert all(versions_after_crash[p] >= v for p, v in acknowledged.items()), \
-        (acknowledged, versions_after_crash)
-
-    def state() -> dict:
-        return system.django(f"""
-run = Run.objects.get(pk={run_id})
-print(json.dumps({{"state": run.state, "tokens": run.tokens,
-  "epochs": dict(run.islands.values_list("name", "epoch")),
-  "lost": [e.detail for e in run.events.filter(kind="alert")
-           if e.detail.get("lost_interval")]}}))""")
-
-    resumed = state()
-    assert all(epoch == 2 for epoch in resumed["epochs"].values()), resumed
-    assert len(resumed["lost"]) == 1
-    interval = resumed["lost"][0]["lost_interval"]
-    assert 0 <= interval["seconds"] < 600 and interval["from"] < interval["until"]
-
-    def beats() -> dict:
-        raw = client.hgetall(f"arch:{run_id}:heartbeats")
-        return {k.decode(): json.loads(v) for k, v in raw.items()}
-
-    wait_until(lambda: all(b.get("epoch") == 2 and b.get("state") in ("training", "stopped")
-                           for b in beats().values()), 180,
-               "the islands' second epochs to train", system.process)
-    done = wait_until(lambda: (s := state())["state"] == "completed" and s, 300,
-                      "the run to complete after the crash", system.process)
-    assert done["tokens"] >= TOKENS
-    final = versions()
-    assert all(final[p] >= v for p, v in versions_after_crash.items())

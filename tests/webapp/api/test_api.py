@@ -1,5 +1,6 @@
-"""What the API answers to a request body it cannot take: not JSON, not an object,
-empty, nested too deep, too large; the run is never created."""
+"""The API's front (webapp.api.api): what it answers to a request body it cannot take
+(not JSON, not an object, empty, nested too deep, too large; the run is never
+created)."""
 
 import json
 
@@ -67,3 +68,12 @@ def test_it_answers_413_to_a_body_over_djangos_own_limit(operator_api):
 
 def test_it_refuses_other_methods(operator_api):
     assert operator_api.client.put(RUNS).status_code == 405
+
+
+def test_the_api_refuses_a_body_over_its_limit_before_reading_it(operator_token_api):
+    response = operator_token_api.client.post(
+        "/api/runs", b"{" + b" " * MAX_BODY_BYTES + b"}", content_type="application/json",
+        **operator_token_api.headers)
+
+    assert response.status_code == 413
+    assert "larger than the limit" in response.json()["errors"]["body"][0]

@@ -2,7 +2,7 @@
 islands finishing their step and saving their cursors first, and nothing left
 behind when it is SIGKILLed, as a process manager does 5 s after its SIGTERM.
 
-Each test runs a whole system of its own (see test_full_crash.py) with a tiny run
+Each test runs a whole system of its own (tests/system/whole_system.py) with a tiny run
 training; every wait polls a condition with a deadline.
 """
 
@@ -10,34 +10,21 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import redis
 
-from tests.webapp.test_full_crash import ROOT, TINY, System, alive, descendants, wait_until
+from tests.system.whole_system import TINY, System, alive, descendants, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.system]
 STOP_WITHIN_S = 10.0
-
-
-@pytest.fixture
-def system(tmp_path):
-    system = System(tmp_path)
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT,
-                   env=system.env, check=True, timeout=300)
-    yield system
-    system.stop()
 
 
 def training(system: System, tmp_path) -> list[int]:
     """Start the system with a tiny run named demo, wait until its islands train, and
     return every process the start started (the guard, Redis, the web app, syncd,
     the workers, their pool processes and the islands)."""
-    (tmp_path / "corpus.txt").write_text("".join(
-        f"line {i}: the islands train and the merge goes on.\n" for i in range(4000)))
     config = {**TINY, "data": {"path": str(tmp_path / "corpus.txt")}}
     system.django(f"""
 from webapp.runs.services import create_run

@@ -1,0 +1,75 @@
+"""The islands' signals (syncd.island_signals): heartbeats, deaths, logs, commands,
+data cursors and faults, against a real Redis."""
+
+import time
+
+import pytest
+
+from syncd.connection import connect
+from syncd.island_signals import LOG_TTL_S, IslandSignals
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def store(redis_url):
+    return IslandSignals(connect(redis_url), 7)
+
+
+def test_a_fault_set_by_syncd_is_what_the_island_reads(store):
+    store.set_fault("a", "straggle", time.time() + 30, 4.0, 30)
+    assert store.fault("a")["factor"] == 4.0
+    assert store.faults(["a", "b"]) == {"a": "straggle"}
+    assert 90 - 2 <= store.client.ttl(store.key("fault", "a")) <= 90
+
+
+def test_an_ended_or_cleared_fault_is_no_fault(store):
+    store.set_fault("a", "partition", time.time() - 1, 1.0, 30)
+    store.set_fault("b", "degrade", time.time() + 30, 2.0, 30)
+    store.clear_fault("b")
+
+    assert store.fault("a") == {} and store.fault("b") == {}
+    assert store.faults(["a", "b"]) == {} and store.faults([]) == {}
+
+
+def test_a_heartbeat_carries_its_epoch_step_tokens_and_what_else_the_island_says(store):
+    store.heartbeat("a", 2, 40, 1280, state="training")
+
+    beat = store.heartbeats()["a"]
+
+    assert {k: beat[k] for k in ("epoch", "step", "tokens", "state")} == {
+        "epoch": 2, "step": 40, "tokens": 1280, "state": "training"}
+    assert abs(beat["time"] - time.time()) < 60
+
+
+def test_a_death_by_a_signal_records_the_signal_and_comes_with_the_epochs(store):
+    store.client.hset(store.key("epochs"), "a", 3)
+    store.report_death("a", 3, -9, at=100.0)
+    store.report_death("b", 1, 1, at=101.0)
+
+    epochs, deaths = store.epochs_and_deaths()
+
+    assert epochs == {"a": 3}
+    assert deaths == store.deaths() == {
+        "a": {"epoch": 3, "time": 100.0, "exit_code": -9, "signal": 9},
+        "b": {"epoch": 1, "time": 101.0, "exit_code": 1, "signal": None}}
+
+
+def test_commands_reach_the_island_in_the_order_they_were_sent(store):
+    store.send_command("a", "rejoin", epoch=2)
+    store.send_command("a", "stop")
+
+    assert store.next_command("a") == {"kind": "rejoin", "epoch": 2}
+    assert store.next_command("a") == {"kind": "stop"}
+    assert store.next_command("a") is None
+
+
+def test_the_log_lasts_a_week_and_the_cursor_until_replaced(store):
+    assert store.log("a") is None and store.cursor("a") is None
+    store.put_log("a", ["one", "two"])
+    store.save_cursor("a", {"step": 4})
+    store.save_cursor("a", {"step": 8})
+
+    assert store.log("a") == ["one", "two"]
+    assert LOG_TTL_S - 60 <= store.client.ttl(store.key("log", "a")) <= LOG_TTL_S
+    assert store.cursor("a") == {"step": 8}

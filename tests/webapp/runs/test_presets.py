@@ -1,0 +1,52 @@
+"""Named starting points for a new run (webapp.runs.presets): each a whole valid config,
+its islands moved to the regions this deployment has."""
+
+import pytest
+
+from diloco.config import RunConfig, parse_config
+from webapp.runs.presets import PAPER_REGIONS, PRESETS, preset_config
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_is_a_valid_config_with_every_section_and_island_field(name):
+    config = preset_config(name, list(PAPER_REGIONS))
+
+    parsed = parse_config(config, list(PAPER_REGIONS))
+    assert parsed.to_dict() == config
+
+
+def test_a_preset_keeps_its_regions_where_the_deployment_has_them():
+    config = preset_config("paper", list(PAPER_REGIONS))
+
+    assert [island["region"] for island in config["islands"]] == list(PAPER_REGIONS)
+    assert [island["latency_ms"] for island in config["islands"]] == [10, 20, 35, 25]
+
+
+def test_islands_of_a_missing_region_move_together_to_a_region_the_preset_does_not_use():
+    config = preset_config("gpt2_small", ["us-east", "eu-west", "ap-south"])
+
+    assert [island["region"] for island in config["islands"]] == ["us-east", "eu-west"]
+
+
+def test_with_one_region_every_island_moves_there():
+    config = preset_config("paper", ["eu-west"])
+
+    assert {island["region"] for island in config["islands"]} == {"eu-west"}
+
+
+def test_the_custom_preset_is_the_defaults_on_the_deployments_region():
+    defaults = RunConfig().to_dict()
+
+    config = preset_config("custom", ["eu-west"])
+
+    assert {k: v for k, v in config.items() if k != "islands"} == {
+        k: v for k, v in defaults.items() if k != "islands"}
+    assert config["islands"] == [{**island, "region": "eu-west"}
+                                 for island in defaults["islands"]]
+
+
+def test_an_unknown_preset_or_no_regions_is_refused():
+    with pytest.raises(ValueError, match="unknown preset 'huge'; expected one of demo"):
+        preset_config("huge", ["us-east"])
+    with pytest.raises(ValueError, match="at least one region"):
+        preset_config("demo", [])

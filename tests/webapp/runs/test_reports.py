@@ -1,0 +1,112 @@
+"""What a run looks like to its readers (webapp.runs.reports): the row joined with
+syncd's status, its progress, its history, its events and its timeline."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from webapp.runs.models import Event, Island, Metric, Run
+from webapp.runs.reports import (
+    LIVE_FIELDS,
+    progress,
+    run_events,
+    run_metrics,
+    run_summary,
+    run_timeline,
+)
+
+pytestmark = pytest.mark.django_db
+
+CONFIG = {"budget": {"total_tokens": 1000},
+          "islands": [{"name": "a", "region": "us-east"}, {"name": "b", "region": "us-west"}]}
+
+
+@pytest.fixture
+def run() -> Run:
+    run = Run.objects.create(name="read", mode="decoupled", config=CONFIG,
+                             state=Run.State.RUNNING, tokens=250)
+    for island in CONFIG["islands"]:
+        Island.objects.create(run=run, state=Island.State.TRAINING, tokens=40, **island)
+    return run
+
+
+def test_progress_is_the_tokens_merged_against_the_budget_and_never_above_one(run):
+    assert progress(run) == 0.25
+    run.tokens = 5000
+    assert progress(run) == 1.0
+    run.config = {}
+    assert progress(run) == 0.0
+
+
+def test_a_run_syncd_has_not_served_yet_has_no_versions_and_no_live_figures(run):
+    summary = run_summary(run, status={})
+
+    assert summary["versions"] == {} and summary["progress"] == 0.25
+    assert all(summary[field] is None for field in LIVE_FIELDS)
+    a = summary["islands"][0]
+    assert (a["active_fault"], a["version_lag"], a["tokens"]) == ("none", 0, 40)
+    assert a["link"]["bytes_up"] == 0
+
+
+def test_a_running_runs_summary_takes_syncds_live_figures_and_island_states(run):
+    status = {"versions": [3, 2], "goodput": 0.9,
+              "islands": {"a": {"state": "lost", "fault": "partition", "version_lag": 2,
+                                "tokens": 64, "link": {"state": "cut"}}}}
+
+    summary = run_summary(run, status=status)
+
+    assert summary["versions"] == {"0": 3, "1": 2} and summary["goodput"] == 0.9
+    a, b = summary["islands"]
+    assert (a["state"], a["active_fault"], a["version_lag"], a["tokens"]) == (
+        "lost", "partition", 2, 64)
+    assert a["link"] == {"state": "cut"}
+    assert (b["state"], b["tokens"]) == ("training", 40)
+
+
+def test_an_ended_runs_islands_keep_their_own_state(run):
+    run.state = Run.State.COMPLETED
+    status = {"islands": {"a": {"state": "training", "link": {"state": "cut"}}}}
+
+    a = run_summary(run, status=status)["islands"][0]
+
+    assert a["state"] == "training"  # the island's row's state
+    assert a["link"]["state"] != "cut"
+
+
+def test_history_points_come_oldest_first_after_a_time_and_up_to_a_limit(run):
+    now = timezone.now()
+    for minutes in (3, 1, 2):
+        Metric.objects.create(run=run, time=now - timedelta(minutes=minutes),
+                              tokens=minutes, outer_steps=minutes)
+
+    assert [p["tokens"] for p in run_metrics(run)] == [3, 2, 1]
+    assert [p["tokens"] for p in run_metrics(run, since=now - timedelta(minutes=2.5))] == [2, 1]
+    assert [p["tokens"] for p in run_metrics(run, limit=1)] == [3]
+
+
+def test_events_come_oldest_first_after_an_id_of_a_kind_with_their_islands_names(run):
+    a = run.islands.get(name="a")
+    first = Event.objects.create(run=run, kind=Event.Kind.FAULT, island=a,
+                                 detail={"fault": "straggle"})
+    Event.objects.create(run=run, kind=Event.Kind.MERGE, detail={"fragment": 0})
+    Event.objects.create(run=run, kind=Event.Kind.FAULT, detail={"fault": "degrade"})
+
+    assert [e["kind"] for e in run_events(run)] == ["fault", "merge", "fault"]
+    assert [e["kind"] for e in run_events(run, after_id=first.pk)] == ["merge", "fault"]
+    assert len(run_events(run, kind="fault")) == 2 and len(run_events(run, limit=1)) == 1
+    assert run_events(run)[0]["island"] == "a"
+
+
+def test_the_timeline_has_a_lane_per_island_from_the_runs_start_to_its_end(run):
+    started = timezone.now() - timedelta(minutes=10)
+    run.started_at, run.finished_at = started, started + timedelta(minutes=5)
+    Event.objects.create(run=run, kind=Event.Kind.FAULT, island=run.islands.get(name="b"),
+                         time=started + timedelta(minutes=1), detail={"fault": "straggle"})
+
+    timeline = run_timeline(run)
+
+    assert timeline["start"] == pytest.approx(started.timestamp())
+    assert timeline["end"] == pytest.approx((started + timedelta(minutes=5)).timestamp())
+    assert len(timeline["islands"]) == 2
+    assert len(run_timeline(run, islands=["b"])["islands"]) == 1

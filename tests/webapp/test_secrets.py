@@ -1,0 +1,105 @@
+"""The Redis password never reaches a page, a log, an event or `ps`: an island started
+by its supervisor against a password-protected Redis, crashing at once, leaves its
+command line in /proc, its log file, the log lines shipped to Redis, a crash alert
+and the API's answers, and none of them holds the password."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import redis
+
+from syncd.connection import connect
+from syncd.store import RunStore
+from trainer.launch import free_port
+from trainer.supervisor import supervise_island
+from webapp.processes import redis_argv, redis_server_binary, wait_for
+from webapp.runs.failures import record_island_failure
+from webapp.runs.models import Event
+from webapp.runs.services import create_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
+
+ISLAND = "island-with-a-secret"
+CONFIG = {"model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
+          "sync": {"inner_steps": 4, "fragments": 1, "min_quorum": 1},
+          "islands": [{"name": ISLAND, "region": "us-east"}]}
+
+
+@pytest.fixture
+def password_redis(tmp_path):
+    """A Redis that wants a password, and its URL."""
+    password = "pw-" + secrets.token_hex(12)
+    port = free_port()
+    (tmp_path / "redis").mkdir()
+    process = subprocess.Popen(redis_argv(redis_server_binary(), port, tmp_path / "redis",
+                                          appendonly=False, password=password),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://:{password}@127.0.0.1:{port}/0"
+    try:
+        wait_for(lambda: answers(url), 20, "the password-protected Redis")
+        yield url, password
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def answers(url: str) -> bool:
+    try:
+        return bool(connect(url).ping())
+    except redis.ConnectionError:
+        return False
+
+
+def island_cmdlines(seen: list[str], done: threading.Event) -> None:
+    """Every command line of an island process of ISLAND, as `ps` shows it."""
+    while not done.is_set():
+        for proc in Path("/proc").iterdir():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, ValueError):
+                continue
+            if "trainer.runner" in cmdline and ISLAND in cmdline and cmdline not in seen:
+                seen.append(cmdline)
+        done.wait(0.05)
+
+
+def test_the_redis_password_is_in_no_command_line_log_event_or_api_answer(
+        password_redis, tmp_path, settings, operator_client):
+    url, password = password_redis
+    settings.REDIS_URL = url
+    settings.LOG_DIR = tmp_path / "logs"
+    run = create_run(name="secret", mode="decoupled", config=CONFIG, user=None)
+    store = RunStore(connect(url), run.pk)
+    # A config the island cannot build: it crashes once it has read the spec.
+    store.put_spec(run.mode, {**run.config, "model": {"n_layer": "one"}}, run.secret)
+    store.set_epoch(ISLAND, 1)
+    seen: list[str] = []
+    done = threading.Event()
+    watcher = threading.Thread(target=island_cmdlines, args=(seen, done))
+    watcher.start()
+    try:
+        result = supervise_island(run.pk, ISLAND, 1, url, settings.LOG_DIR)
+    finally:
+        done.set()
+        watcher.join()
+    record_island_failure(run.pk, ISLAND, result)
+
+    assert result["ended"] == "failed"
+    assert seen, "the island's process was seen"
+    log_file = next(settings.LOG_DIR.rglob("*.log")).read_text()
+    assert "start epoch 1" in log_file
+    events = [json.dumps(e.detail) for e in Event.objects.filter(run=run)]
+    assert any("crashed" in e for e in events)
+    answers = [operator_client.get(f"/api/runs/{run.pk}/islands/{ISLAND}/log?lines=1000"),
+               operator_client.get(f"/api/runs/{run.pk}/events"),
+               operator_client.get(f"/api/runs/{run.pk}")]
+    assert all(a.status_code == 200 for a in answers)
+    for text in [*seen, log_file, *store.log(ISLAND), json.dumps(result), *events,
+                 *(a.content.decode() for a in answers)]:
+        assert password not in text
