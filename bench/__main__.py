@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from bench import (
+    dataplane,
     efficiency,
     goodput,
     gpu_smoke,
@@ -21,7 +22,8 @@ from bench import (
 BENCHMARKS = {"quality": quality.main, "overhead": overhead.main, "merge": merge.main,
               "goodput": goodput.main, "simulate": simulate.main, "ui_latency": ui_latency.main,
               "soak": soak.main, "gpu_smoke": gpu_smoke.main, "scale": scale.main,
-              "rejoin": rejoin.main, "efficiency": efficiency.main}
+              "rejoin": rejoin.main, "efficiency": efficiency.main,
+              "dataplane": dataplane.main}
 TIMED = ("soak", "scale")  # the benchmarks that take --minutes
 
 

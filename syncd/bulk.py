@@ -14,6 +14,13 @@ the write that makes a message part of the run's state (syncd's publish) makes
 its chunks persistent in the same MULTI/EXEC. Only this class knows how chunks
 are laid out, so a blob store (an object store, a shared file system) can later
 carry the tensors while Redis keeps the control messages.
+
+The transport, chosen by measurement (`python -m bench dataplane`,
+docs/BENCHMARKS.md): replies are parsed by hiredis (syncd.connection), chunks are
+4 MiB, and a message is read READ_WINDOW chunks per round trip, each copied once
+into the one buffer allocated for the whole message. So a reader holds at most
+READ_WINDOW x chunk_bytes of replies besides its message (8 MiB by default), and
+Redis at most as much in its output buffer for that reader's connection.
 """
 
 from __future__ import annotations
@@ -25,9 +32,10 @@ from dataclasses import dataclass
 import redis
 from redis.client import Pipeline
 
-DEFAULT_CHUNK_BYTES = 64 << 20
+DEFAULT_CHUNK_BYTES = 4 << 20
 MIN_CHUNK_BYTES = 1024
 CHUNK_BYTES_ENV = "CHUNK_BYTES"
+READ_WINDOW = 2  # chunks asked for in one round trip
 
 
 class BulkError(ValueError):
@@ -58,7 +66,7 @@ class BulkRef:
 
 
 def chunk_bytes_setting() -> int:
-    """The chunk size: `CHUNK_BYTES` in the environment, 64 MiB by default."""
+    """The chunk size: `CHUNK_BYTES` in the environment, 4 MiB by default."""
     raw = os.environ.get(CHUNK_BYTES_ENV, "")
     value = int(raw) if raw.strip() else DEFAULT_CHUNK_BYTES
     if value < MIN_CHUNK_BYTES:
@@ -94,7 +102,7 @@ class RedisBulk:
         return ref
 
     def read(self, ref: BulkRef, max_bytes: int) -> bytearray:
-        """The message, read chunk by chunk into one buffer.
+        """The message, read READ_WINDOW chunks per round trip into one buffer.
 
         Raises:
             BulkError: larger than `max_bytes`, more chunks than chunks of at least
@@ -107,17 +115,22 @@ class RedisBulk:
             # Chunks are at least MIN_CHUNK_BYTES (but the last): no more are read.
             raise BulkError(f"{ref.chunks} chunks cannot hold {ref.size} bytes")
         buffer = bytearray(ref.size)
+        view = memoryview(buffer)
+        keys = ref.chunk_keys()
         pos = 0
-        for i, chunk_key in enumerate(ref.chunk_keys()):
-            chunk = self.client.get(chunk_key)
-            if chunk is None:
-                raise BulkError(f"chunk {i + 1} of {ref.chunks} is missing (expired or "
-                                "replaced)")
-            if pos + len(chunk) > ref.size:
-                raise BulkError(f"chunk {i + 1} of {ref.chunks} runs past the message's "
-                                f"{ref.size} bytes")
-            buffer[pos:pos + len(chunk)] = chunk
-            pos += len(chunk)
+        for first in range(0, ref.chunks, READ_WINDOW):
+            pipe = self.client.pipeline(transaction=False)
+            for chunk_key in keys[first:first + READ_WINDOW]:
+                pipe.get(chunk_key)
+            for i, chunk in enumerate(pipe.execute(), first):
+                if chunk is None:
+                    raise BulkError(f"chunk {i + 1} of {ref.chunks} is missing (expired or "
+                                    "replaced)")
+                if pos + len(chunk) > ref.size:
+                    raise BulkError(f"chunk {i + 1} of {ref.chunks} runs past the "
+                                    f"message's {ref.size} bytes")
+                view[pos:pos + len(chunk)] = chunk
+                pos += len(chunk)
         if pos != ref.size:
             raise BulkError(f"the chunks hold {pos} bytes, the message {ref.size}")
         return buffer

@@ -15,6 +15,9 @@ from redis.retry import Retry
 
 # About 8 s of retries with backoff: time for a Redis to restart and load its data.
 RESTART_RETRIES = 12
+# Bytes a connection takes off its socket per read: tensor messages arrive in chunks of
+# megabytes (syncd/bulk.py), and the parser (hiredis) is fed once per read.
+SOCKET_READ_BYTES = 1 << 20
 
 
 def redact_url(url: str) -> str:
@@ -59,7 +62,8 @@ def redis_problem(url: str, timeout_s: float = 5.0) -> str | None:
 
 
 def connect(url: str, *, ride_out_restarts: bool = False) -> redis.Redis:
-    """A binary-safe client; every caller decodes what it reads itself.
+    """A binary-safe client; every caller decodes what it reads itself. Replies are
+    parsed by hiredis (a dependency), read off the socket SOCKET_READ_BYTES at a time.
 
     Args:
         url: redis:// or rediss:// URL, password included.
@@ -69,9 +73,11 @@ def connect(url: str, *, ride_out_restarts: bool = False) -> redis.Redis:
             syncd, whose merge transaction must not run twice.
     """
     if not ride_out_restarts:
-        return redis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+        return redis.Redis.from_url(url, decode_responses=False, health_check_interval=30,
+                                    socket_read_size=SOCKET_READ_BYTES)
     return redis.Redis.from_url(
         url, decode_responses=False, health_check_interval=30,
+        socket_read_size=SOCKET_READ_BYTES,
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), RESTART_RETRIES),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError, ConnectionResetError,
                         redis.BusyLoadingError])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from syncd.bulk import BulkError, BulkRef, RedisBulk, chunk_bytes_setting
+from syncd.bulk import READ_WINDOW, BulkError, BulkRef, RedisBulk, chunk_bytes_setting
 from syncd.connection import connect
 
 pytestmark = pytest.mark.integration
@@ -21,6 +21,38 @@ def test_a_message_of_several_chunks_round_trips(bulk):
     assert (ref.chunks, ref.size) == (6, len(MESSAGE))
     assert all(len(bulk.client.get(k)) <= 1024 for k in ref.chunk_keys())
     assert bulk.read(ref, max_bytes=1 << 20) == MESSAGE
+
+
+def test_a_message_of_a_chunk_count_the_window_does_not_divide_round_trips(bulk):
+    ref = bulk.put("m", MESSAGE[:4100], ttl_s=60)
+
+    assert ref.chunks == 5
+    assert bulk.read(ref, max_bytes=1 << 20) == MESSAGE[:4100]
+
+
+def test_a_read_asks_for_at_most_a_window_of_chunks_at_once(bulk, monkeypatch):
+    """What bounds a reader's reply buffers (and Redis's output buffer for it)."""
+    ref = bulk.put("m", MESSAGE, ttl_s=60)
+    asked = []
+    pipeline = bulk.client.pipeline
+
+    def counting_pipeline(*args, **kwargs):
+        pipe = pipeline(*args, **kwargs)
+        execute = pipe.execute
+
+        def counted(*a, **k):
+            asked.append(len(pipe))
+            return execute(*a, **k)
+
+        pipe.execute = counted
+        return pipe
+
+    monkeypatch.setattr(bulk.client, "pipeline", counting_pipeline)
+
+    assert bulk.read(ref, max_bytes=1 << 20) == MESSAGE
+    assert sum(asked) == ref.chunks
+    assert max(asked) <= READ_WINDOW
+    assert len(asked) == -(-ref.chunks // READ_WINDOW)
 
 
 def test_a_missing_chunk_is_an_error_that_names_it(bulk):
@@ -66,4 +98,4 @@ def test_the_chunk_size_comes_from_the_environment(monkeypatch):
     with pytest.raises(ValueError, match="at least 1024"):
         chunk_bytes_setting()
     monkeypatch.delenv("CHUNK_BYTES")
-    assert chunk_bytes_setting() == 64 << 20
+    assert chunk_bytes_setting() == 4 << 20

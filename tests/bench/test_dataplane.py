@@ -1,0 +1,59 @@
+"""bench dataplane: its targets judged as issue 23 states them, and a run end to end on
+a tiny profile (timings on a shared test machine mean nothing: the test checks the
+keys docs/BENCHMARKS.md reads)."""
+
+import json
+
+import pytest
+
+from bench import dataplane, results
+
+LIMITS = {"memcpy_mb_s": 5000.0, "transport_mb_s": 400.0, "transport_read_mb_s": 800.0,
+          "tcp_mb_s": 2000.0}
+
+
+def config(size, params, islands, ingest, pull, redis_peak=3.0, syncd_peak=4.0):
+    return {"size": size, "params": params, "islands": islands, "ingest_mb_s": ingest,
+            "pull_mb_s": pull, "redis_peak_ratio": redis_peak, "syncd_peak_ratio": syncd_peak}
+
+
+def test_targets_are_judged_from_100m_parameters_against_the_limits():
+    checks = dataplane.checks([config("100M", 106_707_456, 2, ingest=160.0, pull=390.0),
+                               config("100M", 106_707_456, 16, ingest=110.0, pull=420.0,
+                                      redis_peak=3.2, syncd_peak=4.8),
+                               config("6M", 5_125_760, 2, ingest=1.0, pull=1.0),
+                               config("6M", 5_125_760, 4, ingest=1.0, pull=1.0)], LIMITS)
+
+    assert checks["100M M=2 ingest MB/s"]["ok"]
+    assert checks["100M M=2 ingest / transport"]["ok"]  # 160 >= 0.3 x 400
+    assert not checks["100M M=2 pull / transport read"]["ok"]  # 390 < 0.5 x 800
+    assert not checks["100M M=16 ingest MB/s"]["ok"]
+    assert checks["100M redis_peak_ratio M=16 over M=2 - 1"]["ok"]  # +6.7%
+    assert not checks["100M syncd_peak_ratio M=16 over M=2 - 1"]["ok"]  # +20%
+    assert not any(k.startswith("6M") for k in checks)  # under 100M: not judged
+    assert len(checks) == 2 * 4 + 2
+
+
+@pytest.mark.integration
+def test_a_tiny_profile_runs_end_to_end(monkeypatch, tmp_path):
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(dataplane, "HOME", tmp_path / "home")
+    monkeypatch.setitem(dataplane.SIZES, "tiny", {"n_layer": 1, "n_embd": 32, "n_head": 2})
+    monkeypatch.setitem(dataplane.PROFILES, "quick", {
+        "sizes": ["tiny"], "islands": [2], "rounds": 2, "pulls": 1, "limit_bytes": 1 << 20})
+
+    assert dataplane.main(quick=True) == 0
+
+    out = json.loads((tmp_path / "results" / "dataplane-quick.json").read_text())
+    assert set(out["limits"]) == {"memcpy_mb_s", "transport_mb_s", "transport_read_mb_s",
+                                  "tcp_mb_s"}
+    assert all(v > 0 for v in out["limits"].values())
+    (run,) = out["configs"]
+    assert (run["islands"], run["codec"], run["syncds"], run["rounds_measured"]) == \
+        (2, "int4", 1, 1)
+    for key in ("ingest_mb_s", "ingest_p95_s", "pull_mb_s", "redis_peak_ratio",
+                "syncd_peak_ratio", "syncd_cpu_share"):
+        assert run[key] > 0, key
+    assert run["ingest_p50_s"] <= run["ingest_p95_s"]
+    assert out["checks"] == {}  # nothing of 100M: no target judged
+    assert out["store"]["hiredis"]
