@@ -50,7 +50,7 @@ def main(quick: bool = False) -> int:
     if profile["calibrate"]:
         results.say("fitting the mesh rebuild pause on elastic at 1.2M chips ...")
         out["reconfigure_s_refit"] = calibrate_reconfigure()
-    spec = {k: profile[k] for k in ("chips", "islands", "duration_s", "bandwidth_gbps")}
+    sweep = {k: profile[k] for k in ("chips", "islands", "duration_s", "bandwidth_gbps")}
     last = [0.0]
 
     def progress(fraction: float) -> None:
@@ -58,7 +58,7 @@ def main(quick: bool = False) -> int:
             last[0] = fraction
             results.say(f"  {fraction:.0%} of the runs ({time.time() - started:.0f} s)")
 
-    out.update(run_sweep(spec, progress))
+    out.update(run_sweep(sweep, progress))
     out["bandwidth_for_utilization"] = {
         m: {f"{t:.0%}": bandwidth_needed(m, t) for t in (0.5, 0.95)}
         for m in BANDWIDTH_MODES} if not quick else {}

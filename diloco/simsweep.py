@@ -1,6 +1,6 @@
 """Sweeps of the datacenter simulator (diloco/sim.py): goodput, Archipelago's knobs, bandwidth.
 
-`run_sweep(spec)` is the one entry point: `python -m bench simulate` calls it
+`run_sweep(sweep)` is the one entry point: `python -m bench simulate` calls it
 with the full sweep, a web page can call it with a small one. It returns plain
 JSON-able values:
 
@@ -22,7 +22,7 @@ from typing import Any
 from diloco.sim import simulate, utilization
 from diloco.simconfig import SimConfig
 
-DEFAULT_SPEC: dict[str, Any] = {
+DEFAULT_SWEEP: dict[str, Any] = {
     "chips": [150_000, 1_200_000],
     "islands": [1, 8],
     "duration_s": 4 * 3600.0,
@@ -64,27 +64,27 @@ BANDWIDTH_MODES: dict[str, dict[str, Any]] = {
 }
 
 
-def run_sweep(spec: dict[str, Any], progress: Callable[[float], None] | None = None
+def run_sweep(sweep: dict[str, Any], progress: Callable[[float], None] | None = None
               ) -> dict[str, Any]:
-    """Run the sweep that `spec` describes (keys of DEFAULT_SPEC; missing ones take its values).
+    """Run the sweep that `sweep` describes (keys of DEFAULT_SWEEP; missing ones take its values).
 
     `progress`, if given, is called with the fraction of runs done, from 0 to 1.
     """
-    spec = _check_spec(spec)
-    base = {**spec["base"], "duration_s": spec["duration_s"], "seed": spec["seed"]}
+    sweep = _check_sweep(sweep)
+    base = {**sweep["base"], "duration_s": sweep["duration_s"], "seed": sweep["seed"]}
     goodput_runs = [({**base, "mode": m, "islands": 1, "chips": c}, None)
-                    for c in spec["chips"] for m in ("dp", "elastic")]
+                    for c in sweep["chips"] for m in ("dp", "elastic")]
     goodput_runs += [({**base, "mode": "decoupled", "islands": n, "chips": c}, None)
-                     for c in spec["chips"] for n in spec["islands"]]
-    knob_base = {**base, "chips": spec["knob_chips"], "islands": spec["knob_islands"]}
+                     for c in sweep["chips"] for n in sweep["islands"]]
+    knob_base = {**base, "chips": sweep["knob_chips"], "islands": sweep["knob_islands"]}
     knob_runs = []
-    if spec["knobs"]:
+    if sweep["knobs"]:
         every = {k: v for name in ARCHIPELAGO for k, v in KNOBS[name].items()}
         knob_runs = [({**knob_base}, "paper")]
         knob_runs += [({**knob_base, **change}, name) for name, change in KNOBS.items()]
         knob_runs.append(({**knob_base, **every}, "archipelago"))
     bandwidth_runs = [(bw, mode) for mode in BANDWIDTH_MODES
-                      for bw in spec["bandwidth_gbps"]]
+                      for bw in sweep["bandwidth_gbps"]]
     total = len(goodput_runs) + len(knob_runs) + len(bandwidth_runs)
     done = 0
 
@@ -106,7 +106,7 @@ def run_sweep(spec: dict[str, Any], progress: Callable[[float], None] | None = N
                                 "utilization": bandwidth_utilization(mode, bw)})
         tick()
     return {"goodput_table": goodput_table, "knobs_table": knobs_table,
-            "bandwidth_table": bandwidth_table, "spec": spec,
+            "bandwidth_table": bandwidth_table, "sweep": sweep,
             "paper_setting": asdict(SimConfig(**base)),
             "knobs": {name: KNOBS[name] for name in KNOBS}, "archipelago": list(ARCHIPELAGO)}
 
@@ -146,19 +146,19 @@ def calibrate_reconfigure(target: float = 0.58, chips: int = 1_200_000,
     return round((low + high) / 2, 2)
 
 
-def _check_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(spec) - set(DEFAULT_SPEC))
+def _check_sweep(sweep: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(sweep) - set(DEFAULT_SWEEP))
     if unknown:
-        raise ValueError(f"unknown sweep keys {unknown}; known: {', '.join(DEFAULT_SPEC)}")
-    spec = {**DEFAULT_SPEC, **spec}
+        raise ValueError(f"unknown sweep keys {unknown}; known: {', '.join(DEFAULT_SWEEP)}")
+    sweep = {**DEFAULT_SWEEP, **sweep}
     names = {f.name for f in fields(SimConfig)}
-    bad = sorted(set(spec["base"]) - names)
+    bad = sorted(set(sweep["base"]) - names)
     if bad:
         raise ValueError(f"base sets unknown SimConfig fields {bad}")
     for key in ("chips", "islands", "bandwidth_gbps"):
-        if not isinstance(spec[key], list) or not all(
+        if not isinstance(sweep[key], list) or not all(
                 isinstance(v, int | float) and not isinstance(v, bool) and v > 0
-                for v in spec[key]):
-            raise ValueError(f"{key} must be a list of positive numbers, got {spec[key]!r}")
-    return spec
+                for v in sweep[key]):
+            raise ValueError(f"{key} must be a list of positive numbers, got {sweep[key]!r}")
+    return sweep
 

@@ -25,7 +25,7 @@ from webapp.runs.lifecycle import create_run
 from webapp.runs.models import ApiToken, Checkpoint, Island, Metric, Run, Simulation
 from webapp.runs.presets import PRESETS, preset_config
 from webapp.runs.reports import progress, run_events, run_metrics, run_summary, run_timeline
-from webapp.runs.simulations import DEFAULT_SPEC, check_spec
+from webapp.runs.simulations import DEFAULT_SWEEP, check_sweep
 from webapp.runs.tasks import start_simulation
 
 SORTS = {"name": "name", "mode": "mode", "state": "state", "progress": "tokens",
@@ -194,19 +194,19 @@ def simulate(request: HttpRequest) -> HttpResponse:
     """Sweeps of the datacenter simulator: start one (operators), watch its progress and
     read its tables and plots (everyone)."""
     errors: dict[str, str] = {}
-    values = {"chips": ", ".join(str(c) for c in DEFAULT_SPEC["chips"]),
-              "islands": ", ".join(str(n) for n in DEFAULT_SPEC["islands"]),
-              "hours": DEFAULT_SPEC["duration_s"] / 3600, "knobs": True}
+    values = {"chips": ", ".join(str(c) for c in DEFAULT_SWEEP["chips"]),
+              "islands": ", ".join(str(n) for n in DEFAULT_SWEEP["islands"]),
+              "hours": DEFAULT_SWEEP["duration_s"] / 3600, "knobs": True}
     if request.method == "POST":
         roles.require(request.user, "operate")
         values = {k: request.POST.get(k, "") for k in ("chips", "islands", "hours")}
         values["knobs"] = request.POST.get("knobs") == "on"
         try:
-            spec = check_spec(values)
+            sweep = check_sweep(values)
         except ValueError as e:
             errors = e.args[0]
         else:
-            simulation = start_simulation(spec, request.user)
+            simulation = start_simulation(sweep, request.user)
             return redirect(f"{request.path}?id={simulation.pk}")
     shown = Simulation.objects.filter(pk=_id_param(request, "id")).first() or \
         Simulation.objects.filter(state=Simulation.State.COMPLETED).first()

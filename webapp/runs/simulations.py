@@ -20,23 +20,23 @@ if TYPE_CHECKING:
 # What the page may ask for: small enough to finish in a minute or two here.
 MAX_CHIPS = 5_000_000
 MAX_RUNS = 40
-DEFAULT_SPEC = {"chips": [150_000, 600_000, 1_200_000], "islands": [1, 4, 8],
+DEFAULT_SWEEP = {"chips": [150_000, 600_000, 1_200_000], "islands": [1, 4, 8],
                 "duration_s": 2 * 3600.0, "knobs": True}
 PROGRESS_EVERY_S = 0.25
 
 
-def check_spec(data: dict[str, Any]) -> dict[str, Any]:
+def check_sweep(data: dict[str, Any]) -> dict[str, Any]:
     """The sweep the page asked for, checked: chips and islands lists, hours, knobs.
 
     Raises:
         ValueError: with every problem, one sentence each, keyed by field in .args[0].
     """
     errors: dict[str, str] = {}
-    chips = _numbers(data.get("chips", DEFAULT_SPEC["chips"]), int, 1000, MAX_CHIPS,
+    chips = _numbers(data.get("chips", DEFAULT_SWEEP["chips"]), int, 1000, MAX_CHIPS,
                      "chips", errors)
-    islands = _numbers(data.get("islands", DEFAULT_SPEC["islands"]), int, 1, 64,
+    islands = _numbers(data.get("islands", DEFAULT_SWEEP["islands"]), int, 1, 64,
                        "islands", errors)
-    hours = _numbers([data.get("hours", DEFAULT_SPEC["duration_s"] / 3600)], float, 0.1, 24,
+    hours = _numbers([data.get("hours", DEFAULT_SWEEP["duration_s"] / 3600)], float, 0.1, 24,
                      "hours", errors)
     if chips and islands and len(chips) * (2 + len(islands)) > MAX_RUNS:
         errors["chips"] = (f"At most {MAX_RUNS} simulated runs per sweep here: "
@@ -70,7 +70,7 @@ def _numbers(value: Any, kind: type, lo: float, hi: float, name: str,
 
 def run_simulation_now(simulation_id: int) -> None:
     """Run a queued sweep in this process, writing its progress and result to its row."""
-    spec = _save(simulation_id, state=Simulation.State.RUNNING).spec
+    sweep = _save(simulation_id, state=Simulation.State.RUNNING).spec
     last = 0.0
 
     def progress(share: float) -> None:
@@ -81,7 +81,7 @@ def run_simulation_now(simulation_id: int) -> None:
         _save(simulation_id, progress=share)
 
     try:
-        result = run_sweep(spec, progress)
+        result = run_sweep(sweep, progress)
     except Exception as e:
         _save(simulation_id, state=Simulation.State.FAILED, error=f"{type(e).__name__}: {e}")
         raise

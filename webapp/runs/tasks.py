@@ -34,8 +34,8 @@ def run_simulation(simulation_id: int) -> None:
     run_simulation_now(simulation_id)
 
 
-def start_simulation(spec: dict[str, Any], by: AbstractBaseUser | None) -> Simulation:
+def start_simulation(sweep: dict[str, Any], by: AbstractBaseUser | None) -> Simulation:
     """Save a checked sweep and queue it on the control queue."""
-    simulation = Simulation.objects.create(spec=spec, created_by=by)
+    simulation = Simulation.objects.create(spec=sweep, created_by=by)
     run_simulation.apply_async(args=[simulation.pk], queue=CONTROL_QUEUE)
     return simulation

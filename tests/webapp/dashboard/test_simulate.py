@@ -7,7 +7,7 @@ from channels.testing import WebsocketCommunicator
 
 from webapp.dashboard.consumers import SimulationConsumer
 from webapp.runs.models import Simulation
-from webapp.runs.simulations import check_spec, run_simulation_now
+from webapp.runs.simulations import check_sweep, run_simulation_now
 
 pytestmark = pytest.mark.django_db
 
@@ -65,8 +65,8 @@ def test_a_bad_sweep_gets_its_message_beside_the_field(operator_client, queued, 
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 def test_the_page_gets_the_simulation_then_its_updates(viewer, operator, channel_layer):
-    spec = check_spec({"chips": [150000], "islands": [2], "hours": 0.1, "knobs": False})
-    simulation = Simulation.objects.create(spec=spec, created_by=operator)
+    sweep = check_sweep({"chips": [150000], "islands": [2], "hours": 0.1, "knobs": False})
+    simulation = Simulation.objects.create(spec=sweep, created_by=operator)
     com = WebsocketCommunicator(SimulationConsumer.as_asgi(), f"/ws/simulations/{simulation.pk}/")
     com.scope["user"] = viewer
     com.scope["url_route"] = {"kwargs": {"simulation_id": simulation.pk}}

@@ -4,21 +4,21 @@ for, checked field by field, and a sweep run to its tables."""
 import pytest
 
 from webapp.runs.models import Simulation
-from webapp.runs.simulations import DEFAULT_SPEC, check_spec, run_simulation_now, simulation_group
+from webapp.runs.simulations import DEFAULT_SWEEP, check_sweep, run_simulation_now, simulation_group
 
 pytestmark = pytest.mark.django_db
 
 
 def test_a_sweep_too_big_for_this_page_is_refused():
     with pytest.raises(ValueError) as e:
-        check_spec({"chips": list(range(1000, 11000, 1000)), "islands": [1, 2, 4, 8]})
+        check_sweep({"chips": list(range(1000, 11000, 1000)), "islands": [1, 2, 4, 8]})
 
     assert "At most 40 simulated runs" in e.value.args[0]["chips"]
 
 
 def test_a_sweep_run_writes_its_progress_and_tables(operator):
-    spec = check_spec({"chips": [150000], "islands": [2], "hours": 0.1, "knobs": False})
-    simulation = Simulation.objects.create(spec=spec, created_by=operator)
+    sweep = check_sweep({"chips": [150000], "islands": [2], "hours": 0.1, "knobs": False})
+    simulation = Simulation.objects.create(spec=sweep, created_by=operator)
 
     run_simulation_now(simulation.pk)
 
@@ -30,13 +30,13 @@ def test_a_sweep_run_writes_its_progress_and_tables(operator):
 
 
 def test_a_sweep_of_nothing_given_is_the_default_sweep():
-    assert check_spec({}) == {**DEFAULT_SPEC, "knobs": True}
+    assert check_sweep({}) == {**DEFAULT_SWEEP, "knobs": True}
 
 
 def test_numbers_may_come_as_text_and_are_sorted_without_repeats():
-    spec = check_spec({"chips": "600000, 150000 150000", "islands": "8,1", "hours": "2"})
+    sweep = check_sweep({"chips": "600000, 150000 150000", "islands": "8,1", "hours": "2"})
 
-    assert (spec["chips"], spec["islands"], spec["duration_s"]) == (
+    assert (sweep["chips"], sweep["islands"], sweep["duration_s"]) == (
         [150_000, 600_000], [1, 8], 7200.0)
 
 
@@ -51,7 +51,7 @@ def test_numbers_may_come_as_text_and_are_sorted_without_repeats():
 ])
 def test_a_bad_field_is_refused_with_one_sentence_keyed_by_it(field, value, message):
     with pytest.raises(ValueError) as e:
-        check_spec({field: value})
+        check_sweep({field: value})
 
     assert list(e.value.args[0]) == [field]
     assert e.value.args[0][field].startswith(message)
@@ -59,7 +59,7 @@ def test_a_bad_field_is_refused_with_one_sentence_keyed_by_it(field, value, mess
 
 def test_every_bad_field_is_named_at_once():
     with pytest.raises(ValueError) as e:
-        check_spec({"chips": "x", "islands": [0], "hours": 0})
+        check_sweep({"chips": "x", "islands": [0], "hours": 0})
 
     assert sorted(e.value.args[0]) == ["chips", "hours", "islands"]
 
