@@ -251,10 +251,10 @@ class _Cluster:
                 newest = sync.published_since(p, sync.versions[p] - 1)[-1]
                 down = len(self._global_message(p, newest))
                 last_sync_s = round_trip_s(config, self.up_bytes[p], down)
-            for i, isl in enumerate(islands):
-                if waiting.get(i) == p and isl.name in before:
+            for i, island in enumerate(islands):
+                if waiting.get(i) == p and island.name in before:
                     del waiting[i]
-                    push(self._pull(sync, isl, p, now) + self.step_dur[i], "step", i)
+                    push(self._pull(sync, island, p, now) + self.step_dur[i], "step", i)
 
         for i in range(len(islands)):
             push(self.step_dur[i], "step", i)
@@ -262,33 +262,33 @@ class _Cluster:
             self.now, _, kind, data = heapq.heappop(heap)
             if kind == "step" and self.tokens >= config.budget.total_tokens:
                 # The budget is spent: the island sends what it has not sent yet.
-                isl = islands[data]
+                island = islands[data]
                 for p in range(len(self.fragments)):
-                    if isl.state[p].inner_steps:
-                        blob = self._send(isl, p, final=True)
-                        push(self.now + _link_time(isl.island_config, len(blob),
+                    if island.state[p].inner_steps:
+                        blob = self._send(island, p, final=True)
+                        push(self.now + _link_time(island.island_config, len(blob),
                                                       config.emulation.bytes_scale),
                              "arrive", blob)
                 continue
             if kind == "step":
-                i, isl = data, islands[data]
-                isl.inner_step()
-                self.tokens += isl.tokens_per_step
+                i, island = data, islands[data]
+                island.inner_step()
+                self.tokens += island.tokens_per_step
                 ready = self.now
                 for p, (step, seq) in list(mix_at[i].items()):
-                    if isl.step >= step and sync.has_handled(p, isl.name, seq):
+                    if island.step >= step and sync.has_handled(p, island.name, seq):
                         del mix_at[i][p]
-                        ready = max(ready, self._pull(sync, isl, p, self.now))
-                for p in due_fragments(isl.step, s.inner_steps, s.fragments):
-                    blob = self._send(isl, p)
+                        ready = max(ready, self._pull(sync, island, p, self.now))
+                for p in due_fragments(island.step, s.inner_steps, s.fragments):
+                    blob = self._send(island, p)
                     scale = config.emulation.bytes_scale
-                    push(ready + _link_time(isl.island_config, len(blob), scale), "arrive", blob)
+                    push(ready + _link_time(island.island_config, len(blob), scale), "arrive", blob)
                     if s.overlap_steps == 0:
                         waiting[i] = p
                     else:
                         # A second send before the mix keeps the first one's target:
                         # waiting for the newest send could put off mixing forever.
-                        mix_at[i].setdefault(p, (isl.step + s.overlap_steps, isl.step))
+                        mix_at[i].setdefault(p, (island.step + s.overlap_steps, island.step))
                 if i not in waiting:
                     push(ready + self.step_dur[i], "step", i)
                 self._maybe_eval(sync.global_params, sync.outer_steps)
@@ -319,21 +319,21 @@ class _Cluster:
         sync = Synchronizer(self.init, self.fragments, config.sync, config.optim,
                             config.round_tokens(), embedding_tensor_names())
         budget = config.budget.total_tokens
-        per_step = sum(isl.tokens_per_step for isl in islands)
+        per_step = sum(island.tokens_per_step for island in islands)
         while self.tokens < budget:
             # Every island trains the same number of steps; the last round is cut
             # short so that the run ends at the token budget like the others.
             steps = min(s.inner_steps, -(-(budget - self.tokens) // per_step))
-            for isl in islands:
+            for island in islands:
                 for _ in range(steps):
-                    isl.inner_step()
+                    island.inner_step()
             self.tokens += steps * per_step
             self.now += steps * max(self.step_dur)
             for p in range(len(self.fragments)):
-                for isl in islands:
-                    self._receive(sync, self._send(isl, p), self.now)
+                for island in islands:
+                    self._receive(sync, self._send(island, p), self.now)
                 self._account(sync.merge(p, self.now))
-                self.now = max(self._pull(sync, isl, p, self.now) for isl in islands)
+                self.now = max(self._pull(sync, island, p, self.now) for island in islands)
             self._maybe_eval(sync.global_params, sync.outer_steps)
         return self._result("sync", sync.global_params(), sync.outer_steps)
 
@@ -357,7 +357,7 @@ class _Cluster:
             step += 1
             for group in optimizer.param_groups:
                 group["lr"] = inner_lr(step, o.inner_lr, o.warmup_steps)
-            batches = [smp.batch(isl.batch_size) for smp, isl in zip(samplers, config.islands,
+            batches = [smp.batch(island.batch_size) for smp, island in zip(samplers, config.islands,
                                                                      strict=True)]
             x = torch.cat([b[0] for b in batches])
             y = torch.cat([b[1] for b in batches])
