@@ -132,5 +132,6 @@ def test_a_checkpoint_whose_file_is_gone_or_whose_run_is_gone(tmp_path):
     gone = Checkpoint.objects.create(run=None, outer_step=1, path=str(tmp_path / "gone"),
                                      sha256="0" * 64, bytes=7)
 
-    assert checkpoint_misfit(orphan, {"model": {"n_layer": 9}}) == ""  # no run to match
+    # Its run's model settings went with the run: no run can start from it.
+    assert "run was deleted" in checkpoint_misfit(orphan, {"model": {"n_layer": 9}})
     assert checkpoint_misfit(gone, {}) == f"The checkpoint's file {tmp_path / 'gone'} is gone."
