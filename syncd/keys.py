@@ -7,7 +7,11 @@ and the bytes lie in `<key>:<i>`. The rest is small JSON.
 
 Keys, for run R (built by syncd.run_keys.RunKeys.key):
     arch:runs                      set of active run ids, for syncd
-    arch:R:spec                    JSON {mode, config, secret}
+    arch:R:spec                    JSON {mode, config, verify_key, initial_checkpoint}:
+                                   what islands read (verify_key: the public half of
+                                   the publish key, diloco.signing)
+    arch:R:secret                  the run's secret (hex), for syncd and the web app only:
+                                   the island keys and the publish key derive from it
     arch:R:epochs                  hash island -> current epoch (older are refused)
     arch:R:updates                 stream of {island, epoch, fragment, seq, chunks, bytes}
                                    (syncd.update_stream)

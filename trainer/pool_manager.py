@@ -46,6 +46,7 @@ from syncd.store import RunStore
 from trainer.island_logs import island_log_path
 from trainer.launch import (
     ASKED_AT_ENV,
+    ISLAND_KEY_ENV,
     LAUNCHED_AT_ENV,
     REDIS_URL_ENV,
     end_with_parent,
@@ -128,7 +129,8 @@ class PoolManager:
             try:
                 self.handle(claim)
             except Exception:  # one bad claim must not end the host's pool
-                log.exception("claim %r failed", claim)
+                log.exception("claim of %s epoch %s of run %s failed", claim.get("island"),
+                              claim.get("epoch"), claim.get("run"))
         if not claims and self.pool.needs_refill():
             self._launch()
         self.announce(force=bool(claims))
@@ -189,6 +191,8 @@ class PoolManager:
         # A run being stopped takes no new epoch, as a worker's task would not.
         active = store.is_active() and store.stop_requested() is None
         refused = check_claim(claim, active, store.epochs().get(str(claim.get("island"))))
+        if not refused and not isinstance(claim.get("island_key"), str):
+            refused = "the claim carries no island key"
         if refused:
             self._note(f"claim refused: {refused}")
             if isinstance(claim.get("island"), str) and active:
@@ -214,7 +218,8 @@ class PoolManager:
                        f"{run_id}")
             self._supervise(supervisor, [process], claim)
             return
-        env = {**self.env, REDIS_URL_ENV: self.redis_url}
+        env = {**self.env, REDIS_URL_ENV: self.redis_url,
+               ISLAND_KEY_ENV: str(claim.get("island_key", ""))}
         if claim.get("asked_at") is not None:
             env[ASKED_AT_ENV] = repr(float(claim["asked_at"]))
         env.pop(LAUNCHED_AT_ENV, None)

@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from diloco.config import MODES, ConfigError, RunConfig, parse_config
+from diloco.signing import island_key
 from trainer.island_logs import island_log_path, tail_lines
 from trainer.queues import region_queue
 from webapp.runs.models import (
@@ -398,7 +399,8 @@ def _enqueue(run: Run, island: Island, asked_at: float | None = None) -> None:
     asked = time.time() if asked_at is None else asked_at
     if claim_standby(run, island, asked):
         return
-    run_island.apply_async(args=[run.pk, island.name, island.epoch, settings.REDIS_URL],
+    run_island.apply_async(args=[run.pk, island.name, island.epoch, settings.REDIS_URL,
+                                 island_key_hex(run, island)],
                            kwargs={"asked_at": asked}, queue=region_queue(island.region))
 
 
@@ -413,8 +415,15 @@ def claim_standby(run: Run, island: Island, asked_at: float) -> bool:
     if config.get("processes", 1) > 1 or pools.ready(island.region) < 1:
         return False
     pools.push_claim(island.region, {"run": run.pk, "island": island.name,
-                                     "epoch": island.epoch, "asked_at": asked_at})
+                                     "epoch": island.epoch, "asked_at": asked_at,
+                                     "island_key": island_key_hex(run, island)})
     return True
+
+
+def island_key_hex(run: Run, island: Island) -> str:
+    """The key of the island's current epoch (diloco.signing.island_key), which its
+    process signs its updates with: it is given that, never the run's secret."""
+    return island_key(bytes.fromhex(run.secret), island.name, island.epoch).hex()
 
 
 def _command_all(run: Run, kind: str) -> None:

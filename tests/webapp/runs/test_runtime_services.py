@@ -4,12 +4,14 @@ Island tasks are recorded instead of sent (the `enqueued` fixture): what a regio
 worker then does with one is the supervisor's business (tests/trainer).
 """
 
+import json
 import time
 
 import pytest
 import redis
 
 from diloco.config import ConfigError
+from diloco.signing import island_key, verify_key_hex
 from syncd.connection import connect
 from syncd.pool_store import PoolStore
 from syncd.store import RunStore
@@ -39,15 +41,24 @@ def test_start_run_publishes_the_spec_and_enqueues_each_island_on_its_region(
     start_run(run, operator)
 
     s = store(run)
-    assert s.spec() == {"mode": "elastic", "config": run.config, "secret": run.secret}
+    # What islands read holds no secret: only the public half of syncd's publish key.
+    assert s.spec() == {"mode": "elastic", "config": run.config,
+                        "verify_key": verify_key_hex(bytes.fromhex(run.secret))}
+    assert s.secret() == bytes.fromhex(run.secret)
     assert str(run.pk) in RunStore.active_runs(s.client)
     assert s.epochs() == {"east-a": 1, "east-b": 1, "west-a": 1}
     assert set(run.islands.values_list("epoch", flat=True)) == {1}
+    # Each island gets its own epoch's key, never the run's secret.
+    secret = bytes.fromhex(run.secret)
     assert enqueued == [
-        {"args": [run.pk, "east-a", 1, redis_url], "queue": "region.us-east"},
-        {"args": [run.pk, "east-b", 1, redis_url], "queue": "region.us-east"},
-        {"args": [run.pk, "west-a", 1, redis_url], "queue": "region.us-west"},
+        {"args": [run.pk, "east-a", 1, redis_url, island_key(secret, "east-a", 1).hex()],
+         "queue": "region.us-east"},
+        {"args": [run.pk, "east-b", 1, redis_url, island_key(secret, "east-b", 1).hex()],
+         "queue": "region.us-east"},
+        {"args": [run.pk, "west-a", 1, redis_url, island_key(secret, "west-a", 1).hex()],
+         "queue": "region.us-west"},
     ]
+    assert run.secret not in json.dumps(enqueued)
     run.refresh_from_db()
     assert run.state == Run.State.RUNNING and run.started_at is not None
     assert list(run.events.filter(kind=Event.Kind.RUN_STATE)
@@ -87,6 +98,8 @@ def test_a_rejoin_claims_a_warm_standby_when_the_regions_pool_has_one_ready(
     (claim,) = pools.take_claims("us-west", 0.1)
     assert (claim["run"], claim["island"], claim["epoch"]) == (running.pk, "west-a", 2)
     assert before <= claim["asked_at"] <= time.time()
+    assert claim["island_key"] == island_key(bytes.fromhex(running.secret), "west-a", 2).hex()
+    assert running.secret not in json.dumps(claim)
 
 
 def test_with_the_pool_empty_or_its_host_silent_a_rejoin_is_a_cold_start(
@@ -111,7 +124,8 @@ def test_rejoin_stops_the_old_epoch_and_enqueues_the_next_epoch(running, store,
     assert Island.objects.get(run=running, name="west-a").epoch == 2
     assert s.epochs()["west-a"] == 2
     assert commands(s, "west-a") == [{"kind": "stop", "epoch": 1}]
-    assert enqueued == [{"args": [running.pk, "west-a", 2, redis_url],
+    key = island_key(bytes.fromhex(running.secret), "west-a", 2).hex()
+    assert enqueued == [{"args": [running.pk, "west-a", 2, redis_url, key],
                          "queue": "region.us-west"}]
     event = Event.objects.get(run=running, kind=Event.Kind.REJOIN)
     assert (event.island, event.actor, event.detail["from_epoch"], event.detail["epoch"]) == (
@@ -166,7 +180,8 @@ def test_an_island_added_to_a_running_run_starts_training(running, store, enqueu
     s = store(running)
     assert s.spec()["config"] == running.config
     assert s.epochs()["west-b"] == 1
-    assert enqueued == [{"args": [running.pk, "west-b", 1, redis_url],
+    key = island_key(bytes.fromhex(running.secret), "west-b", 1).hex()
+    assert enqueued == [{"args": [running.pk, "west-b", 1, redis_url, key],
                          "queue": "region.us-west"}]
 
 
