@@ -12,6 +12,7 @@ from bench import (
     quality,
     rejoin,
     scale,
+    signing,
     simulate,
     soak,
     ui_latency,
@@ -20,7 +21,7 @@ from bench import (
 BENCHMARKS = {"quality": quality.main, "overhead": overhead.main, "merge": merge.main,
               "goodput": goodput.main, "simulate": simulate.main, "ui_latency": ui_latency.main,
               "soak": soak.main, "gpu_smoke": gpu_smoke.main, "scale": scale.main,
-              "rejoin": rejoin.main}
+              "rejoin": rejoin.main, "signing": signing.main}
 TIMED = ("soak", "scale")  # the benchmarks that take --minutes
 
 
