@@ -51,6 +51,7 @@ from trainer.launch import (
     REDIS_URL_ENV,
     end_with_parent,
     island_command,
+    island_env,
     island_processes,
 )
 from trainer.pool import Pool, check_claim, warm_for
@@ -100,7 +101,7 @@ class PoolManager:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.host = host or f"{socket.gethostname()}:{os.getpid()}"
         self.on_failure = on_failure
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.env = island_env(dict(os.environ))
         self.standbys: dict[int, subprocess.Popen[bytes]] = {}  # unclaimed, by pid
         self.islands: dict[tuple[str, str, int], IslandSupervisor] = {}
         self.threads: list[threading.Thread] = []

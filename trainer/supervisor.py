@@ -57,6 +57,7 @@ from trainer.launch import (
     end_with_parent,
     free_port,
     island_command,
+    island_env,
     island_processes,
     rank_env,
 )
@@ -380,7 +381,7 @@ def supervise_island(run_id: int, island: str, epoch: int, redis_url: str, islan
     store = RunStore(connect(redis_url), run_id)
     if not store.is_active() or store.stop_requested() is not None:
         return {"island": island, "epoch": epoch, "exit_code": None, "ended": "inactive"}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", REDIS_URL_ENV: redis_url,
+    env = {**island_env(dict(os.environ)), REDIS_URL_ENV: redis_url,
            ISLAND_KEY_ENV: island_key}
     if asked_at is not None:
         env[ASKED_AT_ENV] = repr(float(asked_at))

@@ -117,10 +117,15 @@ def epoch_key(run) -> str:
 
 
 def test_an_island_process_holds_its_own_key_and_never_the_runs_secret(
-        password_redis, tmp_path, settings):
-    """Neither its command line nor its environment carries the run's secret (nor
-    the publish key's seed); its environment carries its own epoch's key."""
+        password_redis, tmp_path, settings, monkeypatch):
+    """Neither its command line nor its environment carries the run's secret, nor the
+    control plane's credentials its worker has (the database's, which hold every run's
+    secret, and SECRET_KEY); its environment carries its own epoch's key."""
     url, _ = password_redis
+    worker_secrets = {"SECRET_KEY": "worker-" + secrets.token_hex(16),
+                      "DATABASE_URL": f"postgres://u:{secrets.token_hex(8)}@db/archipelago"}
+    for name, value in worker_secrets.items():
+        monkeypatch.setenv(name, value)
     settings.LOG_DIR = tmp_path / "logs"
     run = create_run(name="keys", mode="decoupled", config=CONFIG, user=None)
     store = RunStore(connect(url), run.pk)
@@ -143,5 +148,6 @@ def test_an_island_process_holds_its_own_key_and_never_the_runs_secret(
     for text in [*seen, *environs]:
         assert run.secret not in text
         assert run.secret.upper() not in text
+        assert all(value not in text for value in worker_secrets.values())
     assert all(key not in s for s in seen)
     assert "secret" not in store.spec()
