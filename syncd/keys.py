@@ -54,11 +54,17 @@ Keys, for run R (built by syncd.run_keys.RunKeys.key):
 Keys of syncd processes and of the hosts' pools of warm standby islands:
     arch:syncd:control             list of commands for syncd ("kill")
     arch:syncd:members             sorted set of syncd processes alive (syncd/lease.py)
-    arch:pool:<region>:claims      list of JSON claims {run, island, epoch, asked_at} for
+    arch:pool:<region>:claims      list of JSON claims {run, island, epoch, asked_at,
+                                   island_key, sig} (signed: trainer/claims.py) for
                                    the region's pool managers, pushed by the run services
                                    (syncd.pool_store)
     arch:pool:<region>:hosts       hash host -> JSON {size, ready, launching, claimed,
                                    standbys, time}: each manager's pool, every half second
+    arch:pool:<region>:processing:<host>
+                                   list of the claims a manager took and has not handled
+                                   yet; handed back to the claims when it goes silent
+    arch:R:started:<island>:<epoch>  set by the first pool manager that starts that epoch
+                                   of the island (a replayed claim starts nothing)
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from diloco.config import MODES, ConfigError, RunConfig, parse_config
 from diloco.signing import island_key
+from trainer.claims import claims_key, sign_claim
 from trainer.island_logs import island_log_path, tail_lines
 from trainer.queues import region_queue
 from webapp.runs.models import (
@@ -408,15 +409,16 @@ def claim_standby(run: Run, island: Island, asked_at: float) -> bool:
     """Claim a warm standby for the island's current epoch if its region's pool has one
     ready; False when it has none (or the island has several processes: standbys are
     one process each). The claim goes straight to the region's pool managers through
-    Redis, never behind the busy tasks of the region's queue; a manager that finds its
-    pool empty by then starts the island cold itself."""
+    Redis, never behind the busy tasks of the region's queue, signed (trainer/claims.py)
+    so that a manager starts nothing for a claim that is not the run service's; a
+    manager that finds its pool empty by then starts the island cold itself."""
     config = next((i for i in run.config.get("islands", []) if i["name"] == island.name), {})
     pools = pool_store()
     if config.get("processes", 1) > 1 or pools.ready(island.region) < 1:
         return False
-    pools.push_claim(island.region, {"run": run.pk, "island": island.name,
-                                     "epoch": island.epoch, "asked_at": asked_at,
-                                     "island_key": island_key_hex(run, island)})
+    pools.push_claim(island.region, sign_claim(
+        {"run": run.pk, "island": island.name, "epoch": island.epoch, "asked_at": asked_at,
+         "island_key": island_key_hex(run, island)}, claims_key(settings.SECRET_KEY)))
     return True
 
 

@@ -16,6 +16,7 @@ from syncd.connection import connect
 from syncd.pool_store import PoolStore
 from syncd.store import RunStore
 from tests.webapp.runs.three_islands import THREE_ISLANDS, commands
+from trainer.claims import claim_signed, claims_key
 from webapp.runs.faults import kill_island
 from webapp.runs.models import Checkpoint, Event, Island, Run
 from webapp.runs.services import (
@@ -87,7 +88,7 @@ def test_a_run_that_cannot_reach_redis_fails_with_the_reason(settings, enqueued,
 
 
 def test_a_rejoin_claims_a_warm_standby_when_the_regions_pool_has_one_ready(
-        running, store, enqueued, redis_url, operator):
+        running, store, enqueued, redis_url, operator, settings):
     pools = PoolStore(connect(redis_url))
     pools.put_host("us-west", "host-1", {"ready": 1, "size": 1, "time": time.time()})
 
@@ -95,11 +96,12 @@ def test_a_rejoin_claims_a_warm_standby_when_the_regions_pool_has_one_ready(
     rejoin_island(running, "west-a", operator)
 
     assert enqueued == []  # never behind the busy tasks of the region's queue
-    (claim,) = pools.take_claims("us-west", 0.1)
+    ((_, claim),) = pools.take_claims("us-west", "host-1", 0.1)
     assert (claim["run"], claim["island"], claim["epoch"]) == (running.pk, "west-a", 2)
     assert before <= claim["asked_at"] <= time.time()
     assert claim["island_key"] == island_key(bytes.fromhex(running.secret), "west-a", 2).hex()
     assert running.secret not in json.dumps(claim)
+    assert claim_signed(claim, claims_key(settings.SECRET_KEY))
 
 
 def test_with_the_pool_empty_or_its_host_silent_a_rejoin_is_a_cold_start(
@@ -111,7 +113,7 @@ def test_with_the_pool_empty_or_its_host_silent_a_rejoin_is_a_cold_start(
     rejoin_island(running, "west-a", operator)
 
     assert [task["queue"] for task in enqueued] == ["region.us-west"]
-    assert pools.take_claims("us-west", 0.1) == []
+    assert pools.take_claims("us-west", "host-1", 0.1) == []
 
 
 def test_rejoin_stops_the_old_epoch_and_enqueues_the_next_epoch(running, store,
