@@ -14,6 +14,7 @@ from bench import (
     quality,
     rejoin,
     scale,
+    signing,
     simulate,
     soak,
     ui_latency,
@@ -23,7 +24,7 @@ BENCHMARKS = {"quality": quality.main, "overhead": overhead.main, "merge": merge
               "goodput": goodput.main, "simulate": simulate.main, "ui_latency": ui_latency.main,
               "soak": soak.main, "gpu_smoke": gpu_smoke.main, "scale": scale.main,
               "rejoin": rejoin.main, "efficiency": efficiency.main,
-              "dataplane": dataplane.main}
+              "dataplane": dataplane.main, "signing": signing.main}
 TIMED = ("soak", "scale")  # the benchmarks that take --minutes
 
 

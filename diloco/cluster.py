@@ -37,11 +37,15 @@ from diloco.merge import Update
 from diloco.model import embedding_tensor_names
 from diloco.policy import RoundStats
 from diloco.protocol import decode_message, encode_message
+from diloco.signing import island_key, publish_key
 from diloco.synchronizer import MergeResult, Published, Synchronizer, apply_published
 from diloco.wan import transfer_time
 
 CLUSTER_MODES = ("decoupled", "sync", "dp")
-SECRET = b"in-process"  # messages are signed here too, so byte counts include the tag
+# Messages are signed here too, so byte counts include the tag and the signature.
+SECRET = b"in-process"
+UPDATE_KEY = island_key(SECRET, "in-process", 0)  # one process: one key for all islands
+PUBLISH_KEY = publish_key(SECRET)
 
 
 @dataclass
@@ -168,13 +172,13 @@ class _Cluster:
         meta, payload = island.make_update(p, self.config.sync.compression)
         meta.update(run="local", island=island.name, epoch=0, compute_s=0.0,
                     codec=self.config.sync.compression)
-        blob = encode_message("update", meta, payload, SECRET)
+        blob = encode_message("update", meta, payload, UPDATE_KEY)
         # The final flush happens once per run; the peak is about steady state.
         self.meter.add(island.index, "up", island.step, len(blob), in_window=not final)
         return blob
 
     def _receive(self, sync: Synchronizer, blob: bytes, now: float) -> tuple[str, int, str | None]:
-        _, meta, tensors = decode_message(blob, SECRET)
+        _, meta, tensors = decode_message(blob, UPDATE_KEY)
         p = meta["fragment"]
         self.up_bytes[p] = len(blob)
         delta = codecs.decode(tensors, meta["codec"], sync.shapes[p])
@@ -201,7 +205,7 @@ class _Cluster:
         meta = {"run": "local", "fragment": p, "version": published.version,
                 "base_version": -1 if published.codec == "none" else published.version - 1,
                 "codec": published.codec}
-        return encode_message("global", meta, published.payload, SECRET)
+        return encode_message("global", meta, published.payload, PUBLISH_KEY)
 
     def _account(self, result: MergeResult | None) -> None:
         if result is not None:

@@ -1,9 +1,14 @@
 """The wire format that islands and syncd share.
 
-A message is a safetensors blob followed by a 32-byte HMAC-SHA256 tag of that
-blob under the run's secret. The metadata travels in the safetensors header as
-strings. Nothing is ever unpickled: safetensors holds raw tensor bytes and a
-JSON header, and the tag is checked before either is parsed.
+A message is a safetensors blob followed by its signature. An update (island ->
+syncd) ends with a 32-byte HMAC-SHA256 tag of the blob under the island's key for
+its epoch; a global (syncd -> islands) with a 64-byte Ed25519 signature of the
+blob's SHA-256 digest under the run's publish key, which islands can check but not
+make (diloco.signing). The key says which kind a message must be: a global is never
+read as an update, nor an update as a global. The metadata travels in the
+safetensors header as strings. Nothing is ever unpickled: safetensors holds raw
+tensor bytes and a JSON header, and the signature is checked before either is
+parsed.
 
 A message is built in one buffer and read back as views of the buffer it arrived
 in (diloco.tensorfile), so a fragment of gigabytes costs its own size once on
@@ -18,11 +23,17 @@ import json
 from typing import Any
 
 import torch
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
 
 from diloco import tensorfile
 
 PROTOCOL_VERSION = 1
-TAG_BYTES = 32
+TAG_BYTES = 32  # an update's HMAC-SHA256 tag
+SIGNATURE_BYTES = 64  # a global's Ed25519 signature
 MAX_HEADER_BYTES = 1 << 20
 UPDATE_FIELDS = ("run", "island", "epoch", "fragment", "base_version", "seq", "tokens",
                  "inner_steps", "compute_s", "codec")
@@ -34,41 +45,63 @@ class ProtocolError(ValueError):
 
 
 def encode_message(kind: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor],
-                   secret: bytes) -> bytearray:
-    """Serialize and sign one message ("update" up to syncd, "global" down to islands)."""
+                   key: bytes | Ed25519PrivateKey) -> bytearray:
+    """Serialize and sign one message: an "update" up to syncd with the island's HMAC
+    key, a "global" down to islands with the run's publish key."""
     required = UPDATE_FIELDS if kind == "update" else GLOBAL_FIELDS
     missing = [f for f in required if f not in meta]
     if kind not in ("update", "global") or missing:
         raise ValueError(f"a {kind!r} message needs {', '.join(required)}; missing {missing}")
+    if (kind == "global") != isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"a {kind!r} message is signed with "
+                         f"{'the publish key' if kind == 'global' else 'an island key'}")
     header = {"protocol": str(PROTOCOL_VERSION), "kind": kind,
               **{k: json.dumps(v) for k, v in meta.items()}}
     length = tensorfile.size(tensors, header)
-    message = bytearray(length + TAG_BYTES)
+    tail = SIGNATURE_BYTES if kind == "global" else TAG_BYTES
+    message = bytearray(length + tail)
     view = memoryview(message)
     tensorfile.write_into(view[:length], tensors, header)
-    view[length:] = hmac.new(secret, view[:length], hashlib.sha256).digest()
+    view[length:] = _sign(view[:length], key)
     return message
 
 
-def decode_message(blob: bytes | bytearray, secret: bytes, max_bytes: int = 1 << 30
+def _sign(body: memoryview, key: bytes | Ed25519PrivateKey) -> bytes:
+    if isinstance(key, Ed25519PrivateKey):
+        return key.sign(hashlib.sha256(body).digest())
+    return hmac.new(key, body, hashlib.sha256).digest()
+
+
+def decode_message(blob: bytes | bytearray, key: bytes | Ed25519PublicKey,
+                   max_bytes: int = 1 << 30
                    ) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
-    """Verify and parse a message: (kind, metadata, tensors).
+    """Verify and parse a message: (kind, metadata, tensors). An island's HMAC key
+    reads an update of that island's epoch; the publish key's public half, a global.
 
     The tensors are views of `blob` when it is a bytearray (what the store reads);
     bytes are copied once first.
 
     Raises:
-        ProtocolError: too large, truncated, badly signed, not safetensors, or of
-            another protocol version.
+        ProtocolError: too large, truncated, badly signed, not safetensors, of
+            another protocol version, or not of the kind the key reads.
     """
+    expected = "global" if isinstance(key, Ed25519PublicKey) else "update"
+    tail = SIGNATURE_BYTES if expected == "global" else TAG_BYTES
     if len(blob) > max_bytes:
         raise ProtocolError(f"message of {len(blob)} bytes exceeds the limit of {max_bytes}")
-    if len(blob) < 8 + TAG_BYTES:
+    if len(blob) < 8 + tail:
         raise ProtocolError(f"message of {len(blob)} bytes is truncated")
     view = memoryview(blob if isinstance(blob, bytearray) else bytearray(blob))
-    body, tag = view[:-TAG_BYTES], view[-TAG_BYTES:]
-    if not hmac.compare_digest(tag, hmac.new(secret, body, hashlib.sha256).digest()):
-        raise ProtocolError("bad signature: not signed with this run's secret")
+    body, tag = view[:-tail], view[-tail:]
+    if isinstance(key, Ed25519PublicKey):
+        try:
+            key.verify(bytes(tag), hashlib.sha256(body).digest())
+        except InvalidSignature:
+            raise ProtocolError("bad signature: not signed with this run's publish "
+                                "key") from None
+    elif not hmac.compare_digest(tag, hmac.new(key, body, hashlib.sha256).digest()):
+        raise ProtocolError("bad signature: not signed with the key of the island and "
+                            "epoch it names")
     try:
         header, tensors = tensorfile.loads(body, MAX_HEADER_BYTES)
     except tensorfile.FormatError as exc:
@@ -80,6 +113,8 @@ def decode_message(blob: bytes | bytearray, secret: bytes, max_bytes: int = 1 <<
     required = {"update": UPDATE_FIELDS, "global": GLOBAL_FIELDS}.get(kind)
     if required is None:
         raise ProtocolError(f"unknown message kind {kind!r}")
+    if kind != expected:
+        raise ProtocolError(f"a {kind!r} message where {expected!r} belongs")
     try:
         meta = {k: json.loads(header[k]) for k in required}
     except (KeyError, ValueError, RecursionError) as exc:

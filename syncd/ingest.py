@@ -1,8 +1,9 @@
 """Checking an update before it may touch a merge.
 
 Everything that arrives over the wire is hostile until shown otherwise. First the
-entry is verified (verify_update): its message is signed with the run's secret and
-its metadata is the stream entry's; an entry that fails raises Unverified, and
+entry is verified (verify_update): its message is signed with the key of the island
+and epoch the entry names (diloco.signing.island_key) and its metadata is the stream
+entry's; an entry that fails raises Unverified, and
 nothing is recorded in the name of the island it names. Then the update is
 checked (check_update): the island's epoch, the tensors' names, dtypes and shapes,
 finite values, a token count that matches the island's batch, and a norm that is
@@ -23,6 +24,7 @@ import torch
 from diloco import codecs
 from diloco.merge import Update
 from diloco.protocol import MAX_HEADER_BYTES, TAG_BYTES, ProtocolError, decode_message
+from diloco.signing import island_key
 from syncd.bulk import BulkError
 from syncd.update_stream import UpdateRef
 
@@ -37,8 +39,8 @@ class Rejection(ValueError):
 
 class Unverified(ValueError):
     """A stream entry whose message is not shown to be the update it claims (unreadable,
-    not signed with the run's secret, or another's): it speaks for no island, and
-    nothing is done in its name. str() is the reason."""
+    not signed with the key of the island and epoch it names, or another's): it speaks
+    for no island, and nothing is done in its name. str() is the reason."""
 
 
 @dataclass(frozen=True)
@@ -52,15 +54,16 @@ class IslandFacts:
 def verify_update(read: Callable[[int], bytearray], ref: UpdateRef, secret: bytes,
                   max_bytes: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The signed metadata and tensors of the update a stream entry names, once shown to
-    be what the entry claims: a message signed with the run's secret whose island,
-    epoch, fragment and seq are the entry's. Until then the entry speaks for no one.
+    be what the entry claims: a message signed with the key of the island and epoch
+    the entry names (derived here from the run's secret), whose island, epoch,
+    fragment and seq are the entry's. Until then the entry speaks for no one.
 
     Args:
         read: reads the message the stream entry points to, given the largest size
             accepted; raises syncd.bulk.BulkError when it is too large, expired,
             missing or incomplete.
         ref: the stream entry.
-        secret: the run's HMAC key.
+        secret: the run's secret, which the island keys are derived from.
         max_bytes: the largest message accepted.
 
     Raises:
@@ -71,11 +74,10 @@ def verify_update(read: Callable[[int], bytearray], ref: UpdateRef, secret: byte
     except BulkError as exc:
         raise Unverified(f"the update's message: {exc}") from exc
     try:
-        kind, meta, tensors = decode_message(blob, secret, max_bytes)
+        _, meta, tensors = decode_message(blob, island_key(secret, ref.island, ref.epoch),
+                                          max_bytes)
     except ProtocolError as exc:
         raise Unverified(str(exc)) from exc
-    if kind != "update":
-        raise Unverified(f"a {kind!r} message where an update belongs")
     claimed = (meta["island"], meta["epoch"], meta["fragment"], meta["seq"])
     if claimed != (ref.island, ref.epoch, ref.fragment, ref.seq):
         raise Unverified(f"metadata {claimed} does not match the stream entry "

@@ -7,7 +7,11 @@ and the bytes lie in `<key>:<i>`. The rest is small JSON.
 
 Keys, for run R (built by syncd.run_keys.RunKeys.key):
     arch:runs                      set of active run ids, for syncd
-    arch:R:spec                    JSON {mode, config, secret}
+    arch:R:spec                    JSON {mode, config, verify_key, initial_checkpoint}:
+                                   what islands read (verify_key: the public half of
+                                   the publish key, diloco.signing)
+    arch:R:secret                  the run's secret (hex), for syncd and the web app only:
+                                   the island keys and the publish key derive from it
     arch:R:epochs                  hash island -> current epoch (older are refused)
     arch:R:updates                 stream of {island, epoch, fragment, seq, chunks, bytes}
                                    (syncd.update_stream)
@@ -50,11 +54,17 @@ Keys, for run R (built by syncd.run_keys.RunKeys.key):
 Keys of syncd processes and of the hosts' pools of warm standby islands:
     arch:syncd:control             list of commands for syncd ("kill")
     arch:syncd:members             sorted set of syncd processes alive (syncd/lease.py)
-    arch:pool:<region>:claims      list of JSON claims {run, island, epoch, asked_at} for
+    arch:pool:<region>:claims      list of JSON claims {run, island, epoch, asked_at,
+                                   island_key, sig} (signed: trainer/claims.py) for
                                    the region's pool managers, pushed by the run services
                                    (syncd.pool_store)
     arch:pool:<region>:hosts       hash host -> JSON {size, ready, launching, claimed,
                                    standbys, time}: each manager's pool, every half second
+    arch:pool:<region>:processing:<host>
+                                   list of the claims a manager took and has not handled
+                                   yet; handed back to the claims when it goes silent
+    arch:R:started:<island>:<epoch>  set by the first pool manager that starts that epoch
+                                   of the island (a replayed claim starts nothing)
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ class Rounds:
                 self.store.publish(p, 0, self._global_message(p, 0), None,
                                    tensorfile.dumps({}), {}, 0, self.kept_differences)
                 continue
-            _, meta, tensors = decode_message(self.store.full(p), self.spec.secret)
+            _, meta, tensors = decode_message(self.store.full(p), self.spec.verify_key)
             momentum = self.store.momentum(p)
             self.load_fragment(p, tensors, tensorfile.loads(momentum)[1] if momentum else None,
                                meta["version"])
@@ -135,7 +135,7 @@ class Rounds:
     def _global_message(self, p: int, version: int) -> bytes:
         meta = {"run": self.store.run_id, "fragment": p, "version": version, "base_version": -1,
                 "codec": "none"}
-        return encode_message("global", meta, self.sync.globals[p], self.spec.secret)
+        return encode_message("global", meta, self.sync.globals[p], self.spec.publish_key)
 
     @property
     def kept_differences(self) -> int:
@@ -160,7 +160,7 @@ class Rounds:
             published = history[-1]
             meta = {"run": self.store.run_id, "fragment": p, "version": version,
                     "base_version": version - 1, "codec": published.codec}
-            difference = encode_message("global", meta, published.payload, self.spec.secret)
+            difference = encode_message("global", meta, published.payload, self.spec.publish_key)
         momentum = tensorfile.dumps(self.sync.optimizers[p].state_dict())
         self.store.publish(p, version, self._global_message(p, version), difference, momentum,
                            dict(self.sync.handled[p]), result_tokens, self.kept_differences, done)
@@ -385,7 +385,7 @@ class Rounds:
         """A merge into `version` that made fragment p non-finite (finite updates can
         overflow together): it is not published, the fragment goes back to its
         published version, and the round's updates are dropped as refused."""
-        _, meta, tensors = decode_message(self.store.full(p), self.spec.secret)
+        _, meta, tensors = decode_message(self.store.full(p), self.spec.verify_key)
         momentum = tensorfile.loads(self.store.momentum(p))[1]
         self.load_fragment(p, tensors, momentum, meta["version"])
         history = self.sync.history[p]

@@ -1,8 +1,9 @@
-"""The spec of a run as syncd follows it: its config, secret and mode.
+"""The spec of a run as syncd follows it: its config, keys and mode.
 
 Islands may be added to or removed from a running run (the web app rewrites the
-spec in Redis), so the config is read again at the watch's pace. The secret and
-the mode are the run's from its start. The parts of a RunSync read the config
+spec in Redis), so the config is read again at the watch's pace. The secret (from
+its own key, which islands do not read), the keys derived from it (diloco.signing)
+and the mode are the run's from its start. The parts of a RunSync read the config
 here, where it is current; only `follow` changes it.
 """
 
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from diloco.config import RunConfig
 from diloco.config_parse import config_from_spec
+from diloco.signing import publish_key
 
 if TYPE_CHECKING:
     from syncd.store import RunStore
@@ -23,7 +25,7 @@ class RunSpec:
         store: the run's Redis keys.
 
     Raises:
-        ValueError: the run has no spec in Redis.
+        ValueError: the run has no spec or no secret in Redis.
     """
 
     def __init__(self, store: RunStore):
@@ -34,7 +36,12 @@ class RunSpec:
         self.raw = raw
         self.initial: dict[str, Any] = json.loads(raw)
         self.config: RunConfig = config_from_spec(self.initial)
-        self.secret = bytes.fromhex(self.initial["secret"])
+        secret = store.secret()
+        if secret is None:
+            raise ValueError(f"run {store.run_id} has no secret in Redis")
+        self.secret = secret  # the island keys derive from it (syncd.ingest)
+        self.publish_key = publish_key(secret)
+        self.verify_key = self.publish_key.public_key()
         # The elastic baseline: a barrier over alive islands at every outer step, a
         # checkpoint after each, and a whole-job restart from it on any island loss.
         self.elastic = self.initial["mode"] == "elastic"

@@ -21,6 +21,7 @@ from typing import Any
 import redis
 from redis.client import Pipeline
 
+from diloco.signing import verify_key_hex
 from syncd.globals_store import GlobalsStore
 from syncd.island_signals import IslandSignals
 from syncd.keys import RUNS_KEY
@@ -41,13 +42,22 @@ class RunStore(UpdateStream, GlobalsStore, IslandSignals):
 
     def put_spec(self, mode: str, config: dict[str, Any], secret: str,
                  initial_checkpoint: dict[str, str] | None = None) -> None:
-        """What the processes of a run read: mode, config, secret, and the checkpoint
-        ({"path", "sha256"}) its global model starts from, if any."""
-        spec = {"mode": mode, "config": config, "secret": secret}
+        """What the processes of a run read: mode, config, the public key of syncd's
+        publishes, and the checkpoint ({"path", "sha256"}) its global model starts
+        from, if any. The secret (hex) goes in a key of its own, which islands never
+        read (diloco.signing)."""
+        spec = {"mode": mode, "config": config,
+                "verify_key": verify_key_hex(bytes.fromhex(secret))}
         if initial_checkpoint:
             spec["initial_checkpoint"] = initial_checkpoint
+        self.client.set(self.key("secret"), secret)
         self.client.set(self.key("spec"), json.dumps(spec))
         self.client.sadd(RUNS_KEY, self.run_id)
+
+    def secret(self) -> bytes | None:
+        """The run's secret, for syncd: the island keys and the publish key derive from it."""
+        raw = self.client.get(self.key("secret"))
+        return bytes.fromhex(raw.decode()) if raw else None
 
     def spec(self) -> dict[str, Any] | None:
         raw = self.client.get(self.key("spec"))

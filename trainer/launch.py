@@ -1,5 +1,5 @@
 """How an island process is launched: its command line (which carries no secret: the
-Redis URL is in its environment), the environment of each rank of an island of
+Redis URL and the island's key are in its environment), the environment of each rank of an island of
 several processes, and its end: with its supervisor, and
 without the interpreter's teardown."""
 
@@ -22,6 +22,14 @@ ASKED_AT_ENV = "ARCHIPELAGO_ASKED_AT"
 # ... and with the Redis URL, password and all: never on its command line, which `ps`,
 # the island's log and a crash alert show to anyone who looks.
 REDIS_URL_ENV = "ARCHIPELAGO_REDIS_URL"
+# ... and with its key for this epoch (hex, diloco.signing.island_key), which the control
+# plane derived when it launched the epoch: the island never holds the run's secret.
+ISLAND_KEY_ENV = "ARCHIPELAGO_ISLAND_KEY"
+# The control plane's own credentials (webapp/settings.py), which the host's worker or
+# pool manager may have in its environment: an island process is started without them
+# (island_env), so it cannot read the database (every run's secret) or sign sessions.
+CONTROL_PLANE_ENV = ("SECRET_KEY", "SECRET_KEY_FILE", "DATABASE_URL", "REDIS_URL",
+                     "METRICS_TOKEN")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -40,6 +48,26 @@ def island_command(run_id: int, island: str, epoch: int, device: str | None = No
     command = [sys.executable, "-m", "trainer.runner", "--run", str(run_id),
                "--island", island, "--epoch", str(epoch)]
     return [*command, "--device", device] if device else command
+
+
+def island_env(base: dict[str, str]) -> dict[str, str]:
+    """An island process's environment: its launcher's, without the control plane's
+    credentials (CONTROL_PLANE_ENV), output unbuffered."""
+    return {**{k: v for k, v in base.items() if k not in CONTROL_PLANE_ENV},
+            "PYTHONUNBUFFERED": "1"}
+
+
+def island_key_from_env() -> bytes:
+    """The island's key that its launcher put in this process's environment.
+
+    Raises:
+        ValueError: none there, or not hex.
+    """
+    value = os.environ.get(ISLAND_KEY_ENV)
+    if not value:
+        raise ValueError(f"the island's key must be in the environment variable "
+                         f"{ISLAND_KEY_ENV}")
+    return bytes.fromhex(value)
 
 
 def island_processes(spec: dict[str, Any] | None, island: str) -> tuple[int, str]:

@@ -117,7 +117,8 @@ def check_claim(claim: Any, active: bool, current_epoch: int | None) -> str | No
         current_epoch: the island's current epoch in the run (None: it has none).
     """
     if not isinstance(claim, dict) or any(k not in claim for k in CLAIM_FIELDS):
-        return f"a claim names {', '.join(CLAIM_FIELDS)}, got {claim!r}"
+        fields = sorted(claim) if isinstance(claim, dict) else claim
+        return f"a claim names {', '.join(CLAIM_FIELDS)}, got {fields!r}"
     epoch = claim["epoch"]
     if isinstance(epoch, bool) or not isinstance(epoch, int):
         return f"a claim's epoch is a whole number, got {epoch!r}"

@@ -14,9 +14,14 @@ for its own children. It
   which the run services push there directly for a start or a rejoin: a claim
   never waits behind the busy tasks of the region's Celery queue;
 - checks each claim (trainer.pool.check_claim: the run active, the claim's epoch
-  the island's current one; a stale claim is refused and written in the island's
-  log), hands it to the standby ready the longest, or, with the pool empty, starts
-  the island cold (`python -m trainer.runner`, today's start);
+  the island's current one; trainer.claims: signed by the run services; and the
+  first start of that epoch anywhere, syncd.pool_store.first_start: a replayed
+  claim starts nothing; a refused claim is written in the island's log), hands it
+  to the standby ready the longest, or, with the pool empty, starts the island cold
+  (`python -m trainer.runner`, today's start);
+- takes claims into its own processing list and drops each once handled, and hands
+  back to the region's list the claims of managers gone silent (one that died with
+  claims in hand);
 - supervises every island it started with trainer.supervisor.IslandSupervisor
   (commands, kill, stop, pause, the death report, the log shipped to Redis), one
   thread per island;
@@ -50,13 +55,16 @@ from typing import IO, Any
 from syncd.connection import connect
 from syncd.pool_store import PoolStore
 from syncd.store import RunStore
+from trainer.claims import claim_signed
 from trainer.island_logs import island_log_path
 from trainer.launch import (
     ASKED_AT_ENV,
+    ISLAND_KEY_ENV,
     LAUNCHED_AT_ENV,
     REDIS_URL_ENV,
     end_with_parent,
     island_command,
+    island_env,
     island_processes,
 )
 from trainer.pool import Pool, check_claim, wanted_size, warm_for
@@ -68,6 +76,7 @@ log = logging.getLogger("archipelago.pool")
 CLAIM_WAIT_S = 1.0
 # Announcements every this long at least (readers believe one for 3 s, PoolStore).
 ANNOUNCE_S = 1.0
+HAND_BACK_S = 2.0  # how often the claims of silent managers are looked for
 
 
 def idle_priority(parent: int) -> Callable[[], None]:
@@ -98,11 +107,13 @@ class PoolManager:
         host: this host's name in the announcements; default hostname:pid.
         on_failure: called with (run id, island, the supervisor's result) when an
             island it supervises fails on its own (the web app's alert).
+        claims_key: the key the run services sign claims with (trainer.claims).
     """
 
     def __init__(self, redis_url: str, region: str, size: int | None, log_dir: str | Path, *,
                  memory_bytes: int | None = None, host: str | None = None,
-                 on_failure: Callable[[int, str, dict[str, Any]], None] | None = None):
+                 on_failure: Callable[[int, str, dict[str, Any]], None] | None = None,
+                 claims_key: bytes):
         self.redis_url = redis_url
         self.client = connect(redis_url)
         self.pools = PoolStore(self.client)
@@ -116,7 +127,9 @@ class PoolManager:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.host = host or f"{socket.gethostname()}:{os.getpid()}"
         self.on_failure = on_failure
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.claims_key = claims_key
+        self._handed_back = 0.0
+        self.env = island_env(dict(os.environ))
         self.standbys: dict[int, subprocess.Popen[bytes]] = {}  # unclaimed, by pid
         self.islands: dict[tuple[str, str, int], IslandSupervisor] = {}
         self.threads: list[threading.Thread] = []
@@ -140,16 +153,30 @@ class PoolManager:
     def tick(self) -> None:
         """One pass: standbys that got ready or died, the claims waiting, a refill."""
         changed = self._take_ready() | self._reap() | self._resize()
-        claims = self.pools.take_claims(self.region, CLAIM_WAIT_S)
-        for claim in claims:
+        self._hand_back()
+        claims = self.pools.take_claims(self.region, self.host, CLAIM_WAIT_S)
+        for raw, claim in claims:
             try:
                 self.handle(claim)
             except Exception:  # one bad claim must not end the host's pool
-                log.exception("claim %r failed", claim)
+                log.exception("claim of %s epoch %s of run %s failed", claim.get("island"),
+                              claim.get("epoch"), claim.get("run"))
+            finally:
+                self.pools.done_claim(self.region, self.host, raw)
         if not claims and self.pool.needs_refill():
             self._launch()
             changed = True
         self.announce(force=changed or bool(claims))
+
+    def _hand_back(self) -> None:
+        """Every HAND_BACK_S: the claims of the region's silent managers go back."""
+        now = time.time()
+        if now - self._handed_back < HAND_BACK_S:
+            return
+        self._handed_back = now
+        handed = self.pools.hand_back_stale(self.region, now)
+        if handed:
+            self._note(f"{handed} claims of silent pool managers handed back")
 
     def announce(self, force: bool = False) -> None:
         now = time.time()
@@ -241,6 +268,14 @@ class PoolManager:
         # A run being stopped takes no new epoch, as a worker's task would not.
         active = store.is_active() and store.stop_requested() is None
         refused = check_claim(claim, active, store.epochs().get(str(claim.get("island"))))
+        if not refused and not claim_signed(claim, self.claims_key):
+            refused = "the claim is not signed by the run services"
+        if not refused and not isinstance(claim.get("island_key"), str):
+            refused = "the claim carries no island key"
+        if not refused and not self.pools.first_start(store.run_id, claim["island"],
+                                                      claim["epoch"]):
+            refused = (f"replayed claim: epoch {claim['epoch']} of island "
+                       f"{claim['island']!r} was started already")
         if refused:
             self._note(f"claim refused: {refused}")
             if isinstance(claim.get("island"), str) and active:
@@ -266,7 +301,8 @@ class PoolManager:
                        f"{run_id}")
             self._supervise(supervisor, [process], claim)
             return
-        env = {**self.env, REDIS_URL_ENV: self.redis_url}
+        env = {**self.env, REDIS_URL_ENV: self.redis_url,
+               ISLAND_KEY_ENV: str(claim.get("island_key", ""))}
         if claim.get("asked_at") is not None:
             env[ASKED_AT_ENV] = repr(float(claim["asked_at"]))
         env.pop(LAUNCHED_AT_ENV, None)

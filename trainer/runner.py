@@ -39,6 +39,7 @@ from diloco.fragments import due_fragments, run_fragments
 from diloco.island import Island
 from diloco.model import GPT
 from diloco.protocol import decode_message, encode_message
+from diloco.signing import load_verify_key
 from diloco.synchronizer import Published, apply_published
 from syncd.connection import connect
 from syncd.malloc import return_large_frees
@@ -54,6 +55,7 @@ from trainer.launch import (
     REDIS_URL_ENV,
     env_time,
     exit_now,
+    island_key_from_env,
     process_started_at,
 )
 from trainer.link import HEARTBEAT_S, POLL_S, Link, beating
@@ -76,13 +78,19 @@ class ProcessIsland:
         corpora: corpora already open, by (path, eval_fraction): a warm standby's.
         model: a model already built (a warm standby's); used if its shape is the run's.
         warm: this epoch is a claimed standby (its heartbeats say so).
+        key: the island's key for this epoch, which signs its updates
+            (diloco.signing.island_key); default: from the environment (ISLAND_KEY_ENV),
+            where its launcher put it. The run's secret is never read.
+
+    Raises:
+        ValueError: the run has no spec, or the island no key.
     """
 
     def __init__(self, store: RunStore, name: str, epoch: int, device: str | None = None,
                  group: IslandGroup | None = None, idle_rss: int | None = None,
                  clock: StartClock | None = None,
                  corpora: dict[tuple[str | None, float], Corpus] | None = None,
-                 model: GPT | None = None, warm: bool = False):
+                 model: GPT | None = None, warm: bool = False, key: bytes | None = None):
         self.store = store
         self.idle_rss = idle_rss  # bytes, after imports and before the spec is read
         self.name = name
@@ -101,7 +109,8 @@ class ProcessIsland:
         self.device = group.device if group else resolve_device(
             device or self.config.train.device)
         self.elastic = spec["mode"] == "elastic"
-        self.secret = bytes.fromhex(spec["secret"])
+        self.key = key if key is not None else island_key_from_env()
+        self.verify_key = load_verify_key(spec["verify_key"])
         self.index = self.config.island_index(name)
         self.island_config = self.config.islands[self.index]
         self.stopping = False
@@ -177,7 +186,7 @@ class ProcessIsland:
                 raise SystemExit(0)
             raise RuntimeError(f"global fragment {p} is missing from Redis")
         self.bytes_down += len(blob)
-        _, meta, tensors = decode_message(blob, self.secret)
+        _, meta, tensors = decode_message(blob, self.verify_key)
         return meta["version"], tensors
 
     def fetch(self, p: int, version: int) -> tuple[int, list[Published], int]:
@@ -196,13 +205,13 @@ class ProcessIsland:
         if blobs and all(b is not None for b in blobs):
             published = []
             for blob in blobs:
-                _, meta, tensors = decode_message(blob, self.secret)
+                _, meta, tensors = decode_message(blob, self.verify_key)
                 published.append(Published(meta["version"], 0.0, meta["codec"], tensors))
             return published[-1].version, published, sum(len(b) for b in blobs)
         blob = self.store.full(p)
         if blob is None:
             raise GlobalMissing(f"global fragment {p} is missing from Redis")
-        _, meta, tensors = decode_message(blob, self.secret)
+        _, meta, tensors = decode_message(blob, self.verify_key)
         return meta["version"], [Published(meta["version"], 0.0, "none", tensors)], len(blob)
 
     def pull(self, p: int, block: bool = False) -> bool:
@@ -367,7 +376,7 @@ class ProcessIsland:
         payload = self.emulation.corrupt(payload)
         meta.update(run=self.store.run_id, island=self.name, epoch=self.epoch,
                     compute_s=self.compute_s, codec=s.compression)
-        self.link.send(p, meta["seq"], encode_message("update", meta, payload, self.secret))
+        self.link.send(p, meta["seq"], encode_message("update", meta, payload, self.key))
         self.save_cursor()
 
     def flush(self) -> None:

@@ -6,7 +6,11 @@ corpus and model the manager names (those of the last run the host served) are
 open and built. Then it says "ready" on its stdout and waits for one claim on its
 stdin, a JSON line from the manager:
 
-    {"run", "island", "epoch", "asked_at", "claimed_at", "redis_url", "log_path"}
+    {"run", "island", "epoch", "island_key", "asked_at", "claimed_at", "redis_url",
+     "log_path"}
+
+(island_key: the hex key of that island's epoch, diloco.signing.island_key: on stdin,
+never on its command line).
 
 It trains for that run, island and epoch and for nothing else: it never looks
 for work of its own, and a claim whose epoch is no longer the island's current
@@ -118,7 +122,8 @@ def main() -> None:
     clock = StartClock({"asked": claim.get("asked_at"), "launched": claimed_at,
                         "started": claimed_at, "imported": claimed_at})
     island = ProcessIsland(store, claim["island"], claim["epoch"], None, None, idle_rss,
-                           clock=clock, corpora=corpora, model=model, warm=True)
+                           clock=clock, corpora=corpora, model=model, warm=True,
+                           key=bytes.fromhex(str(claim.get("island_key", ""))))
 
     def stop(signum: int, frame: object) -> None:
         island.stop()

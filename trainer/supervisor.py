@@ -51,11 +51,13 @@ import redis
 from trainer.island_logs import island_log_path, tail_lines
 from trainer.launch import (
     ASKED_AT_ENV,
+    ISLAND_KEY_ENV,
     LAUNCHED_AT_ENV,
     REDIS_URL_ENV,
     end_with_parent,
     free_port,
     island_command,
+    island_env,
     island_processes,
     rank_env,
 )
@@ -367,18 +369,20 @@ class IslandSupervisor:
 
 # -- the Celery task's body --------------------------------------------------------
 
-def supervise_island(run_id: int, island: str, epoch: int, redis_url: str,
+def supervise_island(run_id: int, island: str, epoch: int, redis_url: str, island_key: str,
                      log_dir: str | Path, asked_at: float | None = None) -> dict[str, Any]:
     """Run one epoch of an island unless its run is no longer active or stopping;
-    `asked_at`, when its start or rejoin was asked for, starts its dispatch phase
-    (trainer/phases.py)."""
+    `island_key` (hex) is the key the control plane derived for this epoch, given to the
+    island in its environment; `asked_at`, when its start or rejoin was asked for,
+    starts its dispatch phase (trainer/phases.py)."""
     from syncd.connection import connect
     from syncd.store import RunStore
 
     store = RunStore(connect(redis_url), run_id)
     if not store.is_active() or store.stop_requested() is not None:
         return {"island": island, "epoch": epoch, "exit_code": None, "ended": "inactive"}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", REDIS_URL_ENV: redis_url}
+    env = {**island_env(dict(os.environ)), REDIS_URL_ENV: redis_url,
+           ISLAND_KEY_ENV: island_key}
     if asked_at is not None:
         env[ASKED_AT_ENV] = repr(float(asked_at))
     processes, device = island_processes(store.spec(), island)

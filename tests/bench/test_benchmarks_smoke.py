@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from bench import merge, overhead, results
+from bench import merge, overhead, results, signing
 from diloco.data import load_corpus
 from diloco.island import Island, initial_model
 
@@ -85,6 +85,17 @@ def test_merge_writes_both_ratios_and_the_threads(results_dir, monkeypatch, one_
     assert out["ratio_to_memcpy"] > 0 and out["ingest_ratio_to_memcpy"] > 0
     assert out["threads"] == 1
     assert out["merged_bytes"] == 3 * 4 * out["model_params"]
+
+
+def test_signing_writes_both_ways_for_every_size(results_dir, monkeypatch):
+    monkeypatch.setitem(signing.PROFILES, "quick", {"sizes_mb": (1,), "repeats": {1: 2}})
+
+    assert signing.main(quick=True) == 0
+
+    (row,) = json.loads((results_dir / "signing-quick.json").read_text())["rows"]
+    assert row["size_mb"] == 1
+    assert all(row[k] > 0 for k in ("hmac_sign_ms", "hmac_verify_ms", "ed25519_sign_ms",
+                                     "ed25519_verify_ms"))
 
 
 def test_a_missed_target_exits_non_zero(results_dir, tiny_overhead, capsys):

@@ -9,13 +9,18 @@ from safetensors.torch import save as save_tensors
 
 from diloco.protocol import (
     PROTOCOL_VERSION,
+    SIGNATURE_BYTES,
     TAG_BYTES,
     ProtocolError,
     decode_message,
     encode_message,
 )
+from diloco.signing import island_key, load_verify_key, publish_key, verify_key_hex
 
-SECRET = b"run-7-secret"
+RUN_SECRET = b"run-7-secret"
+SECRET = island_key(RUN_SECRET, "island-1", 2)  # the key of the island UPDATE_META names
+PUBLISH = publish_key(RUN_SECRET)
+VERIFY = load_verify_key(verify_key_hex(RUN_SECRET))
 UPDATE_META = {"run": "run-7", "island": "island-1", "epoch": 2, "fragment": 3,
                "base_version": 11, "seq": 450, "tokens": 4096, "inner_steps": 8,
                "compute_s": 12.5, "codec": "int4"}
@@ -48,8 +53,8 @@ def test_an_update_survives_the_round_trip():
 def test_a_global_message_survives_the_round_trip():
     tensors = {"blocks.0.mlp.c_fc.weight": torch.randn(8, 4), "ln_f.bias": torch.randn(4)}
 
-    kind, meta, out = decode_message(encode_message("global", GLOBAL_META, tensors, SECRET),
-                                     SECRET)
+    kind, meta, out = decode_message(encode_message("global", GLOBAL_META, tensors, PUBLISH),
+                                     VERIFY)
 
     assert kind == "global"
     assert meta == GLOBAL_META
@@ -74,11 +79,56 @@ def test_it_rejects_a_message_with_a_flipped_byte(position):
         decode_message(bytes(blob), SECRET)
 
 
-def test_it_rejects_a_message_signed_with_another_runs_secret():
-    blob = encode_message("global", GLOBAL_META, {"x": torch.ones(2)}, b"run-8-secret")
+def test_it_rejects_an_update_signed_with_another_islands_key():
+    blob = encode_message("update", UPDATE_META, {"x": torch.ones(2)},
+                          island_key(RUN_SECRET, "island-2", 2))
 
-    with pytest.raises(ProtocolError, match="not signed with this run's secret"):
+    with pytest.raises(ProtocolError, match="not signed with the key of the island"):
         decode_message(blob, SECRET)
+
+
+def test_the_island_keys_differ_by_island_epoch_and_run():
+    keys = {island_key(RUN_SECRET, "island-1", 2), island_key(RUN_SECRET, "island-1", 3),
+            island_key(RUN_SECRET, "island-2", 2), island_key(b"run-8-secret", "island-1", 2)}
+    assert len(keys) == 4 and RUN_SECRET not in keys
+
+
+def test_it_rejects_a_global_signed_with_another_runs_publish_key():
+    blob = encode_message("global", GLOBAL_META, {"x": torch.ones(2)},
+                          publish_key(b"run-8-secret"))
+
+    with pytest.raises(ProtocolError, match="not signed with this run's publish key"):
+        decode_message(blob, VERIFY)
+
+
+@pytest.mark.parametrize("position", [0, 9, -SIGNATURE_BYTES - 1, -1])
+def test_it_rejects_a_global_with_a_flipped_byte(position):
+    blob = encode_message("global", GLOBAL_META, {"x": torch.ones(2)}, PUBLISH)
+    blob[position] ^= 0x01
+
+    with pytest.raises(ProtocolError, match="bad signature"):
+        decode_message(blob, VERIFY)
+
+
+def test_a_global_forged_with_an_islands_key_or_the_runs_secret_is_refused():
+    """What an island holds (its key) cannot make a global the others accept; nor
+    could the run's secret as an HMAC key (the old downlink)."""
+    genuine = encode_message("global", GLOBAL_META, {"x": torch.ones(2)}, PUBLISH)
+    body = bytes(genuine[:-SIGNATURE_BYTES])
+    for key in (SECRET, RUN_SECRET):
+        tag = hmac.new(key, body, hashlib.sha256).digest()
+        for forged in (body + tag, body + tag + tag):
+            with pytest.raises(ProtocolError, match="bad signature"):
+                decode_message(forged, VERIFY)
+    with pytest.raises(ValueError, match="signed with the publish key"):
+        encode_message("global", GLOBAL_META, {"x": torch.ones(2)}, SECRET)
+
+
+def test_a_global_is_never_read_as_an_update_nor_an_update_as_a_global():
+    with pytest.raises(ProtocolError, match="bad signature"):
+        decode_message(encode_message("global", GLOBAL_META, {}, PUBLISH), SECRET)
+    with pytest.raises(ProtocolError, match="bad signature"):
+        decode_message(update_blob(), VERIFY)
 
 
 @pytest.mark.parametrize("length", [0, 8 + TAG_BYTES - 1])
@@ -116,8 +166,8 @@ def test_it_rejects_a_correctly_signed_header_nested_too_deep_as_a_protocol_erro
 
 
 def test_it_rejects_metadata_nested_too_deep_as_a_protocol_error():
-    header = {"protocol": str(PROTOCOL_VERSION), "kind": "global",
-              **{k: json.dumps(v) for k, v in GLOBAL_META.items()}, "version": "[" * 200_000}
+    header = {"protocol": str(PROTOCOL_VERSION), "kind": "update",
+              **{k: json.dumps(v) for k, v in UPDATE_META.items()}, "seq": "[" * 200_000}
     body = save_tensors({"x": torch.ones(2)}, metadata=header)
 
     with pytest.raises(ProtocolError, match="metadata is missing or malformed"):
@@ -125,8 +175,8 @@ def test_it_rejects_metadata_nested_too_deep_as_a_protocol_error():
 
 
 def test_it_rejects_another_protocol_version():
-    header = {"protocol": str(PROTOCOL_VERSION + 1), "kind": "global",
-              **{k: json.dumps(v) for k, v in GLOBAL_META.items()}}
+    header = {"protocol": str(PROTOCOL_VERSION + 1), "kind": "update",
+              **{k: json.dumps(v) for k, v in UPDATE_META.items()}}
     body = save_tensors({"x": torch.ones(2)}, metadata=header)
 
     with pytest.raises(ProtocolError, match=f"protocol version '{PROTOCOL_VERSION + 1}'"):
@@ -142,8 +192,8 @@ def test_it_rejects_a_message_of_an_unknown_kind():
 
 
 def test_it_rejects_a_message_with_malformed_metadata():
-    header = {"protocol": str(PROTOCOL_VERSION), "kind": "global",
-              **{k: json.dumps(v) for k, v in GLOBAL_META.items()}, "version": "{"}
+    header = {"protocol": str(PROTOCOL_VERSION), "kind": "update",
+              **{k: json.dumps(v) for k, v in UPDATE_META.items()}, "seq": "{"}
     body = save_tensors({"x": torch.ones(2)}, metadata=header)
 
     with pytest.raises(ProtocolError, match="metadata is missing or malformed"):

@@ -9,6 +9,7 @@ import torch
 
 from diloco import codecs
 from diloco.protocol import encode_message
+from diloco.signing import island_key
 from syncd.connection import connect
 from syncd.run_keys import RunKeys
 from syncd.service import RunSync
@@ -45,7 +46,7 @@ def make_run_sync(redis_url: str, tmp_path, mode: str, config: dict | None = Non
 
 def send(sync: RunSync, island: str, fragment: int, seq: int, *, epoch: int = 1,
          base_version: int = 0, steps: int = 4, value: float = 0.01, codec: str = "none",
-         secret: bytes | None = None, shapes: dict | None = None, tokens: int | None = None
+         key: bytes | None = None, shapes: dict | None = None, tokens: int | None = None
          ) -> None:
     shapes = shapes or sync.rounds.sync.shapes[fragment]
     delta = {n: torch.full(s, value) for n, s in shapes.items()}
@@ -53,7 +54,8 @@ def send(sync: RunSync, island: str, fragment: int, seq: int, *, epoch: int = 1,
             "base_version": base_version, "seq": seq,
             "tokens": steps * TOKENS_PER_STEP if tokens is None else tokens,
             "inner_steps": steps, "compute_s": 1.0, "codec": codec}
-    blob = encode_message("update", meta, codecs.encode(delta, codec), secret or sync.spec.secret)
+    blob = encode_message("update", meta, codecs.encode(delta, codec),
+                          key or island_key(sync.spec.secret, island, epoch))
     sync.store.push_update(island, epoch, fragment, seq, blob)
 
 

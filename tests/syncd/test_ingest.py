@@ -24,6 +24,7 @@ from safetensors.torch import save as save_tensors
 
 from diloco import codecs
 from diloco.protocol import encode_message
+from diloco.signing import island_key
 from syncd.ingest import NORM_WARMUP, message_limit
 from syncd.service import RunSync
 from syncd.store import RunStore
@@ -58,7 +59,12 @@ def tensors_of(sync: RunSync, value: float = 0.01, dtype=torch.float32) -> dict:
 
 def good_blob(sync: RunSync, island: str, seq: int, value: float = 0.01) -> bytes:
     return encode_message("update", meta_of(sync, island, seq), tensors_of(sync, value),
-                          sync.spec.secret)
+                          key_of(sync, island))
+
+
+def key_of(sync: RunSync, island: str, epoch: int = 1) -> bytes:
+    """The key the control plane gives that island's epoch."""
+    return island_key(sync.spec.secret, island, epoch)
 
 
 def sign(body: bytes, secret: bytes) -> bytes:
@@ -87,17 +93,17 @@ def a_few_bytes(sync):
 
 
 def not_safetensors(sync):
-    return sign(b"this is not a safetensors message, whatever its length says", sync.spec.secret)
+    return sign(b"this is not a safetensors message, whatever its length says", key_of(sync, "a"))
 
 
 def bad_header_json(sync):
     header = b"{not json"
-    return sign(struct.pack("<Q", len(header)) + header, sync.spec.secret)
+    return sign(struct.pack("<Q", len(header)) + header, key_of(sync, "a"))
 
 
 def wrong_dtype(sync):
     return encode_message("update", meta_of(sync, "a", 8),
-                          tensors_of(sync, dtype=torch.float64), sync.spec.secret)
+                          tensors_of(sync, dtype=torch.float64), key_of(sync, "a"))
 
 
 def wrong_shape(sync):
@@ -105,12 +111,12 @@ def wrong_shape(sync):
     tensors = {n: t.reshape(*reversed(t.shape)) if t.dim() == 2 and t.shape[0] != t.shape[1]
                else t for n, t in tensors_of(sync).items()}
     assert any(t.shape != sync.rounds.sync.shapes[0][n] for n, t in tensors.items())
-    return encode_message("update", meta_of(sync, "a", 8), tensors, sync.spec.secret)
+    return encode_message("update", meta_of(sync, "a", 8), tensors, key_of(sync, "a"))
 
 
 def wrong_names(sync):
     return encode_message("update", meta_of(sync, "a", 8),
-                          {"lm_head.nonsense": torch.zeros(3, 3)}, sync.spec.secret)
+                          {"lm_head.nonsense": torch.zeros(3, 3)}, key_of(sync, "a"))
 
 
 def with_nan(sync):
@@ -125,13 +131,13 @@ def with_minus_inf_in_int8_scale(sync):
     payload = codecs.encode(tensors_of(sync), "int8")
     name = next(k for k in payload if k.endswith(":scale"))
     payload[name] = torch.full_like(payload[name], -math.inf)
-    return encode_message("update", meta_of(sync, "a", 8, codec="int8"), payload, sync.spec.secret)
+    return encode_message("update", meta_of(sync, "a", 8, codec="int8"), payload, key_of(sync, "a"))
 
 
 def huge(sync):
     tensors = tensors_of(sync)
     tensors["padding"] = torch.zeros(message_limit(sync.rounds.sync.shapes[0]) // 4 + 1)
-    return encode_message("update", meta_of(sync, "a", 8), tensors, sync.spec.secret)
+    return encode_message("update", meta_of(sync, "a", 8), tensors, key_of(sync, "a"))
 
 
 def another_runs_secret(sync):
@@ -146,30 +152,43 @@ def unsigned(sync):
 
 
 def claims_another_island(sync):
-    return encode_message("update", meta_of(sync, "b", 8), tensors_of(sync), sync.spec.secret)
+    return encode_message("update", meta_of(sync, "b", 8), tensors_of(sync), key_of(sync, "a"))
 
 
 def absurd_inner_steps(sync):
     steps = 10**12
     return encode_message("update", meta_of(sync, "a", 8, inner_steps=steps,
                                             tokens=steps * runs.TOKENS_PER_STEP),
-                          tensors_of(sync), sync.spec.secret)
+                          tensors_of(sync), key_of(sync, "a"))
 
 
 def base_version_not_a_number(sync):
     return encode_message("update", meta_of(sync, "a", 8, base_version="latest"),
-                          tensors_of(sync), sync.spec.secret)
+                          tensors_of(sync), key_of(sync, "a"))
 
 
 def wrong_token_count(sync):
     return encode_message("update", meta_of(sync, "a", 8, tokens=10**9), tensors_of(sync),
-                          sync.spec.secret)
+                          key_of(sync, "a"))
 
 
 def a_global_message(sync):
     meta = {"run": sync.store.run_id, "fragment": 0, "version": 9, "base_version": -1,
             "codec": "none"}
-    return encode_message("global", meta, tensors_of(sync), sync.spec.secret)
+    return encode_message("global", meta, tensors_of(sync), sync.spec.publish_key)
+
+
+def signed_by_another_island(sync):
+    return encode_message("update", meta_of(sync, "a", 8), tensors_of(sync), key_of(sync, "b"))
+
+
+def signed_with_another_epochs_key(sync):
+    return encode_message("update", meta_of(sync, "a", 8), tensors_of(sync),
+                          key_of(sync, "a", epoch=2))
+
+
+def signed_with_the_runs_secret(sync):
+    return encode_message("update", meta_of(sync, "a", 8), tensors_of(sync), sync.spec.secret)
 
 
 # Entries whose message is not shown to be the update they claim: they speak for no
@@ -183,9 +202,12 @@ UNVERIFIED = [
     (another_runs_secret, "bad signature"),
     (unsigned, "bad signature"),
     (claims_another_island, "does not match the stream entry"),
-    (a_global_message, "where an update belongs"),
+    (a_global_message, "bad signature"),
+    (signed_by_another_island, "bad signature"),
+    (signed_with_another_epochs_key, "bad signature"),
+    (signed_with_the_runs_secret, "bad signature"),
 ]
-# Signed by the run's secret and the island's own: refused as the island's.
+# Signed with the island's own key: refused as the island's.
 REFUSED = [
     (wrong_dtype, "torch.float64"),
     (wrong_shape, "has shape"),

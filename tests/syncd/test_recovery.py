@@ -246,9 +246,9 @@ def test_when_redis_loses_its_data_the_run_goes_on_from_its_last_checkpoint(run_
     run_sync.recorder.flush()
     saved = {n: t.clone() for n, t in run_sync.rounds.sync.globals[0].items()}
     store = run_sync.store
-    spec = store.spec()
+    spec, secret = store.spec(), store.secret()
     store.client.flushall()  # the data is really gone
-    store.put_spec(spec["mode"], spec["config"], spec["secret"])
+    store.put_spec(spec["mode"], spec["config"], secret.hex())
 
     again = RunSync(store, DatabaseRecorder(run_sync.recorder.run_id), tmp_path,
                     clock=lambda: 2000.0)

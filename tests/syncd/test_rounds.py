@@ -42,7 +42,7 @@ def test_two_good_updates_merge_into_version_one(run_sync):
 
 
 @pytest.mark.parametrize("bad, reason", [
-    ({"secret": b"another run's secret"}, "bad signature"),
+    ({"key": b"another run's secret"}, "bad signature"),
     ({"value": math.nan}, "non-finite"),
     ({"epoch": 0}, "old epoch"),
     ({"tokens": 7}, "do not match"),
@@ -92,7 +92,7 @@ def test_the_messages_of_stale_updates_are_gone_and_forged_ones_left_to_expire(r
         send(run_sync, "b", 0, seq, base_version=run_sync.rounds.sync.versions[0])
         run_sync.tick()
     send(run_sync, "a", 0, 12, base_version=0)  # max_staleness 1: version 2 is newest
-    send(run_sync, "b", 0, 12, secret=b"forged")
+    send(run_sync, "b", 0, 12, key=b"forged")
     run_sync.tick()
 
     assert [r.split(":")[0] for r in rejections(run_sync)] == ["stale", "bad signature"]

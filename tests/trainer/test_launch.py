@@ -2,7 +2,14 @@
 
 import socket
 
-from trainer.launch import free_port, island_command, island_processes, rank_env
+from trainer.launch import (
+    CONTROL_PLANE_ENV,
+    free_port,
+    island_command,
+    island_env,
+    island_processes,
+    rank_env,
+)
 from webapp.processes import port_is_free
 
 
@@ -37,3 +44,12 @@ def test_free_port_gives_a_port_nothing_listens_on():
         s.bind(("127.0.0.1", port))
         s.listen()
         assert not port_is_free(port)
+
+
+def test_an_islands_environment_keeps_its_launchers_but_not_the_control_planes_credentials():
+    base = {name: "credential" for name in CONTROL_PLANE_ENV} | {"PATH": "/bin", "HOME": "/h"}
+
+    env = island_env(base)
+
+    assert env == {"PATH": "/bin", "HOME": "/h", "PYTHONUNBUFFERED": "1"}
+    assert "SECRET_KEY" in base  # the launcher's own is left alone

@@ -14,10 +14,11 @@ from diloco.config import RunConfig
 from diloco.config_parse import parse_config
 from diloco.fragments import partition
 from diloco.island import initial_model
-from diloco.protocol import decode_message, encode_message
+from diloco.protocol import ProtocolError, decode_message, encode_message
+from diloco.signing import island_key, publish_key
 from syncd.connection import connect
 from syncd.store import RunStore
-from trainer.launch import REDIS_URL_ENV, island_command
+from trainer.launch import ISLAND_KEY_ENV, REDIS_URL_ENV, island_command
 from trainer.supervisor import IslandSupervisor
 
 
@@ -41,7 +42,7 @@ def publish(store, config: RunConfig, secret: bytes, fragment: int, version: int
     """Publish a global fragment as syncd does."""
     meta = {"run": store.run_id, "fragment": fragment, "version": version,
             "base_version": version, "codec": "none"}
-    full = encode_message("global", meta, tensors, secret)
+    full = encode_message("global", meta, tensors, publish_key(secret))
     store.publish(fragment, version, full, None, b"", {}, 0, keep=16)
 
 
@@ -64,7 +65,8 @@ def test_an_island_of_two_processes_trains_mixes_and_stops_under_its_supervisor(
         publish(store, config, secret, p, 0, {n: init[n] for n in f.tensor_names})
     sup = IslandSupervisor(island_command(41, "island-0", 1, "cpu"), store,
                            "island-0", 1, tmp_path / "island-0.log", poll_s=0.05, processes=2,
-                           env={**os.environ, REDIS_URL_ENV: redis_server})
+                           env={**os.environ, REDIS_URL_ENV: redis_server,
+                                ISLAND_KEY_ENV: island_key(secret, "island-0", 1).hex()})
     outcome = {}
     thread = threading.Thread(target=lambda: outcome.update(sup.run()))
     thread.start()
@@ -77,7 +79,8 @@ def test_an_island_of_two_processes_trains_mixes_and_stops_under_its_supervisor(
         store.mark_handled(0, {"island-0": first.seq})
 
         def base_version(update) -> int:
-            return decode_message(store.update_message(update, 1 << 30), secret)[1]["base_version"]
+            blob = store.update_message(update, 1 << 30)
+            return decode_message(blob, island_key(secret, "island-0", 1))[1]["base_version"]
 
         mixed = wait_for(lambda: next((u for u in store.read_updates(count=10_000)
                                        if u.fragment == 0 and base_version(u) == 1), None))
@@ -131,7 +134,7 @@ def island_in_a_thread(store, config: RunConfig, secret: bytes):
     store.set_epoch("island-0", 1)
     init = initial_model(config).state_dict()
     publish(store, config, secret, 0, 0, init)
-    island = ProcessIsland(store, "island-0", 1, "cpu")
+    island = ProcessIsland(store, "island-0", 1, "cpu", key=island_key(secret, "island-0", 1))
     thread = threading.Thread(target=island.run, daemon=True)
     thread.start()
     return island, thread, init
@@ -197,3 +200,40 @@ def test_an_island_keeps_its_heartbeat_through_a_long_encode(redis_server, text_
         store.mark_done()
         thread.join(timeout=30)
         client.close()
+
+
+@pytest.mark.integration
+def test_an_island_refuses_a_global_forged_with_a_key_other_than_syncds(redis_server,
+                                                                        text_path):
+    """A global in Redis signed by anyone but syncd (another run's publish key here;
+    an island holds no key that could make one) is never mixed: the island's fetch
+    raises before it reads a tensor."""
+    from trainer.runner import ProcessIsland
+
+    client = connect(redis_server)
+    client.flushall()
+    store = RunStore(client, 44)
+    config = one_island_config(text_path)
+    store.put_spec("decoupled", config.to_dict(), b"genuine".hex())
+    init = initial_model(config).state_dict()
+    publish(store, config, b"forger", 0, 1, init)
+    island = ProcessIsland(store, "island-0", 1, "cpu", key=island_key(b"genuine", "island-0", 1))
+    try:
+        with pytest.raises(ProtocolError, match="not signed with this run's publish key"):
+            island.fetch(0, 0)
+        publish(store, config, b"genuine", 0, 2, init)
+        assert island.fetch(0, 0)[0] == 2
+    finally:
+        island.stopping = True
+        client.close()
+
+
+def test_an_island_without_a_key_in_its_environment_does_not_start(monkeypatch):
+    """Its key comes from its launcher; it has no run secret to fall back on."""
+    from trainer.launch import island_key_from_env
+
+    monkeypatch.delenv(ISLAND_KEY_ENV, raising=False)
+    with pytest.raises(ValueError, match=ISLAND_KEY_ENV):
+        island_key_from_env()
+    monkeypatch.setenv(ISLAND_KEY_ENV, "ab" * 32)
+    assert island_key_from_env() == bytes.fromhex("ab" * 32)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from diloco.signing import island_key
 from syncd.connection import connect
 from syncd.store import RunStore
 
@@ -58,6 +59,7 @@ def active_run(redis_url, run_id, make_config, epoch=1):
 
 def claim(process, redis_url, log_path, run_id, epoch, island="island-0"):
     message = {"run": run_id, "island": island, "epoch": epoch, "asked_at": time.time(),
+               "island_key": island_key(bytes.fromhex("ab" * 16), island, epoch).hex(),
                "claimed_at": time.time(), "redis_url": redis_url, "log_path": str(log_path)}
     process.stdin.write((json.dumps(message) + "\n").encode())
     process.stdin.close()

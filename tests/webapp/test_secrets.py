@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from diloco.signing import island_key
 from syncd.connection import connect
 from syncd.store import RunStore
 from trainer.launch import free_port
@@ -56,16 +57,19 @@ def answers(url: str) -> bool:
         return False
 
 
-def island_cmdlines(seen: list[str], done: threading.Event) -> None:
-    """Every command line of an island process of ISLAND, as `ps` shows it."""
+def island_cmdlines(seen: list[str], environs: list[str], done: threading.Event) -> None:
+    """Every command line of an island process of ISLAND, as `ps` shows it, and the
+    environment it was started with."""
     while not done.is_set():
         for proc in Path("/proc").iterdir():
             try:
                 cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                environ = (proc / "environ").read_bytes().replace(b"\0", b" ").decode()
             except (OSError, ValueError):
                 continue
             if "trainer.runner" in cmdline and ISLAND in cmdline and cmdline not in seen:
                 seen.append(cmdline)
+                environs.append(environ)
         done.wait(0.05)
 
 
@@ -80,11 +84,13 @@ def test_the_redis_password_is_in_no_command_line_log_event_or_api_answer(
     store.put_spec(run.mode, {**run.config, "model": {"n_layer": "one"}}, run.secret)
     store.set_epoch(ISLAND, 1)
     seen: list[str] = []
+    environs: list[str] = []
     done = threading.Event()
-    watcher = threading.Thread(target=island_cmdlines, args=(seen, done))
+    watcher = threading.Thread(target=island_cmdlines, args=(seen, environs, done))
     watcher.start()
     try:
-        result = supervise_island(run.pk, ISLAND, 1, url, settings.LOG_DIR)
+        result = supervise_island(run.pk, ISLAND, 1, url, epoch_key(run),
+                                  settings.LOG_DIR)
     finally:
         done.set()
         watcher.join()
@@ -103,3 +109,45 @@ def test_the_redis_password_is_in_no_command_line_log_event_or_api_answer(
     for text in [*seen, log_file, *store.log(ISLAND), json.dumps(result), *events,
                  *(a.content.decode() for a in answers)]:
         assert password not in text
+
+
+def epoch_key(run) -> str:
+    """The key its launcher gives epoch 1 of ISLAND."""
+    return island_key(bytes.fromhex(run.secret), ISLAND, 1).hex()
+
+
+def test_an_island_process_holds_its_own_key_and_never_the_runs_secret(
+        password_redis, tmp_path, settings, monkeypatch):
+    """Neither its command line nor its environment carries the run's secret, nor the
+    control plane's credentials its worker has (the database's, which hold every run's
+    secret, and SECRET_KEY); its environment carries its own epoch's key."""
+    url, _ = password_redis
+    worker_secrets = {"SECRET_KEY": "worker-" + secrets.token_hex(16),
+                      "DATABASE_URL": f"postgres://u:{secrets.token_hex(8)}@db/archipelago"}
+    for name, value in worker_secrets.items():
+        monkeypatch.setenv(name, value)
+    settings.LOG_DIR = tmp_path / "logs"
+    run = create_run(name="keys", mode="decoupled", config=CONFIG, user=None)
+    store = RunStore(connect(url), run.pk)
+    store.put_spec(run.mode, {**run.config, "model": {"n_layer": "one"}}, run.secret)
+    store.set_epoch(ISLAND, 1)
+    seen: list[str] = []
+    environs: list[str] = []
+    done = threading.Event()
+    watcher = threading.Thread(target=island_cmdlines, args=(seen, environs, done))
+    watcher.start()
+    key = epoch_key(run)
+    try:
+        supervise_island(run.pk, ISLAND, 1, url, key, settings.LOG_DIR)
+    finally:
+        done.set()
+        watcher.join()
+
+    assert seen and environs, "the island's process was seen"
+    assert all(f"ARCHIPELAGO_ISLAND_KEY={key}" in e for e in environs)
+    for text in [*seen, *environs]:
+        assert run.secret not in text
+        assert run.secret.upper() not in text
+        assert all(value not in text for value in worker_secrets.values())
+    assert all(key not in s for s in seen)
+    assert "secret" not in store.spec()

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 from django.db import transaction
 
+from diloco.signing import island_key
+from trainer.claims import claims_key, sign_claim
 from trainer.queues import region_queue
 from webapp.runs.models import Island, Run
 from webapp.runs.stores import pool_store
@@ -55,7 +57,8 @@ def enqueue(run: Run, island: Island, asked_at: float | None = None) -> None:
     asked = time.time() if asked_at is None else asked_at
     if claim_standby(run, island, asked):
         return
-    run_island.apply_async(args=[run.pk, island.name, island.epoch, settings.REDIS_URL],
+    run_island.apply_async(args=[run.pk, island.name, island.epoch, settings.REDIS_URL,
+                                 island_key_hex(run, island)],
                            kwargs={"asked_at": asked}, queue=region_queue(island.region))
 
 
@@ -63,12 +66,20 @@ def claim_standby(run: Run, island: Island, asked_at: float) -> bool:
     """Claim a warm standby for the island's current epoch if its region's pool has one
     ready; False when it has none (or the island has several processes: standbys are
     one process each). The claim goes straight to the region's pool managers through
-    Redis, never behind the busy tasks of the region's queue; a manager that finds its
-    pool empty by then starts the island cold itself."""
+    Redis, never behind the busy tasks of the region's queue, signed (trainer/claims.py)
+    so that a manager starts nothing for a claim that is not the run service's; a
+    manager that finds its pool empty by then starts the island cold itself."""
     config = next((i for i in run.config.get("islands", []) if i["name"] == island.name), {})
     pools = pool_store()
     if config.get("processes", 1) > 1 or pools.ready(island.region) < 1:
         return False
-    pools.push_claim(island.region, {"run": run.pk, "island": island.name,
-                                     "epoch": island.epoch, "asked_at": asked_at})
+    pools.push_claim(island.region, sign_claim(
+        {"run": run.pk, "island": island.name, "epoch": island.epoch, "asked_at": asked_at,
+         "island_key": island_key_hex(run, island)}, claims_key(settings.SECRET_KEY)))
     return True
+
+
+def island_key_hex(run: Run, island: Island) -> str:
+    """The key of the island's current epoch (diloco.signing.island_key), which its
+    process signs its updates with: it is given that, never the run's secret."""
+    return island_key(bytes.fromhex(run.secret), island.name, island.epoch).hex()

@@ -19,11 +19,13 @@ if TYPE_CHECKING:
 
 
 @shared_task(name="trainer.run_island", acks_late=True)
-def run_island(run_id: int, island: str, epoch: int, redis_url: str,
+def run_island(run_id: int, island: str, epoch: int, redis_url: str, island_key: str,
                asked_at: float | None = None) -> dict[str, Any]:
     """One epoch of one island, on its region's queue, for as long as it trains;
-    `asked_at` is when its start or rejoin was asked for (its dispatch phase)."""
-    result = supervise_island(run_id, island, epoch, redis_url, settings.LOG_DIR, asked_at)
+    `island_key` is that epoch's key (hex), `asked_at` when its start or rejoin was
+    asked for (its dispatch phase)."""
+    result = supervise_island(run_id, island, epoch, redis_url, island_key, settings.LOG_DIR,
+                              asked_at)
     if result["ended"] == "failed":
         record_island_failure(run_id, island, result)
     return result

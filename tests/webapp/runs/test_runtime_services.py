@@ -4,16 +4,19 @@ Island tasks are recorded instead of sent (the `enqueued` fixture): what a regio
 worker then does with one is the supervisor's business (tests/trainer).
 """
 
+import json
 import time
 
 import pytest
 import redis
 
 from diloco.config_parse import ConfigError
+from diloco.signing import island_key, verify_key_hex
 from syncd.connection import connect
 from syncd.pool_store import PoolStore
 from syncd.store import RunStore
 from tests.webapp.runs.three_islands import THREE_ISLANDS, commands
+from trainer.claims import claim_signed, claims_key
 from webapp.runs.faults import kill_island
 from webapp.runs.lifecycle import (
     checkpoint_now,
@@ -37,15 +40,24 @@ def test_start_run_publishes_the_spec_and_enqueues_each_island_on_its_region(
     start_run(run, operator)
 
     s = store(run)
-    assert s.spec() == {"mode": "elastic", "config": run.config, "secret": run.secret}
+    # What islands read holds no secret: only the public half of syncd's publish key.
+    assert s.spec() == {"mode": "elastic", "config": run.config,
+                        "verify_key": verify_key_hex(bytes.fromhex(run.secret))}
+    assert s.secret() == bytes.fromhex(run.secret)
     assert str(run.pk) in RunStore.active_runs(s.client)
     assert s.epochs() == {"east-a": 1, "east-b": 1, "west-a": 1}
     assert set(run.islands.values_list("epoch", flat=True)) == {1}
+    # Each island gets its own epoch's key, never the run's secret.
+    secret = bytes.fromhex(run.secret)
     assert enqueued == [
-        {"args": [run.pk, "east-a", 1, redis_url], "queue": "region.us-east"},
-        {"args": [run.pk, "east-b", 1, redis_url], "queue": "region.us-east"},
-        {"args": [run.pk, "west-a", 1, redis_url], "queue": "region.us-west"},
+        {"args": [run.pk, "east-a", 1, redis_url, island_key(secret, "east-a", 1).hex()],
+         "queue": "region.us-east"},
+        {"args": [run.pk, "east-b", 1, redis_url, island_key(secret, "east-b", 1).hex()],
+         "queue": "region.us-east"},
+        {"args": [run.pk, "west-a", 1, redis_url, island_key(secret, "west-a", 1).hex()],
+         "queue": "region.us-west"},
     ]
+    assert run.secret not in json.dumps(enqueued)
     run.refresh_from_db()
     assert run.state == Run.State.RUNNING and run.started_at is not None
     assert list(run.events.filter(kind=Event.Kind.RUN_STATE)
@@ -74,7 +86,7 @@ def test_a_run_that_cannot_reach_redis_fails_with_the_reason(settings, enqueued,
 
 
 def test_a_rejoin_claims_a_warm_standby_when_the_regions_pool_has_one_ready(
-        running, store, enqueued, redis_url, operator):
+        running, store, enqueued, redis_url, operator, settings):
     pools = PoolStore(connect(redis_url))
     pools.put_host("us-west", "host-1", {"ready": 1, "size": 1, "time": time.time()})
 
@@ -82,9 +94,12 @@ def test_a_rejoin_claims_a_warm_standby_when_the_regions_pool_has_one_ready(
     rejoin_island(running, "west-a", operator)
 
     assert enqueued == []  # never behind the busy tasks of the region's queue
-    (claim,) = pools.take_claims("us-west", 0.1)
+    ((_, claim),) = pools.take_claims("us-west", "host-1", 0.1)
     assert (claim["run"], claim["island"], claim["epoch"]) == (running.pk, "west-a", 2)
     assert before <= claim["asked_at"] <= time.time()
+    assert claim["island_key"] == island_key(bytes.fromhex(running.secret), "west-a", 2).hex()
+    assert running.secret not in json.dumps(claim)
+    assert claim_signed(claim, claims_key(settings.SECRET_KEY))
 
 
 def test_with_the_pool_empty_or_its_host_silent_a_rejoin_is_a_cold_start(
@@ -96,7 +111,7 @@ def test_with_the_pool_empty_or_its_host_silent_a_rejoin_is_a_cold_start(
     rejoin_island(running, "west-a", operator)
 
     assert [task["queue"] for task in enqueued] == ["region.us-west"]
-    assert pools.take_claims("us-west", 0.1) == []
+    assert pools.take_claims("us-west", "host-1", 0.1) == []
 
 
 def test_rejoin_stops_the_old_epoch_and_enqueues_the_next_epoch(running, store,
@@ -109,7 +124,8 @@ def test_rejoin_stops_the_old_epoch_and_enqueues_the_next_epoch(running, store,
     assert Island.objects.get(run=running, name="west-a").epoch == 2
     assert s.epochs()["west-a"] == 2
     assert commands(s, "west-a") == [{"kind": "stop", "epoch": 1}]
-    assert enqueued == [{"args": [running.pk, "west-a", 2, redis_url],
+    key = island_key(bytes.fromhex(running.secret), "west-a", 2).hex()
+    assert enqueued == [{"args": [running.pk, "west-a", 2, redis_url, key],
                          "queue": "region.us-west"}]
     event = Event.objects.get(run=running, kind=Event.Kind.REJOIN)
     assert (event.island, event.actor, event.detail["from_epoch"], event.detail["epoch"]) == (
@@ -164,7 +180,8 @@ def test_an_island_added_to_a_running_run_starts_training(running, store, enqueu
     s = store(running)
     assert s.spec()["config"] == running.config
     assert s.epochs()["west-b"] == 1
-    assert enqueued == [{"args": [running.pk, "west-b", 1, redis_url],
+    key = island_key(bytes.fromhex(running.secret), "west-b", 1).hex()
+    assert enqueued == [{"args": [running.pk, "west-b", 1, redis_url, key],
                          "queue": "region.us-west"}]
 
 

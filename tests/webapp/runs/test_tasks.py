@@ -16,7 +16,7 @@ def test_the_island_task_does_not_start_an_island_of_an_inactive_run(running, re
                                                                       operator):
     stop_run(running, operator)
 
-    result = run_island(running.pk, "east-a", 1, redis_url)
+    result = run_island(running.pk, "east-a", 1, redis_url, "ab" * 32)
 
     assert result == {"island": "east-a", "epoch": 1, "exit_code": None, "ended": "inactive"}
 
@@ -27,7 +27,7 @@ def test_the_island_task_does_not_start_a_superseded_epoch(running, redis_url,
     settings.LOG_DIR = tmp_path
     rejoin_island(running, "east-a", operator)
 
-    result = run_island(running.pk, "east-a", 1, redis_url)
+    result = run_island(running.pk, "east-a", 1, redis_url, "ab" * 32)
 
     assert result == {"island": "east-a", "epoch": 1, "exit_code": None,
                       "ended": "superseded"}

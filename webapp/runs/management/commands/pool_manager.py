@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from diloco.sizes import MIB
 from syncd.connection import connect
 from syncd.pool_store import PoolStore
+from trainer.claims import claims_key
 from trainer.pool_manager import PoolManager
 from webapp.runs.failures import record_island_failure
 
@@ -46,7 +47,8 @@ class Command(BaseCommand):
         size = settings.ISLAND_POOL_SIZE if options["size"] is None else options["size"]
         manager = PoolManager(settings.REDIS_URL, region, size, settings.LOG_DIR,
                               memory_bytes=settings.ISLAND_HOST_MEMORY_MB * MIB,
-                              on_failure=record_island_failure)
+                              on_failure=record_island_failure,
+                              claims_key=claims_key(settings.SECRET_KEY))
 
         def stop(signum: int, frame: object) -> None:
             manager.stopping = True
