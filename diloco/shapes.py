@@ -4,7 +4,7 @@ tensors, without torch.
 The config's limits (the largest model a run may ask for, a fragment per tensor at
 most), the memory sizing and the fragment plan need them before any model is built,
 in processes (the web app's form and API) that never import torch. A test builds the
-model and checks the two agree (tests/diloco/test_sizes.py).
+model and checks the two agree (tests/diloco/test_shapes.py).
 """
 
 from __future__ import annotations
