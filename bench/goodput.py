@@ -171,7 +171,10 @@ def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any])
     events = list(Event.objects.filter(run=run).select_related("island").order_by("time", "id"))
     chaos_offset = float(chaos["start"]) - start if "start" in chaos else 0.0
     regions = {i["name"]: i["region"] for i in config["islands"]}
-    faults = scheduled_faults(config["chaos"], regions, out["wall_s"] - chaos_offset)
+    # The schedule's clock runs from its start to the run's end; one that never
+    # started (the run ended first) drew nothing.
+    faults = scheduled_faults(config["chaos"], regions, out["wall_s"] - chaos_offset
+                              if "start" in chaos else 0.0)
     fired = sum(e.kind == "fault" and "chaos" in e.detail for e in events)
     rejoins = [e.detail for e in events
                if e.kind == "rejoin" and "seconds_to_first_step" in e.detail]
