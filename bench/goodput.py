@@ -24,6 +24,12 @@ the other, through the run services the control room calls:
   whole job on every change of membership in both; the comparison then does
   not rest on one chosen delay.
 
+The pool's standby slots (as many as the run's islands) are allocated capacity in
+both modes that draw on them (decoupled, warm elastic) and in the oracle, whose
+faults are the seeded schedule (diloco.chaos.schedule) cut at the run's wall time;
+the headline ratio is decoupled over warm elastic, cold beside it
+(docs/FIGURES.md, "Goodput under faults").
+
 Useful steps, allocated and lost island-seconds, uptime, start-up and eval loss
 come from syncd's accounting (the outcome in the run's final status, syncd/outcome.py);
 faults and rejoins from the run's events. syncd evaluates on the validation split,
@@ -290,7 +296,7 @@ def figures(run: dict[str, Any], min_quorum: int, step_time_s: dict[str, float],
             "lost_s": out["lost_s"], "unattributed_s": out["unattributed_s"],
             "tokens_merged": out["tokens_merged"], "eval_loss": out["eval_loss"],
             "test_loss": run["test_loss"], "wall_s": out["wall_s"], "faults": len(run["faults"]),
-            "faults_fired": run.get("faults_fired", len(run["faults"])),
+            "faults_fired": run["faults_fired"],
             "rollbacks": run["rollbacks"],
             "rejoin_s": run["rejoin_s"], "run": run["run"]}
 

@@ -140,6 +140,7 @@ def faulted_run(rejoin_s: float) -> dict:
                "islands": {"a": {"useful_steps": 900}, "b": {"useful_steps": 700}}}
     return {"outcome": outcome, "startup_s": [5.0, 5.0], "rejoin_s": [rejoin_s],
             "series": [{"t": 1.0, "alive": 2}], "rollbacks": 0, "run": 1, "test_loss": 2.1,
+            "faults_fired": 1,
             "faults": [{"at_s": 10.0, "kind": "kill", "island": "a", "duration_s": 8.0,
                         "factor": None}]}
 
@@ -270,6 +271,7 @@ def made_up_run(mode: str, eval_loss: float, faults: int) -> dict:
     run = faulted_run(1.0)
     run["mode"] = mode
     run["faults"] = run["faults"] * faults
+    run["faults_fired"] = faults
     run["step_time_s"] = 0.1
     run["chaos_offset_s"] = 0.0
     run["outcome"] = {**run["outcome"], "eval_loss": eval_loss,
