@@ -241,10 +241,6 @@ def run_mode(system: BenchSystem, mode: str, profile: dict[str, Any], corpus: Pa
     trained_at = time.time()
     time.sleep(GAP_S)  # a fault-free stretch: the time to fill a round
     fill = round_fill_s(run, trained_at, time.time())
-    sync = config["sync"]
-    bound = first_merge_bound_s([i.get("step_time_s") for i in
-                                 (store.status() or {}).get("islands", {}).values()],
-                                sync["inner_steps"], sync["min_quorum"])
     samples = []
     next_kill = time.time()
     for i in range(profile["cycles"]):
@@ -255,6 +251,12 @@ def run_mode(system: BenchSystem, mode: str, profile: dict[str, Any], corpus: Pa
                              operator))
     stop_run(run, by=None)
     _wait_stopped(store)
+    # The islands' fault-free step times, as syncd's accounting measured them (samples
+    # that span a fault or a loss left out): the run's outcome.
+    outcome = wait(lambda: (store.status() or {}).get("outcome"), f"the {mode} run's outcome")
+    sync = config["sync"]
+    bound = first_merge_bound_s(outcome["step_time_s"].values(), sync["inner_steps"],
+                                sync["min_quorum"])
     return {"creates": creates, "round_fill_s": fill, "first_merge_bound_s": bound,
             "samples": samples}
 
