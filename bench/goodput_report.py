@@ -51,14 +51,17 @@ def scheduled_loss(faults: Iterable[Fault], horizon_s: float, *, step_time_s: fl
 
 
 def oracle_goodput(faults: Sequence[Fault], islands: int, fault_free_s: float, *,
-                   step_time_s: float, inner_steps: int, fragments: int) -> float:
+                   step_time_s: float, inner_steps: int, fragments: int,
+                   standby: int = 0) -> float:
     """The bound on goodput for a schedule, from the schedule alone.
 
     An oracle system trains every island at its fault-free speed from the first step
     and loses only what the schedule takes (scheduled_loss). It trains the budget in
     `fault_free_s` plus the lost island-seconds spread over the islands, and its
-    goodput is 1 - lost / (islands x that horizon). Start-up, rejoin and in-flight
-    work are the system's own costs, measured on lines of their own (system_costs).
+    goodput is (islands x that horizon - lost) / ((islands + standby) x that horizon):
+    standby slots are allocated capacity that trains nothing, as in the runs it
+    bounds. Start-up, rejoin and in-flight work are the system's own costs, measured
+    on lines of their own (system_costs).
 
     Args:
         faults: the schedule; each fault's at_s counts from the schedule's start,
@@ -69,10 +72,11 @@ def oracle_goodput(faults: Sequence[Fault], islands: int, fault_free_s: float, *
         step_time_s: fault-free seconds per inner step (of that run).
         inner_steps, fragments: H and P; a corrupted update is one fragment's H steps,
             which goodput counts as H/P.
+        standby: warm standby slots allocated beside the islands for the whole run.
     """
-    if islands < 1 or fault_free_s <= 0:
-        raise ValueError(f"need islands >= 1 and fault_free_s > 0, got {islands} and "
-                         f"{fault_free_s}")
+    if islands < 1 or fault_free_s <= 0 or standby < 0:
+        raise ValueError(f"need islands >= 1, fault_free_s > 0 and standby >= 0, got "
+                         f"{islands}, {fault_free_s} and {standby}")
     horizon, lost = fault_free_s, 0.0
     for _ in range(100):  # the horizon grows with what it loses: its fixed point
         lost = scheduled_loss(faults, horizon, step_time_s=step_time_s,
@@ -81,7 +85,24 @@ def oracle_goodput(faults: Sequence[Fault], islands: int, fault_free_s: float, *
         if abs(longer - horizon) < 1e-9:
             break
         horizon = longer
-    return 1.0 - lost / (islands * horizon)
+    return (islands * horizon - lost) / ((islands + standby) * horizon)
+
+
+def goodput_fields_above_one(tree: Any, path: str = "") -> list[str]:
+    """The paths of every field named `goodput` in `tree` (dicts and lists, nested)
+    whose value is above 1: goodput is a share of allocated time, so each is a bug."""
+    if isinstance(tree, Mapping):
+        found = []
+        for key, value in tree.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key == "goodput" and isinstance(value, int | float) and value > 1:
+                found.append(where)
+            found += goodput_fields_above_one(value, where)
+        return found
+    if isinstance(tree, list | tuple):
+        return [p for n, item in enumerate(tree) for p in goodput_fields_above_one(
+            item, f"{path}[{n}]")]
+    return []
 
 
 def system_costs(startup_s: Sequence[float], rejoin_s: Sequence[float],

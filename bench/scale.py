@@ -9,13 +9,17 @@ syncd started anew for each size. Every second it samples Redis's used_memory,
 syncd's resident memory and each island's (the pid each island heartbeats).
 
 Per size it reports, with B the fp32 model bytes (4 x parameters):
-- peak Redis memory (its used_memory_peak or the sampled peak), syncd's peak RSS
+- peak Redis memory (its used_memory_peak or the sampled peak) above Redis's
+  used_memory when the size started (the sizes share one Redis: what earlier sizes
+  left behind is subtracted), syncd's peak RSS
   above its idle RSS (VmHWM; idle: syncd serving no run) and an island's peak RSS
   above its idle RSS (after imports, before the run spec is read; the island
   heartbeats it), each over B;
-- growth: over the rounds from 3 on, the lowest value after each merge, the rise of
-  the second half's over the first half's (flat is 0), and the slope of each series
-  over the second half of the run in MB per minute;
+- growth: over the rounds from 3 on, each series right after each merge event (the
+  first sample after it) fitted against the round by least squares, the fitted
+  rise over the rounds relative to its start (flat is 0); the second half's peak
+  over the first half's; and the slope of each series over the second half of the
+  run in MB per minute;
 - ingest-to-publish latency per merged fragment (syncd's merge events: from the pass
   that read the update closing the round to the merge committed), pull latency
   (reading, checking and mixing a global fragment, from the islands' heartbeats) and
@@ -156,19 +160,42 @@ def steady(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [s for s in samples if 3 <= s["round"] < last]
 
 
-def lows_rise(samples: list[dict[str, Any]], series: str) -> float:
-    """From round 3 on, the lowest value in each round; how much the second half's
-    highest low is above the first half's (0: flat)."""
-    lows: dict[int, float] = {}
-    for s in steady(samples):
-        if s.get(series) is not None:
-            lows[s["round"]] = min(lows.get(s["round"], float("inf")), s[series])
-    rounds = sorted(lows)
-    if len(rounds) < 2:
+def post_merge_lows(samples: list[dict[str, Any]], merge_times: list[float], series: str
+                    ) -> list[tuple[int, float]]:
+    """(round, value) of `series` right after each merge: the first sample taken at or
+    after the merge's time (samples' `time` and merge times on one clock), from the
+    steady rounds (`steady`); a sample that follows several merges counts once."""
+    points = sorted((s for s in steady(samples) if s.get(series) is not None),
+                    key=lambda s: s["time"])
+    taken: dict[int, tuple[int, float]] = {}
+    for merged in sorted(merge_times):
+        after = next((n for n, s in enumerate(points) if s["time"] >= merged), None)
+        if after is not None:
+            taken[after] = (points[after]["round"], points[after][series])
+    return [taken[n] for n in sorted(taken)]
+
+
+def lows_rise(samples: list[dict[str, Any]], merge_times: list[float], series: str) -> float:
+    """How much the post-merge lows (post_merge_lows) rise over the steady rounds: the
+    least-squares line of value against round, its rise from the first round to the
+    last over its value at the first (0: flat; below 0: falling)."""
+    lows = post_merge_lows(samples, merge_times, series)
+    rounds = [r for r, _ in lows]
+    if len(set(rounds)) < 2:
         return 0.0
-    half = len(rounds) // 2
-    first, second = max(lows[r] for r in rounds[:half]), max(lows[r] for r in rounds[half:])
-    return second / first - 1 if first else 0.0
+    mr, mv = statistics.fmean(rounds), statistics.fmean(v for _, v in lows)
+    slope = sum((r - mr) * (v - mv) for r, v in lows) / sum((r - mr) ** 2 for r in rounds)
+    start = mv + slope * (min(rounds) - mr)
+    return slope * (max(rounds) - min(rounds)) / start if start > 0 else 0.0
+
+
+def peak_above_before(before: int, sampled: list[int], peak_stat: int, peak_stat_before: int
+                      ) -> int:
+    """A size's peak Redis memory of its own: the larger of Redis's used_memory_peak (when
+    this size raised it above `peak_stat_before`) and the sampled used_memory, less
+    `before`, the used_memory when the size started (what earlier sizes left behind)."""
+    peak = max(peak_stat if peak_stat > peak_stat_before else 0, max(sampled, default=0))
+    return max(peak - before, 0)
 
 
 def halves_peak_ratio(samples: list[dict[str, Any]], series: str) -> float:
@@ -222,7 +249,8 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
         status = store.status() or {}
         beats = store.heartbeats()
         memory = client.info("memory")
-        sample = {"t": round(time.monotonic() - started, 2), "round": status.get("outer_steps", 0),
+        sample = {"t": round(time.monotonic() - started, 2), "time": time.time(),
+                  "round": status.get("outer_steps", 0),
                   "redis": int(memory["used_memory"]),
                   # what of it is client buffers (replies being sent, commands coming in)
                   "redis_clients": int(memory.get("mem_clients_normal", 0))}
@@ -253,8 +281,8 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
     wait_for(lambda: all(rss(int(b["pid"])) is None for b in store.heartbeats().values()
                          if b.get("pid")), 120, "the islands to exit", 0.5)
     memory = client.info("memory")
-    redis_peak = max(int(memory["used_memory_peak"]) if int(memory["used_memory_peak"])
-                     > peak_before else 0, max(s["redis"] for s in samples))
+    redis_peak = peak_above_before(redis_before, [s["redis"] for s in samples],
+                                   int(memory["used_memory_peak"]), peak_before)
     merges = [e.detail for e in Event.objects.filter(run=run, kind="merge")]
     merge_times = sorted(e.time.timestamp() for e in Event.objects.filter(run=run, kind="merge"))
     fragment_mb = fp32 / P / 1e6
@@ -276,7 +304,7 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
         "island_peak_ratio": round(island_peak / fp32, 3),
         "estimate_bytes": estimate_of(size),
         "growth": round(max(halves_peak_ratio(samples, s) for s in series), 4),
-        "lows_rise": round(max(lows_rise(samples, s) for s in series), 4),
+        "lows_rise": round(max(lows_rise(samples, merge_times, s) for s in series), 4),
         "slope_mb_per_min": {s: round(slope_mb_per_min(
             [(p["t"], p[s]) for p in second_half if s in p]), 2) for s in series},
         "merged_fragments": len(merges),
@@ -292,6 +320,8 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
         "system_folder_bytes": folder_bytes(system.home),
         "redis_before_bytes": redis_before,
         "redis_after_end_bytes": int(client.info("memory")["used_memory"]),
+        "redis_after_end_above_before_bytes": int(client.info("memory")["used_memory"])
+        - redis_before,
         "samples": samples,
     }
     if out["merged_fragments_per_s"] is not None:
@@ -323,7 +353,7 @@ def report_html(sizes: list[dict[str, Any]]) -> str:
         f"{s['label']}: {s['params'] / 1e6:.1f}M parameters, B = {s['fp32_bytes'] / MIB:.0f} MiB"
         for s in sizes])
     for row, size in enumerate(sizes, start=1):
-        names = sorted({k for s in size["samples"] for k in s} - {"t", "round"})
+        names = sorted({k for s in size["samples"] for k in s} - {"t", "time", "round"})
         for name in names:
             points = [s for s in size["samples"] if name in s]
             fig.add_trace(go.Scatter(x=[p["t"] for p in points],

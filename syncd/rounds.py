@@ -371,6 +371,7 @@ class Rounds:
         latency = round(max(self.clock() - closed_at, 0.0), 4)
         self.recorder.event("merge", None, fragment=p, version=result.version,
                             weights=result.weights, tokens=result.tokens,
+                            epochs={r.island: r.epoch for r in done if r.island in result.weights},
                             reason=reason, latency_s=latency)
         return self.sync.outer_steps > outer_steps
 

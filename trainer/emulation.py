@@ -2,7 +2,8 @@
 
 Faults other than kill and stop reach an island through the run's store
 (IslandSignals.fault: {kind, until, factor}): straggle multiplies its step time,
-partition holds its sends and heartbeats, degrade divides its bandwidth, corrupt
+partition holds its sends, heartbeats and pulls (both directions: Link, Downloads
+and the runner's whole pulls wait), degrade divides its bandwidth, corrupt
 poisons its next update with NaN. The link's time for a message is latency +
 bytes * bytes_scale * 8 / bandwidth, on the island's configured link.
 """
@@ -60,7 +61,7 @@ class FaultEmulation:
         return self._fault
 
     def partitioned(self) -> bool:
-        """Whether the island's link is cut now (no sends, no heartbeats)."""
+        """Whether the island's link is cut now (no sends, heartbeats or pulls)."""
         return self.fault().get("kind") == "partition"
 
     def transfer_time(self, nbytes: int) -> float:

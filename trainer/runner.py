@@ -178,7 +178,10 @@ class ProcessIsland:
 
     def _full(self, p: int) -> tuple[int, dict[str, torch.Tensor]]:
         """The newest global fragment p, read chunk by chunk into one buffer whose views
-        are the tensors (no further copy)."""
+        are the tensors (no further copy), over the emulated link as every later pull
+        is: not while it is cut, and in the larger of the real read and the link's time."""
+        self.emulation.wait_while_partitioned()
+        started = time.monotonic()
         blob = self.store.full(p)
         if blob is None:
             if self.run_ended():
@@ -187,6 +190,8 @@ class ProcessIsland:
             raise RuntimeError(f"global fragment {p} is missing from Redis")
         self.bytes_down += len(blob)
         _, meta, tensors = decode_message(blob, self.verify_key)
+        link_s = self.emulation.transfer_time(len(blob))
+        time.sleep(max(0.0, link_s - (time.monotonic() - started)))
         return meta["version"], tensors
 
     def fetch(self, p: int, version: int) -> tuple[int, list[Published], int]:

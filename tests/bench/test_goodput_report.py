@@ -3,7 +3,6 @@ system's own costs, one clock for both modes, quality-adjusted goodput, stalls w
 quorum alive, the spread over seeds, and the report page."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -15,10 +14,12 @@ from bench.goodput import (
     quality_reference,
     report,
     scheduled_faults,
+    standby_slots,
 )
 from bench.goodput_report import (
     eval_curve,
     figure_html,
+    goodput_fields_above_one,
     merge_interval,
     monotone_fit,
     oracle_goodput,
@@ -30,7 +31,7 @@ from bench.goodput_report import (
     system_costs,
     tokens_to_reach,
 )
-from diloco.chaos import Fault
+from diloco.chaos import PRESETS, Fault, schedule
 
 BASE = {"step_time_s": 0.1, "inner_steps": 10, "fragments": 2}
 
@@ -70,41 +71,61 @@ def test_a_region_outage_costs_every_island_it_hits():
     assert oracle_goodput([outage], 2, 100.0, **BASE) == pytest.approx(1 - 20 / (2 * 110))
 
 
-def fault_events(fired_at: float, back_at: float, *, at_s: float = 10.0) -> list:
-    """A run's events: the schedule's kill of a at `at_s`, fired by syncd at `fired_at`
-    on its clock, and a's rejoin at `back_at`."""
-    a = SimpleNamespace(name="a")
-    chaos = {"preset": "light", "seed": 1, "at_s": at_s}
-    return [SimpleNamespace(kind="fault", island=a, time=fired_at,
-                            detail={"fault": "kill", "seconds": 8.0, "epoch": 1,
-                                    "chaos": chaos}),
-            SimpleNamespace(kind="fault", island=a, time=fired_at + 1.0,
-                            detail={"fault": "straggle", "seconds": 3.0}),  # by hand
-            SimpleNamespace(kind="rejoin", island=a, time=back_at,
-                            detail={"seconds_to_first_step": back_at - fired_at})]
+ISLANDS = {"east-0": "us-east", "east-1": "us-east", "west-0": "us-west", "west-1": "us-west"}
+AGGRESSIVE = {"preset": "aggressive", "seed": 3}
 
 
-def test_the_oracle_bound_comes_from_the_schedule_not_from_when_the_system_fired_or_rejoined():
+def test_the_oracles_faults_are_the_seeded_schedule_cut_at_the_runs_wall_time():
+    drawn = schedule(PRESETS["aggressive"], ISLANDS, 3600.0, 3)
+    horizon = drawn[2].at_s + 0.5  # the run ended half a second after the third fault
+
+    faults = scheduled_faults(AGGRESSIVE, ISLANDS, horizon)
+
+    # Every fault the schedule drew before the run's end, one row per island hit, whether
+    # the system fired it or not (the events are not read at all).
+    assert [(f["at_s"], f["kind"]) for f in faults] == \
+        [(f.at_s, f.kind) for f in drawn[:3] for _ in f.islands]
+    assert [f["island"] for f in faults] == [i for f in drawn[:3] for i in f.islands]
+    longer = scheduled_faults(AGGRESSIVE, ISLANDS, drawn[5].at_s + 0.5)
+    assert longer[:len(faults)] == faults and len(longer) > len(faults)
+    assert scheduled_faults({"preset": "none", "seed": 0}, ISLANDS, 100.0) == []
+    assert scheduled_faults(AGGRESSIVE, ISLANDS, -1.0) == []  # ended before it began
+
+
+def test_the_oracle_bound_moves_with_the_schedule_and_not_with_the_systems_rejoins():
     config = {"islands": [{}] * 4, "sync": {"inner_steps": 10, "fragments": 2}}
     fault_free = {"outcome": {"wall_s": 60.0, "startup_s": 5.0}, "step_time_s": 0.1}
-    # A slow system fired the kill 2 s late and took 30 s to rejoin; a quick one fired it
-    # on time and rejoined in 1 s.
-    slow = scheduled_faults(fault_events(1012.0, 1042.0))
-    quick = scheduled_faults(fault_events(1010.0, 1011.0))
+    kill = [{"at_s": 10.0, "kind": "kill", "island": "a", "duration_s": 8.0, "factor": None}]
 
-    assert slow == quick == [{"at_s": 10.0, "kind": "kill", "island": "a",
-                              "duration_s": 8.0, "factor": None}]
-    bound = oracle_of(slow, fault_free, config)
+    bound = oracle_of(kill, fault_free, config)
+
     assert bound == pytest.approx(1 - 8 / (4 * 57.0))
-    assert oracle_of(quick, fault_free, config) == bound
-    # The bound moves with the schedule: the same kill drawn at 56 s is cut at the horizon.
-    later = oracle_of(scheduled_faults(fault_events(1056.0, 1060.0, at_s=56.0)), fault_free,
-                      config)
-    assert later > bound
+    # The same kill drawn at 56 s is cut at the horizon.
+    assert oracle_of([{**kill[0], "at_s": 56.0}], fault_free, config) > bound
     slow_run, quick_run = (faulted_run(rejoin_s) for rejoin_s in (30.0, 1.0))
     steps = {"a": 0.1, "b": 0.1}
     assert figures(slow_run, 2, steps, REFERENCE)["system_costs"]["rejoin"] > \
         figures(quick_run, 2, steps, REFERENCE)["system_costs"]["rejoin"]
+
+
+def test_standby_slots_are_allocated_capacity_in_the_runs_and_in_the_oracle():
+    # 4 islands beside 4 standbys, 100 s: the kill's 10 island-seconds of 2 x 410.
+    kill = Fault(10.0, "kill", ("a",), 10.0)
+    assert oracle_goodput([kill], 4, 100.0, **BASE, standby=4) == \
+        pytest.approx((4 * 102.5 - 10) / (8 * 102.5))
+    run = faulted_run(1.0)  # 200 allocated island-seconds over 50 s of wall time
+    with_pool = figures(run, 2, {"a": 0.1, "b": 0.1}, REFERENCE, standby=4)
+    assert with_pool["allocated_s"] == pytest.approx(200 + 4 * 50)
+    assert with_pool["goodput"] == pytest.approx((900 + 700) * 0.1 / 400)
+    assert with_pool["system_costs"]["rejoin"] == pytest.approx(1.0 / 400)
+    assert standby_slots({"islands": [{}] * 4}) == 4
+
+
+def test_a_field_named_goodput_above_one_is_found_wherever_it_is_nested():
+    tree = {"goodput": 0.9, "goodput_syncd": 1.5, "per_seed": [
+        {"decoupled": {"goodput": 1.02, "uptime": 1.0}}, {"elastic": {"goodput": 1.0}}]}
+    assert goodput_fields_above_one(tree) == ["per_seed[0].decoupled.goodput"]
+    assert goodput_fields_above_one({"goodput": None}) == []
 
 
 # Quality's reference: loss 3 at 100 tokens, 2 at 10,000, 0.5 island-seconds a token.
@@ -119,6 +140,7 @@ def faulted_run(rejoin_s: float) -> dict:
                "islands": {"a": {"useful_steps": 900}, "b": {"useful_steps": 700}}}
     return {"outcome": outcome, "startup_s": [5.0, 5.0], "rejoin_s": [rejoin_s],
             "series": [{"t": 1.0, "alive": 2}], "rollbacks": 0, "run": 1, "test_loss": 2.1,
+            "faults_fired": 1,
             "faults": [{"at_s": 10.0, "kind": "kill", "island": "a", "duration_s": 8.0,
                         "factor": None}]}
 
@@ -249,6 +271,7 @@ def made_up_run(mode: str, eval_loss: float, faults: int) -> dict:
     run = faulted_run(1.0)
     run["mode"] = mode
     run["faults"] = run["faults"] * faults
+    run["faults_fired"] = faults
     run["step_time_s"] = 0.1
     run["chaos_offset_s"] = 0.0
     run["outcome"] = {**run["outcome"], "eval_loss": eval_loss,
@@ -279,9 +302,49 @@ def test_the_report_gives_quality_adjusted_goodput_beside_goodput(tmp_path, monk
     assert written["decoupled"]["fault_free"]["quality_goodput"] == pytest.approx(1.0)
     assert "quality" in capsys.readouterr().out
     assert "quality's reference" in (tmp_path / "goodput-quick.html").read_text()
-    # Elastic twice: with cold restarts and with warm ones from the same pool.
-    assert set(written["decoupled_over_elastic"]) == {"cold restarts", "warm restarts"}
+    # The headline against elastic with the same warm pool, cold beside it, and the
+    # oracle's gap signed; the pool's 4 slots count in decoupled and warm elastic.
+    d, warm, cold = (written[m]["goodput"] for m in ("decoupled", "elastic_warm", "elastic"))
+    assert written["decoupled_vs_elastic_warm"] == pytest.approx(d / warm)
+    assert written["decoupled_vs_elastic_cold"] == pytest.approx(d / cold)
+    assert written["oracle_gap"] == pytest.approx(d - written["oracle_goodput"])
+    assert written["standby_slots"] == {"decoupled": 4, "elastic": 0, "elastic_warm": 4}
+    assert row["decoupled"]["allocated_s"] == pytest.approx(200 + 4 * 50)
+    assert "decoupled_over_elastic" not in written
     assert written["elastic_warm"]["fault_free"] == written["elastic"]["fault_free"]
+
+
+def made_up_invocation(useful_steps: int) -> tuple[dict, dict]:
+    """Fault-free runs and one seed's faulted runs, decoupled's islands credited
+    `useful_steps` each."""
+    base = {"decoupled": made_up_run("decoupled", 2.0, 0),
+            "elastic": made_up_run("elastic", 2.4, 0)}
+    decoupled = made_up_run("decoupled", 2.2, 1)
+    decoupled["outcome"]["islands"] = {"a": {"useful_steps": useful_steps},
+                                       "b": {"useful_steps": useful_steps}}
+    return base, {3: {"decoupled": decoupled, "elastic": made_up_run("elastic", 2.1, 1),
+                      "elastic_warm": made_up_run("elastic", 2.1, 1)}}
+
+
+def test_a_decoupled_run_above_its_oracle_fails_a_check(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    # 2 x 1800 steps of 0.1 s over 400 island-seconds: 0.9, above an oracle of about 0.49.
+    assert report(PROFILES["quick"], True, *made_up_invocation(1800), 1.0) == 1
+
+    written = json.loads((tmp_path / "goodput-quick.json").read_text())
+    assert written["oracle_gap"] > 0.3
+    assert not written["checks"]["decoupled goodput - oracle, at most"]["ok"]
+    assert written["checks"]["decoupled goodput - oracle, at least"]["ok"]
+
+
+def test_the_report_refuses_a_goodput_above_one_after_writing_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+
+    with pytest.raises(ValueError, match=r"goodput above 1 in .*decoupled\.goodput"):
+        report(PROFILES["quick"], True, *made_up_invocation(3000), 1.0)
+
+    written = json.loads((tmp_path / "goodput-quick.json").read_text())
+    assert not written["checks"]["fields named goodput above 1"]["ok"]
 
 
 @pytest.mark.django_db

@@ -18,8 +18,10 @@ def sample(warm: bool, first_step: float, lost: float = 0.1, merge: float = 2.0)
 
 
 def modes(warm_samples, cold_samples, creates=(2.0, 2.5)):
-    return {"warm": {"creates": list(creates), "round_fill_s": 3.0, "samples": warm_samples},
-            "cold": {"creates": [9.0], "round_fill_s": 3.0, "samples": cold_samples}}
+    return {"warm": {"creates": list(creates), "round_fill_s": 3.0, "first_merge_bound_s": 4.0,
+                     "samples": warm_samples},
+            "cold": {"creates": [9.0], "round_fill_s": 3.0, "first_merge_bound_s": 4.0,
+                     "samples": cold_samples}}
 
 
 def test_percentiles_are_linear_between_the_closest_ranks():
@@ -62,11 +64,33 @@ def test_a_cycles_seconds_run_from_the_kill_and_from_the_rejoin_asked_for():
         "rejoin_to_first_merge_s": 2.5}
 
 
-def test_the_first_merge_is_the_first_that_took_in_the_rejoined_islands_update():
-    def merge(at: float, *islands: str) -> SimpleNamespace:
-        return SimpleNamespace(time=at, detail={"weights": dict.fromkeys(islands, 0.5)})
+def test_the_first_merge_is_the_first_that_took_in_the_rejoined_epochs_update():
+    def merge(at: float, epoch: int, *islands: str) -> SimpleNamespace:
+        return SimpleNamespace(time=at, detail={"weights": dict.fromkeys(islands, 0.5),
+                                                "epochs": dict.fromkeys(islands, epoch)})
 
-    merges = [merge(1.0, "us-west", "eu"), SimpleNamespace(time=1.5, detail={}),
-              merge(2.0, "us-east", "eu"), merge(3.0, "us-east")]
-    assert rejoin.first_merge_of("us-east", merges).time == 2.0
-    assert rejoin.first_merge_of("ap", merges) is None
+    merges = [merge(1.0, 2, "us-west", "eu"), SimpleNamespace(time=1.5, detail={}),
+              merge(2.0, 1, "us-east", "eu"),  # epoch 1's update, pending since the kill
+              merge(3.0, 2, "us-east"), merge(4.0, 2, "us-east")]
+    assert rejoin.first_merge_of("us-east", 2, merges).time == 3.0
+    assert rejoin.first_merge_of("us-east", 1, merges).time == 2.0
+    assert rejoin.first_merge_of("ap", 2, merges) is None
+    no_epochs = SimpleNamespace(time=5.0, detail={"weights": {"us-east": 1.0}})
+    assert rejoin.first_merge_of("us-east", 2, [no_epochs]) is None
+
+
+def test_the_first_merge_bound_is_a_fragments_cadence_not_the_runs_merge_gaps(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    # H = 20 at the 2nd fastest of 0.1, 0.15, 0.3 s a step (K = 2): 3 s, plus 1 s.
+    assert rejoin.first_merge_bound_s([0.3, 0.1, None, 0.15], 20, 2) == 4.0
+    assert rejoin.first_merge_bound_s([None], 20, 2) is None
+    out = modes([sample(True, 0.4, merge=3.5)], [sample(False, 10.0)])
+    out["warm"]["round_fill_s"] = 30.0  # a slow merge path must not loosen the bound
+    out["warm"]["first_merge_bound_s"] = 3.0
+
+    rejoin.report(rejoin.PROFILES["quick"], True, out, 1.0)
+
+    data = json.loads((tmp_path / "rejoin-quick.json").read_text())
+    check = data["checks"]["warm rejoin to first merge p95 (s), 1 s + a fragment's cadence"]
+    assert check == {"value": 3.5, "bound": "<= 3.0", "ok": False}

@@ -1,5 +1,6 @@
-"""bench scale's arithmetic: the growth slope, the steady rounds, the rise of the
-post-merge lows and the halves' peaks, and each size's memory bounds."""
+"""bench scale's arithmetic: the growth slope, the steady rounds, the fitted rise of
+the post-merge lows, each size's Redis peak above what it found, the halves' peaks,
+and each size's memory bounds."""
 
 import pytest
 
@@ -9,6 +10,8 @@ from bench.scale import (
     checks,
     halves_peak_ratio,
     lows_rise,
+    peak_above_before,
+    post_merge_lows,
     slope_mb_per_min,
     steady,
 )
@@ -29,15 +32,45 @@ def test_the_steady_samples_run_from_round_3_to_the_round_before_the_last():
     assert steady([]) == []
 
 
-def test_the_lows_rise_compares_the_halves_highest_post_merge_lows():
-    # Rounds 3-6 are steady (7 is the last). Each round's low: 100, 104 | 103, 110.
-    samples = [{"round": r, "redis": v} for r, v in (
-        (2, 1.0), (3, 150.0), (3, 100.0), (4, 104.0), (4, 160.0), (5, 103.0), (6, 110.0),
-        (6, 300.0), (7, 10.0))]
-    assert lows_rise(samples, "redis") == pytest.approx(110 / 104 - 1)
-    flat = [{"round": r, "syncd": 50.0} for r in range(8)]
-    assert lows_rise(flat, "syncd") == 0.0
-    assert lows_rise(flat, "island") == 0.0  # a series never sampled
+def samples_of(points: list[tuple[float, int, float]]) -> list[dict]:
+    return [{"time": t, "round": r, "redis": v} for t, r, v in points]
+
+
+def test_the_lows_are_the_samples_right_after_each_merge_not_each_rounds_minimum():
+    # Merges at 10.5, 12.5 and 12.7 (the last two before one sample), 14.2; the dips at
+    # 11 and 13.5 follow no merge. Rounds 3 to 5 are steady (6 is the last).
+    samples = samples_of([(10.0, 3, 150.0), (11.0, 3, 90.0), (12.0, 4, 160.0),
+                          (13.0, 4, 120.0), (13.5, 4, 80.0), (15.0, 5, 130.0),
+                          (16.0, 6, 10.0)])
+    merges = [10.5, 12.5, 12.7, 14.2, 15.5]
+
+    assert post_merge_lows(samples, merges, "redis") == [(3, 90.0), (4, 120.0), (5, 130.0)]
+    assert post_merge_lows(samples, [], "redis") == []
+
+
+def test_the_lows_rise_is_the_fitted_rise_over_the_rounds():
+    # Post-merge lows 100, 110, 100, 110 in rounds 3 to 6 (7 is the last): the line
+    # through them (slope 2 a round) rises by 2 x 3 = 6 from its 102 at round 3.
+    samples = samples_of([(float(r), r, v) for r, v in ((3, 100.0), (4, 110.0), (5, 100.0),
+                                                        (6, 110.0), (7, 10.0))])
+    merges = [r - 0.5 for r in range(3, 8)]
+    assert lows_rise(samples, merges, "redis") == pytest.approx(6 / 102)
+    flat = [{"time": float(r), "round": r, "syncd": 50.0} for r in range(8)]
+    assert lows_rise(flat, merges, "syncd") == 0.0
+    assert lows_rise(flat, merges, "island") == 0.0  # a series never sampled
+    falling = samples_of([(3.0, 3, 100.0), (4.0, 4, 90.0), (5.0, 5, 80.0)])
+    assert lows_rise(falling, [2.5, 3.5], "redis") < 0
+
+
+def test_a_sizes_redis_peak_leaves_out_what_earlier_sizes_left_behind():
+    # 57M left 888 MiB in Redis; 113M's own data adds 400 MiB on top of it.
+    before = 888 * MIB
+    assert peak_above_before(before, [before, before + 400 * MIB, before + 10 * MIB],
+                             peak_stat=before + 420 * MIB, peak_stat_before=1000 * MIB) \
+        == 420 * MIB
+    # A lifetime peak left by an earlier size, not raised: the sampled peak counts.
+    assert peak_above_before(before, [before + 300 * MIB], peak_stat=2000 * MIB,
+                             peak_stat_before=2000 * MIB) == 300 * MIB
 
 
 def test_the_growth_is_the_second_halfs_peak_over_the_first_halfs():

@@ -138,6 +138,16 @@ def test_the_run_row_keeps_tokens_outer_steps_and_progress_current_at_the_status
     assert run_summary(row)["progress"] == pytest.approx(row.tokens / 10**9)
 
 
+def test_each_merge_event_names_the_epoch_of_every_island_it_took_in(run_sync):
+    heartbeat_all(run_sync)
+    send(run_sync, "a", 0, 4, epoch=3)
+    send(run_sync, "b", 0, 4)
+    run_sync.tick()
+
+    merge = Event.objects.get(run_id=run_sync.recorder.run_id, kind="merge")
+    assert merge.detail["epochs"] == {"a": 3, "b": 1}
+
+
 def test_a_stop_merges_the_open_rounds_checkpoints_and_ends_the_run_as_stopped(run_sync):
     run = Run.objects.get(pk=run_sync.recorder.run_id)
     Run.objects.filter(pk=run.pk).update(state=Run.State.STOPPING)

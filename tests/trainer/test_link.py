@@ -64,3 +64,27 @@ def test_discard_drops_the_messages_still_waiting_but_not_the_one_on_the_wire():
 
     assert link.queue.qsize() == 0
     assert link.queue.unfinished_tasks == 1
+
+
+def test_a_partition_holds_at_most_max_pending_sends_and_one_on_the_wire():
+    healed = threading.Event()
+    delivered = []
+    link = Link(lambda fragment, seq, blob: delivered.append(seq), lambda nbytes: 0.0,
+                lambda: healed.wait(10), max_pending=2)
+    sent = []
+
+    def island() -> None:  # the training thread: it sends 5 updates during the partition
+        for seq in range(1, 6):
+            link.send(0, seq, bytearray(8))
+            sent.append(seq)
+
+    thread = threading.Thread(target=island, daemon=True)
+    thread.start()
+    time.sleep(0.3)
+
+    # One message waits on the wire, two in the queue; the fourth send waits.
+    assert sent == [1, 2, 3] and link.queue.qsize() == 2 and delivered == []
+    healed.set()
+    thread.join(5)
+    link.drain(5)
+    assert sent == delivered == [1, 2, 3, 4, 5]

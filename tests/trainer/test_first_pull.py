@@ -1,0 +1,77 @@
+"""An island's whole pulls of the globals (its first one in setup, warm or cold, and
+elastic's after a whole-job restart) go over the emulated link as every later pull:
+not while a partition cuts it, and in the larger of the real read and the link's time."""
+
+import threading
+import time
+from types import SimpleNamespace
+
+import torch
+
+from diloco.config import IslandConfig
+from diloco.protocol import encode_message
+from trainer.emulation import FaultEmulation
+from trainer.phases import StartClock
+from trainer.runner import ProcessIsland
+
+SECRET = b"first-pull"
+
+
+class Faults:
+    """The run's fault keys for one island: partitioned until `healed` is set."""
+
+    def __init__(self) -> None:
+        self.healed = threading.Event()
+
+    def fault(self, island: str) -> dict:
+        return {} if self.healed.is_set() else {"kind": "partition", "until": 0.0}
+
+    def clear_fault(self, island: str) -> None:
+        self.healed.set()
+
+
+class Globals:
+    """The store's global fragments: when each whole read happened."""
+
+    def __init__(self) -> None:
+        meta = {"run": 1, "fragment": 0, "version": 7, "base_version": 7, "codec": "none"}
+        self.blob = encode_message("global", meta, {"w": torch.ones(4)}, SECRET)
+        self.reads: list[float] = []
+
+    def full(self, p: int) -> bytearray:
+        self.reads.append(time.monotonic())
+        return self.blob
+
+
+def runner(faults: Faults, store: Globals, latency_ms: float) -> SimpleNamespace:
+    link = IslandConfig(name="a", region="us-east", latency_ms=latency_ms)
+    emulation = FaultEmulation(faults, "a", link, 1.0, lambda: False)
+    return SimpleNamespace(emulation=emulation, store=store, secret=SECRET, bytes_down=0,
+                           run_ended=lambda: False)
+
+
+def test_the_first_pull_of_the_globals_pays_the_emulated_link_time():
+    faults, store = Faults(), Globals()
+    faults.healed.set()
+    island = runner(faults, store, latency_ms=300.0)  # far above the real read
+    clock = StartClock({"model": time.time()})
+
+    started = time.monotonic()
+    version, tensors = ProcessIsland._full(island, 0)
+    clock.mark("pull", time.time())
+
+    assert version == 7 and torch.equal(tensors["w"], torch.ones(4))
+    assert time.monotonic() - started >= 0.3
+    assert clock.breakdown()["pull"] >= 0.3  # the "pull" phase shows it
+    assert island.bytes_down == len(store.blob)
+
+
+def test_the_first_pull_waits_while_a_partition_cuts_the_link():
+    faults, store = Faults(), Globals()
+    island = runner(faults, store, latency_ms=0.0)
+    heal_at = time.monotonic() + 0.5
+    threading.Timer(0.5, faults.healed.set).start()
+
+    ProcessIsland._full(island, 0)
+
+    assert store.reads and store.reads[0] >= heal_at - 0.01  # nothing read while cut
