@@ -10,6 +10,7 @@ import torch
 
 from diloco.config import IslandConfig
 from diloco.protocol import encode_message
+from diloco.signing import load_verify_key, publish_key, verify_key_hex
 from trainer.emulation import FaultEmulation
 from trainer.phases import StartClock
 from trainer.runner import ProcessIsland
@@ -35,7 +36,7 @@ class Globals:
 
     def __init__(self) -> None:
         meta = {"run": 1, "fragment": 0, "version": 7, "base_version": 7, "codec": "none"}
-        self.blob = encode_message("global", meta, {"w": torch.ones(4)}, SECRET)
+        self.blob = encode_message("global", meta, {"w": torch.ones(4)}, publish_key(SECRET))
         self.reads: list[float] = []
 
     def full(self, p: int) -> bytearray:
@@ -46,7 +47,8 @@ class Globals:
 def runner(faults: Faults, store: Globals, latency_ms: float) -> SimpleNamespace:
     link = IslandConfig(name="a", region="us-east", latency_ms=latency_ms)
     emulation = FaultEmulation(faults, "a", link, 1.0, lambda: False)
-    return SimpleNamespace(emulation=emulation, store=store, secret=SECRET, bytes_down=0,
+    return SimpleNamespace(emulation=emulation, store=store, bytes_down=0,
+                           verify_key=load_verify_key(verify_key_hex(SECRET)),
                            run_ended=lambda: False)
 
 
