@@ -20,15 +20,17 @@ def test_claims_are_taken_all_at_once_in_the_order_they_were_pushed(pools):
     pools.push_claim("us-east", {"run": 1, "island": "b"})
     pools.push_claim("us-west", {"run": 1, "island": "c"})
 
-    assert pools.take_claims("us-east", timeout_s=1) == [{"run": 1, "island": "a"},
-                                                         {"run": 1, "island": "b"}]
-    assert pools.take_claims("us-east", timeout_s=0.01) == []
+    taken = pools.take_claims("us-east", "host-1", timeout_s=1)
+    assert [claim for _, claim in taken] == [{"run": 1, "island": "a"},
+                                             {"run": 1, "island": "b"}]
+    assert pools.take_claims("us-east", "host-1", timeout_s=0.01) == []
 
 
 def test_an_unreadable_claim_is_handed_over_as_such(pools):
     pools.client.rpush(pool_key("us-east", "claims"), b"not json")
 
-    assert pools.take_claims("us-east", timeout_s=1) == [{"unreadable": "not json"}]
+    assert pools.take_claims("us-east", "host-1", timeout_s=1) == [
+        (b"not json", {"unreadable": "not json"})]
 
 
 def test_only_hosts_that_announced_themselves_lately_count_for_the_ready_standbys(pools):

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def manager(redis_url, tmp_path):
-    manager = PoolManager(redis_url, "us-east", 0, tmp_path / "logs", host="host-1")
+    manager = PoolManager(redis_url, "us-east", 0, tmp_path / "logs", host="host-1",
+                          claims_key=b"the run services' claims key")
     yield manager
     manager.shutdown(timeout=1)
 
@@ -34,7 +35,7 @@ def pool_log(manager: PoolManager) -> str:
     return (manager.log_dir / "pool-us-east.log").read_text()
 
 
-def test_a_manager_announces_its_pool_and_at_most_every_half_second(manager, redis_url):
+def test_a_manager_announces_its_pool_and_at_most_every_second(manager, redis_url):
     pools = PoolStore(connect(redis_url))
 
     manager.announce()
