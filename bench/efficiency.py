@@ -59,6 +59,7 @@ from typing import Any
 
 from bench import results
 from bench.goodput import make_corpus, wait_islands_stopped
+from bench.procs import processes
 from bench.system import ROOT, StartedSystem
 from diloco.config import RunConfig
 from diloco.data import load_corpus
@@ -113,18 +114,8 @@ def slope(points: list[tuple[float, float]]) -> float:
 
 def process_table() -> dict[int, tuple[int, int, str]]:
     """pid -> (parent pid, utime + stime in ticks, command line) of every process."""
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
-                errors="replace")
-        except (OSError, IndexError):
-            continue  # it ended while we looked
-        table[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]), cmdline)
-    return table
+    return {pid: (int(fields[1]), int(fields[11]) + int(fields[12]), cmdline)
+            for pid, fields, cmdline in processes()}
 
 
 def service_kind(cmdline: str) -> str:

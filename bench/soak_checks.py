@@ -25,6 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench.procs import processes
 from syncd import checkpoint
 
 
@@ -178,17 +179,9 @@ def processes_left(groups: list[int], redis_port: int) -> list[str]:
     Redis, anywhere (zombies do not count: nothing is left running)."""
     left = []
     marker = f"127.0.0.1:{redis_port}"
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
-                errors="replace")
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        if fields[0] in ("Z", "X"):
+    for pid, fields, cmdline in processes():
+        if pid == os.getpid() or fields[0] in ("Z", "X"):
             continue
         if int(fields[2]) in groups or ("trainer.runner" in cmdline and marker in cmdline):
-            left.append(f"{entry.name}: {cmdline[:160]}")
+            left.append(f"{pid}: {cmdline[:160]}")
     return left

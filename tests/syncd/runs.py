@@ -27,6 +27,15 @@ CONFIG = {
                 {"name": "b", "region": "us-east", "batch_size": 2}],
 }
 TOKENS_PER_STEP = 2 * 16
+# Messages of the chunked store tests (chunk_store): a full fragment of three chunks
+# of 1,024 bytes and its momentum.
+FULL = b"f" * 3000
+MOMENTUM = b"m" * 1500
+
+
+def chunk_store(redis_url: str) -> RunStore:
+    """Run 7's keys, its messages in chunks of 1,024 bytes."""
+    return RunStore(connect(redis_url), 7, chunk_bytes=1024)
 
 
 def make_run_sync(redis_url: str, tmp_path, mode: str, config: dict | None = None,

@@ -6,19 +6,14 @@ import json
 
 import pytest
 
-from syncd.connection import connect
 from syncd.store import KEPT_AFTER_END, RunStore
-from tests.syncd.runs import stored_keys
+from tests.syncd.runs import FULL, MOMENTUM, chunk_store, stored_keys
 
 pytestmark = pytest.mark.integration
 
-FULL = b"f" * 3000  # three chunks of 1,024 bytes
-MOMENTUM = b"m" * 1500
-
-
 @pytest.fixture
 def store(redis_url):
-    return RunStore(connect(redis_url), 7, chunk_bytes=1024)
+    return chunk_store(redis_url)
 
 
 def test_an_ended_run_keeps_only_its_status_and_logs(store):

@@ -127,3 +127,10 @@ def test_a_name_is_blank_in_the_schema_exactly_when_strip_leaves_nothing():
                for c in map(chr, range(sys.maxunicode + 1)))
     assert re.search(NOT_BLANK, spaces) is None
     assert re.search(NOT_BLANK, spaces + "a") is not None
+
+
+def test_the_estimate_takes_the_same_config(openapi):
+    run = body_of(openapi, "/api/runs")["properties"]["config"]
+    estimate = body_of(openapi, "/api/config/estimate")["properties"]["config"]
+
+    assert component(openapi, run) == component(openapi, estimate)

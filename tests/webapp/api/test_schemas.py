@@ -23,36 +23,7 @@ from schemathesis.core.failures import FailureGroup
 from schemathesis.core.parameters import ParameterLocation
 from schemathesis.generation.modes import GenerationMode
 
-from webapp.api.api import api
 from webapp.runs.models import ApiToken
-
-
-@pytest.fixture
-def openapi(settings):
-    settings.REGIONS = ["us-east", "mars-north"]
-    return api.get_openapi_schema()
-
-
-def component(openapi, ref_or_schema: dict) -> dict:
-    """The component a property points to, through allOf/anyOf with null."""
-    for key in ("allOf", "anyOf"):
-        if key in ref_or_schema:
-            [ref_or_schema] = [s for s in ref_or_schema[key] if s != {"type": "null"}]
-    name = ref_or_schema["$ref"].rsplit("/", 1)[1]
-    return openapi["components"]["schemas"][name]
-
-
-def body_of(openapi, path: str) -> dict:
-    content = openapi["paths"][path]["post"]["requestBody"]["content"]
-    return component(openapi, content["application/json"]["schema"])
-
-
-def test_the_estimate_takes_the_same_config(openapi):
-    run = body_of(openapi, "/api/runs")["properties"]["config"]
-    estimate = body_of(openapi, "/api/config/estimate")["properties"]["config"]
-
-    assert component(openapi, run) == component(openapi, estimate)
-
 
 CASES = 120
 OPERATIONS = [("POST", "/api/runs"), ("POST", "/api/runs/{run_id}/islands"),
