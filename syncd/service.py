@@ -335,7 +335,7 @@ class RunSync:
         and free the run's Redis keys but that snapshot and the logs. No merge follows.
 
         The checkpoint comes first: an evaluation that fails (the corpus missing on
-        syncd's host, say) is recorded as an event and the run still ends, its training
+        syncd's host, say) is recorded as an alert and the run still ends, its training
         saved; the outcome then carries the last eval loss that was measured."""
         self.completed = True
         self.store.mark_done()
@@ -345,7 +345,10 @@ class RunSync:
             self.eval_tokens = self.rounds.tokens_merged()
         except Exception as exc:
             log.exception("run %s: the final evaluation failed", self.store.run_id)
-            self.recorder.event("evaluation_failed", None, error=f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
+            self.recorder.event("alert", None, evaluation_failed=error,
+                                message=f"The final evaluation failed ({error}); the final "
+                                        "checkpoint is saved and the run ends without it.")
         now = self.clock()
         status = self.status(now)
         status["outcome"] = outcome.finish(

@@ -210,8 +210,8 @@ def test_a_stop_saves_and_ends_the_run_even_when_the_final_evaluation_fails(
     run.refresh_from_db()
     assert run.state == Run.State.STOPPED
     assert run.checkpoints.count() == 1
-    failed = Event.objects.get(run=run, kind="evaluation_failed")
-    assert "corpus.txt is not on syncd's host" in failed.detail["error"]
+    failed = Event.objects.get(run=run, kind="alert", detail__has_key="evaluation_failed")
+    assert "corpus.txt is not on syncd's host" in failed.detail["evaluation_failed"]
 
 
 def beat_step(sync, island: str, time: float, step: int) -> None:
