@@ -237,9 +237,13 @@ def stop_demo(system: StartedSystem) -> None:
     """The start's demo run stopped, its islands gone, the pools full again."""
     from syncd.connection import connect
     from syncd.store import RunStore
+    from webapp.processes import wait_for
     from webapp.runs.lifecycle import stop_run
     from webapp.runs.models import Run
 
+    # The start makes the demo once its pools announce themselves (up to a minute).
+    wait_for(lambda: Run.objects.filter(name="demo", state=Run.State.RUNNING).exists(), 120,
+             "the start's demo run", 0.5)
     demo = Run.objects.get(name="demo")
     stop_run(demo, by=None)
     wait_islands_stopped(RunStore(connect(system.redis_url), demo.pk),

@@ -138,10 +138,22 @@ class PoolManager:
         self.warm: dict[str, Any] = {}
         self.stopping = False
         self._announced = self._resized = 0.0
-        self._lock = threading.Lock()
+        # Reentrant: request_stop runs in a signal handler, on the main thread, which may
+        # hold it already.
+        self._lock = threading.RLock()
         self._log: IO[bytes] = open(self.log_dir / f"pool-{region}.log", "ab")  # noqa: SIM115
 
     # -- the loop -------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop at once (SIGTERM, from the signal handler): the islands it supervises are
+        told now, as a "stop" command tells them, not after the pass under way, which
+        may be blocked on the claims for a second; the pool shuts down after it."""
+        self.stopping = True
+        with self._lock:
+            supervisors = list(self.islands.values())
+        for supervisor in supervisors:
+            supervisor.request_stop()
 
     def serve_forever(self) -> None:
         try:

@@ -235,6 +235,8 @@ class IslandSupervisor:
             codes = [c.poll() for c in self.children]
             if None not in codes:
                 self._died_at = time.time()
+                if ended is None and self._sigterm and not any(codes):
+                    ended = "stopped"  # it got the same SIGTERM and ended before the look
                 return ended or ("exited" if not any(codes) else "failed"), False
             failed = next(((r, c) for r, c in enumerate(codes) if c), None)
             if failed is not None:

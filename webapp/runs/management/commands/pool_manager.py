@@ -51,7 +51,7 @@ class Command(BaseCommand):
                               claims_key=claims_key(settings.SECRET_KEY))
 
         def stop(signum: int, frame: object) -> None:
-            manager.stopping = True
+            manager.request_stop()
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
