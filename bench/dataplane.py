@@ -67,7 +67,7 @@ from syncd.connection import connect
 from syncd.store import RunStore
 from trainer.launch import free_port
 from trainer.link import POLL_S
-from webapp.processes import redis_argv, redis_server_binary, wait_for
+from webapp.processes import start_scratch_redis, wait_for
 
 HOME = ROOT / "var" / "bench-dataplane"
 CODEC = "int4"
@@ -307,22 +307,7 @@ def island_main(url: str, name: str, payload: str, secret: str, rounds: int, pul
 
 
 def start_redis(folder: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    process = subprocess.Popen(redis_argv(redis_server_binary(), port, folder,
-                                          appendonly=False),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-
-    def answers() -> bool:
-        try:
-            return bool(client.ping())
-        except redis.ConnectionError:
-            return False
-
-    wait_for(answers, 20, "the bench's Redis answering")
-    client.close()
-    return process, url
+    return start_scratch_redis(folder, free_port())
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -8,7 +8,6 @@ not to the checkout's var/data.
 
 import os
 import random
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import torch
 from diloco.config import RunConfig
 from diloco.config_parse import parse_config
 from trainer.launch import free_port
-from webapp.processes import redis_argv, redis_server_binary, wait_for
+from webapp.processes import start_scratch_redis
 
 # Tensor messages travel in chunks of this size (syncd.bulk) in every test and in the
 # processes the tests start, so ordinary tests carry messages of several chunks.
@@ -44,25 +43,10 @@ def redis_server(tmp_path_factory):
 
     The machine's Redis is shared with other work and is never touched by the tests.
     """
-    data_dir = tmp_path_factory.mktemp("redis")
-    port = free_port()
-    process = subprocess.Popen(redis_argv(redis_server_binary(), port, data_dir,
-                                          appendonly=False),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-
-    def answers() -> bool:
-        try:
-            return bool(client.ping())
-        except redis.ConnectionError:
-            return False
-
+    process, url = start_scratch_redis(tmp_path_factory.mktemp("redis"), free_port(), 10)
     try:
-        wait_for(answers, 10, "the test Redis answering")
         yield url
     finally:
-        client.close()
         process.terminate()
         process.wait(timeout=10)
 

@@ -78,6 +78,31 @@ def redis_server_binary() -> Path:
     return path
 
 
+def start_scratch_redis(data_dir: str | Path, port: int, timeout_s: float = 20.0
+                        ) -> tuple[subprocess.Popen[bytes], str]:
+    """A Redis of a test's or a benchmark's own, writing nothing to disk, once it
+    answers: (its process, its URL)."""
+    import redis
+
+    process = subprocess.Popen(redis_argv(redis_server_binary(), port, data_dir,
+                                          appendonly=False),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+
+    def answers() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    try:
+        wait_for(answers, timeout_s, f"the Redis on port {port} answering")
+    finally:
+        client.close()
+    return process, url
+
+
 def physical_memory_mb() -> int:
     """This machine's physical memory in MiB."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
