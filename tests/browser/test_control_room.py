@@ -1,11 +1,13 @@
 """The control room in a real browser against the real system: sign in, create a run in
 the form, start it, watch it train live on a map drawn with no request leaving the
 host, kill an island from its button, see it lost (its link down on the map, a lost
-span on its timeline lane) while the global model keeps moving, rejoin it. The page
+span on its timeline lane, which the page fetched only since what it had) while the
+global model keeps moving, rejoin it. The page
 fits the operator's screen with 8 islands. A screenshot of each step is kept."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -85,6 +87,15 @@ LANE = """(island, state) => {
 }"""
 
 
+STATE_BARS = """(island) => {
+    const chart = document.getElementById('timeline');
+    const lane = chart.layout.yaxis.ticktext.indexOf(island);
+    return chart.data.filter((t) => t.type === 'bar' && t.offset === -0.3).flatMap((t) =>
+        t.y.map((y, i) => [y, t.base[i], t.base[i] + t.x[i]])).filter(([y]) => y === lane)
+        .map(([, start, end]) => [start, end]).sort((p, q) => p[0] - q[0]);
+}"""
+
+
 def lane_spans(page, island: str, state: str) -> list[str]:
     """The hover texts of the island's spans in `state` on its timeline lane."""
     return page.evaluate(f"({LANE})('{island}', '{state}')")
@@ -102,6 +113,9 @@ def test_an_operator_runs_breaks_and_heals_a_run_from_the_browser(
     assert page.locator("#run-state").inner_text() == "draft"
     assert run.islands.count() == 3
     page.evaluate("window.notReloaded = true")
+    timeline_asks = []
+    page.on("request", lambda request: timeline_asks.append(request.url)
+            if re.search(r"/api/runs/\d+/timeline", request.url) else None)
 
     assert page.locator("#run-actions button:visible").all_inner_texts() == ["Start"]
     page.get_by_role("button", name="Start").click()
@@ -148,6 +162,13 @@ def test_an_operator_runs_breaks_and_heals_a_run_from_the_browser(
     for kind in ("fault", "island_lost", "rejoin", "merge"):
         assert events.locator(f"li[data-kind='{kind}']").count() >= 1, kind
     assert page.evaluate("window.notReloaded") is True  # all of it live, no reload
+    # The page had its lanes from its render and asked only for what was new after.
+    assert len(timeline_asks) >= 2
+    assert all(re.search(r"\?since=\d+(\.\d+)?$", url) for url in timeline_asks), timeline_asks
+    spans = page.evaluate(f"({STATE_BARS})('us-east-a')")
+    assert len(spans) >= 4  # training, lost, rejoining, ... training again
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert abs(start - end) < 1, spans  # joined across fetches: no overlap, no gap
 
 
 def test_a_run_name_with_html_in_it_is_shown_as_text(page, control_room, operator, corpus_file,
