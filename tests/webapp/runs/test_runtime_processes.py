@@ -200,6 +200,15 @@ def test_a_kill_9_of_syncd_loses_no_version_and_the_run_completes(
     wait_until(completed, 180, "the run to complete after the restart")
     assert sum(seen[-1]) > sum(before)
     assert run.checkpoints.exists()
+    # Each update is folded and freed as it arrives, so the kill lost the open rounds;
+    # the islands sent what was not handled again, and none is merged twice.
+    merged = [(e.detail["fragment"], island, seq) for e in run.events.filter(kind="merge")
+              for island, seq in e.detail["seqs"].items()]
+    assert merged and len(merged) == len(set(merged))
+    for p in range(2):
+        for island in ("island-0", "island-1", "island-2"):
+            seqs = [seq for fragment, i, seq in merged if (fragment, i) == (p, island)]
+            assert seqs == sorted(seqs), (p, island, seqs)
 
 
 def test_elastic_mode_rolls_back_and_pauses_every_island_when_one_is_lost(
