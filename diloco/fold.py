@@ -54,7 +54,10 @@ class Contribution:
         seq: its newest increment's seq.
         increments: how many it sent into the round.
         weight: its raw weight, fixed by its first increment (update_weight).
-        norms: RDA only: the norm of each tensor of its first increment.
+        norms: RDA only: the norm of each tensor of its first increment (a tensor
+            whose first increment is all zeros has no direction, so its later
+            increments add nothing to it: the edge merge_updates avoids by
+            taking the summed vector's norm).
     """
 
     island: str
