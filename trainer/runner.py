@@ -60,6 +60,7 @@ from trainer.launch import (
 )
 from trainer.link import HEARTBEAT_S, POLL_S, Link, beating
 from trainer.phases import StartClock
+from trainer.resend import SentUpdates
 
 log = logging.getLogger("archipelago.island")
 
@@ -139,6 +140,10 @@ class ProcessIsland:
         self.downloads = Downloads(self.fetch, self.handled, self.emulation.transfer_time,
                                    self.emulation.wait_while_partitioned,
                                    lambda: self.stopping)
+        # What syncd has not handled yet, sent again to a syncd that took the run over.
+        self.sent = SentUpdates(lambda p: self.store.handled_seq(p, self.name),
+                                self.store.syncd_holder)
+        self._holder_read = 0.0
 
     def stop(self) -> None:
         """Finish the current step, save the cursor and exit (SIGTERM, from the
@@ -296,6 +301,7 @@ class ProcessIsland:
             while not self.handled(p, seq):
                 if self.stopping or self.done() or self.restarts.pending():
                     return False
+                self.send_again()
                 self.beat("waiting")
                 time.sleep(POLL_S)
             return True
@@ -381,8 +387,22 @@ class ProcessIsland:
         payload = self.emulation.corrupt(payload)
         meta.update(run=self.store.run_id, island=self.name, epoch=self.epoch,
                     compute_s=self.compute_s, codec=s.compression)
-        self.link.send(p, meta["seq"], encode_message("update", meta, payload, self.key))
+        message = encode_message("update", meta, payload, self.key)
+        self.link.send(p, meta["seq"], message)
+        self.sent.add(p, meta["seq"], message)
         self.save_cursor()
+
+    def send_again(self) -> None:
+        """Send again what syncd has not handled if its lease changed hands (a restarted
+        syncd lost its open rounds: trainer/resend.py); asked at most five times a second."""
+        now = time.time()
+        if now - self._holder_read < 0.2:
+            return
+        self._holder_read = now
+        for p, seq, message in self.sent.to_send_again():
+            log.info("island %s: syncd's lease changed hands; sending update %d of "
+                     "fragment %d again", self.name, seq, p)
+            self.link.send(p, seq, message)
 
     def flush(self) -> None:
         """A user stopped the run: send every fragment's steps not sent yet, which syncd
@@ -439,6 +459,7 @@ class ProcessIsland:
                 # The first "training" heartbeat goes out at once, with no throttle.
                 self.beat("training", force=True, loss=self.island.last_loss,
                           bytes_up=self.link.bytes_up)
+            self.send_again()
             if not self.mix(mix_at):
                 continue  # a whole-job restart, followed before the next step
             for p in due_fragments(self.island.step, s.inner_steps, s.fragments):
