@@ -17,7 +17,8 @@ from django.utils import timezone
 
 from diloco.config import RUN_MODES, RunConfig
 from diloco.config_parse import ConfigError, parse_config
-from webapp.runs.dispatch import enqueue, put_spec
+from syncd.acl import delete_island_user
+from webapp.runs.dispatch import enqueue, put_island_user_of, put_spec
 from webapp.runs.models import (
     FINAL_STATES,
     RUN_NAME_MAX_LENGTH,
@@ -113,7 +114,8 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
     claims a warm standby of its region's pool when one is ready
     (trainer/pool_manager.py), else goes to its region's queue
     (trainer.queues.region_queue), where that region's worker runs it as one long
-    task.
+    task. Its islands connect as the run's own Redis user (syncd/acl.py); where Redis
+    makes none (no ACL), an alert says so and they connect as the control plane.
 
     Raises:
         ConfigError: when the run no longer fits the memory the hosts declare.
@@ -125,6 +127,10 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
     try:
         store = run_store(run)
         put_spec(run, store)
+        _, no_user = put_island_user_of(run)
+        if no_user:
+            Event.objects.create(run=run, kind=Event.Kind.ALERT, actor=by,
+                                 detail={"message": no_user})
         islands = list(run.current_islands())
         with transaction.atomic():
             for island in islands:
@@ -214,7 +220,9 @@ def delete_run(run: Run, by: AbstractBaseUser | None) -> None:
         kept.update(run=None)
         doomed = list(Checkpoint.objects.filter(run=run).values_list("path", flat=True))
         Checkpoint.objects.filter(run=run).delete()
-        run_store(run).release(keep=())
+        store = run_store(run)
+        store.release(keep=())
+        delete_island_user(store.client, run.pk)
         run.delete()
     for path in doomed:
         Path(path).unlink(missing_ok=True)
