@@ -55,7 +55,9 @@ Keys of syncd processes and of the hosts' pools of warm standby islands:
     arch:syncd:control             list of commands for syncd ("kill")
     arch:syncd:members             sorted set of syncd processes alive (syncd/lease.py)
     arch:pool:<region>:claims      list of JSON claims {run, island, epoch, asked_at,
-                                   island_key, sig} (signed: trainer/claims.py) for
+                                   island_key, redis_password, sig} (signed:
+                                   trainer/claims.py; redis_password: the island
+                                   user's, syncd/acl.py) for
                                    the region's pool managers, pushed by the run services
                                    (syncd.pool_store)
     arch:pool:<region>:hosts       hash host -> JSON {size, ready, launching, claimed,
