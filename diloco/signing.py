@@ -10,6 +10,9 @@ app hold (arch:R:secret).
 - The publish key, an Ed25519 key whose seed is HMAC-SHA256(run secret, "publish"),
   signs what syncd publishes. Islands hold only its public half (the spec's
   "verify_key"): they can check a global fragment, not forge one.
+- The password of the run's Redis user, HMAC-SHA256(run secret, "redis user"), which
+  the run's islands connect with (syncd/acl.py): the control plane and syncd derive
+  it again whenever they need it, so it is kept in no key at all.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 def island_key(secret: bytes, island: str, epoch: int) -> bytes:
     """The HMAC key of one epoch of one island of the run whose secret this is."""
     return hmac.new(secret, f"{island}:{epoch}".encode(), hashlib.sha256).digest()
+
+
+def redis_password(secret: bytes) -> str:
+    """The password (hex) of the Redis user of the run whose secret this is."""
+    return hmac.new(secret, b"redis user", hashlib.sha256).hexdigest()
 
 
 def publish_key(secret: bytes) -> Ed25519PrivateKey:

@@ -55,7 +55,9 @@ Keys of syncd processes and of the hosts' pools of warm standby islands:
     arch:syncd:control             list of commands for syncd ("kill")
     arch:syncd:members             sorted set of syncd processes alive (syncd/lease.py)
     arch:pool:<region>:claims      list of JSON claims {run, island, epoch, asked_at,
-                                   island_key, sig} (signed: trainer/claims.py) for
+                                   island_key, redis_password, sig} (signed:
+                                   trainer/claims.py; redis_password: the island
+                                   user's, syncd/acl.py) for
                                    the region's pool managers, pushed by the run services
                                    (syncd.pool_store)
     arch:pool:<region>:hosts       hash host -> JSON {size, ready, launching, claimed,
@@ -65,11 +67,19 @@ Keys of syncd processes and of the hosts' pools of warm standby islands:
                                    yet; handed back to the claims when it goes silent
     arch:R:started:<island>:<epoch>  set by the first pool manager that starts that epoch
                                    of the island (a replayed claim starts nothing)
+
+The keys an island process touches (ISLAND_KEYS, and arch:runs, which it only asks
+whether its run is in) are all the run's Redis user may touch (syncd/acl.py): not the
+secret, the lease, the status, the commands, the logs, the deaths or any other run's.
 """
 
 from __future__ import annotations
 
 RUNS_KEY = "arch:runs"
+# What an island process reads and writes of its run, by the first part after the run's
+# prefix; a part that ends in ":*" is a family of keys.
+ISLAND_KEYS = ("spec", "epochs", "updates", "blob:*", "versions", "full:*", "pub:*",
+               "handled:*", "heartbeats", "cursor:*", "fault:*", "done", "stop", "restart")
 SYNCD_CONTROL_KEY = "arch:syncd:control"
 SYNCD_MEMBERS_KEY = "arch:syncd:members"
 
@@ -77,6 +87,16 @@ SYNCD_MEMBERS_KEY = "arch:syncd:members"
 def run_prefix(run_id: int | str) -> str:
     """What every key of run `run_id` starts with."""
     return f"arch:{run_id}:"
+
+
+def island_key_patterns(run_id: int | str) -> list[str]:
+    """The key patterns (Redis globs) of run `run_id` that its island processes touch."""
+    return [RUNS_KEY, *(run_prefix(run_id) + part for part in ISLAND_KEYS)]
+
+
+def spec_key(run_id: int | str) -> str:
+    """The key of a run's spec, which is there from its start until its keys are freed."""
+    return run_prefix(run_id) + "spec"
 
 
 def lease_key(run_id: int | str) -> str:

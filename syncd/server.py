@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from syncd import lease
+from syncd.acl import sweep_island_users
 from syncd.connection import connect, redis_problem
 from syncd.control import syncd_command
 from syncd.evaluation import EVAL_CPU_SHARE
@@ -45,6 +46,10 @@ RETRY_MAX_S = 60.0
 QUIET_WAIT_S = 0.1
 # ... or, serving no run, sleeps this long before it looks for runs again.
 IDLE_WAIT_S = 1.0
+# How often the island users of the runs served are made again if Redis lost them (it
+# restarted) and those of ended runs deleted (syncd/acl.py): an island whose user is
+# gone rides out about 8 s of refused connections (syncd.connection.RESTART_RETRIES).
+USER_SWEEP_S = 2.0
 
 
 class Syncd:
@@ -91,6 +96,7 @@ class Syncd:
         self.eval_cpu_share = eval_cpu_share
         self.members = 1
         self.next_renewal = 0.0
+        self.next_user_sweep = 0.0
         self.last_active: set[str] = set()
         # run -> (when it is tried again, the wait after its last failure)
         self.retries: dict[str, tuple[float, float]] = {}
@@ -112,6 +118,10 @@ class Syncd:
         elif active != self.last_active:
             self._balance(active)  # a run started or ended: no need to wait for renewal
         self.last_active = active
+        if now >= self.next_user_sweep:
+            self.next_user_sweep = now + USER_SWEEP_S
+            sweep_island_users(self.client, [(run_id, sync.spec.secret)
+                                             for run_id, sync in self.runs.items()])
         busy = False
         for run_id in _in_order(self.leases):
             if run_id not in self.leases:

@@ -53,9 +53,13 @@ def redis_server(tmp_path_factory):
 
 @pytest.fixture
 def redis_url(redis_server, settings):
-    """The test Redis, empty, and the run services pointed at it."""
+    """The test Redis, empty (no keys, no users but the default one), and the run
+    services pointed at it."""
     client = redis.Redis.from_url(redis_server)
     client.flushall()
+    for user in client.execute_command("ACL", "USERS"):
+        if user != b"default":
+            client.execute_command("ACL", "DELUSER", user)
     client.close()
     settings.REDIS_URL = redis_server
     point_celery_at(redis_server)

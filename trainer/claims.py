@@ -1,6 +1,7 @@
 """The signature of a claim of a warm standby. Pure: no Redis, no clock.
 
-The run services sign each claim they push (run, island, epoch, asked_at, island_key)
+The run services sign each claim they push (run, island, epoch, asked_at, island_key,
+redis_password: the password of the run's island user, syncd/acl.py)
 with the claims key, derived from the web app's SECRET_KEY, which the web side and
 its pool managers (manage.py pool_manager) hold and island processes never get
 (trainer.launch.island_env). A pool manager starts nothing for a claim whose
@@ -15,7 +16,7 @@ import hmac
 import json
 from typing import Any
 
-SIGNED_FIELDS = ("run", "island", "epoch", "asked_at", "island_key")
+SIGNED_FIELDS = ("run", "island", "epoch", "asked_at", "island_key", "redis_password")
 
 
 def claims_key(secret_key: str) -> bytes:

@@ -9,8 +9,10 @@ stdin, a JSON line from the manager:
     {"run", "island", "epoch", "island_key", "asked_at", "claimed_at", "redis_url",
      "log_path"}
 
-(island_key: the hex key of that island's epoch, diloco.signing.island_key: on stdin,
-never on its command line).
+(island_key: the hex key of that island's epoch, diloco.signing.island_key; redis_url:
+the manager's Redis as the run's island user, syncd/acl.py: on stdin, never on its
+command line). Until its claim it touches no Redis at all, so it holds no credential
+of any run, nor the pool's.
 
 It trains for that run, island and epoch and for nothing else: it never looks
 for work of its own, and a claim whose epoch is no longer the island's current

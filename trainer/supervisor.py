@@ -372,18 +372,23 @@ class IslandSupervisor:
 # -- the Celery task's body --------------------------------------------------------
 
 def supervise_island(run_id: int, island: str, epoch: int, redis_url: str, island_key: str,
-                     log_dir: str | Path, asked_at: float | None = None) -> dict[str, Any]:
+                     log_dir: str | Path, asked_at: float | None = None,
+                     redis_password: str | None = None) -> dict[str, Any]:
     """Run one epoch of an island unless its run is no longer active or stopping;
     `island_key` (hex) is the key the control plane derived for this epoch, given to the
     island in its environment; `asked_at`, when its start or rejoin was asked for,
-    starts its dispatch phase (trainer/phases.py)."""
+    starts its dispatch phase (trainer/phases.py). The supervisor connects with
+    `redis_url`; the island, with `redis_password`, as its run's island user
+    (syncd/acl.py), or with `redis_url` where there is none (None)."""
+    from syncd.acl import island_url
     from syncd.connection import connect
     from syncd.store import RunStore
 
     store = RunStore(connect(redis_url), run_id)
     if not store.is_active() or store.stop_requested() is not None:
         return {"island": island, "epoch": epoch, "exit_code": None, "ended": "inactive"}
-    env = {**island_env(dict(os.environ)), REDIS_URL_ENV: redis_url,
+    env = {**island_env(dict(os.environ)),
+           REDIS_URL_ENV: island_url(redis_url, run_id, redis_password),
            ISLAND_KEY_ENV: island_key}
     if asked_at is not None:
         env[ASKED_AT_ENV] = repr(float(asked_at))

@@ -15,7 +15,13 @@ from diloco.protocol import (
     decode_message,
     encode_message,
 )
-from diloco.signing import island_key, load_verify_key, publish_key, verify_key_hex
+from diloco.signing import (
+    island_key,
+    load_verify_key,
+    publish_key,
+    redis_password,
+    verify_key_hex,
+)
 
 RUN_SECRET = b"run-7-secret"
 SECRET = island_key(RUN_SECRET, "island-1", 2)  # the key of the island UPDATE_META names
@@ -91,6 +97,13 @@ def test_the_island_keys_differ_by_island_epoch_and_run():
     keys = {island_key(RUN_SECRET, "island-1", 2), island_key(RUN_SECRET, "island-1", 3),
             island_key(RUN_SECRET, "island-2", 2), island_key(b"run-8-secret", "island-1", 2)}
     assert len(keys) == 4 and RUN_SECRET not in keys
+
+
+def test_the_redis_password_of_a_runs_island_user_is_its_own_and_no_island_key():
+    password = redis_password(RUN_SECRET)
+    assert password == redis_password(RUN_SECRET) != redis_password(b"run-8-secret")
+    assert len(password) == 64 and password != island_key(RUN_SECRET, "island-1", 1).hex()
+    assert RUN_SECRET.hex() not in password
 
 
 def test_it_rejects_a_global_signed_with_another_runs_publish_key():

@@ -5,10 +5,11 @@ import time
 import pytest
 
 from syncd import lease
+from syncd.acl import island_user
 from syncd.connection import connect
 from syncd.fence import LeaseLost
 from syncd.hooks import Hooks
-from syncd.server import Syncd
+from syncd.server import USER_SWEEP_S, Syncd
 from syncd.service import RunSync
 from syncd.store import RunStore
 from webapp.runs.lifecycle import create_run
@@ -51,6 +52,32 @@ def test_a_run_that_is_no_longer_active_is_let_go(redis_url, tmp_path):
     store.deactivate()
     served.tick()
     assert served.runs == {}
+
+
+def test_syncd_makes_a_served_runs_lost_island_user_again_and_deletes_an_ended_runs(
+        redis_url, tmp_path):
+    run = create_run(name="users", mode="decoupled", config=CONFIG, user=None)
+    client = connect(redis_url)
+    store = RunStore(client, run.pk)
+    store.put_spec(run.mode, run.config, run.secret)
+    clock = [0.0]
+    served = Syncd(redis_url, tmp_path, web_hooks(), clock=lambda: clock[0])
+    served.tick()  # serves the run: its RunSync is built
+    assert island_user(run.pk) not in island_users(client)  # as after a Redis restart
+
+    clock[0] += USER_SWEEP_S
+    served.tick()
+    assert island_user(run.pk) in island_users(client)
+
+    store.release(linger_s=1)
+    client.delete(store.key("spec"))  # its linger passed
+    clock[0] += USER_SWEEP_S
+    served.tick()
+    assert island_user(run.pk) not in island_users(client)
+
+
+def island_users(client) -> set[str]:
+    return {u.decode() for u in client.execute_command("ACL", "USERS")}
 
 
 def active_runs(redis_url: str, count: int) -> list[str]:

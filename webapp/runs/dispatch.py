@@ -1,5 +1,6 @@
-"""How a run's processes are told what to run and where: the spec in Redis, and each
-island epoch's start on a warm standby or a Celery worker.
+"""How a run's processes are told what to run and where: the spec in Redis, the Redis
+user its islands connect as (syncd/acl.py), and each island epoch's start on a warm
+standby or a Celery worker.
 
 The database says what a run is (its config, its islands and their epochs); Redis
 carries what the running processes read (the spec, the current epochs, commands
@@ -16,10 +17,11 @@ from django.conf import settings
 from django.db import transaction
 
 from diloco.signing import island_key
+from syncd.acl import put_island_user
 from trainer.claims import claims_key, sign_claim
 from trainer.queues import region_queue
 from webapp.runs.models import Island, Run
-from webapp.runs.stores import pool_store
+from webapp.runs.stores import pool_store, run_store
 from webapp.runs.tasks import run_island
 
 if TYPE_CHECKING:
@@ -32,6 +34,12 @@ def put_spec(run: Run, store: RunStore) -> None:
     start = run.initial_checkpoint
     store.put_spec(run.mode, run.config, run.secret,
                    {"path": start.path, "sha256": start.sha256} if start else None)
+
+
+def put_island_user_of(run: Run) -> tuple[str | None, str | None]:
+    """Make (again) the Redis user of the run's islands: (its password, None), or (None,
+    why there is none: this Redis has no ACL), when islands get the control plane's URL."""
+    return put_island_user(run_store(run).client, run.pk, bytes.fromhex(run.secret))
 
 
 def start_next_epoch(run: Run, island: Island, store: RunStore,
@@ -53,16 +61,21 @@ def start_next_epoch(run: Run, island: Island, store: RunStore,
 
 def enqueue(run: Run, island: Island, asked_at: float | None = None) -> None:
     """Start the island's current epoch: on a warm standby of its region when one is
-    ready, else as a task on its region's queue (today's cold start)."""
+    ready, else as a task on its region's queue (today's cold start). Either launcher
+    gets the password of the run's island user, made again first (Redis forgets users
+    when it restarts), and builds the island's URL from its own (syncd.acl.island_url)."""
     asked = time.time() if asked_at is None else asked_at
-    if claim_standby(run, island, asked):
+    password, _ = put_island_user_of(run)
+    if claim_standby(run, island, asked, password):
         return
     run_island.apply_async(args=[run.pk, island.name, island.epoch, settings.REDIS_URL,
                                  island_key_hex(run, island)],
-                           kwargs={"asked_at": asked}, queue=region_queue(island.region))
+                           kwargs={"asked_at": asked, "redis_password": password},
+                           queue=region_queue(island.region))
 
 
-def claim_standby(run: Run, island: Island, asked_at: float) -> bool:
+def claim_standby(run: Run, island: Island, asked_at: float,
+                  redis_password: str | None = None) -> bool:
     """Claim a warm standby for the island's current epoch if its region's pool has one
     ready; False when it has none (or the island has several processes: standbys are
     one process each). The claim goes straight to the region's pool managers through
@@ -75,7 +88,8 @@ def claim_standby(run: Run, island: Island, asked_at: float) -> bool:
         return False
     pools.push_claim(island.region, sign_claim(
         {"run": run.pk, "island": island.name, "epoch": island.epoch, "asked_at": asked_at,
-         "island_key": island_key_hex(run, island)}, claims_key(settings.SECRET_KEY)))
+         "island_key": island_key_hex(run, island), "redis_password": redis_password},
+        claims_key(settings.SECRET_KEY)))
     return True
 
 

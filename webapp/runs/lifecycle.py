@@ -19,8 +19,9 @@ from django.utils import timezone
 
 from diloco.config import RUN_MODES, RunConfig
 from diloco.config_parse import ConfigError, parse_config
+from syncd.acl import delete_island_user
 from syncd.keys import run_prefix
-from webapp.runs.dispatch import enqueue, put_spec
+from webapp.runs.dispatch import enqueue, put_island_user_of, put_spec
 from webapp.runs.models import (
     FINAL_STATES,
     RUN_NAME_MAX_LENGTH,
@@ -118,7 +119,8 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
     claims a warm standby of its region's pool when one is ready
     (trainer/pool_manager.py), else goes to its region's queue
     (trainer.queues.region_queue), where that region's worker runs it as one long
-    task.
+    task. Its islands connect as the run's own Redis user (syncd/acl.py); where Redis
+    makes none (no ACL), an alert says so and they connect as the control plane.
 
     Raises:
         ConfigError: when the run no longer fits the memory the hosts declare.
@@ -130,6 +132,10 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
     try:
         store = run_store(run)
         put_spec(run, store)
+        _, no_user = put_island_user_of(run)
+        if no_user:
+            Event.objects.create(run=run, kind=Event.Kind.ALERT, actor=by,
+                                 detail={"message": no_user})
         islands = list(run.current_islands())
         with transaction.atomic():
             for island in islands:
@@ -233,7 +239,9 @@ def _free_deleted_run(run_id: int, checkpoint_paths: list[str]) -> None:
     for path in checkpoint_paths:
         Path(path).unlink(missing_ok=True)
     try:
-        run_store(run_id).release(keep=())
+        store = run_store(run_id)
+        store.release(keep=())
+        delete_island_user(store.client, run_id)
     except redis.RedisError as e:
         log.error("run %d is deleted but its Redis keys (%s*) are left: %s", run_id,
                   run_prefix(run_id), e)

@@ -20,12 +20,14 @@ if TYPE_CHECKING:
 
 @shared_task(name="trainer.run_island", acks_late=True)
 def run_island(run_id: int, island: str, epoch: int, redis_url: str, island_key: str,
-               asked_at: float | None = None) -> dict[str, Any]:
+               asked_at: float | None = None, redis_password: str | None = None
+               ) -> dict[str, Any]:
     """One epoch of one island, on its region's queue, for as long as it trains;
     `island_key` is that epoch's key (hex), `asked_at` when its start or rejoin was
-    asked for (its dispatch phase)."""
+    asked for (its dispatch phase), `redis_password` the password of the run's island
+    user (syncd/acl.py; None: the island connects with `redis_url`)."""
     result = supervise_island(run_id, island, epoch, redis_url, island_key, settings.LOG_DIR,
-                              asked_at)
+                              asked_at, redis_password)
     if result["ended"] == "failed":
         record_island_failure(run_id, island, result)
     return result

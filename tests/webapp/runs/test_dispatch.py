@@ -7,9 +7,11 @@ import time
 
 import pytest
 
-from diloco.signing import island_key, verify_key_hex
+from diloco.signing import island_key, redis_password, verify_key_hex
+from syncd.acl import island_url, island_user
 from syncd.connection import connect
 from syncd.pool_store import PoolStore
+from syncd.store import RunStore
 from tests.webapp.runs.three_islands import commands
 from webapp.runs.dispatch import claim_standby, enqueue, put_spec, start_next_epoch
 from webapp.runs.lifecycle import pause_run
@@ -53,8 +55,10 @@ def test_with_no_standby_ready_the_epoch_is_a_task_on_its_regions_queue(running,
     enqueue(running, island, asked_at=123.0)
 
     key = island_key(bytes.fromhex(running.secret), "west-a", 1).hex()
+    password = redis_password(bytes.fromhex(running.secret))
     assert sent == [{"args": [running.pk, "west-a", 1, redis_url, key],
-                     "kwargs": {"asked_at": 123.0}, "queue": "region.us-west"}]
+                     "kwargs": {"asked_at": 123.0, "redis_password": password},
+                     "queue": "region.us-west"}]
 
 
 def test_with_a_standby_ready_the_epoch_is_a_claim_on_its_regions_pool(running, sent,
@@ -67,9 +71,21 @@ def test_with_a_standby_ready_the_epoch_is_a_claim_on_its_regions_pool(running, 
     assert sent == []
     ((_, claim),) = pools.take_claims("us-west", "host-1", timeout_s=1)
     key = island_key(bytes.fromhex(running.secret), "west-a", 1).hex()
-    assert {k: claim[k] for k in ("run", "island", "epoch", "asked_at", "island_key")} == {
+    fields = ("run", "island", "epoch", "asked_at", "island_key", "redis_password")
+    assert {k: claim[k] for k in fields} == {
         "run": running.pk, "island": "west-a", "epoch": 1, "asked_at": 123.0,
-        "island_key": key}
+        "island_key": key, "redis_password": redis_password(bytes.fromhex(running.secret))}
+
+
+def test_a_launch_makes_the_runs_island_user_again_when_redis_lost_it(running, sent,
+                                                                     redis_url):
+    client = connect(redis_url)
+    client.execute_command("ACL", "DELUSER", island_user(running.pk))  # a Redis restart
+
+    enqueue(running, Island.objects.get(run=running, name="west-a"), asked_at=0.0)
+
+    url = island_url(redis_url, running.pk, sent[0]["kwargs"]["redis_password"])
+    assert RunStore(connect(url), running.pk).is_active()
 
 
 def test_an_island_of_several_processes_never_claims_a_standby(running, redis_url):

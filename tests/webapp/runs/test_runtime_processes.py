@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from syncd.acl import island_user
 from syncd.connection import connect
 from syncd.store import RunStore
 from trainer.island_logs import island_log_path
@@ -139,6 +140,8 @@ def test_islands_on_a_real_worker_merge_through_syncd_survive_a_kill_and_rejoin(
     run = tiny_run(corpus_file, total_tokens=10**9)
     store = start_and_wait(run, redis_url, 3)
     wait_all_training(store)
+    # Every island trains as its run's Redis user (syncd/acl.py), not the control plane.
+    assert sum(c["user"] == island_user(run.pk) for c in store.client.client_list()) >= 3
 
     kill_island(run, "island-0", by=None)
     wait_until(lambda: (store.status() or {}).get("islands", {}).get("island-0", {})

@@ -10,7 +10,8 @@ import time
 import pytest
 import redis
 
-from diloco.signing import island_key, verify_key_hex
+from diloco.signing import island_key, redis_password, verify_key_hex
+from syncd.acl import island_url, island_user
 from syncd.connection import connect
 from syncd.pool_store import PoolStore
 from syncd.store import RunStore
@@ -18,6 +19,7 @@ from tests.webapp.runs.three_islands import THREE_ISLANDS, commands
 from webapp.runs.lifecycle import (
     checkpoint_now,
     create_run,
+    delete_run,
     pause_run,
     resume_run,
     start_run,
@@ -58,6 +60,48 @@ def test_start_run_publishes_the_spec_and_enqueues_each_island_on_its_region(
     assert list(run.events.filter(kind=Event.Kind.RUN_STATE)
                 .values_list("detail__to", "actor")) == [("queued", operator.pk),
                                                          ("running", operator.pk)]
+
+
+def island_users(client) -> set[str]:
+    return {u.decode() for u in client.execute_command("ACL", "USERS")}
+
+
+def test_a_started_runs_islands_have_a_redis_user_of_their_own_until_it_is_deleted(
+        running, store, operator, redis_url):
+    s = store(running)
+    url = island_url(redis_url, running.pk, redis_password(bytes.fromhex(running.secret)))
+    island = RunStore(connect(url), running.pk)
+    assert island.is_active() and island.epochs()["east-a"] == 1
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        island.client.get(s.key("secret"))
+    assert not running.events.filter(kind=Event.Kind.ALERT).exists()
+
+    Run.objects.filter(pk=running.pk).update(state=Run.State.STOPPED)
+    running.refresh_from_db()
+    delete_run(running, operator)
+
+    assert island_user(running.pk) not in island_users(s.client)
+
+
+def test_a_redis_that_makes_no_island_user_starts_the_run_and_says_so(
+        redis_url, settings, enqueued, operator):
+    # A control-plane credential allowed everything but ACL, as a Redis without ACL.
+    admin = connect(redis_url)
+    admin.execute_command("ACL", "SETUSER", "no-acl", "on", ">pw", "~*", "&*", "+@all",
+                          "-acl")
+    settings.REDIS_URL = redis_url.replace("redis://", "redis://no-acl:pw@")
+    run = create_run(name="r", mode="decoupled", config=THREE_ISLANDS, user=operator)
+
+    try:
+        start_run(run, operator)
+    finally:
+        admin.execute_command("ACL", "DELUSER", "no-acl")
+
+    run.refresh_from_db()
+    assert run.state == Run.State.RUNNING and len(enqueued) == 3
+    (alert,) = run.events.filter(kind=Event.Kind.ALERT)
+    assert alert.detail["message"].startswith("Redis made no island user")
+    assert island_user(run.pk) not in island_users(admin)
 
 
 def test_a_run_can_be_started_once(running, enqueued, operator):

@@ -23,6 +23,7 @@ from test_runtime_processes import (  # noqa: F401 - fixtures
     wait_until,
 )
 
+from syncd.acl import island_user
 from syncd.connection import connect
 from syncd.pool_store import PoolStore
 from syncd.store import RunStore
@@ -81,9 +82,13 @@ def test_a_rejoin_claims_a_warm_standby_that_trains_and_an_empty_pool_starts_col
     assert health(system, "eu-west") == 1  # and not eu-west
 
     kill_and_wait(run, store, "island-0")
+    before = max(int(c["id"]) for c in store.client.client_list())
     rejoin_island(run, "island-0", by=None)
     beat = wait_until(lambda: trains(store, "island-0", 2), 60, "island-0 epoch 2 to train")
     assert (beat["pid"], beat["warm"]) == (standby, True)
+    # The claimed standby connected, since the rejoin, as the run's Redis user.
+    assert [c for c in store.client.client_list()
+            if c["user"] == island_user(run.pk) and int(c["id"]) > before]
     event = wait_until(lambda: run.events.filter(
         kind="rejoin", island__name="island-0", detail__has_key="seconds_to_first_step")
         .first(), 30, "syncd's rejoin event")

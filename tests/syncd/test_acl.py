@@ -1,0 +1,110 @@
+"""The island user of a run (syncd/acl.py), on a real Redis: it reads and writes what its
+run's islands touch and nothing else: not another run's keys, not its run's secret, not
+the pools', and no keyspace-wide command."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+import redis
+
+from diloco.signing import redis_password
+from syncd.acl import (
+    delete_island_user,
+    island_rules,
+    island_url,
+    island_user,
+    put_island_user,
+    sweep_island_users,
+)
+from syncd.connection import connect
+from syncd.keys import RUNS_KEY, island_key_patterns, pool_key
+from syncd.store import RunStore
+
+pytestmark = pytest.mark.integration
+
+SECRET = secrets.token_bytes(32)
+OTHER_SECRET = secrets.token_bytes(32)
+
+
+@pytest.fixture
+def two_runs(client):
+    """Runs 7 and 8 started as the run services start them, and run 7's island user."""
+    for run_id, secret in ((7, SECRET), (8, OTHER_SECRET)):
+        RunStore(client, run_id).put_spec("decoupled", {"islands": []}, secret.hex())
+        RunStore(client, run_id).set_epoch("a", 1)
+    password, why = put_island_user(client, 7, SECRET)
+    assert why is None
+    yield password
+    for run_id in (7, 8):
+        delete_island_user(client, run_id)
+
+
+def as_island(redis_url: str, password: str) -> redis.Redis:
+    return connect(island_url(redis_url, 7, password))
+
+
+def test_an_island_user_reads_and_writes_its_runs_keys_as_an_island_does(
+        redis_url, client, two_runs):
+    island = RunStore(as_island(redis_url, two_runs), 7)
+    assert island.spec()["mode"] == "decoupled"
+    assert island.is_active() and island.epochs() == {"a": 1}
+    island.push_update("a", 1, 0, 3, b"x" * 100)
+    island.heartbeat("a", 1, step=3, tokens=12)
+    island.save_cursor("a", {"step": 3})
+    assert island.cursor("a") == {"step": 3}
+    assert island.handled_seq(0, "a") == -1 and island.versions() == {}
+    assert not island.done() and island.stop_requested() is None
+    island.clear_fault("a")
+    assert RunStore(client, 7).heartbeats()["a"]["step"] == 3
+    assert client.xlen(RunStore(client, 7).key("updates")) == 1
+
+
+@pytest.mark.parametrize("command", [
+    ("GET", "arch:7:secret"), ("GET", "arch:8:spec"), ("SET", "arch:8:cursor:a", "{}"),
+    ("HGETALL", "arch:8:epochs"), ("LPUSH", pool_key("us-east", "claims"), "{}"),
+    ("GET", "arch:7:lease"), ("RPUSH", "arch:7:control:a", "{}"), ("GET", "celery"),
+    ("SREM", RUNS_KEY, "8"), ("SMEMBERS", RUNS_KEY), ("KEYS", "*"), ("SCAN", "0"),
+    ("FLUSHALL",), ("FLUSHDB",), ("CONFIG", "GET", "requirepass"), ("ACL", "LIST"),
+    ("SELECT", "1"), ("DEBUG", "SLEEP", "0"), ("SHUTDOWN",), ("EVAL", "return 1", "0"),
+])
+def test_an_island_user_cannot_touch_what_is_not_its_runs(redis_url, client, two_runs,
+                                                          command):
+    island = as_island(redis_url, two_runs)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        island.execute_command(*command)
+    assert client.get("arch:7:secret") == SECRET.hex().encode()
+    assert client.exists("arch:8:spec")
+
+
+def test_an_island_user_without_its_password_or_with_another_runs_cannot_connect(
+        redis_url, two_runs):
+    for password in ("wrong", redis_password(OTHER_SECRET)):
+        with pytest.raises(redis.AuthenticationError):
+            as_island(redis_url, password).ping()
+
+
+def test_the_island_url_is_the_launchers_own_as_the_runs_user_or_itself_without_one():
+    url = "rediss://:control-pw@redis.example:6380/2"
+    assert island_url(url, 7, "ab12") == "rediss://arch-island-7:ab12@redis.example:6380/2"
+    assert island_url(url, 7, None) == url
+
+
+def test_an_island_user_of_another_database_may_select_that_one_alone():
+    assert "+select|2" in island_rules(7, "pw", db=2)
+    assert not [r for r in island_rules(7, "pw") if r.startswith("+select")]
+    assert [r[1:] for r in island_rules(7, "pw") if r.startswith("~")] == \
+        island_key_patterns(7)
+
+
+def test_the_sweep_makes_a_lost_user_again_and_deletes_the_users_of_ended_runs(
+        redis_url, client, two_runs):
+    put_island_user(client, 8, OTHER_SECRET)
+    client.execute_command("ACL", "DELUSER", island_user(7))  # as a restart of Redis would
+    RunStore(client, 8).release(linger_s=60)
+    client.delete(RunStore(client, 8).key("spec"))  # its linger passed
+    sweep_island_users(client, [("7", SECRET)])
+    users = {u.decode() for u in client.execute_command("ACL", "USERS")}
+    assert island_user(7) in users and island_user(8) not in users
+    assert as_island(redis_url, two_runs).ping()
