@@ -69,6 +69,7 @@ from bench.quality_goodput import (
     quality_adjusted_goodput,
     reference_curve,
     seconds_after_startup,
+    spaced_in_log_tokens,
 )
 from bench.system import ROOT, BenchSystem
 from diloco.chaos import PRESETS, Fault, schedule
@@ -87,8 +88,10 @@ PROFILES: dict[str, dict[str, Any]] = {
               "bounds": {"oracle_gap": 0.08, "ratio": 1.2, "stall": 1.5, "loss": 1.05}},
 }
 RUN_TIMEOUT_S = 900.0
-# A fault-free run's checkpoint cadence: its eval curve's points, a few dozen a run.
+# A fault-free run's checkpoint cadence, and how many of its checkpoints, spaced in
+# log-tokens, make its eval curve (a slow machine writes more than are evaluated).
 REFERENCE_CHECKPOINT_S = 2.0
+REFERENCE_POINTS = 24
 # A decoupled run may read above its oracle by this much, no more: the oracle and the
 # run value useful steps at one clock (the fault-free run's step times), whose
 # scheduling noise on two shared cores is below a percent. Above it, the oracle or the
@@ -218,9 +221,10 @@ def checkpoint_losses(run_id: int, config: dict[str, Any], every: bool = False
                       ) -> list[tuple[int, list[float]]]:
     """(tokens merged, each window's loss) of the completed run's final checkpoint (the
     one syncd writes when the budget is spent, syncd/outcome.py; the run is completed
-    in the database once that checkpoint's row is), or of every checkpoint it kept in
-    the order written, the final one last (`every`): each evaluated here on the whole
-    test split, since syncd reads validation only and within its live budget."""
+    in the database once that checkpoint's row is), or of REFERENCE_POINTS of the
+    checkpoints it kept, spaced in log-tokens, in the order written, the final one last
+    (`every`): each evaluated here on the whole test split, since syncd reads
+    validation only and within its live budget."""
     from dataclasses import replace
 
     from syncd import checkpoint
@@ -235,11 +239,10 @@ def checkpoint_losses(run_id: int, config: dict[str, Any], every: bool = False
     whole = replace(run_config, eval=replace(run_config.eval,
                                              tokens=len(corpus.held_out("test"))))
     evaluator = Evaluator(whole, corpus, "test")
-    out = []
-    for row in rows if every else rows[-1:]:
-        params, _, _, tokens = checkpoint.load(Path(row.path), row.sha256)
-        out.append((tokens, evaluator.window_losses(params)))
-    return out
+    loaded = [checkpoint.load(Path(row.path), row.sha256) for row in rows]
+    tokens = [t for _, _, _, t in loaded]
+    chosen = spaced_in_log_tokens(tokens, REFERENCE_POINTS) if every else [len(rows) - 1]
+    return [(tokens[i], evaluator.window_losses(loaded[i][0])) for i in chosen]
 
 
 def config_islands(profile: dict[str, Any]) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ losses on the same held-out windows (diloco.evaluation.Evaluator.window_losses),
 that a run and its reference are compared window by window and the interval holds
 only the noise of their difference.
 
+- `spaced_in_log_tokens`: which of a fault-free run's checkpoints to evaluate.
 - `reference_curve`: the reference's eval curve, the seeds' fault-free runs' checkpoints
   averaged window by window at every token count inside all of them.
 - `monotone_fit`, `tokens_to_reach`: the curve fitted non-increasing, and the tokens at
@@ -69,6 +70,23 @@ def reference_curve(seeds: Sequence[Sequence[tuple[float, Sequence[float]]]]) ->
     return [(t, [statistics.fmean(column) for column in zip(*(_at(c, t) for c in curves),
                                                              strict=True)])
             for t in grid]
+
+
+def spaced_in_log_tokens(tokens: Sequence[float], most: int) -> list[int]:
+    """The indices of at most `most` of `tokens` (a run's checkpoints, in order) to
+    evaluate: the one nearest each of `most` points evenly spaced in log-tokens from the
+    first above 0 to the last, the last always among them; a few dozen points make the
+    curve, however many checkpoints a slow machine wrote."""
+    if most < 2:
+        raise ValueError(f"most must be at least 2, got {most}")
+    above = [i for i, t in enumerate(tokens) if t > 0]
+    if len(above) <= most:
+        return above
+    low, high = math.log(tokens[above[0]]), math.log(tokens[above[-1]])
+    chosen = {min(above, key=lambda i: abs(math.log(tokens[i]) - (low + k * (high - low)
+                                                                   / (most - 1))))
+              for k in range(most)}
+    return sorted(chosen | {above[-1]})
 
 
 def _at(curve: Curve, tokens: float) -> list[float]:

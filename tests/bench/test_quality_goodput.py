@@ -13,6 +13,7 @@ from bench.quality_goodput import (
     quality_adjusted_goodput,
     reference_curve,
     seconds_after_startup,
+    spaced_in_log_tokens,
     tokens_to_reach,
 )
 
@@ -148,3 +149,15 @@ def test_past_the_end_the_slope_is_fitted_over_the_tail_not_its_last_segment():
     assert 10_000 < reached < 10_000 * 10 ** (0.1 / 0.5) * 1.01
     assert tokens_to_reach([(100.0, 3.0), (1000.0, 3.0)], 2.0) is None
     assert tokens_to_reach([(100.0, 3.0)], 2.0) is None
+
+
+def test_a_few_dozen_checkpoints_spaced_in_log_tokens_make_the_curve():
+    # 140 checkpoints of a slow run, two before anything merged: 8 chosen, even in
+    # log-tokens (1000 to 10^6: a point every 10^(3/7)), the final one always.
+    tokens = [0, 0, *range(1000, 1_000_001, 7190)]
+
+    chosen = [tokens[i] for i in spaced_in_log_tokens(tokens, 8)]
+
+    assert chosen[0] == 1000 and chosen[-1] == tokens[-1] and chosen == sorted(chosen)
+    assert len(chosen) <= 8
+    assert spaced_in_log_tokens([0, 5, 10], 8) == [1, 2]
