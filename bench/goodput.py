@@ -66,6 +66,7 @@ from bench.goodput_report import (
 )
 from bench.quality_goodput import (
     Reference,
+    above_one,
     quality_adjusted_goodput,
     reference_curve,
     seconds_after_startup,
@@ -405,7 +406,7 @@ def mean_quality(rows: list[dict[str, Any]]) -> dict[str, Any]:
     uncapped = mean([q["uncapped"] for q in figures_of])
     return {"value": mean([q["value"] for q in figures_of]), "uncapped": uncapped,
             "interval": [mean([q["interval"][end] for q in figures_of]) for end in (0, 1)],
-            "above_one": uncapped is not None and uncapped > 1}
+            "above_one": above_one(uncapped)}
 
 
 def report(profile: dict[str, Any], quick: bool,

@@ -12,7 +12,7 @@ only the noise of their difference.
 - `monotone_fit`, `tokens_to_reach`: the curve fitted non-increasing, and the tokens at
   which it reaches a loss.
 - `seconds_after_startup`: allocated island-seconds less start-up, on both sides.
-- `quality_adjusted_goodput`: the figure, uncapped, with its interval.
+- `quality_adjusted_goodput`: the figure, uncapped, with its interval; `above_one`.
 """
 
 from __future__ import annotations
@@ -189,5 +189,10 @@ def quality_adjusted_goodput(reference: Reference, window_losses: Sequence[float
     uncapped = share(loss)
     return {"value": None if uncapped is None else min(1.0, uncapped), "uncapped": uncapped,
             "interval": [share(loss + Z * se), share(loss - Z * se)],
-            "above_one": uncapped is not None and uncapped > 1, "loss": loss,
-            "loss_se": se}
+            "above_one": above_one(uncapped), "loss": loss, "loss_se": se}
+
+
+def above_one(uncapped: float | None) -> bool:
+    """Whether a quality-adjusted goodput is above 1, not by a float's rounding: a
+    fault-free run against itself reads 1.0000000000000007."""
+    return uncapped is not None and uncapped > 1 and not math.isclose(uncapped, 1.0)

@@ -9,6 +9,7 @@ import pytest
 
 from bench.quality_goodput import (
     Reference,
+    above_one,
     monotone_fit,
     quality_adjusted_goodput,
     reference_curve,
@@ -94,6 +95,8 @@ def test_a_run_above_its_reference_is_shown_uncapped_and_flagged():
     assert figure["value"] == 1.0
     assert figure["uncapped"] > 1.5
     assert figure["above_one"]
+    # A fault-free run against itself is 1 up to a float's rounding: not flagged.
+    assert not above_one(1.0000000000000007) and above_one(1.001) and not above_one(None)
 
 
 def test_the_reference_is_the_seeds_curves_averaged_window_by_window():
