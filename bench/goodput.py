@@ -7,12 +7,14 @@ region, whose island processes are really killed and started again. Then it
 runs the same workload (4 islands in 2 regions, a token budget) one run after
 the other, through the run services the control room calls:
 
-- decoupled and elastic without faults: each mode's uptime (at least 0.99), the
-  fault-free eval loss at the budget, and decoupled's per-island step times, at
-  which every run's useful steps are valued (one clock for both modes) and from
-  which, with the schedule alone, the oracle bound follows; the one with the lower
-  final eval loss is quality's reference (quality-adjusted goodput,
-  docs/FIGURES.md);
+- for each seed (config.seed: the model, the data order and the shards; the faulted
+  runs of that seed share it), decoupled and elastic without faults at the full
+  budget, checkpointing every REFERENCE_CHECKPOINT_S: the first seed's give each
+  mode's uptime (at least 0.99), and decoupled's per-island step times, at which
+  every run's useful steps are valued (one clock for both modes) and from which,
+  with the schedule alone, the oracle bound follows; every seed's, the fault-free
+  test loss, and each mode's reference for quality-adjusted goodput (its seeds'
+  checkpoints evaluated here, docs/FIGURES.md);
 - for each seed, elastic with the same `aggressive` schedule (config.chaos,
   carried out by syncd: syncd/chaos_driver.py) and cold restarts: its restart
   delay is today's, measured by syncd from its islands' first start-up, cold;
@@ -33,11 +35,12 @@ the headline ratio is decoupled over warm elastic, cold beside it
 Useful steps, allocated and lost island-seconds, uptime, start-up and eval loss
 come from syncd's accounting (the outcome in the run's final status, syncd/outcome.py);
 faults and rejoins from the run's events. syncd evaluates on the validation split,
-as every live run does, so its eval losses (and the eval curves that
-quality-adjusted goodput reads) are validation losses; the loss the benchmark
-reports and checks, test_loss, is the run's final checkpoint on the test split,
-evaluated here (diloco/data.py). Every run completes at the same token budget,
-so the losses are at equal tokens. It writes
+as every live run does, so its eval losses are validation losses. The losses the
+benchmark reports and checks are evaluated here, after each run, on the whole test
+split (diloco/data.py), window by window (Evaluator.window_losses): test_loss is the
+run's final checkpoint, and a fault-free run's every checkpoint gives its eval curve;
+none of it takes syncd's live evaluation budget. Every run completes at the same
+token budget, so the losses are at equal tokens. It writes
 bench/results/goodput.json (goodput-quick.json with --quick), an HTML report
 with the curves (goodput.html), prints a table and exits non-zero when a target
 is missed.
@@ -52,18 +55,22 @@ from typing import Any
 
 from bench import results
 from bench.goodput_report import (
-    eval_curve,
     figure_html,
     goodput_fields_above_one,
     merge_interval,
-    monotone_fit,
     oracle_goodput,
-    quality_goodput,
     revalued_goodput,
     spread,
     stall_with_quorum,
     system_costs,
-    tokens_to_reach,
+)
+from bench.quality_goodput import (
+    Reference,
+    above_one,
+    quality_adjusted_goodput,
+    reference_curve,
+    seconds_after_startup,
+    spaced_in_log_tokens,
 )
 from bench.system import ROOT, BenchSystem
 from diloco.chaos import PRESETS, Fault, schedule
@@ -82,6 +89,10 @@ PROFILES: dict[str, dict[str, Any]] = {
               "bounds": {"oracle_gap": 0.08, "ratio": 1.2, "stall": 1.5, "loss": 1.05}},
 }
 RUN_TIMEOUT_S = 900.0
+# A fault-free run's checkpoint cadence, and how many of its checkpoints, spaced in
+# log-tokens, make its eval curve (a slow machine writes more than are evaluated).
+REFERENCE_CHECKPOINT_S = 2.0
+REFERENCE_POINTS = 24
 # A decoupled run may read above its oracle by this much, no more: the oracle and the
 # run value useful steps at one clock (the fault-free run's step times), whose
 # scheduling noise on two shared cores is below a percent. Above it, the oracle or the
@@ -92,9 +103,11 @@ MEASURED_MODES = ("decoupled", "elastic", "elastic_warm")
 
 
 def workload(profile: dict[str, Any], corpus: Path, chaos: dict[str, Any] | None,
-             total_tokens: int) -> dict[str, Any]:
-    """The run config every run of the benchmark shares; only chaos and the budget vary."""
+             total_tokens: int, seed: int = 0, checkpoint_s: float = 30.0) -> dict[str, Any]:
+    """The run config every run of the benchmark shares; only chaos, the seed, the
+    budget and the checkpoint cadence vary."""
     return {
+        "seed": seed,
         "model": {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 32},
         "data": {"path": str(corpus)},
         # H = 30: a fragment is due every H/P x ~20 ms = 0.3 s, a cadence that the
@@ -105,7 +118,8 @@ def workload(profile: dict[str, Any], corpus: Path, chaos: dict[str, Any] | None
         "eval": {"tokens": 16384},
         # 5 s: an island loading its data on a busy machine is silent for a few seconds.
         "liveness": {"heartbeat_timeout_s": 5.0},
-        "checkpoint": {"interval_s": 30.0},
+        # Every checkpoint is kept: a fault-free run's are its eval curve.
+        "checkpoint": {"interval_s": checkpoint_s, "keep": 1000},
         "budget": {"total_tokens": total_tokens},
         "chaos": chaos or {"preset": "none", "seed": 0},
         # speed 0.25: each island sleeps three times its compute, so four islands, syncd
@@ -187,12 +201,14 @@ def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any])
     rejoin_s = [d["seconds_to_first_step"] for d in rejoins]
     warm_rejoin_s = [d["seconds_to_first_step"] for d in rejoins if d.get("warm")]
     step_times = [t for t in out["step_time_s"].values() if t]
-    test_loss = final_test_loss(run.pk, config)
+    evaluations = checkpoint_losses(run.pk, config, every=config["chaos"]["preset"] == "none")
+    test_loss = statistics.fmean(evaluations[-1][1])
     results.say(f"  goodput {out['goodput']:.3f}, {out['wall_s']:.0f} s, validation loss "
                 f"{out['eval_loss']:.4f}, test loss {test_loss:.4f}, {len(faults)} faults "
                 f"scheduled, {fired} fired")
     return {"run": run.pk, "mode": mode, "outcome": out, "series": series, "faults": faults,
-            "faults_fired": fired, "test_loss": test_loss, "chaos_offset_s": chaos_offset,
+            "faults_fired": fired, "test_loss": test_loss, "evaluations": evaluations,
+            "chaos_offset_s": chaos_offset,
             "startup_s": [first_training.get(i["name"], out["end"]) - start
                           for i in config["islands"]],
             "rejoin_s": rejoin_s, "warm_rejoin_s": warm_rejoin_s,
@@ -202,21 +218,32 @@ def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any])
             "step_time_s": statistics.median(step_times) if step_times else None}
 
 
-def final_test_loss(run_id: int, config: dict[str, Any]) -> float:
-    """The completed run's final model on the test split: the checkpoint syncd writes
-    when the budget is spent (syncd/outcome.py; the run is completed in the database
-    once that checkpoint's row is), evaluated here, since syncd reads validation only."""
+def checkpoint_losses(run_id: int, config: dict[str, Any], every: bool = False
+                      ) -> list[tuple[int, list[float]]]:
+    """(tokens merged, each window's loss) of the completed run's final checkpoint (the
+    one syncd writes when the budget is spent, syncd/outcome.py; the run is completed
+    in the database once that checkpoint's row is), or of REFERENCE_POINTS of the
+    checkpoints it kept, spaced in log-tokens, in the order written, the final one last
+    (`every`): each evaluated here on the whole test split, since syncd reads
+    validation only and within its live budget."""
+    from dataclasses import replace
+
     from syncd import checkpoint
     from webapp.processes import wait_for
     from webapp.runs.models import Checkpoint, Run
 
     wait_for(lambda: Run.objects.get(pk=run_id).state == Run.State.COMPLETED, 60.0,
              f"run {run_id} completed in the database", 0.2)
-    final = Checkpoint.objects.filter(run_id=run_id).latest()
-    params, _, _, _ = checkpoint.load(Path(final.path), final.sha256)
+    rows = list(Checkpoint.objects.filter(run_id=run_id).order_by("created_at", "id"))
     run_config = parse_config(config, list(REGIONS))
     corpus = load_corpus(run_config.data.path, run_config.data.eval_fraction)
-    return Evaluator(run_config, corpus, "test")(params)
+    whole = replace(run_config, eval=replace(run_config.eval,
+                                             tokens=len(corpus.held_out("test"))))
+    evaluator = Evaluator(whole, corpus, "test")
+    loaded = [checkpoint.load(Path(row.path), row.sha256) for row in rows]
+    tokens = [t for _, _, _, t in loaded]
+    chosen = spaced_in_log_tokens(tokens, REFERENCE_POINTS) if every else [len(rows) - 1]
+    return [(tokens[i], evaluator.window_losses(loaded[i][0])) for i in chosen]
 
 
 def config_islands(profile: dict[str, Any]) -> list[dict[str, Any]]:
@@ -247,16 +274,14 @@ def wait_islands_stopped(store: Any, islands: list[str], timeout: float = 60.0) 
     wait_for(stopped, timeout, "the islands of the finished run to stop", 0.2)
 
 
-def quality_reference(base: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Quality's reference: of the fault-free runs, the one with the lowest final eval
-    loss; the monotone fit of its eval curve and its allocated island-seconds per token
-    merged (docs/FIGURES.md, quality-adjusted goodput)."""
-    mode, run = min(base.items(), key=lambda item: item[1]["outcome"]["eval_loss"])
-    out = run["outcome"]
-    return {"mode": mode, "eval_loss": out["eval_loss"],
-            "fit": monotone_fit(eval_curve(run["series"], out["tokens_merged"],
-                                           out["eval_loss"])),
-            "s_per_token": out["allocated_s"] / out["tokens_merged"]}
+def quality_reference(fault_free: list[dict[str, Any]]) -> Reference:
+    """A mode's reference for quality-adjusted goodput: its fault-free runs, one a seed,
+    at the same budget; their checkpoints' curves averaged window by window, and their
+    island-seconds after start-up per token merged, pooled (docs/FIGURES.md)."""
+    seconds = sum(seconds_after_startup(r["outcome"]["allocated_s"], len(r["outcome"]["islands"]),
+                                        r["outcome"]["startup_s"]) for r in fault_free)
+    return Reference(reference_curve([r["evaluations"] for r in fault_free]),
+                     seconds / sum(r["outcome"]["tokens_merged"] for r in fault_free))
 
 
 def standby_slots(config: dict[str, Any]) -> int:
@@ -267,22 +292,22 @@ def standby_slots(config: dict[str, Any]) -> int:
 
 
 def figures(run: dict[str, Any], min_quorum: int, step_time_s: dict[str, float],
-            reference: dict[str, Any], standby: int = 0) -> dict[str, Any]:
+            reference: Reference, standby: int = 0) -> dict[str, Any]:
     """The figures of one run as the report shows them. Goodput values the run's useful
     steps at `step_time_s` (island -> the fault-free decoupled run's seconds per step)
     over its allocated island-seconds, `standby` warm standby slots for the whole run
     among them; syncd's own figure (each run's own step times, its islands' slots only)
-    is beside it, and quality-adjusted goodput against `reference` (quality_reference);
+    is beside it, and quality-adjusted goodput against `reference` (quality_reference:
+    the same mode's fault-free runs), its allocated island-seconds after start-up;
     uptime and start-up are syncd's (docs/FIGURES.md: theta is twice a fragment's
     cadence in the run)."""
     out = run["outcome"]
     allocated = out["allocated_s"] + standby * out["wall_s"]
     useful = {name: island["useful_steps"] for name, island in out["islands"].items()}
-    reached = tokens_to_reach(reference["fit"], out["eval_loss"])
+    after = seconds_after_startup(allocated, len(out["islands"]) + standby, out["startup_s"])
     return {"goodput": revalued_goodput(useful, step_time_s, allocated),
-            "quality_goodput": None if reached is None else quality_goodput(
-                reached, allocated, reference["s_per_token"]),
-            "reference_tokens": reached,
+            "quality_adjusted_goodput": quality_adjusted_goodput(
+                reference, run["evaluations"][-1][1], after),
             "goodput_syncd": out["goodput"],
             "allocated_s": allocated, "standby_slots": standby,
             "tokens_per_island_s": out["tokens_merged"] / allocated,
@@ -340,37 +365,60 @@ def main(quick: bool = False) -> int:
         system.start_workers()
         corpus = make_corpus(HOME / "corpus.txt")
         budget = profile["total_tokens"]
-        # Elastic's run without faults only gives its merge gap (theta): half the budget.
-        base = {mode: run_once(system, f"{mode} without faults", mode,
-                               workload(profile, corpus, None, budget // share))
-                for mode, share in (("decoupled", 1), ("elastic", 2))}
+        # Each mode's fault-free runs, one a seed, at the full budget: quality's
+        # references (the first seed's also give theta, the clock and the oracle).
+        fault_free = {seed: {mode: run_once(system, f"{mode} without faults, seed {seed}",
+                                            mode, workload(profile, corpus, None, budget, seed,
+                                                           REFERENCE_CHECKPOINT_S))
+                             for mode in ("decoupled", "elastic")}
+                      for seed in profile["seeds"]}
         seeds: dict[int, dict[str, Any]] = {}
         for seed in profile["seeds"]:  # no pool: today's cold restarts
             chaos = {"preset": profile["preset"], "seed": seed}
             seeds[seed] = {"elastic": run_once(system, f"elastic seed {seed}", "elastic",
-                                               workload(profile, corpus, chaos, budget))}
+                                               workload(profile, corpus, chaos, budget, seed))}
         system.start_pools(size=len(config_islands(profile)) // len(REGIONS))
         for seed in profile["seeds"]:
             chaos = {"preset": profile["preset"], "seed": seed}
             wait_pools_ready(system)
             seeds[seed]["decoupled"] = run_once(system, f"decoupled seed {seed}", "decoupled",
-                                                workload(profile, corpus, chaos, budget))
+                                                workload(profile, corpus, chaos, budget, seed))
             decoupled = seeds[seed]["decoupled"]
             warm = decoupled["warm_rejoin_s"] or decoupled["rejoin_s"] or \
                 decoupled["startup_s"]
-            config = workload(profile, corpus, chaos, budget)
+            config = workload(profile, corpus, chaos, budget, seed)
             config["elastic"] = {"restart_delay_s": round(statistics.median(warm), 3)}
             wait_pools_ready(system)
             seeds[seed]["elastic_warm"] = run_once(system, f"elastic seed {seed}, warm "
                                                    "restarts", "elastic", config)
     finally:
         system.stop()
-    return report(profile, quick, base, seeds, time.time() - started)
+    return report(profile, quick, fault_free, seeds, time.time() - started)
 
 
-def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]],
+def mean_quality(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The seeds' quality-adjusted goodput: the mean of each figure and of each end of
+    the interval (None where any seed's is)."""
+    def mean(values: list[float | None]) -> float | None:
+        return spread(values)["mean"]
+
+    figures_of = [r["quality_adjusted_goodput"] for r in rows]
+    uncapped = mean([q["uncapped"] for q in figures_of])
+    return {"value": mean([q["value"] for q in figures_of]), "uncapped": uncapped,
+            "interval": [mean([q["interval"][end] for q in figures_of]) for end in (0, 1)],
+            "above_one": above_one(uncapped)}
+
+
+def report(profile: dict[str, Any], quick: bool,
+           fault_free: dict[int, dict[str, dict[str, Any]]],
            seeds: dict[int, dict[str, dict[str, Any]]], seconds: float) -> int:
-    """Compute every figure and target from the runs, write the JSON and HTML, print."""
+    """Compute every figure and target from the runs, write the JSON and HTML, print.
+
+    Args:
+        fault_free: seed -> mode (decoupled, elastic) -> its run without faults.
+        seeds: seed -> mode (MEASURED_MODES) -> its run with the seed's schedule.
+    """
+    base = fault_free[min(fault_free)]
     config = workload(profile, Path("corpus"), None, profile["total_tokens"])
     sync, k = config["sync"], config["sync"]["min_quorum"]
     thetas = {mode: run["outcome"]["theta_s"] for mode, run in base.items()}
@@ -378,7 +426,9 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
     reference = base["decoupled"]
     step_times = reference["outcome"]["step_time_s"]  # one clock for both modes
     interval = merge_interval(sync["inner_steps"], sync["fragments"], reference["step_time_s"])
-    quality = quality_reference(base)
+    references = {mode: quality_reference([runs[mode] for runs in fault_free.values()])
+                  for mode in ("decoupled", "elastic")}
+    references["elastic_warm"] = references["elastic"]  # the same mode
     # The warm pool's slots count in both modes that draw on it, and in the oracle.
     slots = standby_slots(config)
     standby = {"decoupled": slots, "elastic": 0, "elastic_warm": slots}
@@ -386,11 +436,12 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
     for seed, runs in sorted(seeds.items()):
         row: dict[str, Any] = {"seed": seed}
         for mode, run in runs.items():
-            row[mode] = figures(run, k, step_times, quality, standby[mode])
+            row[mode] = figures(run, k, step_times, references[mode], standby[mode])
         row["oracle_goodput"] = oracle_of(runs["decoupled"]["faults"], reference, config,
                                           slots)
         per_seed.append(row)
-    fault_free = base["decoupled"]["test_loss"]
+    fault_free_loss = statistics.fmean(runs["decoupled"]["test_loss"]
+                                       for runs in fault_free.values())
     out: dict[str, Any] = {"profile": "quick" if quick else "full", "preset": profile["preset"],
                            "seeds": profile["seeds"], "theta_s": thetas,
                            "merge_interval_s": interval, "workload": config,
@@ -401,25 +452,34 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
     for mode in MEASURED_MODES:
         rows = [r[mode] for r in per_seed]
         out[mode] = {key: spread([r[key] for r in rows])["mean"]
-                     for key in ("goodput", "quality_goodput", "goodput_syncd",
+                     for key in ("goodput", "goodput_syncd",
                                  "tokens_per_island_s", "uptime",
                                  "startup_s", "max_stall_s", "max_stall_with_quorum_s",
                                  "eval_loss", "test_loss", "tokens_merged", "wall_s")}
         out[mode]["system_costs"] = {cause: statistics.fmean(r["system_costs"][cause]
                                                              for r in rows)
                                      for cause in rows[0]["system_costs"]}
+        out[mode]["quality_adjusted_goodput"] = mean_quality(rows)
         out[mode]["spread"] = {key: spread([r[key] for r in rows])
-                               for key in ("goodput", "quality_goodput", "uptime",
-                                           "eval_loss", "test_loss")}
+                               for key in ("goodput", "uptime", "eval_loss", "test_loss")}
         out[mode]["lost_s"] = {cause: statistics.fmean(r["lost_s"][cause] for r in rows)
                                for cause in rows[0]["lost_s"]}
         base_mode = "elastic" if mode == "elastic_warm" else mode
-        out[mode]["fault_free"] = figures(base[base_mode], k, step_times, quality)
+        out[mode]["fault_free"] = figures(base[base_mode], k, step_times, references[mode])
     out["oracle_goodput"] = statistics.fmean(r["oracle_goodput"] for r in per_seed)
     out["per_seed"] = per_seed
-    out["test_loss_fault_free"] = fault_free
-    out["quality_reference"] = {key: quality[key] for key in ("mode", "eval_loss",
-                                                              "s_per_token", "fit")}
+    out["test_loss_fault_free"] = fault_free_loss
+    out["quality_reference"] = {
+        mode: {"seeds": sorted(fault_free), "s_per_token": references[mode].s_per_token,
+               "test_loss_seeds": [runs[mode]["test_loss"] for _, runs in
+                                   sorted(fault_free.items())],
+               "checkpoints": [len(runs[mode]["evaluations"]) for _, runs in
+                               sorted(fault_free.items())],
+               "fit": references[mode].fit()}
+        for mode in ("decoupled", "elastic")}
+    out["quality_adjusted_above_one"] = [
+        f"{mode}, seed {r['seed']}" for r in per_seed for mode in MEASURED_MODES
+        if r[mode]["quality_adjusted_goodput"]["above_one"]]
     b = profile["bounds"]
     d, warm = out["decoupled"], out["elastic_warm"]
     # The headline: elastic with the same warm pool, its slots counted alike; today's
@@ -442,7 +502,7 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
             out["decoupled_vs_elastic_warm"] or 0.0, b["ratio"]),
         "longest stall with K alive / 2 merge intervals": results.check(
             d["max_stall_with_quorum_s"] / (2 * interval), b["stall"], at_least=False),
-        "decoupled test loss / fault-free": results.check(d["test_loss"] / fault_free,
+        "decoupled test loss / fault-free": results.check(d["test_loss"] / fault_free_loss,
                                                           b["loss"], at_least=False),
     }
     out["seconds"] = round(seconds, 1)
@@ -456,9 +516,9 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
                          f"time cannot be; see {path}")
     html = results.RESULTS / f"{name}.html"
     html.write_text(figure_html(seeds, f"Goodput under the {profile['preset']} schedule",
-                                quality["fit"]))
+                                {mode: references[mode].fit() for mode in MEASURED_MODES}))
     rows = [{"seed": r["seed"], "mode": mode, "goodput": r[mode]["goodput"],
-             "quality": r[mode]["quality_goodput"],
+             "quality": quality_cell(r[mode]["quality_adjusted_goodput"]),
              "syncd": r[mode]["goodput_syncd"], "tok/island-s": r[mode]["tokens_per_island_s"],
              "uptime": r[mode]["uptime"], "max_stall_s": r[mode]["max_stall_s"],
              "stall_K_alive_s": r[mode]["max_stall_with_quorum_s"],
@@ -480,8 +540,20 @@ def report(profile: dict[str, Any], quick: bool, base: dict[str, dict[str, Any]]
           f"warm pool ({slots} standby slots counted in both and the oracle), "
           f"{out['decoupled_vs_elastic_cold']} against cold restarts; oracle gap "
           f"{out['oracle_gap']:+.4f}; restart delays {[r['restart_delay_s'] for r in per_seed]}")
+    if out["quality_adjusted_above_one"]:
+        print(f"\nquality-adjusted goodput above 1 (more quality than the run's compute "
+              f"buys its fault-free twin): {', '.join(out['quality_adjusted_above_one'])}")
     print(f"\nmerge interval {interval:.3f} s, theta {thetas}, fault-free test loss "
-          f"{fault_free:.4f}; quality's reference: {quality['mode']} without faults, "
-          f"validation loss {quality['eval_loss']:.4f}; {out['seconds']} s; "
-          f"wrote {path} and {html}")
+          f"{fault_free_loss:.4f}; quality's references: each mode without faults, seeds "
+          f"{sorted(fault_free)}; {out['seconds']} s; wrote {path} and {html}")
     return results.exit_code(out["checks"])
+
+
+def quality_cell(figure: dict[str, Any]) -> str:
+    """A table cell: uncapped quality-adjusted goodput and its interval, ! above 1."""
+    def number(value: float | None) -> str:
+        return "?" if value is None else f"{value:.3f}"
+
+    low, high = figure["interval"]
+    flag = " !" if figure["above_one"] else ""
+    return f"{number(figure['uncapped'])} [{number(low)}, {number(high)}]{flag}"

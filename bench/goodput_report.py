@@ -14,17 +14,15 @@
   on one clock.
 - `stall_with_quorum`: the longest gap between merges during which at least K
   islands were alive all along.
-- `monotone_fit`, `tokens_to_reach`, `quality_goodput`: quality-adjusted goodput,
-  the tokens a reference run needed to reach a run's final eval loss over the
-  tokens the run's allocated compute trains without faults (docs/FIGURES.md).
-- `figure_html`: goodput and global version over time, faults marked, and the
-  eval curves against the reference's fit (Plotly).
+- `figure_html`: goodput and global version over time, faults marked, and each
+  run's final test loss against its mode's reference fit (Plotly).
+
+Quality-adjusted goodput has a module of its own (bench/quality_goodput.py).
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -157,69 +155,6 @@ def stall_with_quorum(marks: Sequence[float], wall_s: float,
     return longest
 
 
-def eval_curve(series: Iterable[Mapping[str, Any]], final_tokens: float,
-               final_loss: float) -> list[tuple[float, float]]:
-    """A run's (tokens, eval loss) points: each evaluation syncd made while it trained
-    (status snapshots' eval_tokens and eval_loss: the loss of the model of that many
-    tokens merged) and the final one at the end, in token order."""
-    points = {(p["eval_tokens"], p["eval_loss"]) for p in series
-              if p.get("eval_tokens") and p.get("eval_loss") is not None}
-    return sorted({*points, (final_tokens, final_loss)})
-
-
-def monotone_fit(curve: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The non-increasing least-squares fit (isotonic regression, pool adjacent
-    violators) of an eval curve: (tokens, loss) points, tokens above 0, in any order.
-    Evaluation noise that makes the loss rise for a while is pooled into a flat stretch."""
-    points = sorted(curve)
-    if not points or points[0][0] <= 0:
-        raise ValueError(f"need points with tokens above 0, got {points[:1]}")
-    blocks: list[list[float]] = []  # [sum of losses, count]
-    for _, loss in points:
-        blocks.append([loss, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    fitted = [total / count for total, count in blocks for _ in range(int(count))]
-    return [(tokens, loss) for (tokens, _), loss in zip(points, fitted, strict=True)]
-
-
-def tokens_to_reach(fit: Sequence[tuple[float, float]], loss: float) -> float | None:
-    """The tokens at which a monotone fit (monotone_fit) first reaches `loss`, linear in
-    log-tokens between its points. A loss at or above its first point: that point's
-    tokens. A loss below its last point: extrapolated with the slope from the last point
-    above the last loss to the last point (its last descending segment and the flat
-    stretch after it); None when the fit never descends."""
-    (first_tokens, first_loss), (last_tokens, last_loss) = fit[0], fit[-1]
-    if loss >= first_loss:
-        return first_tokens
-    for (t0, y0), (t1, y1) in itertools.pairwise(fit):
-        if y1 <= loss < y0:
-            return _log_linear(t0, y0, t1, y1, loss)
-    above = [(t, y) for t, y in fit if y > last_loss]
-    if not above:
-        return None
-    return _log_linear(*above[-1], last_tokens, last_loss, loss)
-
-
-def _log_linear(t0: float, y0: float, t1: float, y1: float, loss: float) -> float:
-    """Tokens where the line through (log t0, y0) and (log t1, y1) reaches `loss`."""
-    share = (loss - y0) / (y1 - y0)
-    return math.exp(math.log(t0) + share * (math.log(t1) - math.log(t0)))
-
-
-def quality_goodput(reached_tokens: float, allocated_s: float,
-                    reference_s_per_token: float) -> float:
-    """Quality-adjusted goodput: the tokens the reference needed to reach a run's final
-    eval loss (tokens_to_reach) over the tokens the run's allocated island-seconds train
-    at the reference's island-seconds per token, at most 1."""
-    if allocated_s <= 0 or reference_s_per_token <= 0:
-        raise ValueError(f"need allocated_s and reference_s_per_token above 0, got "
-                         f"{allocated_s} and {reference_s_per_token}")
-    return min(1.0, reached_tokens / (allocated_s / reference_s_per_token))
-
-
 def spread(values: Sequence[float | None]) -> dict[str, float | None]:
     """Mean, min, max and max - min of the seeds' values (None where any is missing)."""
     if not values or any(v is None for v in values):
@@ -229,11 +164,12 @@ def spread(values: Sequence[float | None]) -> dict[str, float | None]:
 
 
 def figure_html(seeds: dict[int, dict[str, Any]], title: str,
-                reference_fit: Sequence[tuple[float, float]]) -> str:
+                reference_fits: Mapping[str, Sequence[tuple[float, float]]]) -> str:
     """A page with, per seed, goodput and the global version over time for each mode,
     the faults marked (x is seconds since the schedule started, so both modes' faults
-    fall at the same place), and each mode's eval curve against the monotone fit of
-    quality's reference run."""
+    fall at the same place), and each mode's final test loss (its last evaluation,
+    run["evaluations"]) against the monotone fit of its mode's reference
+    (`reference_fits`: mode -> (tokens, test loss))."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -243,7 +179,7 @@ def figure_html(seeds: dict[int, dict[str, Any]], title: str,
     for n, (seed, runs) in enumerate(sorted(seeds.items())):
         fig = make_subplots(rows=3, cols=1, vertical_spacing=0.08,
                             subplot_titles=("goodput", "global version (outer steps)",
-                                            "eval loss against tokens merged"))
+                                            "test loss against tokens merged"))
         for mode, run in runs.items():
             series = run["series"]
             x = [p["t"] - run["chaos_offset_s"] for p in series]
@@ -253,16 +189,17 @@ def figure_html(seeds: dict[int, dict[str, Any]], title: str,
             fig.add_trace(go.Scatter(x=x, y=[p["outer_steps"] for p in series], name=mode,
                                      line={"color": colours.get(mode)}, legendgroup=mode,
                                      showlegend=False), row=2, col=1)
-            curve = eval_curve(series, run["outcome"]["tokens_merged"],
-                               run["outcome"]["eval_loss"])
-            fig.add_trace(go.Scatter(x=[t for t, _ in curve], y=[y for _, y in curve],
-                                     name=mode, mode="lines+markers", legendgroup=mode,
-                                     line={"color": colours.get(mode)}, showlegend=False),
+            tokens, windows = run["evaluations"][-1]
+            fig.add_trace(go.Scatter(x=[tokens], y=[statistics.fmean(windows)], name=mode,
+                                     mode="markers", legendgroup=mode,
+                                     marker={"color": colours.get(mode), "size": 10},
+                                     showlegend=False), row=3, col=1)
+            fit = reference_fits[mode]
+            fig.add_trace(go.Scatter(x=[t for t, _ in fit], y=[y for _, y in fit],
+                                     name=f"{mode}'s reference (monotone fit)",
+                                     legendgroup=mode, showlegend=n == 0,
+                                     line={"color": colours.get(mode), "dash": "dot"}),
                           row=3, col=1)
-        fig.add_trace(go.Scatter(x=[t for t, _ in reference_fit],
-                                 y=[y for _, y in reference_fit],
-                                 name="quality's reference (monotone fit)",
-                                 line={"color": "#555", "dash": "dot"}), row=3, col=1)
         for fault in next(iter(runs.values()))["faults"]:
             fig.add_vrect(x0=fault["at_s"], x1=fault["at_s"] + fault["duration_s"],
                           fillcolor="orange", opacity=0.15, line_width=0,

@@ -6,6 +6,7 @@ loss means the same wherever it is read.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from diloco.config import RunConfig
 from diloco.data import Corpus, eval_batches
@@ -28,12 +29,24 @@ class Evaluator:
             self.model = GPT(gpt_config(config))
         self.batches = eval_batches(corpus, split, config.eval.tokens, config.model.block_size)
 
-    @torch.no_grad()
     def __call__(self, params: dict[str, torch.Tensor]) -> float:
         """The eval loss of `params`, which the model takes as they are (no copy): they
         are only read."""
+        windows = self.window_losses(params)
+        return sum(windows) / len(windows)
+
+    @torch.no_grad()
+    def window_losses(self, params: dict[str, torch.Tensor]) -> list[float]:
+        """Each held-out window's mean loss under `params`, in the windows' order (the
+        same windows every call): the eval loss is their mean, and two models compared
+        window by window share each window's difficulty."""
         self.model.load_state_dict(params, assign=True)
         self.model.eval()
-        losses = [self.model(x, y)[1].item() * len(x) for x, y in self.batches]
+        windows: list[float] = []
+        for x, y in self.batches:
+            logits, _ = self.model(x)
+            losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(),
+                                     reduction="none")
+            windows += losses.view(len(x), -1).mean(dim=1).tolist()
         self.model.to_empty(device="meta")  # let go of the tensors until the next call
-        return sum(losses) / sum(len(x) for x, _ in self.batches)
+        return windows

@@ -1,6 +1,7 @@
 """The goodput benchmark's arithmetic: the oracle bound from the schedule alone, the
-system's own costs, one clock for both modes, quality-adjusted goodput, stalls with a
-quorum alive, the spread over seeds, and the report page."""
+system's own costs, one clock for both modes, quality-adjusted goodput against each
+mode's fault-free runs, stalls with a quorum alive, the spread over seeds, and the
+report page."""
 
 import json
 
@@ -17,20 +18,17 @@ from bench.goodput import (
     standby_slots,
 )
 from bench.goodput_report import (
-    eval_curve,
     figure_html,
     goodput_fields_above_one,
     merge_interval,
-    monotone_fit,
     oracle_goodput,
-    quality_goodput,
     revalued_goodput,
     scheduled_loss,
     spread,
     stall_with_quorum,
     system_costs,
-    tokens_to_reach,
 )
+from bench.quality_goodput import Reference
 from diloco.chaos import PRESETS, Fault, schedule
 
 BASE = {"step_time_s": 0.1, "inner_steps": 10, "fragments": 2}
@@ -128,8 +126,9 @@ def test_a_field_named_goodput_above_one_is_found_wherever_it_is_nested():
     assert goodput_fields_above_one({"goodput": None}) == []
 
 
-# Quality's reference: loss 3 at 100 tokens, 2 at 10,000, 0.5 island-seconds a token.
-REFERENCE = {"fit": [(100.0, 3.0), (10_000.0, 2.0)], "s_per_token": 0.5}
+# Quality's reference: loss 3 at 100 tokens, 2 at 10,000 (two windows each), 0.1
+# island-seconds a token after start-up.
+REFERENCE = Reference([(100.0, [3.0, 3.0]), (10_000.0, [2.0, 2.0])], 0.1)
 
 
 def faulted_run(rejoin_s: float) -> dict:
@@ -139,8 +138,8 @@ def faulted_run(rejoin_s: float) -> dict:
                "merge_marks": [1.0, 2.0],
                "islands": {"a": {"useful_steps": 900}, "b": {"useful_steps": 700}}}
     return {"outcome": outcome, "startup_s": [5.0, 5.0], "rejoin_s": [rejoin_s],
-            "series": [{"t": 1.0, "alive": 2}], "rollbacks": 0, "run": 1, "test_loss": 2.1,
-            "faults_fired": 1,
+            "series": [{"t": 1.0, "alive": 2}], "rollbacks": 0, "run": 1, "test_loss": 2.5,
+            "evaluations": [(1000, [2.4, 2.6])], "faults_fired": 1,
             "faults": [{"at_s": 10.0, "kind": "kill", "island": "a", "duration_s": 8.0,
                         "factor": None}]}
 
@@ -157,78 +156,35 @@ def test_both_modes_are_valued_at_one_clock_and_costs_are_shares_of_allocation()
     assert figures_of["tokens_per_island_s"] == pytest.approx(1000 / 200)
 
 
-def test_the_monotone_fit_pools_a_rise_into_a_flat_stretch():
-    fit = monotone_fit([(400, 2.0), (100, 3.0), (200, 2.4), (300, 2.6), (800, 1.5)])
+def test_the_reference_is_the_same_modes_fault_free_seeds_after_start_up():
+    def run(tokens: int, startup_s: float, evaluations: list) -> dict:
+        return {"evaluations": evaluations,
+                "outcome": {"allocated_s": 400.0, "startup_s": startup_s,
+                            "tokens_merged": tokens, "islands": {"a": {}, "b": {}}}}
 
-    assert [t for t, _ in fit] == [100, 200, 300, 400, 800]
-    assert [y for _, y in fit] == pytest.approx([3.0, 2.5, 2.5, 2.0, 1.5])
-    assert [y for _, y in monotone_fit([(1, 1.0), (2, 2.0)])] == pytest.approx([1.5, 1.5])
-    with pytest.raises(ValueError, match="tokens above 0"):
-        monotone_fit([(0, 5.0)])
+    reference = quality_reference([
+        run(1000, 10.0, [(0, [9.0, 9.0]), (100, [3.0, 3.2]), (1000, [2.0, 2.2])]),
+        run(1000, 50.0, [(100, [3.2, 3.4]), (1000, [2.2, 2.4])])])
 
-
-def test_the_tokens_to_reach_a_loss_are_interpolated_in_log_tokens():
-    fit = [(100.0, 3.0), (10_000.0, 2.0)]
-
-    assert tokens_to_reach(fit, 2.5) == pytest.approx(1000.0)  # halfway in log-tokens
-    assert tokens_to_reach(fit, 2.0) == pytest.approx(10_000.0)
-    assert tokens_to_reach(fit, 3.5) == 100.0  # reached by the first evaluation
+    # Each seed's 400 island-seconds less its 2 islands' start-up, over their tokens.
+    assert reference.s_per_token == pytest.approx((380 + 300) / 2000)
+    assert reference.curve == [(100, pytest.approx([3.1, 3.3])),
+                               (1000, pytest.approx([2.1, 2.3]))]
 
 
-def test_the_first_point_of_a_flat_stretch_is_where_its_loss_is_reached():
-    fit = [(100.0, 3.0), (1000.0, 2.0), (10_000.0, 2.0)]
+def test_a_runs_quality_goodput_counts_its_seconds_after_start_up():
+    # 200 allocated island-seconds, 2 islands 5 s in start-up: 190 after it, 1900 tokens
+    # at the reference's 0.1 a token; the run's loss 2.5 the reference reached at 1000.
+    figures_of = figures(faulted_run(2.0), 2, {"a": 0.1, "b": 0.1}, REFERENCE)
 
-    assert tokens_to_reach(fit, 2.0) == pytest.approx(1000.0)
-
-
-def test_below_the_reference_its_last_slope_extrapolates_past_its_end():
-    # 1 nat a decade of tokens: half a nat below the last point is half a decade on.
-    assert tokens_to_reach([(100.0, 3.0), (1000.0, 2.0)], 1.5) == pytest.approx(10 ** 3.5)
-    # A flat last stretch: the slope runs from the last point above it, 1 nat in two
-    # decades, so half a nat is another decade.
-    flat_end = [(100.0, 3.0), (1000.0, 2.0), (10_000.0, 2.0)]
-    assert tokens_to_reach(flat_end, 1.5) == pytest.approx(10 ** 5)
-    assert tokens_to_reach([(100.0, 3.0)], 2.0) is None
-
-
-def test_quality_goodput_is_the_reference_tokens_over_the_allocated_tokens_at_most_1():
-    # 200 allocated island-seconds at 0.5 a token: 400 tokens without faults.
-    assert quality_goodput(300.0, 200.0, 0.5) == pytest.approx(0.75)
-    assert quality_goodput(4000.0, 200.0, 0.5) == 1.0
-    with pytest.raises(ValueError, match="above 0"):
-        quality_goodput(300.0, 0.0, 0.5)
-
-
-def test_the_reference_is_the_fault_free_run_with_the_lowest_final_loss():
-    def run(loss: float, evals: list[tuple[int, float]]) -> dict:
-        series = [{"eval_tokens": t, "eval_loss": y} for t, y in evals]
-        return {"series": [{"eval_tokens": None, "eval_loss": None}, *series, *series],
-                "outcome": {"eval_loss": loss, "tokens_merged": 1000,
-                            "allocated_s": 400.0}}
-
-    reference = quality_reference({"decoupled": run(2.0, [(100, 3.0), (500, 2.2)]),
-                                   "elastic": run(2.3, [(100, 3.1)])})
-
-    assert reference["mode"] == "decoupled"
-    assert reference["fit"] == [(100, 3.0), (500, 2.2), (1000, 2.0)]
-    assert reference["s_per_token"] == pytest.approx(0.4)
-
-
-def test_a_runs_quality_goodput_is_valued_against_the_reference():
-    run = faulted_run(2.0)  # 200 allocated island-seconds: 400 tokens without faults
-    run["outcome"]["eval_loss"] = 2.75
-
-    figures_of = figures(run, 2, {"a": 0.1, "b": 0.1}, REFERENCE)
-
-    assert figures_of["reference_tokens"] == pytest.approx(10 ** 2.5)
-    assert figures_of["quality_goodput"] == pytest.approx(10 ** 2.5 / 400)
-
-
-def test_the_eval_curve_is_each_evaluation_once_and_the_final_one():
-    series = [{"eval_tokens": None, "eval_loss": None}, {"eval_tokens": 0, "eval_loss": 5.0},
-              {"eval_tokens": 200, "eval_loss": 2.5}, {"eval_tokens": 200, "eval_loss": 2.5}]
-
-    assert eval_curve(series, 900, 2.1) == [(200, 2.5), (900, 2.1)]
+    quality = figures_of["quality_adjusted_goodput"]
+    assert quality["uncapped"] == pytest.approx(1000 / 1900)
+    assert quality["value"] == quality["uncapped"]
+    low, high = quality["interval"]
+    assert low < quality["uncapped"] < high
+    # With the pool's 4 slots: 400 island-seconds, 6 slots in start-up, 370 after it.
+    pooled = figures(faulted_run(2.0), 2, {"a": 0.1, "b": 0.1}, REFERENCE, standby=4)
+    assert pooled["quality_adjusted_goodput"]["uncapped"] == pytest.approx(1000 / 3700)
 
 
 def test_it_rejects_an_empty_run():
@@ -252,13 +208,13 @@ def test_the_spread_over_seeds():
 
 def test_the_report_page_marks_the_faults():
     run = {"series": [{"t": 0.0, "goodput": None, "outer_steps": 0},
-                      {"t": 5.0, "goodput": 0.9, "outer_steps": 3, "eval_tokens": 100,
-                       "eval_loss": 3.0}],
-           "chaos_offset_s": 1.0, "outcome": {"tokens_merged": 200, "eval_loss": 2.5},
+                      {"t": 5.0, "goodput": 0.9, "outer_steps": 3}],
+           "chaos_offset_s": 1.0, "evaluations": [(200, [2.4, 2.6])],
            "faults": [{"at_s": 2.0, "kind": "kill", "duration_s": 3.0}]}
-    page = figure_html({0: {"decoupled": run, "elastic": run}}, "goodput", REFERENCE["fit"])
+    fits = {"decoupled": REFERENCE.fit(), "elastic": REFERENCE.fit()}
+    page = figure_html({0: {"decoupled": run, "elastic": run}}, "goodput", fits)
     assert page.startswith("<html>") and "seed 0" in page and "kill" in page
-    assert "quality's reference" in page
+    assert "elastic's reference" in page
 
 
 def test_the_merge_interval_is_one_fragment_every_h_over_p_steps():
@@ -279,6 +235,7 @@ def made_up_run(mode: str, eval_loss: float, faults: int) -> dict:
     run["series"] = [{"t": 1.0, "alive": 2, "goodput": 0.5, "outer_steps": 1,
                       "eval_tokens": 100, "eval_loss": 3.0}]
     run["test_loss"] = eval_loss + 0.05
+    run["evaluations"] = [(100, [3.0, 3.0]), (1000, [eval_loss + 0.05] * 2)]
     run["restart_delays_s"] = [4.0] if mode == "elastic" else []
     return run
 
@@ -292,16 +249,27 @@ def test_the_report_gives_quality_adjusted_goodput_beside_goodput(tmp_path, monk
                  "elastic": made_up_run("elastic", 2.1, 1),
                  "elastic_warm": made_up_run("elastic", 2.1, 1)}}
 
-    report(PROFILES["quick"], True, base, seeds, 1.0)
+    report(PROFILES["quick"], True, {3: base}, seeds, 1.0)
 
     written = json.loads((tmp_path / "goodput-quick.json").read_text())
-    assert written["quality_reference"]["mode"] == "decoupled"
+    assert set(written["quality_reference"]) == {"decoupled", "elastic"}
+    assert written["quality_reference"]["elastic"]["seeds"] == [3]
     row = written["per_seed"][0]
-    # Elastic's lower loss took the reference more tokens to reach than decoupled's.
-    assert row["elastic"]["quality_goodput"] > row["decoupled"]["quality_goodput"] > 0
-    assert written["decoupled"]["fault_free"]["quality_goodput"] == pytest.approx(1.0)
-    assert "quality" in capsys.readouterr().out
-    assert "quality's reference" in (tmp_path / "goodput-quick.html").read_text()
+    # Each mode against its own fault-free run: elastic's faulted run reached a lower
+    # loss than its reference's end (2.15 against 2.45), decoupled's a higher one.
+    elastic, decoupled = (row[m]["quality_adjusted_goodput"] for m in ("elastic", "decoupled"))
+    assert elastic["above_one"] and elastic["value"] == 1.0 and elastic["uncapped"] > 1
+    assert 0 < decoupled["uncapped"] < 1 and not decoupled["above_one"]
+    assert written["quality_adjusted_above_one"] == ["elastic, seed 3", "elastic_warm, seed 3"]
+    for mode in ("decoupled", "elastic"):  # a fault-free run against itself
+        assert written[mode]["fault_free"]["quality_adjusted_goodput"]["uncapped"] == \
+            pytest.approx(1.0)
+    per_mode = written["decoupled"]["quality_adjusted_goodput"]
+    assert per_mode["uncapped"] == pytest.approx(decoupled["uncapped"])
+    assert per_mode["interval"] == pytest.approx(decoupled["interval"])
+    printed = capsys.readouterr().out
+    assert "quality" in printed and "elastic, seed 3" in printed
+    assert "decoupled's reference" in (tmp_path / "goodput-quick.html").read_text()
     # The headline against elastic with the same warm pool, cold beside it, and the
     # oracle's gap signed; the pool's 4 slots count in decoupled and warm elastic.
     d, warm, cold = (written[m]["goodput"] for m in ("decoupled", "elastic_warm", "elastic"))
@@ -315,14 +283,14 @@ def test_the_report_gives_quality_adjusted_goodput_beside_goodput(tmp_path, monk
 
 
 def made_up_invocation(useful_steps: int) -> tuple[dict, dict]:
-    """Fault-free runs and one seed's faulted runs, decoupled's islands credited
+    """One seed's fault-free runs and faulted runs, decoupled's islands credited
     `useful_steps` each."""
     base = {"decoupled": made_up_run("decoupled", 2.0, 0),
             "elastic": made_up_run("elastic", 2.4, 0)}
     decoupled = made_up_run("decoupled", 2.2, 1)
     decoupled["outcome"]["islands"] = {"a": {"useful_steps": useful_steps},
                                        "b": {"useful_steps": useful_steps}}
-    return base, {3: {"decoupled": decoupled, "elastic": made_up_run("elastic", 2.1, 1),
+    return {3: base}, {3: {"decoupled": decoupled, "elastic": made_up_run("elastic", 2.1, 1),
                       "elastic_warm": made_up_run("elastic", 2.1, 1)}}
 
 
@@ -348,10 +316,14 @@ def test_the_report_refuses_a_goodput_above_one_after_writing_it(tmp_path, monke
 
 
 @pytest.mark.django_db
-def test_the_reported_test_loss_is_the_final_checkpoint_on_the_test_split(tmp_path, text_path):
-    # syncd's own eval loss is on validation; the benchmark evaluates the last
-    # checkpoint of the completed run on the test split itself.
-    from bench.goodput import REGIONS, final_test_loss
+def test_checkpoints_are_evaluated_on_the_whole_test_split_window_by_window(tmp_path,
+                                                                             text_path):
+    # syncd's own eval loss is on validation, within its live budget; the benchmark
+    # evaluates the completed run's checkpoints itself, after the run, on every window
+    # of the test split: the final one, or all of them in order for a fault-free run.
+    from dataclasses import replace
+
+    from bench.goodput import REGIONS, checkpoint_losses
     from diloco.config_parse import parse_config
     from diloco.data import load_corpus
     from diloco.evaluation import Evaluator
@@ -367,12 +339,21 @@ def test_the_reported_test_loss_is_the_final_checkpoint_on_the_test_split(tmp_pa
     run = Run.objects.create(name="done", config=run_config.to_dict(), state=Run.State.COMPLETED)
     for i, scale in enumerate((0.5, 1.0)):  # the later one is the final model
         path = tmp_path / f"outer-{i}.safetensors"
-        sha, nbytes = checkpoint.save(path, {k: v * scale for k, v in params.items()}, {}, [i], 0)
+        sha, nbytes = checkpoint.save(path, {k: v * scale for k, v in params.items()}, {},
+                                      [i], 100 * (i + 1))
         Checkpoint.objects.create(run=run, versions={"0": i}, outer_step=i, path=str(path),
                                   sha256=sha, bytes=nbytes)
     corpus = load_corpus(text_path, run_config.data.eval_fraction)
+    whole = replace(run_config, eval=replace(run_config.eval,
+                                             tokens=len(corpus.held_out("test"))))
+    test = Evaluator(whole, corpus, "test")
 
-    loss = final_test_loss(run.pk, config)
+    [(tokens, windows)] = checkpoint_losses(run.pk, config)
+    every = checkpoint_losses(run.pk, config, every=True)
 
-    assert loss == Evaluator(run_config, corpus, "test")(params)
-    assert loss != Evaluator(run_config, corpus, "validation")(params)
+    assert tokens == 200 and windows == test.window_losses(params)
+    assert len(windows) == len(corpus.held_out("test")) // 16 > 256 // 16
+    assert sum(windows) / len(windows) == pytest.approx(test(params))
+    assert sum(windows) / len(windows) != pytest.approx(
+        Evaluator(whole, corpus, "validation")(params))
+    assert [t for t, _ in every] == [100, 200] and every[-1] == (tokens, windows)
