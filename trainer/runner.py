@@ -35,7 +35,7 @@ from diloco.config import DEVICES
 from diloco.config_parse import config_from_spec
 from diloco.data import Corpus, load_corpus
 from diloco.device import resolve_device
-from diloco.fragments import due_fragments, run_fragments
+from diloco.fragments import Unmerged, due_fragments, run_fragments
 from diloco.island import Island
 from diloco.model import GPT
 from diloco.protocol import decode_message, encode_message
@@ -127,6 +127,8 @@ class ProcessIsland:
         self.pull_s = 0.0  # reading, checking and mixing pulled fragments, in all
         self.pull_wait_s = 0.0  # of it, on the training thread (mixes, blocking waits)
         self.late_globals = 0  # merged fragments mixed after their tau overlap steps
+        self.unmerged = Unmerged()  # its updates syncd has not handled: backpressure
+        self.backpressure_wait_s = 0.0  # waited before sends for syncd to handle more
         self.activity = "starting"  # what the background heartbeat says the island does
         self.compute_s = 0.0  # stepping, slowdowns included: sent with each update
         self._last_beat = 0.0
@@ -159,7 +161,9 @@ class ProcessIsland:
                              pid=os.getpid(), idle_rss=self.idle_rss, pulls=self.pulls,
                              pull_s=round(self.pull_s, 4),
                              pull_wait_s=round(self.pull_wait_s, 4),
-                             late_globals=self.late_globals, phases=self.phases,
+                             late_globals=self.late_globals,
+                             backpressure_wait_s=round(self.backpressure_wait_s, 4),
+                             phases=self.phases,
                              warm=self.warm, cpu_share=cpu_share(), **extra)
 
     # -- globals -------------------------------------------------------------
@@ -302,6 +306,26 @@ class ProcessIsland:
         finally:
             self.activity = "training"
 
+    def hold_back(self, p: int) -> None:
+        """Backpressure: before its next send of fragment p, wait while syncd has not
+        handled the bound of the island's updates of p (diloco.fragments.Unmerged), so
+        that a syncd that does not merge (a round short of its quorum, syncd away) holds
+        the island back instead of its updates filling Redis. The heartbeat says
+        `waiting` meanwhile, and the seconds add up in `backpressure_wait_s`. A stop,
+        the run's end or a whole-job restart ends the wait: a stop's last sends go out,
+        at most one more per fragment."""
+        last = time.monotonic()
+        while self.unmerged.must_wait(p, self.store.handled_seq(p, self.name)):
+            if self.stopping or self.done() or self.restarts.pending():
+                break
+            self.activity = "waiting"
+            self.beat("waiting")
+            time.sleep(POLL_S)
+            now = time.monotonic()
+            self.backpressure_wait_s += now - last
+            last = now
+        self.activity = "training"
+
     def handled(self, p: int, seq: int) -> bool:
         """Whether syncd merged or dropped this island's update `seq` of fragment p."""
         return self.store.handled_seq(p, self.name) >= seq
@@ -377,11 +401,13 @@ class ProcessIsland:
 
     def send(self, p: int) -> None:
         s = self.config.sync
+        self.hold_back(p)
         meta, payload = self.island.make_update(p, s.compression)
         payload = self.emulation.corrupt(payload)
         meta.update(run=self.store.run_id, island=self.name, epoch=self.epoch,
                     compute_s=self.compute_s, codec=s.compression)
         self.link.send(p, meta["seq"], encode_message("update", meta, payload, self.key))
+        self.unmerged.sent(p, meta["seq"])
         self.save_cursor()
 
     def flush(self) -> None:

@@ -115,6 +115,11 @@ class IslandOut(Schema):
                                     "host's CPU (1 = every core) over its last 2 s: one "
                                     "thread with a core of its own shows 1/cores; much less "
                                     "is a starved island.")
+    backpressure_wait_s: float = Field(0.0, description="Seconds the island has waited, "
+                                       "in this epoch, before a send for syncd to merge its "
+                                       "updates: it holds at most 2 of each fragment not "
+                                       "merged (backpressure). Growing: syncd is not "
+                                       "merging (a round short of its quorum, syncd away).")
     rejoin_warm: bool | None = Field(None, description="Whether a rejoin now would start "
                                      "on a warm standby of the island's region (None: not "
                                      "known, syncd has not said).")
