@@ -14,8 +14,9 @@ differences kept for a lossy downlink, 0 for none. Wire headers are left out.
 
 Redis (syncd/store.py): globals B (full fragments) + momentum B_m + one
 fragment in swap F + F_m (a publish writes the new version before it deletes
-the one before; F_m is F with momentum) + update blobs M x B_up (one round of
-every fragment from every island: an upper bound, a blob is freed once merged)
+the one before; F_m is F with momentum) + update blobs 2 x M x B_up (each island
+sends at most UNMERGED_PER_FRAGMENT = 2 updates of a fragment that syncd has not
+handled, diloco.fragments.Unmerged: an upper bound, a blob is freed once merged)
 + D + 64 MiB base.
 
 syncd: globals B + momentum B_m + decoded pending updates M x B + merge
@@ -53,7 +54,7 @@ from dataclasses import dataclass
 
 from diloco.codecs import BLOCK
 from diloco.config import RunConfig
-from diloco.fragments import partition
+from diloco.fragments import UNMERGED_PER_FRAGMENT, partition
 from diloco.shapes import tensor_sizes
 
 MIB = 1024 * 1024
@@ -134,7 +135,8 @@ def estimate(config: RunConfig, standbys: int = 0) -> Estimate:
     swap = largest if momentum else 0
     redis = Need({"global fragments": model, "outer momentum": momentum,
                   "fragment in swap": largest + swap,
-                  "update blobs": m * up, "downlink differences": differences,
+                  "update blobs": UNMERGED_PER_FRAGMENT * m * up,
+                  "downlink differences": differences,
                   "base": REDIS_BASE_BYTES})
     syncd = Need({"global fragments": model, "outer momentum": momentum,
                   "pending updates": m * model, "merge temporaries": 2 * largest,
