@@ -204,8 +204,13 @@ class EstimateOut(Schema):
     islands: dict[str, NeedOut] = Field(description="Island name -> its host's need (every "
                                                     "process of the island).")
     limits: dict[str, int] = Field(description="What the hosts declare, in bytes: "
-                                               "redis_bytes (REDIS_MAXMEMORY_MB) and "
+                                               "redis_bytes (REDIS_MAXMEMORY_MB), "
+                                               "syncd_host_bytes (SYNCD_HOST_MEMORY_MB) and "
                                                "island_host_bytes (ISLAND_HOST_MEMORY_MB).")
+    taken: dict[str, Any] = Field(description="What the admitted runs (queued, running, "
+                                              "paused, stopping) take already: runs, "
+                                              "redis_bytes, syncd_bytes and "
+                                              "island_host_bytes (region -> bytes).")
     misfits: dict[str, list[str]] = Field(description="What does not fit, keyed as a "
                                                       "refusal of the run would be.")
 
