@@ -75,12 +75,14 @@ class Taken:
     redis: int
     syncd: int
     hosts: dict[str, int]
-    models: dict[str, int]  # region -> the largest model among its islands' runs
+    host_runs: dict[str, int]  # region -> how many of the runs have islands there
+    models: dict[str, int]  # region -> the largest model among those runs'
 
     @classmethod
     def of(cls, configs: Sequence[RunConfig]) -> Taken:
         redis = syncd = 0
         hosts: Counter[str] = Counter()
+        host_runs: Counter[str] = Counter()
         models: dict[str, int] = {}
         for config in configs:
             sized = estimate(config)
@@ -89,15 +91,8 @@ class Taken:
             for island in config.islands:
                 hosts[island.region] += sized.islands[island.name].total
                 models[island.region] = max(models.get(island.region, 0), sized.model_bytes)
-        return cls(len(configs), redis, syncd, dict(hosts), models)
-
-    def others(self, nbytes: int, where: str = "") -> str:
-        """", and the N other admitted runs take X already[ where]" ("" when none)."""
-        if not nbytes:
-            return ""
-        runs = "the other admitted run takes" if self.runs == 1 else \
-            f"the {self.runs} other admitted runs take"
-        return f", and {runs} {_shown(nbytes)} already{where}"
+            host_runs.update({island.region for island in config.islands})
+        return cls(len(configs), redis, syncd, dict(hosts), dict(host_runs), models)
 
 
 def memory_misfits(config: RunConfig, others: Sequence[RunConfig] = ()) -> dict[str, list[str]]:
@@ -121,14 +116,14 @@ def memory_misfits(config: RunConfig, others: Sequence[RunConfig] = ()) -> dict[
     if sized.redis.total + taken.redis > redis_mb * MIB:
         errors["model"] = [
             f"Redis would need about {_shown(sized.redis.total)} for this run "
-            f"({_parts(sized.redis)}){taken.others(taken.redis)}, more than "
+            f"({_parts(sized.redis)}){_others(taken.redis, taken.runs)}, more than "
             f"REDIS_MAXMEMORY_MB allows ({redis_mb:,} MiB): a smaller model, fewer islands "
             "or a lossy sync.compression would fit" + _later(taken.redis) + "."]
     syncd_mb = settings.SYNCD_HOST_MEMORY_MB
     if sized.syncd.total + taken.syncd > syncd_mb * MIB:
         errors.setdefault("model", []).append(
             f"syncd would need about {_shown(sized.syncd.total)} for this run "
-            f"({_parts(sized.syncd)}){taken.others(taken.syncd)}, more than "
+            f"({_parts(sized.syncd)}){_others(taken.syncd, taken.runs)}, more than "
             f"SYNCD_HOST_MEMORY_MB allows ({syncd_mb:,} MiB): a smaller model or fewer "
             "islands would fit" + _later(taken.syncd) + ".")
     host_mb = settings.ISLAND_HOST_MEMORY_MB
@@ -170,9 +165,9 @@ def memory_misfits(config: RunConfig, others: Sequence[RunConfig] = ()) -> dict[
             f"The island host of {region} would need about {_shown(mine[region])} for "
             f"this run's islands there ({', '.join(map(repr, ours))})"
             + (f" and {_shown(pool)} for its warm standbys" if pool else "")
-            + taken.others(there, f" in {region}") + ", more than ISLAND_HOST_MEMORY_MB "
-            f"allows ({host_mb:,} MiB): another region, a smaller batch_size or model "
-            "would fit" + _later(there) + "."]
+            + _others(there, taken.host_runs.get(region, 0), f" in {region}")
+            + f", more than ISLAND_HOST_MEMORY_MB allows ({host_mb:,} MiB): another "
+            "region, a smaller batch_size or model would fit" + _later(there) + "."]
     return errors
 
 
@@ -193,6 +188,15 @@ def size_report(config: Any) -> dict[str, Any]:
             "taken": {"runs": taken.runs, "redis_bytes": taken.redis,
                       "syncd_bytes": taken.syncd, "island_host_bytes": taken.hosts},
             "misfits": memory_misfits(run_config, others)}
+
+
+def _others(nbytes: int, runs: int, where: str = "") -> str:
+    """", and the N other admitted runs take X already[ where]" ("" when none)."""
+    if not nbytes:
+        return ""
+    who = "the other admitted run takes" if runs == 1 else \
+        f"the {runs} other admitted runs take"
+    return f", and {who} {_shown(nbytes)} already{where}"
 
 
 def _later(taken: int) -> str:
