@@ -7,16 +7,18 @@ measures, side by side in one run, in rounds so that drift falls on all alike:
 - memcpy: torch's copy_ of a 256 MiB float32 buffer into another, counted as
   bytes copied (each byte is read once and written once): the speed limit of
   any pass over memory on this machine;
-- merge: diloco.merge.merge_updates (token weights, RDA on non-embedding
-  tensors) and one Nesterov OuterOptimizer.step, the work syncd does per round;
+- merge: each update folded into a diloco.fold.RoundSum (token weights, RDA on
+  non-embedding tensors), the sum normalised, and one Nesterov
+  OuterOptimizer.step, the work syncd does per round;
 - ingest + merge: for each update, the HMAC check and safetensors parse of its
   message (diloco.protocol.decode_message) and the dequantization of its int4
-  payload (diloco.codecs.decode), then the same merge.
+  payload (diloco.codecs.decode), then its fold, as syncd ingests it (each
+  decoded update is dropped once folded), and the same close.
 
 Both merge figures count M x the fragment's float32 bytes per round, so their
-ratio to memcpy says how close syncd comes to the machine's limit. A merge
-reads every update several times (norms, unit vectors, the weighted sum), so
-it cannot reach memcpy; the target is a quarter of it. Torch runs with its
+ratio to memcpy says how close syncd comes to the machine's limit. A fold
+reads every update twice (its norms, then the running sum's add), so it cannot
+reach memcpy; the target is a quarter of it. Torch runs with its
 default number of threads. It writes bench/results/merge.json, prints a table,
 and exits non-zero if the merge alone is below its bound.
 """
@@ -25,13 +27,15 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from bench import results
 from diloco import codecs
-from diloco.merge import OuterOptimizer, Update, merge_updates
+from diloco.fold import RoundSum
+from diloco.merge import OuterOptimizer, Update
 from diloco.model import GPT, GPTConfig, embedding_tensor_names
 from diloco.protocol import decode_message, encode_message
 
@@ -84,9 +88,11 @@ class Fragment:
         self.params = {n: torch.randn(s, generator=generator) * 0.02 for n, s in shapes.items()}
         self.optimizer = OuterOptimizer(lr=0.7, momentum=0.9)
 
-    def merge(self, updates: list[Update]) -> None:
-        merged, _ = merge_updates(updates, "tokens", rda=True,
-                                  embedding_names=embedding_tensor_names())
+    def merge(self, updates: Iterable[Update]) -> None:
+        round_sum = RoundSum("tokens", rda=True, embedding_names=embedding_tensor_names())
+        for update in updates:
+            round_sum.add(update)
+        merged, _ = round_sum.merged()
         # A partial round (share < 1) takes the general path of the step.
         self.params = self.optimizer.step(self.params, merged, share=0.75)
 
@@ -107,7 +113,7 @@ def time_merge(fragment: Fragment, updates: list[Update]) -> float:
 def time_ingest(fragment: Fragment, blobs: list[bytes], shapes: dict[str, tuple[int, ...]]
                 ) -> float:
     started = time.perf_counter()
-    fragment.merge([ingest(b, shapes) for b in blobs])
+    fragment.merge(ingest(b, shapes) for b in blobs)  # each folded, then dropped
     return time.perf_counter() - started
 
 

@@ -12,7 +12,10 @@ every 4.5 s, through the paths the control room uses:
 - straggle, partition, degrade, corrupt (faults.inject_fault);
 - kill_syncd: `kill -9` of the syncd process group, started again at once;
 - restart_redis: `kill -9` of the project's own Redis (this soak's, never the
-  machine's), started again on the same port and append-only file.
+  machine's), started again on the same port and append-only file;
+- hostile: a handful of hostile entries (bench/hostile.py) written into the run's
+  update stream in a real island's name, by a client with the Redis credential an
+  island holds, with canary keys beside them (one of another run).
 
 An island that dies of something else (or stays silent) is rejoined, as an
 operator would. When the chaos time is over, the run's budget is set to what is
@@ -38,16 +41,17 @@ import redis
 
 from bench import results
 from bench.goodput import make_corpus
+from bench.hostile import Intruder
 from bench.soak_checks import Observer, check_invariants, goodput_of, processes_left
 from bench.system import ROOT, BenchSystem
 
 HOME = ROOT / "var" / "bench-soak"
 REGIONS = ("us-east", "us-west")
 KINDS = ("kill", "region_outage", "straggle", "partition", "degrade", "corrupt",
-         "kill_syncd", "restart_redis")
+         "kill_syncd", "restart_redis", "hostile")
 # Relative frequency of each kind after the first round, in which each fires once.
 WEIGHTS = {"kill": 3, "region_outage": 1, "straggle": 2, "partition": 2, "degrade": 2,
-           "corrupt": 2, "kill_syncd": 1, "restart_redis": 1}
+           "corrupt": 2, "kill_syncd": 1, "restart_redis": 1, "hostile": 1}
 ISLAND_KINDS = ("kill", "straggle", "partition", "degrade", "corrupt")
 MEAN_GAP_S = 4.5  # between faults: over 100 in 10 minutes
 QUICK_GAP_S = 6.0
@@ -93,6 +97,8 @@ class Soak:
 
         self.system, self.run, self.rng, self.gap_s = system, run, rng, gap_s
         self.store = RunStore(connect(system.redis_url), run.pk)
+        # With the Redis credential islands get; no run of the soak has the other run's id.
+        self.intruder = Intruder(connect(system.redis_url), run.pk, other_run_id=run.pk + 1)
         self.islands = {i["name"]: i["region"] for i in run.config["islands"]}
         self.observer = Observer(self.store)
         self.faults: list[dict[str, Any]] = []
@@ -146,6 +152,7 @@ class Soak:
         try:
             self._heal(now)
             self.observer.observe()
+            self.intruder.watch()
         except redis.RedisError as e:
             results.say(f"  Redis away ({e}); next pass")
         time.sleep(0.3)
@@ -170,6 +177,8 @@ class Soak:
             if not regions:
                 return False
             target = self.rng.choice(regions)
+        elif kind == "hostile":
+            target = self.rng.choice(sorted(self.islands))
         elif now < self.system_busy_until:
             return False
         else:
@@ -189,6 +198,8 @@ class Soak:
                 # A partitioned island is silent on purpose: not healed while it lasts.
                 self.busy_until[target] = now + duration + (SILENT_S if kind == "partition"
                                                             else 0.0)
+            elif kind == "hostile":
+                self._write_hostile(target)
             else:
                 self._kill_service(kind, target)
         except (redis.RedisError, ValueError) as e:
@@ -203,6 +214,15 @@ class Soak:
             due = now + self.rng.uniform(*REJOIN_AFTER_S)
             self.rejoins.append((due, island))
             self.busy_until[island] = due + STARTUP_GRACE_S
+
+    def _write_hostile(self, island: str) -> None:
+        """Hostile entries in `island`'s name at its current epoch; the fault's event."""
+        from webapp.runs.models import Event
+
+        batch = self.intruder.attack(island, self.store.epochs().get(island, 1),
+                                     self.store.versions())
+        self.run.get_island(island).record_event(
+            Event.Kind.FAULT, None, fault="hostile", entries=len(batch.stream_ids))
 
     def _kill_service(self, kind: str, name: str) -> None:
         """kill -9 of syncd or of this system's Redis, and its start again at once."""
@@ -339,7 +359,7 @@ def main(quick: bool = False, minutes: float | None = None, home: Path | None = 
         run.refresh_from_db()
         wall_s = time.time() - run_start
         observed = soak.observer
-        invariants, details = check_invariants(run, soak.store, observed)
+        invariants, details = check_invariants(run, soak.store, observed, soak.intruder)
         goodput = goodput_of(run, status["outcome"], wall_s)
         groups = system.group_ids()
     finally:

@@ -12,6 +12,16 @@
   newer than the run's end.
 - database_agrees_with_syncd: the database's newest merge of each fragment is
   Redis's version, the run's tokens are syncd's, and the islands' epochs agree.
+- hostile_entries_quarantined: every batch of hostile entries (bench/hostile.py)
+  left the run's stream while the run trained, and syncd recorded them as
+  "rejection" events with their count, aggregated (fewer events than entries,
+  counting no more than were written), each in the name of the island the entries
+  named or of none.
+- merging_after_hostile_entries: after each batch every fragment's version went
+  up, and a merge after it took an update of the island the entries named.
+- keys_outside_hostile_entries_kept: the canary of the run's own (read when its
+  batch was quarantined) and that of another run (read at the end), which the
+  entries named, hold what was written.
 - no_process_left_behind: after the system stopped, no process of its process
   groups runs, and no island process (`trainer.runner`) of its Redis.
 """
@@ -22,6 +32,7 @@ import hashlib
 import os
 import statistics
 from collections import defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +59,10 @@ class Observer:
         self.samples += 1
 
 
-def check_invariants(run: Any, store: Any, observer: Observer
+def check_invariants(run: Any, store: Any, observer: Observer, intruder: Any
                      ) -> tuple[dict[str, bool], dict[str, Any]]:
-    """Every invariant but the last (checked after the stop), and what each found."""
+    """Every invariant but the last (checked after the stop), and what each found;
+    `intruder`: the bench.hostile.Intruder of the soak's hostile entries."""
     from webapp.runs.models import Run
 
     observer.observe()
@@ -99,6 +111,56 @@ def check_invariants(run: Any, store: Any, observer: Observer
                                         and run.tokens == syncd_total
                                         and not agree["epochs_differ"])
     details["database_agrees_with_syncd"] = agree
+    hostile_ok, hostile_details = check_hostile(run, versions, intruder)
+    return {**ok, **hostile_ok}, {**details, **hostile_details}
+
+
+def check_hostile(run: Any, versions: dict[int, int], intruder: Any
+                  ) -> tuple[dict[str, bool], dict[str, Any]]:
+    """The invariants of the hostile entries, and what each found; `versions`: the
+    run's final ones."""
+    batches = intruder.batches
+    fragments = run.config["sync"]["fragments"]
+    written = intruder.entries_written()
+    named = {batch.island for batch in batches}
+    quarantines = [detail | {"island": island} for island, detail in
+                   run.events.filter(kind="rejection").values_list("island__name", "detail")
+                   if "quarantined" in detail]
+    counted = sum(int(q["quarantined"]) for q in quarantines)
+    ok: dict[str, bool] = {}
+    details: dict[str, Any] = {}
+
+    ok["hostile_entries_quarantined"] = (
+        bool(batches) and all(b.quarantined_after_s is not None for b in batches)
+        and 0 < len(quarantines) < written and counted <= written
+        and all(q["island"] in named | {None} for q in quarantines))
+    details["hostile_entries_quarantined"] = {
+        "batches": len(batches), "entries": written,
+        "quarantined_after_s": [b.quarantined_after_s for b in batches],
+        "events": len(quarantines), "counted": counted,
+        "causes": sorted({q.get("cause", "") for q in quarantines})}
+
+    merges = list(run.events.filter(kind="merge").values_list("time", "detail"))
+    after = []
+    for batch in batches:
+        since = datetime.fromtimestamp(batch.time, UTC)
+        later = [detail for at, detail in merges if at > since]
+        after.append({"island": batch.island, "versions_before": batch.versions,
+                      "merges_after": len(later),
+                      "island_merged_after": any(batch.island in (d.get("weights") or {})
+                                                 for d in later),
+                      "versions_went_up": all(versions.get(p, 0) > batch.versions.get(p, 0)
+                                              for p in range(fragments))})
+    ok["merging_after_hostile_entries"] = bool(after) and all(
+        a["island_merged_after"] and a["versions_went_up"] for a in after)
+    details["merging_after_hostile_entries"] = after
+
+    other_kept = intruder.other_canary_kept()
+    ok["keys_outside_hostile_entries_kept"] = bool(batches) and other_kept and all(
+        b.canary_kept for b in batches)
+    details["keys_outside_hostile_entries_kept"] = {
+        "own_canaries_kept": [b.canary_kept for b in batches],
+        "other_run_canary": intruder.other_canary, "other_run_canary_kept": other_kept}
     return ok, details
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from diloco.config import RunConfig
 from diloco.shapes import tensor_sizes
@@ -100,50 +100,3 @@ def due_fragments(step: int, inner_steps: int, num_fragments: int) -> list[int]:
         raise ValueError(f"inner steps are counted from 1, got {step}")
     return [p for p in range(num_fragments)
             if step % inner_steps == sync_offset(p, inner_steps, num_fragments)]
-
-
-# Backpressure: an island holds at most this many updates of one fragment that syncd
-# has not handled (merged, refused or dropped) yet; the next send of that fragment
-# waits. Two, so that a healthy island never waits: its update of a fragment is
-# merged within about one cadence (H steps), before its next send of it.
-UNMERGED_PER_FRAGMENT = 2
-
-
-@dataclass
-class Unmerged:
-    """The seqs of an island's updates that syncd has not handled yet, per fragment,
-    and the backpressure bound on them.
-
-    The island records each send (`sent`) and asks, before the next send of a
-    fragment, whether it must wait (`must_wait`, given syncd's handled seq of that
-    fragment for the island): with `bound` of them not handled, the update it is
-    about to send would be one more than the bound. Seqs are the island's inner steps,
-    so a handled seq settles every send up to it.
-
-    Args:
-        bound: updates of one fragment not handled at most, at least
-            UNMERGED_PER_FRAGMENT.
-    """
-
-    bound: int = UNMERGED_PER_FRAGMENT
-    seqs: dict[int, list[int]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.bound < UNMERGED_PER_FRAGMENT:
-            raise ValueError(f"the bound on unmerged updates must be at least "
-                             f"{UNMERGED_PER_FRAGMENT} per fragment (a healthy island "
-                             f"never waits), got {self.bound}")
-
-    def sent(self, fragment: int, seq: int) -> None:
-        """The island sent its update `seq` of `fragment`."""
-        self.seqs.setdefault(fragment, []).append(seq)
-
-    def count(self, fragment: int, handled: int) -> int:
-        """The island's updates of `fragment` newer than syncd's `handled` seq."""
-        pending = [s for s in self.seqs.get(fragment, []) if s > handled]
-        self.seqs[fragment] = pending
-        return len(pending)
-
-    def must_wait(self, fragment: int, handled: int) -> bool:
-        """Whether the next send of `fragment` must wait for syncd to handle more."""
-        return self.count(fragment, handled) >= self.bound

@@ -14,12 +14,14 @@ differences kept for a lossy downlink, 0 for none. Wire headers are left out.
 
 Redis (syncd/store.py): globals B (full fragments) + momentum B_m + one
 fragment in swap F + F_m (a publish writes the new version before it deletes
-the one before; F_m is F with momentum) + update blobs 2 x M x B_up (each island
-sends at most UNMERGED_PER_FRAGMENT = 2 updates of a fragment that syncd has not
-handled, diloco.fragments.Unmerged: an upper bound, a blob is freed once merged)
+the one before; F_m is F with momentum) + update blobs 2 x M x B_up (in flight:
+an island has at most KEPT_SENDS = 2 updates of a fragment that syncd has not
+handled, then waits before its next send, trainer/resend.py; each is freed once
+folded into its round)
 + D + 64 MiB base.
 
-syncd: globals B + momentum B_m + decoded pending updates M x B + merge
+syncd: globals B + momentum B_m + round sums B (one running sum per fragment,
+diloco/fold.py, whatever M) + an update being folded F + merge
 temporaries 2F (the merged outer gradient and the new fragment) + D + evaluation
 B (syncd/evaluation.py reads the globals in place, so the versions that merges
 replace while it runs stay alive until it ends). Checkpoints are written tensor
@@ -31,7 +33,9 @@ every fragment last mixed in) + sent B (what was sent against each anchor, at
 most every fragment) + DDP gradient buckets B with processes > 1 + an update
 being made 2F + 2F_up (the increment and its decoding, the payload and its
 message) + the send queue (2P + 1) x F_up (trainer.link.Link: 2P waiting, one on
-the wire) + a global fragment being pulled 2F (its message and its tensors) +
+the wire) + sent messages kept until handled 2 x B_up (trainer/resend.py:
+KEEP_PER_FRAGMENT of each fragment, sent again to a restarted syncd) + a global
+fragment being pulled 2F (its message and its tensors) +
 activations. An island host holds every process of its island, and its pool's
 warm standby islands (trainer/pool.py, ISLAND_POOL_SIZE of them when it is a
 number; with auto the pool fits itself into what the islands leave): each is an
@@ -54,12 +58,15 @@ from dataclasses import dataclass
 
 from diloco.codecs import BLOCK
 from diloco.config import RunConfig
-from diloco.fragments import UNMERGED_PER_FRAGMENT, partition
+from diloco.fragments import partition
 from diloco.shapes import tensor_sizes
 
 MIB = 1024 * 1024
 REDIS_BASE_BYTES = 64 * MIB
 STANDBY_BASE_BYTES = 256 * MIB
+# Messages per fragment an island keeps until handled, and the most of a fragment it
+# has not seen handled before its next send waits (trainer/resend.py).
+KEPT_SENDS = 2
 
 
 def encoded_bytes(numel: int, codec: str) -> int:
@@ -135,11 +142,12 @@ def estimate(config: RunConfig, standbys: int = 0) -> Estimate:
     swap = largest if momentum else 0
     redis = Need({"global fragments": model, "outer momentum": momentum,
                   "fragment in swap": largest + swap,
-                  "update blobs": UNMERGED_PER_FRAGMENT * m * up,
+                  "update blobs": KEPT_SENDS * m * up,
                   "downlink differences": differences,
                   "base": REDIS_BASE_BYTES})
     syncd = Need({"global fragments": model, "outer momentum": momentum,
-                  "pending updates": m * model, "merge temporaries": 2 * largest,
+                  "round sums": model, "update being folded": largest,
+                  "merge temporaries": 2 * largest,
                   "downlink differences": differences, "evaluation": model})
     islands = {}
     for island in config.islands:
@@ -149,6 +157,7 @@ def estimate(config: RunConfig, standbys: int = 0) -> Estimate:
             "DDP gradient buckets": model if island.processes > 1 else 0,
             "update being made": 2 * largest + 2 * largest_up,
             "send queue": (2 * s.fragments + 1) * largest_up,
+            "kept until handled": KEPT_SENDS * up,
             "fragment being pulled": 2 * largest,
             "activations": activation_bytes(
                 island.batch_size // island.processes, config.model.block_size,

@@ -3,8 +3,10 @@
 This is the part of syncd that decides and merges, with no Redis, database or
 clock of its own: syncd and the in-process cluster both feed it
 decoded updates and the current time. For each fragment it keeps the global
-parameters, their version, an outer optimizer, the round of updates waiting to
-merge, and the recent published versions that islands pull.
+parameters, their version, an outer optimizer, the open round (each update folded
+into its round sum as it arrives, diloco/fold.py, and per island only scalars, so
+the caller may drop an update once it is submitted), and the recent published
+versions that islands pull.
 
 Downlink: with codec "none" a published version is the fragment itself. With a
 lossy codec it is the encoded difference to the previous version, and the
@@ -22,8 +24,9 @@ import torch
 
 from diloco import codecs
 from diloco.config import OptimConfig, SyncConfig
+from diloco.fold import Contribution, RoundSum
 from diloco.fragments import Fragment
-from diloco.merge import OuterOptimizer, Update, merge_updates
+from diloco.merge import OuterOptimizer, Update
 from diloco.policy import Arrival, Decision, RoundStats, decide, is_stale
 
 
@@ -43,13 +46,15 @@ class MergeResult:
     weights: dict[str, float]
     tokens: int
     inner_steps: dict[str, int]
-    dropped_stale: list[str] = field(default_factory=list)
     seqs: dict[str, int] = field(default_factory=dict)  # each update's last inner step
 
 
 @dataclass
 class Pending:
-    update: Update
+    """An island's place in an open round: what it contributed, and when its first
+    increment arrived (the round's clock counts from there)."""
+
+    contribution: Contribution
     arrival_time: float
 
 
@@ -79,6 +84,7 @@ class Synchronizer:
         self.optimizers = [OuterOptimizer(optim.outer_lr, optim.outer_momentum)
                            for _ in fragments]
         self.rounds: list[dict[str, Pending]] = [{} for _ in fragments]
+        self.sums = [self._round_sum() for _ in fragments]
         # With a lossy downlink, the differences an island up to max_staleness versions
         # behind pulls; with "none" an island always takes the newest fragment whole.
         self.history: list[deque[Published]] = [deque(maxlen=history_length(sync))
@@ -91,25 +97,27 @@ class Synchronizer:
         """The smallest fragment version: outer steps every fragment has taken."""
         return min(self.versions)
 
+    def _round_sum(self) -> RoundSum:
+        return RoundSum(self.sync.weighting, self.sync.rda, self.embedding_names)
+
     def submit(self, update: Update, fragment: int, now: float) -> str | None:
-        """Add a decoded update to its fragment's round; returns a rejection reason or None.
+        """Fold a decoded update into its fragment's round; returns a rejection reason or
+        None. The round keeps none of its tensors: the caller may drop it now.
 
         A second update from an island whose first is still waiting is an
-        increment on top of it, so the two are added up.
+        increment on top of it, so the two add up (at the first one's weight,
+        diloco/fold.py says why). Staleness is checked here only: a fragment's
+        version moves only with a merge or a rollback, which close its round, so
+        nothing in an open round goes stale.
         """
         if is_stale(update.base_version, self.versions[fragment], self.sync.max_staleness):
             self._handled(fragment, update.island, update.seq)
             return (f"stale: based on version {update.base_version}, newest is "
                     f"{self.versions[fragment]}, max_staleness {self.sync.max_staleness}")
         pending = self.rounds[fragment].get(update.island)
-        if pending is not None:
-            prev = pending.update
-            update = Update(update.island, min(prev.base_version, update.base_version),
-                            prev.tokens + update.tokens, prev.inner_steps + update.inner_steps,
-                            {n: prev.delta[n] + update.delta[n] for n in prev.delta},
-                            max(prev.seq, update.seq))
-            now = pending.arrival_time
-        self.rounds[fragment][update.island] = Pending(update, now)
+        contribution = self.sums[fragment].add(update)
+        self.rounds[fragment][update.island] = Pending(
+            contribution, now if pending is None else pending.arrival_time)
         return None
 
     def _handled(self, fragment: int, island: str, seq: int) -> None:
@@ -123,7 +131,7 @@ class Synchronizer:
                barrier: bool = False) -> Decision:
         """Whether the fragment's round merges now; `barrier` waits for every alive island
         (the elastic baseline) instead of the quorum and grace window."""
-        arrivals = [Arrival(i, p.arrival_time, p.update.base_version)
+        arrivals = [Arrival(i, p.arrival_time, p.contribution.base_version)
                     for i, p in self.rounds[fragment].items()]
         return decide(arrivals, now,
                       min_quorum=max(alive_islands, 1) if barrier else self.sync.min_quorum,
@@ -140,8 +148,9 @@ class Synchronizer:
         """
         discarded = list(self.rounds[fragment])
         for island, pending in self.rounds[fragment].items():
-            self._handled(fragment, island, pending.update.seq)
+            self._handled(fragment, island, pending.contribution.seq)
         self.rounds[fragment] = {}
+        self.sums[fragment] = self._round_sum()
         self.globals[fragment] = {n: t.clone() for n, t in params.items()}
         self.optimizers[fragment].load_state_dict(momentum)
         self.versions[fragment] += 1
@@ -151,19 +160,18 @@ class Synchronizer:
 
     @torch.no_grad()
     def merge(self, fragment: int, now: float) -> MergeResult | None:
-        """Merge the round of `fragment` and publish the next version; None if all were stale."""
+        """Merge the round of `fragment` and publish the next version; None if the round
+        is empty."""
         version = self.versions[fragment]
-        pending = self.rounds[fragment]
+        round_sum = self.sums[fragment]
         self.rounds[fragment] = {}
-        stale = [i for i, p in pending.items()
-                 if is_stale(p.update.base_version, version, self.sync.max_staleness)]
-        updates = [p.update for i, p in pending.items() if i not in stale]
-        for p in pending.values():
-            self._handled(fragment, p.update.island, p.update.seq)
+        self.sums[fragment] = self._round_sum()
+        updates = [round_sum.contributions[i] for i in sorted(round_sum.contributions)]
+        for u in updates:
+            self._handled(fragment, u.island, u.seq)
         if not updates:
             return None
-        outer_grad, weights = merge_updates(updates, self.sync.weighting, self.sync.rda,
-                                            self.embedding_names)
+        outer_grad, weights = round_sum.merged()
         # A merge of K of M islands carries part of a round's work; it moves the
         # global and its momentum by that share, so merging more often is not
         # the same as taking bigger steps.
@@ -187,7 +195,7 @@ class Synchronizer:
         if codec != "none":
             self.history[fragment].append(Published(version + 1, now, codec, payload))
         return MergeResult(fragment, version + 1, now, weights, sum(u.tokens for u in updates),
-                           {u.island: u.inner_steps for u in updates}, stale,
+                           {u.island: u.inner_steps for u in updates},
                            {u.island: u.seq for u in updates})
 
     def published_since(self, fragment: int, held_version: int) -> list[Published]:

@@ -202,7 +202,7 @@ class Recovery:
                     waited[name] = max(waited[name], seconds)
             for name, pending in sync.rounds[p].items():
                 if name in thrown:
-                    thrown[name] += pending.update.inner_steps / fragments
+                    thrown[name] += pending.contribution.inner_steps / fragments
             discarded.update(rounds.roll_back(p, params[p], momentum[p], now,
                                               kept.get(p, 0) - merged.get(p, 0)))
         delay = self.restart_delay(liveness.heartbeats)

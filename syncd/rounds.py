@@ -2,11 +2,15 @@
 published.
 
 `Rounds` holds the run's Synchronizer (the same class the in-process cluster uses)
-and feeds it from the run's update stream. A merge is acknowledged once
-RunStore.publish has committed it. The globals, versions, momentum and handled
-seqs are in Redis, and the updates of open rounds are read again from the stream
-after a restart of syncd, where ingestion is idempotent (an update whose seq is
-already handled or pending is skipped).
+and feeds it from the run's update stream. Each update is folded into its round's
+sum as it is ingested (diloco/fold.py), and its message and stream entry are
+deleted right after: syncd holds one running sum per open fragment round, whatever
+the number of islands. A merge is acknowledged once RunStore.publish has committed
+it. The globals, versions, momentum and handled seqs are in Redis; the open rounds
+are not, so a restart of syncd loses them, and each island sends again what it
+sent since its last handled seq when it sees syncd's lease change hands
+(trainer/resend.py, docs/RELIABILITY.md). Ingestion is idempotent (an update whose
+seq is already handled or pending is skipped), so nothing is merged twice.
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ class Rounds:
                                  config.round_tokens(), embedding_tensor_names())
         self.after = b"0-0"
         # fragment -> island -> the stream entries of the updates in its open round
-        # (several when increments were added up); their messages go when it merges.
+        # (several when increments were added up), already deleted: their epochs.
         self.round_refs: list[dict[str, list[UpdateRef]]] = [{} for _ in fragments]
         self.norms = [deque(maxlen=32) for _ in fragments]
         self.rejections: Counter[str] = Counter()
@@ -207,7 +211,7 @@ class Rounds:
             return
         pending = self.sync.rounds[p].get(ref.island)
         if ref.seq <= self.sync.handled[p].get(ref.island, -1) or (
-                pending is not None and ref.seq <= pending.update.seq):
+                pending is not None and ref.seq <= pending.contribution.seq):
             # Merged at most once: an update sent again (the same seq, the same message)
             # is the same update, and one before it is done with. Nothing is done in
             # its name (the entry is not verified): a message sent again expires.
@@ -240,6 +244,7 @@ class Rounds:
         if reason is not None:
             self._reject(ref, reason)
             return
+        self.store.forget_updates([ref])  # folded into the round's sum: done with
         self.norms[p].append(norm)
         self.round_refs[p].setdefault(ref.island, []).append(ref)
         previous = self.last_update.get((ref.island, p))
@@ -297,12 +302,11 @@ class Rounds:
         return sent
 
     def trim(self) -> None:
-        """Forget the stream entries before the oldest one still in an open round."""
-        floor = min((refs[0].stream_id for round_ in self.round_refs for refs in round_.values()),
-                    default=self.after)
-        major, minor = (int(x) for x in floor.split(b"-"))
+        """Forget the stream entries read: each was folded (and deleted then), refused,
+        dropped or skipped."""
+        major, minor = (int(x) for x in self.after.split(b"-"))
         if (major, minor) > (0, 0):
-            self.store.trim_updates(floor)
+            self.store.trim_updates(self.after)
 
     # -- merges ----------------------------------------------------------------
 
@@ -366,13 +370,13 @@ class Rounds:
         self.accounting.merged_round(result.weights, result.inner_steps, now, fragment=p,
                                      version=result.version, seqs=result.seqs)
         self.last_merge[p] = {"version": result.version, "weights": result.weights,
-                              "reason": reason, "dropped": result.dropped_stale}
+                              "reason": reason}
         # From the pass that read the update closing the round to the merge committed.
         latency = round(max(self.clock() - closed_at, 0.0), 4)
         self.recorder.event("merge", None, fragment=p, version=result.version,
                             weights=result.weights, tokens=result.tokens,
                             epochs={r.island: r.epoch for r in done if r.island in result.weights},
-                            reason=reason, latency_s=latency)
+                            seqs=result.seqs, reason=reason, latency_s=latency)
         return self.sync.outer_steps > outer_steps
 
     def _finite(self, p: int) -> bool:

@@ -14,8 +14,10 @@ order by a short tick.
 
 RunSync owns what ties them together: the tick's cadences, the evaluation, a
 user's stop and the run's end (the outcome, syncd/outcome.py). State survives a
-restart of syncd: the globals, versions, momentum and handled seqs are in Redis,
-and the updates of open rounds are read again from the stream.
+restart of syncd: the globals, versions, momentum and handled seqs are in Redis.
+The open rounds are not (each update is folded into its round's sum and freed as
+it arrives, syncd/rounds.py): the islands send again what syncd has not handled
+when its lease changes hands (trainer/resend.py).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
     islands = {}
     for island in config.islands:
         beat = liveness.heartbeats.get(island.name, {})
-        bases = [sync.rounds[p][island.name].update.base_version
+        bases = [sync.rounds[p][island.name].contribution.base_version
                  for p in range(len(rounds.fragments)) if island.name in sync.rounds[p]]
         islands[island.name] = {
             "region": island.region, "epoch": liveness.epochs.get(island.name, 0),

@@ -24,7 +24,7 @@ from redis.client import Pipeline
 from diloco.signing import verify_key_hex
 from syncd.globals_store import GlobalsStore
 from syncd.island_signals import IslandSignals
-from syncd.keys import RUNS_KEY
+from syncd.keys import RUNS_KEY, lease_key
 from syncd.update_stream import UpdateStream
 
 # What stays of a run that ended, for the control room: its last status and the logs.
@@ -75,6 +75,13 @@ class RunStore(UpdateStream, GlobalsStore, IslandSignals):
 
     def epochs(self) -> dict[str, int]:
         return {k.decode(): int(v) for k, v in self.client.hgetall(self.key("epochs")).items()}
+
+    def syncd_holder(self) -> str | None:
+        """The grant of syncd's lease on the run now ("<token>:<owner>", syncd/lease.py),
+        None while no syncd holds it. Every grant has a new fencing token, so a change
+        tells an island that a syncd took the run over, a restarted one included."""
+        raw = self.client.get(lease_key(self.run_id))
+        return raw.decode() if raw else None
 
     def is_active(self) -> bool:
         """Whether the run is in the active set: started, and not yet ended, stopped or

@@ -4,15 +4,17 @@ An update message is stored in chunks with a TTL under a key named by its sender
 and place, (island, epoch, fragment, seq), then referenced by an entry of the
 run's stream arch:R:updates. syncd reads the entries in order, parses each one
 alone (a malformed one is a `BadEntry`, never an error of the batch), reads the
-message from the key it derives itself, and deletes it once it merged, refused or
-dropped it. An entry names no key: the worst it can make syncd read or delete is
-the message of the update it names.
+message from the key it derives itself, and deletes it once it folded it into its
+round (with its entry), refused or dropped it. An entry names no key: the worst it
+can make syncd read or delete is the message of the update it names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from redis.client import Pipeline
 
 from syncd.bulk import BulkRef
 from syncd.run_keys import BLOB_TTL_S, RunKeys
@@ -98,6 +100,19 @@ class UpdateStream(RunKeys):
         refs = list(refs)
         if refs:
             self._write(lambda pipe: [self.bulk.delete(pipe, ref.blob) for ref in refs])
+
+    def forget_updates(self, refs: Iterable[UpdateRef]) -> None:
+        """Delete the messages of updates folded into their round, and their stream
+        entries, in one write: no syncd reads them again, not a restarted one either
+        (the islands send again what a restart lost)."""
+        refs = list(refs)
+        if refs:
+            def fill(pipe: Pipeline) -> None:
+                for ref in refs:
+                    self.bulk.delete(pipe, ref.blob)
+                pipe.xdel(self.key("updates"), *[ref.stream_id for ref in refs])
+
+            self._write(fill)
 
     def forget_entries(self, stream_ids: Iterable[bytes]) -> None:
         """Delete stream entries that name no update syncd will ever take (quarantined):

@@ -13,6 +13,7 @@ data cursor, and trains. The pool refills one standby at a time.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,25 +146,32 @@ def warm_for(spec: dict[str, Any]) -> dict[str, Any]:
                       if k in model}}
 
 
-def wanted_size(specs: list[dict[str, Any]], region: str, memory_bytes: int,
-                running: int) -> tuple[int, dict[str, Any]]:
+def wanted_size(specs: dict[str, dict[str, Any]], region: str, memory_bytes: int,
+                serving: Mapping[str, int]) -> tuple[int, dict[str, Any]]:
     """How many standbys a host of `region` keeps by default, and what they prepare.
 
-    As many as the largest of the active runs (`specs`) has islands of one process in
-    the region, plus one (one with no run there), within the host's memory: the
-    `running` islands it serves count at that run's estimate of an island
-    (diloco/sizes.py), each standby at STANDBY_BASE_BYTES and a model. The standbys
-    prepare that run's corpus and model shape (`warm_for`); {} with no run there.
+    Per active run (`specs`, by run id), its islands of one process in the region
+    that this host does not already run (`serving`, by run id), plus one: the largest
+    of these (one with no run there), within the host's memory. Before a start that is
+    every island of the run and one more, for the first rejoin; once the run's islands
+    train here, one: the islands that took standbys count as filled slots, so that
+    a run that trains does not pay for refilling what it claimed (a refill's imports
+    and model take the cores the islands train on). The islands served count at that
+    run's estimate of an island (diloco/sizes.py), each standby at STANDBY_BASE_BYTES
+    and a model. The standbys prepare the largest run's corpus and model shape
+    (`warm_for`); {} with no run there.
     """
-    largest, islands = None, 0
-    for spec in specs:
+    largest, islands, wanted = None, 0, 0
+    for run_id, spec in specs.items():
         count = sum(1 for i in spec.get("config", {}).get("islands", [])
                     if i.get("region") == region and i.get("processes", 1) == 1)
         if count > islands:
             largest, islands = spec, count
+        wanted = max(wanted, count - serving.get(run_id, 0))
     if largest is None:
         return (1 if memory_bytes >= STANDBY_BASE_BYTES else 0), {}
     sized = estimate(config_from_spec(largest))
     island = max(need.total for need in sized.islands.values())
+    running = sum(serving.values())
     fits = (memory_bytes - running * island) // (STANDBY_BASE_BYTES + sized.model_bytes)
-    return max(0, min(islands + 1, fits)), warm_for(largest)
+    return max(0, min(wanted + 1, fits)), warm_for(largest)

@@ -7,8 +7,9 @@ for its own children. It
 - keeps standbys ready (trainer/pool.py's Pool), refilling one at a time, each at
   idle priority (SCHED_IDLE) until it is claimed, so that a refill never slows the
   islands that train: by default (ISLAND_POOL_SIZE=auto) as many as the largest
-  active run has islands in its region plus one, within the host's memory
-  (trainer.pool.wanted_size, looked at every second: a run that starts raises it,
+  active run has islands in its region that this host does not run yet, plus one,
+  within the host's memory (trainer.pool.wanted_size, looked at every second: a run
+  that starts raises it, its islands taking standbys lower it back to one spare,
   one that ends lowers it and the standbys beyond it end), or a fixed number;
 - takes claims from its region's claim list in Redis (syncd/store.py PoolStore),
   which the run services push there directly for a start or a rejoin: a claim
@@ -48,6 +49,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -210,11 +212,11 @@ class PoolManager:
         if self.fixed_size is not None or now - self._resized < ANNOUNCE_S:
             return False
         self._resized = now
-        specs = [spec for run_id in RunStore.active_runs(self.client)
-                 if (spec := RunStore(self.client, run_id).spec())]
+        specs = {run_id: spec for run_id in RunStore.active_runs(self.client)
+                 if (spec := RunStore(self.client, run_id).spec())}
         with self._lock:
-            running = len(self.islands)
-        size, warm = wanted_size(specs, self.region, self.memory_bytes, running)
+            serving = Counter(str(run_id) for run_id, _, _ in self.islands)
+        size, warm = wanted_size(specs, self.region, self.memory_bytes, serving)
         if warm:
             self.warm = warm
         if size == self.pool.size:

@@ -35,7 +35,7 @@ from diloco.config import DEVICES
 from diloco.config_parse import config_from_spec
 from diloco.data import Corpus, load_corpus
 from diloco.device import resolve_device
-from diloco.fragments import Unmerged, due_fragments, run_fragments
+from diloco.fragments import due_fragments, run_fragments
 from diloco.island import Island
 from diloco.model import GPT
 from diloco.protocol import decode_message, encode_message
@@ -60,6 +60,7 @@ from trainer.launch import (
 )
 from trainer.link import HEARTBEAT_S, POLL_S, Link, beating
 from trainer.phases import StartClock
+from trainer.resend import SentUpdates
 
 log = logging.getLogger("archipelago.island")
 
@@ -127,7 +128,6 @@ class ProcessIsland:
         self.pull_s = 0.0  # reading, checking and mixing pulled fragments, in all
         self.pull_wait_s = 0.0  # of it, on the training thread (mixes, blocking waits)
         self.late_globals = 0  # merged fragments mixed after their tau overlap steps
-        self.unmerged = Unmerged()  # its updates syncd has not handled: backpressure
         self.backpressure_wait_s = 0.0  # waited before sends for syncd to handle more
         self.activity = "starting"  # what the background heartbeat says the island does
         self.compute_s = 0.0  # stepping, slowdowns included: sent with each update
@@ -141,6 +141,10 @@ class ProcessIsland:
         self.downloads = Downloads(self.fetch, self.handled, self.emulation.transfer_time,
                                    self.emulation.wait_while_partitioned,
                                    lambda: self.stopping)
+        # What syncd has not handled yet, sent again to a syncd that took the run over.
+        self.sent = SentUpdates(lambda p: self.store.handled_seq(p, self.name),
+                                self.store.syncd_holder)
+        self._holder_read = 0.0
 
     def stop(self) -> None:
         """Finish the current step, save the cursor and exit (SIGTERM, from the
@@ -300,6 +304,7 @@ class ProcessIsland:
             while not self.handled(p, seq):
                 if self.stopping or self.done() or self.restarts.pending():
                     return False
+                self.send_again()
                 self.beat("waiting")
                 time.sleep(POLL_S)
             return True
@@ -308,16 +313,18 @@ class ProcessIsland:
 
     def hold_back(self, p: int) -> None:
         """Backpressure: before its next send of fragment p, wait while syncd has not
-        handled the bound of the island's updates of p (diloco.fragments.Unmerged), so
-        that a syncd that does not merge (a round short of its quorum, syncd away) holds
-        the island back instead of its updates filling Redis. The heartbeat says
-        `waiting` meanwhile, and the seconds add up in `backpressure_wait_s`. A stop,
-        the run's end or a whole-job restart ends the wait: a stop's last sends go out,
-        at most one more per fragment."""
+        handled the island's KEEP_PER_FRAGMENT updates of p it keeps
+        (trainer/resend.py `SentUpdates.must_wait`), so that a syncd that does not merge
+        (a round short of its quorum, syncd away) holds the island back instead of
+        filling Redis or pushing out a kept update. The heartbeat says `waiting`
+        meanwhile, and the seconds add up in `backpressure_wait_s`. A stop, the run's
+        end or a whole-job restart ends the wait: a stop's last sends go out, at most
+        one more per fragment."""
         last = time.monotonic()
-        while self.unmerged.must_wait(p, self.store.handled_seq(p, self.name)):
+        while self.sent.must_wait(p):
             if self.stopping or self.done() or self.restarts.pending():
                 break
+            self.send_again()
             self.activity = "waiting"
             self.beat("waiting")
             time.sleep(POLL_S)
@@ -406,9 +413,22 @@ class ProcessIsland:
         payload = self.emulation.corrupt(payload)
         meta.update(run=self.store.run_id, island=self.name, epoch=self.epoch,
                     compute_s=self.compute_s, codec=s.compression)
-        self.link.send(p, meta["seq"], encode_message("update", meta, payload, self.key))
-        self.unmerged.sent(p, meta["seq"])
+        message = encode_message("update", meta, payload, self.key)
+        self.link.send(p, meta["seq"], message)
+        self.sent.add(p, meta["seq"], message)
         self.save_cursor()
+
+    def send_again(self) -> None:
+        """Send again what syncd has not handled if its lease changed hands (a restarted
+        syncd lost its open rounds: trainer/resend.py); asked at most five times a second."""
+        now = time.time()
+        if now - self._holder_read < 0.2:
+            return
+        self._holder_read = now
+        for p, seq, message in self.sent.to_send_again():
+            log.info("island %s: syncd's lease changed hands; sending update %d of "
+                     "fragment %d again", self.name, seq, p)
+            self.link.send(p, seq, message)
 
     def flush(self) -> None:
         """A user stopped the run: send every fragment's steps not sent yet, which syncd
@@ -465,6 +485,7 @@ class ProcessIsland:
                 # The first "training" heartbeat goes out at once, with no throttle.
                 self.beat("training", force=True, loss=self.island.last_loss,
                           bytes_up=self.link.bytes_up)
+            self.send_again()
             if not self.mix(mix_at):
                 continue  # a whole-job restart, followed before the next step
             for p in due_fragments(self.island.step, s.inner_steps, s.fragments):

@@ -3,7 +3,8 @@
 The manager (webapp/processes.py) starts the guard with its first process and
 tells it, a line each on the guard's standard input, every process group it
 starts ("<pgid> first", or "<pgid> last" for one stopped after the others) and
-every one that ended ("<pgid> gone"). When that input ends, the manager is gone:
+every one with no process left in it ("<pgid> gone"; a group whose leader ended is
+kept while another of its processes runs). When that input ends, the manager is gone:
 stopped, or killed, even with SIGKILL, with nothing else left to stop its
 processes. The guard then stops every group still running, as the manager's own
 stop does, and exits; after a clean stop there is nothing left and it exits at once.

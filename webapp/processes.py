@@ -8,10 +8,15 @@ and the processes started with stop_last (Redis) once the others are gone, so
 that the islands can still write to it. What is still there after the timeout
 gets SIGKILL.
 
+The unit of a stop is the process group, not its leader: a process that outlives
+the leader of its group (an island whose Celery worker died and was started
+again) is stopped with the rest, so the manager keeps a group until no process
+is left in it.
+
 A guard (`python -m webapp.guard`, a process of its own) does the same stop when
 the manager's process dies without stopping them, even of SIGKILL: the manager
-tells it every process group it starts through a pipe, and the end of that pipe
-is the manager's death.
+tells it every process group it starts, and every one that is empty, through a
+pipe, and the end of that pipe is the manager's death.
 """
 
 from __future__ import annotations
@@ -172,6 +177,9 @@ class ProcessManager:
         self.log_dir = Path(log_dir)
         self.cwd = cwd
         self.managed: list[Managed] = []
+        # Groups whose leader ended while other processes of theirs may still run:
+        # pgid -> stop_last. Forgotten (and the guard told) once no process is left.
+        self._leaderless: dict[int, bool] = {}
         self._guard: subprocess.Popen[bytes] | None = None
 
     def start(self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None,
@@ -198,7 +206,8 @@ class ProcessManager:
             if code is None:
                 continue
             if m.restart_at is None:
-                self._tell_guard(f"{m.process.pid} gone")  # its pid may be reused now
+                self._leaderless[m.process.pid] = m.stop_last
+                self._forget_empty_groups()  # before a new process may take the pid
                 lines.append(f"{m.name} exited with code {code} (log: {m.log_path})")
                 if not m.restart:
                     m.restart_at = float("inf")
@@ -210,6 +219,7 @@ class ProcessManager:
             if now >= m.restart_at:
                 self._start_again(m)
                 lines.append(f"{m.name} started again (restart {m.restarts})")
+        self._forget_empty_groups()
         return lines
 
     def start_again(self, name: str) -> subprocess.Popen[bytes]:
@@ -219,7 +229,9 @@ class ProcessManager:
             raise ValueError(f"no process named {name!r} is managed")
         if m.process.poll() is None:
             raise ValueError(f"{name} still runs (pid {m.process.pid})")
-        self._tell_guard(f"{m.process.pid} gone")
+        if m.restart_at is None:  # its end not seen by check() yet
+            self._leaderless[m.process.pid] = m.stop_last
+            self._forget_empty_groups()
         self._start_again(m)
         return m.process
 
@@ -236,8 +248,10 @@ class ProcessManager:
         Returns each process's exit code, last started first (None if it could not
         be reaped).
         """
-        stop_groups([m.process.pid for m in self.managed if not m.stop_last],
-                    [m.process.pid for m in self.managed if m.stop_last], timeout, last_timeout)
+        groups = self._groups()
+        stop_groups([g for g, last in groups.items() if not last],
+                    [g for g, last in groups.items() if last], timeout, last_timeout)
+        self._leaderless.clear()
         if self._guard is not None:
             # It finds nothing left to stop. Reaped after it, so that no pid it knows
             # can be another process's meanwhile.
@@ -247,6 +261,25 @@ class ProcessManager:
         codes = {m.name: _reap(m.process) for m in reversed(self.managed)}
         self.managed.clear()
         return codes
+
+    def _groups(self) -> dict[int, bool]:
+        """Every process group that may still hold a process of ours: pgid -> stop_last.
+
+        A leader seen dead is not among the managed ones (its pid may be another
+        process's now) but among the leaderless groups, kept while one of theirs runs:
+        the pid of a group's leader is not given to a new process while the group
+        has a member.
+        """
+        groups = {m.process.pid: m.stop_last for m in self.managed if m.restart_at is None}
+        return {**self._leaderless, **groups}
+
+    def _forget_empty_groups(self) -> None:
+        if not self._leaderless:
+            return
+        alive = _live_groups(list(self._leaderless))
+        for pgid in [g for g in self._leaderless if g not in alive]:
+            del self._leaderless[pgid]
+            self._tell_guard(f"{pgid} gone")
 
     def _spawn(self, argv: list[str], log_path: Path, env: dict[str, str] | None,
                stop_last: bool) -> subprocess.Popen[bytes]:

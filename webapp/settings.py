@@ -212,8 +212,8 @@ LOG_DIR = Path(env_str("LOG_DIR", str(VAR_DIR / "logs")))
 BENCH_RESULTS_DIR = Path(env_str("BENCH_RESULTS_DIR", str(BASE_DIR / "bench" / "results")))
 # Warm standby islands each island host keeps ready (trainer/pool_manager.py): "auto"
 # (None here) keeps as many as the largest active run has islands in the host's region
-# plus one, within the host's memory; a number keeps that many; 0 turns the pool off,
-# and every start and rejoin is a cold start.
+# that the host does not run yet, plus one (a spare), within the host's memory; a
+# number keeps that many; 0 turns the pool off, and every start and rejoin is cold.
 _pool_size = env_str("ISLAND_POOL_SIZE", "auto").strip().lower() or "auto"
 if _pool_size != "auto" and not _pool_size.isdigit():
     raise ImproperlyConfigured(

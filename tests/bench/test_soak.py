@@ -59,6 +59,8 @@ def test_a_quick_soak_fires_every_kind_and_keeps_every_invariant(tmp_path):
         json.dumps(data["details"])[:4000]
     assert set(data["invariants"]) == {
         "budget_completed", "versions_only_went_up", "tokens_counted_once",
-        "checkpoints_verify", "database_agrees_with_syncd", "no_process_left_behind"}
+        "checkpoints_verify", "database_agrees_with_syncd", "hostile_entries_quarantined",
+        "merging_after_hostile_entries", "keys_outside_hostile_entries_kept",
+        "no_process_left_behind"}
     assert 0 < data["goodput"] <= 1
     assert out.returncode == 0, out.stderr[-4000:]

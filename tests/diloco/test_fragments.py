@@ -3,14 +3,7 @@ from itertools import pairwise
 
 import pytest
 
-from diloco.fragments import (
-    UNMERGED_PER_FRAGMENT,
-    Unmerged,
-    due_fragments,
-    module_label,
-    partition,
-    sync_offset,
-)
+from diloco.fragments import due_fragments, module_label, partition, sync_offset
 from diloco.model import GPT, GPTConfig
 
 
@@ -117,33 +110,3 @@ def test_every_fragment_is_due_once_per_h_steps_spread_evenly(inner_steps, num_f
     gaps = {b - a for a, b in pairwise(steps)}
     assert max(gaps) - min(gaps) <= 1
     assert all(len(ps) <= 1 for ps in due.values())
-
-
-def test_an_island_waits_once_the_bound_of_its_updates_of_a_fragment_is_not_merged():
-    unmerged = Unmerged()
-    unmerged.sent(0, 10)
-    unmerged.sent(0, 20)
-    unmerged.sent(1, 15)
-
-    assert unmerged.must_wait(0, handled=-1)  # 2 of fragment 0 not handled: a third waits
-    assert not unmerged.must_wait(1, handled=-1)  # fragment 1 has one
-    assert not unmerged.must_wait(0, handled=10)  # syncd merged seq 10
-    assert unmerged.count(0, handled=10) == 1
-
-
-def test_a_handled_seq_settles_every_send_up_to_it_and_a_healthy_island_never_waits():
-    unmerged = Unmerged()
-    handled = -1
-    for seq in range(10, 200, 10):
-        assert not unmerged.must_wait(0, handled)
-        unmerged.sent(0, seq)
-        handled = seq - 10  # a round late: the update before this one is merged
-    unmerged.sent(0, 200)
-    assert unmerged.count(0, handled=200) == 0
-
-
-def test_the_bound_on_unmerged_updates_is_at_least_two_per_fragment():
-    assert Unmerged().bound == UNMERGED_PER_FRAGMENT == 2
-    assert Unmerged(3).bound == 3
-    with pytest.raises(ValueError, match="at least 2 per fragment"):
-        Unmerged(1)

@@ -86,11 +86,12 @@ def test_two_increments_from_one_island_in_one_round_are_added_up():
 
     [(island, pending)] = sync.rounds[0].items()
     assert island == "a"
-    assert (pending.update.tokens, pending.update.inner_steps, pending.update.seq) == \
-        (1536, 6, 6)
+    c = pending.contribution
+    assert (c.tokens, c.inner_steps, c.seq, c.increments) == (1536, 6, 6, 2)
     assert pending.arrival_time == 1.0  # the round still counts from the first arrival
-    assert all(torch.allclose(t, torch.full_like(t, 0.4)) for t in pending.update.delta.values())
-    assert sync.merge(0, now=3.0).tokens == 1536
+    # The island's only contribution: its summed increments (0.1 + 0.3), not their mean.
+    merged, _ = sync.sums[0].merged()
+    assert all(torch.allclose(t, torch.full_like(t, 0.4)) for t in merged.values())
 
 
 def test_it_rejects_an_update_older_than_the_staleness_bound_and_never_merges_it():

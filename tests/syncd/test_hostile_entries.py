@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.hostile import hostile_entries, write_entry
 from syncd.service import STOP_WAIT_S, RunSync
 from tests.syncd.runs import heartbeat_all, make_run_sync, send
 from webapp.runs.models import Event, Run
@@ -20,10 +21,6 @@ from webapp.runs.records import DatabaseRecorder
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 GOOD = {"island": "a", "epoch": 1, "fragment": 0, "seq": 10, "chunks": 1, "bytes": 10}
-
-
-def write_entry(sync: RunSync, fields: dict) -> bytes:
-    return sync.store.client.xadd(sync.store.key("updates"), fields)
 
 
 def in_stream(sync: RunSync, stream_id: bytes) -> bool:
@@ -55,19 +52,7 @@ def two_runs(redis_url, tmp_path) -> tuple[RunSync, RunSync]:
     return runs[0], runs[1]
 
 
-HOSTILE = [
-    ("a huge seq", {**GOOD, "seq": 10**18}),
-    ("no chunks", {**GOOD, "chunks": 0}),
-    ("chunks past any message", {**GOOD, "chunks": 10**10}),
-    ("a size past any message", {**GOOD, "bytes": 10**15, "chunks": 10**10}),
-    ("no seq", {k: v for k, v in GOOD.items() if k != "seq"}),
-    ("a seq that is not a number", {**GOOD, "seq": "many"}),
-    ("a negative seq", {**GOOD, "seq": -4}),
-    ("a seq past 64 bits", {**GOOD, "seq": 10**30}),
-    ("an unknown island", {**GOOD, "island": "mallory"}),
-    ("a fragment the run lacks", {**GOOD, "fragment": 99}),
-    ("nothing but junk", {"junk": "x"}),
-]
+HOSTILE = hostile_entries(GOOD)
 
 
 @pytest.mark.parametrize("fields", [f for _, f in HOSTILE], ids=[n for n, _ in HOSTILE])
@@ -77,7 +62,7 @@ def test_a_hostile_entry_changes_nothing_and_its_neighbours_merge(two_runs, fiel
     handled = attacked.store.handled(0)
     send(attacked, "a", 0, 8)
     # The entry names another run's fragment as its message: an entry names no key.
-    hostile = write_entry(attacked, {**fields, "key": other.store.key("full", 0, 1)})
+    hostile = write_entry(attacked.store, {**fields, "key": other.store.key("full", 0, 1)})
     send(attacked, "b", 0, 8)
 
     attacked.tick()
@@ -96,7 +81,7 @@ def test_a_hostile_entry_changes_nothing_and_its_neighbours_merge(two_runs, fiel
 
 def test_a_forged_huge_seq_never_keeps_the_island_from_merging(two_runs):
     attacked, _ = two_runs
-    write_entry(attacked, {**GOOD, "seq": 10**18})
+    write_entry(attacked.store, {**GOOD, "seq": 10**18})
     attacked.tick()
     send(attacked, "a", 0, 8)
     send(attacked, "b", 0, 8)
@@ -110,10 +95,10 @@ def test_a_forged_huge_seq_never_keeps_the_island_from_merging(two_runs):
 def test_repeated_hostile_entries_make_one_event_with_their_count(two_runs):
     attacked, _ = two_runs
     for seq in range(100, 150):
-        write_entry(attacked, {**GOOD, "seq": seq})
+        write_entry(attacked.store, {**GOOD, "seq": seq})
     attacked.tick()
     for seq in range(150, 160):
-        write_entry(attacked, {**GOOD, "seq": seq})
+        write_entry(attacked.store, {**GOOD, "seq": seq})
     attacked.tick()
     assert [e["quarantined"] for e in rejection_events(attacked)] == [50]
 
@@ -125,8 +110,8 @@ def test_repeated_hostile_entries_make_one_event_with_their_count(two_runs):
 
 def test_a_quarantined_entry_is_not_read_again_after_a_restart_of_syncd(two_runs, tmp_path):
     attacked, _ = two_runs
-    write_entry(attacked, {"junk": "x"})
-    write_entry(attacked, {**GOOD, "seq": 10**18})
+    write_entry(attacked.store, {"junk": "x"})
+    write_entry(attacked.store, {**GOOD, "seq": 10**18})
     attacked.tick()
     assert len(rejection_events(attacked)) == 2
 
@@ -142,7 +127,7 @@ def test_a_stop_of_a_run_with_poison_entries_finishes(two_runs):
     attacked, _ = two_runs
     Run.objects.filter(pk=attacked.recorder.run_id).update(state=Run.State.STOPPING)
     for seq in range(5):
-        write_entry(attacked, {"island": "a", "seq": str(seq)})  # no epoch, no fragment
+        write_entry(attacked.store, {"island": "a", "seq": str(seq)})  # no epoch, no fragment
     attacked.store.request_stop(attacked.clock_state["now"])
     attacked.tick()
     attacked.clock_state["now"] += STOP_WAIT_S

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from syncd.service import RunSync
-from tests.syncd.runs import heartbeat_all, send
+from tests.syncd.runs import heartbeat_all, send, stored_keys
 from webapp.runs.models import Event
 from webapp.runs.records import DatabaseRecorder
 
@@ -63,7 +63,7 @@ def blob_keys(sync: RunSync) -> list[bytes]:
     return list(sync.store.client.scan_iter(match=sync.store.key("blob") + "*"))
 
 
-def test_the_messages_of_merged_updates_are_gone_once_the_merge_is_published(run_sync):
+def test_the_messages_of_updates_are_gone_once_folded_even_while_their_round_waits(run_sync):
     heartbeat_all(run_sync)
     for seq in (4, 8):
         send(run_sync, "a", 0, seq, base_version=run_sync.rounds.sync.versions[0])
@@ -71,12 +71,11 @@ def test_the_messages_of_merged_updates_are_gone_once_the_merge_is_published(run
         send(run_sync, "b", 0, seq, base_version=run_sync.rounds.sync.versions[0])
         assert blob_keys(run_sync)
         run_sync.tick()
-        # b's update of fragment 1 has not come: a's waits in the open round, and
-        # stays in Redis, since a restarted syncd reads open rounds again.
+        # b's update of fragment 1 has not come: a's increments wait in the open
+        # round's sum, and their messages are gone already.
         assert run_sync.store.versions()[0] == seq // 4
-        assert len(run_sync.rounds.round_refs[1]["a"]) == seq // 4
-        waiting = {k.decode().rsplit(":", 1)[0] for k in blob_keys(run_sync)}
-        assert waiting == {r.blob.key for r in run_sync.rounds.round_refs[1]["a"]}
+        assert run_sync.rounds.sync.rounds[1]["a"].contribution.increments == seq // 4
+        assert blob_keys(run_sync) == []
 
     send(run_sync, "b", 1, 8)
     run_sync.tick()
@@ -141,8 +140,32 @@ def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
     again.tick()
     assert again.rounds.sync.versions == [1, 0]
     assert all(torch.equal(merged[n], t) for n, t in again.rounds.sync.globals[0].items())
-    assert list(again.rounds.sync.rounds[1]) == ["a"]  # read again from the stream
+    # a's update was folded into fragment 1's round and freed: the restart lost it,
+    # and nothing of it is read again (no message, no entry, no quarantine).
+    assert list(again.rounds.sync.rounds[1]) == []
+    assert stored_keys(again.store, "blob") == []
+    assert rejections(again) == []
+    # a sends it again when it sees the lease change hands (trainer/resend.py); one
+    # it sent of fragment 0, merged already, is skipped.
+    send(again, "a", 1, 4)
+    send(again, "a", 0, 4)
+    again.tick()
+    assert list(again.rounds.sync.rounds[1]) == ["a"]
     assert list(again.rounds.sync.rounds[0]) == []  # merged ones are not merged twice
+
+
+def test_an_update_is_freed_once_it_is_folded_into_its_round(run_sync):
+    heartbeat_all(run_sync)
+    send(run_sync, "a", 0, 4)
+    run_sync.tick()
+
+    assert list(run_sync.rounds.sync.rounds[0]) == ["a"]
+    assert stored_keys(run_sync.store, "blob") == []
+    assert run_sync.store.client.xlen(run_sync.store.key("updates")) == 0
+    send(run_sync, "b", 0, 4)
+    run_sync.tick()
+    assert run_sync.store.versions()[0] == 1
+    assert run_sync.store.handled(0) == {"a": 4, "b": 4}
 
 
 def test_a_merge_of_finite_updates_that_overflows_is_not_published(run_sync):

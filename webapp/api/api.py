@@ -203,7 +203,10 @@ def _errors(status: int, errors: dict[str, list[str]]) -> HttpResponse:
 
 @api.exception_handler(ApiError)
 def _api_error(request: HttpRequest, exc: ApiError) -> HttpResponse:
-    return _errors(exc.status, {exc.key: [exc.message]})
+    response = _errors(exc.status, {exc.key: [exc.message]})
+    for name, value in exc.headers.items():
+        response[name] = value
+    return response
 
 
 @api.exception_handler(ValidationError)

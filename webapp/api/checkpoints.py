@@ -12,10 +12,12 @@ from webapp.api import schemas
 from webapp.api.access import ApiError, allow, get_checkpoint, get_run
 from webapp.api.schemas import answers
 from webapp.runs.models import Checkpoint
-from webapp.runs.sampling import sample
+from webapp.runs.sampling import SamplerBusy, sample
 
 router = Router(tags=["checkpoints"])
 SAMPLE_ARGUMENTS = ("prompt", "tokens", "temperature", "seed")
+# Seconds a refused sample is told to wait: about one sample of MAX_SAMPLE_TOKENS.
+SAMPLE_RETRY_AFTER_S = 5
 
 
 def _checkpoint_out(checkpoint: Checkpoint) -> dict[str, Any]:
@@ -55,13 +57,18 @@ def download_checkpoint(request: HttpRequest, run_id: int, checkpoint_id: int) -
 
 
 @router.post("/{run_id}/checkpoints/{checkpoint_id}/sample", auth=allow("view"),
-             response=answers(schemas.SampleOut, 404, body=True))
+             response=answers(schemas.SampleOut, 404, 503, body=True))
 def sample_checkpoint(request: HttpRequest, run_id: int, checkpoint_id: int,
                       body: schemas.SampleIn) -> dict[str, Any]:
-    """The text the checkpoint's model writes after `prompt` (the continuation only)."""
+    """The text the checkpoint's model writes after `prompt` (the continuation only).
+    The web app keeps the models it sampled last and runs a few samples at a time;
+    one more is a 503 with Retry-After."""
     checkpoint = get_checkpoint(get_run(run_id), checkpoint_id)
     try:
         text = sample(checkpoint, body.prompt, body.tokens, body.temperature, body.seed)
+    except SamplerBusy as e:
+        raise ApiError(503, "checkpoint", str(e),
+                       {"Retry-After": str(SAMPLE_RETRY_AFTER_S)}) from None
     except ValueError as e:
         message = str(e)
         key = next((a for a in SAMPLE_ARGUMENTS if message.startswith(a)), "checkpoint")

@@ -11,7 +11,7 @@ from ninja import Query, Router, Status
 from diloco.config_parse import ConfigError
 from webapp.api import schemas
 from webapp.api.access import ApiError, allow, get_island, get_run
-from webapp.api.runs import summary
+from webapp.api.runs import TIMELINE_SINCE, summary
 from webapp.api.schemas import answers
 from webapp.runs import faults, membership, reports
 from webapp.runs.models import Run
@@ -95,10 +95,11 @@ def island_log(request: HttpRequest, run_id: int, name: str,
 
 @router.get("/{run_id}/islands/{name}/timeline", auth=allow("view"),
             response=answers(schemas.RunTimeline, 404))
-def island_timeline(request: HttpRequest, run_id: int, name: str) -> dict[str, Any]:
+def island_timeline(request: HttpRequest, run_id: int, name: str,
+                    since: float | None = TIMELINE_SINCE) -> dict[str, Any]:
     """The island's life (GET /api/runs/{run_id}/timeline, for this island alone)."""
     run = get_run(run_id)
-    return reports.run_timeline(run, [get_island(run, name).name])
+    return reports.run_timeline(run, [get_island(run, name).name], since)
 
 
 @router.post("/{run_id}/regions/{region}/faults", auth=allow(faults.action_for("region")),

@@ -161,11 +161,18 @@ def run_events(request: HttpRequest, run_id: int, after: int = 0,
     return {"events": reports.run_events(run, after_id=after, limit=limit, kind=kind)}
 
 
+# The `since` of a timeline: seconds since the epoch, up to the end of year 9999.
+TIMELINE_SINCE = Query(None, ge=0, le=253402300799,
+                       description="Seconds since the epoch: only what is from then on.")
+
+
 @router.get("/{run_id}/timeline", auth=allow("view"), response=answers(schemas.RunTimeline, 404))
-def run_timeline(request: HttpRequest, run_id: int) -> dict[str, Any]:
+def run_timeline(request: HttpRequest, run_id: int,
+                 since: float | None = TIMELINE_SINCE) -> dict[str, Any]:
     """Each island's life: its states and active faults as spans (an outage's with its
-    recovery in seconds), its faults, rejoins and merges as marks."""
-    return reports.run_timeline(get_run(run_id))
+    recovery in seconds), its faults, rejoins and merges as marks; with `since`, only
+    what is from then on, the spans that cross it cut there."""
+    return reports.run_timeline(get_run(run_id), since=since)
 
 
 @config.get("/config/schema", auth=allow("view"), response=answers(schemas.ConfigSchema))

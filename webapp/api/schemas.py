@@ -412,6 +412,8 @@ class IslandTimeline(Schema):
 class RunTimeline(Schema):
     start: float = Field(description="Seconds since the epoch.")
     end: float = Field(description="Now, or when the run ended.")
+    since: float | None = Field(description="The `since` asked for: the lanes hold only "
+                                            "what is from then on (spans cut there).")
     islands: list[IslandTimeline]
 
 

@@ -6,17 +6,20 @@ webapp/runs/membership.py; faults: webapp/runs/faults.py).
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import redis
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from diloco.config import RUN_MODES, RunConfig
 from diloco.config_parse import ConfigError, parse_config
+from syncd.keys import run_prefix
 from webapp.runs.dispatch import enqueue, put_spec
 from webapp.runs.models import (
     FINAL_STATES,
@@ -38,6 +41,8 @@ from webapp.runs.warm_start import cold_start_message, standbys_wanted, wait_for
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
+
+log = logging.getLogger("archipelago.web")
 
 
 def default_config() -> dict[str, Any]:
@@ -212,19 +217,33 @@ def delete_run(run: Run, by: AbstractBaseUser | None) -> None:
     """Delete a run that is not live, with its events, metrics and checkpoints; a
     checkpoint another run started from is kept (detached from the run).
 
+    The run's checkpoint files and Redis keys go once the deletion is committed (at
+    once, or when the caller's transaction commits), outside any transaction: the
+    database is never held while Redis is scanned, and a Redis that cannot be reached
+    then does not bring the run back; its keys are left, and said so in the log.
+
     Raises:
         ValueError: when the run is queued, running or paused: stop it first.
     """
     run.require_state((Run.State.DRAFT, *FINAL_STATES), "delete a run")
+    run_id = run.pk
     with transaction.atomic():
         kept = Checkpoint.objects.filter(run=run, started_runs__isnull=False).distinct()
         kept.update(run=None)
         doomed = list(Checkpoint.objects.filter(run=run).values_list("path", flat=True))
         Checkpoint.objects.filter(run=run).delete()
-        run_store(run).release(keep=())
         run.delete()
-    for path in doomed:
+        transaction.on_commit(lambda: _free_deleted_run(run_id, doomed))
+
+
+def _free_deleted_run(run_id: int, checkpoint_paths: list[str]) -> None:
+    for path in checkpoint_paths:
         Path(path).unlink(missing_ok=True)
+    try:
+        run_store(run_id).release(keep=())
+    except redis.RedisError as e:
+        log.error("run %d is deleted but its Redis keys (%s*) are left: %s", run_id,
+                  run_prefix(run_id), e)
 
 
 def _command_all(run: Run, kind: str) -> None:

@@ -4,7 +4,7 @@ read these."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -15,14 +15,18 @@ from syncd.status import link_state
 from trainer.island_logs import island_log_path, tail_lines
 from webapp.runs.models import Event, Island, Metric, Run
 from webapp.runs.stores import run_store
-from webapp.runs.timeline import island_timeline
+from webapp.runs.timeline import island_timeline, lane_since
 
 MAX_METRICS = 5000
 MAX_EVENTS = 1000
-# The timeline reads at most this many of a run's latest events and metric rows.
+# The timeline reads at most this many of a run's latest outage events, merge events
+# and metric rows.
 TIMELINE_ROWS = 20000
-TIMELINE_KINDS = (Event.Kind.FAULT, Event.Kind.ISLAND_LOST, Event.Kind.ISLAND_REVIVED,
-                  Event.Kind.REJOIN, Event.Kind.MERGE)
+# What the islands' outages are made of: a few per fault, so the timeline reads them
+# all; merges and metric rows come every few seconds, and with `since` it reads only
+# those from then on.
+OUTAGE_KINDS = (Event.Kind.FAULT, Event.Kind.ISLAND_LOST, Event.Kind.ISLAND_REVIVED,
+                Event.Kind.REJOIN)
 # Tokens merged and outer steps are the Run row's, which syncd keeps current.
 LIVE_FIELDS = ("goodput", "uptime", "startup_s", "train_loss", "eval_loss", "live_islands",
                "max_stall_s")
@@ -93,23 +97,43 @@ def run_events(run: Run, after_id: int = 0, limit: int = MAX_EVENTS,
     return [e.to_dict(names) for e in events.order_by("id")[:limit]]
 
 
-def run_timeline(run: Run, islands: list[str] | None = None) -> dict[str, Any]:
+def run_timeline(run: Run, islands: list[str] | None = None,
+                 since: float | None = None) -> dict[str, Any]:
     """Each island's lane (webapp.runs.timeline.island_timeline), all of the run's
     islands unless `islands` names some, from its start to now (to its end once it is
-    over); times in seconds since the epoch."""
+    over); times in seconds since the epoch.
+
+    With `since`, only the lanes from then on (webapp.runs.timeline.lane_since): the
+    merges and metric rows from `since` on and the last row before it are read, not
+    the run's whole history; the outage events are read in full, so that an outage
+    that began before `since` keeps its cause and its recovery.
+    """
     names = islands if islands is not None else run.island_names()
-    kept = Event.objects.filter(run=run, kind__in=TIMELINE_KINDS).order_by("-time", "-id")
-    events = [{"kind": kind, "time": time.timestamp(), "island": island, "detail": detail}
-              for kind, time, island, detail in
-              kept.values_list("kind", "time", "island__name", "detail")[:TIMELINE_ROWS]]
-    rows = Metric.objects.filter(run=run).order_by("-time", "-id")
+    events = Event.objects.filter(run=run)
+    outage_events = events.filter(kind__in=OUTAGE_KINDS)
+    merges = events.filter(kind=Event.Kind.MERGE)
+    rows = Metric.objects.filter(run=run)
+    before: list[tuple[datetime, dict[str, Any] | None]] = []
+    if since is not None:
+        at = datetime.fromtimestamp(since, tz=UTC)
+        merges = merges.filter(time__gte=at)
+        before = list(rows.filter(time__lt=at).order_by("-time", "-id")
+                      .values_list("time", "islands")[:1])  # the islands' states at `since`
+        rows = rows.filter(time__gte=at)
+    kept = [{"kind": kind, "time": time.timestamp(), "island": island, "detail": detail}
+            for chosen in (outage_events, merges)
+            for kind, time, island, detail in chosen.order_by("-time", "-id").values_list(
+                "kind", "time", "island__name", "detail")[:TIMELINE_ROWS]]
     samples = [(time.timestamp(), points or {}) for time, points in
-               rows.values_list("time", "islands")[:TIMELINE_ROWS]]
+               before + list(rows.order_by("-time", "-id")
+                             .values_list("time", "islands")[:TIMELINE_ROWS])]
     end = (run.finished_at or timezone.now()).timestamp()
-    start = min([t for t, _ in samples] + [e["time"] for e in events]
+    start = min([t for t, _ in samples] + [e["time"] for e in kept]
                 + [run.started_at.timestamp() if run.started_at else end])
-    return {"start": start, "end": end,
-            "islands": [island_timeline(name, events, samples, end) for name in names]}
+    lanes = [island_timeline(name, kept, samples, end) for name in names]
+    if since is not None:
+        lanes = [lane_since(lane, since) for lane in lanes]
+    return {"start": start, "end": end, "since": since, "islands": lanes}
 
 
 def island_log(run: Run, island: Island | str, lines: int = 50) -> list[str]:

@@ -12,6 +12,9 @@ asked for, it trained again (its first step) and a merge first took its update.
 
 Times are seconds since the epoch. Events are dicts with kind, time, island (a
 name or None) and detail; samples are (time, {island: {"state", "fault"}}) pairs.
+
+A page that has a lane asks only for what is new: `lane_since` keeps the part of a
+lane from a time on, with the spans that cross it cut there.
 """
 
 from __future__ import annotations
@@ -51,6 +54,18 @@ def island_timeline(island: str, events: list[Event], samples: list[Sample],
     outages = _outages(island, mine, events, states)
     return {"island": island, "spans": _state_spans(states, outages, end),
             "faults": _fault_spans(mine, end), "marks": _marks(island, events)}
+
+
+def lane_since(lane: dict[str, Any], since: float) -> dict[str, Any]:
+    """The part of `lane` from `since` on: its spans and fault spans that end after it
+    (started no earlier than `since`: cut there) and its marks at or after it."""
+    def cut(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**span, "start": max(span["start"], since)} for span in spans
+                if span["end"] > since]
+
+    return {"island": lane["island"], "spans": cut(lane["spans"]),
+            "faults": cut(lane["faults"]),
+            "marks": [m for m in lane["marks"] if m["time"] >= since]}
 
 
 def _is_rejoin_request(event: Event) -> bool:

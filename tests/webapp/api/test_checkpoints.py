@@ -1,12 +1,14 @@
 """Checkpoints through the API (webapp/api/checkpoints.py): the list, the download and
 a sample of the model."""
 
+import contextlib
 import hashlib
 from pathlib import Path
 
 import pytest
 
 from webapp.runs.models import Checkpoint
+from webapp.runs.sampling import MAX_CONCURRENT_SAMPLES, SAMPLER
 
 pytestmark = [pytest.mark.django_db, pytest.mark.integration]
 
@@ -95,3 +97,17 @@ def test_a_checkpoint_that_does_not_verify_cannot_be_sampled(viewer_api, running
     assert response.status_code == 422
     assert response.json()["errors"]["checkpoint"][0].startswith(
         "The checkpoint could not be loaded")
+
+
+def test_a_sample_while_the_sampler_is_busy_is_a_503_with_retry_after(viewer_api, running,
+                                                                     checkpoint):
+    url = f"{checkpoints_of(running)}/{checkpoint.pk}/sample"
+    with contextlib.ExitStack() as under_way:
+        for _ in range(MAX_CONCURRENT_SAMPLES):
+            under_way.enter_context(SAMPLER.slot())
+        response = viewer_api.post(url, {"prompt": "x", "tokens": 1})
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == "5"
+    assert response.json()["errors"]["checkpoint"][0].startswith("The sampler is busy")
+    assert viewer_api.post(url, {"prompt": "x", "tokens": 1}).status_code == 200

@@ -69,3 +69,28 @@ def test_the_timeline_of_an_island_the_run_does_not_have_is_404(viewer_api, runn
 
 def test_the_timeline_needs_a_signed_in_user(anonymous_api, running):
     assert anonymous_api.get(f"/api/runs/{running.pk}/timeline").status_code == 401
+
+
+def test_the_timeline_since_a_time_has_only_what_is_from_then_on(viewer_api,
+                                                                 killed_and_rejoined):
+    since = at(16).timestamp()
+    response = viewer_api.get(
+        f"/api/runs/{killed_and_rejoined.pk}/islands/east-a/timeline?since={since}")
+
+    assert response.status_code == 200
+    body = response.json()
+    assert body["since"] == since
+    (lane,) = body["islands"]
+    assert [(s["state"], s["start"] - T0.timestamp()) for s in lane["spans"]] == [
+        ("rejoining", 16), ("training", 18)]
+    assert lane["spans"][0]["recovery"]["seconds"]["first_merge"] == 12
+    assert [(m["kind"], m["time"] - T0.timestamp()) for m in lane["marks"]] == [
+        ("rejoin", 20), ("merge", 22)]
+
+
+@pytest.mark.parametrize("since", ["-1", "1e300", "nan", "soon"])
+def test_a_timeline_since_no_time_is_refused_by_its_field(viewer_api, running, since):
+    response = viewer_api.get(f"/api/runs/{running.pk}/timeline?since={since}")
+
+    assert response.status_code == 422
+    assert list(response.json()["errors"]) == ["since"]

@@ -1,8 +1,12 @@
+import logging
+
 import pytest
+from django.db import transaction
 
 from diloco.config_parse import ConfigError, parse_config
-from webapp.runs.lifecycle import create_run, default_config, start_run
-from webapp.runs.models import Island, Run
+from syncd.connection import connect
+from webapp.runs.lifecycle import create_run, default_config, delete_run, start_run
+from webapp.runs.models import Checkpoint, Island, Run
 
 pytestmark = pytest.mark.django_db
 
@@ -101,6 +105,46 @@ def test_the_default_config_fits_the_deployments_regions(settings):
     assert {island["region"] for island in config["islands"]} == {"eu-west"}
     run = create_run(name="r", mode="decoupled", config=config, user=None)
     assert run.islands.count() == len(config["islands"])
+
+
+def ended_run(tmp_path):
+    run = Run.objects.create(name="ended", mode="decoupled", config={},
+                             state=Run.State.COMPLETED)
+    path = tmp_path / "ended.safetensors"
+    path.write_bytes(b"weights")
+    Checkpoint.objects.create(run=run, outer_step=1, path=str(path), sha256="0" * 64, bytes=7)
+    return run, path
+
+
+def test_a_runs_redis_keys_go_only_once_its_deletion_is_committed(
+        redis_url, tmp_path, django_capture_on_commit_callbacks):
+    run, path = ended_run(tmp_path)
+    run_id, client = run.pk, connect(redis_url)
+    client.set(f"arch:{run_id}:status", "{}")
+
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        delete_run(run, None)
+        assert not Run.objects.filter(pk=run_id).exists()
+        assert client.ttl(f"arch:{run_id}:status") == -1 and path.exists()
+
+    assert 0 < client.ttl(f"arch:{run_id}:status") <= 60  # a deleted run keeps nothing
+    assert not path.exists()
+
+
+def test_a_run_is_deleted_when_redis_cannot_be_reached_and_the_log_says_what_is_left(
+        settings, tmp_path, caplog, django_capture_on_commit_callbacks):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    run, path = ended_run(tmp_path)
+    run_id = run.pk
+
+    with caplog.at_level(logging.ERROR, "archipelago.web"), \
+            django_capture_on_commit_callbacks(execute=True):
+        delete_run(run, None)
+
+    assert not Run.objects.filter(pk=run_id).exists() and not path.exists()
+    [record] = caplog.records
+    assert record.getMessage().startswith(
+        f"run {run_id} is deleted but its Redis keys (arch:{run_id}:*) are left: ")
 
 
 # About 122 MiB of Redis each, 64 MiB of it the base that runs share: two fit 200 MiB

@@ -132,7 +132,7 @@ def test_a_removed_island_can_come_back_with_its_next_epoch(running, store, enqu
 
 def test_an_island_added_to_a_running_run_must_fit_its_regions_host_beside_the_others(
         running, store, enqueued, operator, settings):
-    """us-east's host of 30 MiB holds the run's two islands there (12 MiB each) and not
+    """us-east's host of 30 MiB holds the run's two islands there (13 MiB each) and not
     a third: the add is refused, keyed by the new island's region, and nothing starts."""
     settings.ISLAND_HOST_MEMORY_MB, settings.ISLAND_POOL_SIZE = 30, None  # no standbys
 
@@ -141,7 +141,7 @@ def test_an_island_added_to_a_running_run_must_fit_its_regions_host_beside_the_o
 
     assert list(refused.value.errors) == ["islands.3.region"]
     assert refused.value.errors["islands.3.region"][0].startswith(
-        "The island host of us-east would need about 36 MiB for this run's islands there "
+        "The island host of us-east would need about 39 MiB for this run's islands there "
         "('east-a', 'east-b', 'east-c')")
     running.refresh_from_db()
     assert [i["name"] for i in running.config["islands"]] == ["east-a", "east-b", "west-a"]

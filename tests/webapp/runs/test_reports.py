@@ -15,6 +15,7 @@ from webapp.runs.reports import (
     run_summary,
     run_timeline,
 )
+from webapp.runs.timeline import lane_since
 
 pytestmark = pytest.mark.django_db
 
@@ -110,3 +111,54 @@ def test_the_timeline_has_a_lane_per_island_from_the_runs_start_to_its_end(run):
     assert timeline["end"] == pytest.approx((started + timedelta(minutes=5)).timestamp())
     assert len(timeline["islands"]) == 2
     assert len(run_timeline(run, islands=["b"])["islands"]) == 1
+
+
+def test_the_timeline_since_a_time_is_the_whole_timelines_part_from_then_on(run):
+    """a killed at 10 s, lost at 13, rejoin asked at 15, back at 18, training at 20, its
+    first merge at 22; metric rows every 2 s; the page asks since 16.5 s."""
+    started = timezone.now() - timedelta(minutes=10)
+    run.started_at, run.finished_at = started, started + timedelta(seconds=40)
+    a = run.islands.get(name="a")
+    for seconds, kind, detail in (
+            (10, "fault", {"fault": "kill", "epoch": 1}), (13, "island_lost", {}),
+            (15, "rejoin", {"from_epoch": 1, "epoch": 2}), (18, "island_revived", {}),
+            (20, "rejoin", {"epoch": 2, "seconds_to_first_step": 5.0})):
+        Event.objects.create(run=run, island=a, kind=kind, detail=detail,
+                             time=started + timedelta(seconds=seconds))
+    for seconds in (4, 22, 30):
+        Event.objects.create(run=run, kind="merge", time=started + timedelta(seconds=seconds),
+                             detail={"fragment": 0, "version": seconds,
+                                     "weights": {"a": 0.5, "b": 0.5}})
+    for seconds in range(0, 40, 2):
+        state = "lost" if 13 <= seconds < 18 else "training"
+        Metric.objects.create(run=run, time=started + timedelta(seconds=seconds), tokens=0,
+                              outer_steps=0, islands={"a": {"state": state},
+                                                      "b": {"state": "training"}})
+    since = (started + timedelta(seconds=16.5)).timestamp()
+
+    whole, newer = run_timeline(run), run_timeline(run, since=since)
+
+    assert whole["since"] is None and newer["since"] == since
+    assert newer["end"] == whole["end"]
+    assert newer["islands"] == [lane_since(lane, since) for lane in whole["islands"]]
+    lane = newer["islands"][0]
+    assert [(s["state"], round(s["start"] - since, 1)) for s in lane["spans"]] == [
+        ("rejoining", 0.0), ("training", 1.5)]
+    # The outage began before `since`: its cause and recovery are still whole.
+    assert lane["spans"][0]["recovery"]["seconds"] == {
+        "fault": 0.0, "lost": 3.0, "rejoin": 5.0, "first_step": 10.0, "first_merge": 12.0}
+    assert all(m["time"] >= since for m in lane["marks"])
+    assert [m["kind"] for m in lane["marks"]] == ["rejoin", "merge", "merge"]
+
+
+def test_the_timeline_since_a_time_takes_the_islands_states_from_the_row_before_it(run):
+    started = timezone.now() - timedelta(minutes=10)
+    run.started_at, run.finished_at = started, started + timedelta(seconds=20)
+    for seconds, state in ((0, "starting"), (4, "training")):
+        Metric.objects.create(run=run, time=started + timedelta(seconds=seconds), tokens=0,
+                              outer_steps=0, islands={"a": {"state": state}})
+    since = (started + timedelta(seconds=10)).timestamp()
+
+    (lane, _) = run_timeline(run, since=since)["islands"]
+
+    assert [(s["state"], s["start"]) for s in lane["spans"]] == [("training", since)]

@@ -1,7 +1,7 @@
 """Each island's life on a timeline, from events and metric rows: state spans, fault
-spans, marks, and the recovery of each outage in seconds."""
+spans, marks, the recovery of each outage in seconds, and a lane's part from a time on."""
 
-from webapp.runs.timeline import island_timeline
+from webapp.runs.timeline import island_timeline, lane_since
 
 
 def event(kind: str, time: float, island: str | None = "a", **detail) -> dict:
@@ -119,3 +119,24 @@ def test_faults_rejoins_and_the_merges_that_took_the_islands_update_are_marks():
 def test_an_island_with_no_rows_yet_has_an_empty_lane():
     assert island_timeline("c", KILLED_AND_REJOINED, HISTORY, end=120.0) == {
         "island": "c", "spans": [], "faults": [], "marks": []}
+
+
+def test_a_lane_since_a_time_keeps_what_ends_after_it_cut_there_and_the_marks_from_it():
+    lane = island_timeline("a", KILLED_AND_REJOINED, HISTORY, end=120.0)
+
+    newer = lane_since(lane, 106.0)
+
+    assert spans(newer) == [("rejoining", 106.0, 110.0), ("starting", 110.0, 115.0),
+                            ("training", 115.0, 120.0)]
+    assert newer["spans"][0]["recovery"] == lane["spans"][2]["recovery"]
+    assert [m["time"] for m in newer["marks"]] == [115.0, 118.0]
+    assert lane["spans"][2]["start"] == 105.0  # the lane itself is left as it was
+
+
+def test_a_lane_since_a_time_cuts_a_fault_span_that_crosses_it():
+    events = [event("fault", 100.0, fault="straggle", until=110.0)]
+    lane = island_timeline("a", events, HISTORY, end=120.0)
+
+    assert lane_since(lane, 104.0)["faults"] == [
+        {"fault": "straggle", "start": 104.0, "end": 110.0}]
+    assert lane_since(lane, 110.0)["faults"] == []

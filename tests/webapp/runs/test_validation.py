@@ -19,9 +19,9 @@ from webapp.runs.validation import (
 )
 
 REGIONS = ["us-east", "us-west"]
-# 2,122 MiB for island a (1,728 MiB of it activations at batch size 64), 421 MiB for
+# 2,148 MiB for island a (1,728 MiB of it activations at batch size 64), 447 MiB for
 # island b, each with one warm standby of 269 MiB; about 147 MiB of Redis (64 MiB of it
-# its base, which runs share), 70 MiB of syncd.
+# its base, which runs share), 61 MiB of syncd.
 MODEL = {"n_layer": 4, "n_embd": 256, "n_head": 4, "block_size": 256}
 ISLANDS = [{"name": "a", "region": "us-east", "batch_size": 64},
            {"name": "b", "region": "us-east", "batch_size": 1}]
@@ -112,19 +112,19 @@ def test_redis_is_summed_over_the_admitted_runs_its_base_once(sized):
 def test_syncd_is_summed_over_the_admitted_runs_against_its_hosts_memory(sized):
     config = sized(redis_mb=10**6, host_mb=10**6, syncd_mb=100)
 
-    assert memory_misfits(config) == {}  # 70 MiB
+    assert memory_misfits(config) == {}  # 61 MiB
     misfits = memory_misfits(config, [config])
 
     assert list(misfits) == ["model"]
-    assert misfits["model"][0].startswith("syncd would need about 70 MiB for this run (")
+    assert misfits["model"][0].startswith("syncd would need about 61 MiB for this run (")
     assert misfits["model"][0].endswith(
-        "and the other admitted run takes 70 MiB already, more than SYNCD_HOST_MEMORY_MB "
+        "and the other admitted run takes 61 MiB already, more than SYNCD_HOST_MEMORY_MB "
         "allows (100 MiB): a smaller model or fewer islands would fit, or this run once "
         "others end.")
 
 
 def test_a_regions_islands_of_every_admitted_run_share_its_island_host(sized):
-    """Islands a (1,853 MiB without the standby) and b (152 MiB) in us-east with one
+    """Islands a (1,879 MiB without the standby) and b (178 MiB) in us-east with one
     standby (269 MiB) fit 2,500 MiB; beside another run's islands there they do not,
     and another run's islands elsewhere take nothing of it."""
     config = sized(redis_mb=10**6, host_mb=2500)
@@ -147,7 +147,7 @@ def test_a_regions_islands_of_every_admitted_run_share_its_island_host(sized):
 def test_a_run_whose_islands_together_overfill_their_regions_host_names_the_first_over(
         sized):
     islands = [*ISLANDS, {"name": "c", "region": "us-east", "batch_size": 1}]
-    config = sized(redis_mb=10**6, host_mb=2400, islands=islands)  # 1,853 + 2 x 152 + 269
+    config = sized(redis_mb=10**6, host_mb=2400, islands=islands)  # 1,879 + 2 x 178 + 269
 
     assert list(memory_misfits(config)) == ["islands.2.region"]
     assert "this run's islands there ('a', 'b', 'c')" in memory_misfits(

@@ -160,6 +160,14 @@ def test_a_demo_shaped_run_starts_warm_and_a_rejoin_through_the_api_trains_withi
     wait_all_training(store, islands=4)
     assert all(beat["warm"] for beat in store.heartbeats().values())
     wait_until(lambda: pools.ready("us-east") >= 1, 60, "a standby left ready in us-east")
+
+    # The islands that took standbys are filled slots: each region keeps its one
+    # spare and refills nothing while the run trains.
+    def one_spare_each() -> bool:
+        hosts = [h for r in ("us-east", "us-west") for h in pools.hosts(r).values()]
+        return all((h["size"], h["ready"], h["launching"]) == (1, 1, 0) for h in hosts)
+
+    wait_until(one_spare_each, 30, "each region's pool to keep one spare and launch none")
     api = Client()
     api.force_login(operator)
     islands = f"/api/runs/{run.pk}/islands"

@@ -325,7 +325,19 @@ function showEvents(events) {
     if (e.kind === "checkpoint" && !e.detail.requested) loadCheckpoints();
   }
   if (vocabulary.under_way.includes(runState)) timeline.refresh(1000);
-  while (list.children.length > 300) list.lastChild.remove();
+  trimEvents(list);
+}
+
+// The list keeps its newest EVENTS_KEPT items, the oldest merges going first: a
+// fast run merges several times a second, and a fault or a rejoin a minute back
+// stays in view however many merges came after it.
+const EVENTS_KEPT = 300;
+const MERGES_KEPT = 100;
+
+function trimEvents(list) {
+  const merges = list.querySelectorAll("li[data-kind='merge']");
+  for (let i = merges.length - 1; i >= MERGES_KEPT; i--) merges[i].remove();
+  while (list.children.length > EVENTS_KEPT) list.lastChild.remove();
 }
 
 function showCheckpoints(checkpoints) {

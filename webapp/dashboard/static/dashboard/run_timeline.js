@@ -1,6 +1,7 @@
 // The run page's timeline: a lane per island, time across. States as wide bars,
 // active faults as a thin bar above them, faults, rejoins and merges as marks below.
-// The lanes come from GET /api/runs/<id>/timeline (webapp/runs/timeline.py).
+// The lanes come from GET /api/runs/<id>/timeline (webapp/runs/timeline.py): the page
+// holds them from its start, then asks only for what is new (`since`) and appends it.
 import * as arch from "./common.js";
 import {faultColour, stateColour} from "./palette.js";
 import {Plotly, plotConfig} from "./plotting.js";
@@ -23,6 +24,51 @@ function recoveryWords(recovery) {
   return words;
 }
 
+// The lanes' spans before `since` (those that cross it cut there) and the fresh ones
+// from it on; a span cut at `since` and a fresh one that goes on from there in the same
+// state (or fault) are one span, with the fresh one's recovery.
+function joinSpans(kept, fresh, since, key) {
+  const spans = kept.filter((s) => s.start < since).map((s) => ({...s, end: Math.min(s.end, since)}));
+  const rest = [...fresh];
+  const last = spans[spans.length - 1];
+  if (last && rest.length && last.end === rest[0].start && last[key] === rest[0][key]
+      && Boolean(last.recovery) === Boolean(rest[0].recovery)) {
+    spans[spans.length - 1] = {...rest.shift(), start: last.start};
+  }
+  return spans.concat(rest);
+}
+
+function joinLanes(lanes, fresh) {
+  const since = fresh.since;
+  const had = Object.fromEntries(lanes.islands.map((lane) => [lane.island, lane]));
+  const islands = fresh.islands.map((lane) => {
+    const old = had[lane.island] || {spans: [], faults: [], marks: []};
+    return {island: lane.island, spans: joinSpans(old.spans, lane.spans, since, "state"),
+            faults: joinSpans(old.faults, lane.faults, since, "fault"),
+            marks: old.marks.filter((m) => m.time < since).concat(lane.marks)};
+  });
+  return {start: Math.min(lanes.start, fresh.start), end: fresh.end, islands};
+}
+
+// Where the next fetch starts: a little before the end of what the page has (an event
+// is stamped by its writer's clock and may be stored a moment after its time), or
+// the start of a lane's latest outage that is over but whose recovery still waits
+// for its first step or merge, so that those arrive on its spans.
+const OVERLAP_S = 30;
+
+function nextSince(timeline) {
+  let since = timeline.end - OVERLAP_S;
+  for (const lane of timeline.islands) {
+    let i = lane.spans.findLastIndex((s) => s.recovery);
+    if (i < 0 || i === lane.spans.length - 1) continue;
+    const seconds = lane.spans[i].recovery.seconds;
+    if (seconds.first_step !== null && seconds.first_merge !== null) continue;
+    while (i > 0 && lane.spans[i - 1].recovery) i -= 1;
+    since = Math.min(since, lane.spans[i].start);
+  }
+  return since;
+}
+
 function clock(t) {
   return new Date(t * 1000).toLocaleTimeString();
 }
@@ -33,19 +79,23 @@ export class RunTimeline {
     this.path = `/api/runs/${runId}/timeline`;
     this.loading = false;
     this.loadedAt = 0;
+    this.timeline = null;
   }
 
-  // Fetch the lanes again, at most every `every` ms and one fetch at a time.
+  // Fetch what is new on the lanes, at most every `every` ms and one fetch at a time.
   refresh(every) {
     if (this.loading || Date.now() - this.loadedAt < every) return;
     this.loading = true;
     this.loadedAt = Date.now();
-    arch.api("GET", this.path).then((t) => this.draw(t))
+    const path = this.timeline ? `${this.path}?since=${nextSince(this.timeline)}` : this.path;
+    arch.api("GET", path)
+      .then((t) => this.draw(this.timeline && t.since !== null ? joinLanes(this.timeline, t) : t))
       .catch((e) => arch.toast("The timeline could not be loaded: " + e.message, true))
       .finally(() => { this.loading = false; });
   }
 
   draw(timeline) {
+    this.timeline = timeline;
     const lanes = timeline.islands;
     const traces = [];
     const bars = {};  // trace key -> bar trace
