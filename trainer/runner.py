@@ -311,20 +311,23 @@ class ProcessIsland:
         finally:
             self.activity = "training"
 
-    def hold_back(self, p: int) -> None:
+    def hold_back(self, p: int, mix_at: dict | None = None) -> None:
         """Backpressure: before its next send of fragment p, wait while syncd has not
         handled the island's KEEP_PER_FRAGMENT updates of p it keeps
         (trainer/resend.py `SentUpdates.must_wait`), so that a syncd that does not merge
         (a round short of its quorum, syncd away) holds the island back instead of
         filling Redis or pushing out a kept update. The heartbeat says `waiting`
-        meanwhile, and the seconds add up in `backpressure_wait_s`. A stop, the run's
-        end or a whole-job restart ends the wait: a stop's last sends go out, at most
-        one more per fragment."""
+        meanwhile, and the seconds add up in `backpressure_wait_s`; a merged fragment
+        that arrives meanwhile is mixed (`mix_at`, the loop's). A stop, the run's end or
+        a whole-job restart ends the wait: a stop's last sends go out, at most one more
+        per fragment."""
         last = time.monotonic()
         while self.sent.must_wait(p):
             if self.stopping or self.done() or self.restarts.pending():
                 break
             self.send_again()
+            if mix_at and not self.elastic:  # elastic's barrier never gets here
+                self.mix(mix_at)
             self.activity = "waiting"
             self.beat("waiting")
             time.sleep(POLL_S)
@@ -406,9 +409,9 @@ class ProcessIsland:
         deleted, its state freed)."""
         return self.store.done() or not self.store.is_active()
 
-    def send(self, p: int) -> None:
+    def send(self, p: int, mix_at: dict | None = None) -> None:
         s = self.config.sync
-        self.hold_back(p)
+        self.hold_back(p, mix_at)
         meta, payload = self.island.make_update(p, s.compression)
         payload = self.emulation.corrupt(payload)
         meta.update(run=self.store.run_id, island=self.name, epoch=self.epoch,
@@ -489,7 +492,7 @@ class ProcessIsland:
             if not self.mix(mix_at):
                 continue  # a whole-job restart, followed before the next step
             for p in due_fragments(self.island.step, s.inner_steps, s.fragments):
-                self.send(p)
+                self.send(p, mix_at)
                 seq = self.island.step
                 self.downloads.request(p, seq, self.island.state[p].version)
                 if s.overlap_steps == 0:

@@ -82,8 +82,14 @@ def test_an_island_of_two_processes_trains_mixes_and_stops_under_its_supervisor(
             blob = store.update_message(update, 1 << 30)
             return decode_message(blob, island_key(secret, "island-0", 1))[1]["base_version"]
 
-        mixed = wait_for(lambda: next((u for u in store.read_updates(count=10_000)
-                                       if u.fragment == 0 and base_version(u) == 1), None))
+        def mixed_update():
+            updates = store.read_updates(count=10_000)
+            for u in updates:  # syncd handles each (backpressure waits for it)
+                store.mark_handled(u.fragment, {"island-0": u.seq})
+            return next((u for u in updates if u.fragment == 0 and base_version(u) == 1),
+                        None)
+
+        mixed = wait_for(mixed_update)
         if end == "done":
             store.mark_done()
         else:
