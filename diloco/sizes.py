@@ -14,9 +14,10 @@ differences kept for a lossy downlink, 0 for none. Wire headers are left out.
 
 Redis (syncd/store.py): globals B (full fragments) + momentum B_m + one
 fragment in swap F + F_m (a publish writes the new version before it deletes
-the one before; F_m is F with momentum) + update blobs M x B_up (one round of
-every fragment from every island: an upper bound for blobs in flight, each is
-freed once folded into its round)
+the one before; F_m is F with momentum) + update blobs 2 x M x B_up (in flight:
+an island has at most KEPT_SENDS = 2 updates of a fragment that syncd has not
+handled, then waits before its next send, trainer/resend.py; each is freed once
+folded into its round)
 + D + 64 MiB base.
 
 syncd: globals B + momentum B_m + round sums B (one running sum per fragment,
@@ -63,7 +64,9 @@ from diloco.shapes import tensor_sizes
 MIB = 1024 * 1024
 REDIS_BASE_BYTES = 64 * MIB
 STANDBY_BASE_BYTES = 256 * MIB
-KEPT_SENDS = 2  # messages per fragment an island keeps until handled (trainer/resend.py)
+# Messages per fragment an island keeps until handled, and the most of a fragment it
+# has not seen handled before its next send waits (trainer/resend.py).
+KEPT_SENDS = 2
 
 
 def encoded_bytes(numel: int, codec: str) -> int:
@@ -139,7 +142,8 @@ def estimate(config: RunConfig, standbys: int = 0) -> Estimate:
     swap = largest if momentum else 0
     redis = Need({"global fragments": model, "outer momentum": momentum,
                   "fragment in swap": largest + swap,
-                  "update blobs": m * up, "downlink differences": differences,
+                  "update blobs": KEPT_SENDS * m * up,
+                  "downlink differences": differences,
                   "base": REDIS_BASE_BYTES})
     syncd = Need({"global fragments": model, "outer momentum": momentum,
                   "round sums": model, "update being folded": largest,

@@ -11,6 +11,11 @@ that took the run over, a restarted one included, holds none of the open rounds)
 Sending again is safe: an update is one key per (island, epoch, fragment, seq),
 and syncd skips one whose seq is handled or already in its round, so no update is
 merged twice (docs/RELIABILITY.md).
+
+The same messages are the backpressure bound: with KEEP_PER_FRAGMENT of a fragment not
+handled, the island waits before its next send of it (`must_wait`), so none is pushed
+out and Redis gets no more of them while syncd merges none (only a stop's last sends go
+past it, one per fragment).
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from collections.abc import Callable
 from diloco.sizes import KEPT_SENDS
 
 # Messages kept per fragment: an island has at most one update of a fragment in an
-# open round and one on the way while its tau overlap steps run. The run's memory
-# estimate counts them (diloco/sizes.py).
+# open round and one on the way while its tau overlap steps run. It is also the
+# backpressure bound: with this many not handled, the next send waits (`must_wait`).
+# The run's memory estimate counts them (diloco/sizes.py).
 KEEP_PER_FRAGMENT = KEPT_SENDS
 
 
@@ -52,6 +58,22 @@ class SentUpdates:
         del kept[:-self.keep]
         if self.seen is None:
             self.seen = self.holder()
+
+    def unhandled(self, fragment: int) -> int:
+        """How many of the fragment's kept messages syncd has not handled yet (forgets
+        the handled ones)."""
+        done = self.handled(fragment)
+        kept = self.sent.get(fragment, [])
+        kept[:] = [(seq, m) for seq, m in kept if seq > done]
+        return len(kept)
+
+    def must_wait(self, fragment: int) -> bool:
+        """Backpressure: whether the island's next send of `fragment` must wait for syncd
+        to handle more. It must once `keep` of them are not handled: the next would push
+        out a kept one, and put one more in Redis while syncd merges none. A healthy
+        island never waits: its update is merged within about one cadence (H steps),
+        before its next send of the fragment."""
+        return self.unhandled(fragment) >= self.keep
 
     def to_send_again(self) -> list[tuple[int, int, bytes | bytearray]]:
         """(fragment, seq, message) of each message kept and not handled, if syncd's

@@ -128,6 +128,7 @@ class ProcessIsland:
         self.pull_s = 0.0  # reading, checking and mixing pulled fragments, in all
         self.pull_wait_s = 0.0  # of it, on the training thread (mixes, blocking waits)
         self.late_globals = 0  # merged fragments mixed after their tau overlap steps
+        self.backpressure_wait_s = 0.0  # waited before sends for syncd to handle more
         self.activity = "starting"  # what the background heartbeat says the island does
         self.compute_s = 0.0  # stepping, slowdowns included: sent with each update
         self._last_beat = 0.0
@@ -164,7 +165,9 @@ class ProcessIsland:
                              pid=os.getpid(), idle_rss=self.idle_rss, pulls=self.pulls,
                              pull_s=round(self.pull_s, 4),
                              pull_wait_s=round(self.pull_wait_s, 4),
-                             late_globals=self.late_globals, phases=self.phases,
+                             late_globals=self.late_globals,
+                             backpressure_wait_s=round(self.backpressure_wait_s, 4),
+                             phases=self.phases,
                              warm=self.warm, cpu_share=cpu_share(), **extra)
 
     # -- globals -------------------------------------------------------------
@@ -308,6 +311,31 @@ class ProcessIsland:
         finally:
             self.activity = "training"
 
+    def hold_back(self, p: int, mix_at: dict | None = None) -> None:
+        """Backpressure: before its next send of fragment p, wait while syncd has not
+        handled the island's KEEP_PER_FRAGMENT updates of p it keeps
+        (trainer/resend.py `SentUpdates.must_wait`), so that a syncd that does not merge
+        (a round short of its quorum, syncd away) holds the island back instead of
+        filling Redis or pushing out a kept update. The heartbeat says `waiting`
+        meanwhile, and the seconds add up in `backpressure_wait_s`; a merged fragment
+        that arrives meanwhile is mixed (`mix_at`, the loop's). A stop, the run's end or
+        a whole-job restart ends the wait: a stop's last sends go out, at most one more
+        per fragment."""
+        last = time.monotonic()
+        while self.sent.must_wait(p):
+            if self.stopping or self.done() or self.restarts.pending():
+                break
+            self.send_again()
+            if mix_at and not self.elastic:  # elastic's barrier never gets here
+                self.mix(mix_at)
+            self.activity = "waiting"
+            self.beat("waiting")
+            time.sleep(POLL_S)
+            now = time.monotonic()
+            self.backpressure_wait_s += now - last
+            last = now
+        self.activity = "training"
+
     def handled(self, p: int, seq: int) -> bool:
         """Whether syncd merged or dropped this island's update `seq` of fragment p."""
         return self.store.handled_seq(p, self.name) >= seq
@@ -381,8 +409,9 @@ class ProcessIsland:
         deleted, its state freed)."""
         return self.store.done() or not self.store.is_active()
 
-    def send(self, p: int) -> None:
+    def send(self, p: int, mix_at: dict | None = None) -> None:
         s = self.config.sync
+        self.hold_back(p, mix_at)
         meta, payload = self.island.make_update(p, s.compression)
         payload = self.emulation.corrupt(payload)
         meta.update(run=self.store.run_id, island=self.name, epoch=self.epoch,
@@ -463,7 +492,7 @@ class ProcessIsland:
             if not self.mix(mix_at):
                 continue  # a whole-job restart, followed before the next step
             for p in due_fragments(self.island.step, s.inner_steps, s.fragments):
-                self.send(p)
+                self.send(p, mix_at)
                 seq = self.island.step
                 self.downloads.request(p, seq, self.island.state[p].version)
                 if s.overlap_steps == 0:

@@ -241,18 +241,22 @@ DATA_ROOTS = [Path(p) for p in env_str(
     "DATA_ROOTS", os.pathsep.join([str(DATA_DIR), sysconfig.get_paths()["stdlib"]])
 ).split(os.pathsep) if p.strip()]
 
-# The memory the hosts declare. A run whose estimate (diloco/sizes.py) does not fit
-# is refused when it is made and when it is started (webapp.runs.validation): Redis's
-# against REDIS_MAXMEMORY_MB, which `python -m webapp.start` gives its embedded Redis
-# as maxmemory (default a quarter of this machine's memory); each island's against
-# ISLAND_HOST_MEMORY_MB, the memory of a host that runs one island (default this
-# machine's).
+# The memory the hosts declare. A run whose estimate (diloco/sizes.py), added to what
+# the other admitted runs take, does not fit is refused when it is made, when it is
+# started and when an island is added to it (webapp.runs.validation): Redis's against
+# REDIS_MAXMEMORY_MB, which `python -m webapp.start` gives its embedded Redis as
+# maxmemory (default a quarter of this machine's memory); syncd's against
+# SYNCD_HOST_MEMORY_MB, the memory of syncd's host (default this machine's); each
+# region's islands against ISLAND_HOST_MEMORY_MB, the memory of the host that runs a
+# region's islands (default this machine's).
 REDIS_MAXMEMORY_MB = redis_maxmemory_mb()
+SYNCD_HOST_MEMORY_MB = env_int("SYNCD_HOST_MEMORY_MB", physical_memory_mb())
 ISLAND_HOST_MEMORY_MB = env_int("ISLAND_HOST_MEMORY_MB", physical_memory_mb())
-if min(REDIS_MAXMEMORY_MB, ISLAND_HOST_MEMORY_MB) < 1:
+if min(REDIS_MAXMEMORY_MB, SYNCD_HOST_MEMORY_MB, ISLAND_HOST_MEMORY_MB) < 1:
     raise ImproperlyConfigured(
-        f"REDIS_MAXMEMORY_MB and ISLAND_HOST_MEMORY_MB must be at least 1, got "
-        f"{REDIS_MAXMEMORY_MB} and {ISLAND_HOST_MEMORY_MB}.")
+        f"REDIS_MAXMEMORY_MB, SYNCD_HOST_MEMORY_MB and ISLAND_HOST_MEMORY_MB must be at "
+        f"least 1, got {REDIS_MAXMEMORY_MB}, {SYNCD_HOST_MEMORY_MB} and "
+        f"{ISLAND_HOST_MEMORY_MB}.")
 
 # Form posts: the new-run form has about 50 fields and 7 per island row, up to
 # diloco.config.MAX_ISLANDS (256) rows; Django's default of 1000 fields would refuse

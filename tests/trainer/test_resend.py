@@ -60,3 +60,28 @@ def test_it_keeps_at_most_its_bound_per_fragment_the_newest():
     assert s.to_send_again() == [(0, 8, b"u8"), (0, 12, b"u12")]
     with pytest.raises(ValueError, match="at least 1"):
         sent(syncd, keep=0)
+
+
+def test_a_send_waits_once_the_kept_updates_of_its_fragment_are_not_handled():
+    """Backpressure: two updates of fragment 0 not handled, a third must wait; fragment
+    1, with one, need not; a handled seq settles every send up to it."""
+    syncd = Syncd()
+    s = sent(syncd)
+    s.add(0, 10, b"f0-10")
+    s.add(0, 20, b"f0-20")
+    s.add(1, 15, b"f1-15")
+
+    assert s.must_wait(0) and not s.must_wait(1)
+    syncd.handled = {0: 10}
+    assert not s.must_wait(0) and s.unhandled(0) == 1
+    syncd.handled = {0: 20}
+    assert s.unhandled(0) == 0
+
+
+def test_a_healthy_island_whose_updates_merge_a_round_late_never_waits():
+    syncd = Syncd()
+    s = sent(syncd)
+    for seq in range(10, 200, 10):
+        assert not s.must_wait(0)
+        s.add(0, seq, b"update")
+        syncd.handled = {0: seq - 10}  # the update before this one is merged

@@ -82,8 +82,14 @@ def test_an_island_of_two_processes_trains_mixes_and_stops_under_its_supervisor(
             blob = store.update_message(update, 1 << 30)
             return decode_message(blob, island_key(secret, "island-0", 1))[1]["base_version"]
 
-        mixed = wait_for(lambda: next((u for u in store.read_updates(count=10_000)
-                                       if u.fragment == 0 and base_version(u) == 1), None))
+        def mixed_update():
+            updates = store.read_updates(count=10_000)
+            for u in updates:  # syncd handles each (backpressure waits for it)
+                store.mark_handled(u.fragment, {"island-0": u.seq})
+            return next((u for u in updates if u.fragment == 0 and base_version(u) == 1),
+                        None)
+
+        mixed = wait_for(mixed_update)
         if end == "done":
             store.mark_done()
         else:
@@ -237,3 +243,40 @@ def test_an_island_without_a_key_in_its_environment_does_not_start(monkeypatch):
         island_key_from_env()
     monkeypatch.setenv(ISLAND_KEY_ENV, "ab" * 32)
     assert island_key_from_env() == bytes.fromhex("ab" * 32)
+
+
+@pytest.mark.integration
+def test_an_island_whose_updates_syncd_does_not_merge_stops_sending_after_the_bound(
+        redis_server, text_path):
+    """No syncd merges: the island sends two updates of its one fragment (the bound),
+    then waits before the third, beating as `waiting` with the seconds it waited in
+    its heartbeat; once syncd handles the first, the third goes out."""
+    client = connect(redis_server)
+    client.flushall()
+    store = RunStore(client, 45)
+    config = parse_config({
+        "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
+        "data": {"path": text_path},
+        "sync": {"inner_steps": 4, "fragments": 1, "overlap_steps": 1, "min_quorum": 1},
+        "train": {"device": "cpu"},
+        "islands": [{"name": "island-0", "region": "us-east", "batch_size": 4}],
+    }, ["us-east"])
+    island, thread, _ = island_in_a_thread(store, config, b"backpressure")
+    try:
+        def held_a_second() -> dict | None:
+            beat = store.heartbeats().get("island-0", {})
+            return beat if beat.get("backpressure_wait_s", 0.0) >= 1.0 else None
+
+        beat = wait_for(held_a_second)
+        sent = [u.seq for u in store.read_updates(count=100)]
+        assert sent == [4, 8] and island.island.step == 12  # holding its third update
+        assert beat["state"] == "waiting"
+        assert time.time() - store.heartbeats()["island-0"]["time"] < 1.0  # still beating
+        store.mark_handled(0, {"island-0": 4})
+        wait_for(lambda: len(store.read_updates(count=100)) == 3 or None)
+        assert [u.seq for u in store.read_updates(count=100)][2] == 12
+    finally:
+        store.mark_done()
+        thread.join(timeout=30)
+        client.close()
+    assert not thread.is_alive()

@@ -80,17 +80,19 @@ def test_env_list_drops_blank_items(monkeypatch):
 def test_the_memory_the_hosts_declare_defaults_to_this_machines_and_is_read_from_the_env():
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
     assert physical_memory_mb() == total
-    script = ("from django.conf import settings; "
-              "print(settings.REDIS_MAXMEMORY_MB, settings.ISLAND_HOST_MEMORY_MB)")
+    script = ("from django.conf import settings; print(settings.REDIS_MAXMEMORY_MB, "
+              "settings.SYNCD_HOST_MEMORY_MB, settings.ISLAND_HOST_MEMORY_MB)")
 
     defaults = manage("shell", "--no-imports", "-c", script)
     declared = manage("shell", "--no-imports", "-c", script, REDIS_MAXMEMORY_MB="512",
-                      ISLAND_HOST_MEMORY_MB="2048")
-    refused = manage("check", REDIS_MAXMEMORY_MB="0")
+                      SYNCD_HOST_MEMORY_MB="1024", ISLAND_HOST_MEMORY_MB="2048")
+    refused = manage("check", SYNCD_HOST_MEMORY_MB="0")
 
-    assert defaults.stdout.split() == [str(total // 4), str(total)], defaults.stderr
-    assert declared.stdout.split() == ["512", "2048"], declared.stderr
-    assert "REDIS_MAXMEMORY_MB and ISLAND_HOST_MEMORY_MB must be at least 1" in refused.stderr
+    assert defaults.stdout.split() == [str(total // 4), str(total), str(total)], \
+        defaults.stderr
+    assert declared.stdout.split() == ["512", "1024", "2048"], declared.stderr
+    assert ("REDIS_MAXMEMORY_MB, SYNCD_HOST_MEMORY_MB and ISLAND_HOST_MEMORY_MB must be at "
+            "least 1") in refused.stderr
 
 
 

@@ -47,6 +47,9 @@ ISLAND_GAUGES = {
     "archipelago_island_version_lag": (
         "Newest version minus the base version of the island's last update.", "version_lag"),
     "archipelago_island_epoch": ("The island's epoch.", "epoch"),
+    "archipelago_island_backpressure_wait_seconds": (
+        "Seconds the island waited before sends for syncd to merge (backpressure).",
+        "backpressure_wait_s"),
 }
 
 

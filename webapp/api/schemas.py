@@ -115,6 +115,11 @@ class IslandOut(Schema):
                                     "host's CPU (1 = every core) over its last 2 s: one "
                                     "thread with a core of its own shows 1/cores; much less "
                                     "is a starved island.")
+    backpressure_wait_s: float = Field(0.0, description="Seconds the island has waited, "
+                                       "in this epoch, before a send for syncd to merge its "
+                                       "updates: it holds at most 2 of each fragment not "
+                                       "merged (backpressure). Growing: syncd is not "
+                                       "merging (a round short of its quorum, syncd away).")
     rejoin_warm: bool | None = Field(None, description="Whether a rejoin now would start "
                                      "on a warm standby of the island's region (None: not "
                                      "known, syncd has not said).")
@@ -199,8 +204,13 @@ class EstimateOut(Schema):
     islands: dict[str, NeedOut] = Field(description="Island name -> its host's need (every "
                                                     "process of the island).")
     limits: dict[str, int] = Field(description="What the hosts declare, in bytes: "
-                                               "redis_bytes (REDIS_MAXMEMORY_MB) and "
+                                               "redis_bytes (REDIS_MAXMEMORY_MB), "
+                                               "syncd_host_bytes (SYNCD_HOST_MEMORY_MB) and "
                                                "island_host_bytes (ISLAND_HOST_MEMORY_MB).")
+    taken: dict[str, Any] = Field(description="What the admitted runs (queued, running, "
+                                              "paused, stopping) take already: runs, "
+                                              "redis_bytes, syncd_bytes and "
+                                              "island_host_bytes (region -> bytes).")
     misfits: dict[str, list[str]] = Field(description="What does not fit, keyed as a "
                                                       "refusal of the run would be.")
 

@@ -32,7 +32,12 @@ from webapp.runs.models import (
     Run,
 )
 from webapp.runs.stores import pool_store, run_store
-from webapp.runs.validation import check_data_path, checkpoint_misfit, memory_misfits
+from webapp.runs.validation import (
+    admitted_configs,
+    check_data_path,
+    checkpoint_misfit,
+    memory_misfits,
+)
 from webapp.runs.warm_start import cold_start_message, standbys_wanted, wait_for_standbys
 
 if TYPE_CHECKING:
@@ -84,7 +89,7 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
             key = f"config.{path}" if path in ("name", "mode") else path
             errors.setdefault(key, []).extend(messages)
     else:
-        errors.update(memory_misfits(run_config))
+        errors.update(memory_misfits(run_config, admitted_configs()))
     # What a user names must stay inside the data folders; the system's own runs (user
     # None: the demo, benchmarks, tests) may read their own corpora.
     data = config.get("data") if isinstance(config, dict) else None
@@ -123,10 +128,12 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
     makes none (no ACL), an alert says so and they connect as the control plane.
 
     Raises:
-        ConfigError: when the run no longer fits the memory the hosts declare.
+        ConfigError: when the run does not fit the memory the hosts declare beside the
+            admitted runs (webapp.runs.validation.memory_misfits).
         ValueError: when the run is not a draft.
     """
-    if run.state == Run.State.DRAFT and (misfits := memory_misfits(run.run_config())):
+    if run.state == Run.State.DRAFT and (
+            misfits := memory_misfits(run.run_config(), admitted_configs(run))):
         raise ConfigError(misfits)
     run.transition(Run.State.QUEUED, by=by)
     try:

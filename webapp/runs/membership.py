@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.db import transaction
 
-from diloco.config_parse import parse_config
+from diloco.config_parse import ConfigError, parse_config
 from webapp.runs.dispatch import put_spec, start_next_epoch
 from webapp.runs.models import RUNNING_OR_PAUSED, Event, Island, Run
 from webapp.runs.stores import run_store
+from webapp.runs.validation import admitted_configs, memory_misfits
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -22,12 +23,16 @@ def add_island(run: Run, island_config: dict[str, Any], by: AbstractBaseUser | N
     """Add an island to a draft or a live run; in a live run it starts training at once.
 
     Raises:
-        ConfigError: when the island does not fit the config (keyed "islands.N.name", ...).
+        ConfigError: when the island does not fit the config (keyed "islands.N.name", ...),
+            or the run with it does not fit the memory the hosts declare beside the
+            other admitted runs (webapp.runs.validation.memory_misfits).
         ValueError: when the run is neither a draft nor live.
     """
     run.require_state((Run.State.DRAFT, *RUNNING_OR_PAUSED), "add an island")
     config = parse_config({**run.config, "islands": [*run.config["islands"], island_config]},
                           settings.REGIONS)
+    if misfits := memory_misfits(config, admitted_configs(run)):
+        raise ConfigError(misfits)
     new = config.islands[-1]
     fields = {"region": new.region, "speed": new.speed, "batch_size": new.batch_size,
               "bandwidth_gbps": new.bandwidth_gbps, "latency_ms": new.latency_ms,

@@ -187,6 +187,10 @@ TRANSITIONS: dict[Run.State, frozenset[Run.State]] = {
 }
 FINAL_STATES = frozenset(state for state, allowed in TRANSITIONS.items() if not allowed)
 RUNNING_OR_PAUSED = (Run.State.RUNNING, Run.State.PAUSED)
+# Admitted: a run that holds memory on Redis, syncd's host and its islands' hosts, from
+# its start to its end; a new run, a start and an added island must fit beside them
+# (webapp.runs.validation.memory_misfits).
+ADMITTED = (Run.State.QUEUED, Run.State.RUNNING, Run.State.PAUSED, Run.State.STOPPING)
 
 
 class Island(models.Model):

@@ -3,6 +3,9 @@ declare: checks that name the problem in a sentence for a form or an API field."
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +13,8 @@ from django.conf import settings
 
 from diloco.config import RunConfig
 from diloco.config_parse import parse_config
-from diloco.sizes import MIB, Need, estimate
-from webapp.runs.models import Checkpoint
+from diloco.sizes import MIB, REDIS_BASE_BYTES, STANDBY_BASE_BYTES, Need, estimate
+from webapp.runs.models import ADMITTED, Checkpoint, Run
 
 
 def check_data_path(path: str) -> str:
@@ -53,27 +56,84 @@ def fixed_standbys() -> int:
     return settings.ISLAND_POOL_SIZE or 0
 
 
-def memory_misfits(config: RunConfig) -> dict[str, list[str]]:
-    """What of a run does not fit the memory the hosts declare ({} when it all fits).
+def admitted_configs(excluding: Run | None = None) -> list[RunConfig]:
+    """The configs of the admitted runs (ADMITTED: queued, running, paused or stopping,
+    whose memory is held), but `excluding`'s: what a run's admission adds itself to."""
+    runs = Run.objects.filter(state__in=ADMITTED)
+    if excluding is not None and excluding.pk is not None:
+        runs = runs.exclude(pk=excluding.pk)
+    return [run.run_config() for run in runs]
 
-    Redis against settings.REDIS_MAXMEMORY_MB, keyed "model"; each island host against
+
+@dataclass(frozen=True)
+class Taken:
+    """What other admitted runs already take: Redis's bytes (its base counted once, by
+    the run admitted), syncd's, and each region's island host's (its islands', without
+    the warm standbys, which a host keeps once whatever runs), by region."""
+
+    runs: int
+    redis: int
+    syncd: int
+    hosts: dict[str, int]
+    host_runs: dict[str, int]  # region -> how many of the runs have islands there
+    models: dict[str, int]  # region -> the largest model among those runs'
+
+    @classmethod
+    def of(cls, configs: Sequence[RunConfig]) -> Taken:
+        redis = syncd = 0
+        hosts: Counter[str] = Counter()
+        host_runs: Counter[str] = Counter()
+        models: dict[str, int] = {}
+        for config in configs:
+            sized = estimate(config)
+            redis += sized.redis.total - REDIS_BASE_BYTES
+            syncd += sized.syncd.total
+            for island in config.islands:
+                hosts[island.region] += sized.islands[island.name].total
+                models[island.region] = max(models.get(island.region, 0), sized.model_bytes)
+            host_runs.update({island.region for island in config.islands})
+        return cls(len(configs), redis, syncd, dict(hosts), dict(host_runs), models)
+
+
+def memory_misfits(config: RunConfig, others: Sequence[RunConfig] = ()) -> dict[str, list[str]]:
+    """What of a run does not fit the memory the hosts declare, beside what the other
+    admitted runs (`others`: admitted_configs) take ({} when it all fits).
+
+    Summed over this run and `others`: Redis against settings.REDIS_MAXMEMORY_MB and
+    syncd against settings.SYNCD_HOST_MEMORY_MB (several syncd split the runs, but the
+    one left takes every run over), keyed "model"; each island alone against
     settings.ISLAND_HOST_MEMORY_MB, keyed "islands.<i>.batch_size" when the island fits
-    without its activations, else "model" (once: the first island that does not fit).
+    without its activations, else "model" (once: the first island that does not fit);
+    then each region's islands together, of every admitted run, against one island
+    host's ISLAND_HOST_MEMORY_MB (a region's islands share its worker's host), keyed
+    "islands.<i>.region" for this run's first island there that does not fit.
     """
-    sized = estimate(config, fixed_standbys())
+    standbys = fixed_standbys()
+    sized = estimate(config, standbys)
+    taken = Taken.of(others)
     errors: dict[str, list[str]] = {}
     redis_mb = settings.REDIS_MAXMEMORY_MB
-    if sized.redis.total > redis_mb * MIB:
+    if sized.redis.total + taken.redis > redis_mb * MIB:
         errors["model"] = [
             f"Redis would need about {_shown(sized.redis.total)} for this run "
-            f"({_parts(sized.redis)}), more than REDIS_MAXMEMORY_MB allows ({redis_mb:,} "
-            "MiB): a smaller model, fewer islands or a lossy sync.compression would fit."]
+            f"({_parts(sized.redis)}){_others(taken.redis, taken.runs)}, more than "
+            f"REDIS_MAXMEMORY_MB allows ({redis_mb:,} MiB): a smaller model, fewer islands "
+            "or a lossy sync.compression would fit" + _later(taken.redis) + "."]
+    syncd_mb = settings.SYNCD_HOST_MEMORY_MB
+    if sized.syncd.total + taken.syncd > syncd_mb * MIB:
+        errors.setdefault("model", []).append(
+            f"syncd would need about {_shown(sized.syncd.total)} for this run "
+            f"({_parts(sized.syncd)}){_others(taken.syncd, taken.runs)}, more than "
+            f"SYNCD_HOST_MEMORY_MB allows ({syncd_mb:,} MiB): a smaller model or fewer "
+            "islands would fit" + _later(taken.syncd) + ".")
     host_mb = settings.ISLAND_HOST_MEMORY_MB
     model_too_large = False
+    alone_too_large: set[str] = set()
     for i, island in enumerate(config.islands):
         need = sized.islands[island.name]
         if need.total <= host_mb * MIB:
             continue
+        alone_too_large.add(island.region)
         activations = need.parts["activations"]
         if need.total - activations <= host_mb * MIB:
             errors[f"islands.{i}.batch_size"] = [
@@ -89,21 +149,59 @@ def memory_misfits(config: RunConfig) -> dict[str, list[str]]:
                 f"{_shown(state.total)} of it without activations ({_parts(state)}), more "
                 f"than ISLAND_HOST_MEMORY_MB allows ({host_mb:,} MiB): a smaller model "
                 "would fit.")
+    mine: Counter[str] = Counter()  # this run's islands by region, standbys left out
+    said = alone_too_large  # a region whose host is said not to fit, once
+    for i, island in enumerate(config.islands):
+        region, need = island.region, sized.islands[island.name]
+        mine[region] += need.total - need.parts.get("warm standbys", 0)
+        pool = standbys * (STANDBY_BASE_BYTES + max(sized.model_bytes,
+                                                    taken.models.get(region, 0)))
+        there = taken.hosts.get(region, 0)
+        if region in said or mine[region] + there + pool <= host_mb * MIB:
+            continue
+        said.add(region)
+        ours = [other.name for other in config.islands[:i + 1] if other.region == region]
+        errors[f"islands.{i}.region"] = [
+            f"The island host of {region} would need about {_shown(mine[region])} for "
+            f"this run's islands there ({', '.join(map(repr, ours))})"
+            + (f" and {_shown(pool)} for its warm standbys" if pool else "")
+            + _others(there, taken.host_runs.get(region, 0), f" in {region}")
+            + f", more than ISLAND_HOST_MEMORY_MB allows ({host_mb:,} MiB): another "
+            "region, a smaller batch_size or model would fit" + _later(there) + "."]
     return errors
 
 
 def size_report(config: Any) -> dict[str, Any]:
     """The parameters and memory of a run config (diloco/sizes.py), the limits the
-    hosts declare, and what does not fit them.
+    hosts declare, what the admitted runs already take of them, and what does not fit.
 
     Raises:
         ConfigError: when `config` (decoded JSON) is not a valid run config.
     """
     run_config = parse_config(config, settings.REGIONS)
+    others = admitted_configs()
+    taken = Taken.of(others)
     return {**estimate(run_config, fixed_standbys()).to_dict(),
             "limits": {"redis_bytes": settings.REDIS_MAXMEMORY_MB * MIB,
+                       "syncd_host_bytes": settings.SYNCD_HOST_MEMORY_MB * MIB,
                        "island_host_bytes": settings.ISLAND_HOST_MEMORY_MB * MIB},
-            "misfits": memory_misfits(run_config)}
+            "taken": {"runs": taken.runs, "redis_bytes": taken.redis,
+                      "syncd_bytes": taken.syncd, "island_host_bytes": taken.hosts},
+            "misfits": memory_misfits(run_config, others)}
+
+
+def _others(nbytes: int, runs: int, where: str = "") -> str:
+    """", and the N other admitted runs take X already[ where]" ("" when none)."""
+    if not nbytes:
+        return ""
+    who = "the other admitted run takes" if runs == 1 else \
+        f"the {runs} other admitted runs take"
+    return f", and {who} {_shown(nbytes)} already{where}"
+
+
+def _later(taken: int) -> str:
+    """What else would fit when other runs take some of a host: their end."""
+    return ", or this run once others end" if taken else ""
 
 
 def _shown(nbytes: int) -> str:

@@ -26,6 +26,7 @@ def test_it_estimates_the_parameters_and_memory_of_a_config(viewer_api, settings
     for need in (data["redis"], data["syncd"], *data["islands"].values()):
         assert need["total"] == sum(need["parts"].values())
     assert data["limits"] == {"redis_bytes": settings.REDIS_MAXMEMORY_MB * MIB,
+                              "syncd_host_bytes": settings.SYNCD_HOST_MEMORY_MB * MIB,
                               "island_host_bytes": settings.ISLAND_HOST_MEMORY_MB * MIB}
     assert data["misfits"] == {}
 
@@ -106,7 +107,8 @@ def test_a_model_too_large_for_an_island_host_is_refused_once_under_model(
     assert message.endswith("ISLAND_HOST_MEMORY_MB allows (1 MiB): a smaller model would fit.")
 
 
-@pytest.mark.parametrize("limit", ["REDIS_MAXMEMORY_MB", "ISLAND_HOST_MEMORY_MB"])
+@pytest.mark.parametrize("limit", ["REDIS_MAXMEMORY_MB", "SYNCD_HOST_MEMORY_MB",
+                                   "ISLAND_HOST_MEMORY_MB"])
 def test_a_draft_that_no_longer_fits_is_refused_at_start(operator_api, settings, draft,
                                                          enqueued, limit):
     setattr(settings, limit, 1)

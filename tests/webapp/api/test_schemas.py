@@ -41,7 +41,9 @@ RELATIONS = re.compile("|".join((
     r"Island names must be unique",
     r"Must divide islands\.\d+\.batch_size",
     r"Redis would need",
+    r"syncd would need",
     r"Island .* would need",
+    r"The island host of .* would need",
     r"Must be a file or folder inside one of the data folders",
     r"Must be a path that can be resolved",
 )))

@@ -5,7 +5,7 @@ from django.db import transaction
 
 from diloco.config_parse import ConfigError, parse_config
 from syncd.connection import connect
-from webapp.runs.lifecycle import create_run, default_config, delete_run
+from webapp.runs.lifecycle import create_run, default_config, delete_run, start_run
 from webapp.runs.models import Checkpoint, Island, Run
 
 pytestmark = pytest.mark.django_db
@@ -145,3 +145,45 @@ def test_a_run_is_deleted_when_redis_cannot_be_reached_and_the_log_says_what_is_
     [record] = caplog.records
     assert record.getMessage().startswith(
         f"run {run_id} is deleted but its Redis keys (arch:{run_id}:*) are left: ")
+
+
+# About 122 MiB of Redis each, 64 MiB of it the base that runs share: two fit 200 MiB
+# and three do not.
+SIZED = {"model": {"n_layer": 4, "n_embd": 256, "n_head": 4, "block_size": 256},
+         "sync": {"min_quorum": 1},
+         "islands": [{"name": "east", "region": "us-east", "batch_size": 1}]}
+
+
+@pytest.fixture
+def admitted(settings):
+    """Two runs of SIZED that hold their memory (running, stopping) and two that do not
+    (a draft, a stopped run); Redis declared at 200 MiB."""
+    settings.REDIS_MAXMEMORY_MB = 200
+    config = parse_config(SIZED, settings.REGIONS).to_dict()
+    return [Run.objects.create(name=state, mode="decoupled", config=config, state=state)
+            for state in ("running", "stopping", "draft", "stopped")]
+
+
+def test_a_run_is_refused_at_create_when_redis_cannot_hold_it_beside_the_admitted_runs(
+        admitted):
+    with pytest.raises(ConfigError) as refused:
+        create_run(name="third", mode="decoupled", config=SIZED, user=None)
+
+    [message] = refused.value.errors["model"]
+    assert "and the 2 other admitted runs take 115 MiB already, more than " \
+           "REDIS_MAXMEMORY_MB allows (200 MiB)" in message
+    assert not Run.objects.filter(name="third").exists()
+
+
+def test_a_draft_is_refused_at_start_when_the_admitted_runs_took_the_memory_meanwhile(
+        admitted, enqueued):
+    Run.objects.filter(name="stopping").update(state=Run.State.STOPPED)
+    draft = create_run(name="third", mode="decoupled", config=SIZED, user=None)
+    Run.objects.filter(name="stopped").update(state=Run.State.PAUSED)
+
+    with pytest.raises(ConfigError) as refused:
+        start_run(draft, None)
+
+    assert "the 2 other admitted runs take 115 MiB already" in refused.value.errors["model"][0]
+    draft.refresh_from_db()
+    assert draft.state == Run.State.DRAFT and enqueued == []

@@ -128,3 +128,22 @@ def test_a_removed_island_can_come_back_with_its_next_epoch(running, store, enqu
     assert (island.state, island.epoch) == (Island.State.PENDING, 3)
     assert store(running).epochs()["east-b"] == 3
     assert [call["args"][1:3] for call in enqueued] == [["east-b", 3]]
+
+
+def test_an_island_added_to_a_running_run_must_fit_its_regions_host_beside_the_others(
+        running, store, enqueued, operator, settings):
+    """us-east's host of 30 MiB holds the run's two islands there (13 MiB each) and not
+    a third: the add is refused, keyed by the new island's region, and nothing starts."""
+    settings.ISLAND_HOST_MEMORY_MB, settings.ISLAND_POOL_SIZE = 30, None  # no standbys
+
+    with pytest.raises(ConfigError) as refused:
+        add_island(running, {"name": "east-c", "region": "us-east"}, operator)
+
+    assert list(refused.value.errors) == ["islands.3.region"]
+    assert refused.value.errors["islands.3.region"][0].startswith(
+        "The island host of us-east would need about 39 MiB for this run's islands there "
+        "('east-a', 'east-b', 'east-c')")
+    running.refresh_from_db()
+    assert [i["name"] for i in running.config["islands"]] == ["east-a", "east-b", "west-a"]
+    assert enqueued == [] and "east-c" not in store(running).epochs()
+    add_island(running, {"name": "west-b", "region": "us-west"}, operator)  # room there

@@ -11,6 +11,7 @@ from diloco.config import RunConfig
 from diloco.config_parse import ConfigError, parse_config
 from webapp.runs.models import Checkpoint, Run
 from webapp.runs.validation import (
+    admitted_configs,
     check_data_path,
     checkpoint_misfit,
     memory_misfits,
@@ -18,8 +19,9 @@ from webapp.runs.validation import (
 )
 
 REGIONS = ["us-east", "us-west"]
-# 2,122 MiB for island a (1,728 MiB of it activations at batch size 64), 421 MiB for
-# island b, about 122 MiB of Redis.
+# 2,148 MiB for island a (1,728 MiB of it activations at batch size 64), 447 MiB for
+# island b, each with one warm standby of 269 MiB; about 147 MiB of Redis (64 MiB of it
+# its base, which runs share), 61 MiB of syncd.
 MODEL = {"n_layer": 4, "n_embd": 256, "n_head": 4, "block_size": 256}
 ISLANDS = [{"name": "a", "region": "us-east", "batch_size": 64},
            {"name": "b", "region": "us-east", "batch_size": 1}]
@@ -31,9 +33,10 @@ def sized(settings):
     settings.REGIONS = REGIONS
     settings.ISLAND_POOL_SIZE = 1
 
-    def limits(redis_mb: int, host_mb: int):
+    def limits(redis_mb: int, host_mb: int, syncd_mb: int = 10**6, islands=ISLANDS):
         settings.REDIS_MAXMEMORY_MB, settings.ISLAND_HOST_MEMORY_MB = redis_mb, host_mb
-        return parse_config({"model": MODEL, "islands": ISLANDS}, REGIONS)
+        settings.SYNCD_HOST_MEMORY_MB = syncd_mb
+        return parse_config({"model": MODEL, "islands": islands}, REGIONS)
 
     return limits
 
@@ -71,7 +74,7 @@ def test_a_run_too_large_for_redis_is_a_misfit_of_the_model_naming_the_setting(s
     misfits = memory_misfits(sized(redis_mb=100, host_mb=4000))
 
     assert list(misfits) == ["model"]
-    assert misfits["model"][0].startswith("Redis would need about 122 MiB")
+    assert misfits["model"][0].startswith("Redis would need about 147 MiB")
     assert "REDIS_MAXMEMORY_MB allows (100 MiB)" in misfits["model"][0]
 
 
@@ -92,12 +95,75 @@ def test_islands_too_large_even_without_activations_are_one_misfit_of_the_model(
     assert "ISLAND_HOST_MEMORY_MB allows (300 MiB): a smaller model" in misfits["model"][0]
 
 
+def test_redis_is_summed_over_the_admitted_runs_its_base_once(sized):
+    config = sized(redis_mb=250, host_mb=10**6)
+
+    assert memory_misfits(config, [config]) == {}  # 147 + 83 MiB
+    misfits = memory_misfits(config, [config, config])  # 147 + 166 MiB
+
+    assert list(misfits) == ["model"]
+    assert misfits["model"][0] == (
+        "Redis would need about 147 MiB for this run (base 64 MiB, update blobs 51 MiB, "
+        "global fragments 13 MiB), and the 2 other admitted runs take 166 MiB already, "
+        "more than REDIS_MAXMEMORY_MB allows (250 MiB): a smaller model, fewer islands or "
+        "a lossy sync.compression would fit, or this run once others end.")
+
+
+def test_syncd_is_summed_over_the_admitted_runs_against_its_hosts_memory(sized):
+    config = sized(redis_mb=10**6, host_mb=10**6, syncd_mb=100)
+
+    assert memory_misfits(config) == {}  # 61 MiB
+    misfits = memory_misfits(config, [config])
+
+    assert list(misfits) == ["model"]
+    assert misfits["model"][0].startswith("syncd would need about 61 MiB for this run (")
+    assert misfits["model"][0].endswith(
+        "and the other admitted run takes 61 MiB already, more than SYNCD_HOST_MEMORY_MB "
+        "allows (100 MiB): a smaller model or fewer islands would fit, or this run once "
+        "others end.")
+
+
+def test_a_regions_islands_of_every_admitted_run_share_its_island_host(sized):
+    """Islands a (1,879 MiB without the standby) and b (178 MiB) in us-east with one
+    standby (269 MiB) fit 2,500 MiB; beside another run's islands there they do not,
+    and another run's islands elsewhere take nothing of it."""
+    config = sized(redis_mb=10**6, host_mb=2500)
+    west = sized(redis_mb=10**6, host_mb=2500,
+                 islands=[{**island, "region": "us-west"} for island in ISLANDS])
+
+    assert memory_misfits(config) == {}
+    assert memory_misfits(config, [west]) == {}
+    misfits = memory_misfits(config, [config])
+
+    assert list(misfits) == ["islands.0.region"]
+    assert misfits["islands.0.region"] == [
+        "The island host of us-east would need about 1.8 GiB for this run's islands "
+        "there ('a') and 269 MiB for its warm standbys, and the other admitted run takes "
+        "2.0 GiB already in us-east, more than ISLAND_HOST_MEMORY_MB allows (2,500 MiB): "
+        "another region, a smaller batch_size or model would fit, or this run once "
+        "others end."]
+
+
+def test_a_run_whose_islands_together_overfill_their_regions_host_names_the_first_over(
+        sized):
+    islands = [*ISLANDS, {"name": "c", "region": "us-east", "batch_size": 1}]
+    config = sized(redis_mb=10**6, host_mb=2400, islands=islands)  # 1,879 + 2 x 178 + 269
+
+    assert list(memory_misfits(config)) == ["islands.2.region"]
+    assert "this run's islands there ('a', 'b', 'c')" in memory_misfits(
+        config)["islands.2.region"][0]
+
+
+@pytest.mark.django_db
 def test_the_size_report_gives_the_estimate_the_limits_and_the_misfits(sized):
-    config = sized(redis_mb=100, host_mb=4000)
+    config = sized(redis_mb=100, host_mb=4000, syncd_mb=3000)
 
     report = size_report({"model": MODEL, "islands": ISLANDS})
 
-    assert report["limits"] == {"redis_bytes": 100 * 2**20, "island_host_bytes": 4000 * 2**20}
+    assert report["limits"] == {"redis_bytes": 100 * 2**20, "syncd_host_bytes": 3000 * 2**20,
+                                "island_host_bytes": 4000 * 2**20}
+    assert report["taken"] == {"runs": 0, "redis_bytes": 0, "syncd_bytes": 0,
+                               "island_host_bytes": {}}
     assert list(report["misfits"]) == ["model"]
     assert report["misfits"] == memory_misfits(config)
 
@@ -135,3 +201,16 @@ def test_a_checkpoint_whose_file_is_gone_or_whose_run_is_gone(tmp_path):
     # Its run's model settings went with the run: no run can start from it.
     assert "run was deleted" in checkpoint_misfit(orphan, {"model": {"n_layer": 9}})
     assert checkpoint_misfit(gone, {}) == f"The checkpoint's file {tmp_path / 'gone'} is gone."
+
+
+@pytest.mark.django_db
+def test_the_admitted_runs_are_those_queued_running_paused_or_stopping(sized):
+    config = sized(redis_mb=10**6, host_mb=10**6).to_dict()
+    runs = {state: Run.objects.create(name=state, mode="decoupled", config=config,
+                                      state=state) for state in Run.State.values}
+
+    admitted = admitted_configs(excluding=runs["running"])
+
+    assert len(admitted) == 3  # queued, paused, stopping: not a draft, not a final run
+    assert all(c.to_dict() == config for c in admitted)
+    assert len(admitted_configs()) == 4

@@ -88,12 +88,18 @@ function showEstimate(data) {
   const list = document.getElementById("estimate-figures");
   list.replaceChildren();
   figure(list, "parameters", `${data.params.toLocaleString()} (${shown(data.model_bytes)} in float32)`);
+  const taken = (nbytes) => nbytes ? `, ${shown(nbytes)} taken by other runs` : "";
   figure(list, "Redis", `${shown(data.redis.total)} of ${shown(data.limits.redis_bytes)} ` +
-         "(REDIS_MAXMEMORY_MB)", data.redis.parts);
-  figure(list, "syncd", shown(data.syncd.total), data.syncd.parts);
+         `(REDIS_MAXMEMORY_MB)${taken(data.taken.redis_bytes)}`, data.redis.parts);
+  figure(list, "syncd", `${shown(data.syncd.total)} of ` +
+         `${shown(data.limits.syncd_host_bytes)} (SYNCD_HOST_MEMORY_MB)` +
+         taken(data.taken.syncd_bytes), data.syncd.parts);
   for (const [name, need] of Object.entries(data.islands)) {
     figure(list, `island ${name}`, `${shown(need.total)} of ` +
            `${shown(data.limits.island_host_bytes)} (ISLAND_HOST_MEMORY_MB)`, need.parts);
+  }
+  for (const [region, nbytes] of Object.entries(data.taken.island_host_bytes)) {
+    figure(list, `island host ${region}`, `${shown(nbytes)} taken by other runs`);
   }
   const misfits = document.getElementById("estimate-misfits");
   misfits.replaceChildren(...Object.entries(data.misfits).flatMap(([key, messages]) =>
