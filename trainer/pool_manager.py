@@ -59,6 +59,7 @@ from trainer.claims import claim_signed
 from trainer.island_logs import island_log_path
 from trainer.launch import (
     ASKED_AT_ENV,
+    DATAPLANE_URL_ENV,
     ISLAND_KEY_ENV,
     LAUNCHED_AT_ENV,
     REDIS_URL_ENV,
@@ -97,6 +98,7 @@ class PoolManager:
 
     Args:
         redis_url: the Redis of the runs (claims, specs, epochs).
+        dataplane_url: where the islands' tensor messages go (default `redis_url`'s).
         region: the region whose claims this host takes.
         size: the standbys kept ready (0: no pool; claims, if any, start cold); None:
             as many as the active runs want (trainer.pool.wanted_size).
@@ -113,8 +115,9 @@ class PoolManager:
     def __init__(self, redis_url: str, region: str, size: int | None, log_dir: str | Path, *,
                  memory_bytes: int | None = None, host: str | None = None,
                  on_failure: Callable[[int, str, dict[str, Any]], None] | None = None,
-                 claims_key: bytes):
+                 claims_key: bytes, dataplane_url: str | None = None):
         self.redis_url = redis_url
+        self.dataplane_url = dataplane_url or redis_url
         self.client = connect(redis_url)
         self.pools = PoolStore(self.client)
         self.region = region
@@ -303,6 +306,7 @@ class PoolManager:
         if standby is not None:
             process = self.standbys.pop(standby.pid)
             message = {**claim, "claimed_at": time.time(), "redis_url": self.redis_url,
+                       "dataplane_url": self.dataplane_url,
                        "log_path": str(log_path)}
             assert process.stdin is not None
             process.stdin.write((json.dumps(message) + "\n").encode())
@@ -313,7 +317,7 @@ class PoolManager:
                        f"{run_id}")
             self._supervise(supervisor, [process], claim)
             return
-        env = {**self.env, REDIS_URL_ENV: self.redis_url,
+        env = {**self.env, REDIS_URL_ENV: self.redis_url, DATAPLANE_URL_ENV: self.dataplane_url,
                ISLAND_KEY_ENV: str(claim.get("island_key", ""))}
         if claim.get("asked_at") is not None:
             env[ASKED_AT_ENV] = repr(float(claim["asked_at"]))

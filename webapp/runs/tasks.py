@@ -13,6 +13,7 @@ from trainer.supervisor import supervise_island
 from webapp.runs.failures import record_island_failure
 from webapp.runs.models import Simulation
 from webapp.runs.simulations import run_simulation_now
+from webapp.runs.stores import dataplane_url
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -25,7 +26,7 @@ def run_island(run_id: int, island: str, epoch: int, redis_url: str, island_key:
     `island_key` is that epoch's key (hex), `asked_at` when its start or rejoin was
     asked for (its dispatch phase)."""
     result = supervise_island(run_id, island, epoch, redis_url, island_key, settings.LOG_DIR,
-                              asked_at)
+                              asked_at, dataplane_url())
     if result["ended"] == "failed":
         record_island_failure(run_id, island, result)
     return result
