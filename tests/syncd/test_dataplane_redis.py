@@ -14,12 +14,19 @@ from trainer.launch import free_port
 from webapp.processes import start_scratch_redis
 from webapp.runs.models import Event
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 
 def keys(url: str, part: str) -> list[bytes]:
     with redis.Redis.from_url(url) as client:
         return sorted(client.scan_iter(match=f"arch:*:{part}*"))
+
+
+def alerts(sync, words: str) -> list[dict]:
+    """The details of the run's alert events whose reason has `words`."""
+    sync.recorder.flush()
+    return [e.detail for e in Event.objects.filter(run_id=sync.recorder.run_id, kind="alert")
+            if words in e.detail.get("reason", "")]
 
 
 def merge_once(sync) -> None:
@@ -81,10 +88,8 @@ def test_a_full_data_plane_refuses_tensor_writes_while_heartbeats_and_status_go_
     assert sync.store.versions()[0] == 0  # the merge waits; nothing half-published
     assert sync.store.heartbeats()["a"]["step"] == 8
     assert sync.store.status()["seq"] > status_before
-    sync.recorder.flush()
-    [alert] = Event.objects.filter(run_id=sync.recorder.run_id, kind="alert",
-                                   detail__reason__contains="data-plane Redis is full")
-    assert alert.detail["refused"] >= 1
+    [alert] = alerts(sync, "data-plane Redis is full")
+    assert alert["refused"] >= 1
 
     data.config_set("maxmemory", 0)  # room again: the merge goes through
     sync.clock_state["now"] += 1.5
@@ -124,9 +129,7 @@ def test_a_restart_of_the_data_plane_while_syncd_runs_is_published_again(
 
     assert sync.store.full(0) == merged
     assert sync.store.momentum(0) is not None
-    sync.recorder.flush()
-    assert Event.objects.filter(run_id=sync.recorder.run_id, kind="alert",
-                                detail__reason__contains="lost the run's published").exists()
+    assert alerts(sync, "lost the run's published")
 
 
 def test_a_restart_of_the_data_plane_and_of_syncd_loses_no_published_global(
