@@ -68,6 +68,7 @@ from bench.system import ROOT
 from diloco import codecs, tensorfile
 from diloco.model import GPT, GPTConfig
 from diloco.protocol import decode_message, encode_message
+from diloco.signing import island_key, load_verify_key, verify_key_hex
 from syncd.bulk import RedisBulk
 from syncd.connection import connect
 from syncd.store import RunStore
@@ -290,13 +291,15 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, r
     store = RunStore(connect(url, ride_out_restarts=True), RUN_ID,
                      data=connect(data_url, ride_out_restarts=True))
     _, tensors = tensorfile.loads(bytearray(Path(payload).read_bytes()))
+    verify_key = load_verify_key(verify_key_hex(bytes.fromhex(secret)))
     messages = []
     for r in range(rounds):
         seq = (r + 1) * H
         meta = {"run": RUN_ID, "island": name, "epoch": 1, "fragment": 0,
                 "base_version": r, "seq": seq, "tokens": H * BATCH * BLOCK,
                 "inner_steps": H, "compute_s": 1.0, "codec": CODEC}
-        messages.append(encode_message("update", meta, tensors, bytes.fromhex(secret)))
+        messages.append(encode_message("update", meta, tensors,
+                                       island_key(bytes.fromhex(secret), name, 1)))
     del tensors
     store.heartbeat(name, 1, 0, 0, state="training")
     ready.put(len(messages[0]))
@@ -317,7 +320,7 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, r
         blob = store.full(0)
         if blob is None:
             raise RuntimeError("the published fragment is missing")
-        decode_message(blob, bytes.fromhex(secret))
+        decode_message(blob, verify_key)
         pulled.append((started, time.time(), len(blob)))
         del blob
     out.put({"island": name, "sent": sent, "pulled": pulled})
