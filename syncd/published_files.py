@@ -30,6 +30,11 @@ class PublishedFiles:
     def __init__(self, folder: Path):
         self.folder = folder
 
+    @classmethod
+    def of_run(cls, checkpoint_dir: str | Path, run_id: int | str) -> PublishedFiles:
+        """The files of run `run_id`, beside its checkpoints."""
+        return cls(Path(checkpoint_dir) / f"run-{run_id}" / "published")
+
     def _path(self, fragment: int, version: int) -> Path:
         return self.folder / f"{fragment}-{version}.published"
 

@@ -143,7 +143,7 @@ class RunSync:
         self.liveness = Liveness(store, recorder, spec)
         self.rounds = Rounds(store, recorder, spec, self.accounting, params, fragments,
                              clock, keepalive,
-                             PublishedFiles(checkpoint_dir / f"run-{store.run_id}" / "published"))
+                             PublishedFiles.of_run(checkpoint_dir, store.run_id))
         del params
         keepalive()
         self.recovery = Recovery(store, recorder, spec, self.accounting, checkpoint_dir, clock)

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from diloco.config import RUN_MODES, RunConfig
 from diloco.config_parse import ConfigError, parse_config
+from syncd.published_files import PublishedFiles
 from webapp.runs.dispatch import enqueue, put_spec
 from webapp.runs.models import (
     FINAL_STATES,
@@ -202,13 +203,15 @@ def archive_run(run: Run, archived: bool, by: AbstractBaseUser | None) -> None:
 
 
 def delete_run(run: Run, by: AbstractBaseUser | None) -> None:
-    """Delete a run that is not live, with its events, metrics and checkpoints; a
-    checkpoint another run started from is kept (detached from the run).
+    """Delete a run that is not live, with its events, metrics, checkpoints and syncd's
+    files of its published fragments; a checkpoint another run started from is kept
+    (detached from the run).
 
     Raises:
         ValueError: when the run is queued, running or paused: stop it first.
     """
     run.require_state((Run.State.DRAFT, *FINAL_STATES), "delete a run")
+    run_id = run.pk
     with transaction.atomic():
         kept = Checkpoint.objects.filter(run=run, started_runs__isnull=False).distinct()
         kept.update(run=None)
@@ -218,6 +221,7 @@ def delete_run(run: Run, by: AbstractBaseUser | None) -> None:
         run.delete()
     for path in doomed:
         Path(path).unlink(missing_ok=True)
+    PublishedFiles.of_run(settings.CHECKPOINT_DIR, run_id).clear()  # syncd's, if any left
 
 
 def _command_all(run: Run, kind: str) -> None:
