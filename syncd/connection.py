@@ -1,8 +1,9 @@
 """Reaching the runtime's Redis: what is wrong, in a sentence, when it cannot be reached.
 
 Every process of the runtime (web app, syncd, workers, islands) checks REDIS_URL
-with redis_problem before it starts, names it in logs through redact_url, and
-opens its client with connect.
+(the control Redis) and DATAPLANE_REDIS_URL (the data plane, where tensor messages
+lie: syncd.run_keys) with redis_problem before it starts, names them in logs through
+redact_url, and opens its clients with connect.
 """
 
 from __future__ import annotations
@@ -33,25 +34,26 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def redis_problem(url: str, timeout_s: float = 5.0) -> str | None:
+def redis_problem(url: str, timeout_s: float = 5.0, setting: str = "REDIS_URL") -> str | None:
     """None if the Redis at `url` answers a PING; otherwise what is wrong, in a sentence.
 
     A Redis across a wide-area link is reached with its password and, for TLS, a
-    rediss:// URL in REDIS_URL (docs/OPERATIONS.md); this names the part that failed.
+    rediss:// URL in REDIS_URL (docs/OPERATIONS.md); this names the part that failed,
+    and the setting the URL came from (`setting`).
     """
     shown = redact_url(url)
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
                                       socket_timeout=timeout_s)
     except ValueError as e:
-        return f"REDIS_URL {shown!r} is not a Redis URL: {e}"
+        return f"{setting} {shown!r} is not a Redis URL: {e}"
     try:
         client.ping()
     except redis.AuthenticationError as e:
         if urlsplit(url).password is None:
-            return (f"the Redis at {shown} wants a password ({e}); put it in REDIS_URL: "
+            return (f"the Redis at {shown} wants a password ({e}); put it in {setting}: "
                     "redis://:PASSWORD@HOST:PORT/0 (rediss:// for TLS)")
-        return f"the Redis at {shown} refused the password in REDIS_URL ({e})"
+        return f"the Redis at {shown} refused the password in {setting} ({e})"
     except redis.ConnectionError as e:
         return f"cannot reach the Redis at {shown}: {e}"
     except redis.RedisError as e:

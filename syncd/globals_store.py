@@ -1,15 +1,20 @@
 """The published globals: what syncd merged, for the islands to pull.
 
-A merge is acknowledged when `publish` has committed: the new global fragment,
-its version, the outer optimizer's momentum and the updates it took in are
-written in one MULTI/EXEC, so a crash of syncd either loses the whole merge (and
-the updates are merged again from the stream) or none of it.
+A merge is acknowledged when `publish` has committed: the references to the new
+global fragment and its outer momentum, its version and the updates it took in are
+written in one fenced MULTI/EXEC on the control Redis, so a crash of syncd either
+loses the whole merge (and the updates are merged again from the stream) or none of
+it. The messages themselves lie on the data plane, which keeps nothing on disk:
+syncd's own files of the newest version (syncd.published_files, written before the
+commit) are what a merge survives a restart of the data plane with, and
+`dataplane_lost` is how syncd sees that one happened.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+import redis
 from redis.client import Pipeline
 
 from syncd.bulk import BulkError, BulkRef
@@ -29,27 +34,35 @@ class GlobalsStore(RunKeys):
         """Commit one merge: the new version, its messages, momentum and handled seqs,
         and the deletion of the merged updates' messages.
 
-        The messages' chunks are written first, with a TTL, under names unique to this
-        grant of the run's lease (its fencing token), so a syncd that lost the run can
-        never overwrite or revive the new holder's chunks; the MULTI/EXEC that commits
-        the merge, fenced by the lease, makes them persistent and points the run's
-        references at them. It also deletes the messages the references named before
-        (an island that was reading one reads the new one: `full`) and, with a lossy
-        downlink, the difference `keep` versions back. So between the two steps one
-        fragment is held twice, and never more.
+        Three steps. The messages' chunks are written to the data plane first, with a
+        TTL, under names unique to this grant of the run's lease (its fencing token)
+        and version, so a syncd that lost the run can never overwrite or revive the
+        new holder's chunks. The MULTI/EXEC that commits the merge, on the control
+        Redis and fenced by the lease, points the run's references at them. Then the
+        data plane makes them persistent and deletes the messages the references named
+        before (an island that was reading one reads the new one: `full`), with a
+        lossy downlink the difference `keep` versions back, and the merged updates'.
+        So one fragment is held twice for a moment, and never more; a crash between
+        the last two steps leaves the new messages with their TTL, which the next
+        syncd removes (`keep_published`).
 
         Raises:
             syncd.fence.LeaseLost: this store's lease is gone; nothing was published.
+            redis.OutOfMemoryError: the data plane is full; nothing was published.
         """
         token = self.fence.token if self.fence is not None else 0
-        pipe = self.client.pipeline(transaction=False)
-        full_ref = self.bulk.put(self.key("full", fragment, version, token), full,
-                                 BLOB_TTL_S, pipe)
-        momentum_ref = self.bulk.put(self.key("momentum", fragment, version, token), momentum,
-                                     BLOB_TTL_S, pipe)
-        difference_ref = None if difference is None else self.bulk.put(
-            self.key("pub", fragment, version, token), difference, BLOB_TTL_S, pipe)
-        pipe.execute()
+        written: list[BulkRef] = []
+        try:
+            for name, message in (("full", full), ("momentum", momentum), ("pub", difference)):
+                if message is not None:
+                    written.append(self.bulk.put(self.key(name, fragment, version, token),
+                                                 message, BLOB_TTL_S))
+        except redis.OutOfMemoryError:
+            if written:
+                self.data.delete(*(key for ref in written for key in ref.chunk_keys()))
+            raise
+        full_ref, momentum_ref = written[0], written[1]
+        difference_ref = written[2] if difference is not None else None
         merged = list(merged)
         # What the references name now: only the lease's holder changes them, and the
         # fenced transaction below is refused if that is no longer this store.
@@ -58,26 +71,66 @@ class GlobalsStore(RunKeys):
         dropped_pub = self._ref(old_pub) if difference_ref is not None else None
 
         def fill(pipe: Pipeline) -> None:
-            for ref, name in ((full_ref, "full"), (momentum_ref, "momentum")):
-                self.bulk.persist(pipe, ref)
-                pipe.set(self.key(name, fragment), ref.dumps())
-                old = replaced[name]
-                if old is not None and old.key != ref.key:
-                    self.bulk.delete(pipe, old)
+            pipe.set(self.key("full", fragment), full_ref.dumps())
+            pipe.set(self.key("momentum", fragment), momentum_ref.dumps())
             if difference_ref is not None:
-                self.bulk.persist(pipe, difference_ref)
                 pipe.set(self.key("pub", fragment, version), difference_ref.dumps())
                 pipe.delete(old_pub)
-                if dropped_pub is not None:
-                    self.bulk.delete(pipe, dropped_pub)
             if handled:
                 pipe.hset(self.key("handled", fragment), mapping=handled)
             pipe.hset(self.key("versions"), fragment, version)
             pipe.hincrby(self.key("tokens_merged"), fragment, tokens)
-            for ref in merged:
-                self.bulk.delete(pipe, ref.blob)
 
         self._write(fill)
+        # Committed. PERSIST and DEL take no memory: they pass on a full data plane.
+        pipe = self.data.pipeline(transaction=False)
+        for ref, name in ((full_ref, "full"), (momentum_ref, "momentum")):
+            self.bulk.persist(pipe, ref)
+            old = replaced[name]
+            if old is not None and old.key != ref.key:
+                self.bulk.delete(pipe, old)
+        if difference_ref is not None:
+            self.bulk.persist(pipe, difference_ref)
+            if dropped_pub is not None:
+                self.bulk.delete(pipe, dropped_pub)
+        for ref in merged:
+            self.bulk.delete(pipe, ref.blob)
+        pipe.execute()
+
+    def keep_published(self, fragment: int, versions: Iterable[int] = ()) -> None:
+        """Remove the TTL of the messages the references of `fragment` name (its full
+        message, momentum, and the differences to `versions`): a syncd that took the
+        run over finishes a publish whose last step its predecessor did not run."""
+        pipe = self.data.pipeline(transaction=False)
+        pointers = [self.key("full", fragment), self.key("momentum", fragment),
+                    *(self.key("pub", fragment, v) for v in versions)]
+        for pointer in pointers:
+            if (ref := self._ref(pointer)) is not None:
+                self.bulk.persist(pipe, ref)
+        pipe.execute()
+
+    def mark_dataplane(self) -> None:
+        """Say on the data plane that it holds this run's published messages (set once
+        syncd restored or published them all there)."""
+        self.data.set(self.key("dataplane"), 1)
+
+    def dataplane_lost(self) -> bool:
+        """Whether the data plane lost what `mark_dataplane` said it held: it restarted
+        or was flushed, and the references name chunks that are gone."""
+        return not self.data.exists(self.key("dataplane"))
+
+    def dataplane_refusals(self) -> int:
+        """How many writes the data plane refused for memory since it started (its
+        INFO errorstats: every client's, not only this run's)."""
+        stats = self.data.info("errorstats").get("errorstat_OOM") or {}
+        return int(stats.get("count", 0)) if isinstance(stats, dict) else 0
+
+    def dataplane_memory(self) -> str:
+        """The data plane's memory in use and its limit, in words."""
+        info = self.data.info("memory")
+        limit = int(info.get("maxmemory", 0))
+        return (f"{int(info.get('used_memory', 0)) / 2**20:.1f} MiB used of "
+                + (f"{limit / 2**20:.0f} MiB maxmemory" if limit else "no maxmemory"))
 
     def _ref(self, pointer: str) -> BulkRef | None:
         """The reference a pointer key holds, None if none."""
@@ -91,13 +144,13 @@ class GlobalsStore(RunKeys):
         if not handled and not dropped:
             return
 
-        def fill(pipe: Pipeline) -> None:
-            if handled:
-                pipe.hset(self.key("handled", fragment), mapping=handled)
+        if handled:
+            self._write(lambda pipe: pipe.hset(self.key("handled", fragment), mapping=handled))
+        if dropped:
+            pipe = self.data.pipeline(transaction=False)
             for ref in dropped:
                 self.bulk.delete(pipe, ref.blob)
-
-        self._write(fill)
+            pipe.execute()
 
     def versions(self) -> dict[int, int]:
         return {int(k): int(v) for k, v in self.client.hgetall(self.key("versions")).items()}

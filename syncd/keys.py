@@ -5,6 +5,10 @@ value that holds tensors is a signed wire message (diloco.protocol), stored in
 chunks (syncd.bulk): the key named below holds a reference {key, chunks, size}
 and the bytes lie in `<key>:<i>`. The rest is small JSON.
 
+The chunks (`...:<i>`) and arch:R:dataplane lie on the data plane (a Redis that
+keeps nothing on disk, syncd.run_keys), every other key on the control Redis; with
+no data plane configured, both are the one Redis.
+
 Keys, for run R (built by syncd.run_keys.RunKeys.key):
     arch:runs                      set of active run ids, for syncd
     arch:R:spec                    JSON {mode, config, verify_key, initial_checkpoint}:
@@ -50,6 +54,9 @@ Keys, for run R (built by syncd.run_keys.RunKeys.key):
     arch:R:status_seq              the snapshots' sequence counter
     arch:R:lease, arch:R:lease_token  which syncd serves the run, its fencing token
                                    (syncd/lease.py)
+    arch:R:dataplane               on the data plane: set once syncd published every
+                                   fragment there; gone, the data plane lost them
+                                   (restarted, flushed) and syncd publishes them again
 
 Keys of syncd processes and of the hosts' pools of warm standby islands:
     arch:syncd:control             list of commands for syncd ("kill")

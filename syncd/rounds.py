@@ -6,11 +6,13 @@ and feeds it from the run's update stream. Each update is folded into its round'
 sum as it is ingested (diloco/fold.py), and its message and stream entry are
 deleted right after: syncd holds one running sum per open fragment round, whatever
 the number of islands. A merge is acknowledged once RunStore.publish has committed
-it. The globals, versions, momentum and handled seqs are in Redis; the open rounds
-are not, so a restart of syncd loses them, and each island sends again what it
-sent since its last handled seq when it sees syncd's lease change hands
-(trainer/resend.py, docs/RELIABILITY.md). Ingestion is idempotent (an update whose
-seq is already handled or pending is skipped), so nothing is merged twice.
+it. The versions and handled seqs are in the control Redis, the globals and
+momentum on the data plane and, durable, in syncd's files (syncd.published_files,
+written once per merge); the open rounds are in none of them, so a restart of syncd
+loses them, and each island sends again what it sent since its last handled seq
+when it sees syncd's lease change hands (trainer/resend.py, docs/RELIABILITY.md).
+Ingestion is idempotent (an update whose seq is already handled or pending is
+skipped), so nothing is merged twice.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import redis
 import torch
 
 from diloco import tensorfile
@@ -31,6 +34,7 @@ from diloco.policy import Decision, RoundStats
 from diloco.protocol import decode_message, encode_message
 from diloco.synchronizer import Synchronizer, history_length
 from diloco.wan import transfer_time
+from syncd.bulk import BulkError
 from syncd.ingest import (
     IslandFacts,
     Rejection,
@@ -39,6 +43,7 @@ from syncd.ingest import (
     message_limit,
     verify_update,
 )
+from syncd.published_files import PublishedFiles
 from syncd.quarantine import Quarantine
 from syncd.store import RunStore
 from syncd.update_stream import BadEntry, UpdateRef
@@ -54,6 +59,8 @@ log = logging.getLogger("archipelago.syncd")
 # and the leases of every run syncd serves keep their pace behind a backlog of big ones.
 INGEST_BUDGET_S = 1.0
 READ_COUNT = 256  # stream entries read per pass
+# A merge the data plane refused for memory is tried again after this long.
+FULL_RETRY_S = 1.0
 
 
 class Rounds:
@@ -69,13 +76,16 @@ class Rounds:
         clock: the time source (seconds).
         keepalive: called between the pieces of long work (each fragment restored,
             each update ingested, each merge).
+        files: where each fragment's newest version is durable (syncd.published_files).
     """
 
     def __init__(self, store: RunStore, recorder: Recorder, spec: RunSpec,
                  accounting: RunAccounting, params: dict[str, torch.Tensor],
                  fragments: list[Fragment], clock: Callable[[], float],
-                 keepalive: Callable[[], None]):
+                 keepalive: Callable[[], None], files: PublishedFiles):
         self.store = store
+        self.files = files
+        self.bytes_saved = 0  # written to `files`, for the benchmarks
         self.recorder = recorder
         self.spec = spec
         self.accounting = accounting
@@ -103,6 +113,8 @@ class Rounds:
         self.waited: Counter[str] = Counter()
         self.waited_at: dict[tuple[str, int], float] = {}
         self.last_merge: list[dict[str, Any]] = [{} for _ in fragments]
+        # fragment -> when a merge the data plane refused for memory is tried again
+        self.merge_after = [0.0] * len(fragments)
 
     # -- state in Redis --------------------------------------------------------
 
@@ -110,22 +122,64 @@ class Rounds:
         """The spec changed: a round's tokens are the new islands'."""
         self.sync.round_tokens = self.spec.config.round_tokens()
 
-    def restore(self, versions: dict[int, int]) -> None:
+    def restore(self, versions: dict[int, int]) -> bool:
         """Go on from the fragments Redis holds (`versions`: fragment -> its newest), and
-        publish version 0 of the others."""
+        publish version 0 of the others. A fragment the data plane lost (it restarted)
+        is taken from syncd's files and published there again. False, with nothing
+        loaded, if a fragment is in neither (the caller falls back to a checkpoint)."""
+        found: dict[int, tuple[bytearray, bytearray | None]] = {}
+        again: set[int] = set()
+        for p, version in versions.items():
+            try:
+                full = self.store.full(p)
+                momentum = self.store.momentum(p)
+            except BulkError:
+                full = momentum = None
+            if full is None:
+                if (saved := self.files.load(p, version)) is None:
+                    log.warning("run %s: fragment %d version %d is neither on the data plane "
+                                "nor in %s", self.store.run_id, p, version, self.files.folder)
+                    return False
+                full, momentum = saved
+                again.add(p)
+            found[p] = (full, momentum)
+            self.keepalive()
         for p in range(len(self.fragments)):
-            if p not in versions:
-                self.store.publish(p, 0, self._global_message(p, 0), None,
-                                   tensorfile.dumps({}), {}, 0, self.kept_differences)
+            if p not in found:
+                self._commit(p, 0, self._global_message(p, 0), None, tensorfile.dumps({}), 0)
                 continue
-            _, meta, tensors = decode_message(self.store.full(p), self.spec.verify_key)
-            momentum = self.store.momentum(p)
+            full, momentum = found.pop(p)
+            _, meta, tensors = decode_message(full, self.spec.verify_key)
             self.load_fragment(p, tensors, tensorfile.loads(momentum)[1] if momentum else None,
                                meta["version"])
             self.sync.handled[p] = self.store.handled(p)
+            if p in again:
+                self.store.publish(p, meta["version"], full, None, momentum, {}, 0,
+                                   self.kept_differences)
+            else:
+                self.store.keep_published(p, self._kept_versions(p))
             self.keepalive()
         if versions:
-            log.info("run %s restored at versions %s", self.store.run_id, self.sync.versions)
+            log.info("run %s restored at versions %s%s", self.store.run_id, self.sync.versions,
+                     f" (fragments {sorted(again)} from {self.files.folder})" if again else "")
+        return True
+
+    def republish(self) -> None:
+        """The data plane lost the run's messages (it restarted): publish every
+        fragment's version again from what syncd holds. The differences of a lossy
+        downlink are gone; an island behind takes the full fragment."""
+        for p in range(len(self.fragments)):
+            version = self.sync.versions[p]
+            self.store.publish(p, version, self._global_message(p, version), None,
+                               tensorfile.dumps(self.sync.optimizers[p].state_dict()), {}, 0,
+                               self.kept_differences)
+            self.keepalive()
+        self.store.mark_dataplane()
+
+    def _kept_versions(self, p: int) -> range:
+        """The versions whose published differences of fragment p may still be read."""
+        version = self.sync.versions[p]
+        return range(max(version - self.kept_differences + 1, 1), version + 1)
 
     def load_fragment(self, p: int, tensors: dict[str, torch.Tensor],
                       momentum: dict[str, torch.Tensor] | None, version: int) -> None:
@@ -166,8 +220,17 @@ class Rounds:
                     "base_version": version - 1, "codec": published.codec}
             difference = encode_message("global", meta, published.payload, self.spec.publish_key)
         momentum = tensorfile.dumps(self.sync.optimizers[p].state_dict())
-        self.store.publish(p, version, self._global_message(p, version), difference, momentum,
-                           dict(self.sync.handled[p]), result_tokens, self.kept_differences, done)
+        self._commit(p, version, self._global_message(p, version), difference, momentum,
+                     result_tokens, done)
+
+    def _commit(self, p: int, version: int, full: bytes, difference: bytes | None,
+                momentum: bytes, tokens: int, done: list[UpdateRef] = ()) -> None:
+        """Make fragment p's `version` durable in syncd's files, then commit it
+        (RunStore.publish): a data plane that restarts loses no merge."""
+        self.bytes_saved += self.files.save(p, version, full, momentum)
+        self.store.publish(p, version, full, difference, momentum,
+                           dict(self.sync.handled[p]), tokens, self.kept_differences, done)
+        self.files.forget_before(p, version)
 
     def tokens_merged(self) -> int:
         """Tokens merged into the model: each fragment's, on average."""
@@ -343,6 +406,8 @@ class Rounds:
                 self.store.mark_handled(p, dict(self.sync.handled[p]))
                 self.excused[p].clear()
             return False
+        if now < self.merge_after[p]:
+            return False  # the data plane refused its last try: it waits for room
         decision = self.decide(p, now, alive)
         return decision.merge and self.merge_round(p, now, decision.reason)
 
@@ -357,6 +422,8 @@ class Rounds:
                     self.accounting.lost(island, seconds, "barrier_wait")
         outer_steps = self.sync.outer_steps
         closed_at = max(pending.arrival_time for pending in self.sync.rounds[p].values())
+        before = (dict(self.sync.rounds[p]), dict(self.sync.handled[p]),
+                  dict(self.round_refs[p]), self.sync.published_at[p])
         result = self.sync.merge(p, now)
         done = self.take_round(p)
         if result is None:
@@ -365,7 +432,11 @@ class Rounds:
         if not self._finite(p):
             self._refuse_merge(p, result.version, list(result.inner_steps), done)
             return False
-        self.publish(p, result.tokens, done)
+        try:
+            self.publish(p, result.tokens, done)
+        except redis.OutOfMemoryError as exc:
+            self._undo_merge(p, result.version, before, now, exc)
+            return False
         self.keepalive()
         self.accounting.merged_round(result.weights, result.inner_steps, now, fragment=p,
                                      version=result.version, seqs=result.seqs)
@@ -403,6 +474,28 @@ class Rounds:
         for island in islands:
             self.rejections[island] += 1
             self.recorder.event("rejection", island, reason=reason, fragment=p)
+
+    def _undo_merge(self, p: int, version: int, before: tuple, now: float,
+                    exc: redis.OutOfMemoryError) -> None:
+        """The data plane refused the messages of the merge into `version` for memory:
+        fragment p goes back to its published version (from syncd's file of it), its
+        round and handled seqs to what they were, and the merge is tried again after
+        FULL_RETRY_S (RunSync's watch of the data plane makes it an alert)."""
+        saved = self.files.load(p, version - 1)
+        if saved is None:
+            raise exc  # nothing to go back to here: the run is built anew from Redis
+        _, meta, tensors = decode_message(saved[0], self.spec.verify_key)
+        self.load_fragment(p, tensors, tensorfile.loads(saved[1])[1], meta["version"])
+        history = self.sync.history[p]
+        if history and history[-1].version == version:
+            history.pop()
+        rounds, handled, refs, published_at = before
+        self.sync.rounds[p], self.sync.handled[p] = rounds, handled
+        self.round_refs[p], self.sync.published_at[p] = refs, published_at
+        self.merge_after[p] = now + FULL_RETRY_S
+        log.warning("run %s: the data plane refused the merge into version %d of fragment "
+                    "%d (%s); tried again in %.0f s", self.store.run_id, version, p, exc,
+                    FULL_RETRY_S)
 
     def barrier_waits(self, p: int, now: float) -> dict[str, float]:
         """Elastic: how long each island with an update in fragment p's round has waited

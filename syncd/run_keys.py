@@ -1,8 +1,16 @@
 """The keys of one run and its writes: what the parts of syncd.store.RunStore share.
 
+A run's keys live on two Redis: the control Redis (durable: spec, epochs, versions,
+handled seqs, references, leases, heartbeats, status; the Celery broker and the
+channel layer share it) and the data plane (`data`: the chunks of tensor messages,
+updates in flight and published fragments, kept nowhere on disk). With no data plane
+configured, both are the one Redis.
+
 syncd's stores carry the run's lease (`fence`): every write they make for the run
-is one MULTI/EXEC guarded by that lease (syncd.fence.guarded_transaction), so a
-syncd that lost the run to another cannot publish, mark or trim anything.
+on the control Redis is one MULTI/EXEC guarded by that lease
+(syncd.fence.guarded_transaction), so a syncd that lost the run to another cannot
+publish, mark or trim anything. Chunks on the data plane are named by their writer
+(syncd.globals_store), so an unfenced chunk write never touches another's.
 """
 
 from __future__ import annotations
@@ -33,12 +41,15 @@ class RunKeys:
             only while this lease is current, and raises syncd.fence.LeaseLost if not.
             The web app and islands pass none.
         chunk_bytes: the size of the chunks tensor messages are stored in.
+        data: the data plane, where tensor messages lie (DATAPLANE_REDIS_URL); default
+            `client`, the one Redis.
     """
 
     def __init__(self, client: redis.Redis, run_id: int | str, fence: Lease | None = None,
-                 chunk_bytes: int | None = None):
+                 chunk_bytes: int | None = None, data: redis.Redis | None = None):
         self.client = client
-        self.bulk = RedisBulk(client, chunk_bytes)
+        self.data = data if data is not None else client
+        self.bulk = RedisBulk(self.data, chunk_bytes)
         self.run_id = str(run_id)
         self.prefix = run_prefix(run_id)
         if fence is not None and fence.run_id != self.run_id:

@@ -64,7 +64,7 @@ class Syncd:
     own process.
 
     Args:
-        redis_url: where the runtime's Redis is.
+        redis_url: where the runtime's control Redis is.
         checkpoint_dir: the folder for checkpoints (one subfolder per run).
         hooks: the web side's records, rejoins and status pushes (syncd/hooks.py).
         lease_ttl_s: how long a lease outlives its holder's last renewal (renewed
@@ -73,16 +73,20 @@ class Syncd:
         clock: monotonic seconds, for the renewal schedule.
         eval_cpu_share: the share of the host's CPU each run's live evaluation takes on
             average (SYNCD_EVAL_CPU_SHARE, syncd/evaluation.py).
+        dataplane_url: where tensor messages lie (DATAPLANE_REDIS_URL); default the
+            control Redis.
     """
 
     def __init__(self, redis_url: str, checkpoint_dir: str | Path,
                  hooks: Hooks, *,
                  lease_ttl_s: float = LEASE_TTL_S, owner: str | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 eval_cpu_share: float = EVAL_CPU_SHARE):
+                 eval_cpu_share: float = EVAL_CPU_SHARE, dataplane_url: str | None = None):
         if lease_ttl_s <= 0:
             raise ValueError(f"lease_ttl_s must be above 0 seconds, got {lease_ttl_s}")
         self.client = connect(redis_url)
+        self.data = connect(dataplane_url) if dataplane_url and dataplane_url != redis_url \
+            else self.client
         self.redis_url = redis_url
         self.progress_at = time.monotonic()  # the main loop's last sign of progress
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -147,7 +151,7 @@ class Syncd:
 
     def _run_sync(self, run_id: str) -> RunSync:
         if run_id not in self.runs:
-            store = RunStore(self.client, run_id, fence=self.leases[run_id])
+            store = RunStore(self.client, run_id, fence=self.leases[run_id], data=self.data)
             sync = RunSync(store, self.hooks.recorder(int(run_id)), self.checkpoint_dir,
                            notify=self.hooks.notify, rejoin=self.hooks.rejoin,
                            keepalive=self.keep_leases,
@@ -270,11 +274,14 @@ def _in_order(run_ids: Iterable[str]) -> list[str]:
 
 def main(hooks: Hooks, redis_url: str, checkpoint_dir: str | Path, health: bool = False,
          lease_ttl_s: float = LEASE_TTL_S, threads: int = 1,
-         eval_cpu_share: float = EVAL_CPU_SHARE) -> int:
+         eval_cpu_share: float = EVAL_CPU_SHARE, dataplane_url: str | None = None) -> int:
     """The syncd program, as `manage.py syncd` wires it: serve until SIGTERM or SIGINT,
     or with `health` say whether a syncd on this host is serving. Exits 2 with a
-    sentence when Redis cannot be reached or wants a password."""
-    if problem := redis_problem(redis_url):
+    sentence when a Redis (control or data plane) cannot be reached or wants a
+    password."""
+    problem = redis_problem(redis_url) or (
+        dataplane_url and redis_problem(dataplane_url, setting="DATAPLANE_REDIS_URL"))
+    if problem:
         print(f"syncd cannot start: {problem}", file=sys.stderr)
         return 2
     if health:
@@ -290,7 +297,7 @@ def main(hooks: Hooks, redis_url: str, checkpoint_dir: str | Path, health: bool 
     torch.set_num_threads(threads)
     return_large_frees()
     service = Syncd(redis_url, checkpoint_dir, hooks, lease_ttl_s=lease_ttl_s,
-                    eval_cpu_share=eval_cpu_share)
+                    eval_cpu_share=eval_cpu_share, dataplane_url=dataplane_url)
 
     def stop(signum: int, frame: object) -> None:
         service.stopping = True

@@ -14,10 +14,13 @@ order by a short tick.
 
 RunSync owns what ties them together: the tick's cadences, the evaluation, a
 user's stop and the run's end (the outcome, syncd/outcome.py). State survives a
-restart of syncd: the globals, versions, momentum and handled seqs are in Redis.
-The open rounds are not (each update is folded into its round's sum and freed as
-it arrives, syncd/rounds.py): the islands send again what syncd has not handled
-when its lease changes hands (trainer/resend.py).
+restart of syncd: the versions and handled seqs are in the control Redis, the
+globals and momentum on the data plane and in syncd's files (one write per merge,
+syncd/published_files.py). The open rounds are not (each update is folded into its
+round's sum and freed as it arrives, syncd/rounds.py): the islands send again what
+syncd has not handled when its lease changes hands (trainer/resend.py). RunSync also
+watches the data plane: a restart of it is published again at once, and its
+refusals for memory are an alert in the run's events.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from syncd.finite import finite
 from syncd.hooks import Recorder
 from syncd.liveness import Liveness
 from syncd.pool_store import PoolStore
+from syncd.published_files import PublishedFiles
 from syncd.recovery import Recovery
 from syncd.rounds import Rounds
 from syncd.spec import RunSpec
@@ -58,6 +62,9 @@ CONTROL_EVERY_S = 0.2
 # exit (their supervisors SIGKILL an island still running 30 s after its SIGTERM).
 STOP_WAIT_S = 35.0
 TICK_WINDOW_S = 30  # seconds of passes whose typical longest is syncd's tick
+DATAPLANE_EVERY_S = 1.0  # how often the data plane is looked at (lost? refusing?)
+# The data plane's refusals for memory are an alert at most this often per run.
+DATAPLANE_ALERT_EVERY_S = 60.0
 
 
 class PassTimes:
@@ -137,7 +144,8 @@ class RunSync:
                                         fragments=len(fragments))
         self.liveness = Liveness(store, recorder, spec)
         self.rounds = Rounds(store, recorder, spec, self.accounting, params, fragments,
-                             clock, keepalive)
+                             clock, keepalive,
+                             PublishedFiles.of_run(checkpoint_dir, store.run_id))
         del params
         keepalive()
         self.recovery = Recovery(store, recorder, spec, self.accounting, checkpoint_dir, clock)
@@ -152,8 +160,13 @@ class RunSync:
         self.completed = False
         self.stop_seen: float | None = None  # when this syncd saw the user's stop
         versions = store.versions()
-        if versions or not self.recovery.fall_back_to_checkpoint(self.rounds):
-            self.rounds.restore(versions)
+        if not (versions and self.rounds.restore(versions)) \
+                and not self.recovery.fall_back_to_checkpoint(self.rounds):
+            self.rounds.restore({})
+        store.mark_dataplane()
+        self.next_dataplane = 0.0
+        self.refusals = store.dataplane_refusals()  # the data plane's, seen so far
+        self.next_refusal_alert = 0.0
         self._take_over(store.heartbeats())
         self.overcredited: set[str] = set()  # islands a warning was logged for
 
@@ -225,6 +238,32 @@ class RunSync:
             self.stop_seen = now
         self.rounds.trim()
         self._check_budget()
+        if now >= self.next_dataplane:
+            self.next_dataplane = now + DATAPLANE_EVERY_S
+            self._watch_dataplane(now)
+
+    def _watch_dataplane(self, now: float) -> None:
+        """A data plane that restarted gets every fragment published again; one that
+        refused writes for memory is an alert (at most one a minute), since updates
+        and merges then wait while heartbeats, status and control go on."""
+        if self.store.dataplane_lost():
+            self.rounds.republish()
+            self.store.mark_dataplane()
+            self.recorder.event("alert", None, reason=(
+                "the data-plane Redis lost the run's published fragments (it restarted or "
+                "was flushed); syncd published every fragment's newest version again, "
+                f"versions {list(self.rounds.sync.versions)}; updates in flight there are "
+                "lost and refused as missing"))
+        refusals = self.store.dataplane_refusals()
+        if refusals > self.refusals and now >= self.next_refusal_alert:
+            self.next_refusal_alert = now + DATAPLANE_ALERT_EVERY_S
+            self.recorder.event("alert", None, reason=(
+                f"the data-plane Redis is full: it refused {refusals - self.refusals} "
+                f"writes for memory ({self.store.dataplane_memory()}); islands' updates "
+                "and syncd's merges wait until it has room, heartbeats, status and control "
+                "go on. Give it more memory (REDIS_MAXMEMORY_MB / DATAPLANE_REDIS_URL's "
+                "maxmemory) or run fewer islands"), refused=refusals - self.refusals)
+            self.refusals = refusals
 
     def _follow_spec(self) -> None:
         """Islands may be added to or removed from a running run: follow its spec."""
@@ -366,3 +405,4 @@ class RunSync:
         self.recorder.flush()
         self.recorder.end(state)
         self.store.release()  # its last status (with the outcome) and the logs stay
+        self.rounds.files.clear()

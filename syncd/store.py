@@ -9,8 +9,9 @@ sets (pause, stop, checkpoint, rejoin), elastic restarts, the chaos schedule's
 progress, the status snapshot, and the release of an ended run's keys.
 syncd.keys names every key.
 
-When a run ends (`release`), its keys go but its status snapshot and the
-islands' log lines, which the control room shows for a finished run.
+When a run ends (`release`), its keys go (on the control Redis and the data plane)
+but its status snapshot and the islands' log lines, which the control room shows for
+a finished run.
 """
 
 from __future__ import annotations
@@ -180,16 +181,19 @@ class RunStore(UpdateStream, GlobalsStore, IslandSignals):
     def release(self, keep: tuple[str, ...] = KEPT_AFTER_END, linger_s: int = 60) -> int:
         """Free an ended run's keys; returns how many were deleted at once.
 
-        Messages (update chunks, published fragments, differences, momentum) and the
-        update stream go at once. The small keys the run's last processes may still
-        read while they stop (spec, epochs, commands, versions...) expire after
-        `linger_s`. Keys named in `keep` (by their first part after the run's prefix)
-        stay: the status snapshot and the logs, for the control room. With the run
-        id out of the active set and its lease gone, no syncd publishes to it again.
+        Messages (update chunks, published fragments, differences, momentum: every key
+        of the run on the data plane) and the update stream go at once. The small keys
+        the run's last processes may still read while they stop (spec, epochs,
+        commands, versions...) expire after `linger_s`. Keys named in `keep` (by their
+        first part after the run's prefix) stay: the status snapshot and the logs, for
+        the control room. With the run id out of the active set and its lease gone, no
+        syncd publishes to it again.
         """
         self.client.srem(RUNS_KEY, self.run_id)
-        bulky = ("blob", "full", "pub", "momentum", "updates")
+        bulky = ("blob", "full", "pub", "momentum", "updates", "dataplane")
         deleted = 0
+        if self.data is not self.client:
+            deleted += _delete_matching(self.data, self.prefix + "*")
         batch: list[bytes] = []
         for key in self.client.scan_iter(match=self.prefix + "*", count=1000):
             part = key.decode()[len(self.prefix):].split(":", 1)[0]
@@ -205,3 +209,17 @@ class RunStore(UpdateStream, GlobalsStore, IslandSignals):
         if batch:
             deleted += self.client.delete(*batch)
         return deleted
+
+
+def _delete_matching(client: redis.Redis, pattern: str) -> int:
+    """Delete every key matching `pattern`, a thousand at a time; how many went."""
+    deleted = 0
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=pattern, count=1000):
+        batch.append(key)
+        if len(batch) >= 1000:
+            deleted += client.delete(*batch)
+            batch = []
+    if batch:
+        deleted += client.delete(*batch)
+    return deleted

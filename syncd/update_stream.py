@@ -1,8 +1,9 @@
 """The update stream: islands send their updates to syncd through it.
 
-An update message is stored in chunks with a TTL under a key named by its sender
-and place, (island, epoch, fragment, seq), then referenced by an entry of the
-run's stream arch:R:updates. syncd reads the entries in order, parses each one
+An update message is stored in chunks with a TTL on the data plane (nothing of it
+reaches a disk) under a key named by its sender and place, (island, epoch,
+fragment, seq), then referenced by an entry of the run's stream arch:R:updates on
+the control Redis. syncd reads the entries in order, parses each one
 alone (a malformed one is a `BadEntry`, never an error of the batch), reads the
 message from the key it derives itself, and deletes it once it folded it into its
 round (with its entry), refused or dropped it. An entry names no key: the worst it
@@ -54,11 +55,15 @@ class UpdateStream(RunKeys):
 
     def push_update(self, island: str, epoch: int, fragment: int, seq: int,
                     blob: bytes | bytearray) -> None:
-        """Store an update message in chunks with a TTL, then reference it from the
-        stream (in that order, so syncd never reads an entry before its chunks)."""
+        """Store an update message in chunks with a TTL on the data plane, then reference
+        it from the stream (in that order, so syncd never reads an entry before its
+        chunks).
+
+        Raises:
+            redis.OutOfMemoryError: the data plane is full; nothing was referenced.
+        """
+        ref = self.bulk.put(self.update_key(island, epoch, fragment, seq), blob, BLOB_TTL_S)
         pipe = self.client.pipeline(transaction=False)
-        ref = self.bulk.put(self.update_key(island, epoch, fragment, seq), blob, BLOB_TTL_S,
-                            pipe)
         pipe.xadd(self.key("updates"), {"island": island, "epoch": epoch, "fragment": fragment,
                                         "seq": seq, "chunks": ref.chunks, "bytes": ref.size},
                   maxlen=STREAM_MAXLEN, approximate=True)
@@ -96,10 +101,14 @@ class UpdateStream(RunKeys):
         return self.bulk.read(ref.blob, max_bytes)
 
     def drop_updates(self, refs: Iterable[UpdateRef]) -> None:
-        """Delete the messages of updates syncd refused or threw away."""
+        """Delete the messages of updates syncd refused or threw away (on the data plane,
+        from keys syncd derived itself: unfenced, and nobody else's)."""
         refs = list(refs)
         if refs:
-            self._write(lambda pipe: [self.bulk.delete(pipe, ref.blob) for ref in refs])
+            pipe = self.data.pipeline(transaction=False)
+            for ref in refs:
+                self.bulk.delete(pipe, ref.blob)
+            pipe.execute()
 
     def forget_updates(self, refs: Iterable[UpdateRef]) -> None:
         """Delete the messages of updates folded into their round, and their stream

@@ -51,6 +51,30 @@ def redis_server(tmp_path_factory):
         process.wait(timeout=10)
 
 
+@pytest.fixture(scope="session")
+def dataplane_server(tmp_path_factory):
+    """A second Redis of the tests' own: the data plane beside `redis_server`."""
+    process, url = start_scratch_redis(tmp_path_factory.mktemp("dataplane"), free_port(), 10)
+    try:
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.fixture
+def dataplane_url(dataplane_server, redis_url, settings):
+    """The test data plane, empty, with no memory limit, and the run services pointed at
+    it (beside the test Redis, `redis_url`)."""
+    client = redis.Redis.from_url(dataplane_server)
+    client.flushall()
+    client.config_set("maxmemory", 0)
+    client.config_set("maxmemory-policy", "noeviction")
+    client.close()
+    settings.DATAPLANE_REDIS_URL = dataplane_server
+    return dataplane_server
+
+
 @pytest.fixture
 def redis_url(redis_server, settings):
     """The test Redis, empty (no keys, no users but the default one), and the run

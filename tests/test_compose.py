@@ -102,7 +102,7 @@ def test_it_requires_the_secrets_instead_of_shipping_defaults():
 
 def test_it_has_the_services_with_a_worker_for_every_region(compose):
     services = compose["services"]
-    assert {"postgres", "redis"} | APP_SERVICES_MIN <= set(services)
+    assert {"postgres", "redis", "dataplane"} | APP_SERVICES_MIN <= set(services)
     assert {"us-east", "us-central", "us-west", "us-south"} <= set(regions(compose))
     for region in regions(compose):
         assert f"worker-{region}" in services, f"no worker for region {region}"
@@ -215,14 +215,28 @@ def test_the_urls_reach_the_services_with_their_passwords(compose):
     kwargs = redis.Redis.from_url(env["REDIS_URL"]).connection_pool.connection_kwargs
     assert (kwargs["host"], kwargs["password"]) == ("redis", "redis-pw")
     assert compose["services"]["redis"]["command"][-2:] == ["--requirepass", "redis-pw"]
+    kwargs = redis.Redis.from_url(env["DATAPLANE_REDIS_URL"]).connection_pool.connection_kwargs
+    assert (kwargs["host"], kwargs["password"]) == ("dataplane", "redis-pw")
+    assert compose["services"]["dataplane"]["command"][-2:] == ["--requirepass", "redis-pw"]
 
 
-def test_redis_refuses_writes_past_the_memory_the_app_checks_runs_against(compose):
-    command = compose["services"]["redis"]["command"]
+def test_the_data_plane_refuses_writes_past_the_memory_the_app_checks_runs_against(compose):
+    command = compose["services"]["dataplane"]["command"]
     declared = compose["services"]["web"]["environment"]["REDIS_MAXMEMORY_MB"]
 
     assert command[command.index("--maxmemory") + 1] == f"{declared}mb"
     assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+
+
+def test_only_the_control_redis_writes_to_disk_and_each_has_its_own_memory(compose):
+    control = compose["services"]["redis"]["command"]
+    data = compose["services"]["dataplane"]["command"]
+
+    assert control[control.index("--appendonly") + 1] == "yes"
+    assert data[data.index("--appendonly") + 1] == "no"
+    assert data[data.index("--save") + 1] == ""
+    assert control[control.index("--maxmemory-policy") + 1] == "noeviction"
+    assert control[control.index("--maxmemory") + 1] != data[data.index("--maxmemory") + 1]
 
 
 def test_the_settings_accept_the_app_environment_and_pass_the_deploy_checks(compose):

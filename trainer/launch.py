@@ -22,6 +22,9 @@ ASKED_AT_ENV = "ARCHIPELAGO_ASKED_AT"
 # ... and with the Redis URL, password and all: never on its command line, which `ps`,
 # the island's log and a crash alert show to anyone who looks.
 REDIS_URL_ENV = "ARCHIPELAGO_REDIS_URL"
+# ... and with the data plane's (the Redis its update messages go to and its globals
+# come from: syncd/run_keys.py), the same as REDIS_URL_ENV's when there is none.
+DATAPLANE_URL_ENV = "ARCHIPELAGO_DATAPLANE_URL"
 # ... and with its key for this epoch (hex, diloco.signing.island_key), which the control
 # plane derived when it launched the epoch: the island never holds the run's secret.
 ISLAND_KEY_ENV = "ARCHIPELAGO_ISLAND_KEY"
@@ -29,7 +32,7 @@ ISLAND_KEY_ENV = "ARCHIPELAGO_ISLAND_KEY"
 # pool manager may have in its environment: an island process is started without them
 # (island_env), so it cannot read the database (every run's secret) or sign sessions.
 CONTROL_PLANE_ENV = ("SECRET_KEY", "SECRET_KEY_FILE", "DATABASE_URL", "REDIS_URL",
-                     "METRICS_TOKEN")
+                     "DATAPLANE_REDIS_URL", "METRICS_TOKEN")
 _PR_SET_PDEATHSIG = 1
 
 

@@ -62,6 +62,7 @@ from trainer.claims import claim_signed
 from trainer.island_logs import island_log_path
 from trainer.launch import (
     ASKED_AT_ENV,
+    DATAPLANE_URL_ENV,
     ISLAND_KEY_ENV,
     LAUNCHED_AT_ENV,
     REDIS_URL_ENV,
@@ -100,6 +101,7 @@ class PoolManager:
 
     Args:
         redis_url: the Redis of the runs (claims, specs, epochs).
+        dataplane_url: where the islands' tensor messages go (default `redis_url`'s).
         region: the region whose claims this host takes.
         size: the standbys kept ready (0: no pool; claims, if any, start cold); None:
             as many as the active runs want (trainer.pool.wanted_size).
@@ -116,8 +118,9 @@ class PoolManager:
     def __init__(self, redis_url: str, region: str, size: int | None, log_dir: str | Path, *,
                  memory_bytes: int | None = None, host: str | None = None,
                  on_failure: Callable[[int, str, dict[str, Any]], None] | None = None,
-                 claims_key: bytes):
+                 claims_key: bytes, dataplane_url: str | None = None):
         self.redis_url = redis_url
+        self.dataplane_url = dataplane_url or redis_url
         self.client = connect(redis_url)
         self.pools = PoolStore(self.client)
         self.region = region
@@ -308,6 +311,7 @@ class PoolManager:
         if standby is not None:
             process = self.standbys.pop(standby.pid)
             message = {**claim, "claimed_at": time.time(), "redis_url": url,
+                       "dataplane_url": self.dataplane_url,
                        "log_path": str(log_path)}
             assert process.stdin is not None
             process.stdin.write((json.dumps(message) + "\n").encode())
@@ -318,7 +322,7 @@ class PoolManager:
                        f"{run_id}")
             self._supervise(supervisor, [process], claim)
             return
-        env = {**self.env, REDIS_URL_ENV: url,
+        env = {**self.env, REDIS_URL_ENV: url, DATAPLANE_URL_ENV: self.dataplane_url,
                ISLAND_KEY_ENV: str(claim.get("island_key", ""))}
         if claim.get("asked_at") is not None:
             env[ASKED_AT_ENV] = repr(float(claim["asked_at"]))

@@ -51,6 +51,7 @@ from trainer.elastic import WholeJobRestarts
 from trainer.emulation import FaultEmulation
 from trainer.launch import (
     ASKED_AT_ENV,
+    DATAPLANE_URL_ENV,
     LAUNCHED_AT_ENV,
     REDIS_URL_ENV,
     env_time,
@@ -537,7 +538,9 @@ def main() -> None:
             log.info("island %s rank %d of %d on %s", args.island, group.rank,
                      group.world_size, group.device)
             exit_now(follow_rank(group, args.island))
-    store = RunStore(connect(redis_url, ride_out_restarts=True), args.run)
+    dataplane_url = os.environ.get(DATAPLANE_URL_ENV) or redis_url
+    store = RunStore(connect(redis_url, ride_out_restarts=True), args.run,
+                     data=connect(dataplane_url, ride_out_restarts=True))
     island = ProcessIsland(store, args.island, args.epoch, args.device, group, rss_bytes())
 
     def stop(signum: int, frame: object) -> None:

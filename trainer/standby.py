@@ -7,7 +7,7 @@ open and built. Then it says "ready" on its stdout and waits for one claim on it
 stdin, a JSON line from the manager:
 
     {"run", "island", "epoch", "island_key", "asked_at", "claimed_at", "redis_url",
-     "log_path"}
+     "dataplane_url", "log_path"}
 
 (island_key: the hex key of that island's epoch, diloco.signing.island_key; redis_url:
 the manager's Redis as the run's island user, syncd/acl.py: on stdin, never on its
@@ -115,7 +115,9 @@ def main() -> None:
     claim = json.loads(line)
     redirect_output(claim["log_path"])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    store = RunStore(connect(claim["redis_url"], ride_out_restarts=True), claim["run"])
+    store = RunStore(connect(claim["redis_url"], ride_out_restarts=True), claim["run"],
+                     data=connect(claim.get("dataplane_url") or claim["redis_url"],
+                                  ride_out_restarts=True))
     active = store.is_active() and store.stop_requested() is None
     refused = check_claim(claim, active, store.epochs().get(claim["island"]))
     if refused:

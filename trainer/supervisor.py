@@ -51,6 +51,7 @@ import redis
 from trainer.island_logs import island_log_path, tail_lines
 from trainer.launch import (
     ASKED_AT_ENV,
+    DATAPLANE_URL_ENV,
     ISLAND_KEY_ENV,
     LAUNCHED_AT_ENV,
     REDIS_URL_ENV,
@@ -373,13 +374,15 @@ class IslandSupervisor:
 
 def supervise_island(run_id: int, island: str, epoch: int, redis_url: str, island_key: str,
                      log_dir: str | Path, asked_at: float | None = None,
-                     redis_password: str | None = None) -> dict[str, Any]:
+                     redis_password: str | None = None, dataplane_url: str | None = None
+                     ) -> dict[str, Any]:
     """Run one epoch of an island unless its run is no longer active or stopping;
     `island_key` (hex) is the key the control plane derived for this epoch, given to the
     island in its environment; `asked_at`, when its start or rejoin was asked for,
     starts its dispatch phase (trainer/phases.py). The supervisor connects with
     `redis_url`; the island, with `redis_password`, as its run's island user
-    (syncd/acl.py), or with `redis_url` where there is none (None)."""
+    (syncd/acl.py), or with `redis_url` where there is none (None); `dataplane_url` is
+    where its tensor messages go (default `redis_url`'s Redis)."""
     from syncd.acl import island_url
     from syncd.connection import connect
     from syncd.store import RunStore
@@ -389,7 +392,7 @@ def supervise_island(run_id: int, island: str, epoch: int, redis_url: str, islan
         return {"island": island, "epoch": epoch, "exit_code": None, "ended": "inactive"}
     env = {**island_env(dict(os.environ)),
            REDIS_URL_ENV: island_url(redis_url, run_id, redis_password),
-           ISLAND_KEY_ENV: island_key}
+           DATAPLANE_URL_ENV: dataplane_url or redis_url, ISLAND_KEY_ENV: island_key}
     if asked_at is not None:
         env[ASKED_AT_ENV] = repr(float(asked_at))
     processes, device = island_processes(store.spec(), island)

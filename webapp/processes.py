@@ -83,14 +83,14 @@ def redis_server_binary() -> Path:
     return path
 
 
-def start_scratch_redis(data_dir: str | Path, port: int, timeout_s: float = 20.0
-                        ) -> tuple[subprocess.Popen[bytes], str]:
-    """A Redis of a test's or a benchmark's own, writing nothing to disk, once it
-    answers: (its process, its URL)."""
+def start_scratch_redis(data_dir: str | Path, port: int, timeout_s: float = 20.0,
+                        appendonly: bool = False) -> tuple[subprocess.Popen[bytes], str]:
+    """A Redis of a test's or a benchmark's own, once it answers: (its process, its
+    URL). It writes nothing to disk unless `appendonly` (as the start's control Redis)."""
     import redis
 
     process = subprocess.Popen(redis_argv(redis_server_binary(), port, data_dir,
-                                          appendonly=False),
+                                          appendonly=appendonly),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url)

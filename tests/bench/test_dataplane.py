@@ -57,3 +57,7 @@ def test_a_tiny_profile_runs_end_to_end(monkeypatch, tmp_path):
     assert run["ingest_p50_s"] <= run["ingest_p95_s"]
     assert out["checks"] == {}  # nothing of 100M: no target judged
     assert out["store"]["hiredis"]
+    assert run["dataplane"] and run["disk_per_merged_mb"] > 0
+    assert run["syncd_file_mb"] > 0  # each merge's published fragment, once
+    assert out["disk"]["size"] == "tiny" and out["disk"]["before"] > 0
+    assert out["disk"]["before_mb"]["dataplane_redis"] is None  # one Redis then

@@ -39,9 +39,12 @@ def chunk_store(redis_url: str) -> RunStore:
 
 
 def make_run_sync(redis_url: str, tmp_path, mode: str, config: dict | None = None,
-                  keepalive=lambda: None) -> RunSync:
+                  keepalive=lambda: None, dataplane_url: str | None = None) -> RunSync:
+    """A RunSync of a new run; its tensor messages on `dataplane_url` if given, else on
+    the one Redis."""
     run = create_run(name="syncd test", mode=mode, config=config or CONFIG, user=None)
-    store = RunStore(connect(redis_url), run.pk)
+    store = RunStore(connect(redis_url), run.pk,
+                     data=connect(dataplane_url) if dataplane_url else None)
     store.put_spec(run.mode, run.config, run.secret)
     store.set_epoch("a", 1)
     store.set_epoch("b", 1)

@@ -1,8 +1,8 @@
 """Archipelago across hosts: every process configured by its environment alone.
 
 The web app, syncd and a worker per region run as separate processes, each with
-a bare environment of its own (as on separate hosts), joined only by REDIS_URL
-and DATABASE_URL; Redis wants a password, given in the URL as it would be across
+a bare environment of its own (as on separate hosts), joined only by REDIS_URL,
+DATAPLANE_REDIS_URL and DATABASE_URL; Redis wants a password, given in the URL as it would be across
 a wide-area link. TLS is a rediss:// URL (and sslmode for PostgreSQL); the tests
 here check those URLs reach the clients as TLS settings.
 
@@ -150,13 +150,14 @@ class WebClient:
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 def test_web_syncd_and_two_region_workers_configured_only_by_environment_train_one_run(
-        password_redis, tmp_path, settings, django_user_model):
+        password_redis, dataplane_url, tmp_path, settings, django_user_model):
     from webapp.celery import app
     from webapp.runs.lifecycle import create_run, start_run, stop_run
 
     redis_url, _ = password_redis
     connect(redis_url).flushall()
-    shared = {"REDIS_URL": redis_url, "DATABASE_URL": database_url(),
+    shared = {"REDIS_URL": redis_url, "DATAPLANE_REDIS_URL": dataplane_url,
+              "DATABASE_URL": database_url(),
               "SECRET_KEY": secrets.token_urlsafe(50), "REGIONS": "us-east,us-west"}
     port = free_port()
     hosts = {
@@ -194,7 +195,7 @@ def test_web_syncd_and_two_region_workers_configured_only_by_environment_train_o
             "islands": [{"name": "east-0", "region": "us-east", "batch_size": 2},
                         {"name": "west-0", "region": "us-west", "batch_size": 2}]})
         start_run(run, by=None)
-        store = RunStore(connect(redis_url), run.pk)
+        store = RunStore(connect(redis_url), run.pk, data=connect(dataplane_url))
         wait_until(lambda: {n for n, b in store.heartbeats().items()
                             if b.get("state") == "training"} == {"east-0", "west-0"}, 120,
                    "the islands of both regions to train")
@@ -207,6 +208,10 @@ def test_web_syncd_and_two_region_workers_configured_only_by_environment_train_o
                                                      .get("weights", {})) for f in fragments)
 
         wait_until(both_merged, 60, "a merge of updates from both regions")
+        # Every host met on the one data plane: the fragments' chunks are there alone.
+        assert connect(dataplane_url).keys(f"arch:{run.pk}:full:*")
+        assert [k.count(b":") for k in connect(redis_url).keys(f"arch:{run.pk}:full:*")] \
+            == [3, 3]  # the references, arch:R:full:<p>
         # The web app, on its own host, serves the run from the shared database.
         wait_until(lambda: port_accepts(port), 60, "the web app to listen")
         web = WebClient(f"http://127.0.0.1:{port}")

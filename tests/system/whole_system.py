@@ -103,7 +103,7 @@ class System:
                     "SYNCD_LEASE_TTL_S": "5", "REGIONS": "us-east,us-west",
                     "DJANGO_SETTINGS_MODULE": "webapp.settings", "PYTHONPATH": str(ROOT),
                     "PYTHONUNBUFFERED": "1"}
-        for name in ("REDIS_URL", "DJANGO_ALLOW_ASYNC_UNSAFE"):
+        for name in ("REDIS_URL", "DATAPLANE_REDIS_URL", "DJANGO_ALLOW_ASYNC_UNSAFE"):
             self.env.pop(name, None)
         self.process: subprocess.Popen | None = None
         self.starts = 0
@@ -128,13 +128,16 @@ class System:
         env = dict(self.env)
         if (self.home / "var" / "redis" / "port").exists():
             env["REDIS_URL"] = self.redis_url()
+        if (self.home / "var" / "dataplane" / "port").exists():
+            env["DATAPLANE_REDIS_URL"] = self.redis_url("dataplane")
         out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{(self.home / 'var' / 'redis' / 'port').read_text()}/0"
+    def redis_url(self, name: str = "redis") -> str:
+        """The URL of the start's control Redis, or with "dataplane" its data plane's."""
+        return f"redis://127.0.0.1:{(self.home / 'var' / name / 'port').read_text()}/0"
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -31,6 +31,20 @@ def test_the_embedded_redis_keeps_its_data_and_port_across_restarts(manager, tmp
         assert client.get("merged") == b"version 7"  # from the append-only file
 
 
+def test_the_embedded_data_plane_writes_nothing_to_disk_and_refuses_past_its_memory(
+        manager, tmp_path, monkeypatch):
+    monkeypatch.setenv("REDIS_MAXMEMORY_MB", "64")
+    url = start_embedded_redis(manager, tmp_path / "dataplane", "dataplane", appendonly=False)
+
+    with redis.Redis.from_url(url) as client:
+        assert client.config_get("appendonly") == {"appendonly": "no"}
+        assert client.config_get("save") == {"save": ""}
+        assert client.config_get("maxmemory") == {"maxmemory": str(64 << 20)}
+        assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+    assert (manager.log_dir / "dataplane.log").exists()
+    assert not list((tmp_path / "dataplane").glob("*.aof*"))
+
+
 def test_service_commands_run_a_worker_per_region_and_the_control_worker():
     commands = dict(service_commands(["us-east", "eu-west"], 8123, 3))
 

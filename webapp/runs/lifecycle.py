@@ -21,6 +21,7 @@ from diloco.config import RUN_MODES, RunConfig
 from diloco.config_parse import ConfigError, parse_config
 from syncd.acl import delete_island_user
 from syncd.keys import run_prefix
+from syncd.published_files import PublishedFiles
 from webapp.runs.dispatch import enqueue, put_island_user_of, put_spec
 from webapp.runs.models import (
     FINAL_STATES,
@@ -220,8 +221,9 @@ def archive_run(run: Run, archived: bool, by: AbstractBaseUser | None) -> None:
 
 
 def delete_run(run: Run, by: AbstractBaseUser | None) -> None:
-    """Delete a run that is not live, with its events, metrics and checkpoints; a
-    checkpoint another run started from is kept (detached from the run).
+    """Delete a run that is not live, with its events, metrics, checkpoints and syncd's
+    files of its published fragments; a checkpoint another run started from is kept
+    (detached from the run).
 
     The run's checkpoint files and Redis keys go once the deletion is committed (at
     once, or when the caller's transaction commits), outside any transaction: the
@@ -245,6 +247,7 @@ def delete_run(run: Run, by: AbstractBaseUser | None) -> None:
 def _free_deleted_run(run_id: int, checkpoint_paths: list[str]) -> None:
     for path in checkpoint_paths:
         Path(path).unlink(missing_ok=True)
+    PublishedFiles.of_run(settings.CHECKPOINT_DIR, run_id).clear()  # syncd's, if any left
     try:
         store = run_store(run_id)
         store.release(keep=())

@@ -13,6 +13,7 @@ from trainer.supervisor import supervise_island
 from webapp.runs.failures import record_island_failure
 from webapp.runs.models import Simulation
 from webapp.runs.simulations import run_simulation_now
+from webapp.runs.stores import dataplane_url
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -27,7 +28,7 @@ def run_island(run_id: int, island: str, epoch: int, redis_url: str, island_key:
     asked for (its dispatch phase), `redis_password` the password of the run's island
     user (syncd/acl.py; None: the island connects with `redis_url`)."""
     result = supervise_island(run_id, island, epoch, redis_url, island_key, settings.LOG_DIR,
-                              asked_at, redis_password)
+                              asked_at, redis_password, dataplane_url())
     if result["ended"] == "failed":
         record_island_failure(run_id, island, result)
     return result

@@ -21,6 +21,7 @@ from syncd.pool_store import PoolStore
 from trainer.claims import claims_key
 from trainer.pool_manager import PoolManager
 from webapp.runs.failures import record_island_failure
+from webapp.runs.stores import dataplane_url
 
 log = logging.getLogger("archipelago.pool")
 
@@ -48,7 +49,8 @@ class Command(BaseCommand):
         manager = PoolManager(settings.REDIS_URL, region, size, settings.LOG_DIR,
                               memory_bytes=settings.ISLAND_HOST_MEMORY_MB * MIB,
                               on_failure=record_island_failure,
-                              claims_key=claims_key(settings.SECRET_KEY))
+                              claims_key=claims_key(settings.SECRET_KEY),
+                              dataplane_url=dataplane_url())
 
         def stop(signum: int, frame: object) -> None:
             manager.request_stop()

@@ -6,9 +6,9 @@ one RunSync for each run it holds, and ticks them in turn. This command is
 syncd's composition root, as `manage.py pool_manager` is the pool's: syncd knows
 the web side only through syncd/hooks.py, and the command plugs in its records,
 rejoins and status pushes (webapp/runs/syncd_wiring.py) with the Django settings
-REDIS_URL, CHECKPOINT_DIR, SYNCD_LEASE_TTL_S and SYNCD_THREADS. It exits at once
-with a sentence saying what is wrong when Redis cannot be reached or wants a
-password.
+REDIS_URL, DATAPLANE_REDIS_URL, CHECKPOINT_DIR, SYNCD_LEASE_TTL_S and
+SYNCD_THREADS. It exits at once with a sentence saying what is wrong when a Redis
+cannot be reached or wants a password.
 
 `--health` exits 0 when a syncd on this host is serving (its announcement in
 Redis is live), 1 otherwise: a container health check.
@@ -22,6 +22,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from syncd import server
+from webapp.runs.stores import dataplane_url
 from webapp.runs.syncd_wiring import web_hooks
 
 
@@ -36,6 +37,7 @@ class Command(BaseCommand):
         code = server.main(web_hooks(), settings.REDIS_URL, settings.CHECKPOINT_DIR,
                            health=options["health"], lease_ttl_s=settings.SYNCD_LEASE_TTL_S,
                            threads=settings.SYNCD_THREADS,
-                           eval_cpu_share=settings.SYNCD_EVAL_CPU_SHARE)
+                           eval_cpu_share=settings.SYNCD_EVAL_CPU_SHARE,
+                           dataplane_url=dataplane_url())
         if code:
             raise SystemExit(code)

@@ -1,0 +1,157 @@
+"""The data plane, a second Redis that keeps nothing on disk (syncd.run_keys): tensor
+messages lie there and nothing else does; a full one refuses only tensor writes, and
+syncd says so in the run's events; a restart of it loses no published global, which
+syncd's files (syncd.published_files) hold once per merge. Real Redis processes."""
+
+import pytest
+import redis
+
+from diloco.protocol import decode_message
+from syncd.connection import connect
+from syncd.store import RunStore
+from tests.syncd.runs import heartbeat_all, make_run_sync, send
+from trainer.launch import free_port
+from webapp.processes import start_scratch_redis
+from webapp.runs.models import Event
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
+
+
+def keys(url: str, part: str) -> list[bytes]:
+    with redis.Redis.from_url(url) as client:
+        return sorted(client.scan_iter(match=f"arch:*:{part}*"))
+
+
+def alerts(sync, words: str) -> list[dict]:
+    """The details of the run's alert events whose reason has `words`."""
+    sync.recorder.flush()
+    return [e.detail for e in Event.objects.filter(run_id=sync.recorder.run_id, kind="alert")
+            if words in e.detail.get("reason", "")]
+
+
+def merge_once(sync) -> None:
+    """Both islands send fragment 0 and syncd merges it (version 1)."""
+    heartbeat_all(sync)
+    send(sync, "a", 0, 4)
+    send(sync, "b", 0, 4)
+    sync.tick()
+    assert sync.store.versions()[0] == 1
+
+
+def test_an_updates_message_lies_on_the_data_plane_and_its_entry_on_the_control_redis(
+        redis_url, dataplane_url):
+    store = RunStore(connect(redis_url), 7, data=connect(dataplane_url))
+
+    store.push_update("a", 1, 0, 4, b"u" * 20_000)
+
+    assert keys(dataplane_url, "blob") and not keys(redis_url, "blob")
+    assert keys(redis_url, "updates") and not keys(dataplane_url, "updates")
+    [entry] = store.read_updates()
+    assert store.update_message(entry, 1 << 20) == b"u" * 20_000
+
+
+def test_a_merge_publishes_its_messages_on_the_data_plane_and_commits_on_the_control_redis(
+        redis_url, dataplane_url, tmp_path):
+    sync = make_run_sync(redis_url, tmp_path, "decoupled", dataplane_url=dataplane_url)
+
+    merge_once(sync)
+
+    for part in ("full:0:", "momentum:0:"):  # the chunks; the references are the control's
+        assert keys(dataplane_url, part) and not keys(redis_url, part)
+    assert not keys(dataplane_url, "blob")  # the merged updates' messages are gone
+    with redis.Redis.from_url(dataplane_url) as data:
+        assert not data.exists(sync.store.key("versions"), sync.store.key("handled", 0),
+                               sync.store.key("status"), sync.store.key("heartbeats"))
+    _, meta, _ = decode_message(sync.store.full(0), sync.spec.verify_key)
+    assert meta["version"] == 1
+    assert (tmp_path / f"run-{sync.store.run_id}" / "published" / "0-1.published").exists()
+
+
+def test_a_full_data_plane_refuses_tensor_writes_while_heartbeats_and_status_go_on(
+        redis_url, dataplane_url, tmp_path):
+    sync = make_run_sync(redis_url, tmp_path, "decoupled", dataplane_url=dataplane_url)
+    heartbeat_all(sync)
+    send(sync, "a", 0, 4)
+    send(sync, "b", 0, 4)
+    data = redis.Redis.from_url(dataplane_url)
+    data.config_set("maxmemory", 1)  # every write that takes memory is refused now
+    status_before = sync.store.status()["seq"] if sync.store.status() else 0
+
+    with pytest.raises(redis.OutOfMemoryError):
+        send(sync, "a", 1, 4)
+    sync.store.heartbeat("a", 1, 8, 256, state="training")
+    sync.tick()
+    sync.clock_state["now"] += 1.5
+    sync.tick()
+
+    assert not keys(dataplane_url, "blob:a:1:1:")  # the refused update holds no memory
+    assert sync.store.versions()[0] == 0  # the merge waits; nothing half-published
+    assert sync.store.heartbeats()["a"]["step"] == 8
+    assert sync.store.status()["seq"] > status_before
+    [alert] = alerts(sync, "data-plane Redis is full")
+    assert alert["refused"] >= 1
+
+    data.config_set("maxmemory", 0)  # room again: the merge goes through
+    sync.clock_state["now"] += 1.5
+    sync.tick()
+    assert sync.store.versions()[0] == 1
+    data.close()
+
+
+@pytest.fixture
+def own_dataplane(tmp_path):
+    """A data plane of this test's own, which it may stop and start again: (url, restart)."""
+    port = free_port()
+    folder = tmp_path / "dataplane"
+    folder.mkdir()
+    started = [start_scratch_redis(folder, port)[0]]
+
+    def restart() -> None:
+        started[0].terminate()
+        started[0].wait(timeout=10)
+        started[0] = start_scratch_redis(folder, port)[0]
+
+    yield f"redis://127.0.0.1:{port}/0", restart
+    started[0].terminate()
+    started[0].wait(timeout=10)
+
+
+def test_a_restart_of_the_data_plane_while_syncd_runs_is_published_again(
+        redis_url, own_dataplane, tmp_path):
+    url, restart = own_dataplane
+    sync = make_run_sync(redis_url, tmp_path, "decoupled", dataplane_url=url)
+    merge_once(sync)
+    merged = sync.store.full(0)
+
+    restart()
+    sync.clock_state["now"] += 1.5
+    sync.tick()
+
+    assert sync.store.full(0) == merged
+    assert sync.store.momentum(0) is not None
+    assert alerts(sync, "lost the run's published")
+
+
+def test_a_restart_of_the_data_plane_and_of_syncd_loses_no_published_global(
+        redis_url, own_dataplane, tmp_path):
+    from syncd.service import RunSync
+    from webapp.runs.records import DatabaseRecorder
+
+    url, restart = own_dataplane
+    sync = make_run_sync(redis_url, tmp_path, "decoupled", dataplane_url=url)
+    merge_once(sync)
+    merged = sync.store.full(0)
+    globals_before = {n: t.clone() for n, t in sync.rounds.sync.globals[0].items()}
+    momentum_before = sync.rounds.sync.optimizers[0].state_dict()
+
+    restart()
+    again = RunSync(sync.store, DatabaseRecorder(sync.recorder.run_id), tmp_path,
+                    clock=lambda: 2000.0)
+
+    assert again.rounds.sync.versions[0] == 1
+    assert all(again.rounds.sync.globals[0][n].equal(t) for n, t in globals_before.items())
+    momentum = again.rounds.sync.optimizers[0].state_dict()
+    assert all(momentum[n].equal(t) for n, t in momentum_before.items())
+    assert sync.store.full(0) == merged  # published on the data plane again
+    again.recorder.flush()
+    assert not Event.objects.filter(run_id=sync.recorder.run_id, kind="rollback").exists()
