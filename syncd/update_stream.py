@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from redis.client import Pipeline
-
 from syncd.bulk import BulkRef
 from syncd.run_keys import BLOB_TTL_S, RunKeys
 
@@ -111,17 +109,15 @@ class UpdateStream(RunKeys):
             pipe.execute()
 
     def forget_updates(self, refs: Iterable[UpdateRef]) -> None:
-        """Delete the messages of updates folded into their round, and their stream
-        entries, in one write: no syncd reads them again, not a restarted one either
-        (the islands send again what a restart lost)."""
+        """Delete the stream entries of updates folded into their round (one fenced
+        write on the control Redis), then their messages (on the data plane): no
+        syncd reads them again, not a restarted one either (the islands send again
+        what a restart lost)."""
         refs = list(refs)
         if refs:
-            def fill(pipe: Pipeline) -> None:
-                for ref in refs:
-                    self.bulk.delete(pipe, ref.blob)
-                pipe.xdel(self.key("updates"), *[ref.stream_id for ref in refs])
-
-            self._write(fill)
+            self._write(lambda pipe: pipe.xdel(self.key("updates"),
+                                               *[ref.stream_id for ref in refs]))
+            self.drop_updates(refs)
 
     def forget_entries(self, stream_ids: Iterable[bytes]) -> None:
         """Delete stream entries that name no update syncd will ever take (quarantined):
