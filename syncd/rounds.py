@@ -22,6 +22,7 @@ import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -32,7 +33,7 @@ from diloco.fragments import Fragment
 from diloco.model import embedding_tensor_names
 from diloco.policy import Decision, RoundStats
 from diloco.protocol import decode_message, encode_message
-from diloco.synchronizer import Synchronizer, history_length
+from diloco.synchronizer import MergeResult, Synchronizer, history_length
 from diloco.wan import transfer_time
 from syncd.bulk import BulkError
 from syncd.ingest import (
@@ -59,8 +60,20 @@ log = logging.getLogger("archipelago.syncd")
 # and the leases of every run syncd serves keep their pace behind a backlog of big ones.
 INGEST_BUDGET_S = 1.0
 READ_COUNT = 256  # stream entries read per pass
-# A merge the data plane refused for memory is tried again after this long.
+# A merge the data plane refused for memory is published again after this long.
 FULL_RETRY_S = 1.0
+
+
+@dataclass(frozen=True)
+class Unpublished:
+    """A merge made in syncd's memory and not yet published: its result, the updates
+    it took in, why it merged, when its round closed and the outer steps before it."""
+
+    result: MergeResult
+    done: list[UpdateRef]
+    reason: str
+    closed_at: float
+    outer_steps: int
 
 
 class Rounds:
@@ -113,8 +126,10 @@ class Rounds:
         self.waited: Counter[str] = Counter()
         self.waited_at: dict[tuple[str, int], float] = {}
         self.last_merge: list[dict[str, Any]] = [{} for _ in fragments]
-        # fragment -> when a merge the data plane refused for memory is tried again
+        # fragment -> when a merge the data plane refused for memory is published again,
+        # and that merge (made in syncd's memory, not yet acknowledged)
         self.merge_after = [0.0] * len(fragments)
+        self.unpublished: list[Unpublished | None] = [None] * len(fragments)
 
     # -- state in Redis --------------------------------------------------------
 
@@ -399,15 +414,17 @@ class Rounds:
 
     def maybe_merge(self, p: int, now: float, alive: int) -> bool:
         """Merge fragment p's open round if the policy says so; True if that made an
-        outer step (every fragment merged once more)."""
+        outer step (every fragment merged once more). A merge the data plane refused
+        is published again first, once FULL_RETRY_S have passed; no round of the
+        fragment merges before it is."""
+        if self.unpublished[p] is not None:
+            return now >= self.merge_after[p] and self._publish_merge(p, now)
         if not self.sync.rounds[p]:
             if self.excused[p] and len(self.excused[p]) >= alive:
                 # Elastic, every alive island's update refused: nothing to merge.
                 self.store.mark_handled(p, dict(self.sync.handled[p]))
                 self.excused[p].clear()
             return False
-        if now < self.merge_after[p]:
-            return False  # the data plane refused its last try: it waits for room
         decision = self.decide(p, now, alive)
         return decision.merge and self.merge_round(p, now, decision.reason)
 
@@ -422,8 +439,6 @@ class Rounds:
                     self.accounting.lost(island, seconds, "barrier_wait")
         outer_steps = self.sync.outer_steps
         closed_at = max(pending.arrival_time for pending in self.sync.rounds[p].values())
-        before = (dict(self.sync.rounds[p]), dict(self.sync.handled[p]),
-                  dict(self.round_refs[p]), self.sync.published_at[p])
         result = self.sync.merge(p, now)
         done = self.take_round(p)
         if result is None:
@@ -432,23 +447,41 @@ class Rounds:
         if not self._finite(p):
             self._refuse_merge(p, result.version, list(result.inner_steps), done)
             return False
+        self.unpublished[p] = Unpublished(result, done, reason, closed_at, outer_steps)
+        return self._publish_merge(p, now)
+
+    def _publish_merge(self, p: int, now: float) -> bool:
+        """Publish fragment p's merge made in memory and account it; True if it made an
+        outer step. The data plane refusing it for memory leaves it unpublished, to be
+        published again after FULL_RETRY_S (RunSync's watch of the data plane makes that
+        an alert): the islands see nothing of it until then, its handled seqs are not
+        written, and a syncd that dies meanwhile loses it as any merge in progress (the
+        islands send its updates again)."""
+        merge = self.unpublished[p]
+        assert merge is not None
+        result = merge.result
         try:
-            self.publish(p, result.tokens, done)
+            self.publish(p, result.tokens, merge.done)
         except redis.OutOfMemoryError as exc:
-            self._undo_merge(p, result.version, before, now, exc)
+            self.merge_after[p] = now + FULL_RETRY_S
+            log.warning("run %s: the data plane refused the merge into version %d of "
+                        "fragment %d (%s); published again in %.0f s", self.store.run_id,
+                        result.version, p, exc, FULL_RETRY_S)
             return False
+        self.unpublished[p] = None
         self.keepalive()
         self.accounting.merged_round(result.weights, result.inner_steps, now, fragment=p,
                                      version=result.version, seqs=result.seqs)
         self.last_merge[p] = {"version": result.version, "weights": result.weights,
-                              "reason": reason}
+                              "reason": merge.reason}
         # From the pass that read the update closing the round to the merge committed.
-        latency = round(max(self.clock() - closed_at, 0.0), 4)
+        latency = round(max(self.clock() - merge.closed_at, 0.0), 4)
         self.recorder.event("merge", None, fragment=p, version=result.version,
                             weights=result.weights, tokens=result.tokens,
-                            epochs={r.island: r.epoch for r in done if r.island in result.weights},
-                            seqs=result.seqs, reason=reason, latency_s=latency)
-        return self.sync.outer_steps > outer_steps
+                            epochs={r.island: r.epoch for r in merge.done
+                                    if r.island in result.weights},
+                            seqs=result.seqs, reason=merge.reason, latency_s=latency)
+        return self.sync.outer_steps > merge.outer_steps
 
     def _finite(self, p: int) -> bool:
         """Whether fragment p's global and outer momentum hold finite values only."""
@@ -474,28 +507,6 @@ class Rounds:
         for island in islands:
             self.rejections[island] += 1
             self.recorder.event("rejection", island, reason=reason, fragment=p)
-
-    def _undo_merge(self, p: int, version: int, before: tuple, now: float,
-                    exc: redis.OutOfMemoryError) -> None:
-        """The data plane refused the messages of the merge into `version` for memory:
-        fragment p goes back to its published version (from syncd's file of it), its
-        round and handled seqs to what they were, and the merge is tried again after
-        FULL_RETRY_S (RunSync's watch of the data plane makes it an alert)."""
-        saved = self.files.load(p, version - 1)
-        if saved is None:
-            raise exc  # nothing to go back to here: the run is built anew from Redis
-        _, meta, tensors = decode_message(saved[0], self.spec.verify_key)
-        self.load_fragment(p, tensors, tensorfile.loads(saved[1])[1], meta["version"])
-        history = self.sync.history[p]
-        if history and history[-1].version == version:
-            history.pop()
-        rounds, handled, refs, published_at = before
-        self.sync.rounds[p], self.sync.handled[p] = rounds, handled
-        self.round_refs[p], self.sync.published_at[p] = refs, published_at
-        self.merge_after[p] = now + FULL_RETRY_S
-        log.warning("run %s: the data plane refused the merge into version %d of fragment "
-                    "%d (%s); tried again in %.0f s", self.store.run_id, version, p, exc,
-                    FULL_RETRY_S)
 
     def barrier_waits(self, p: int, now: float) -> dict[str, float]:
         """Elastic: how long each island with an update in fragment p's round has waited
