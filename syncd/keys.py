@@ -77,7 +77,9 @@ Keys of syncd processes and of the hosts' pools of warm standby islands:
 
 The keys an island process touches (ISLAND_KEYS, and arch:runs, which it only asks
 whether its run is in) are all the run's Redis user may touch (syncd/acl.py): not the
-secret, the lease, the status, the commands, the logs, the deaths or any other run's.
+secret, the lease's token counter, the status, the commands, the logs, the deaths or any
+other run's. An island reads the lease to see syncd change hands (trainer/resend.py);
+Redis 6 has no read-only keys, so it could write it too, spoiling only its own run.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ RUNS_KEY = "arch:runs"
 # What an island process reads and writes of its run, by the first part after the run's
 # prefix; a part that ends in ":*" is a family of keys.
 ISLAND_KEYS = ("spec", "epochs", "updates", "blob:*", "versions", "full:*", "pub:*",
-               "handled:*", "heartbeats", "cursor:*", "fault:*", "done", "stop", "restart")
+               "handled:*", "heartbeats", "cursor:*", "fault:*", "done", "stop", "restart",
+               "lease")
 SYNCD_CONTROL_KEY = "arch:syncd:control"
 SYNCD_MEMBERS_KEY = "arch:syncd:members"
 

@@ -64,7 +64,8 @@ def test_an_island_user_reads_and_writes_its_runs_keys_as_an_island_does(
 @pytest.mark.parametrize("command", [
     ("GET", "arch:7:secret"), ("GET", "arch:8:spec"), ("SET", "arch:8:cursor:a", "{}"),
     ("HGETALL", "arch:8:epochs"), ("LPUSH", pool_key("us-east", "claims"), "{}"),
-    ("GET", "arch:7:lease"), ("RPUSH", "arch:7:control:a", "{}"), ("GET", "celery"),
+    ("GET", "arch:7:lease_token"), ("SET", "arch:8:lease", "1:x"),
+    ("RPUSH", "arch:7:control:a", "{}"), ("GET", "celery"),
     ("SREM", RUNS_KEY, "8"), ("SMEMBERS", RUNS_KEY), ("KEYS", "*"), ("SCAN", "0"),
     ("FLUSHALL",), ("FLUSHDB",), ("CONFIG", "GET", "requirepass"), ("ACL", "LIST"),
     ("SELECT", "1"), ("DEBUG", "SLEEP", "0"), ("SHUTDOWN",), ("EVAL", "return 1", "0"),
