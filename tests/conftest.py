@@ -43,18 +43,18 @@ def redis_server(tmp_path_factory):
 
     The machine's Redis is shared with other work and is never touched by the tests.
     """
-    process, url = start_scratch_redis(tmp_path_factory.mktemp("redis"), free_port(), 10)
-    try:
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    yield from scratch_redis(tmp_path_factory, "redis")
 
 
 @pytest.fixture(scope="session")
 def dataplane_server(tmp_path_factory):
     """A second Redis of the tests' own: the data plane beside `redis_server`."""
-    process, url = start_scratch_redis(tmp_path_factory.mktemp("dataplane"), free_port(), 10)
+    yield from scratch_redis(tmp_path_factory, "dataplane")
+
+
+def scratch_redis(tmp_path_factory, name: str):
+    """Start a scratch Redis under a temporary folder `name`, yield its URL, stop it."""
+    process, url = start_scratch_redis(tmp_path_factory.mktemp(name), free_port(), 10)
     try:
         yield url
     finally:

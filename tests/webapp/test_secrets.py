@@ -73,14 +73,13 @@ def island_cmdlines(seen: list[str], environs: list[str], done: threading.Event)
         done.wait(0.05)
 
 
-def test_the_redis_password_is_in_no_command_line_log_event_or_api_answer(
-        password_redis, tmp_path, settings, operator_client):
-    url, password = password_redis
-    settings.REDIS_URL = url
-    settings.LOG_DIR = tmp_path / "logs"
-    run = create_run(name="secret", mode="decoupled", config=CONFIG, user=None)
+def supervise_crashing_island(run, url: str, log_dir: Path
+                              ) -> tuple[RunStore, dict, list[str], list[str]]:
+    """Epoch 1 of ISLAND of `run`, under its supervisor against the Redis at `url`, with a
+    config the island cannot build (it crashes once it has read the spec), watched from
+    /proc: (the run's store, the supervisor's result, the island's command lines and
+    their environments)."""
     store = RunStore(connect(url), run.pk)
-    # A config the island cannot build: it crashes once it has read the spec.
     store.put_spec(run.mode, {**run.config, "model": {"n_layer": "one"}}, run.secret)
     store.set_epoch(ISLAND, 1)
     seen: list[str] = []
@@ -89,11 +88,20 @@ def test_the_redis_password_is_in_no_command_line_log_event_or_api_answer(
     watcher = threading.Thread(target=island_cmdlines, args=(seen, environs, done))
     watcher.start()
     try:
-        result = supervise_island(run.pk, ISLAND, 1, url, epoch_key(run),
-                                  settings.LOG_DIR)
+        result = supervise_island(run.pk, ISLAND, 1, url, epoch_key(run), log_dir)
     finally:
         done.set()
         watcher.join()
+    return store, result, seen, environs
+
+
+def test_the_redis_password_is_in_no_command_line_log_event_or_api_answer(
+        password_redis, tmp_path, settings, operator_client):
+    url, password = password_redis
+    settings.REDIS_URL = url
+    settings.LOG_DIR = tmp_path / "logs"
+    run = create_run(name="secret", mode="decoupled", config=CONFIG, user=None)
+    store, result, seen, _ = supervise_crashing_island(run, url, settings.LOG_DIR)
     record_island_failure(run.pk, ISLAND, result)
 
     assert result["ended"] == "failed"
@@ -128,20 +136,8 @@ def test_an_island_process_holds_its_own_key_and_never_the_runs_secret(
         monkeypatch.setenv(name, value)
     settings.LOG_DIR = tmp_path / "logs"
     run = create_run(name="keys", mode="decoupled", config=CONFIG, user=None)
-    store = RunStore(connect(url), run.pk)
-    store.put_spec(run.mode, {**run.config, "model": {"n_layer": "one"}}, run.secret)
-    store.set_epoch(ISLAND, 1)
-    seen: list[str] = []
-    environs: list[str] = []
-    done = threading.Event()
-    watcher = threading.Thread(target=island_cmdlines, args=(seen, environs, done))
-    watcher.start()
+    store, _, seen, environs = supervise_crashing_island(run, url, settings.LOG_DIR)
     key = epoch_key(run)
-    try:
-        supervise_island(run.pk, ISLAND, 1, url, key, settings.LOG_DIR)
-    finally:
-        done.set()
-        watcher.join()
 
     assert seen and environs, "the island's process was seen"
     assert all(f"ARCHIPELAGO_ISLAND_KEY={key}" in e for e in environs)
