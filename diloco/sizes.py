@@ -12,9 +12,10 @@ one fp32 buffer per parameter (diloco/merge.py OuterOptimizer), B when
 optim.outer_momentum > 0 and else 0. D = S x B_down is the published
 differences kept for a lossy downlink, 0 for none. Wire headers are left out.
 
-Redis (syncd/store.py): globals B (full fragments) + momentum B_m + one
-fragment in swap F + F_m (a publish writes the new version before it deletes
-the one before; F_m is F with momentum) + update blobs 2 x M x B_up (in flight:
+Redis (syncd/store.py): globals B (full fragments) + one fragment in swap F (a
+publish writes the new version before it deletes the one before; the outer
+momentum is in syncd's files only, syncd/published_files.py) + update blobs
+2 x M x B_up (in flight:
 an island has at most KEPT_SENDS = 2 updates of a fragment that syncd has not
 handled, then waits before its next send, trainer/resend.py; each is freed once
 folded into its round)
@@ -139,9 +140,7 @@ def estimate(config: RunConfig, standbys: int = 0) -> Estimate:
         encoded_bytes(n, s.downlink_compression) for n in sizes.values())
     momentum = model if config.optim.outer_momentum > 0 else 0
     m = len(config.islands)
-    swap = largest if momentum else 0
-    redis = Need({"global fragments": model, "outer momentum": momentum,
-                  "fragment in swap": largest + swap,
+    redis = Need({"global fragments": model, "fragment in swap": largest,
                   "update blobs": KEPT_SENDS * m * up,
                   "downlink differences": differences,
                   "base": REDIS_BASE_BYTES})

@@ -1,20 +1,21 @@
 """The published globals: what syncd merged, for the islands to pull.
 
 A merge is acknowledged when `publish` has committed: the references to the new
-global fragment and its outer momentum, its version and the updates it took in are
-written in one fenced MULTI/EXEC on the control Redis, so a crash of syncd either
-loses the whole merge (and the updates are merged again from the stream) or none of
-it. The messages themselves lie on the data plane, which keeps nothing on disk:
-syncd's own files of the newest version (syncd.published_files, written before the
-commit) are what a merge survives a restart of the data plane with, and
-`dataplane_lost` is how syncd sees that one happened.
+global fragment (and, with a lossy downlink, its difference), its version and the
+updates it took in are written in one fenced MULTI/EXEC on the control Redis, so a
+crash of syncd either loses the whole merge (and the islands send its updates again)
+or none of it. The messages themselves lie on the data plane, which keeps nothing on
+disk: syncd's own files of the newest version (syncd.published_files, written while
+the messages go to the data plane and finished before the commit) are what a merge
+survives a restart of the data plane with, and `dataplane_lost` is how syncd sees
+that one happened. The outer momentum is syncd's alone: it lies in those files only,
+never on the data plane, which islands read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-import redis
 from redis.client import Pipeline
 
 from syncd.bulk import BulkError, BulkRef
@@ -25,14 +26,16 @@ READ_TRIES = 5  # a reference read just before its message was replaced is read 
 
 
 class GlobalsStore(RunKeys):
-    """A run's published global fragments, their versions, momentum and handled seqs."""
+    """A run's published global fragments, their versions and handled seqs."""
 
     def publish(self, fragment: int, version: int, full: bytes | bytearray,
-                difference: bytes | bytearray | None, momentum: bytes | bytearray,
-                handled: dict[str, int], tokens: int, keep: int,
-                merged: Iterable[UpdateRef] = ()) -> None:
-        """Commit one merge: the new version, its messages, momentum and handled seqs,
-        and the deletion of the merged updates' messages.
+                difference: bytes | bytearray | None, handled: dict[str, int], tokens: int,
+                keep: int, merged: Iterable[UpdateRef] = (),
+                before_commit: Callable[[], object] | None = None) -> None:
+        """Commit one merge: the new version, its messages and handled seqs, and the
+        deletion of the merged updates' messages. `before_commit` is called once the
+        messages are on the data plane and before the commit (syncd waits there for
+        its files of the merge, written meanwhile); what it raises, nothing commits.
 
         Three steps. The messages' chunks are written to the data plane first, with a
         TTL, under names unique to this grant of the run's lease (its fencing token)
@@ -53,26 +56,27 @@ class GlobalsStore(RunKeys):
         token = self.fence.token if self.fence is not None else 0
         written: list[BulkRef] = []
         try:
-            for name, message in (("full", full), ("momentum", momentum), ("pub", difference)):
+            for name, message in (("full", full), ("pub", difference)):
                 if message is not None:
                     written.append(self.bulk.put(self.key(name, fragment, version, token),
                                                  message, BLOB_TTL_S))
-        except redis.OutOfMemoryError:
+            if before_commit is not None:
+                before_commit()
+        except BaseException:
             if written:
                 self.data.delete(*(key for ref in written for key in ref.chunk_keys()))
             raise
-        full_ref, momentum_ref = written[0], written[1]
-        difference_ref = written[2] if difference is not None else None
+        full_ref = written[0]
+        difference_ref = written[1] if difference is not None else None
         merged = list(merged)
-        # What the references name now: only the lease's holder changes them, and the
+        # What the reference names now: only the lease's holder changes it, and the
         # fenced transaction below is refused if that is no longer this store.
-        replaced = {name: self._ref(self.key(name, fragment)) for name in ("full", "momentum")}
+        replaced = self._ref(self.key("full", fragment))
         old_pub = self.key("pub", fragment, version - keep)
         dropped_pub = self._ref(old_pub) if difference_ref is not None else None
 
         def fill(pipe: Pipeline) -> None:
             pipe.set(self.key("full", fragment), full_ref.dumps())
-            pipe.set(self.key("momentum", fragment), momentum_ref.dumps())
             if difference_ref is not None:
                 pipe.set(self.key("pub", fragment, version), difference_ref.dumps())
                 pipe.delete(old_pub)
@@ -84,11 +88,9 @@ class GlobalsStore(RunKeys):
         self._write(fill)
         # Committed. PERSIST and DEL take no memory: they pass on a full data plane.
         pipe = self.data.pipeline(transaction=False)
-        for ref, name in ((full_ref, "full"), (momentum_ref, "momentum")):
-            self.bulk.persist(pipe, ref)
-            old = replaced[name]
-            if old is not None and old.key != ref.key:
-                self.bulk.delete(pipe, old)
+        self.bulk.persist(pipe, full_ref)
+        if replaced is not None and replaced.key != full_ref.key:
+            self.bulk.delete(pipe, replaced)
         if difference_ref is not None:
             self.bulk.persist(pipe, difference_ref)
             if dropped_pub is not None:
@@ -99,11 +101,10 @@ class GlobalsStore(RunKeys):
 
     def keep_published(self, fragment: int, versions: Iterable[int] = ()) -> None:
         """Remove the TTL of the messages the references of `fragment` name (its full
-        message, momentum, and the differences to `versions`): a syncd that took the
-        run over finishes a publish whose last step its predecessor did not run."""
+        message and the differences to `versions`): a syncd that took the run over
+        finishes a publish whose last step its predecessor did not run."""
         pipe = self.data.pipeline(transaction=False)
-        pointers = [self.key("full", fragment), self.key("momentum", fragment),
-                    *(self.key("pub", fragment, v) for v in versions)]
+        pointers = [self.key("full", fragment), *(self.key("pub", fragment, v) for v in versions)]
         for pointer in pointers:
             if (ref := self._ref(pointer)) is not None:
                 self.bulk.persist(pipe, ref)
@@ -192,9 +193,6 @@ class GlobalsStore(RunKeys):
             except BulkError:
                 out.append(None)
         return out
-
-    def momentum(self, fragment: int, max_bytes: int = 1 << 40) -> bytearray | None:
-        return self._read(self.key("momentum", fragment), max_bytes)
 
     def tokens_merged(self) -> dict[int, int]:
         """Tokens behind the updates merged into each fragment."""

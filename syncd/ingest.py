@@ -127,9 +127,7 @@ def check_update(meta: dict[str, Any], tensors: dict[str, torch.Tensor], ref: Up
         raise Rejection(str(exc)) from exc
     squares = 0.0
     for name, t in delta.items():
-        if not torch.isfinite(t).all():
-            raise Rejection(f"tensor {name} has non-finite values")
-        squares += float(t.double().pow(2).sum())
+        squares += _squares(name, t)
     per_step = math.sqrt(squares) / steps
     if len(recent_norms) >= NORM_WARMUP:
         bound = NORM_FACTOR * statistics.median(recent_norms)
@@ -137,6 +135,23 @@ def check_update(meta: dict[str, Any], tensors: dict[str, torch.Tensor], ref: Up
             raise Rejection(f"norm {per_step:.3g} per step exceeds {bound:.3g} "
                             f"({NORM_FACTOR:g}x the recent median)")
     return Update(ref.island, base, tokens, steps, delta, ref.seq), per_step
+
+
+def _squares(name: str, t: torch.Tensor) -> float:
+    """The sum of the tensor's squared values, in one pass over it and without a copy:
+    a float32 norm is finite only if every value is (a NaN or an infinity makes it
+    so). Only where it is not (non-finite values, or finite ones whose squares
+    overflow float32) is the tensor looked at again, to tell which.
+
+    Raises:
+        Rejection: the tensor holds non-finite values.
+    """
+    norm = float(torch.linalg.vector_norm(t, dtype=torch.float32))
+    if math.isfinite(norm):
+        return norm * norm
+    if not torch.isfinite(t).all():
+        raise Rejection(f"tensor {name} has non-finite values")
+    return float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2
 
 
 def message_limit(shapes: dict[str, tuple[int, ...]]) -> int:

@@ -5,9 +5,11 @@ The data plane (syncd.run_keys) keeps nothing on disk, so syncd writes each merg
 full message and outer momentum to a file of its own before it commits the merge
 (syncd.rounds.Rounds.publish), once, and deletes the files of older versions after.
 A restart of the data plane (or a syncd that takes the run over after one) publishes
-them again from here; no append-only file carries them, so no rewrite of one copies
-them again. The folder is under the run's checkpoints (CHECKPOINT_DIR), which every
-syncd that may serve the run reaches.
+the full message again from here; no append-only file carries them, so no rewrite of
+one copies them again. The outer momentum is here only: islands never read it, so it
+never goes to the data plane, and it is written straight from the optimizer's
+tensors, without a copy of the whole. The folder is under the run's checkpoints
+(CHECKPOINT_DIR), which every syncd that may serve the run reaches.
 
 A file is written under a temporary name and renamed: a reader finds a whole file or
 none. It is not fsynced: a crash of syncd, of Redis or of the data plane loses
@@ -20,6 +22,10 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
+
+import torch
+
+from diloco import tensorfile
 
 _HEADER = struct.Struct("<QQ")  # the full message's bytes, the momentum's
 
@@ -39,22 +45,24 @@ class PublishedFiles:
         return self.folder / f"{fragment}-{version}.published"
 
     def save(self, fragment: int, version: int, full: bytes | bytearray,
-             momentum: bytes | bytearray) -> int:
-        """Write `fragment`'s full message and momentum at `version`; returns the bytes
-        written."""
+             momentum: dict[str, torch.Tensor]) -> int:
+        """Write `fragment`'s full message and outer momentum (a safetensors file of the
+        tensors) at `version`; returns the bytes written."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self._path(fragment, version)
         temporary = path.with_suffix(".tmp")
         with open(temporary, "wb") as f:
-            f.write(_HEADER.pack(len(full), len(momentum)))
+            f.write(_HEADER.pack(len(full), tensorfile.size(momentum)))
             f.write(full)
-            f.write(momentum)
+            momentum_bytes = tensorfile.write_file(f, momentum)
         os.replace(temporary, path)
-        return _HEADER.size + len(full) + len(momentum)
+        return _HEADER.size + len(full) + momentum_bytes
 
-    def load(self, fragment: int, version: int) -> tuple[bytearray, bytearray] | None:
-        """(full message, momentum) of `fragment` at `version`; None if there is no
-        whole file of it."""
+    def load(self, fragment: int, version: int, full: bool = True
+             ) -> tuple[bytearray | None, dict[str, torch.Tensor]] | None:
+        """(full message, outer momentum) of `fragment` at `version`; the full message
+        is None when `full` is False (not read). None if there is no whole file of
+        it."""
         path = self._path(fragment, version)
         try:
             with open(path, "rb") as f:
@@ -64,12 +72,20 @@ class PublishedFiles:
                 full_size, momentum_size = _HEADER.unpack(header)
                 if _HEADER.size + full_size + momentum_size != os.fstat(f.fileno()).st_size:
                     return None
-                full, momentum = bytearray(full_size), bytearray(momentum_size)
-                if f.readinto(full) != full_size or f.readinto(momentum) != momentum_size:
+                message = bytearray(full_size) if full else None
+                if message is None:
+                    f.seek(full_size, os.SEEK_CUR)
+                elif f.readinto(message) != full_size:
+                    return None
+                momentum = bytearray(momentum_size)
+                if f.readinto(momentum) != momentum_size:
                     return None
         except FileNotFoundError:
             return None
-        return full, momentum
+        try:
+            return message, tensorfile.loads(momentum)[1]
+        except tensorfile.FormatError:
+            return None
 
     def clear(self) -> None:
         """Delete every file of the run: it ended, its final checkpoint holds the model."""

@@ -6,11 +6,12 @@ and feeds it from the run's update stream. Each update is folded into its round'
 sum as it is ingested (diloco/fold.py), and its message and stream entry are
 deleted right after: syncd holds one running sum per open fragment round, whatever
 the number of islands. A merge is acknowledged once RunStore.publish has committed
-it. The versions and handled seqs are in the control Redis, the globals and
-momentum on the data plane and, durable, in syncd's files (syncd.published_files,
-written once per merge); the open rounds are in none of them, so a restart of syncd
-loses them, and each island sends again what it sent since its last handled seq
-when it sees syncd's lease change hands (trainer/resend.py, docs/RELIABILITY.md).
+it. The versions and handled seqs are in the control Redis, the globals on the data
+plane and, durable with their outer momentum, in syncd's files
+(syncd.published_files, written once per merge); the open rounds are in none of
+them, so a restart of syncd loses them, and each island sends again what it sent
+since its last handled seq when it sees syncd's lease change hands
+(trainer/resend.py, docs/RELIABILITY.md).
 Ingestion is idempotent (an update whose seq is already handled or pending is
 skipped), so nothing is merged twice.
 """
@@ -22,13 +23,13 @@ import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
 import torch
 
-from diloco import tensorfile
 from diloco.fragments import Fragment
 from diloco.model import embedding_tensor_names
 from diloco.policy import Decision, RoundStats
@@ -139,38 +140,37 @@ class Rounds:
 
     def restore(self, versions: dict[int, int]) -> bool:
         """Go on from the fragments Redis holds (`versions`: fragment -> its newest), and
-        publish version 0 of the others. A fragment the data plane lost (it restarted)
-        is taken from syncd's files and published there again. False, with nothing
-        loaded, if a fragment is in neither (the caller falls back to a checkpoint)."""
-        found: dict[int, tuple[bytearray, bytearray | None]] = {}
+        publish version 0 of the others. The outer momentum of each comes from syncd's
+        files, and so does a fragment the data plane lost (it restarted), which is
+        published there again. False, with nothing loaded, if a fragment's files are
+        gone (the caller falls back to a checkpoint)."""
+        found: dict[int, tuple[bytearray, dict[str, torch.Tensor]]] = {}
         again: set[int] = set()
         for p, version in versions.items():
             try:
                 full = self.store.full(p)
-                momentum = self.store.momentum(p)
             except BulkError:
-                full = momentum = None
+                full = None
+            saved = self.files.load(p, version, full=full is None)
+            if saved is None:
+                log.warning("run %s: fragment %d version %d is not in %s", self.store.run_id,
+                            p, version, self.files.folder)
+                return False
             if full is None:
-                if (saved := self.files.load(p, version)) is None:
-                    log.warning("run %s: fragment %d version %d is neither on the data plane "
-                                "nor in %s", self.store.run_id, p, version, self.files.folder)
-                    return False
-                full, momentum = saved
+                full = saved[0]
                 again.add(p)
-            found[p] = (full, momentum)
+            found[p] = (full, saved[1])
             self.keepalive()
         for p in range(len(self.fragments)):
             if p not in found:
-                self._commit(p, 0, self._global_message(p, 0), None, tensorfile.dumps({}), 0)
+                self._commit(p, 0, self._global_message(p, 0), None, {}, 0)
                 continue
             full, momentum = found.pop(p)
             _, meta, tensors = decode_message(full, self.spec.verify_key)
-            self.load_fragment(p, tensors, tensorfile.loads(momentum)[1] if momentum else None,
-                               meta["version"])
+            self.load_fragment(p, tensors, momentum, meta["version"])
             self.sync.handled[p] = self.store.handled(p)
             if p in again:
-                self.store.publish(p, meta["version"], full, None, momentum, {}, 0,
-                                   self.kept_differences)
+                self.store.publish(p, meta["version"], full, None, {}, 0, self.kept_differences)
             else:
                 self.store.keep_published(p, self._kept_versions(p))
             self.keepalive()
@@ -185,8 +185,7 @@ class Rounds:
         downlink are gone; an island behind takes the full fragment."""
         for p in range(len(self.fragments)):
             version = self.sync.versions[p]
-            self.store.publish(p, version, self._global_message(p, version), None,
-                               tensorfile.dumps(self.sync.optimizers[p].state_dict()), {}, 0,
+            self.store.publish(p, version, self._global_message(p, version), None, {}, 0,
                                self.kept_differences)
             self.keepalive()
         self.store.mark_dataplane()
@@ -234,17 +233,21 @@ class Rounds:
             meta = {"run": self.store.run_id, "fragment": p, "version": version,
                     "base_version": version - 1, "codec": published.codec}
             difference = encode_message("global", meta, published.payload, self.spec.publish_key)
-        momentum = tensorfile.dumps(self.sync.optimizers[p].state_dict())
-        self._commit(p, version, self._global_message(p, version), difference, momentum,
-                     result_tokens, done)
+        self._commit(p, version, self._global_message(p, version), difference,
+                     self.sync.optimizers[p].state_dict(), result_tokens, done)
 
     def _commit(self, p: int, version: int, full: bytes, difference: bytes | None,
-                momentum: bytes, tokens: int, done: list[UpdateRef] = ()) -> None:
+                momentum: dict[str, torch.Tensor], tokens: int,
+                done: list[UpdateRef] = ()) -> None:
         """Make fragment p's `version` durable in syncd's files, then commit it
-        (RunStore.publish): a data plane that restarts loses no merge."""
-        self.bytes_saved += self.files.save(p, version, full, momentum)
-        self.store.publish(p, version, full, difference, momentum,
-                           dict(self.sync.handled[p]), tokens, self.kept_differences, done)
+        (RunStore.publish): a data plane that restarts loses no merge. The file is
+        written on a thread of its own while the messages go to the data plane (both
+        wait on I/O, not on the interpreter), and the commit waits for it."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="published-files") as pool:
+            saving = pool.submit(self.files.save, p, version, full, momentum)
+            self.store.publish(p, version, full, difference, dict(self.sync.handled[p]),
+                               tokens, self.kept_differences, done, before_commit=saving.result)
+        self.bytes_saved += saving.result()
         self.files.forget_before(p, version)
 
     def tokens_merged(self) -> int:
@@ -495,8 +498,8 @@ class Rounds:
         overflow together): it is not published, the fragment goes back to its
         published version, and the round's updates are dropped as refused."""
         _, meta, tensors = decode_message(self.store.full(p), self.spec.verify_key)
-        momentum = tensorfile.loads(self.store.momentum(p))[1]
-        self.load_fragment(p, tensors, momentum, meta["version"])
+        saved = self.files.load(p, meta["version"], full=False)
+        self.load_fragment(p, tensors, saved[1] if saved else None, meta["version"])
         history = self.sync.history[p]
         if history and history[-1].version == version:
             history.pop()

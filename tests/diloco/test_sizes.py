@@ -48,7 +48,8 @@ def test_each_total_is_the_sum_of_its_parts_as_the_formulas_give_them(make_confi
     f = 4 * max(f.numel for f in partition(tensor_sizes(config.model), 4))  # the largest
     act = activation_bytes(4, 16, 2, 64, config.model.n_head, "fp32")
 
-    assert sized.redis.total == 2 * b + 2 * f + 2 * 3 * b + 64 * MIB  # 2 unhandled each
+    # The outer momentum is syncd's alone (its files), not Redis's: 2 unhandled each.
+    assert sized.redis.total == b + f + 2 * 3 * b + 64 * MIB
     # One round sum per fragment (b in all) whatever the three islands, one update folding.
     assert sized.syncd.total == 2 * b + b + f + 2 * f + b
     island = sized.islands["island-0"]
@@ -88,12 +89,18 @@ def test_an_island_of_several_processes_holds_each_ones_state_and_splits_the_bat
 def test_no_outer_momentum_keeps_no_momentum_buffers(make_config):
     sized = estimate(make_config(optim={"outer_momentum": 0.0}))
 
-    assert sized.redis.parts["outer momentum"] == 0
-    config = make_config(optim={"outer_momentum": 0.0})
+    assert sized.syncd.parts["outer momentum"] == 0
+
+
+def test_the_outer_momentum_is_syncds_alone_and_takes_no_redis_memory(make_config):
+    config = make_config()
+    sized = estimate(config)
     largest = max(f.numel for f in partition(tensor_sizes(config.model),
                                              config.sync.fragments))
+
+    assert sized.syncd.parts["outer momentum"] == sized.model_bytes
+    assert "outer momentum" not in sized.redis.parts
     assert sized.redis.parts["fragment in swap"] == 4 * largest
-    assert sized.syncd.parts["outer momentum"] == 0
 
 
 def test_each_warm_standby_of_an_island_host_counts_with_its_interpreter_and_a_model(

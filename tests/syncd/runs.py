@@ -30,7 +30,6 @@ TOKENS_PER_STEP = 2 * 16
 # Messages of the chunked store tests (chunk_store): a full fragment of three chunks
 # of 1,024 bytes and its momentum.
 FULL = b"f" * 3000
-MOMENTUM = b"m" * 1500
 
 
 def chunk_store(redis_url: str) -> RunStore:

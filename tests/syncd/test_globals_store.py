@@ -5,7 +5,7 @@ RunStore."""
 
 import pytest
 
-from tests.syncd.runs import FULL, MOMENTUM, chunk_store, stored_keys
+from tests.syncd.runs import FULL, chunk_store, stored_keys
 
 pytestmark = pytest.mark.integration
 
@@ -20,10 +20,11 @@ def test_a_publish_deletes_the_messages_of_the_updates_it_merged(store):
     merged = store.read_updates()
     assert len(stored_keys(store, "blob")) == 4  # 3 chunks and 1
 
-    store.publish(0, 1, FULL, None, MOMENTUM, {"a": 4, "b": 4}, 10, keep=0, merged=merged)
+    store.publish(0, 1, FULL, None, {"a": 4, "b": 4}, 10, keep=0, merged=merged)
 
     assert stored_keys(store, "blob") == []
-    assert store.full(0) == FULL and store.momentum(0) == MOMENTUM
+    assert store.full(0) == FULL
+    assert stored_keys(store, "momentum") == []  # syncd's files hold it, not Redis
 
 
 def test_refused_updates_lose_their_messages_with_or_without_a_handled_mark(store):
@@ -40,27 +41,26 @@ def test_refused_updates_lose_their_messages_with_or_without_a_handled_mark(stor
 
 def test_a_published_fragment_replaces_the_version_before(store):
     for version in range(1, 5):
-        store.publish(0, version, FULL + bytes([version]), None, MOMENTUM, {}, 1, keep=0)
+        store.publish(0, version, FULL + bytes([version]), None, {}, 1, keep=0)
 
     assert store.full(0) == FULL + bytes([4])
     assert {k.split(":")[4] for k in stored_keys(store, "full:0:")} == {"4"}
-    assert {k.split(":")[4] for k in stored_keys(store, "momentum:0:")} == {"4"}
     # state, not a cache
     assert all(store.client.ttl(k) == -1 for k in stored_keys(store, "full:0:"))
 
 
 def test_a_lossy_downlink_keeps_as_many_differences_as_it_is_told(store):
     for version in range(1, 6):
-        store.publish(0, version, FULL, b"d" * 1100, MOMENTUM, {}, 1, keep=2)
+        store.publish(0, version, FULL, b"d" * 1100, {}, 1, keep=2)
 
     assert store.differences(0, [3, 4, 5]) == [None, b"d" * 1100, b"d" * 1100]
     assert {k.split(":")[4] for k in stored_keys(store, "pub:0:")} == {"4", "5"}
 
 
 def test_a_publish_records_the_version_the_handled_seqs_and_the_tokens_merged(store):
-    store.publish(0, 1, FULL, None, MOMENTUM, {"a": 4, "b": 2}, 10, keep=0)
-    store.publish(1, 1, FULL, None, MOMENTUM, {"a": 3}, 5, keep=0)
-    store.publish(0, 2, FULL, None, MOMENTUM, {"a": 8}, 12, keep=0)
+    store.publish(0, 1, FULL, None, {"a": 4, "b": 2}, 10, keep=0)
+    store.publish(1, 1, FULL, None, {"a": 3}, 5, keep=0)
+    store.publish(0, 2, FULL, None, {"a": 8}, 12, keep=0)
 
     assert store.versions() == {0: 2, 1: 1}
     assert store.handled(0) == {"a": 8, "b": 2}
@@ -68,8 +68,8 @@ def test_a_publish_records_the_version_the_handled_seqs_and_the_tokens_merged(st
     assert store.tokens_merged() == {0: 22, 1: 5}
 
 
-def test_a_fragment_never_published_has_no_full_message_momentum_or_versions(store):
-    assert store.full(3) is None and store.momentum(3) is None
+def test_a_fragment_never_published_has_no_full_message_or_versions(store):
+    assert store.full(3) is None
     assert store.versions() == {} and store.handled(3) == {}
     assert store.differences(3, [1, 2]) == [None, None]
 

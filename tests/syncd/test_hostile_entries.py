@@ -115,7 +115,7 @@ def test_a_quarantined_entry_is_not_read_again_after_a_restart_of_syncd(two_runs
     attacked.tick()
     assert len(rejection_events(attacked)) == 2
 
-    again = RunSync(attacked.store, DatabaseRecorder(attacked.store.run_id), tmp_path,
+    again = RunSync(attacked.store, DatabaseRecorder(attacked.store.run_id), tmp_path / "attacked",
                     clock=lambda: 2000.0, control_every_s=0.0)
     again.tick()
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 def test_a_store_without_a_lease_writes_as_before_and_a_lease_must_be_for_its_run(redis_url):
     client = connect(redis_url)
     store = GlobalsStore(client, 7)
-    store.publish(0, 1, b"v1", None, b"m", {}, 10, keep=16)
+    store.publish(0, 1, b"v1", None, {}, 10, keep=16)
     assert store.versions() == {0: 1}
     with pytest.raises(ValueError, match="lease is for run 8"):
         RunKeys(client, 7, fence=Lease("8", "syncd-a", 1, lease_key(8)))

@@ -155,7 +155,7 @@ def test_the_runs_of_a_dead_syncd_are_taken_over_when_their_leases_expire(redis_
 
     heir_versions = RunStore(connect(redis_url), runs[0]).versions()
     with pytest.raises(LeaseLost):
-        stale_store.publish(0, 99, b"stale", None, b"m", {}, 0, keep=16)
+        stale_store.publish(0, 99, b"stale", None, {}, 0, keep=16)
     assert RunStore(connect(redis_url), runs[0]).versions() == heir_versions
     dead.tick()  # if it ever wakes up, it finds its leases gone and lets the runs be
     assert dead.runs == {} and dead.leases == {}

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from syncd.store import KEPT_AFTER_END, RunStore
-from tests.syncd.runs import FULL, MOMENTUM, chunk_store, stored_keys
+from tests.syncd.runs import FULL, chunk_store, stored_keys
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,7 @@ def test_an_ended_run_keeps_only_its_status_and_logs(store):
     store.put_spec("decoupled", {"islands": []}, "00")
     store.set_epoch("a", 1)
     store.push_update("a", 1, 0, 4, b"u" * 2500)
-    store.publish(0, 1, FULL, b"d" * 10, MOMENTUM, {"a": 4}, 10, keep=2)
+    store.publish(0, 1, FULL, b"d" * 10, {"a": 4}, 10, keep=2)
     store.heartbeat("a", 1, 4, 128, state="training")
     store.save_cursor("a", {"step": 4})
     store.put_log("a", ["a line"])
@@ -43,7 +43,7 @@ def test_an_ended_run_keeps_only_its_status_and_logs(store):
 
 def test_a_deleted_run_keeps_nothing(store):
     store.put_status({"state": "stopped"})
-    store.publish(0, 1, FULL, None, MOMENTUM, {}, 10, keep=0)
+    store.publish(0, 1, FULL, None, {}, 10, keep=0)
 
     store.release(keep=(), linger_s=1)
 

@@ -43,7 +43,7 @@ def publish(store, config: RunConfig, secret: bytes, fragment: int, version: int
     meta = {"run": store.run_id, "fragment": fragment, "version": version,
             "base_version": version, "codec": "none"}
     full = encode_message("global", meta, tensors, publish_key(secret))
-    store.publish(fragment, version, full, None, b"", {}, 0, keep=16)
+    store.publish(fragment, version, full, None, {}, 0, keep=16)
 
 
 @pytest.mark.integration
