@@ -5,6 +5,8 @@ import pytest
 
 from diloco.config import RunConfig
 from diloco.config_parse import parse_config
+from diloco.sizes import estimate
+from diloco.synchronizer import history_length
 from webapp.runs.presets import PAPER_REGIONS, PRESETS, preset_config
 
 
@@ -14,6 +16,28 @@ def test_every_preset_is_a_valid_config_with_every_section_and_island_field(name
 
     parsed = parse_config(config, list(PAPER_REGIONS))
     assert parsed.to_dict() == config
+
+
+@pytest.mark.parametrize("name", ["paper", "gpt2_small"])
+def test_the_presets_over_wide_area_links_send_int4_and_pull_int8_differences_at_2_gbps(
+        name):
+    parsed = parse_config(preset_config(name, list(PAPER_REGIONS)), list(PAPER_REGIONS))
+
+    assert (parsed.sync.compression, parsed.sync.downlink_compression) == ("int4", "int8")
+    # A lossy downlink keeps differences for islands up to max_staleness versions behind.
+    assert history_length(parsed.sync) == parsed.sync.max_staleness > 0
+    assert estimate(parsed).redis.parts["downlink differences"] > 0
+    assert {island.bandwidth_gbps for island in parsed.islands} == {2.0}
+    assert all(island.latency_ms > 0 for island in parsed.islands)
+
+
+def test_the_gpt2_small_presets_islands_have_the_paper_presets_latency_of_their_region():
+    paper = preset_config("paper", list(PAPER_REGIONS))["islands"]
+    small = preset_config("gpt2_small", list(PAPER_REGIONS))["islands"]
+    latency = {island["region"]: island["latency_ms"] for island in paper}
+
+    assert [(i["region"], i["latency_ms"]) for i in small] == [
+        ("us-east", latency["us-east"]), ("us-west", latency["us-west"])]
 
 
 def test_a_preset_keeps_its_regions_where_the_deployment_has_them():
