@@ -51,6 +51,16 @@ sequences of one process (batch_size / processes), s = block_size,
 h = n_embd, a = n_head; twice that for train.precision fp32. It counts
 dropout masks this model does not have and attention scores that a fused
 attention kernel does not keep, so it is on the high side.
+
+Wire bytes per outer step (`wire_per_outer_step`), per island: in an outer step (H
+inner steps) an island sends one update of each fragment, B_up in all, and pulls each
+fragment's newest version: with a lossy sync.downlink_compression its difference,
+B_down in all, with none the fp32 fragment, B. Each of these 2P messages takes its
+link's latency and its bytes (scaled by emulation.bytes_scale, as the emulated link
+scales them) at the island's bandwidth (diloco/wan.py transfer_time). One version per
+fragment: with min_quorum below the islands a fragment merges about M/K times per outer
+step, and an island behind pulls each difference it missed (the full fragment when it
+is more than S behind); wire headers are left out.
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ from diloco.codecs import BLOCK
 from diloco.config import RunConfig
 from diloco.fragments import partition
 from diloco.shapes import tensor_sizes
+from diloco.wan import transfer_time
 
 MIB = 1024 * 1024
 REDIS_BASE_BYTES = 64 * MIB
@@ -134,8 +145,7 @@ def estimate(config: RunConfig, standbys: int = 0) -> Estimate:
     up = sum(encoded_bytes(n, s.compression) for n in sizes.values())
     fragments = partition(sizes, s.fragments)
     largest = 4 * max(f.numel for f in fragments)
-    largest_up = max(sum(encoded_bytes(sizes[n], s.compression) for n in f.tensor_names)
-                     for f in fragments)
+    largest_up = max(fragment_bytes(sizes, s.fragments, s.compression))
     differences = 0 if s.downlink_compression == "none" else s.max_staleness * sum(
         encoded_bytes(n, s.downlink_compression) for n in sizes.values())
     momentum = model if config.optim.outer_momentum > 0 else 0
@@ -167,3 +177,51 @@ def estimate(config: RunConfig, standbys: int = 0) -> Estimate:
             host["warm standbys"] = standbys * (STANDBY_BASE_BYTES + model)
         islands[island.name] = Need(host)
     return Estimate(params, model, redis, syncd, islands)
+
+
+@dataclass(frozen=True)
+class Wire:
+    """One island's wire bytes per outer step each way, and the seconds its link takes
+    for them."""
+
+    up_bytes: int
+    down_bytes: int
+    up_s: float
+    down_s: float
+
+    def to_dict(self) -> dict[str, int | float]:
+        return {"up_bytes": self.up_bytes, "down_bytes": self.down_bytes,
+                "up_s": self.up_s, "down_s": self.down_s}
+
+
+def fragment_bytes(sizes: dict[str, int], fragments: int, codec: str) -> list[int]:
+    """Bytes of each of the `fragments` fragments of tensors of `sizes` (name -> values)
+    encoded with `codec`: one message each (diloco/fragments.py partition)."""
+    return [sum(encoded_bytes(sizes[n], codec) for n in f.tensor_names)
+            for f in partition(sizes, fragments)]
+
+
+def link_seconds(messages: list[int], bandwidth_gbps: float, latency_ms: float,
+                 bytes_scale: float = 1.0) -> float:
+    """Seconds a link takes for `messages` (bytes each) one after the other."""
+    return sum(transfer_time(n, bandwidth_gbps, latency_ms, bytes_scale) for n in messages)
+
+
+def wire_per_outer_step(config: RunConfig) -> dict[str, Wire]:
+    """Island name -> its wire bytes per outer step (one update of each fragment up, each
+    fragment's newest version down) and its link's seconds for them.
+
+    Raises:
+        ValueError: when sync.fragments is more than the model's tensors.
+    """
+    sizes = tensor_sizes(config.model)
+    s = config.sync
+    up = fragment_bytes(sizes, s.fragments, s.compression)
+    # A lossy downlink publishes encoded differences; none the fp32 fragment, which is
+    # the codec none's encoding.
+    down = fragment_bytes(sizes, s.fragments, s.downlink_compression)
+    scale = config.emulation.bytes_scale
+    return {i.name: Wire(sum(up), sum(down),
+                         link_seconds(up, i.bandwidth_gbps, i.latency_ms, scale),
+                         link_seconds(down, i.bandwidth_gbps, i.latency_ms, scale))
+            for i in config.islands}

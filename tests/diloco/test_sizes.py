@@ -6,7 +6,13 @@ from diloco.fragments import partition
 from diloco.island import gpt_config
 from diloco.model import GPT
 from diloco.shapes import tensor_sizes
-from diloco.sizes import MIB, activation_bytes, encoded_bytes, estimate
+from diloco.sizes import (
+    MIB,
+    activation_bytes,
+    encoded_bytes,
+    estimate,
+    wire_per_outer_step,
+)
 
 SHAPES = [(1, 8, 2, 8), (2, 64, 4, 64), (3, 48, 6, 128), (4, 96, 8, 32)]
 
@@ -113,3 +119,75 @@ def test_each_warm_standby_of_an_island_host_counts_with_its_interpreter_and_a_m
         assert need.parts["warm standbys"] == 2 * (STANDBY_BASE_BYTES + warm.model_bytes)
         assert need.total == cold.islands[name].total + need.parts["warm standbys"]
     assert "warm standbys" not in cold.islands["island-0"].parts
+
+
+# The tiny model of make_config (1 layer, 16 wide, context 16) by hand: tok_emb 256 x 16
+# = 4096, pos_emb 16 x 16 = 256, c_attn 3 x 16 x 16 = 768, attn c_proj 256, c_fc and
+# mlp c_proj 4 x 16 x 16 = 1024 each, lm_head 4096, and six LayerNorm vectors of 16:
+# 11,616 values. In blocks of 64, tensor by tensor: 64 + 4 + 12 + 4 + 16 + 16 + 64 + 6 x 1
+# = 186 blocks, each with a float32 scale.
+TINY_FP32 = 4 * 11_616  # 46,464
+TINY_INT8 = 186 * (64 + 4)  # 12,648
+TINY_INT4 = 186 * (32 + 4)  # 6,696
+
+
+def tiny_with_links(make_config, **sync):
+    """The tiny model in 2 fragments, island-0 on a 10 Mb/s link of 40 ms, island-1 on
+    1 Gb/s of 5 ms."""
+    config = make_config(sync={"fragments": 2, **sync})
+    for island, (gbps, ms) in zip(config.islands, [(0.01, 40.0), (1.0, 5.0)], strict=True):
+        island.bandwidth_gbps, island.latency_ms = gbps, ms
+    return config
+
+
+def test_an_int4_uplink_sends_each_fragments_update_encoded_at_the_islands_link(make_config):
+    wire = wire_per_outer_step(tiny_with_links(make_config, compression="int4"))
+
+    # Two messages up, each its latency, and 6,696 bytes at the bandwidth.
+    assert wire["island-0"].up_bytes == TINY_INT4
+    assert wire["island-0"].up_s == pytest.approx(2 * 0.040 + TINY_INT4 * 8 / 0.01e9)
+    assert wire["island-1"].up_bytes == TINY_INT4
+    assert wire["island-1"].up_s == pytest.approx(2 * 0.005 + TINY_INT4 * 8 / 1e9)
+
+
+def test_an_uplink_without_a_codec_sends_the_fp32_update(make_config):
+    wire = wire_per_outer_step(tiny_with_links(make_config, compression="none"))
+
+    assert wire["island-0"].up_bytes == TINY_FP32
+    assert wire["island-0"].up_s == pytest.approx(2 * 0.040 + TINY_FP32 * 8 / 0.01e9)
+
+
+def test_a_lossy_downlink_pulls_encoded_differences_and_none_the_fp32_fragments(make_config):
+    lossy = wire_per_outer_step(tiny_with_links(make_config, downlink_compression="int8"))
+    whole = wire_per_outer_step(tiny_with_links(make_config, downlink_compression="none"))
+
+    assert lossy["island-0"].down_bytes == TINY_INT8
+    assert lossy["island-0"].down_s == pytest.approx(2 * 0.040 + TINY_INT8 * 8 / 0.01e9)
+    assert whole["island-0"].down_bytes == TINY_FP32
+    assert whole["island-1"].down_s == pytest.approx(2 * 0.005 + TINY_FP32 * 8 / 1e9)
+
+
+def test_each_fragment_is_a_message_of_its_own_that_pays_the_latency(make_config):
+    one = make_config(sync={"fragments": 1, "compression": "int4"})
+    four = make_config(sync={"fragments": 4, "compression": "int4"})
+    latency = one.islands[0].latency_ms / 1000
+
+    a, b = wire_per_outer_step(one)["island-0"], wire_per_outer_step(four)["island-0"]
+
+    assert a.up_bytes == b.up_bytes == TINY_INT4  # codecs encode tensor by tensor
+    assert b.up_s - a.up_s == pytest.approx(3 * latency)
+    assert b.down_s - a.down_s == pytest.approx(3 * latency)
+
+
+def test_the_emulations_bytes_scale_stretches_the_link_seconds_not_the_wire_bytes(
+        make_config):
+    plain = wire_per_outer_step(tiny_with_links(make_config))["island-0"]
+    config = tiny_with_links(make_config)
+    config.emulation.bytes_scale = 1000.0
+
+    scaled = wire_per_outer_step(config)["island-0"]
+
+    assert scaled.to_dict() == {"up_bytes": TINY_FP32, "down_bytes": TINY_FP32,
+                                "up_s": scaled.up_s, "down_s": scaled.down_s}
+    assert (scaled.up_bytes, scaled.down_bytes) == (plain.up_bytes, plain.down_bytes)
+    assert scaled.up_s == pytest.approx(2 * 0.040 + 1000 * TINY_FP32 * 8 / 0.01e9)
