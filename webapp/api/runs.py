@@ -186,5 +186,6 @@ def config_schema(request: HttpRequest) -> dict[str, Any]:
              response=answers(schemas.EstimateOut, body=True))
 def config_estimate(request: HttpRequest, body: schemas.EstimateIn) -> dict[str, Any]:
     """The parameters of a run config's model and the memory Redis, syncd and each island
-    host would need, against what the hosts declare. 422 with the config's problems."""
+    host would need, against what the hosts declare, and each island's wire bytes per
+    outer step with its link's seconds for them. 422 with the config's problems."""
     return validation.size_report(body.config)

@@ -194,6 +194,19 @@ class NeedOut(Schema):
     parts: dict[str, int] = Field(description="Bytes by what holds them.")
 
 
+class WireOut(Schema):
+    """One island's wire per outer step: one update of each fragment up
+    (sync.compression), each fragment's newest version down (its difference with a
+    lossy sync.downlink_compression, else the fp32 fragment)."""
+
+    up_bytes: int = Field(description="Bytes sent up, wire headers left out.")
+    down_bytes: int = Field(description="Bytes pulled down, wire headers left out.")
+    up_s: float = Field(description="Seconds the island's link takes for them: each "
+                                    "message its latency_ms, its bytes (times "
+                                    "emulation.bytes_scale) at bandwidth_gbps.")
+    down_s: float = Field(description="The same for the bytes pulled down.")
+
+
 class EstimateOut(Schema):
     """diloco/sizes.py's estimate; docs/OPERATIONS.md, "Sizing a run", has the formulas."""
 
@@ -213,6 +226,8 @@ class EstimateOut(Schema):
                                               "island_host_bytes (region -> bytes).")
     misfits: dict[str, list[str]] = Field(description="What does not fit, keyed as a "
                                                       "refusal of the run would be.")
+    wire: dict[str, WireOut] = Field(description="Island name -> its wire bytes per outer "
+                                                 "step and its link's seconds for them.")
 
 
 # -- faults -------------------------------------------------------------------------

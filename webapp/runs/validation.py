@@ -13,7 +13,14 @@ from django.conf import settings
 
 from diloco.config import RunConfig
 from diloco.config_parse import parse_config
-from diloco.sizes import MIB, REDIS_BASE_BYTES, STANDBY_BASE_BYTES, Need, estimate
+from diloco.sizes import (
+    MIB,
+    REDIS_BASE_BYTES,
+    STANDBY_BASE_BYTES,
+    Need,
+    estimate,
+    wire_per_outer_step,
+)
 from webapp.runs.models import ADMITTED, Checkpoint, Run
 
 
@@ -173,7 +180,8 @@ def memory_misfits(config: RunConfig, others: Sequence[RunConfig] = ()) -> dict[
 
 def size_report(config: Any) -> dict[str, Any]:
     """The parameters and memory of a run config (diloco/sizes.py), the limits the
-    hosts declare, what the admitted runs already take of them, and what does not fit.
+    hosts declare, what the admitted runs already take of them, what does not fit, and
+    each island's wire bytes per outer step with its link's seconds for them.
 
     Raises:
         ConfigError: when `config` (decoded JSON) is not a valid run config.
@@ -187,7 +195,9 @@ def size_report(config: Any) -> dict[str, Any]:
                        "island_host_bytes": settings.ISLAND_HOST_MEMORY_MB * MIB},
             "taken": {"runs": taken.runs, "redis_bytes": taken.redis,
                       "syncd_bytes": taken.syncd, "island_host_bytes": taken.hosts},
-            "misfits": memory_misfits(run_config, others)}
+            "misfits": memory_misfits(run_config, others),
+            "wire": {name: wire.to_dict()
+                     for name, wire in wire_per_outer_step(run_config).items()}}
 
 
 def _others(nbytes: int, runs: int, where: str = "") -> str:

@@ -6,7 +6,7 @@ import pytest
 from diloco.config_parse import parse_config
 from diloco.island import gpt_config
 from diloco.model import GPT
-from diloco.sizes import MIB
+from diloco.sizes import MIB, wire_per_outer_step
 from webapp.runs.models import Run
 
 SMALL = {"model": {"n_layer": 2, "n_embd": 32, "n_head": 4, "block_size": 32},
@@ -40,6 +40,37 @@ def test_the_estimate_follows_the_codec_and_the_islands(viewer_api):
 
     assert blobs(three) == 3 * blobs(SMALL) // 2
     assert blobs({**SMALL, "sync": {"compression": "bf16"}}) == blobs(SMALL) // 2
+
+
+def test_it_gives_each_islands_wire_bytes_per_outer_step_and_its_links_seconds(
+        viewer_api, settings):
+    islands = [{**SMALL["islands"][0], "bandwidth_gbps": 0.5, "latency_ms": 10},
+               {**SMALL["islands"][1], "bandwidth_gbps": 2.0, "latency_ms": 40}]
+    config = {**SMALL, "sync": {"compression": "int4", "downlink_compression": "int8"},
+              "islands": islands}
+
+    data = viewer_api.post("/api/config/estimate", {"config": config}).json()
+
+    wire = wire_per_outer_step(parse_config(config, settings.REGIONS))
+    assert data["wire"] == {name: w.to_dict() for name, w in wire.items()}
+    assert set(data["wire"]) == {"east-a", "west-a"}
+    east, west = data["wire"]["east-a"], data["wire"]["west-a"]
+    assert east["up_bytes"] == west["up_bytes"] < east["down_bytes"] == west["down_bytes"]
+    # The default 4 fragments: 4 messages each way, each its latency.
+    assert east["up_s"] == pytest.approx(4 * 0.010 + east["up_bytes"] * 8 / 0.5e9)
+    assert west["down_s"] == pytest.approx(4 * 0.040 + west["down_bytes"] * 8 / 2e9)
+
+
+def test_the_wire_follows_the_codecs(viewer_api):
+    def wire(sync):
+        return viewer_api.post("/api/config/estimate", {"config": {**SMALL, "sync": sync}}
+                               ).json()["wire"]["east-a"]
+
+    none, lossy = wire({}), wire({"compression": "int4", "downlink_compression": "int8"})
+
+    assert none["up_bytes"] == none["down_bytes"] == 4 * viewer_api.post(
+        "/api/config/estimate", {"config": SMALL}).json()["params"]
+    assert lossy["up_bytes"] < lossy["down_bytes"] < none["down_bytes"]
 
 
 def test_it_answers_422_for_a_bad_config_keyed_by_dotted_path(viewer_api):
