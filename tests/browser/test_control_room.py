@@ -61,6 +61,9 @@ def create_run_in_the_form(page, url: str, name: str, corpus: Path, shots: Path)
     page.wait_for_function("""() => [...document.querySelectorAll("#estimate-figures dt")]
         .filter((term) => term.textContent.startsWith("island ")).length === 3""")
     page.locator("#estimate-figures").get_by_text(re.compile(r"^11.616 ")).wait_for()
+    # and each island's wire per outer step: the fp32 model (46,464 bytes) each way.
+    page.wait_for_function("""() => [...document.querySelectorAll("#estimate-wire tbody tr")]
+        .map((row) => row.cells[1].textContent).join() === '0.0465,0.0465,0.0465'""")
     page.screenshot(path=shots / "1-form.png", full_page=True)
     with page.expect_navigation():
         page.get_by_role("button", name="Create run").click()

@@ -131,6 +131,9 @@ def test_the_new_run_form_shows_the_runs_sizes_from_the_estimate_endpoint(operat
     assert 'id="estimate" data-url="/api/config/estimate"' in content
     assert '<script type="module" src="/static/dashboard/new_run.js">' in content
     assert "Activations are an" in content
+    # Each island's wire per outer step, filled in from the answer's `wire`.
+    assert '<table id="estimate-wire">' in content
+    assert "<th>up (MB)</th><th>down (MB)</th><th>up (s)</th><th>down (s)</th>" in content
 
 
 def test_the_gpt2_small_preset_has_its_shape_and_about_85m_parameters(operator_client,

@@ -41,7 +41,7 @@ document.getElementById("add-island").addEventListener("click", () => {
 // /api/config/estimate (missing ones take their defaults) and its answer is shown.
 const form = document.getElementById("run-form");
 const estimate = document.getElementById("estimate");
-const SIZED_SECTIONS = ["model", "sync", "optim", "train"];
+const SIZED_SECTIONS = ["model", "sync", "optim", "train", "emulation"];
 const TEXT_KEYS = ["name", "region"];
 
 function typed(key, text) {
@@ -70,6 +70,25 @@ function shown(bytes) {
   if (bytes >= 2 ** 30) return `${(bytes / 2 ** 30).toFixed(1)} GiB`;
   if (bytes >= 2 ** 20) return `${(bytes / 2 ** 20).toFixed(0)} MiB`;
   return `${(bytes / 2 ** 10).toFixed(0)} KiB`;
+}
+
+// Three significant digits: 48.1, 0.543, 0.0403; whole numbers from 1000 up.
+function three(x) {
+  return x >= 1000 ? Math.round(x).toLocaleString() : String(Number(x.toPrecision(3)));
+}
+
+function showWire(wire) {
+  const body = document.querySelector("#estimate-wire tbody");
+  body.replaceChildren(...Object.entries(wire).map(([name, w]) => {
+    const row = document.createElement("tr");
+    for (const text of [name, three(w.up_bytes / 1e6), three(w.down_bytes / 1e6),
+                        three(w.up_s), three(w.down_s)]) {
+      const cell = document.createElement("td");
+      cell.textContent = text;
+      row.append(cell);
+    }
+    return row;
+  }));
 }
 
 function figure(list, label, text, parts) {
@@ -101,6 +120,7 @@ function showEstimate(data) {
   for (const [region, nbytes] of Object.entries(data.taken.island_host_bytes)) {
     figure(list, `island host ${region}`, `${shown(nbytes)} taken by other runs`);
   }
+  showWire(data.wire);
   const misfits = document.getElementById("estimate-misfits");
   misfits.replaceChildren(...Object.entries(data.misfits).flatMap(([key, messages]) =>
     messages.map((message) => {
@@ -121,6 +141,7 @@ async function refreshEstimate() {
   } catch (e) {
     if (mine !== asked) return;
     document.getElementById("estimate-figures").replaceChildren();
+    showWire({});
     const item = document.createElement("li");
     item.textContent = `No estimate until the config is valid: ${e.message}`;
     document.getElementById("estimate-misfits").replaceChildren(item);
