@@ -20,12 +20,15 @@ measurement does not move; the "1B fragment" size is a model of the parameters
 of one fragment of a 1B model at P = 8.
 
 Two phases, one after the other:
-- ingest: every island sends its update of round r once it sees round r - 1
-  published (a round merges when all M are in: min_quorum M, grace 0), so syncd
-  always has a round to read or merge. `ingest_mb_s` is the wire bytes of the
-  updates over the wall time of the measured rounds (the first round warms up);
-  `ingest_p50_s`/`ingest_p95_s` are from an island's send to its merge published,
-  seen by that island;
+- ingest, under saturating load: every island sends its `rounds` updates as fast as
+  an island's backpressure lets it (trainer/resend.py: at most two of a fragment not
+  yet handled by syncd), so syncd always has updates waiting; a round merges once all
+  M islands are in it (min_quorum M, grace 0), and an island's second update that
+  arrives before its round merged is an increment in that round, as in a live run.
+  `ingest_mb_s` is the wire bytes of every update over the phase's wall time, from
+  the first send to the last update handled (the pipeline's fill counts);
+  `ingest_p50_s`/`ingest_p95_s` are from an island's send to syncd having handled
+  it (merged and published), seen by that island;
 - pull: every island reads and checks the published fragment `pulls` times at
   once; `pull_mb_s` is the bytes read by all over the phase's wall time.
 
@@ -74,6 +77,7 @@ from syncd.connection import connect
 from syncd.store import RunStore
 from trainer.launch import free_port
 from trainer.link import POLL_S
+from trainer.resend import SentUpdates
 from webapp.processes import start_scratch_redis, wait_for
 
 HOME = ROOT / "var" / "bench-dataplane"
@@ -286,8 +290,10 @@ def syncd_main(url: str, data_url: str, checkpoint_dir: str, stop: Any, busy_s: 
 
 def island_main(url: str, data_url: str, name: str, payload: str, secret: str, rounds: int,
                 pulls: int, ready: Any, go: Any, pull_go: Any, out: Any) -> None:
-    """A synthetic island: signs its `rounds` updates, then sends each once the round
-    before is published, then pulls the published fragment `pulls` times."""
+    """A synthetic island: signs its `rounds` updates, then sends them as fast as an
+    island's backpressure lets it (trainer/resend.py: at most KEEP_PER_FRAGMENT of a
+    fragment not yet handled by syncd), noting when syncd handled each; then pulls the
+    published fragment `pulls` times."""
     store = RunStore(connect(url, ride_out_restarts=True), RUN_ID,
                      data=connect(data_url, ride_out_restarts=True))
     _, tensors = tensorfile.loads(bytearray(Path(payload).read_bytes()))
@@ -304,15 +310,29 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, r
     store.heartbeat(name, 1, 0, 0, state="training")
     ready.put(len(messages[0]))
     go.wait()
-    sent = []
+    kept = SentUpdates(lambda p: store.handled_seq(p, name), lambda: None)
+    sent: dict[int, float] = {}
+    handled: dict[int, float] = {}
+
+    def note_handled() -> None:
+        done, now = store.handled_seq(0, name), time.time()
+        for seq in sent:
+            if seq <= done:
+                handled.setdefault(seq, now)
+
     for r, message in enumerate(messages):
-        started = time.time()
-        store.push_update(name, 1, 0, (r + 1) * H, message)
-        store.heartbeat(name, 1, (r + 1) * H, 0, state="training")
-        while store.versions().get(0, 0) < r + 1:
+        seq = (r + 1) * H
+        while kept.must_wait(0):
+            note_handled()
             time.sleep(POLL_S)
-        sent.append((started, time.time()))
-    messages.clear()
+        sent[seq] = time.time()
+        store.push_update(name, 1, 0, seq, message)
+        kept.add(0, seq, message)
+        store.heartbeat(name, 1, seq, 0, state="training")
+    while len(handled) < len(sent):
+        note_handled()
+        time.sleep(POLL_S)
+    del messages, kept
     pull_go.wait()
     pulled = []
     for _ in range(pulls):
@@ -323,7 +343,8 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, r
         decode_message(blob, verify_key)
         pulled.append((started, time.time(), len(blob)))
         del blob
-    out.put({"island": name, "sent": sent, "pulled": pulled})
+    out.put({"island": name, "sent": [(sent[seq], handled[seq]) for seq in sorted(sent)],
+             "pulled": pulled})
 
 
 def start_redis(folder: Path, appendonly: bool = False) -> tuple[subprocess.Popen, str]:
@@ -381,10 +402,11 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
         disk_before = [disk_written(pid) for pid in writers]
         ingest_start = time.time()
         go.set()
-        # The islands report once they have pulled too: the ingest phase ends when the
-        # last round is published.
-        wait_for(lambda: store.versions().get(0, 0) >= profile["rounds"]
-                 or not syncd.is_alive(), 1800, "the last round merged")
+        # The islands report once they have pulled too: the ingest phase ends when syncd
+        # handled every island's last update.
+        last = profile["rounds"] * H
+        wait_for(lambda: all(store.handled_seq(0, n) >= last for n in island_names(m))
+                 or not syncd.is_alive(), 1800, "every update merged")
         ingest_end = time.time()
         disk = [disk_written(pid) - before for pid, before in zip(writers, disk_before,
                                                                  strict=True)]
@@ -411,10 +433,7 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
             process.wait(timeout=30)
     fragment_bytes = 4 * params
     sent = [r["sent"] for r in reports]
-    measured = [s[1:] for s in sent]  # the first round warms up
-    window_start = min(s[0][0] for s in measured)
-    window_end = max(s[-1][1] for s in measured)
-    latencies = [done - started for rounds in measured for started, done in rounds]
+    latencies = [done - started for rounds in sent for started, done in rounds]
     pulled = [p for r in reports for p in r["pulled"]]
     pull_start = min(p[0] for p in pulled)
     pull_end = max(p[1] for p in pulled)
@@ -423,9 +442,11 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
     out = {
         "size": size, "params": params, "islands": m, "codec": CODEC, "syncds": 1,
         "fragment_bytes": fragment_bytes, "message_bytes": message_bytes,
-        "rounds_measured": profile["rounds"] - 1, "pulls": profile["pulls"],
-        "ingest_mb_s": m * (profile["rounds"] - 1) * message_bytes
-        / (window_end - window_start) / MB,
+        "updates": m * profile["rounds"], "merges": len(syncd_report["merges"]),
+        "pulls": profile["pulls"],
+        # Every update over the whole phase, from the first send to the last merge
+        # published: the pipeline's fill counts.
+        "ingest_mb_s": m * profile["rounds"] * message_bytes / (ingest_end - ingest_start) / MB,
         "ingest_p50_s": statistics.median(latencies), "ingest_p95_s": percentile(latencies, 0.95),
         "merge_latency_p50_s": statistics.median(merge_latency) if merge_latency else None,
         "pull_mb_s": sum(p[2] for p in pulled) / (pull_end - pull_start) / MB,

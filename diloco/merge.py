@@ -153,7 +153,7 @@ class OuterOptimizer:
                 buf = g.clone() if buf is None else buf.mul_(decay).add_(g)
                 self.buffers[name] = buf
                 g = g.add(buf, alpha=self.momentum * share)
-            out[name] = p - self.lr * g
+            out[name] = p.add(g, alpha=-self.lr)  # p - lr * g, one pass
         return out
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.connection import Encoder, PythonRespSerializer
 from redis.retry import Retry
 
 # About 8 s of retries with backoff: time for a Redis to restart and load its data.
@@ -19,6 +20,13 @@ RESTART_RETRIES = 12
 # Bytes a connection takes off its socket per read: tensor messages arrive in chunks of
 # megabytes (syncd/bulk.py), and the parser (hiredis) is fed once per read.
 SOCKET_READ_BYTES = 1 << 20
+# Commands are packed by redis-py's own Python serializer, not hiredis's: it passes a
+# value of more than BUFFER_CUTOFF bytes (a memoryview of a chunk, syncd/bulk.py) to the
+# socket as it is, where hiredis's copies every chunk into a new command first. Writes
+# of a 400 MB message: 2-4.6 GB/s against 0.2-1 GB/s (docs/BENCHMARKS.md, the data
+# plane); small commands cost a few microseconds more to pack.
+BUFFER_CUTOFF = 6000  # redis-py's default
+COMMAND_PACKER = PythonRespSerializer(BUFFER_CUTOFF, Encoder("utf-8", "strict", False).encode)
 
 
 def redact_url(url: str) -> str:
@@ -65,7 +73,8 @@ def redis_problem(url: str, timeout_s: float = 5.0, setting: str = "REDIS_URL") 
 
 def connect(url: str, *, ride_out_restarts: bool = False) -> redis.Redis:
     """A binary-safe client; every caller decodes what it reads itself. Replies are
-    parsed by hiredis (a dependency), read off the socket SOCKET_READ_BYTES at a time.
+    parsed by hiredis (a dependency), read off the socket SOCKET_READ_BYTES at a time;
+    commands are packed without copying large values (COMMAND_PACKER).
 
     Args:
         url: redis:// or rediss:// URL, password included.
@@ -76,10 +85,11 @@ def connect(url: str, *, ride_out_restarts: bool = False) -> redis.Redis:
     """
     if not ride_out_restarts:
         return redis.Redis.from_url(url, decode_responses=False, health_check_interval=30,
-                                    socket_read_size=SOCKET_READ_BYTES)
+                                    socket_read_size=SOCKET_READ_BYTES,
+                                    command_packer=COMMAND_PACKER)
     return redis.Redis.from_url(
         url, decode_responses=False, health_check_interval=30,
-        socket_read_size=SOCKET_READ_BYTES,
+        socket_read_size=SOCKET_READ_BYTES, command_packer=COMMAND_PACKER,
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), RESTART_RETRIES),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError, ConnectionResetError,
                         redis.BusyLoadingError])

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,10 +138,8 @@ def check_update(meta: dict[str, Any], tensors: dict[str, torch.Tensor], ref: Up
 
 
 def _squares(name: str, t: torch.Tensor) -> float:
-    """The sum of the tensor's squared values, in one pass over it and without a copy:
-    a float32 norm is finite only if every value is (a NaN or an infinity makes it
-    so). Only where it is not (non-finite values, or finite ones whose squares
-    overflow float32) is the tensor looked at again, to tell which.
+    """The sum of the tensor's squared values, in one pass over it and without a copy
+    (see `all_finite`).
 
     Raises:
         Rejection: the tensor holds non-finite values.
@@ -152,6 +150,15 @@ def _squares(name: str, t: torch.Tensor) -> float:
     if not torch.isfinite(t).all():
         raise Rejection(f"tensor {name} has non-finite values")
     return float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2
+
+
+def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
+    """Whether every value of these tensors is finite, in one pass over each and without
+    a copy: a float32 norm is finite only if every value is (a NaN or an infinity makes
+    it so). Only a tensor whose norm is not (non-finite values, or finite ones whose
+    squares overflow float32) is looked at again, to tell which."""
+    return all(math.isfinite(float(torch.linalg.vector_norm(t, dtype=torch.float32)))
+               or bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def message_limit(shapes: dict[str, tuple[int, ...]]) -> int:

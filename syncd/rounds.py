@@ -41,6 +41,7 @@ from syncd.ingest import (
     IslandFacts,
     Rejection,
     Unverified,
+    all_finite,
     check_update,
     message_limit,
     verify_update,
@@ -488,9 +489,8 @@ class Rounds:
 
     def _finite(self, p: int) -> bool:
         """Whether fragment p's global and outer momentum hold finite values only."""
-        tensors = [*self.sync.globals[p].values(),
-                   *self.sync.optimizers[p].state_dict().values()]
-        return all(bool(torch.isfinite(t).all()) for t in tensors)
+        return all_finite([*self.sync.globals[p].values(),
+                           *self.sync.optimizers[p].state_dict().values()])
 
     def _refuse_merge(self, p: int, version: int, islands: list[str],
                       done: list[UpdateRef]) -> None:

@@ -28,3 +28,21 @@ def test_replies_are_parsed_by_hiredis_a_megabyte_per_socket_read(redis_url):
         assert client.connection_pool.connection_kwargs["socket_read_size"] == \
             SOCKET_READ_BYTES
         client.close()
+
+
+def test_a_large_value_goes_to_the_socket_as_it_is_not_copied_into_a_command(redis_url):
+    """hiredis's packer copies each chunk of a tensor message into a new command; the
+    Python one hands the chunk's memoryview to the socket."""
+    for ride_out_restarts in (False, True):
+        client = connect(redis_url, ride_out_restarts=ride_out_restarts)
+        chunk = memoryview(bytearray(b"x" * (1 << 20)))
+        connection = client.connection_pool.get_connection()
+        try:
+            packed = connection.pack_commands([("SET", "big", chunk)])
+        finally:
+            client.connection_pool.release(connection)
+
+        assert any(piece is chunk for piece in packed)
+        client.set("big", chunk)
+        assert client.get("big") == bytes(chunk)
+        client.close()

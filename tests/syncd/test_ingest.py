@@ -25,7 +25,7 @@ from safetensors.torch import save as save_tensors
 from diloco import codecs
 from diloco.protocol import encode_message
 from diloco.signing import island_key
-from syncd.ingest import NORM_WARMUP, message_limit
+from syncd.ingest import NORM_WARMUP, all_finite, message_limit
 from syncd.service import RunSync
 from syncd.store import RunStore
 from tests.syncd import runs
@@ -369,3 +369,17 @@ def test_a_tampered_chunk_gets_its_update_quarantined_and_never_merged(run_sync,
 
     assert_quarantined_and_the_run_goes_on(run_sync, reason, 8)
     assert not list(run_sync.store.client.scan_iter(match=run_sync.store.key("blob") + "*"))
+
+
+@pytest.mark.parametrize(("values", "finite"), [
+    ([1.0, -2.0, 3.0], True),
+    ([1e30, 1e30], True),  # finite, though their squares overflow float32
+    ([1.0, math.nan], False),
+    ([1.0, math.inf], False),
+    ([-math.inf, 0.0], False),
+])
+def test_all_finite_tells_non_finite_values_from_finite_ones_whose_squares_overflow(
+        values, finite):
+    tensor = torch.tensor(values)
+
+    assert all_finite([torch.zeros(3), tensor]) is finite

@@ -74,7 +74,7 @@ def test_a_run_too_large_for_redis_is_a_misfit_of_the_model_naming_the_setting(s
     misfits = memory_misfits(sized(redis_mb=100, host_mb=4000))
 
     assert list(misfits) == ["model"]
-    assert misfits["model"][0].startswith("Redis would need about 147 MiB")
+    assert misfits["model"][0].startswith("Redis would need about 131 MiB")
     assert "REDIS_MAXMEMORY_MB allows (100 MiB)" in misfits["model"][0]
 
 
@@ -98,13 +98,13 @@ def test_islands_too_large_even_without_activations_are_one_misfit_of_the_model(
 def test_redis_is_summed_over_the_admitted_runs_its_base_once(sized):
     config = sized(redis_mb=250, host_mb=10**6)
 
-    assert memory_misfits(config, [config]) == {}  # 147 + 83 MiB
-    misfits = memory_misfits(config, [config, config])  # 147 + 166 MiB
+    assert memory_misfits(config, [config]) == {}  # 131 + 67 MiB
+    misfits = memory_misfits(config, [config, config])  # 131 + 134 MiB
 
     assert list(misfits) == ["model"]
     assert misfits["model"][0] == (
-        "Redis would need about 147 MiB for this run (base 64 MiB, update blobs 51 MiB, "
-        "global fragments 13 MiB), and the 2 other admitted runs take 166 MiB already, "
+        "Redis would need about 131 MiB for this run (base 64 MiB, update blobs 51 MiB, "
+        "global fragments 13 MiB), and the 2 other admitted runs take 134 MiB already, "
         "more than REDIS_MAXMEMORY_MB allows (250 MiB): a smaller model, fewer islands or "
         "a lossy sync.compression would fit, or this run once others end.")
 
