@@ -288,27 +288,26 @@ def syncd_main(url: str, data_url: str, checkpoint_dir: str, stop: Any, busy_s: 
              "bytes_saved": sync.rounds.bytes_saved})
 
 
-def island_main(url: str, data_url: str, name: str, payload: str, secret: str, rounds: int,
-                pulls: int, ready: Any, go: Any, pull_go: Any, out: Any) -> None:
-    """A synthetic island: signs its `rounds` updates, then sends them as fast as an
-    island's backpressure lets it (trainer/resend.py: at most KEEP_PER_FRAGMENT of a
-    fragment not yet handled by syncd), noting when syncd handled each; then pulls the
-    published fragment `pulls` times."""
+def island_main(url: str, data_url: str, name: str, payload: str, secret: str, pulls: int,
+                ready: Any, go: Any, enough: Any, pull_go: Any, out: Any) -> None:
+    """A synthetic island: sends signed updates as fast as an island's backpressure lets
+    it (trainer/resend.py: at most KEEP_PER_FRAGMENT of a fragment not yet handled by
+    syncd), each signed when it is sent as an island signs it, noting when syncd handled
+    each, until `enough`; then pulls the published fragment `pulls` times."""
     store = RunStore(connect(url, ride_out_restarts=True), RUN_ID,
                      data=connect(data_url, ride_out_restarts=True))
     _, tensors = tensorfile.loads(bytearray(Path(payload).read_bytes()))
     verify_key = load_verify_key(verify_key_hex(bytes.fromhex(secret)))
-    messages = []
-    for r in range(rounds):
-        seq = (r + 1) * H
+    key = island_key(bytes.fromhex(secret), name, 1)
+
+    def update(r: int) -> bytearray:
         meta = {"run": RUN_ID, "island": name, "epoch": 1, "fragment": 0,
-                "base_version": r, "seq": seq, "tokens": H * BATCH * BLOCK,
+                "base_version": r, "seq": (r + 1) * H, "tokens": H * BATCH * BLOCK,
                 "inner_steps": H, "compute_s": 1.0, "codec": CODEC}
-        messages.append(encode_message("update", meta, tensors,
-                                       island_key(bytes.fromhex(secret), name, 1)))
-    del tensors
+        return encode_message("update", meta, tensors, key)
+
     store.heartbeat(name, 1, 0, 0, state="training")
-    ready.put(len(messages[0]))
+    ready.put(len(update(0)))
     go.wait()
     kept = SentUpdates(lambda p: store.handled_seq(p, name), lambda: None)
     sent: dict[int, float] = {}
@@ -320,19 +319,20 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, r
             if seq <= done:
                 handled.setdefault(seq, now)
 
-    for r, message in enumerate(messages):
-        seq = (r + 1) * H
-        while kept.must_wait(0):
+    r = 0
+    while not enough.is_set():
+        if kept.must_wait(0):
             note_handled()
             time.sleep(POLL_S)
+            continue
+        seq, message = (r + 1) * H, update(r)
         sent[seq] = time.time()
         store.push_update(name, 1, 0, seq, message)
         kept.add(0, seq, message)
         store.heartbeat(name, 1, seq, 0, state="training")
-    while len(handled) < len(sent):
-        note_handled()
-        time.sleep(POLL_S)
-    del messages, kept
+        r += 1
+    note_handled()
+    del kept
     pull_go.wait()
     pulled = []
     for _ in range(pulls):
@@ -343,7 +343,7 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, r
         decode_message(blob, verify_key)
         pulled.append((started, time.time(), len(blob)))
         del blob
-    out.put({"island": name, "sent": [(sent[seq], handled[seq]) for seq in sorted(sent)],
+    out.put({"island": name, "sent": [(sent[seq], handled[seq]) for seq in sorted(handled)],
              "pulled": pulled})
 
 
@@ -370,7 +370,7 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
     redises = [redis_process] if data_process is redis_process else [redis_process,
                                                                      data_process]
     ctx = mp.get_context("spawn")
-    stop, go, pull_go = ctx.Event(), ctx.Event(), ctx.Event()
+    stop, go, enough, pull_go = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event()
     busy_s = ctx.Value("d", 0.0)
     syncd_out, island_out, ready = ctx.Queue(), ctx.Queue(), ctx.Queue()
     processes: list[Any] = []
@@ -392,8 +392,7 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
         for name in island_names(m):
             p = ctx.Process(target=island_main, name=name,
                             args=(url, data_url, name, str(payload), secret,
-                                  profile["rounds"], profile["pulls"], ready, go, pull_go,
-                                  island_out))
+                                  profile["pulls"], ready, go, enough, pull_go, island_out))
             p.start()
             processes.append(p)
         message_bytes = max(ready.get(timeout=900) for _ in range(m))
@@ -403,11 +402,13 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
         ingest_start = time.time()
         go.set()
         # The islands report once they have pulled too: the ingest phase ends when syncd
-        # handled every island's last update.
+        # handled `rounds` updates of every island (the faster ones sent more).
         last = profile["rounds"] * H
         wait_for(lambda: all(store.handled_seq(0, n) >= last for n in island_names(m))
-                 or not syncd.is_alive(), 1800, "every update merged")
+                 or not syncd.is_alive(), 1800, f"{profile['rounds']} updates of each merged")
         ingest_end = time.time()
+        enough.set()
+        updates = sum(store.handled_seq(0, n) for n in island_names(m)) // H
         disk = [disk_written(pid) - before for pid, before in zip(writers, disk_before,
                                                                  strict=True)]
         cpu_ingest = cpu_seconds(syncd.pid) - cpu_before
@@ -423,6 +424,7 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
     finally:
         stop.set()
         go.set()
+        enough.set()
         pull_go.set()
         for p in processes:
             p.join(timeout=30)
@@ -438,15 +440,15 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
     pull_start = min(p[0] for p in pulled)
     pull_end = max(p[1] for p in pulled)
     merge_latency = [e["latency_s"] for e in syncd_report["merges"][1:]]
-    merged_mb = m * profile["rounds"] * message_bytes / MB  # every round, as `disk`
+    merged_mb = updates * message_bytes / MB  # every update handled, as `disk`
     out = {
         "size": size, "params": params, "islands": m, "codec": CODEC, "syncds": 1,
         "fragment_bytes": fragment_bytes, "message_bytes": message_bytes,
-        "updates": m * profile["rounds"], "merges": len(syncd_report["merges"]),
+        "updates": updates, "merges": len(syncd_report["merges"]),
         "pulls": profile["pulls"],
-        # Every update over the whole phase, from the first send to the last merge
-        # published: the pipeline's fill counts.
-        "ingest_mb_s": m * profile["rounds"] * message_bytes / (ingest_end - ingest_start) / MB,
+        # Every update handled over the whole phase, from the first send to the last
+        # merge published: the pipeline's fill counts.
+        "ingest_mb_s": updates * message_bytes / (ingest_end - ingest_start) / MB,
         "ingest_p50_s": statistics.median(latencies), "ingest_p95_s": percentile(latencies, 0.95),
         "merge_latency_p50_s": statistics.median(merge_latency) if merge_latency else None,
         "pull_mb_s": sum(p[2] for p in pulled) / (pull_end - pull_start) / MB,

@@ -49,8 +49,8 @@ def test_a_tiny_profile_runs_end_to_end(monkeypatch, tmp_path):
                                   "tcp_mb_s"}
     assert all(v > 0 for v in out["limits"].values())
     (run,) = out["configs"]
-    assert (run["islands"], run["codec"], run["syncds"], run["rounds_measured"]) == \
-        (2, "int4", 1, 1)
+    assert (run["islands"], run["codec"], run["syncds"]) == (2, "int4", 1)
+    assert run["updates"] >= 4 and run["merges"] >= 1
     for key in ("ingest_mb_s", "ingest_p95_s", "pull_mb_s", "redis_peak_ratio",
                 "syncd_peak_ratio", "syncd_cpu_share"):
         assert run[key] > 0, key
