@@ -40,9 +40,10 @@ It writes bench/results/efficiency.json (efficiency-quick.json with --quick),
 prints a table and the checks against the targets, and exits non-zero when one
 is missed.
 
-`python -m bench.efficiency SPEC` is one bare loop (what the benchmark starts):
-it says "ready" once warm, reads the seconds to train from stdin, and prints
-its steps and seconds as JSON.
+`python -m bench.efficiency SPEC` is one bare loop (what the benchmark starts, and
+bench/dataplane.py's island utilization): SPEC is JSON with the model, the corpus
+and optionally the batch size (default BATCH_SIZE); it says "ready" once warm, reads
+the seconds to train from stdin, and prints its steps and seconds as JSON.
 """
 
 from __future__ import annotations
@@ -88,13 +89,14 @@ COLUMNS = ("name", "ratio", "island_step_ratio", "merged_tokens_per_s", "bare_to
            "non_island_share", "idle_cpu_share", "machine_busy_training")
 
 
-def run_config(model: dict[str, int], corpus: str) -> dict[str, Any]:
+def run_config(model: dict[str, int], corpus: str, batch_size: int = BATCH_SIZE
+               ) -> dict[str, Any]:
     """A workload's run: 4 islands, one per region, H = 20, one fragment, K = 2."""
     return {"model": model, "data": {"path": corpus},
             "sync": {"inner_steps": INNER_STEPS, "fragments": FRAGMENTS,
                      "min_quorum": MIN_QUORUM},
             "budget": {"total_tokens": 10**12},
-            "islands": [{"name": region, "region": region, "batch_size": BATCH_SIZE}
+            "islands": [{"name": region, "region": region, "batch_size": batch_size}
                         for region in REGIONS]}
 
 
@@ -491,7 +493,8 @@ def bare_loop(spec: dict[str, Any]) -> None:
     from diloco.island import initial_model
 
     torch.set_num_threads(1)  # as an island process
-    config = parse_config(run_config(spec["model"], spec["corpus"]), list(REGIONS))
+    config = parse_config(run_config(spec["model"], spec["corpus"],
+                                     spec.get("batch_size", BATCH_SIZE)), list(REGIONS))
     corpus = load_corpus(config.data.path, config.data.eval_fraction)
     loop = BareLoop(config, corpus, initial_model(config).state_dict(), clip=True)
     for _ in range(3):  # warm: the allocator, AdamW's state
