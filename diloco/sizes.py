@@ -23,7 +23,9 @@ folded into its round)
 
 syncd: globals B + momentum B_m + round sums B (one running sum per fragment,
 diloco/fold.py, whatever M) + an update being folded F + merge
-temporaries 2F (the merged outer gradient and the new fragment) + D + evaluation
+temporaries 2F (the merged outer gradient and the new fragment) + the message
+being published F (the new fragment signed, as it goes to the data plane and
+syncd's file) + D + evaluation
 B (syncd/evaluation.py reads the globals in place, so the versions that merges
 replace while it runs stay alive until it ends). Checkpoints are written tensor
 by tensor (syncd/checkpoint.py) and add nothing that counts.
@@ -156,7 +158,7 @@ def estimate(config: RunConfig, standbys: int = 0) -> Estimate:
                   "base": REDIS_BASE_BYTES})
     syncd = Need({"global fragments": model, "outer momentum": momentum,
                   "round sums": model, "update being folded": largest,
-                  "merge temporaries": 2 * largest,
+                  "merge temporaries": 2 * largest, "message being published": largest,
                   "downlink differences": differences, "evaluation": model})
     islands = {}
     for island in config.islands:

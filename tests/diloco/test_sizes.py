@@ -57,7 +57,7 @@ def test_each_total_is_the_sum_of_its_parts_as_the_formulas_give_them(make_confi
     # The outer momentum is syncd's alone (its files), not Redis's: 2 unhandled each.
     assert sized.redis.total == b + f + 2 * 3 * b + 64 * MIB
     # One round sum per fragment (b in all) whatever the three islands, one update folding.
-    assert sized.syncd.total == 2 * b + b + f + 2 * f + b
+    assert sized.syncd.total == 2 * b + b + f + 2 * f + f + b
     island = sized.islands["island-0"]
     assert island.total == 6 * b + 2 * f + 2 * f + (2 * 4 + 1) * f + 2 * b + 2 * f + act
     assert island.total == sum(island.parts.values())

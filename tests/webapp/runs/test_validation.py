@@ -20,8 +20,8 @@ from webapp.runs.validation import (
 
 REGIONS = ["us-east", "us-west"]
 # 2,148 MiB for island a (1,728 MiB of it activations at batch size 64), 447 MiB for
-# island b, each with one warm standby of 269 MiB; about 147 MiB of Redis (64 MiB of it
-# its base, which runs share), 61 MiB of syncd.
+# island b, each with one warm standby of 269 MiB; about 131 MiB of Redis (64 MiB of it
+# its base, which runs share), 64 MiB of syncd.
 MODEL = {"n_layer": 4, "n_embd": 256, "n_head": 4, "block_size": 256}
 ISLANDS = [{"name": "a", "region": "us-east", "batch_size": 64},
            {"name": "b", "region": "us-east", "batch_size": 1}]
@@ -112,13 +112,13 @@ def test_redis_is_summed_over_the_admitted_runs_its_base_once(sized):
 def test_syncd_is_summed_over_the_admitted_runs_against_its_hosts_memory(sized):
     config = sized(redis_mb=10**6, host_mb=10**6, syncd_mb=100)
 
-    assert memory_misfits(config) == {}  # 61 MiB
+    assert memory_misfits(config) == {}  # 64 MiB
     misfits = memory_misfits(config, [config])
 
     assert list(misfits) == ["model"]
-    assert misfits["model"][0].startswith("syncd would need about 61 MiB for this run (")
+    assert misfits["model"][0].startswith("syncd would need about 64 MiB for this run (")
     assert misfits["model"][0].endswith(
-        "and the other admitted run takes 61 MiB already, more than SYNCD_HOST_MEMORY_MB "
+        "and the other admitted run takes 64 MiB already, more than SYNCD_HOST_MEMORY_MB "
         "allows (100 MiB): a smaller model or fewer islands would fit, or this run once "
         "others end.")
 
