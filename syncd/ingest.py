@@ -137,28 +137,33 @@ def check_update(meta: dict[str, Any], tensors: dict[str, torch.Tensor], ref: Up
     return Update(ref.island, base, tokens, steps, delta, ref.seq), per_step
 
 
+def _norm(t: torch.Tensor) -> float | None:
+    """The tensor's norm, None if a value is not finite; one pass over it and no copy: a
+    float32 norm is finite only if every value is (a NaN or an infinity makes it so).
+    Only where it is not (non-finite values, or finite ones whose squares overflow
+    float32) is the tensor looked at again, to tell which."""
+    norm = float(torch.linalg.vector_norm(t, dtype=torch.float32))
+    if math.isfinite(norm):
+        return norm
+    if not torch.isfinite(t).all():
+        return None
+    return float(torch.linalg.vector_norm(t, dtype=torch.float64))
+
+
 def _squares(name: str, t: torch.Tensor) -> float:
-    """The sum of the tensor's squared values, in one pass over it and without a copy
-    (see `all_finite`).
+    """The sum of the tensor's squared values (`_norm`).
 
     Raises:
         Rejection: the tensor holds non-finite values.
     """
-    norm = float(torch.linalg.vector_norm(t, dtype=torch.float32))
-    if math.isfinite(norm):
-        return norm * norm
-    if not torch.isfinite(t).all():
+    if (norm := _norm(t)) is None:
         raise Rejection(f"tensor {name} has non-finite values")
-    return float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2
+    return norm * norm
 
 
 def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
-    """Whether every value of these tensors is finite, in one pass over each and without
-    a copy: a float32 norm is finite only if every value is (a NaN or an infinity makes
-    it so). Only a tensor whose norm is not (non-finite values, or finite ones whose
-    squares overflow float32) is looked at again, to tell which."""
-    return all(math.isfinite(float(torch.linalg.vector_norm(t, dtype=torch.float32)))
-               or bool(torch.isfinite(t).all()) for t in tensors)
+    """Whether every value of these tensors is finite (`_norm`: one pass over each)."""
+    return all(_norm(t) is not None for t in tensors)
 
 
 def message_limit(shapes: dict[str, tuple[int, ...]]) -> int:
