@@ -12,7 +12,8 @@ size and M islands) it starts, under var/bench-dataplane:
   code), without the lease and the web side's database (an in-memory recorder);
 - M island processes, each with its messages signed before the window
   (`diloco.protocol.encode_message` of one int4 payload, `codecs.encode`'d once
-  for the size; the run's codec), sent with `RunStore.push_update` and pulled
+  for the size; the run's codec), sent with `RunStore.wait_for_slot` and
+  `RunStore.push_update` (trainer/runner.py's `deliver`) and pulled
   with `RunStore.full` and `decode_message`, as trainer/runner.py does.
 
 Each run's model is one fragment (P = 1), so that syncd holds no fragments the
@@ -22,13 +23,15 @@ of one fragment of a 1B model at P = 8.
 Two phases, one after the other:
 - ingest, under saturating load: every island sends its `rounds` updates as fast as
   an island's backpressure lets it (trainer/resend.py: at most two of a fragment not
-  yet handled by syncd), so syncd always has updates waiting; a round merges once all
+  yet handled by syncd) and the run's upload slots do (syncd/upload_slots.py: two
+  update messages on the data plane at once, from all islands), so syncd always has
+  updates waiting; a round merges once all
   M islands are in it (min_quorum M, grace 0), and an island's second update that
   arrives before its round merged is an increment in that round, as in a live run.
   `ingest_mb_s` is the wire bytes of every update over the phase's wall time, from
   the first send to the last update handled (the pipeline's fill counts);
-  `ingest_p50_s`/`ingest_p95_s` are from an island's send to syncd having handled
-  it (merged and published), seen by that island;
+  `ingest_p50_s`/`ingest_p95_s` are from an island's send (before it waits for a
+  slot) to syncd having handled it (merged and published), seen by that island;
 - pull: every island reads and checks the published fragment `pulls` times at
   once; `pull_mb_s` is the bytes read by all over the phase's wall time.
 
@@ -97,12 +100,13 @@ from trainer.launch import (
     island_command,
     island_env,
 )
-from trainer.link import POLL_S
+from trainer.link import POLL_S, beating
 from trainer.resend import SentUpdates
 from webapp.processes import start_scratch_redis, wait_for
 
 HOME = ROOT / "var" / "bench-dataplane"
 CODEC = "int4"
+UPLOAD_SLOTS = 2  # the default (diloco/config.py)
 RUN_ID = "1"
 H = 8  # inner steps per update: only the metadata's
 BATCH, BLOCK = 2, 128
@@ -213,7 +217,8 @@ def run_config(size: str, m: int) -> dict[str, Any]:
     return {
         "model": {**SIZES[size], "block_size": BLOCK},
         "sync": {"inner_steps": H, "fragments": 1, "overlap_steps": 1, "min_quorum": m,
-                 "grace_gamma": 0.0, "compression": CODEC, "downlink_compression": "none"},
+                 "grace_gamma": 0.0, "compression": CODEC, "downlink_compression": "none",
+                 "upload_slots": UPLOAD_SLOTS},
         "eval": {"tokens": 256, "interval_steps": 10**6},
         "liveness": {"heartbeat_timeout_s": 3600.0},
         "checkpoint": {"interval_s": 86400},
@@ -321,8 +326,9 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, p
                 ready: Any, go: Any, enough: Any, pull_go: Any, out: Any) -> None:
     """A synthetic island: sends signed updates as fast as an island's backpressure lets
     it (trainer/resend.py: at most KEEP_PER_FRAGMENT of a fragment not yet handled by
-    syncd), each signed when it is sent as an island signs it, noting when syncd handled
-    each, until `enough`; then pulls the published fragment `pulls` times."""
+    syncd) and the run's upload slots do, each signed when it is sent as an island signs
+    it, noting when syncd handled each, until `enough`; then pulls the published
+    fragment `pulls` times. It beats from a thread, as an island does."""
     store = RunStore(connect(url, ride_out_restarts=True), RUN_ID,
                      data=connect(data_url, ride_out_restarts=True))
     _, tensors = tensorfile.loads(bytearray(Path(payload).read_bytes()))
@@ -349,17 +355,18 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, p
                 handled.setdefault(seq, now)
 
     r = 0
-    while not enough.is_set():
-        if kept.must_wait(0):
-            note_handled()
-            time.sleep(POLL_S)
-            continue
-        seq, message = (r + 1) * H, update(r)
-        sent[seq] = time.time()
-        store.push_update(name, 1, 0, seq, message)
-        kept.add(0, seq, message)
-        store.heartbeat(name, 1, seq, 0, state="training")
-        r += 1
+    with beating(lambda: store.heartbeat(name, 1, r * H, 0, state="training")):
+        while not enough.is_set():
+            if kept.must_wait(0):
+                note_handled()
+                time.sleep(POLL_S)
+                continue
+            seq, message = (r + 1) * H, update(r)
+            sent[seq] = time.time()
+            store.wait_for_slot(name, 1, 0, seq, UPLOAD_SLOTS)
+            store.push_update(name, 1, 0, seq, message)
+            kept.add(0, seq, message)
+            r += 1
     note_handled()
     del kept
     pull_go.wait()
@@ -472,6 +479,7 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
     merged_mb = updates * message_bytes / MB  # every update handled, as `disk`
     out = {
         "size": size, "params": params, "islands": m, "codec": CODEC, "syncds": 1,
+        "upload_slots": UPLOAD_SLOTS,
         "fragment_bytes": fragment_bytes, "message_bytes": message_bytes,
         "updates": updates, "merges": len(syncd_report["merges"]),
         "pulls": profile["pulls"],

@@ -63,6 +63,9 @@ class SyncConfig:
                                      choices=CODECS)
     max_staleness: int = setting(4, "Updates based on a version older than newest minus this "
                                  "are dropped.", 0, 1000)
+    upload_slots: int = setting(2, "Update messages of all islands on the data plane at once: "
+                                "an island waits for a slot before it writes one, so Redis "
+                                "holds this many whatever the number of islands.", 1, 1024)
 
 
 @dataclass

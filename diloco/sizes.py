@@ -14,12 +14,10 @@ differences kept for a lossy downlink, 0 for none. Wire headers are left out.
 
 Redis (syncd/store.py): globals B (full fragments) + one fragment in swap F (a
 publish writes the new version before it deletes the one before; the outer
-momentum is in syncd's files only, syncd/published_files.py) + update blobs
-2 x M x B_up (in flight:
-an island has at most KEPT_SENDS = 2 updates of a fragment that syncd has not
-handled, then waits before its next send, trainer/resend.py; each is freed once
-folded into its round)
-+ D + 64 MiB base.
+momentum is in syncd's files only, syncd/published_files.py) + update messages
+U x F_up in flight, U = sync.upload_slots (an island writes one only while it holds
+one of the run's U upload slots, syncd/upload_slots.py, and each is freed once
+folded into its round), whatever M + D + 64 MiB base.
 
 syncd: globals B + momentum B_m + round sums B (one running sum per fragment,
 diloco/fold.py, whatever M) + an update being folded F + merge
@@ -151,9 +149,8 @@ def estimate(config: RunConfig, standbys: int = 0) -> Estimate:
     differences = 0 if s.downlink_compression == "none" else s.max_staleness * sum(
         encoded_bytes(n, s.downlink_compression) for n in sizes.values())
     momentum = model if config.optim.outer_momentum > 0 else 0
-    m = len(config.islands)
     redis = Need({"global fragments": model, "fragment in swap": largest,
-                  "update blobs": KEPT_SENDS * m * up,
+                  "update messages": s.upload_slots * largest_up,
                   "downlink differences": differences,
                   "base": REDIS_BASE_BYTES})
     syncd = Need({"global fragments": model, "outer momentum": momentum,

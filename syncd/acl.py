@@ -36,9 +36,10 @@ log = logging.getLogger("archipelago.acl")
 USER_PREFIX = "arch-island-"
 # What an island process sends (syncd.store's reads and writes of its keys, and a
 # connection's PING). SISMEMBER is how it reads arch:runs, which it could not change
-# with any of these: it has no SADD or SREM.
+# with any of these: it has no SADD or SREM. RPUSH and LPOS are its place in the
+# queue for upload slots (syncd/upload_slots.py); it cannot take a ticket off.
 ISLAND_COMMANDS = ("ping", "get", "set", "del", "exists", "hget", "hset", "hgetall",
-                   "sismember", "xadd")
+                   "sismember", "xadd", "rpush", "lpos")
 
 
 def island_user(run_id: int | str) -> str:

@@ -19,6 +19,9 @@ Keys, for run R (built by syncd.run_keys.RunKeys.key):
     arch:R:epochs                  hash island -> current epoch (older are refused)
     arch:R:updates                 stream of {island, epoch, fragment, seq, chunks, bytes}
                                    (syncd.update_stream)
+    arch:R:uploads                 on the data plane: list of tickets
+                                   "<epoch>:<fragment>:<seq>:<island>", the queue for
+                                   the run's upload slots (syncd.upload_slots)
     arch:R:blob:<island>:<epoch>:<fragment>:<seq>:<i>
                                    chunks of an update message, with a TTL, deleted once
                                    syncd merged, refused or dropped it
@@ -87,7 +90,7 @@ from __future__ import annotations
 RUNS_KEY = "arch:runs"
 # What an island process reads and writes of its run, by the first part after the run's
 # prefix; a part that ends in ":*" is a family of keys.
-ISLAND_KEYS = ("spec", "epochs", "updates", "blob:*", "versions", "full:*", "pub:*",
+ISLAND_KEYS = ("spec", "epochs", "updates", "uploads", "blob:*", "versions", "full:*", "pub:*",
                "handled:*", "heartbeats", "cursor:*", "fault:*", "done", "stop", "restart",
                "lease")
 SYNCD_CONTROL_KEY = "arch:syncd:control"

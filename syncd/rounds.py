@@ -50,6 +50,7 @@ from syncd.published_files import PublishedFiles
 from syncd.quarantine import Quarantine
 from syncd.store import RunStore
 from syncd.update_stream import BadEntry, UpdateRef
+from syncd.upload_slots import RunFacts, SlotKeeper, Ticket
 
 if TYPE_CHECKING:
     from diloco.accounting import RunAccounting
@@ -117,6 +118,7 @@ class Rounds:
         self.norms = [deque(maxlen=32) for _ in fragments]
         self.rejections: Counter[str] = Counter()
         self.quarantine = Quarantine(store, recorder)
+        self.slots = SlotKeeper()
         # Elastic: islands whose update of the fragment's open round was refused; the
         # barrier does not wait for them (a skipped bad step).
         self.excused: list[set[str]] = [set() for _ in fragments]
@@ -262,7 +264,10 @@ class Rounds:
         """Read what arrived on the stream (for at most INGEST_BUDGET_S) into the open
         rounds; returns whether anything was read and whether the stream is read to its
         end. Each entry is taken alone: one that speaks for no island is quarantined
-        (syncd/quarantine.py) and its neighbours go on."""
+        (syncd/quarantine.py) and its neighbours go on. The upload slot of each update
+        read is free once it is done with (syncd/upload_slots.py), and so are the
+        stale ones."""
+        self._free_stale_slots(now, liveness)
         entries = self.store.read_updates(self.after, count=READ_COUNT)
         budget_end = time.monotonic() + INGEST_BUDGET_S
         read_all = len(entries) < READ_COUNT
@@ -272,12 +277,30 @@ class Rounds:
                 self.quarantine.add(entry.stream_id, "malformed entry", entry.reason, None)
             else:
                 self._ingest(entry, now, liveness)
+                self.store.free_slots([Ticket(entry.island, entry.epoch, entry.fragment,
+                                              entry.seq).encode()])
             self.keepalive()
             if time.monotonic() > budget_end:
                 read_all &= i == len(entries) - 1
                 break  # the rest is read again on the next pass
         self.quarantine.settle(now)
         return bool(entries), read_all
+
+    def _free_stale_slots(self, now: float, liveness: Liveness) -> None:
+        """Take off the queue the tickets that hold an upload slot and are stale (their
+        island is lost or of an older epoch, their update handled or never come), until
+        the tickets that hold the slots are not."""
+        facts = RunFacts({i.name for i in self.spec.config.islands}, liveness.epochs,
+                         liveness.lost, self._handled_seq)
+        while stale := self.slots.stale(self.store.slot_holders(self.spec.config.sync.upload_slots),
+                                        now, facts):
+            log.warning("run %s: freed %d upload slots held by %s", self.store.run_id,
+                        len(stale), [raw.decode(errors="replace")[:80] for raw in stale])
+            self.store.free_slots(stale)
+
+    def _handled_seq(self, island: str, fragment: int) -> int:
+        handled = self.sync.handled
+        return handled[fragment].get(island, -1) if 0 <= fragment < len(handled) else -1
 
     def _ingest(self, ref: UpdateRef, now: float, liveness: Liveness) -> None:
         p = ref.fragment
@@ -296,7 +319,9 @@ class Rounds:
                 pending is not None and ref.seq <= pending.contribution.seq):
             # Merged at most once: an update sent again (the same seq, the same message)
             # is the same update, and one before it is done with. Nothing is done in
-            # its name (the entry is not verified): a message sent again expires.
+            # its name (the entry is not verified) but delete the message it names,
+            # which syncd needs no more.
+            self.store.drop_updates([ref])
             return
         try:
             meta, tensors = verify_update(lambda limit: self.store.update_message(ref, limit),

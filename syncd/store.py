@@ -190,7 +190,7 @@ class RunStore(UpdateStream, GlobalsStore, IslandSignals):
         syncd publishes to it again.
         """
         self.client.srem(RUNS_KEY, self.run_id)
-        bulky = ("blob", "full", "pub", "momentum", "updates", "dataplane")
+        bulky = ("blob", "full", "pub", "momentum", "updates", "uploads", "dataplane")
         deleted = 0
         if self.data is not self.client:
             deleted += _delete_matching(self.data, self.prefix + "*")

@@ -8,19 +8,26 @@ alone (a malformed one is a `BadEntry`, never an error of the batch), reads the
 message from the key it derives itself, and deletes it once it folded it into its
 round (with its entry), refused or dropped it. An entry names no key: the worst it
 can make syncd read or delete is the message of the update it names.
+
+An island writes a message only while it holds an upload slot (syncd/upload_slots.py):
+the run's queue arch:R:uploads on the data plane bounds the messages in flight.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from syncd.bulk import BulkRef
 from syncd.run_keys import BLOB_TTL_S, RunKeys
+from syncd.upload_slots import Ticket
 
 STREAM_MAXLEN = 100_000
 MAX_FIELD = 2**62  # the largest epoch, fragment, seq, chunk count or size an entry may give
 MAX_ISLAND_NAME = 256
+SLOT_POLL_S = 0.01  # an island next in line for a slot looks this often
+SLOT_POLL_MAX_S = 0.2  # one further back, at most this seldom
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,36 @@ class UpdateStream(RunKeys):
         pipe.xadd(self.key("updates"), {"island": island, "epoch": epoch, "fragment": fragment,
                                         "seq": seq, "chunks": ref.chunks, "bytes": ref.size},
                   maxlen=STREAM_MAXLEN, approximate=True)
+        pipe.execute()
+
+    def wait_for_slot(self, island: str, epoch: int, fragment: int, seq: int,
+                      slots: int) -> float:
+        """Queue for an upload slot for this update and return once it holds one (its
+        ticket is among the first `slots` of the run's queue); the seconds waited. A
+        ticket syncd took off (stale: the island was taken for lost) is queued again."""
+        ticket = Ticket(island, epoch, fragment, seq).encode()
+        key = self.key("uploads")
+        started = time.monotonic()
+        self.data.rpush(key, ticket)
+        while True:
+            place = self.data.lpos(key, ticket)
+            if place is None:
+                self.data.rpush(key, ticket)
+            elif place < slots:
+                return time.monotonic() - started
+            else:
+                time.sleep(min(SLOT_POLL_S * (place - slots + 1), SLOT_POLL_MAX_S))
+
+    def slot_holders(self, slots: int) -> list[bytes]:
+        """The tickets that hold the run's `slots` upload slots now."""
+        return self.data.lrange(self.key("uploads"), 0, slots - 1)
+
+    def free_slots(self, tickets: Iterable[bytes | str]) -> None:
+        """Take these tickets off the queue (syncd: it is done with their updates, or
+        they are stale); the next ones in line hold the slots."""
+        pipe = self.data.pipeline(transaction=False)
+        for ticket in tickets:
+            pipe.lrem(self.key("uploads"), 0, ticket)
         pipe.execute()
 
     def read_updates(self, after: bytes = b"0-0", count: int = 64, block_ms: int | None = None

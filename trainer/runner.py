@@ -26,7 +26,6 @@ import logging
 import os
 import signal
 import time
-from functools import partial
 from typing import Any
 
 import torch
@@ -130,6 +129,7 @@ class ProcessIsland:
         self.pull_wait_s = 0.0  # of it, on the training thread (mixes, blocking waits)
         self.late_globals = 0  # merged fragments mixed after their tau overlap steps
         self.backpressure_wait_s = 0.0  # waited before sends for syncd to handle more
+        self.slot_wait_s = 0.0  # the link waited for upload slots (syncd/upload_slots.py)
         self.activity = "starting"  # what the background heartbeat says the island does
         self.compute_s = 0.0  # stepping, slowdowns included: sent with each update
         self._last_beat = 0.0
@@ -168,6 +168,7 @@ class ProcessIsland:
                              pull_wait_s=round(self.pull_wait_s, 4),
                              late_globals=self.late_globals,
                              backpressure_wait_s=round(self.backpressure_wait_s, 4),
+                             slot_wait_s=round(self.slot_wait_s, 4),
                              phases=self.phases,
                              warm=self.warm, cpu_share=cpu_share(), **extra)
 
@@ -387,10 +388,17 @@ class ProcessIsland:
             self.join_restart(self.restarts.until())
         if self.group:
             self.group.share_start(self.island)
-        self.link = Link(partial(self.store.push_update, self.name, self.epoch),
+        self.link = Link(self.deliver,
                          self.emulation.transfer_time, self.emulation.wait_while_partitioned,
                          max_pending=2 * len(fragments))
         self._phase("pull")
+
+    def deliver(self, fragment: int, seq: int, message: bytes | bytearray) -> None:
+        """Write an update message to the data plane once it holds one of the run's upload
+        slots (syncd/upload_slots.py), on the link's thread."""
+        self.slot_wait_s += self.store.wait_for_slot(self.name, self.epoch, fragment, seq,
+                                                     self.config.sync.upload_slots)
+        self.store.push_update(self.name, self.epoch, fragment, seq, message)
 
     def save_cursor(self) -> None:
         rng = base64.b64encode(self.island.sampler.state().numpy().tobytes()).decode()

@@ -45,6 +45,15 @@ def test_the_activation_estimate_is_korthikantis_formula_doubled_for_fp32():
     assert activation_bytes(2, 128, 16, 768, 12, "fp32") == 2 * sixteen_bit
 
 
+def test_the_update_messages_in_redis_are_the_upload_slots_whatever_the_islands(make_config):
+    def messages(islands: int, slots: int) -> int:
+        return estimate(make_config(islands=islands, sync={"upload_slots": slots})).redis.parts[
+            "update messages"]
+
+    assert messages(2, 2) == messages(16, 2)
+    assert messages(16, 3) == 3 * messages(16, 2) // 2
+
+
 def test_each_total_is_the_sum_of_its_parts_as_the_formulas_give_them(make_config):
     config = make_config(islands=3, batch_size=4, model={"n_layer": 2, "n_embd": 64},
                          sync={"fragments": 4, "compression": "none",
@@ -54,8 +63,8 @@ def test_each_total_is_the_sum_of_its_parts_as_the_formulas_give_them(make_confi
     f = 4 * max(f.numel for f in partition(tensor_sizes(config.model), 4))  # the largest
     act = activation_bytes(4, 16, 2, 64, config.model.n_head, "fp32")
 
-    # The outer momentum is syncd's alone (its files), not Redis's: 2 unhandled each.
-    assert sized.redis.total == b + f + 2 * 3 * b + 64 * MIB
+    # The outer momentum is syncd's alone (its files), not Redis's; two upload slots.
+    assert sized.redis.total == b + f + 2 * f + 64 * MIB
     # One round sum per fragment (b in all) whatever the three islands, one update folding.
     assert sized.syncd.total == 2 * b + b + f + 2 * f + f + b
     island = sized.islands["island-0"]
@@ -64,15 +73,15 @@ def test_each_total_is_the_sum_of_its_parts_as_the_formulas_give_them(make_confi
     assert sized.to_dict()["islands"]["island-0"]["total"] == island.total
 
 
-def test_lossy_codecs_shrink_the_blobs_and_keep_differences_for_the_downlink(make_config):
-    none = estimate(make_config(islands=4, sync={"compression": "none"}))
-    int4 = estimate(make_config(islands=4, sync={"compression": "int4",
+def test_lossy_codecs_shrink_the_messages_and_keep_differences_for_the_downlink(make_config):
+    none = estimate(make_config(islands=4, sync={"compression": "none", "fragments": 1}))
+    int4 = estimate(make_config(islands=4, sync={"compression": "int4", "fragments": 1,
                                                  "downlink_compression": "bf16",
                                                  "max_staleness": 3}))
     b = none.model_bytes
 
-    assert none.redis.parts["update blobs"] == 2 * 4 * b
-    assert 8 * b * 0.14 < int4.redis.parts["update blobs"] < 8 * b * 0.15
+    assert none.redis.parts["update messages"] == 2 * b
+    assert 2 * b * 0.14 < int4.redis.parts["update messages"] < 2 * b * 0.15
     assert none.redis.parts["downlink differences"] == 0
     assert int4.redis.parts["downlink differences"] == 3 * b // 2
     assert int4.syncd.parts["downlink differences"] == 3 * b // 2

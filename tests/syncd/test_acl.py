@@ -50,6 +50,7 @@ def test_an_island_user_reads_and_writes_its_runs_keys_as_an_island_does(
     island = RunStore(as_island(redis_url, two_runs), 7)
     assert island.spec()["mode"] == "decoupled"
     assert island.is_active() and island.epochs() == {"a": 1}
+    island.wait_for_slot("a", 1, 0, 3, slots=2)
     island.push_update("a", 1, 0, 3, b"x" * 100)
     island.heartbeat("a", 1, step=3, tokens=12)
     island.save_cursor("a", {"step": 3})
@@ -69,6 +70,8 @@ def test_an_island_user_reads_and_writes_its_runs_keys_as_an_island_does(
     ("SREM", RUNS_KEY, "8"), ("SMEMBERS", RUNS_KEY), ("KEYS", "*"), ("SCAN", "0"),
     ("FLUSHALL",), ("FLUSHDB",), ("CONFIG", "GET", "requirepass"), ("ACL", "LIST"),
     ("SELECT", "1"), ("DEBUG", "SLEEP", "0"), ("SHUTDOWN",), ("EVAL", "return 1", "0"),
+    ("LREM", "arch:7:uploads", "0", "1:0:3:a"), ("LPOP", "arch:7:uploads"),
+    ("RPUSH", "arch:8:uploads", "1:0:3:a"),
 ])
 def test_an_island_user_cannot_touch_what_is_not_its_runs(redis_url, client, two_runs,
                                                           command):

@@ -316,6 +316,7 @@ def test_an_update_sent_again_is_the_same_update_merged_once_and_refused_nothing
     assert run_sync.rounds.rejections == {}
     assert run_sync.store.versions()[0] == 1
     assert list(run_sync.rounds.sync.rounds[0]) == ["b"]
+    assert runs.stored_keys(run_sync.store, "blob") == []  # the copy is deleted unread
 
 
 def test_a_restarted_syncd_reads_handled_updates_again_without_calling_them_replays(

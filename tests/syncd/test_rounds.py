@@ -29,6 +29,38 @@ def test_it_publishes_version_zero_of_every_fragment_when_a_run_starts(run_sync)
     assert run_sync.store.versions() == {0: 0, 1: 0}
 
 
+def test_syncd_frees_the_upload_slot_of_each_update_it_read_merged_or_refused(run_sync):
+    heartbeat_all(run_sync)
+    for island, value in (("a", 0.01), ("b", float("nan"))):
+        run_sync.store.wait_for_slot(island, 1, 0, 4, slots=2)
+        send(run_sync, island, 0, 4, value=value)
+    run_sync.store.wait_for_slot("a", 1, 1, 4, slots=3)  # in line, its update to come
+
+    run_sync.tick()
+
+    assert rejections(run_sync) and run_sync.store.slot_holders(3) == [b"1:1:4:a"]
+
+
+def test_syncd_frees_the_slots_of_old_epochs_lost_islands_strangers_and_handled_updates(
+        run_sync):
+    heartbeat_all(run_sync)
+    store = run_sync.store
+    store.client.rpush(store.key("uploads"), "0:0:4:a", "1:0:4:zed", "oops")
+    run_sync.tick()
+    assert store.slot_holders(3) == []
+
+    store.wait_for_slot("b", 1, 0, 4, slots=2)
+    run_sync.liveness.lost.add("b")
+    run_sync.rounds.ingest(run_sync.clock(), run_sync.liveness)
+    assert store.slot_holders(2) == []
+
+    # A syncd that died between a fold and freeing its slot left the ticket behind.
+    store.wait_for_slot("a", 1, 1, 4, slots=2)
+    run_sync.rounds.sync.handled[1]["a"] = 4
+    run_sync.rounds.ingest(run_sync.clock(), run_sync.liveness)
+    assert store.slot_holders(2) == []
+
+
 def test_two_good_updates_merge_into_version_one(run_sync):
     heartbeat_all(run_sync)
     before = {n: t.clone() for n, t in run_sync.rounds.sync.globals[0].items()}

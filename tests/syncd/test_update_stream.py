@@ -1,12 +1,15 @@
 """The run's update stream (syncd.update_stream): update messages in chunks, the
 entries that name them, and their deletion and trimming, against a real Redis."""
 
+import threading
+
 import pytest
 
 from syncd.bulk import BulkError
 from syncd.connection import connect
 from syncd.update_stream import UpdateStream
 from tests.syncd.runs import stored_keys
+from webapp.processes import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -56,3 +59,44 @@ def test_dropped_updates_lose_their_messages_but_keep_their_stream_entries(store
     assert stored_keys(store, "blob") == []
     assert [ref.stream_id for ref in store.read_updates()] == [first.stream_id,
                                                                 second.stream_id]
+
+
+def test_an_island_holds_an_upload_slot_at_once_while_fewer_than_the_slots_are_held(store):
+    assert store.wait_for_slot("a", 1, 0, 8, slots=2) >= 0.0
+    store.wait_for_slot("b", 1, 0, 8, slots=2)
+
+    assert store.slot_holders(2) == [b"1:0:8:a", b"1:0:8:b"]
+
+
+def test_an_island_waits_in_line_until_syncd_frees_a_slot(store):
+    store.wait_for_slot("a", 1, 0, 8, slots=2)
+    store.wait_for_slot("b", 1, 0, 8, slots=2)
+    waited: list[float] = []
+    third = threading.Thread(target=lambda: waited.append(
+        store.wait_for_slot("c", 1, 0, 8, slots=2)))
+    third.start()
+    wait_for(lambda: store.slot_holders(3)[2:] == [b"1:0:8:c"], 10, "c in line")
+    third.join(timeout=0.3)
+    assert third.is_alive() and waited == []
+
+    store.free_slots([b"1:0:8:a"])
+    third.join(timeout=10)
+
+    assert waited and store.slot_holders(2) == [b"1:0:8:b", b"1:0:8:c"]
+
+
+def test_an_island_whose_ticket_was_taken_off_queues_again(store):
+    store.wait_for_slot("a", 1, 0, 8, slots=1)
+    done = threading.Event()
+    waiting = threading.Thread(target=lambda: (store.wait_for_slot("b", 1, 0, 8, slots=1),
+                                               done.set()))
+    waiting.start()
+    wait_for(lambda: b"1:0:8:b" in store.slot_holders(2), 10, "b in line")
+
+    store.free_slots([b"1:0:8:b"])  # stale, say: b is queued again, behind a
+    wait_for(lambda: b"1:0:8:b" in store.slot_holders(2), 10, "b in line again")
+    assert not done.is_set()
+    store.free_slots([b"1:0:8:a"])
+    waiting.join(timeout=10)
+
+    assert done.is_set() and store.slot_holders(2) == [b"1:0:8:b"]

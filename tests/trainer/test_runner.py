@@ -18,8 +18,17 @@ from diloco.protocol import ProtocolError, decode_message, encode_message
 from diloco.signing import island_key, publish_key
 from syncd.connection import connect
 from syncd.store import RunStore
+from syncd.upload_slots import Ticket
 from trainer.launch import ISLAND_KEY_ENV, REDIS_URL_ENV, island_command
 from trainer.supervisor import IslandSupervisor
+
+
+def handle(store: RunStore, fragment: int, seq: int, island: str = "island-0",
+           epoch: int = 1) -> None:
+    """What syncd does once done with an update: mark its seq handled and free its
+    upload slot."""
+    store.mark_handled(fragment, {island: seq})
+    store.free_slots([Ticket(island, epoch, fragment, seq).encode()])
 
 
 def two_process_config(text_path: str) -> RunConfig:
@@ -76,7 +85,7 @@ def test_an_island_of_two_processes_trains_mixes_and_stops_under_its_supervisor(
         # syncd's answer to that update: version 1 of fragment 0, the update handled.
         publish(store, config, secret, 0, 1, {n: init[n] + 0.01 for n in
                                               fragments[0].tensor_names})
-        store.mark_handled(0, {"island-0": first.seq})
+        handle(store, 0, first.seq)
 
         def base_version(update) -> int:
             blob = store.update_message(update, 1 << 30)
@@ -85,7 +94,7 @@ def test_an_island_of_two_processes_trains_mixes_and_stops_under_its_supervisor(
         def mixed_update():
             updates = store.read_updates(count=10_000)
             for u in updates:  # syncd handles each (backpressure waits for it)
-                store.mark_handled(u.fragment, {"island-0": u.seq})
+                handle(store, u.fragment, u.seq)
             return next((u for u in updates if u.fragment == 0 and base_version(u) == 1),
                         None)
 
@@ -160,7 +169,7 @@ def test_an_island_trains_on_while_its_merged_fragment_downloads_and_mixes_it_la
     try:
         first = wait_for(lambda: next(iter(store.read_updates()), None))
         publish(store, None, secret, 0, 1, {n: t + 0.01 for n, t in init.items()})
-        store.mark_handled(0, {"island-0": first.seq})
+        handle(store, 0, first.seq)
         wait_for(lambda: island.island.state[0].version == 1 or None)
         assert island.late_globals == 1
         assert wait_for(lambda: store.heartbeats()["island-0"].get("late_globals") or None) == 1
@@ -272,7 +281,7 @@ def test_an_island_whose_updates_syncd_does_not_merge_stops_sending_after_the_bo
         assert sent == [4, 8] and island.island.step == 12  # holding its third update
         assert beat["state"] == "waiting"
         assert time.time() - store.heartbeats()["island-0"]["time"] < 1.0  # still beating
-        store.mark_handled(0, {"island-0": 4})
+        handle(store, 0, 4)
         wait_for(lambda: len(store.read_updates(count=100)) == 3 or None)
         assert [u.seq for u in store.read_updates(count=100)][2] == 12
     finally:

@@ -124,8 +124,8 @@ def memory_misfits(config: RunConfig, others: Sequence[RunConfig] = ()) -> dict[
         errors["model"] = [
             f"Redis would need about {_shown(sized.redis.total)} for this run "
             f"({_parts(sized.redis)}){_others(taken.redis, taken.runs)}, more than "
-            f"REDIS_MAXMEMORY_MB allows ({redis_mb:,} MiB): a smaller model, fewer islands "
-            "or a lossy sync.compression would fit" + _later(taken.redis) + "."]
+            f"REDIS_MAXMEMORY_MB allows ({redis_mb:,} MiB): a smaller model, fewer "
+            "sync.upload_slots or a lossy sync.compression would fit" + _later(taken.redis) + "."]
     syncd_mb = settings.SYNCD_HOST_MEMORY_MB
     if sized.syncd.total + taken.syncd > syncd_mb * MIB:
         errors.setdefault("model", []).append(

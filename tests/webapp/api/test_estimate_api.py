@@ -31,15 +31,16 @@ def test_it_estimates_the_parameters_and_memory_of_a_config(viewer_api, settings
     assert data["misfits"] == {}
 
 
-def test_the_estimate_follows_the_codec_and_the_islands(viewer_api):
-    def blobs(config):
+def test_the_estimate_follows_the_codec_and_the_upload_slots_not_the_islands(viewer_api):
+    def messages(config):
         return viewer_api.post("/api/config/estimate", {"config": config}).json()[
-            "redis"]["parts"]["update blobs"]
+            "redis"]["parts"]["update messages"]
 
     three = {**SMALL, "islands": [*SMALL["islands"], {"name": "west-b", "region": "us-west"}]}
 
-    assert blobs(three) == 3 * blobs(SMALL) // 2
-    assert blobs({**SMALL, "sync": {"compression": "bf16"}}) == blobs(SMALL) // 2
+    assert messages(three) == messages(SMALL)
+    assert messages({**SMALL, "sync": {"upload_slots": 4}}) == 2 * messages(SMALL)
+    assert messages({**SMALL, "sync": {"compression": "bf16"}}) == messages(SMALL) // 2
 
 
 def test_it_gives_each_islands_wire_bytes_per_outer_step_and_its_links_seconds(

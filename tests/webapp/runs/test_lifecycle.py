@@ -157,9 +157,9 @@ SIZED = {"model": {"n_layer": 4, "n_embd": 256, "n_head": 4, "block_size": 256},
 @pytest.fixture
 def admitted(settings):
     """Two runs of SIZED that hold their memory (running, stopping) and two that do not
-    (a draft, a stopped run); Redis declared at 170 MiB: one run of SIZED takes 106 MiB
-    (64 of it the base, which runs share), each other admitted run 42 MiB more."""
-    settings.REDIS_MAXMEMORY_MB = 170
+    (a draft, a stopped run); Redis declared at 120 MiB: one run of SIZED takes 87 MiB
+    (64 of it the base, which runs share), each other admitted run 23 MiB more."""
+    settings.REDIS_MAXMEMORY_MB = 120
     config = parse_config(SIZED, settings.REGIONS).to_dict()
     return [Run.objects.create(name=state, mode="decoupled", config=config, state=state)
             for state in ("running", "stopping", "draft", "stopped")]
@@ -171,8 +171,8 @@ def test_a_run_is_refused_at_create_when_redis_cannot_hold_it_beside_the_admitte
         create_run(name="third", mode="decoupled", config=SIZED, user=None)
 
     [message] = refused.value.errors["model"]
-    assert "and the 2 other admitted runs take 83 MiB already, more than " \
-           "REDIS_MAXMEMORY_MB allows (170 MiB)" in message
+    assert "and the 2 other admitted runs take 45 MiB already, more than " \
+           "REDIS_MAXMEMORY_MB allows (120 MiB)" in message
     assert not Run.objects.filter(name="third").exists()
 
 
@@ -185,6 +185,6 @@ def test_a_draft_is_refused_at_start_when_the_admitted_runs_took_the_memory_mean
     with pytest.raises(ConfigError) as refused:
         start_run(draft, None)
 
-    assert "the 2 other admitted runs take 83 MiB already" in refused.value.errors["model"][0]
+    assert "the 2 other admitted runs take 45 MiB already" in refused.value.errors["model"][0]
     draft.refresh_from_db()
     assert draft.state == Run.State.DRAFT and enqueued == []

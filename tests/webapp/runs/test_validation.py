@@ -20,7 +20,7 @@ from webapp.runs.validation import (
 
 REGIONS = ["us-east", "us-west"]
 # 2,148 MiB for island a (1,728 MiB of it activations at batch size 64), 447 MiB for
-# island b, each with one warm standby of 269 MiB; about 131 MiB of Redis (64 MiB of it
+# island b, each with one warm standby of 269 MiB; about 87 MiB of Redis (64 MiB of it
 # its base, which runs share), 64 MiB of syncd.
 MODEL = {"n_layer": 4, "n_embd": 256, "n_head": 4, "block_size": 256}
 ISLANDS = [{"name": "a", "region": "us-east", "batch_size": 64},
@@ -71,11 +71,11 @@ def test_a_run_that_fits_the_hosts_memory_has_no_misfits(sized):
 
 
 def test_a_run_too_large_for_redis_is_a_misfit_of_the_model_naming_the_setting(sized):
-    misfits = memory_misfits(sized(redis_mb=100, host_mb=4000))
+    misfits = memory_misfits(sized(redis_mb=80, host_mb=4000))
 
     assert list(misfits) == ["model"]
-    assert misfits["model"][0].startswith("Redis would need about 131 MiB")
-    assert "REDIS_MAXMEMORY_MB allows (100 MiB)" in misfits["model"][0]
+    assert misfits["model"][0].startswith("Redis would need about 87 MiB")
+    assert "REDIS_MAXMEMORY_MB allows (80 MiB)" in misfits["model"][0]
 
 
 def test_an_island_that_fits_but_for_its_activations_is_a_misfit_of_its_batch_size(sized):
@@ -96,17 +96,18 @@ def test_islands_too_large_even_without_activations_are_one_misfit_of_the_model(
 
 
 def test_redis_is_summed_over_the_admitted_runs_its_base_once(sized):
-    config = sized(redis_mb=250, host_mb=10**6)
+    config = sized(redis_mb=120, host_mb=10**6)
 
-    assert memory_misfits(config, [config]) == {}  # 131 + 67 MiB
-    misfits = memory_misfits(config, [config, config])  # 131 + 134 MiB
+    assert memory_misfits(config, [config]) == {}  # 87 + 23 MiB
+    misfits = memory_misfits(config, [config, config])  # 87 + 45 MiB
 
     assert list(misfits) == ["model"]
     assert misfits["model"][0] == (
-        "Redis would need about 131 MiB for this run (base 64 MiB, update blobs 51 MiB, "
-        "global fragments 13 MiB), and the 2 other admitted runs take 134 MiB already, "
-        "more than REDIS_MAXMEMORY_MB allows (250 MiB): a smaller model, fewer islands or "
-        "a lossy sync.compression would fit, or this run once others end.")
+        "Redis would need about 87 MiB for this run (base 64 MiB, global fragments 13 MiB, "
+        "update messages 6 MiB), and the 2 other admitted runs take 45 MiB already, "
+        "more than REDIS_MAXMEMORY_MB allows (120 MiB): a smaller model, fewer "
+        "sync.upload_slots or a lossy sync.compression would fit, or this run once others "
+        "end.")
 
 
 def test_syncd_is_summed_over_the_admitted_runs_against_its_hosts_memory(sized):
@@ -156,11 +157,11 @@ def test_a_run_whose_islands_together_overfill_their_regions_host_names_the_firs
 
 @pytest.mark.django_db
 def test_the_size_report_gives_the_estimate_the_limits_and_the_misfits(sized):
-    config = sized(redis_mb=100, host_mb=4000, syncd_mb=3000)
+    config = sized(redis_mb=80, host_mb=4000, syncd_mb=3000)
 
     report = size_report({"model": MODEL, "islands": ISLANDS})
 
-    assert report["limits"] == {"redis_bytes": 100 * 2**20, "syncd_host_bytes": 3000 * 2**20,
+    assert report["limits"] == {"redis_bytes": 80 * 2**20, "syncd_host_bytes": 3000 * 2**20,
                                 "island_host_bytes": 4000 * 2**20}
     assert report["taken"] == {"runs": 0, "redis_bytes": 0, "syncd_bytes": 0,
                                "island_host_bytes": {}}

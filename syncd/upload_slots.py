@@ -1,0 +1,90 @@
+"""Upload slots: a bound on the update messages of a run on the data plane at once,
+whatever the number of islands.
+
+Before an island writes an update message, it puts a ticket naming the update
+(island, epoch, fragment, seq) at the end of the run's queue arch:R:uploads, and it
+writes once its ticket is among the first `sync.upload_slots` of the queue: it holds an
+upload slot. syncd takes the ticket off once it is done with the update (folded,
+refused, dropped or skipped: its message is deleted then), and the next ticket holds
+the slot. So the data plane holds at most `upload_slots` update messages of the run,
+where it held up to KEPT_SENDS per island and fragment (diloco/sizes.py). The queue is
+first come, first served: an island waits in line while its tau overlap steps and its
+send queue (trainer/link.py) keep it training.
+
+A ticket whose update never comes would hold its slot for good; syncd takes off a
+ticket that holds a slot and is `stale`: it names no island of the run or an epoch
+before the island's current one, its island is lost, its update is handled already
+(a syncd that died between the fold and freeing the slot), or it held the slot for
+SLOT_TIMEOUT_S with no update read. An island whose ticket went (it was taken for lost,
+then came back) queues again. Islands only add tickets and read the queue; only syncd
+takes tickets off. An island can queue tickets in another's name, which delays the
+run's uploads and nothing else: it cannot make syncd merge or drop any update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# A slot held this long with no update read is given to the next ticket: far more than
+# the write of the largest message at the transport's speed (bench dataplane).
+SLOT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """An island's place in the queue for an upload slot: the update it will write."""
+
+    island: str
+    epoch: int
+    fragment: int
+    seq: int
+
+    def encode(self) -> str:
+        return f"{self.epoch}:{self.fragment}:{self.seq}:{self.island}"
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> Ticket | None:
+        """The ticket `raw` names, or None if it is not one."""
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        parts = text.split(":", 3)
+        if len(parts) != 4 or not all(p.isdigit() for p in parts[:3]) or not parts[3]:
+            return None
+        return cls(parts[3], int(parts[0]), int(parts[1]), int(parts[2]))
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What syncd knows of a run's islands that makes a ticket stale: the islands of
+    the run, each one's current epoch, the lost ones, and the newest handled seq of an
+    island's fragment (`handled(island, fragment)`, -1 for none)."""
+
+    islands: set[str]
+    epochs: dict[str, int]
+    lost: set[str]
+    handled: Callable[[str, int], int]
+
+
+def stale(raw: bytes, held_since: float, now: float, facts: RunFacts) -> bool:
+    """Whether a ticket that holds a slot since `held_since` is taken off: it names no
+    island of the run or an epoch before the island's current one, its island is lost,
+    its update is handled, or it held the slot SLOT_TIMEOUT_S with no update read."""
+    ticket = Ticket.parse(raw)
+    if ticket is None or ticket.island not in facts.islands or ticket.island in facts.lost:
+        return True
+    return (ticket.epoch < facts.epochs.get(ticket.island, 0)
+            or ticket.seq <= facts.handled(ticket.island, ticket.fragment)
+            or now - held_since >= SLOT_TIMEOUT_S)
+
+
+class SlotKeeper:
+    """syncd's side: when each ticket that holds a slot was first seen holding it, and
+    which of them are stale."""
+
+    def __init__(self) -> None:
+        self.held_since: dict[bytes, float] = {}
+
+    def stale(self, holding: list[bytes], now: float, facts: RunFacts) -> list[bytes]:
+        """The stale ones of the tickets `holding` slots now (syncd takes them off)."""
+        self.held_since = {raw: self.held_since.get(raw, now) for raw in holding}
+        return [raw for raw in holding if stale(raw, self.held_since[raw], now, facts)]

@@ -1,0 +1,56 @@
+"""Upload slots (syncd.upload_slots): tickets, and which ones syncd takes off."""
+
+from syncd.upload_slots import SLOT_TIMEOUT_S, RunFacts, SlotKeeper, Ticket, stale
+
+
+def facts(epochs: dict[str, int], lost: frozenset[str] = frozenset(),
+          handled: dict[tuple[str, int], int] | None = None) -> RunFacts:
+    """Islands a and b, in these epochs, these lost, these seqs handled."""
+    return RunFacts({"a", "b"}, epochs, set(lost),
+                    lambda island, p: (handled or {}).get((island, p), -1))
+
+
+def test_a_ticket_names_its_update_and_reads_back_whatever_its_islands_name():
+    ticket = Ticket("us:east/1", 3, 2, 40)
+
+    assert ticket.encode() == "3:2:40:us:east/1"
+    assert Ticket.parse(ticket.encode().encode()) == ticket
+
+
+def test_what_is_not_a_ticket_parses_to_none():
+    for raw in (b"", b"1:2:3", b"1:2:x:a", b"1:2:3:", b"-1:2:3:a", "é:1:2:a".encode()):
+        assert Ticket.parse(raw) is None
+
+
+def test_a_ticket_of_an_alive_island_in_its_epoch_is_not_stale_until_its_timeout():
+    raw = Ticket("a", 2, 0, 8).encode().encode()
+
+    assert not stale(raw, 100.0, 100.0 + SLOT_TIMEOUT_S - 1, facts({"a": 2}))
+    assert stale(raw, 100.0, 100.0 + SLOT_TIMEOUT_S, facts({"a": 2}))
+
+
+def test_a_ticket_of_a_lost_island_an_older_epoch_a_handled_update_or_a_stranger_is_stale():
+    def of(island: str, epoch: int, seq: int = 8) -> bytes:
+        return Ticket(island, epoch, 0, seq).encode().encode()
+
+    assert stale(of("a", 1), 0.0, 0.0, facts({"a": 2}))
+    assert stale(of("a", 2), 0.0, 0.0, facts({"a": 2}, lost=frozenset({"a"})))
+    assert stale(of("z", 2), 0.0, 0.0, facts({"z": 2}))
+    assert stale(b"garbage", 0.0, 0.0, facts({}))
+    assert stale(of("a", 2, seq=8), 0.0, 0.0, facts({"a": 2}, handled={("a", 0): 8}))
+    assert not stale(of("a", 2, seq=12), 0.0, 0.0, facts({"a": 2}, handled={("a", 0): 8}))
+    assert not stale(of("b", 5), 0.0, 0.0, facts({"a": 2}))  # its epoch not read yet
+
+
+def test_the_keeper_times_a_slot_from_when_it_first_saw_its_ticket_hold_it():
+    keeper = SlotKeeper()
+    first, second = (Ticket("a", 1, 0, s).encode().encode() for s in (8, 16))
+
+    alive = facts({"a": 1})
+
+    assert keeper.stale([first], 0.0, alive) == []
+    assert keeper.stale([first, second], SLOT_TIMEOUT_S - 1, alive) == []
+    assert keeper.stale([first, second], SLOT_TIMEOUT_S, alive) == [first]
+    # A ticket that left and came back is timed afresh.
+    assert keeper.stale([second], SLOT_TIMEOUT_S, alive) == []
+    assert keeper.stale([first], SLOT_TIMEOUT_S + 1, alive) == []
