@@ -1,16 +1,18 @@
 """Memory and data-plane speed at real model sizes: `python -m bench scale [--quick]`.
 
-It starts the real system the way `python -m webapp.start` does (its own Redis with
-an append-only file and a maxmemory, syncd, a Celery worker per region whose island
-processes train) under var/bench-scale, and trains one run per model size, from
+It starts the real system the way `python -m webapp.start` does (its own control
+Redis with an append-only file and its data plane with nothing on disk, each with a
+maxmemory; syncd; a Celery worker per region whose island processes train) under
+var/bench-scale, and trains one run per model size, from
 about 1M to 113M parameters, each for a fixed number of outer rounds (P = 4, H = 8,
 tau = 1, K = 2, codec none, grace 0 so a round merges when its quorum is in), with
-syncd started anew for each size. Every second it samples Redis's used_memory,
-syncd's resident memory and each island's (the pid each island heartbeats).
+syncd started anew for each size. Every second it samples the two Redis'
+used_memory, syncd's resident memory and each island's (the pid each island heartbeats).
 
 Per size it reports, with B the fp32 model bytes (4 x parameters):
-- peak Redis memory (its used_memory_peak or the sampled peak) above Redis's
-  used_memory when the size started (the sizes share one Redis: what earlier sizes
+- peak Redis memory (each Redis's used_memory_peak or its sampled peak above its
+  used_memory when the size started, summed over the two: an upper bound of their
+  peak together) (the sizes share one Redis: what earlier sizes
   left behind is subtracted), syncd's peak RSS
   above its idle RSS (VmHWM; idle: syncd serving no run) and an island's peak RSS
   above its idle RSS (after imports, before the run spec is read; the island
@@ -25,7 +27,9 @@ Per size it reports, with B the fp32 model bytes (4 x parameters):
   (reading, checking and mixing a global fragment, from the islands' heartbeats) and
   merged fragments per second, each also per MB of fragment;
 - the append-only file's size and the system folder's, and Redis's memory once the
-  run ended and freed its keys.
+  run ended and freed its keys;
+- the islands syncd marked lost (its `island_lost` events): the run has no faults, so
+  every one is a false death (issue 23, item 8: none in a ten-minute run at >= 85M).
 
 It writes bench/results/scale.json (scale-quick.json with --quick: the two smallest
 sizes) and scale.html (memory over time per size), prints a table, and exits
@@ -219,6 +223,7 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
     from webapp.runs.models import Event
 
     client = connect(system.redis_url)
+    redises = [client] + ([connect(system.dataplane_url)] if system.dataplane_url else [])
     system.start_syncd()
     wait_for(lambda: lease.members_alive(client), 120, "syncd serving", 0.2)
     time.sleep(2.0)
@@ -229,8 +234,8 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
     round_tokens = H * size["islands"] * size["batch"] * size["block"]
     budget = 10**12 if minutes else rounds * round_tokens
     config = run_config(size, corpus, budget, device)
-    redis_before = int(client.info("memory")["used_memory"])
-    peak_before = int(client.info("memory")["used_memory_peak"])
+    redis_before = [int(r.info("memory")["used_memory"]) for r in redises]
+    peak_before = [int(r.info("memory")["used_memory_peak"]) for r in redises]
     run = create_run(name=f"scale {size['label']}", mode="decoupled", config=config, user=None)
     store = RunStore(client, run.pk)
     results.say(f"{size['label']}: {params / 1e6:.1f}M parameters, {size['islands']} islands, "
@@ -250,12 +255,13 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
             raise RuntimeError("; ".join(died))
         status = store.status() or {}
         beats = store.heartbeats()
-        memory = client.info("memory")
+        memory = [r.info("memory") for r in redises]
         sample = {"t": round(time.monotonic() - started, 2), "time": time.time(),
                   "round": status.get("outer_steps", 0),
-                  "redis": int(memory["used_memory"]),
+                  "redis": sum(int(m["used_memory"]) for m in memory),
+                  "redis_each": [int(m["used_memory"]) for m in memory],
                   # what of it is client buffers (replies being sent, commands coming in)
-                  "redis_clients": int(memory.get("mem_clients_normal", 0))}
+                  "redis_clients": sum(int(m.get("mem_clients_normal", 0)) for m in memory)}
         syncd_now = rss(syncd_pid)
         if syncd_now:
             sample["syncd"] = syncd_now[0]
@@ -282,10 +288,12 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
     wall = time.monotonic() - started
     wait_for(lambda: all(rss(int(b["pid"])) is None for b in store.heartbeats().values()
                          if b.get("pid")), 120, "the islands to exit", 0.5)
-    memory = client.info("memory")
-    redis_peak = peak_above_before(redis_before, [s["redis"] for s in samples],
-                                   int(memory["used_memory_peak"]), peak_before)
+    redis_peak = sum(peak_above_before(redis_before[i], [s["redis_each"][i] for s in samples],
+                                       int(r.info("memory")["used_memory_peak"]),
+                                       peak_before[i]) for i, r in enumerate(redises))
     merges = [e.detail for e in Event.objects.filter(run=run, kind="merge")]
+    lost = [{"island": e.island.name if e.island_id else None, "time": e.time.timestamp(),
+             **e.detail} for e in Event.objects.filter(run=run, kind="island_lost")]
     merge_times = sorted(e.time.timestamp() for e in Event.objects.filter(run=run, kind="merge"))
     fragment_mb = fp32 / P / 1e6
     latencies = [d["latency_s"] for d in merges if "latency_s" in d]
@@ -318,12 +326,14 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
         if pull_means else None,
         "merged_fragments_per_s": round((len(merge_times) - 1) / (merge_times[-1]
                                         - merge_times[0]), 3) if len(merge_times) > 2 else None,
+        "islands_lost": lost,
+        "dataplane": system.dataplane_url is not None,
         "aof_bytes": folder_bytes(system.home / "redis"),
         "system_folder_bytes": folder_bytes(system.home),
-        "redis_before_bytes": redis_before,
-        "redis_after_end_bytes": int(client.info("memory")["used_memory"]),
-        "redis_after_end_above_before_bytes": int(client.info("memory")["used_memory"])
-        - redis_before,
+        "redis_before_bytes": sum(redis_before),
+        "redis_after_end_bytes": sum(int(r.info("memory")["used_memory"]) for r in redises),
+        "redis_after_end_above_before_bytes": sum(int(r.info("memory")["used_memory"])
+                                                  for r in redises) - sum(redis_before),
         "samples": samples,
     }
     if out["merged_fragments_per_s"] is not None:
@@ -344,6 +354,8 @@ def checks(sizes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         out[f"{size['label']} post-merge lows rise"] = results.check(
             size["lows_rise"], MAX_LOWS_RISE, at_least=False)
         out[f"{size['label']} rounds"] = results.check(size["rounds"], 3)
+        out[f"{size['label']} islands marked lost (no faults)"] = results.check(
+            len(size["islands_lost"]), 0, at_least=False)
     return out
 
 
@@ -355,7 +367,8 @@ def report_html(sizes: list[dict[str, Any]]) -> str:
         f"{s['label']}: {s['params'] / 1e6:.1f}M parameters, B = {s['fp32_bytes'] / MIB:.0f} MiB"
         for s in sizes])
     for row, size in enumerate(sizes, start=1):
-        names = sorted({k for s in size["samples"] for k in s} - {"t", "time", "round"})
+        names = sorted({k for s in size["samples"] for k in s}
+                       - {"t", "time", "round", "redis_each"})
         for name in names:
             points = [s for s in size["samples"] if name in s]
             fig.add_trace(go.Scatter(x=[p["t"] for p in points],
@@ -376,7 +389,7 @@ def main(quick: bool = False, minutes: float | None = None, device: str = "cpu")
     from webapp.processes import redis_maxmemory_mb
 
     system = BenchSystem(HOME, list(REGIONS), appendonly=True,
-                         maxmemory_mb=redis_maxmemory_mb())
+                         maxmemory_mb=redis_maxmemory_mb(), dataplane=True)
     rows = []
     try:
         system.setup_django()

@@ -45,11 +45,14 @@ class BenchSystem:
             without it Redis keeps nothing on disk.
         extra_env: more environment for every process (SYNCD_LEASE_TTL_S, ...).
         maxmemory_mb: Redis's memory limit (noeviction), as `python -m webapp.start`
-            gives it.
+            gives it (to each Redis).
+        dataplane: a second Redis, with nothing on disk, for the tensor messages
+            (DATAPLANE_REDIS_URL), as `python -m webapp.start` starts it.
     """
 
     def __init__(self, home: Path, regions: list[str], appendonly: bool = False,
-                 extra_env: dict[str, str] | None = None, maxmemory_mb: int | None = None):
+                 extra_env: dict[str, str] | None = None, maxmemory_mb: int | None = None,
+                 dataplane: bool = False):
         shutil.rmtree(home, ignore_errors=True)
         (home / "redis").mkdir(parents=True)
         self.home, self.regions = home, regions
@@ -68,11 +71,22 @@ class BenchSystem:
                                                  maxmemory_mb=maxmemory_mb),
                              env=self.env, stop_last=True)
         self.wait_redis()
+        self.dataplane_url: str | None = None
+        if dataplane:
+            (home / "dataplane").mkdir()
+            port = free_port()
+            self.dataplane_url = f"redis://127.0.0.1:{port}/0"
+            self.env["DATAPLANE_REDIS_URL"] = self.dataplane_url
+            self.processes.start("dataplane", redis_argv(
+                redis_server_binary(), port, home / "dataplane", appendonly=False,
+                maxmemory_mb=maxmemory_mb), env=self.env, stop_last=True)
+            self.wait_redis(url=self.dataplane_url)
 
-    def wait_redis(self, timeout: float = 60.0) -> None:
-        """Until Redis answers a PING: listening is not enough, since a Redis that
-        reads its append-only file answers "loading" to everything else."""
-        client = redis.Redis.from_url(self.redis_url, socket_timeout=1)
+    def wait_redis(self, timeout: float = 60.0, url: str | None = None) -> None:
+        """Until Redis (`url`, the control Redis by default) answers a PING: listening
+        is not enough, since a Redis that reads its append-only file answers "loading"
+        to everything else."""
+        client = redis.Redis.from_url(url or self.redis_url, socket_timeout=1)
 
         def answers() -> bool:
             try:
@@ -88,7 +102,8 @@ class BenchSystem:
     def setup_django(self) -> None:
         """Point this process at the system's Redis and database and migrate."""
         os.environ.update({k: self.env[k] for k in ("REDIS_URL", "DATABASE_URL",
-                                                     "CHECKPOINT_DIR", "LOG_DIR", "REGIONS")})
+                                                     "CHECKPOINT_DIR", "LOG_DIR", "REGIONS",
+                                                     "DATAPLANE_REDIS_URL") if k in self.env})
         os.environ["DJANGO_SETTINGS_MODULE"] = "webapp.settings"
         import django
 

@@ -261,30 +261,31 @@ class Rounds:
     # -- updates -------------------------------------------------------------
 
     def ingest(self, now: float, liveness: Liveness) -> tuple[bool, bool]:
-        """Read what arrived on the stream (for at most INGEST_BUDGET_S) into the open
-        rounds; returns whether anything was read and whether the stream is read to its
-        end. Each entry is taken alone: one that speaks for no island is quarantined
-        (syncd/quarantine.py) and its neighbours go on. The upload slot of each update
-        read is free once it is done with (syncd/upload_slots.py), and so are the
-        stale ones."""
+        """Read what arrives on the stream into the open rounds, for at most
+        INGEST_BUDGET_S: entries that arrive meanwhile too, so that the updates of a
+        busy stream fold into the rounds before they merge (with upload slots, few are
+        there at once: syncd/upload_slots.py). Returns whether anything was read and
+        whether the stream is read to its end. Each entry is taken alone: one that
+        speaks for no island is quarantined (syncd/quarantine.py) and its neighbours
+        go on. The upload slot of each update is free once its message is verified and
+        read (`_release`), and so are the stale ones."""
         self._free_stale_slots(now, liveness)
-        entries = self.store.read_updates(self.after, count=READ_COUNT)
         budget_end = time.monotonic() + INGEST_BUDGET_S
-        read_all = len(entries) < READ_COUNT
-        for i, entry in enumerate(entries):
-            self.after = entry.stream_id
-            if isinstance(entry, BadEntry):
-                self.quarantine.add(entry.stream_id, "malformed entry", entry.reason, None)
-            else:
-                self._ingest(entry, now, liveness)
-                self.store.free_slots([Ticket(entry.island, entry.epoch, entry.fragment,
-                                              entry.seq).encode()])
-            self.keepalive()
-            if time.monotonic() > budget_end:
-                read_all &= i == len(entries) - 1
-                break  # the rest is read again on the next pass
+        read_any = False
+        while entries := self.store.read_updates(self.after, count=READ_COUNT):
+            read_any = True
+            for entry in entries:
+                self.after = entry.stream_id
+                if isinstance(entry, BadEntry):
+                    self.quarantine.add(entry.stream_id, "malformed entry", entry.reason, None)
+                else:
+                    self._ingest(entry, now, liveness)
+                self.keepalive()
+                if time.monotonic() > budget_end:
+                    self.quarantine.settle(now)
+                    return True, False  # the rest is read on the next pass
         self.quarantine.settle(now)
-        return bool(entries), read_all
+        return read_any, True
 
     def _free_stale_slots(self, now: float, liveness: Liveness) -> None:
         """Take off the queue the tickets that hold an upload slot and are stale (their
@@ -297,6 +298,16 @@ class Rounds:
             log.warning("run %s: freed %d upload slots held by %s", self.store.run_id,
                         len(stale), [raw.decode(errors="replace")[:80] for raw in stale])
             self.store.free_slots(stale)
+
+    def _release(self, ref: UpdateRef) -> None:
+        """Delete a verified update's message from the data plane (syncd holds it now)
+        and free its upload slot: the next island in line writes while this one is
+        checked and folded. Should syncd die before the fold, the island sends it again
+        (trainer/resend.py). An entry that is not verified frees nothing: it is not
+        shown to speak for the island whose message and slot it names (but one that
+        names an update handled already: that message and ticket are of no use)."""
+        self.store.drop_updates([ref])
+        self.store.free_slots([Ticket(ref.island, ref.epoch, ref.fragment, ref.seq).encode()])
 
     def _handled_seq(self, island: str, fragment: int) -> int:
         handled = self.sync.handled
@@ -319,9 +330,9 @@ class Rounds:
                 pending is not None and ref.seq <= pending.contribution.seq):
             # Merged at most once: an update sent again (the same seq, the same message)
             # is the same update, and one before it is done with. Nothing is done in
-            # its name (the entry is not verified) but delete the message it names,
-            # which syncd needs no more.
-            self.store.drop_updates([ref])
+            # its name (the entry is not verified) but delete the message it names and
+            # free its slot, which syncd needs no more.
+            self._release(ref)
             return
         try:
             meta, tensors = verify_update(lambda limit: self.store.update_message(ref, limit),
@@ -331,6 +342,7 @@ class Rounds:
             self.quarantine.add(ref.stream_id, f"unverified ({ref.island})", str(exc),
                                 ref.island)
             return
+        self._release(ref)
         facts = IslandFacts(liveness.epochs.get(ref.island, 0),
                             island.batch_size * config.model.block_size)
         try:

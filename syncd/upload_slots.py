@@ -4,9 +4,10 @@ whatever the number of islands.
 Before an island writes an update message, it puts a ticket naming the update
 (island, epoch, fragment, seq) at the end of the run's queue arch:R:uploads, and it
 writes once its ticket is among the first `sync.upload_slots` of the queue: it holds an
-upload slot. syncd takes the ticket off once it is done with the update (folded,
-refused, dropped or skipped: its message is deleted then), and the next ticket holds
-the slot. So the data plane holds at most `upload_slots` update messages of the run,
+upload slot. syncd takes the ticket off once it has read the update's message and
+verified it (or skipped a copy of a handled update), deleting the message from the
+data plane then: syncd holds it while it checks and folds it, and the next ticket's
+island writes meanwhile. So the data plane holds at most `upload_slots` update messages of the run,
 where it held up to KEPT_SENDS per island and fragment (diloco/sizes.py). The queue is
 first come, first served: an island waits in line while its tau overlap steps and its
 send queue (trainer/link.py) keep it training.

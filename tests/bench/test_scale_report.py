@@ -84,7 +84,8 @@ def test_the_growth_is_the_second_halfs_peak_over_the_first_halfs():
 def test_each_sizes_peaks_are_bounded_by_their_ratio_of_b_and_a_fixed_allowance():
     size = {"label": "11M", "params": 11_000_000, "fp32_bytes": 44_000_000,
             "redis_peak_ratio": 3.5 + 64 * MIB / 44e6 - 0.001, "syncd_peak_ratio": 5.01,
-            "island_peak_ratio": 99.0, "lows_rise": MAX_LOWS_RISE, "rounds": 3}
+            "island_peak_ratio": 99.0, "lows_rise": MAX_LOWS_RISE, "rounds": 3,
+            "islands_lost": []}
     out = checks([size])
 
     assert out["11M redis peak / B"]["ok"]
@@ -92,3 +93,13 @@ def test_each_sizes_peaks_are_bounded_by_their_ratio_of_b_and_a_fixed_allowance(
     assert not out["11M syncd peak / B"]["ok"]
     assert "11M island peak / B" not in out  # islands are bounded from 50M parameters
     assert out["11M post-merge lows rise"]["ok"] and out["11M rounds"]["ok"]
+    assert out["11M islands marked lost (no faults)"]["ok"]
+
+
+def test_an_island_marked_lost_in_a_run_without_faults_fails_its_check():
+    size = {"label": "113M", "params": 113_000_000, "fp32_bytes": 452_000_000,
+            "redis_peak_ratio": 1.0, "syncd_peak_ratio": 1.0, "island_peak_ratio": 1.0,
+            "lows_rise": 0.0, "rounds": 9,
+            "islands_lost": [{"island": "east-0", "time": 0.0, "cause": "silent"}]}
+
+    assert not checks([size])["113M islands marked lost (no faults)"]["ok"]
