@@ -291,6 +291,7 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
     redis_peak = sum(peak_above_before(redis_before[i], [s["redis_each"][i] for s in samples],
                                        int(r.info("memory")["used_memory_peak"]),
                                        peak_before[i]) for i, r in enumerate(redises))
+    after_end = sum(int(r.info("memory")["used_memory"]) for r in redises)
     merges = [e.detail for e in Event.objects.filter(run=run, kind="merge")]
     lost = [{"island": e.island.name if e.island_id else None, "time": e.time.timestamp(),
              **e.detail} for e in Event.objects.filter(run=run, kind="island_lost")]
@@ -331,9 +332,8 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
         "aof_bytes": folder_bytes(system.home / "redis"),
         "system_folder_bytes": folder_bytes(system.home),
         "redis_before_bytes": sum(redis_before),
-        "redis_after_end_bytes": sum(int(r.info("memory")["used_memory"]) for r in redises),
-        "redis_after_end_above_before_bytes": sum(int(r.info("memory")["used_memory"])
-                                                  for r in redises) - sum(redis_before),
+        "redis_after_end_bytes": after_end,
+        "redis_after_end_above_before_bytes": after_end - sum(redis_before),
         "samples": samples,
     }
     if out["merged_fragments_per_s"] is not None:

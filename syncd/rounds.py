@@ -268,8 +268,7 @@ class Rounds:
         whether the stream is read to its end. Each entry is taken alone: one that
         speaks for no island is quarantined (syncd/quarantine.py) and its neighbours
         go on. The upload slot of each update is free once its message is verified and
-        read (`_release`), and so are the stale ones."""
-        self._free_stale_slots(now, liveness)
+        read (`_release`)."""
         budget_end = time.monotonic() + INGEST_BUDGET_S
         read_any = False
         while entries := self.store.read_updates(self.after, count=READ_COUNT):
@@ -287,10 +286,11 @@ class Rounds:
         self.quarantine.settle(now)
         return read_any, True
 
-    def _free_stale_slots(self, now: float, liveness: Liveness) -> None:
+    def free_stale_slots(self, now: float, liveness: Liveness) -> None:
         """Take off the queue the tickets that hold an upload slot and are stale (their
         island is lost or of an older epoch, their update handled or never come), until
-        the tickets that hold the slots are not."""
+        the tickets that hold the slots are not. At heartbeat pace (RunSync._watch): what
+        makes a ticket stale changes no faster."""
         facts = RunFacts({i.name for i in self.spec.config.islands}, liveness.epochs,
                          liveness.lost, self._handled_seq)
         while stale := self.slots.stale(self.store.slot_holders(self.spec.config.sync.upload_slots),

@@ -237,6 +237,7 @@ class RunSync:
         if self.stop_seen is None and self.store.stop_requested() is not None:
             self.stop_seen = now
         self.rounds.trim()
+        self.rounds.free_stale_slots(now, self.liveness)
         self._check_budget()
         if now >= self.next_dataplane:
             self.next_dataplane = now + DATAPLANE_EVERY_S

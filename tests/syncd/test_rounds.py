@@ -51,13 +51,13 @@ def test_syncd_frees_the_slots_of_old_epochs_lost_islands_strangers_and_handled_
 
     store.wait_for_slot("b", 1, 0, 4, slots=2)
     run_sync.liveness.lost.add("b")
-    run_sync.rounds.ingest(run_sync.clock(), run_sync.liveness)
+    run_sync.rounds.free_stale_slots(run_sync.clock(), run_sync.liveness)
     assert store.slot_holders(2) == []
 
     # A syncd that died between a fold and freeing its slot left the ticket behind.
     store.wait_for_slot("a", 1, 1, 4, slots=2)
     run_sync.rounds.sync.handled[1]["a"] = 4
-    run_sync.rounds.ingest(run_sync.clock(), run_sync.liveness)
+    run_sync.rounds.free_stale_slots(run_sync.clock(), run_sync.liveness)
     assert store.slot_holders(2) == []
 
 
