@@ -1,7 +1,16 @@
 import pytest
 import torch
 
-from diloco.codecs import BLOCK, CODECS, QMAX, decode, encode, error_bound, payload_nbytes
+from diloco.codecs import (
+    BLOCK,
+    CHUNK_BLOCKS,
+    CODECS,
+    QMAX,
+    decode,
+    encode,
+    error_bound,
+    payload_nbytes,
+)
 
 
 def sample_tensors() -> dict[str, torch.Tensor]:
@@ -141,3 +150,17 @@ def test_it_rejects_an_unknown_codec():
         encode({"a": torch.ones(4)}, "fp8")
     with pytest.raises(ValueError, match="got 'fp8'"):
         decode({}, "fp8", {})
+
+
+def test_chunked_quantization_matches_whole_tensor_quantization_across_chunk_edges():
+    # More than one chunk of blocks, and a last chunk that is not full.
+    numel = CHUNK_BLOCKS * BLOCK * 2 + 3 * BLOCK + 5
+    t = torch.randn(numel, generator=torch.Generator().manual_seed(3))
+    blocks = torch.nn.functional.pad(t, (0, (-len(t)) % BLOCK)).view(-1, BLOCK)
+    scale = blocks.abs().amax(dim=1) / QMAX["int8"]
+    codes = torch.round(blocks / scale.unsqueeze(1)).clamp_(-127, 127).to(torch.int8).flatten()
+
+    payload = encode({"t": t}, "int8")
+
+    assert torch.equal(payload["t:scale"], scale)
+    assert torch.equal(payload["t:q"], codes)
