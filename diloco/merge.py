@@ -146,14 +146,16 @@ class OuterOptimizer:
             raise ValueError(f"share must be positive, got {share}")
         out = {}
         for name, p in params.items():
-            g = outer_grad[name] * share if share != 1.0 else outer_grad[name]
+            # One new tensor per parameter, worked on in place and returned: at real sizes
+            # every fresh tensor of a fragment's size costs more to fault in than to fill.
+            g = outer_grad[name] * share if share != 1.0 else outer_grad[name].clone()
             if self.momentum:
                 buf = self.buffers.get(name)
                 decay = self.momentum ** share
                 buf = g.clone() if buf is None else buf.mul_(decay).add_(g)
                 self.buffers[name] = buf
-                g = g.add(buf, alpha=self.momentum * share)
-            out[name] = p.add(g, alpha=-self.lr)  # p - lr * g, one pass
+                g.add_(buf, alpha=self.momentum * share)
+            out[name] = torch.add(p, g, alpha=-self.lr, out=g)  # p - lr * g, one pass
         return out
 
     def state_dict(self) -> dict[str, torch.Tensor]:
