@@ -25,8 +25,9 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
                standbys: dict[str, int] | None = None) -> dict[str, Any]:
     """Per island state, active fault, tokens, tokens/s, seconds per inner step, its
     process's share of its host's CPU (from its heartbeat: trainer/cpu.py), the seconds
-    it waited for syncd to merge before sending (`backpressure_wait_s`), version
-    lag, bytes (real and as emulated) and its WAN link to syncd (see `link`, against the
+    it waited for syncd to merge before sending (`backpressure_wait_s`) and its link
+    for an upload slot before writing an update (`slot_wait_s`), version lag, bytes
+    (real and as emulated) and its WAN link to syncd (see `link`, against the
     `previous` status); per fragment arrivals/K, grace left and the last merge; the
     run's versions, goodput (with `overcredited`: the islands credited above their
     allocation, a bug shown, not clipped), uptime, train and eval loss (`eval_loss`, of
@@ -55,6 +56,7 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
             "step_time_s": _rounded(liveness.step_time_s.get(island.name), 4),
             "cpu_share": beat.get("cpu_share"),
             "backpressure_wait_s": beat.get("backpressure_wait_s", 0.0),
+            "slot_wait_s": beat.get("slot_wait_s", 0.0),
             "version_lag": newest - min(bases) if bases else 0,
             "rejoin_warm": island.processes == 1
             and (standbys or {}).get(island.region, 0) >= 1,

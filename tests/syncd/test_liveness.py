@@ -151,6 +151,21 @@ def test_the_status_shows_each_islands_step_time_and_share_of_its_hosts_cpu(run_
 
 @pytest.mark.integration
 @pytest.mark.django_db
+def test_the_status_shows_the_seconds_each_island_waited_for_merges_and_upload_slots(
+        run_sync):
+    run_sync.store.client.hset(run_sync.store.key("heartbeats"), "a", json.dumps(
+        {"epoch": 1, "time": 1000.0, "step": 4, "tokens": 128, "state": "training",
+         "backpressure_wait_s": 2.5, "slot_wait_s": 0.75}))
+    beat_at(run_sync, "b", 1000.0)  # a heartbeat without either
+    run_sync.tick()
+
+    islands = run_sync.status(run_sync.clock())["islands"]
+    assert (islands["a"]["backpressure_wait_s"], islands["a"]["slot_wait_s"]) == (2.5, 0.75)
+    assert (islands["b"]["backpressure_wait_s"], islands["b"]["slot_wait_s"]) == (0.0, 0.0)
+
+
+@pytest.mark.integration
+@pytest.mark.django_db
 def test_the_status_says_whether_a_rejoin_would_start_warm_from_the_regions_pool(run_sync):
     pools = PoolStore(run_sync.store.client)
     pools.put_host("us-east", "host-1", {"ready": 1, "time": time.time()})

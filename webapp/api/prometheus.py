@@ -50,6 +50,9 @@ ISLAND_GAUGES = {
     "archipelago_island_backpressure_wait_seconds": (
         "Seconds the island waited before sends for syncd to merge (backpressure).",
         "backpressure_wait_s"),
+    "archipelago_island_slot_wait_seconds": (
+        "Seconds the island's link waited for an upload slot before writing an update.",
+        "slot_wait_s"),
 }
 
 

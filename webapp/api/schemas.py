@@ -120,6 +120,11 @@ class IslandOut(Schema):
                                        "updates: it holds at most 2 of each fragment not "
                                        "merged (backpressure). Growing: syncd is not "
                                        "merging (a round short of its quorum, syncd away).")
+    slot_wait_s: float = Field(0.0, description="Seconds the island's link has waited, in "
+                               "this epoch, for one of the run's upload slots "
+                               "(sync.upload_slots) before writing an update message; "
+                               "its tau overlap steps and send queue keep it training "
+                               "meanwhile.")
     rejoin_warm: bool | None = Field(None, description="Whether a rejoin now would start "
                                      "on a warm standby of the island's region (None: not "
                                      "known, syncd has not said).")

@@ -37,7 +37,7 @@ def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any
     with its progress and the live figures of syncd's latest status: versions (fragment
     index -> version), goodput, uptime, start-up, train and eval loss, and per island its
     live state, active fault, tokens, step time, share of its host's CPU, backpressure
-    wait, version_lag and link to syncd (syncd.status.link;
+    and upload slot waits, version_lag and link to syncd (syncd.status.link;
     from the island's own state once the run is over). A run syncd has not served yet
     has empty versions and None for the figures."""
     data = run.to_dict()
@@ -60,6 +60,7 @@ def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any
         island["step_time_s"] = now.get("step_time_s")
         island["cpu_share"] = now.get("cpu_share")
         island["backpressure_wait_s"] = now.get("backpressure_wait_s", 0.0)
+        island["slot_wait_s"] = now.get("slot_wait_s", 0.0)
         island["rejoin_warm"] = now.get("rejoin_warm")
         island["heartbeat_age_s"] = now.get("heartbeat_age_s")
         live_run = run.state in (Run.State.RUNNING, Run.State.PAUSED)

@@ -49,6 +49,18 @@ def test_each_island_shows_its_step_time_and_share_of_its_hosts_cpu(viewer_api, 
         assert figures == {"east-a": (0.1, 0.0625), "east-b": (0.5, 0.02),
                            "west-a": (None, None)}
 
+
+def test_each_island_shows_the_seconds_it_waited_for_merges_and_for_upload_slots(
+        viewer_api, running, redis_url):
+    RunStore(connect(redis_url), running.pk).put_status({"islands": {
+        "east-a": {"state": "training", "backpressure_wait_s": 2.5, "slot_wait_s": 0.75}}})
+
+    islands = viewer_api.get(islands_of(running)).json()["islands"]
+
+    waits = {i["name"]: (i["backpressure_wait_s"], i["slot_wait_s"]) for i in islands}
+    assert waits == {"east-a": (2.5, 0.75), "east-b": (0.0, 0.0), "west-a": (0.0, 0.0)}
+
+
 def test_each_island_has_its_link_to_syncd_from_the_live_status(viewer_api, running,
                                                                 redis_url):
     link = {"state": "degraded", "bytes_up": 1200.0, "bytes_down": 5000.0}

@@ -94,6 +94,20 @@ def test_the_scraper_reads_the_runs_and_their_alive_islands(client, metrics_toke
     assert found[sample("archipelago_redis_up")] == 1
 
 
+def test_each_island_has_gauges_of_its_backpressure_and_upload_slot_waits(
+        client, metrics_token, running, redis_url):
+    RunStore(connect(redis_url), running.pk).put_status({"islands": {
+        "east-a": {"state": "training", "backpressure_wait_s": 2.5, "slot_wait_s": 0.75}}})
+
+    found = samples(scrape(client, HTTP_AUTHORIZATION=f"Bearer {metrics_token}"))
+
+    r = running.pk
+    assert found[sample("archipelago_island_backpressure_wait_seconds", run=r,
+                        island="east-a")] == 2.5
+    assert found[sample("archipelago_island_slot_wait_seconds", run=r, island="east-a")] == 0.75
+    assert found[sample("archipelago_island_slot_wait_seconds", run=r, island="west-a")] == 0.0
+
+
 def test_archived_runs_are_left_out(operator_client, draft):
     Run.objects.filter(pk=draft.pk).update(archived=True)
 

@@ -65,6 +65,15 @@ def test_a_running_runs_summary_takes_syncds_live_figures_and_island_states(run)
     assert (b["state"], b["tokens"]) == ("training", 40)
 
 
+def test_each_islands_backpressure_and_upload_slot_waits_come_from_syncds_status(run):
+    status = {"islands": {"a": {"backpressure_wait_s": 2.5, "slot_wait_s": 0.75}}}
+
+    a, b = run_summary(run, status=status)["islands"]
+
+    assert (a["backpressure_wait_s"], a["slot_wait_s"]) == (2.5, 0.75)
+    assert (b["backpressure_wait_s"], b["slot_wait_s"]) == (0.0, 0.0)  # no live figures
+
+
 def test_an_ended_runs_islands_keep_their_own_state(run):
     run.state = Run.State.COMPLETED
     status = {"islands": {"a": {"state": "training", "link": {"state": "cut"}}}}
