@@ -47,7 +47,10 @@ none then; beside that config's `disk.after`). And in the same run, the limits:
 memcpy (torch copy_, bytes copied), the transport (one `RedisBulk.put` and one
 `RedisBulk.read` of the same bytes through the same kind of client the runtime
 uses: `transport_mb_s` over both, `transport_read_mb_s` over the read alone) and a
-loopback TCP stream.
+loopback TCP stream; and the disk syncd's files go to (`disk_write_mb_s`: 1 GiB
+written and fsync'd; 256 MiB with --quick), with the bound it sets on each config's
+ingest, `ingest_disk_bound_mb_s` (each merge of at least M updates writes the fragment
+and its outer momentum to syncd's files before it is committed).
 
 After the configs, island utilization (issue 23, item 3; `island_utilization`): one
 real island process (`python -m trainer.runner`) trains GPT-2 small's shape (85.6M
@@ -201,10 +204,38 @@ def tcp_mb_s(nbytes: int) -> float:
     return got / seconds / MB
 
 
-def limits(url: str, nbytes: int) -> dict[str, float]:
+def disk_write_mb_s(folder: Path, nbytes: int) -> float:
+    """Sustained writes to a file in `folder` (where syncd's files go in the runs):
+    `nbytes` in 16 MiB pieces, fsync'd, so that the page cache does not stand in for
+    the disk."""
+    path = folder / "disk-limit"
+    piece = os.urandom(16 << 20)
+    started = time.perf_counter()
+    with open(path, "wb") as f:
+        for _ in range(max(1, nbytes // len(piece))):
+            f.write(piece)
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - started
+    written = path.stat().st_size
+    path.unlink()
+    return written / seconds / MB
+
+
+def limits(url: str, nbytes: int, folder: Path) -> dict[str, float]:
     both, read = transport_mb_s(url, nbytes)
     return {"memcpy_mb_s": memcpy_mb_s(nbytes), "transport_mb_s": both,
-            "transport_read_mb_s": read, "tcp_mb_s": tcp_mb_s(nbytes)}
+            "transport_read_mb_s": read, "tcp_mb_s": tcp_mb_s(nbytes),
+            "disk_write_mb_s": disk_write_mb_s(folder, 4 * nbytes)}
+
+
+def ingest_disk_bound_mb_s(disk_mb_s: float, islands: int, message_bytes: int,
+                           fragment_bytes: int) -> float:
+    """The most ingest the disk lets through: every merge makes its fragment and outer
+    momentum durable in syncd's files (2 x the fp32 fragment bytes, written before the
+    merge is committed: syncd/published_files.py) and takes at least min_quorum = M
+    updates. From the config and the disk limit only, not from the run it bounds."""
+    return disk_mb_s * islands * message_bytes / (2 * fragment_bytes)
 
 
 # -- the run -----------------------------------------------------------------
@@ -304,9 +335,15 @@ def disk_written(pid: int) -> int:
 
 def syncd_main(url: str, data_url: str, checkpoint_dir: str, stop: Any, busy_s: Any,
                out: Any) -> None:
-    """syncd's process: one RunSync ticked until `stop`, as syncd.server ticks it;
-    `busy_s` adds up the wall seconds of the passes that had work."""
+    """syncd's process: one RunSync ticked until `stop`, as syncd.server ticks it and as
+    `manage.py syncd` runs by default: torch on one thread (SYNCD_THREADS), large frees
+    returned to the system. `busy_s` adds up the wall seconds of the passes that had
+    work."""
+    from syncd.malloc import return_large_frees
     from syncd.service import RunSync
+
+    torch.set_num_threads(1)
+    return_large_frees()
 
     idle_rss = rss_of()[0]
     recorder = BenchRecorder()
@@ -558,16 +595,6 @@ def bare_step_s(model: dict[str, int], corpus: Path, seconds: float) -> float:
     return done["seconds"] / done["steps"]
 
 
-def threaded_syncd_main(*args: Any) -> None:
-    """syncd_main as `manage.py syncd` runs by default: torch on one thread
-    (SYNCD_THREADS), large frees returned to the system."""
-    from syncd.malloc import return_large_frees
-
-    torch.set_num_threads(1)
-    return_large_frees()
-    syncd_main(*args)
-
-
 def window_beats(store: RunStore, island: subprocess.Popen, start: int, length: int,
                  timeout_s: float, log: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """The island's first heartbeat that shows step `start` or later, and its first that
@@ -659,7 +686,7 @@ def island_utilization(setting: dict[str, Any], folder: Path) -> dict[str, Any]:
         secret = os.urandom(16).hex()
         store.put_spec("decoupled", config, secret)
         store.set_epoch(UTILIZATION_ISLAND, 1)
-        syncd = ctx.Process(target=threaded_syncd_main, name="syncd",
+        syncd = ctx.Process(target=syncd_main, name="syncd",
                             args=(url, data_url, str(folder / "checkpoints"), stop, busy_s,
                                   syncd_out))
         syncd.start()
@@ -761,7 +788,7 @@ def main(quick: bool = False) -> int:
     redis_process, url = start_redis(HOME)
     try:
         results.say(f"dataplane ({name}): limits with {profile['limit_bytes'] >> 20} MiB")
-        lim = limits(url, profile["limit_bytes"])
+        lim = limits(url, profile["limit_bytes"], HOME)
     finally:
         redis_process.terminate()
         redis_process.wait(timeout=30)
@@ -775,6 +802,8 @@ def main(quick: bool = False) -> int:
         for m in profile["islands"]:
             results.say(f"  {size} ({params:,} parameters), {m} islands, {CODEC}")
             config = run_one(size, m, payload, params, profile)
+            config["ingest_disk_bound_mb_s"] = ingest_disk_bound_mb_s(
+                lim["disk_write_mb_s"], m, config["message_bytes"], config["fragment_bytes"])
             results.say(f"    ingest {config['ingest_mb_s']:.1f} MB/s (p95 "
                         f"{config['ingest_p95_s']:.2f} s), pull {config['pull_mb_s']:.1f} MB/s,"
                         f" Redis {config['redis_peak_ratio']:.2f} B, syncd "
@@ -817,7 +846,8 @@ def main(quick: bool = False) -> int:
                         ["limit", "MB_per_s"]))
     print()
     print(results.table(configs, ["size", "params", "islands", "codec", "message_bytes",
-                                  "ingest_mb_s", "ingest_p50_s", "ingest_p95_s", "pull_mb_s",
+                                  "ingest_mb_s", "ingest_disk_bound_mb_s", "ingest_p50_s",
+                                  "ingest_p95_s", "pull_mb_s",
                                   "redis_peak_ratio", "syncd_peak_ratio", "syncd_cpu_share",
                                   "disk_per_merged_mb"]))
     print()

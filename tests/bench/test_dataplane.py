@@ -72,7 +72,7 @@ def test_a_tiny_profile_runs_end_to_end(monkeypatch, tmp_path):
 
     out = json.loads((tmp_path / "results" / "dataplane-quick.json").read_text())
     assert set(out["limits"]) == {"memcpy_mb_s", "transport_mb_s", "transport_read_mb_s",
-                                  "tcp_mb_s"}
+                                  "tcp_mb_s", "disk_write_mb_s"}
     assert all(v > 0 for v in out["limits"].values())
     (run,) = out["configs"]
     assert (run["islands"], run["codec"], run["syncds"]) == (2, "int4", 1)
@@ -81,6 +81,9 @@ def test_a_tiny_profile_runs_end_to_end(monkeypatch, tmp_path):
                 "syncd_peak_ratio", "syncd_cpu_share"):
         assert run[key] > 0, key
     assert run["ingest_p50_s"] <= run["ingest_p95_s"]
+    # The disk's bound on ingest, from the disk limit and the config alone.
+    assert run["ingest_disk_bound_mb_s"] == pytest.approx(
+        out["limits"]["disk_write_mb_s"] * 2 * run["message_bytes"] / (2 * run["fragment_bytes"]))
     assert out["checks"] == {}  # nothing of 100M: no target judged
     assert out["store"]["hiredis"]
     assert run["dataplane"] and run["disk_per_merged_mb"] > 0
