@@ -48,9 +48,10 @@ memcpy (torch copy_, bytes copied), the transport (one `RedisBulk.put` and one
 `RedisBulk.read` of the same bytes through the same kind of client the runtime
 uses: `transport_mb_s` over both, `transport_read_mb_s` over the read alone) and a
 loopback TCP stream; and the disk syncd's files go to (`disk_write_mb_s`: 1 GiB
-written and fsync'd; 256 MiB with --quick), with the bound it sets on each config's
-ingest, `ingest_disk_bound_mb_s` (each merge of at least M updates writes the fragment
-and its outer momentum to syncd's files before it is committed).
+written and fsync'd; 256 MiB with --quick), beside `disk_per_merged_mb`. It bounds
+no figure: syncd's files are not fsynced, and each fragment's two slots are written
+over in the page cache (syncd/published_files.py), so the disk sees what writeback
+takes of them, not every merge's bytes.
 
 After the configs, island utilization (issue 23, item 3; `island_utilization`): one
 real island process (`python -m trainer.runner`) trains GPT-2 small's shape (85.6M
@@ -227,15 +228,6 @@ def limits(url: str, nbytes: int, folder: Path) -> dict[str, float]:
     return {"memcpy_mb_s": memcpy_mb_s(nbytes), "transport_mb_s": both,
             "transport_read_mb_s": read, "tcp_mb_s": tcp_mb_s(nbytes),
             "disk_write_mb_s": disk_write_mb_s(folder, 4 * nbytes)}
-
-
-def ingest_disk_bound_mb_s(disk_mb_s: float, islands: int, message_bytes: int,
-                           fragment_bytes: int) -> float:
-    """The most ingest the disk lets through: every merge makes its fragment and outer
-    momentum durable in syncd's files (2 x the fp32 fragment bytes, written before the
-    merge is committed: syncd/published_files.py) and takes at least min_quorum = M
-    updates. From the config and the disk limit only, not from the run it bounds."""
-    return disk_mb_s * islands * message_bytes / (2 * fragment_bytes)
 
 
 # -- the run -----------------------------------------------------------------
@@ -802,8 +794,6 @@ def main(quick: bool = False) -> int:
         for m in profile["islands"]:
             results.say(f"  {size} ({params:,} parameters), {m} islands, {CODEC}")
             config = run_one(size, m, payload, params, profile)
-            config["ingest_disk_bound_mb_s"] = ingest_disk_bound_mb_s(
-                lim["disk_write_mb_s"], m, config["message_bytes"], config["fragment_bytes"])
             results.say(f"    ingest {config['ingest_mb_s']:.1f} MB/s (p95 "
                         f"{config['ingest_p95_s']:.2f} s), pull {config['pull_mb_s']:.1f} MB/s,"
                         f" Redis {config['redis_peak_ratio']:.2f} B, syncd "
@@ -846,7 +836,7 @@ def main(quick: bool = False) -> int:
                         ["limit", "MB_per_s"]))
     print()
     print(results.table(configs, ["size", "params", "islands", "codec", "message_bytes",
-                                  "ingest_mb_s", "ingest_disk_bound_mb_s", "ingest_p50_s",
+                                  "ingest_mb_s", "ingest_p50_s",
                                   "ingest_p95_s", "pull_mb_s",
                                   "redis_peak_ratio", "syncd_peak_ratio", "syncd_cpu_share",
                                   "disk_per_merged_mb"]))

@@ -13,7 +13,11 @@ measures, side by side in one run, in rounds so that drift falls on all alike:
 - ingest + merge: for each update, the HMAC check and safetensors parse of its
   message (diloco.protocol.decode_message) and the dequantization of its int4
   payload (diloco.codecs.decode), then its fold, as syncd ingests it (each
-  decoded update is dropped once folded), and the same close.
+  decoded update is dropped once folded), and the same close;
+- the merge's file: the merged fragment's full message and outer momentum written
+  to syncd's files (syncd.published_files.PublishedFiles.save, a new version each
+  round, as a merge makes it durable before its commit), counted as bytes written:
+  beside memcpy, what making a merge durable costs against a pass over memory.
 
 Both merge figures count M x the fragment's float32 bytes per round, so their
 ratio to memcpy says how close syncd comes to the machine's limit. A fold
@@ -33,15 +37,19 @@ from typing import Any
 import torch
 
 from bench import results
+from bench.system import ROOT
 from diloco import codecs
 from diloco.fold import RoundSum
 from diloco.merge import OuterOptimizer, Update
 from diloco.model import GPT, GPTConfig, embedding_tensor_names
 from diloco.protocol import decode_message, encode_message
+from diloco.signing import publish_key
+from syncd.published_files import PublishedFiles
 
 SECRET = b"bench-merge"
 CODEC = "int4"
 COPY_BYTES = 256 * 1024 * 1024
+FILES = ROOT / "var" / "bench-merge"  # the files of the merge pass, as syncd's of a run
 
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {"model": {"n_layer": 8, "n_embd": 704, "n_head": 8, "block_size": 1024},
@@ -97,6 +105,17 @@ class Fragment:
         self.params = self.optimizer.step(self.params, merged, share=0.75)
 
 
+def time_save(files: PublishedFiles, version: int, fragment: Fragment) -> tuple[float, int]:
+    """Seconds to make `fragment` durable at `version` as syncd does before a commit,
+    and the bytes written (its signed full message is made first, untimed)."""
+    meta = {"run": "bench", "fragment": 0, "version": version, "base_version": -1,
+            "codec": "none"}
+    full = encode_message("global", meta, fragment.params, publish_key(SECRET))
+    started = time.perf_counter()
+    written = files.save(0, version, full, fragment.optimizer.state_dict())
+    return time.perf_counter() - started, written
+
+
 def time_copy(src: torch.Tensor, dst: torch.Tensor, repeats: int = 3) -> float:
     started = time.perf_counter()
     for _ in range(repeats):
@@ -137,19 +156,26 @@ def main(quick: bool = False) -> int:
     copies = max(1, merged_bytes // COPY_BYTES)
     time_copy(src, dst, 1)  # warm up: first touch of dst, the momentum buffers, the
     time_ingest(fragment, blobs, shapes)  # allocator's cache of large blocks
+    files = PublishedFiles(FILES)
+    files.clear()
 
     rows = []
     for r in range(profile["rounds"]):
         copy_rate = COPY_BYTES / time_copy(src, dst, copies)
         merge_rate = merged_bytes / time_merge(fragment, updates)
         ingest_rate = merged_bytes / time_ingest(fragment, blobs, shapes)
+        save_s, saved_bytes = time_save(files, r + 1, fragment)
         rows.append({"round": r + 1, "memcpy_bytes_per_s": copy_rate,
                      "merge_bytes_per_s": merge_rate, "ingest_bytes_per_s": ingest_rate,
+                     "file_bytes_per_s": saved_bytes / save_s,
                      "ratio_to_memcpy": merge_rate / copy_rate,
-                     "ingest_ratio_to_memcpy": ingest_rate / copy_rate})
+                     "ingest_ratio_to_memcpy": ingest_rate / copy_rate,
+                     "file_ratio_to_memcpy": saved_bytes / save_s / copy_rate})
         results.say(f"  round {r + 1}/{profile['rounds']}: memcpy {copy_rate / 1e9:.2f} GB/s, "
                     f"merge {merge_rate / 1e9:.2f} GB/s, ingest + merge "
-                    f"{ingest_rate / 1e9:.2f} GB/s")
+                    f"{ingest_rate / 1e9:.2f} GB/s, the merge's file {saved_bytes / 2**20:.0f} "
+                    f"MiB in {save_s:.2f} s")
+    files.clear()
 
     def median(key: str) -> float:
         return statistics.median(r[key] for r in rows)
@@ -164,6 +190,10 @@ def main(quick: bool = False) -> int:
         "ingest_bytes_per_s": median("ingest_bytes_per_s"),
         "merge_s": merged_bytes / median("merge_bytes_per_s"),
         "ingest_s": merged_bytes / median("ingest_bytes_per_s"),
+        "file_ratio_to_memcpy": median("file_ratio_to_memcpy"),
+        "file_bytes_per_s": median("file_bytes_per_s"),
+        "file_bytes": saved_bytes,
+        "file_s": saved_bytes / median("file_bytes_per_s"),
         "updates": m, "model_params": params, "model": profile["model"],
         "fragment_bytes": fragment_bytes, "merged_bytes": merged_bytes,
         "message_bytes": len(blobs[0]), "codec": CODEC, "weighting": "tokens", "rda": True,
@@ -183,6 +213,8 @@ def main(quick: bool = False) -> int:
          "ratio_to_memcpy": out["ratio_to_memcpy"], "seconds": out["merge_s"]},
         {"pass": "ingest + merge", "GB_per_s": out["ingest_bytes_per_s"] / 1e9,
          "ratio_to_memcpy": out["ingest_ratio_to_memcpy"], "seconds": out["ingest_s"]},
+        {"pass": "the merge's file", "GB_per_s": out["file_bytes_per_s"] / 1e9,
+         "ratio_to_memcpy": out["file_ratio_to_memcpy"], "seconds": out["file_s"]},
     ], ["pass", "GB_per_s", "ratio_to_memcpy", "seconds"]))
     print()
     print(results.checks_table(out["checks"]))

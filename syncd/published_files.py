@@ -3,18 +3,25 @@ durable in.
 
 The data plane (syncd.run_keys) keeps nothing on disk, so syncd writes each merge's
 full message and outer momentum to a file of its own before it commits the merge
-(syncd.rounds.Rounds.publish), once, and deletes the files of older versions after.
-A restart of the data plane (or a syncd that takes the run over after one) publishes
-the full message again from here; no append-only file carries them, so no rewrite of
-one copies them again. The outer momentum is here only: islands never read it, so it
-never goes to the data plane, and it is written straight from the optimizer's
-tensors, without a copy of the whole. The folder is under the run's checkpoints
-(CHECKPOINT_DIR), which every syncd that may serve the run reaches.
+(syncd.rounds.Rounds.publish), once. A restart of the data plane (or a syncd that
+takes the run over after one) publishes the full message again from here; no
+append-only file carries them, so no rewrite of one copies them again. The outer
+momentum is here only: islands never read it, so it never goes to the data plane,
+and it is written straight from the optimizer's tensors, without a copy of the
+whole. The folder is under the run's checkpoints (CHECKPOINT_DIR), which every syncd
+that may serve the run reaches.
 
-A file is written under a temporary name and renamed: a reader finds a whole file or
-none. It is not fsynced: a crash of syncd, of Redis or of the data plane loses
-nothing, and a power loss of syncd's host that tears the newest file is refused by
-the message's signature on the way in, and the run rolls back to its checkpoint.
+Each fragment has two files, its slots, and version v is written over the slot of
+v - 2 (`v % 2`), in place: the slot of v - 1, the version committed while v is
+written, is never touched, and a slot's pages are written again where they lie in
+the page cache. (A new file per version, renamed into place, had its pages allocated
+afresh at every merge: 2.7-3.3 s for the 800 MB of a 100M fragment on this project's
+machine against 0.1 s in place, the whole of a merge's time on some runs.) The
+version in the slot's header is written last, once the rest is; until then it says
+none, so a reader finds a whole version or none. It is not fsynced: a crash of
+syncd, of Redis or of the data plane loses nothing, and a power loss of syncd's host
+that tears the newest file is refused by the message's signature on the way in, and
+the run rolls back to its checkpoint.
 """
 
 from __future__ import annotations
@@ -27,7 +34,10 @@ import torch
 
 from diloco import tensorfile
 
-_HEADER = struct.Struct("<QQ")  # the full message's bytes, the momentum's
+# The version (WRITING while the slot is written), the full message's bytes, the
+# momentum's.
+_HEADER = struct.Struct("<qQQ")
+WRITING = -1
 
 
 class PublishedFiles:
@@ -42,35 +52,40 @@ class PublishedFiles:
         return cls(Path(checkpoint_dir) / f"run-{run_id}" / "published")
 
     def _path(self, fragment: int, version: int) -> Path:
-        return self.folder / f"{fragment}-{version}.published"
+        """The slot `version` of `fragment` is written to: one of two."""
+        return self.folder / f"{fragment}-slot{version % 2}.published"
 
     def save(self, fragment: int, version: int, full: bytes | bytearray,
              momentum: dict[str, torch.Tensor]) -> int:
         """Write `fragment`'s full message and outer momentum (a safetensors file of the
-        tensors) at `version`; returns the bytes written."""
+        tensors) at `version`, over its slot's version - 2; returns the bytes written."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self._path(fragment, version)
-        temporary = path.with_suffix(".tmp")
-        with open(temporary, "wb") as f:
-            f.write(_HEADER.pack(len(full), tensorfile.size(momentum)))
+        sizes = (len(full), tensorfile.size(momentum))
+        with open(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+b") as f:
+            f.write(_HEADER.pack(WRITING, *sizes))
             f.write(full)
             momentum_bytes = tensorfile.write_file(f, momentum)
-        os.replace(temporary, path)
+            f.truncate()
+            f.flush()
+            f.seek(0)
+            f.write(_HEADER.pack(version, *sizes))
         return _HEADER.size + len(full) + momentum_bytes
 
     def load(self, fragment: int, version: int, full: bool = True
              ) -> tuple[bytearray | None, dict[str, torch.Tensor]] | None:
         """(full message, outer momentum) of `fragment` at `version`; the full message
-        is None when `full` is False (not read). None if there is no whole file of
-        it."""
+        is None when `full` is False (not read). None if its slot holds no whole file
+        of it."""
         path = self._path(fragment, version)
         try:
             with open(path, "rb") as f:
                 header = f.read(_HEADER.size)
                 if len(header) < _HEADER.size:
                     return None
-                full_size, momentum_size = _HEADER.unpack(header)
-                if _HEADER.size + full_size + momentum_size != os.fstat(f.fileno()).st_size:
+                saved, full_size, momentum_size = _HEADER.unpack(header)
+                whole = _HEADER.size + full_size + momentum_size
+                if saved != version or whole != os.fstat(f.fileno()).st_size:
                     return None
                 message = bytearray(full_size) if full else None
                 if message is None:
@@ -93,12 +108,3 @@ class PublishedFiles:
             for path in self.folder.iterdir():
                 path.unlink(missing_ok=True)
             self.folder.rmdir()
-
-    def forget_before(self, fragment: int, version: int) -> None:
-        """Delete `fragment`'s files of versions older than `version` (committed)."""
-        if not self.folder.is_dir():
-            return
-        for path in self.folder.glob(f"{fragment}-*.published"):
-            older = path.stem.split("-", 1)[1]
-            if older.isdigit() and int(older) < version:
-                path.unlink(missing_ok=True)

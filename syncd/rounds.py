@@ -251,7 +251,6 @@ class Rounds:
             self.store.publish(p, version, full, difference, dict(self.sync.handled[p]),
                                tokens, self.kept_differences, done, before_commit=saving.result)
         self.bytes_saved += saving.result()
-        self.files.forget_before(p, version)
 
     def tokens_merged(self) -> int:
         """Tokens merged into the model: each fragment's, on average."""

@@ -76,13 +76,19 @@ def test_the_bare_loop_trains_on_the_islands_batches(tiny_overhead):
                                                  bare.model.parameters(), strict=True))
 
 
-def test_merge_writes_both_ratios_and_the_threads(results_dir, monkeypatch, one_thread):
+def test_merge_writes_its_ratios_and_the_threads(results_dir, monkeypatch, one_thread,
+                                                 tmp_path):
     monkeypatch.setattr(merge, "COPY_BYTES", 1 << 20)
+    monkeypatch.setattr(merge, "FILES", tmp_path / "published")
     monkeypatch.setitem(merge.PROFILES, "quick", {"model": TINY_MODEL, "updates": 3, "rounds": 2,
                                                   "bounds": {"ratio_to_memcpy": 0.0}})
     assert merge.main(quick=True) == 0
     out = json.loads((results_dir / "merge-quick.json").read_text())
     assert out["ratio_to_memcpy"] > 0 and out["ingest_ratio_to_memcpy"] > 0
+    assert out["file_ratio_to_memcpy"] > 0
+    # The fragment's full message and its momentum, both float32.
+    assert out["file_bytes"] > 2 * 4 * out["model_params"]
+    assert not (tmp_path / "published").exists()  # the files go at the end
     assert out["threads"] == 1
     assert out["merged_bytes"] == 3 * 4 * out["model_params"]
 

@@ -1,8 +1,10 @@
 """syncd's files of each fragment's newest published version (syncd.published_files):
 what a merge is durable in when the data plane keeps nothing on disk."""
 
+import pytest
 import torch
 
+from diloco import tensorfile
 from syncd.published_files import PublishedFiles
 
 MOMENTUM = {"momentum.w": torch.arange(6.0).reshape(2, 3), "momentum.b": torch.ones(4)}
@@ -17,7 +19,7 @@ def test_a_saved_version_loads_back_whole(tmp_path):
     assert full == bytearray(b"full" * 100)
     assert momentum.keys() == MOMENTUM.keys()
     assert all(torch.equal(momentum[k], MOMENTUM[k]) for k in MOMENTUM)
-    assert written == (tmp_path / "run-3" / "published" / "1-7.published").stat().st_size
+    assert written == (tmp_path / "run-3" / "published" / "1-slot1.published").stat().st_size
     assert files.load(1, 6) is None and files.load(0, 7) is None
 
 
@@ -34,22 +36,42 @@ def test_the_momentum_alone_loads_without_reading_the_full_message(tmp_path):
 def test_a_torn_file_loads_as_none_so_the_run_falls_back_to_its_checkpoint(tmp_path):
     files = PublishedFiles(tmp_path)
     files.save(0, 2, b"f" * 1000, MOMENTUM)
-    path = tmp_path / "0-2.published"
+    path = tmp_path / "0-slot0.published"
     path.write_bytes(path.read_bytes()[:500])
 
     assert files.load(0, 2) is None
 
 
-def test_older_versions_go_once_a_newer_one_is_committed_and_all_go_at_the_end(tmp_path):
+def test_a_version_is_written_over_the_one_two_before_and_the_one_before_stays(tmp_path):
     files = PublishedFiles(tmp_path / "published")
     for version in (1, 2, 3):
-        files.save(0, version, b"f", {})
+        files.save(0, version, bytes([version]) * (10 - version), {})
     files.save(1, 1, b"f", {})
 
-    files.forget_before(0, 3)
-
-    assert sorted(p.name for p in files.folder.iterdir()) == ["0-3.published",
-                                                            "1-1.published"]
+    assert files.load(0, 1) is None  # its slot holds 3 now
+    assert files.load(0, 2)[0] == bytearray([2] * 8)
+    assert files.load(0, 3)[0] == bytearray([3] * 7)  # a shorter one leaves no tail
+    assert sorted(p.name for p in files.folder.iterdir()) == [
+        "0-slot0.published", "0-slot1.published", "1-slot1.published"]
     files.clear()
     assert not files.folder.exists()
     files.clear()  # nothing left: nothing to do
+
+
+def test_a_save_cut_off_midway_leaves_its_slot_unreadable_and_the_version_before_whole(
+        tmp_path, monkeypatch):
+    files = PublishedFiles(tmp_path)
+    files.save(0, 1, b"one" * 100, MOMENTUM)
+    files.save(0, 2, b"two" * 100, MOMENTUM)
+
+    def disk_full(f, tensors):
+        f.write(b"part of the momentum")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tensorfile, "write_file", disk_full)
+    with pytest.raises(OSError):
+        files.save(0, 4, b"four" * 100, MOMENTUM)  # over version 2, which is gone now
+
+    assert files.load(0, 2) is None and files.load(0, 4) is None
+    full, _ = files.load(0, 1)
+    assert full == bytearray(b"one" * 100)
