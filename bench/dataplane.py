@@ -49,9 +49,10 @@ memcpy (torch copy_, bytes copied), the transport (one `RedisBulk.put` and one
 uses: `transport_mb_s` over both, `transport_read_mb_s` over the read alone) and a
 loopback TCP stream; and the disk syncd's files go to (`disk_write_mb_s`: 1 GiB
 written and fsync'd; 256 MiB with --quick), beside `disk_per_merged_mb`. It bounds
-no figure: syncd's files are not fsynced, and each fragment's two slots are written
-over in the page cache (syncd/published_files.py), so the disk sees what writeback
-takes of them, not every merge's bytes.
+no figure: syncd's files are not fsynced, and each fragment's two files (of its even
+and of its odd versions) are written over in the page cache
+(syncd/published_files.py), so the disk sees what writeback takes of them, not every
+merge's bytes.
 
 After the configs, island utilization (issue 23, item 3; `island_utilization`): one
 real island process (`python -m trainer.runner`) trains GPT-2 small's shape (85.6M

@@ -11,13 +11,13 @@ and it is written straight from the optimizer's tensors, without a copy of the
 whole. The folder is under the run's checkpoints (CHECKPOINT_DIR), which every syncd
 that may serve the run reaches.
 
-Each fragment has two files, its slots, and version v is written over the slot of
-v - 2 (`v % 2`), in place: the slot of v - 1, the version committed while v is
-written, is never touched, and a slot's pages are written again where they lie in
-the page cache. (A new file per version, renamed into place, had its pages allocated
-afresh at every merge: 2.7-3.3 s for the 800 MB of a 100M fragment on this project's
-machine against 0.1 s in place, the whole of a merge's time on some runs.) The
-version in the slot's header is written last, once the rest is; until then it says
+Each fragment has two files, one of its even versions and one of its odd, and
+version v is written over v - 2, in place: the file of v - 1, the version committed
+while v is written, is never touched, and a file's pages are written again where
+they lie in the page cache. (A new file per version, renamed into place, had its
+pages allocated afresh at every merge: 2.7-3.3 s for the 800 MB of a 100M fragment
+on this project's machine against 0.1 s in place, the largest part of a merge.) The
+version in the file's header is written last, once the rest is; until then it says
 none, so a reader finds a whole version or none. It is not fsynced: a crash of
 syncd, of Redis or of the data plane loses nothing, and a power loss of syncd's host
 that tears the newest file is refused by the message's signature on the way in, and
@@ -34,7 +34,7 @@ import torch
 
 from diloco import tensorfile
 
-# The version (WRITING while the slot is written), the full message's bytes, the
+# The version (WRITING while the file is written), the full message's bytes, the
 # momentum's.
 _HEADER = struct.Struct("<qQQ")
 WRITING = -1
@@ -52,13 +52,13 @@ class PublishedFiles:
         return cls(Path(checkpoint_dir) / f"run-{run_id}" / "published")
 
     def _path(self, fragment: int, version: int) -> Path:
-        """The slot `version` of `fragment` is written to: one of two."""
-        return self.folder / f"{fragment}-slot{version % 2}.published"
+        """The file `version` of `fragment` is written to: its even or its odd one."""
+        return self.folder / f"{fragment}-{'odd' if version % 2 else 'even'}.published"
 
     def save(self, fragment: int, version: int, full: bytes | bytearray,
              momentum: dict[str, torch.Tensor]) -> int:
         """Write `fragment`'s full message and outer momentum (a safetensors file of the
-        tensors) at `version`, over its slot's version - 2; returns the bytes written."""
+        tensors) at `version`, over its version - 2; returns the bytes written."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self._path(fragment, version)
         sizes = (len(full), tensorfile.size(momentum))
@@ -75,7 +75,7 @@ class PublishedFiles:
     def load(self, fragment: int, version: int, full: bool = True
              ) -> tuple[bytearray | None, dict[str, torch.Tensor]] | None:
         """(full message, outer momentum) of `fragment` at `version`; the full message
-        is None when `full` is False (not read). None if its slot holds no whole file
+        is None when `full` is False (not read). None if its file holds no whole version
         of it."""
         path = self._path(fragment, version)
         try:

@@ -65,7 +65,7 @@ def test_a_merge_publishes_its_messages_on_the_data_plane_and_commits_on_the_con
                                sync.store.key("status"), sync.store.key("heartbeats"))
     _, meta, _ = decode_message(sync.store.full(0), sync.spec.verify_key)
     assert meta["version"] == 1
-    assert (tmp_path / f"run-{sync.store.run_id}" / "published" / "0-slot1.published").exists()
+    assert (tmp_path / f"run-{sync.store.run_id}" / "published" / "0-odd.published").exists()
 
 
 def test_a_full_data_plane_refuses_tensor_writes_while_heartbeats_and_status_go_on(

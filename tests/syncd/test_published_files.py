@@ -19,7 +19,7 @@ def test_a_saved_version_loads_back_whole(tmp_path):
     assert full == bytearray(b"full" * 100)
     assert momentum.keys() == MOMENTUM.keys()
     assert all(torch.equal(momentum[k], MOMENTUM[k]) for k in MOMENTUM)
-    assert written == (tmp_path / "run-3" / "published" / "1-slot1.published").stat().st_size
+    assert written == (tmp_path / "run-3" / "published" / "1-odd.published").stat().st_size
     assert files.load(1, 6) is None and files.load(0, 7) is None
 
 
@@ -36,7 +36,7 @@ def test_the_momentum_alone_loads_without_reading_the_full_message(tmp_path):
 def test_a_torn_file_loads_as_none_so_the_run_falls_back_to_its_checkpoint(tmp_path):
     files = PublishedFiles(tmp_path)
     files.save(0, 2, b"f" * 1000, MOMENTUM)
-    path = tmp_path / "0-slot0.published"
+    path = tmp_path / "0-even.published"
     path.write_bytes(path.read_bytes()[:500])
 
     assert files.load(0, 2) is None
@@ -48,17 +48,17 @@ def test_a_version_is_written_over_the_one_two_before_and_the_one_before_stays(t
         files.save(0, version, bytes([version]) * (10 - version), {})
     files.save(1, 1, b"f", {})
 
-    assert files.load(0, 1) is None  # its slot holds 3 now
+    assert files.load(0, 1) is None  # its file holds 3 now
     assert files.load(0, 2)[0] == bytearray([2] * 8)
     assert files.load(0, 3)[0] == bytearray([3] * 7)  # a shorter one leaves no tail
     assert sorted(p.name for p in files.folder.iterdir()) == [
-        "0-slot0.published", "0-slot1.published", "1-slot1.published"]
+        "0-even.published", "0-odd.published", "1-odd.published"]
     files.clear()
     assert not files.folder.exists()
     files.clear()  # nothing left: nothing to do
 
 
-def test_a_save_cut_off_midway_leaves_its_slot_unreadable_and_the_version_before_whole(
+def test_a_save_cut_off_midway_leaves_its_file_unreadable_and_the_version_before_whole(
         tmp_path, monkeypatch):
     files = PublishedFiles(tmp_path)
     files.save(0, 1, b"one" * 100, MOMENTUM)
