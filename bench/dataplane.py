@@ -837,8 +837,7 @@ def main(quick: bool = False) -> int:
                         ["limit", "MB_per_s"]))
     print()
     print(results.table(configs, ["size", "params", "islands", "codec", "message_bytes",
-                                  "ingest_mb_s", "ingest_p50_s",
-                                  "ingest_p95_s", "pull_mb_s",
+                                  "ingest_mb_s", "ingest_p50_s", "ingest_p95_s", "pull_mb_s",
                                   "redis_peak_ratio", "syncd_peak_ratio", "syncd_cpu_share",
                                   "disk_per_merged_mb"]))
     print()

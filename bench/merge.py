@@ -165,12 +165,13 @@ def main(quick: bool = False) -> int:
         merge_rate = merged_bytes / time_merge(fragment, updates)
         ingest_rate = merged_bytes / time_ingest(fragment, blobs, shapes)
         save_s, saved_bytes = time_save(files, r + 1, fragment)
+        file_rate = saved_bytes / save_s
         rows.append({"round": r + 1, "memcpy_bytes_per_s": copy_rate,
                      "merge_bytes_per_s": merge_rate, "ingest_bytes_per_s": ingest_rate,
-                     "file_bytes_per_s": saved_bytes / save_s,
+                     "file_bytes_per_s": file_rate,
                      "ratio_to_memcpy": merge_rate / copy_rate,
                      "ingest_ratio_to_memcpy": ingest_rate / copy_rate,
-                     "file_ratio_to_memcpy": saved_bytes / save_s / copy_rate})
+                     "file_ratio_to_memcpy": file_rate / copy_rate})
         results.say(f"  round {r + 1}/{profile['rounds']}: memcpy {copy_rate / 1e9:.2f} GB/s, "
                     f"merge {merge_rate / 1e9:.2f} GB/s, ingest + merge "
                     f"{ingest_rate / 1e9:.2f} GB/s, the merge's file {saved_bytes / 2**20:.0f} "

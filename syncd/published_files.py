@@ -34,10 +34,10 @@ import torch
 
 from diloco import tensorfile
 
-# The version (WRITING while the file is written), the full message's bytes, the
+# The version (_WRITING while the file is written), the full message's bytes, the
 # momentum's.
 _HEADER = struct.Struct("<qQQ")
-WRITING = -1
+_WRITING = -1
 
 
 class PublishedFiles:
@@ -63,7 +63,7 @@ class PublishedFiles:
         path = self._path(fragment, version)
         sizes = (len(full), tensorfile.size(momentum))
         with open(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+b") as f:
-            f.write(_HEADER.pack(WRITING, *sizes))
+            f.write(_HEADER.pack(_WRITING, *sizes))
             f.write(full)
             momentum_bytes = tensorfile.write_file(f, momentum)
             f.truncate()
