@@ -299,13 +299,15 @@ class Rounds:
             self.store.free_slots(stale)
 
     def _release(self, ref: UpdateRef) -> None:
-        """Delete a verified update's message from the data plane (syncd holds it now)
-        and free its upload slot: the next island in line writes while this one is
-        checked and folded. Should syncd die before the fold, the island sends it again
+        """Delete a verified update's stream entry and message (syncd holds it now) and
+        free its upload slot: the next island in line writes while this one is checked
+        and folded. Entry and message go together, so a restarted syncd never reads an
+        entry whose message is gone (it would quarantine a genuine update as
+        unverified); should syncd die before the fold, the island sends it again
         (trainer/resend.py). An entry that is not verified frees nothing: it is not
         shown to speak for the island whose message and slot it names (but one that
         names an update handled already: that message and ticket are of no use)."""
-        self.store.drop_updates([ref])
+        self.store.forget_updates([ref])
         self.store.free_slots([Ticket(ref.island, ref.epoch, ref.fragment, ref.seq).encode()])
 
     def _handled_seq(self, island: str, fragment: int) -> int:
@@ -356,13 +358,11 @@ class Rounds:
             # for it. In a round it would stand for the island's first update after.
             self.sync.handled[p][ref.island] = max(ref.seq,
                                                    self.sync.handled[p].get(ref.island, -1))
-            self.store.drop_updates([ref])
             return
         reason = self.sync.submit(update, p, now)
         if reason is not None:
             self._reject(ref, reason)
             return
-        self.store.forget_updates([ref])  # folded into the round's sum: done with
         self.norms[p].append(norm)
         self.round_refs[p].setdefault(ref.island, []).append(ref)
         previous = self.last_update.get((ref.island, p))
@@ -386,7 +386,6 @@ class Rounds:
         log.warning("run %s: rejected update %s/%s seq %s from %s: %s", self.store.run_id,
                     ref.fragment, ref.epoch, ref.seq, ref.island, reason)
         self.rejections[ref.island] += 1
-        self.store.drop_updates([ref])  # never merged, so never needed again
         self._account_lost_update(ref, reason)
         self.recorder.event("rejection", ref.island, reason=reason, fragment=ref.fragment,
                             seq=ref.seq, epoch=ref.epoch)

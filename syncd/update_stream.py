@@ -136,8 +136,8 @@ class UpdateStream(RunKeys):
         return self.bulk.read(ref.blob, max_bytes)
 
     def drop_updates(self, refs: Iterable[UpdateRef]) -> None:
-        """Delete the messages of updates syncd refused or threw away (on the data plane,
-        from keys syncd derived itself: unfenced, and nobody else's)."""
+        """Delete the messages of these updates (on the data plane, from keys syncd
+        derived itself: unfenced, and nobody else's)."""
         refs = list(refs)
         if refs:
             pipe = self.data.pipeline(transaction=False)
@@ -146,7 +146,7 @@ class UpdateStream(RunKeys):
             pipe.execute()
 
     def forget_updates(self, refs: Iterable[UpdateRef]) -> None:
-        """Delete the stream entries of updates folded into their round (one fenced
+        """Delete the stream entries of updates syncd has read and verified (one fenced
         write on the control Redis), then their messages (on the data plane): no
         syncd reads them again, not a restarted one either (the islands send again
         what a restart lost)."""

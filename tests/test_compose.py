@@ -233,6 +233,7 @@ def test_only_the_control_redis_writes_to_disk_and_each_has_its_own_memory(compo
     data = compose["services"]["dataplane"]["command"]
 
     assert control[control.index("--appendonly") + 1] == "yes"
+    assert control[control.index("--appendfsync") + 1] == "always"
     assert data[data.index("--appendonly") + 1] == "no"
     assert data[data.index("--save") + 1] == ""
     assert control[control.index("--maxmemory-policy") + 1] == "noeviction"

@@ -130,11 +130,14 @@ def redis_argv(binary: str | Path, port: int, data_dir: str | Path, *,
                maxmemory_mb: int | None = None) -> list[str]:
     """redis-server on 127.0.0.1 only.
 
-    With appendonly every write is in the append-only file and survives a
-    restart, and the file is rewritten whenever it has doubled since the last
-    rewrite (from 64 MB on), so it stays near the size of the data, not of every
-    message ever written; without it nothing is written to disk at all (a test's
-    Redis). With a password, clients must give it (redis://:PASSWORD@host:port/0).
+    With appendonly every write is in the append-only file, fsynced before Redis
+    answers it (appendfsync always), so a kill of Redis loses no write it
+    acknowledged: with the default (everysec) a busy disk makes Redis hold back
+    its writes for up to 2 s while it answers, and a kill loses them. The file is
+    rewritten whenever it has doubled since the last rewrite (from 64 MB on), so
+    it stays near the size of the data, not of every message ever written; without
+    appendonly nothing is written to disk at all (the data plane, a test's Redis).
+    With a password, clients must give it (redis://:PASSWORD@host:port/0).
     With maxmemory_mb, a write that would pass that limit fails with an
     out-of-memory error (no eviction: nothing of a run is silently dropped).
     """
@@ -147,7 +150,8 @@ def redis_argv(binary: str | Path, port: int, data_dir: str | Path, *,
         argv += ["--maxmemory", f"{maxmemory_mb}mb", "--maxmemory-policy", "noeviction"]
     if not appendonly:
         return [*argv, "--appendonly", "no"]
-    return [*argv, "--appendonly", "yes", "--auto-aof-rewrite-percentage", "100",
+    return [*argv, "--appendonly", "yes", "--appendfsync", "always",
+            "--auto-aof-rewrite-percentage", "100",
             "--auto-aof-rewrite-min-size", "64mb"]
 
 

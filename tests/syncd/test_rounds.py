@@ -186,6 +186,24 @@ def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
     assert list(again.rounds.sync.rounds[0]) == []  # merged ones are not merged twice
 
 
+def test_a_restarted_syncd_quarantines_no_genuine_update_the_one_before_it_read(
+        run_sync, tmp_path):
+    heartbeat_all(run_sync)
+    send(run_sync, "a", 0, 4)
+    send(run_sync, "b", 0, 4, value=float("nan"))  # verified, then refused
+    send(run_sync, "a", 0, 4)  # sent again: handled already
+    run_sync.tick()
+    assert run_sync.store.client.xlen(run_sync.store.key("updates")) == 0
+
+    again = RunSync(run_sync.store, DatabaseRecorder(run_sync.recorder.run_id), tmp_path,
+                    clock=lambda: 1000.0, control_every_s=0.0)
+    again.tick()
+    again.recorder.flush()
+
+    assert not Event.objects.filter(run_id=again.recorder.run_id, kind="rejection",
+                                    detail__has_key="quarantined").exists()
+
+
 def test_an_update_is_freed_once_it_is_folded_into_its_round(run_sync):
     heartbeat_all(run_sync)
     send(run_sync, "a", 0, 4)

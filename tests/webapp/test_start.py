@@ -31,6 +31,15 @@ def test_the_embedded_redis_keeps_its_data_and_port_across_restarts(manager, tmp
         assert client.get("merged") == b"version 7"  # from the append-only file
 
 
+def test_the_embedded_control_redis_fsyncs_each_write_before_it_answers(manager, tmp_path):
+    url = start_embedded_redis(manager, tmp_path / "redis")
+
+    with redis.Redis.from_url(url) as client:
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        assert client.config_get("appendfsync") == {"appendfsync": "always"}
+    manager.stop_all(timeout=5)
+
+
 def test_the_embedded_data_plane_writes_nothing_to_disk_and_refuses_past_its_memory(
         manager, tmp_path, monkeypatch):
     monkeypatch.setenv("REDIS_MAXMEMORY_MB", "64")
