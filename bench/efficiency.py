@@ -41,7 +41,7 @@ prints a table and the checks against the targets, and exits non-zero when one
 is missed.
 
 `python -m bench.efficiency SPEC` is one bare loop (what the benchmark starts, and
-bench/dataplane.py's island utilization): SPEC is JSON with the model, the corpus
+bench/utilization.py's island utilization): SPEC is JSON with the model, the corpus
 and optionally the batch size (default BATCH_SIZE); it says "ready" once warm, reads
 the seconds to train from stdin, and prints its steps and seconds as JSON.
 """

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench import dataplane, results
+from bench import dataplane, results, utilization
 
 LIMITS = {"memcpy_mb_s": 5000.0, "transport_mb_s": 400.0, "transport_read_mb_s": 800.0,
           "tcp_mb_s": 2000.0}
@@ -34,39 +34,17 @@ def test_targets_are_judged_from_100m_parameters_against_the_limits():
     assert len(checks) == 2 * 4 + 2
 
 
-def beat(step: int, time: float, pull_wait_s: float = 0.0, late_globals: int = 0) -> dict:
-    return {"step": step, "time": time, "pull_wait_s": pull_wait_s, "late_globals": late_globals,
-            "pulls": step // 2, "backpressure_wait_s": 0.0}
-
-
-def test_utilization_is_the_steps_at_bare_speed_over_the_wall_time_between_two_beats():
-    u = dataplane.utilization_between(beat(8, 100.0, 0.5, 1), beat(40, 180.0, 2.5, 3), 2.4)
-
-    assert u["value"] == pytest.approx(32 * 2.4 / 80.0)  # 0.96
-    assert (u["steps"], u["wall_s"], u["island_step_s"]) == (32, 80.0, 2.5)
-    assert (u["pull_wait_s"], u["late_globals"], u["pulls"]) == (2.0, 2, 16)
-    with pytest.raises(ValueError, match="0 steps"):
-        dataplane.utilization_between(beat(8, 100.0), beat(8, 101.0), 2.4)
-
-
-def test_utilization_is_judged_from_85m_parameters():
-    small = dataplane.checks([], {}, {"params": 5_000_000, "value": 0.5})
-    gpt2 = dataplane.checks([], {}, {"params": 85_562_880, "value": 0.94})
-
-    assert small == {}
-    assert gpt2["island utilization"] == {"value": 0.94, "bound": ">= 0.95", "ok": False}
-
-
 @pytest.mark.integration
 def test_a_tiny_profile_runs_end_to_end(monkeypatch, tmp_path):
     monkeypatch.setattr(results, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(dataplane, "HOME", tmp_path / "home")
     monkeypatch.setitem(dataplane.SIZES, "tiny", {"n_layer": 1, "n_embd": 32, "n_head": 2})
     monkeypatch.setitem(dataplane.PROFILES, "quick", {
-        "sizes": ["tiny"], "islands": [2], "rounds": 2, "pulls": 1, "limit_bytes": 1 << 20,
-        "utilization": {"model": {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 32},
-                        "inner_steps": 8, "fragments": 4, "overlap_steps": 1, "outer_steps": 4,
-                        "bare_s": 1.0, "timeout_s": 600.0}})
+        "sizes": ["tiny"], "islands": [2], "rounds": 2, "pulls": 1, "limit_bytes": 1 << 20})
+    monkeypatch.setitem(utilization.SETTINGS, "quick", {
+        "model": {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 32},
+        "inner_steps": 8, "fragments": 4, "overlap_steps": 1, "outer_steps": 4,
+        "bare_s": 1.0, "timeout_s": 600.0})
 
     assert dataplane.main(quick=True) == 0
 

@@ -1,0 +1,111 @@
+"""syncd and its Redis in processes of their own, for the benchmarks of the data plane
+(bench/dataplane.py, bench/utilization.py): a `syncd.service.RunSync` of one run,
+ticked in a loop as `syncd.server.Syncd` ticks it (the same ingest, check, merge and
+publish code), without the lease and the web side's database (an in-memory
+recorder); and what the benchmarks read of a process from /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from syncd.connection import connect
+from syncd.store import RunStore
+from trainer.launch import free_port
+from webapp.processes import start_scratch_redis
+
+RUN_ID = "1"
+IDLE_SLEEP_S = 0.02  # syncd.server's serve_forever idles as long
+
+
+class BenchRecorder:
+    """The run's rows, kept in memory: syncd's merge events are all the bench reads."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.merges: list[dict[str, Any]] = []
+
+    def event(self, kind: str, island: str | None = None, **detail: Any) -> None:
+        if kind == "merge":
+            self.merges.append(detail)
+
+    def island(self, name: str, **fields: Any) -> None:
+        pass
+
+    def metric(self, status: dict[str, Any], now: float) -> None:
+        pass
+
+    def progress(self, tokens: int, outer_steps: int, progress: float) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def checkpoint(self, versions: list[int], path: str, sha256: str, nbytes: int,
+                   eval_loss: float | None, keep: int) -> list[str]:
+        return []
+
+    def checkpoints(self) -> list[tuple[str, str]]:
+        return []
+
+    def recover_merges(self, versions: dict[int, int], tokens: dict[int, int]) -> list[int]:
+        return []
+
+    def end(self, state: str) -> None:
+        pass
+
+
+def rss_of(pid: int | str = "self") -> tuple[int, int]:
+    """(VmRSS, VmHWM) in bytes."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text()
+                  .splitlines() if ":" in line)
+    return (int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def disk_written(pid: int) -> int:
+    """Bytes the process (and the children it reaped: Redis's rewrites) sent to storage."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/io").read_text()
+                  .splitlines() if ":" in line)
+    return int(fields["write_bytes"])
+
+
+def syncd_main(url: str, data_url: str, checkpoint_dir: str, stop: Any, busy_s: Any,
+               out: Any) -> None:
+    """syncd's process: one RunSync ticked until `stop`, as syncd.server ticks it and as
+    `manage.py syncd` runs by default: torch on one thread (SYNCD_THREADS), large frees
+    returned to the system. `busy_s` adds up the wall seconds of the passes that had
+    work."""
+    from syncd.malloc import return_large_frees
+    from syncd.service import RunSync
+
+    torch.set_num_threads(1)
+    return_large_frees()
+
+    idle_rss = rss_of()[0]
+    recorder = BenchRecorder()
+    sync = RunSync(RunStore(connect(url), RUN_ID, data=connect(data_url)), recorder,
+                   Path(checkpoint_dir))
+    while not stop.is_set():
+        started = time.perf_counter()
+        if sync.tick():
+            busy_s.value += time.perf_counter() - started
+        else:
+            time.sleep(IDLE_SLEEP_S)
+    out.put({"idle_rss": idle_rss, "peak_rss": rss_of()[1], "merges": recorder.merges,
+             "bytes_saved": sync.rounds.bytes_saved})
+
+
+def start_redis(folder: Path, appendonly: bool = False) -> tuple[subprocess.Popen, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    return start_scratch_redis(folder, free_port(), appendonly=appendonly)
