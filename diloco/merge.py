@@ -132,14 +132,11 @@ class OuterOptimizer:
 
     def step(self, params: dict[str, torch.Tensor], outer_grad: dict[str, torch.Tensor],
              share: float = 1.0) -> dict[str, torch.Tensor]:
-        """New parameters after an outer step; `params` is left unchanged and
-        `outer_grad` is used up: its tensors are worked on in place and become the new
-        parameters. At real sizes every fresh tensor of a fragment's size costs more to
-        fault in than to fill, so the step makes none (but the momentum's first).
+        """New parameters after an outer step; `params` is left unchanged.
 
         Args:
             params: the fragment's global parameters.
-            outer_grad: the merged outer gradient, which the step takes.
+            outer_grad: the merged outer gradient.
             share: the part of a whole round this step stands for (tokens merged /
                 tokens all islands train in H steps). A step of share s scales the
                 gradient and the momentum term by s and decays the buffer by m**s,
@@ -149,9 +146,9 @@ class OuterOptimizer:
             raise ValueError(f"share must be positive, got {share}")
         out = {}
         for name, p in params.items():
-            g = outer_grad[name]
-            if share != 1.0:
-                g.mul_(share)
+            # One new tensor per parameter, worked on in place and returned: at real sizes
+            # every fresh tensor of a fragment's size costs more to fault in than to fill.
+            g = outer_grad[name] * share if share != 1.0 else outer_grad[name].clone()
             if self.momentum:
                 buf = self.buffers.get(name)
                 decay = self.momentum ** share
