@@ -109,7 +109,7 @@ class RoundSum:
         prev = self.contributions.get(update.island)
         if prev is None:
             weight = update_weight(update.tokens, update.inner_steps, self.weighting)
-            norms = ({n: float(v.norm()) for n, v in update.delta.items() if self._radial(n)}
+            norms = ({n: _norm(update, n) for n in update.delta if self._radial(n)}
                      if self.rda else {})
             for name, n in norms.items():
                 self.radii[name] = self.radii.get(name, 0.0) + weight * n
@@ -166,3 +166,10 @@ class RoundSum:
                 merged[name] = s.div_(total)
         self.sums, self.radii = {}, {}
         return merged, weights
+
+
+def _norm(update: Update, name: str) -> float:
+    """The norm of one of the update's tensors: the one its checks measured, if any."""
+    if update.norms is not None and name in update.norms:
+        return update.norms[name]
+    return float(update.delta[name].norm())

@@ -29,6 +29,9 @@ class Update:
     inner_steps: int
     delta: dict[str, torch.Tensor]
     seq: int = 0  # the island's inner step when it sent
+    # The norm of each delta tensor where whoever checked the update measured it
+    # (syncd/ingest.py): a fold reuses it instead of another pass over the tensor.
+    norms: dict[str, float] | None = None
 
 
 def update_weight(tokens: int, inner_steps: int, weighting: str) -> float:

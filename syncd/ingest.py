@@ -125,16 +125,14 @@ def check_update(meta: dict[str, Any], tensors: dict[str, torch.Tensor], ref: Up
         delta = codecs.decode(tensors, meta["codec"], shapes)
     except ValueError as exc:
         raise Rejection(str(exc)) from exc
-    squares = 0.0
-    for name, t in delta.items():
-        squares += _squares(name, t)
-    per_step = math.sqrt(squares) / steps
+    norms = {name: _checked_norm(name, t) for name, t in delta.items()}
+    per_step = math.sqrt(sum(n * n for n in norms.values())) / steps
     if len(recent_norms) >= NORM_WARMUP:
         bound = NORM_FACTOR * statistics.median(recent_norms)
         if per_step > bound:
             raise Rejection(f"norm {per_step:.3g} per step exceeds {bound:.3g} "
                             f"({NORM_FACTOR:g}x the recent median)")
-    return Update(ref.island, base, tokens, steps, delta, ref.seq), per_step
+    return Update(ref.island, base, tokens, steps, delta, ref.seq, norms), per_step
 
 
 def _norm(t: torch.Tensor) -> float | None:
@@ -150,15 +148,15 @@ def _norm(t: torch.Tensor) -> float | None:
     return float(torch.linalg.vector_norm(t, dtype=torch.float64))
 
 
-def _squares(name: str, t: torch.Tensor) -> float:
-    """The sum of the tensor's squared values (`_norm`).
+def _checked_norm(name: str, t: torch.Tensor) -> float:
+    """The tensor's norm (`_norm`), which the fold reuses.
 
     Raises:
         Rejection: the tensor holds non-finite values.
     """
     if (norm := _norm(t)) is None:
         raise Rejection(f"tensor {name} has non-finite values")
-    return norm * norm
+    return norm
 
 
 def all_finite(tensors: Iterable[torch.Tensor]) -> bool:

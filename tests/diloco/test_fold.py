@@ -130,6 +130,20 @@ def test_folding_leaves_the_update_tensors_alone():
         assert torch.equal(u.delta[name], before[name])
 
 
+@pytest.mark.parametrize("weighting", ["tokens", "uniform"])
+def test_a_fold_takes_the_norms_the_updates_checks_measured(weighting):
+    plain, measured = updates(3), updates(3)
+    measured = [Update(u.island, u.base_version, u.tokens, u.inner_steps, u.delta, u.seq,
+                       {n: float(t.norm()) for n, t in u.delta.items()}) for u in measured]
+    assert_merges_equal(folded(measured, weighting, rda=True),
+                        folded(plain, weighting, rda=True))
+
+    told = Update("a", 0, 8, 1, {"w": torch.ones(4)}, norms={"w": 3.0})  # |w| is 2
+    round_sum = RoundSum("uniform", rda=True)
+    round_sum.add(told)
+    assert round_sum.radii == {"w": 3.0}
+
+
 def test_it_refuses_an_update_of_other_tensors_and_an_empty_round():
     round_sum = RoundSum("uniform")
     round_sum.add(Update("a", 0, 8, 1, {"w": torch.ones(2)}))

@@ -25,9 +25,11 @@ from safetensors.torch import save as save_tensors
 from diloco import codecs
 from diloco.protocol import encode_message
 from diloco.signing import island_key
-from syncd.ingest import NORM_WARMUP, all_finite, message_limit
+from syncd.bulk import BulkRef
+from syncd.ingest import NORM_WARMUP, IslandFacts, all_finite, check_update, message_limit
 from syncd.service import RunSync
 from syncd.store import RunStore
+from syncd.update_stream import UpdateRef
 from tests.syncd import runs
 from webapp.runs.models import Event
 from webapp.runs.records import DatabaseRecorder
@@ -384,3 +386,15 @@ def test_all_finite_tells_non_finite_values_from_finite_ones_whose_squares_overf
     tensor = torch.tensor(values)
 
     assert all_finite([torch.zeros(3), tensor]) is finite
+
+
+def test_a_checked_update_carries_the_norms_its_check_measured_for_the_fold():
+    delta = {"w": torch.tensor([3.0, 4.0]), "b": torch.tensor([1.0])}
+    ref = UpdateRef(b"1-0", "a", 1, 0, 8, BulkRef("k", 1, 1))
+    meta = {"codec": "none", "inner_steps": 2, "tokens": 2 * 16, "base_version": 0}
+
+    update, per_step = check_update(meta, delta, ref, IslandFacts(1, 16),
+                                    {"w": (2,), "b": (1,)}, [])
+
+    assert update.norms == {"w": 5.0, "b": 1.0}
+    assert per_step == pytest.approx(math.sqrt(26) / 2)
