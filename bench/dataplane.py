@@ -307,7 +307,6 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, p
              "pulled": pulled})
 
 
-
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
