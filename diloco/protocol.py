@@ -10,9 +10,10 @@ safetensors header as strings. Nothing is ever unpickled: safetensors holds raw
 tensor bytes and a JSON header, and the signature is checked before either is
 parsed.
 
-A message is built in one buffer and read back as views of the buffer it arrived
-in (diloco.tensorfile), so a fragment of gigabytes costs its own size once on
-each side, not three or four times.
+A message is built in one buffer, or as pieces that are views of the tensors it
+carries (`encode_pieces`, syncd's publish), and read back as views of the buffer
+it arrived in (diloco.tensorfile), so a fragment of gigabytes costs its own size
+at most once on each side, not three or four times.
 """
 
 from __future__ import annotations
@@ -44,10 +45,8 @@ class ProtocolError(ValueError):
     """A message that is not what it claims to be; the reason says why."""
 
 
-def encode_message(kind: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor],
-                   key: bytes | Ed25519PrivateKey) -> bytearray:
-    """Serialize and sign one message: an "update" up to syncd with the island's HMAC
-    key, a "global" down to islands with the run's publish key."""
+def _header(kind: str, meta: dict[str, Any], key: bytes | Ed25519PrivateKey
+            ) -> dict[str, str]:
     required = UPDATE_FIELDS if kind == "update" else GLOBAL_FIELDS
     missing = [f for f in required if f not in meta]
     if kind not in ("update", "global") or missing:
@@ -55,21 +54,41 @@ def encode_message(kind: str, meta: dict[str, Any], tensors: dict[str, torch.Ten
     if (kind == "global") != isinstance(key, Ed25519PrivateKey):
         raise ValueError(f"a {kind!r} message is signed with "
                          f"{'the publish key' if kind == 'global' else 'an island key'}")
-    header = {"protocol": str(PROTOCOL_VERSION), "kind": kind,
-              **{k: json.dumps(v) for k, v in meta.items()}}
+    return {"protocol": str(PROTOCOL_VERSION), "kind": kind,
+            **{k: json.dumps(v) for k, v in meta.items()}}
+
+
+def encode_message(kind: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor],
+                   key: bytes | Ed25519PrivateKey) -> bytearray:
+    """Serialize and sign one message: an "update" up to syncd with the island's HMAC
+    key, a "global" down to islands with the run's publish key."""
+    header = _header(kind, meta, key)
     length = tensorfile.size(tensors, header)
     tail = SIGNATURE_BYTES if kind == "global" else TAG_BYTES
     message = bytearray(length + tail)
     view = memoryview(message)
     tensorfile.write_into(view[:length], tensors, header)
-    view[length:] = _sign(view[:length], key)
+    view[length:] = _sign([view[:length]], key)
     return message
 
 
-def _sign(body: memoryview, key: bytes | Ed25519PrivateKey) -> bytes:
+def encode_pieces(kind: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor],
+                  key: bytes | Ed25519PrivateKey) -> list[memoryview]:
+    """The message `encode_message` makes, as pieces that are views of the tensors
+    (tensorfile.pieces) and its signature last: nothing the size of the tensors is
+    copied or allocated. The tensors must not change while the pieces are in use."""
+    pieces = tensorfile.pieces(tensors, _header(kind, meta, key))
+    return [*pieces, memoryview(_sign(pieces, key))]
+
+
+def _sign(pieces: list[memoryview], key: bytes | Ed25519PrivateKey) -> bytes:
     if isinstance(key, Ed25519PrivateKey):
-        return key.sign(hashlib.sha256(body).digest())
-    return hmac.new(key, body, hashlib.sha256).digest()
+        digest = hashlib.sha256()
+    else:
+        digest = hmac.new(key, digestmod=hashlib.sha256)
+    for piece in pieces:
+        digest.update(piece)
+    return key.sign(digest.digest()) if isinstance(key, Ed25519PrivateKey) else digest.digest()
 
 
 def decode_message(blob: bytes | bytearray, key: bytes | Ed25519PublicKey,

@@ -84,15 +84,23 @@ def dumps(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = No
     return buffer
 
 
+def pieces(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+           ) -> list[memoryview]:
+    """The file as pieces, in order: its header, then each tensor's bytes (a view of
+    the tensor when it is contiguous and on the CPU, so nothing is copied). The
+    tensors must not change while the pieces are in use."""
+    header = _header(tensors, metadata)
+    return [memoryview(struct.pack("<Q", len(header)) + header),
+            *(memoryview(_bytes_of(t).numpy()) for _, t in _ordered(tensors))]
+
+
 def write_file(f: BinaryIO, tensors: dict[str, torch.Tensor],
                metadata: dict[str, str] | None = None,
                observe: Callable[[memoryview], None] | None = None) -> int:
     """Write the file to `f` tensor by tensor (no copy of the whole); `observe` sees
     every piece written (a hash, say). Returns the bytes written."""
-    header = _header(tensors, metadata)
-    pieces = [memoryview(struct.pack("<Q", len(header)) + header)]
     written = 0
-    for piece in pieces + [memoryview(_bytes_of(t).numpy()) for _, t in _ordered(tensors)]:
+    for piece in pieces(tensors, metadata):
         f.write(piece)
         if observe:
             observe(piece)

@@ -21,12 +21,17 @@ docs/BENCHMARKS.md): replies are parsed by hiredis (syncd.connection), chunks ar
 into the one buffer allocated for the whole message. So a reader holds at most
 READ_WINDOW x chunk_bytes of replies besides its message (8 MiB by default), and
 Redis at most as much in its output buffer for that reader's connection.
+A message may be written from pieces (diloco.protocol.encode_pieces: views of the
+tensors it carries): a chunk inside one piece is sent as a view of it, one across
+pieces is joined, and such chunks go PUT_WINDOW per round trip, so a writer holds
+at most PUT_WINDOW x chunk_bytes of joined chunks, never a copy of the message.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import redis
@@ -36,6 +41,7 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 MIN_CHUNK_BYTES = 1024
 CHUNK_BYTES_ENV = "CHUNK_BYTES"
 READ_WINDOW = 2  # chunks asked for in one round trip
+PUT_WINDOW = 16  # chunks of a message in pieces sent in one round trip
 
 
 class BulkError(ValueError):
@@ -65,6 +71,26 @@ class BulkRef:
             raise BulkError(f"not a message reference: {exc}") from exc
 
 
+def _chunks(pieces: list[memoryview], chunk_bytes: int) -> Iterator[memoryview | bytes]:
+    """The message the pieces make, in chunks of `chunk_bytes` (the last shorter, one
+    empty chunk for an empty message): a view of a piece where a chunk lies inside
+    one, else the parts joined."""
+    parts: list[memoryview] = []
+    held = 0
+    for piece in pieces:
+        view = piece.cast("B") if piece.format != "B" or piece.ndim != 1 else piece
+        while len(view):
+            take = view[:chunk_bytes - held]
+            view = view[len(take):]
+            parts.append(take)
+            held += len(take)
+            if held == chunk_bytes:
+                yield parts[0] if len(parts) == 1 else b"".join(parts)
+                parts, held = [], 0
+    if parts or not any(piece.nbytes for piece in pieces):
+        yield parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 def chunk_bytes_setting() -> int:
     """The chunk size: `CHUNK_BYTES` in the environment, 4 MiB by default."""
     raw = os.environ.get(CHUNK_BYTES_ENV, "")
@@ -87,27 +113,31 @@ class RedisBulk:
         self.client = client
         self.chunk_bytes = chunk_bytes or chunk_bytes_setting()
 
-    def put(self, key: str, message: bytes | bytearray | memoryview, ttl_s: int,
-            pipe: Pipeline | None = None) -> BulkRef:
-        """Write `message` as chunks under `key` with a time to live; with `pipe`, queue
-        the writes there instead of sending them.
+    def put(self, key: str, message: bytes | bytearray | memoryview | list[memoryview],
+            ttl_s: int, pipe: Pipeline | None = None) -> BulkRef:
+        """Write `message` (or its pieces, in order) as chunks under `key` with a time to
+        live; with `pipe`, queue the writes there instead of sending them.
 
         Raises:
             redis.OutOfMemoryError: (sent here) Redis is at its maxmemory; the chunks that
                 were written are deleted again, so a refused message holds no memory.
         """
-        view = memoryview(message)
-        ref = BulkRef(key, max(1, -(-len(view) // self.chunk_bytes)), len(view))
+        pieces = message if isinstance(message, list) else [memoryview(message)]
+        size = sum(piece.nbytes for piece in pieces)
+        ref = BulkRef(key, max(1, -(-size // self.chunk_bytes)), size)
         target = pipe if pipe is not None else self.client.pipeline(transaction=False)
-        for i, chunk_key in enumerate(ref.chunk_keys()):
-            target.set(chunk_key, view[i * self.chunk_bytes:(i + 1) * self.chunk_bytes],
-                       ex=ttl_s)
-        if pipe is None:
-            try:
+        try:
+            for i, (chunk_key, chunk) in enumerate(zip(ref.chunk_keys(),
+                                                       _chunks(pieces, self.chunk_bytes),
+                                                       strict=True)):
+                target.set(chunk_key, chunk, ex=ttl_s)
+                if pipe is None and (i + 1) % PUT_WINDOW == 0:
+                    target.execute()
+            if pipe is None:
                 target.execute()
-            except redis.OutOfMemoryError:
-                self.client.delete(*ref.chunk_keys())
-                raise
+        except redis.OutOfMemoryError:
+            self.client.delete(*ref.chunk_keys())
+            raise
         return ref
 
     def read(self, ref: BulkRef, max_bytes: int) -> bytearray:

@@ -28,7 +28,7 @@ READ_TRIES = 5  # a reference read just before its message was replaced is read 
 class GlobalsStore(RunKeys):
     """A run's published global fragments, their versions and handled seqs."""
 
-    def publish(self, fragment: int, version: int, full: bytes | bytearray,
+    def publish(self, fragment: int, version: int, full: bytes | bytearray | list[memoryview],
                 difference: bytes | bytearray | None, handled: dict[str, int], tokens: int,
                 keep: int, merged: Iterable[UpdateRef] = (),
                 before_commit: Callable[[], object] | None = None) -> None:

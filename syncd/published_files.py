@@ -55,22 +55,26 @@ class PublishedFiles:
         """The file `version` of `fragment` is written to: its even or its odd one."""
         return self.folder / f"{fragment}-{'odd' if version % 2 else 'even'}.published"
 
-    def save(self, fragment: int, version: int, full: bytes | bytearray,
+    def save(self, fragment: int, version: int, full: bytes | bytearray | list[memoryview],
              momentum: dict[str, torch.Tensor]) -> int:
-        """Write `fragment`'s full message and outer momentum (a safetensors file of the
-        tensors) at `version`, over its version - 2; returns the bytes written."""
+        """Write `fragment`'s full message (or its pieces, in order) and outer momentum (a
+        safetensors file of the tensors) at `version`, over its version - 2; returns the
+        bytes written."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self._path(fragment, version)
-        sizes = (len(full), tensorfile.size(momentum))
+        pieces = full if isinstance(full, list) else [memoryview(full)]
+        full_size = sum(piece.nbytes for piece in pieces)
+        sizes = (full_size, tensorfile.size(momentum))
         with open(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+b") as f:
             f.write(_HEADER.pack(_WRITING, *sizes))
-            f.write(full)
+            for piece in pieces:
+                f.write(piece)
             momentum_bytes = tensorfile.write_file(f, momentum)
             f.truncate()
             f.flush()
             f.seek(0)
             f.write(_HEADER.pack(version, *sizes))
-        return _HEADER.size + len(full) + momentum_bytes
+        return _HEADER.size + full_size + momentum_bytes
 
     def load(self, fragment: int, version: int, full: bool = True
              ) -> tuple[bytearray | None, dict[str, torch.Tensor]] | None:

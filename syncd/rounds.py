@@ -5,13 +5,15 @@ published.
 and feeds it from the run's update stream. Each update is folded into its round's
 sum as it is ingested (diloco/fold.py), and its message and stream entry are
 deleted right after: syncd holds one running sum per open fragment round, whatever
-the number of islands. A merge is acknowledged once RunStore.publish has committed
-it. The versions and handled seqs are in the control Redis, the globals on the data
-plane and, durable with their outer momentum, in syncd's files
-(syncd.published_files, written once per merge); the open rounds are in none of
-them, so a restart of syncd loses them, and each island sends again what it sent
-since its last handled seq when it sees syncd's lease change hands
-(trainer/resend.py, docs/RELIABILITY.md).
+the number of islands. A merge is made on syncd's thread and published on a
+thread of its own while the next round's updates are read (`maybe_merge`,
+`ingest_while_publishing`, `finish_merges`); it is acknowledged once
+RunStore.publish has committed it. The versions and handled seqs are in the
+control Redis, the globals on the data plane and, durable with their outer
+momentum, in syncd's files (syncd.published_files, written once per merge); the
+open rounds are in none of them, so a restart of syncd loses them, and each
+island sends again what it sent since its last handled seq when it sees syncd's
+lease change hands (trainer/resend.py, docs/RELIABILITY.md).
 Ingestion is idempotent (an update whose seq is already handled or pending is
 skipped), so nothing is merged twice.
 """
@@ -23,7 +25,7 @@ import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +35,7 @@ import torch
 from diloco.fragments import Fragment
 from diloco.model import embedding_tensor_names
 from diloco.policy import Decision, RoundStats
-from diloco.protocol import decode_message, encode_message
+from diloco.protocol import decode_message, encode_message, encode_pieces
 from diloco.synchronizer import MergeResult, Synchronizer, history_length
 from diloco.wan import transfer_time
 from syncd.bulk import BulkError
@@ -65,18 +67,31 @@ INGEST_BUDGET_S = 1.0
 READ_COUNT = 256  # stream entries read per pass
 # A merge the data plane refused for memory is published again after this long.
 FULL_RETRY_S = 1.0
+# While merges are published, the stream is read again at most this long after it was
+# found empty.
+PUBLISHING_POLL_S = 0.01
 
 
 @dataclass(frozen=True)
 class Unpublished:
     """A merge made in syncd's memory and not yet published: its result, the updates
-    it took in, why it merged, when its round closed and the outer steps before it."""
+    it took in, why it merged, when its round closed and whether it made an outer step
+    (every fragment merged once more)."""
 
     result: MergeResult
     done: list[UpdateRef]
     reason: str
     closed_at: float
-    outer_steps: int
+    outer_step: bool
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A merge being published on a thread of its own: what it commits (its bytes
+    written to syncd's files, when done) and the handled seqs it writes."""
+
+    future: Future[int]
+    handled: dict[str, int]
 
 
 class Rounds:
@@ -134,6 +149,10 @@ class Rounds:
         # and that merge (made in syncd's memory, not yet acknowledged)
         self.merge_after = [0.0] * len(fragments)
         self.unpublished: list[Unpublished | None] = [None] * len(fragments)
+        # fragment -> its merge being published (begun by maybe_merge or merge_round,
+        # ended by finish_merges)
+        self.publishing: dict[int, Publication] = {}
+        self._publisher: ThreadPoolExecutor | None = None
 
     # -- state in Redis --------------------------------------------------------
 
@@ -166,7 +185,8 @@ class Rounds:
             self.keepalive()
         for p in range(len(self.fragments)):
             if p not in found:
-                self._commit(p, 0, self._global_message(p, 0), None, {}, 0)
+                self.bytes_saved += self._commit(p, 0, self._global_message(p, 0), None,
+                                                 {}, 0, {})
                 continue
             full, momentum = found.pop(p)
             _, meta, tensors = decode_message(full, self.spec.verify_key)
@@ -207,10 +227,15 @@ class Rounds:
         if momentum is not None:
             self.sync.optimizers[p].load_state_dict(momentum)
 
-    def _global_message(self, p: int, version: int) -> bytes:
+    def _global_message(self, p: int, version: int,
+                        tensors: dict[str, torch.Tensor] | None = None) -> list[memoryview]:
+        """Fragment p's full message at `version` of these tensors (its global's), as
+        pieces that are views of them (diloco.protocol.encode_pieces): nothing the size
+        of the fragment is copied."""
         meta = {"run": self.store.run_id, "fragment": p, "version": version, "base_version": -1,
                 "codec": "none"}
-        return encode_message("global", meta, self.sync.globals[p], self.spec.publish_key)
+        return encode_pieces("global", meta, self.sync.globals[p] if tensors is None
+                             else tensors, self.spec.publish_key)
 
     @property
     def kept_differences(self) -> int:
@@ -228,29 +253,44 @@ class Rounds:
     def publish(self, p: int, result_tokens: int, done: list[UpdateRef] = ()) -> None:
         """Commit fragment p's newest version; `done` are the updates it took in (or
         threw away), whose messages go in the same transaction."""
-        version = self.sync.versions[p]
-        difference = None
-        history = self.sync.history[p]
-        if history and history[-1].version == version:  # a lossy downlink's difference
-            published = history[-1]
-            meta = {"run": self.store.run_id, "fragment": p, "version": version,
-                    "base_version": version - 1, "codec": published.codec}
-            difference = encode_message("global", meta, published.payload, self.spec.publish_key)
-        self._commit(p, version, self._global_message(p, version), difference,
-                     self.sync.optimizers[p].state_dict(), result_tokens, done)
+        self.bytes_saved += self._publication(p, result_tokens, done)()
 
-    def _commit(self, p: int, version: int, full: bytes, difference: bytes | None,
-                momentum: dict[str, torch.Tensor], tokens: int,
-                done: list[UpdateRef] = ()) -> None:
+    def _publication(self, p: int, tokens: int, done: list[UpdateRef]) -> Callable[[], int]:
+        """What commits fragment p's newest version, with what it reads taken now: it
+        may run on another thread while this one ingests, and fragment p merges no more
+        until it has run. Returns the bytes written to syncd's files."""
+        version = self.sync.versions[p]
+        tensors = self.sync.globals[p]
+        history = self.sync.history[p]
+        published = history[-1] if history and history[-1].version == version else None
+        handled = dict(self.sync.handled[p])
+        momentum = self.sync.optimizers[p].state_dict()
+
+        def commit() -> int:
+            difference = None
+            if published is not None:  # a lossy downlink's difference
+                meta = {"run": self.store.run_id, "fragment": p, "version": version,
+                        "base_version": version - 1, "codec": published.codec}
+                difference = encode_message("global", meta, published.payload,
+                                            self.spec.publish_key)
+            full = self._global_message(p, version, tensors)
+            return self._commit(p, version, full, difference, momentum, tokens, handled, done)
+
+        return commit
+
+    def _commit(self, p: int, version: int, full: list[memoryview], difference: bytes | None,
+                momentum: dict[str, torch.Tensor], tokens: int, handled: dict[str, int],
+                done: list[UpdateRef] = ()) -> int:
         """Make fragment p's `version` durable in syncd's files, then commit it
         (RunStore.publish): a data plane that restarts loses no merge. The file is
         written on a thread of its own while the messages go to the data plane (both
-        wait on I/O, not on the interpreter), and the commit waits for it."""
+        wait on I/O, not on the interpreter), and the commit waits for it. Returns the
+        bytes written to the files."""
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="published-files") as pool:
             saving = pool.submit(self.files.save, p, version, full, momentum)
-            self.store.publish(p, version, full, difference, dict(self.sync.handled[p]),
-                               tokens, self.kept_differences, done, before_commit=saving.result)
-        self.bytes_saved += saving.result()
+            self.store.publish(p, version, full, difference, handled, tokens,
+                               self.kept_differences, done, before_commit=saving.result)
+        return saving.result()
 
     def tokens_merged(self) -> int:
         """Tokens merged into the model: each fragment's, on average."""
@@ -259,7 +299,8 @@ class Rounds:
 
     # -- updates -------------------------------------------------------------
 
-    def ingest(self, now: float, liveness: Liveness) -> tuple[bool, bool]:
+    def ingest(self, now: float, liveness: Liveness,
+               until: Callable[[], bool] | None = None) -> tuple[bool, bool]:
         """Read what arrives on the stream into the open rounds, for at most
         INGEST_BUDGET_S: entries that arrive meanwhile too, so that the updates of a
         busy stream fold into the rounds before they merge (with upload slots, few are
@@ -267,7 +308,7 @@ class Rounds:
         whether the stream is read to its end. Each entry is taken alone: one that
         speaks for no island is quarantined (syncd/quarantine.py) and its neighbours
         go on. The upload slot of each update is free once its message is verified and
-        read (`_release`)."""
+        read (`_release`). `until`: stop early once it is true."""
         budget_end = time.monotonic() + INGEST_BUDGET_S
         read_any = False
         while entries := self.store.read_updates(self.after, count=READ_COUNT):
@@ -279,7 +320,7 @@ class Rounds:
                 else:
                     self._ingest(entry, now, liveness)
                 self.keepalive()
-                if time.monotonic() > budget_end:
+                if time.monotonic() > budget_end or (until is not None and until()):
                     self.quarantine.settle(now)
                     return True, False  # the rest is read on the next pass
         self.quarantine.settle(now)
@@ -398,7 +439,7 @@ class Rounds:
                 # Behind a barrier the island waits for the round like the others (it
                 # is told with the merge), so that no island runs a round ahead.
                 self.excused[p].add(ref.island)
-            else:
+            elif p not in self.publishing:  # else written once that merge is published
                 self.store.mark_handled(p, {ref.island: self.sync.handled[p][ref.island]})
 
     def _account_lost_update(self, ref: UpdateRef, reason: str) -> None:
@@ -452,12 +493,19 @@ class Rounds:
                                 else max(alive, 1), self.round_stats(), elastic)
 
     def maybe_merge(self, p: int, now: float, alive: int) -> bool:
-        """Merge fragment p's open round if the policy says so; True if that made an
-        outer step (every fragment merged once more). A merge the data plane refused
-        is published again first, once FULL_RETRY_S have passed; no round of the
-        fragment merges before it is."""
-        if self.unpublished[p] is not None:
-            return now >= self.merge_after[p] and self._publish_merge(p, now)
+        """Merge fragment p's open round if the policy says so, its publish begun
+        (finish_merges ends it); True if the merge begun makes an outer step (every
+        fragment merged once more). A merge the data plane refused is published again
+        first, once FULL_RETRY_S have passed; no round of the fragment merges before it
+        is."""
+        if p in self.publishing:
+            return False
+        merge = self.unpublished[p]
+        if merge is not None:
+            if now < self.merge_after[p]:
+                return False
+            self._begin_publish(p)
+            return merge.outer_step
         if not self.sync.rounds[p]:
             if self.excused[p] and len(self.excused[p]) >= alive:
                 # Elastic, every alive island's update refused: nothing to merge.
@@ -468,8 +516,9 @@ class Rounds:
         return decision.merge and self.merge_round(p, now, decision.reason)
 
     def merge_round(self, p: int, now: float, reason: str) -> bool:
-        """Merge fragment p's open round now (`reason`: why), publish and account it;
-        True if that made an outer step."""
+        """Merge fragment p's open round now (`reason`: why) and begin its publish
+        (finish_merges ends it and accounts the merge); True if the merge makes an
+        outer step."""
         self.excused[p].clear()
         if self.spec.elastic:
             for island, seconds in self.barrier_waits(p, now).items():
@@ -486,28 +535,77 @@ class Rounds:
         if not self._finite(p):
             self._refuse_merge(p, result.version, list(result.inner_steps), done)
             return False
-        self.unpublished[p] = Unpublished(result, done, reason, closed_at, outer_steps)
-        return self._publish_merge(p, now)
+        merge = Unpublished(result, done, reason, closed_at, self.sync.outer_steps > outer_steps)
+        self.unpublished[p] = merge
+        self._begin_publish(p)
+        return merge.outer_step
 
-    def _publish_merge(self, p: int, now: float) -> bool:
-        """Publish fragment p's merge made in memory and account it; True if it made an
-        outer step. The data plane refusing it for memory leaves it unpublished, to be
-        published again after FULL_RETRY_S (RunSync's watch of the data plane makes that
-        an alert): the islands see nothing of it until then, its handled seqs are not
-        written, and a syncd that dies meanwhile loses it as any merge in progress (the
-        islands send its updates again)."""
+    def _begin_publish(self, p: int) -> None:
+        """Publish fragment p's merge made in memory on syncd's publishing thread: its
+        encoding, hash, writes to the data plane and to syncd's files wait on I/O or run
+        outside the interpreter's lock, so the next round's updates are ingested
+        meanwhile (ingest_while_publishing). One thread for every fragment, so that one
+        full message at a time is in syncd's memory."""
         merge = self.unpublished[p]
         assert merge is not None
+        commit = self._publication(p, merge.result.tokens, merge.done)
+        if self._publisher is None:
+            self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
+        self.publishing[p] = Publication(self._publisher.submit(commit),
+                                         dict(self.sync.handled[p]))
+
+    def ingest_while_publishing(self, liveness: Liveness) -> None:
+        """Read the stream into the open rounds until every merge begun is published
+        (or failed to be)."""
+        futures = [publication.future for publication in self.publishing.values()]
+        while not all(future.done() for future in futures):
+            read_any, _ = self.ingest(self.clock(), liveness,
+                                      until=lambda: all(future.done() for future in futures))
+            if not read_any:
+                wait(futures, timeout=PUBLISHING_POLL_S)
+            self.keepalive()
+
+    def finish_merges(self, now: float) -> int:
+        """Wait for the merges being published and account each that was (its merge
+        event, its goodput); returns how many outer steps they made. The data plane
+        refusing one for memory leaves it unpublished, to be published again after
+        FULL_RETRY_S (RunSync's watch of the data plane makes that an alert): the
+        islands see nothing of it until then, its handled seqs are not written, and a
+        syncd that dies meanwhile loses it as any merge in progress (the islands send
+        its updates again). Handled seqs settled while a fragment's merge was being
+        published are written once it is."""
+        publishing, self.publishing = self.publishing, {}
+        wait([publication.future for publication in publishing.values()])
+        if self._publisher is not None:
+            self._publisher.shutdown()
+            self._publisher = None
+        outer_steps = 0
+        for p, publication in sorted(publishing.items()):
+            merge = self.unpublished[p]
+            assert merge is not None
+            try:
+                self.bytes_saved += publication.future.result()
+            except redis.OutOfMemoryError as exc:
+                self.merge_after[p] = now + FULL_RETRY_S
+                log.warning("run %s: the data plane refused the merge into version %d of "
+                            "fragment %d (%s); published again in %.0f s", self.store.run_id,
+                            merge.result.version, p, exc, FULL_RETRY_S)
+                published = False
+            else:
+                self.unpublished[p] = None
+                published = True
+            settled = {island: seq for island, seq in self.sync.handled[p].items()
+                       if publication.handled.get(island) != seq}
+            if settled:
+                self.store.mark_handled(p, settled)
+            if published:
+                self._account_merge(p, merge, now)
+                outer_steps += merge.outer_step
+        return outer_steps
+
+    def _account_merge(self, p: int, merge: Unpublished, now: float) -> None:
+        """Account fragment p's merge, published: goodput, its merge event."""
         result = merge.result
-        try:
-            self.publish(p, result.tokens, merge.done)
-        except redis.OutOfMemoryError as exc:
-            self.merge_after[p] = now + FULL_RETRY_S
-            log.warning("run %s: the data plane refused the merge into version %d of "
-                        "fragment %d (%s); published again in %.0f s", self.store.run_id,
-                        result.version, p, exc, FULL_RETRY_S)
-            return False
-        self.unpublished[p] = None
         self.keepalive()
         self.accounting.merged_round(result.weights, result.inner_steps, now, fragment=p,
                                      version=result.version, seqs=result.seqs)
@@ -520,7 +618,6 @@ class Rounds:
                             epochs={r.island: r.epoch for r in merge.done
                                     if r.island in result.weights},
                             seqs=result.seqs, reason=merge.reason, latency_s=latency)
-        return self.sync.outer_steps > merge.outer_steps
 
     def _finite(self, p: int) -> bool:
         """Whether fragment p's global and outer momentum hold finite values only."""

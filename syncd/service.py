@@ -202,8 +202,13 @@ class RunSync:
             return False
         busy, read_all = self.rounds.ingest(now, self.liveness)
         for p in range(len(self.rounds.fragments)):
-            if self.rounds.maybe_merge(p, now, self.liveness.alive):
-                self._outer_step(now)
+            if self.rounds.maybe_merge(p, now, self.liveness.alive) and self.spec.elastic:
+                self._finish_merges(now)  # the restore point is the outer step's state
+        if self.rounds.publishing:
+            # The next round's updates are read while the merges are published.
+            self.rounds.ingest_while_publishing(self.liveness)
+            read_all = False
+        self._finish_merges(now)
         if self.stop_seen is not None and read_all and (
                 self.liveness.islands_stopped(now) or now >= self.stop_seen + STOP_WAIT_S):
             self._stop(now)  # everything the islands sent is read
@@ -285,6 +290,12 @@ class RunSync:
         if self.spec.elastic:
             self.recovery.restart_job(now, island, self.rounds, self.liveness, joining=joining)
 
+    def _finish_merges(self, now: float) -> None:
+        """Wait for the merges being published and account them (Rounds.finish_merges),
+        then take each outer step they made."""
+        for _ in range(self.rounds.finish_merges(now)):
+            self._outer_step(now)
+
     def _outer_step(self, now: float) -> None:
         """Every fragment merged once more: elastic's restore point, and its checkpoint."""
         if self.spec.elastic:
@@ -365,7 +376,8 @@ class RunSync:
         stopped, its final checkpoint kept."""
         for p in range(len(self.rounds.fragments)):
             if self.rounds.sync.rounds[p] and self.rounds.merge_round(p, now, "stop"):
-                self._outer_step(now)
+                self._finish_merges(now)
+        self._finish_merges(now)
         self._end("stopped")
         log.info("run %s stopped: %d tokens merged, eval loss %s", self.store.run_id,
                  self.rounds.tokens_merged(), self.eval_loss)

@@ -14,6 +14,7 @@ from diloco.protocol import (
     ProtocolError,
     decode_message,
     encode_message,
+    encode_pieces,
 )
 from diloco.signing import (
     island_key,
@@ -54,6 +55,26 @@ def test_an_update_survives_the_round_trip():
     assert out.keys() == tensors.keys()
     assert all(torch.equal(out[n], tensors[n]) and out[n].dtype == tensors[n].dtype
                for n in tensors)
+
+
+@pytest.mark.parametrize("kind, meta, key", [("update", UPDATE_META, SECRET),
+                                             ("global", GLOBAL_META, PUBLISH)])
+def test_a_message_in_pieces_is_the_message_encode_message_makes(kind, meta, key):
+    tensors = {"a": torch.randn(8, 4), "b": torch.arange(5, dtype=torch.uint8),
+               "empty": torch.zeros(0)}
+
+    pieces = encode_pieces(kind, meta, tensors, key)
+
+    assert b"".join(pieces) == encode_message(kind, meta, tensors, key)
+
+
+def test_the_pieces_of_a_message_are_views_of_its_tensors_not_copies():
+    tensors = {"w": torch.zeros(16)}
+    pieces = encode_pieces("global", GLOBAL_META, tensors, PUBLISH)
+
+    tensors["w"][0] = 1.0
+
+    assert bytes(pieces[1][:4]) == struct.pack("<f", 1.0)
 
 
 def test_a_global_message_survives_the_round_trip():

@@ -1,8 +1,17 @@
 """Messages in chunks, against a real Redis."""
 
+from array import array
+
 import pytest
 
-from syncd.bulk import READ_WINDOW, BulkError, BulkRef, RedisBulk, chunk_bytes_setting
+from syncd.bulk import (
+    PUT_WINDOW,
+    READ_WINDOW,
+    BulkError,
+    BulkRef,
+    RedisBulk,
+    chunk_bytes_setting,
+)
 from syncd.connection import connect
 
 pytestmark = pytest.mark.integration
@@ -30,9 +39,8 @@ def test_a_message_of_a_chunk_count_the_window_does_not_divide_round_trips(bulk)
     assert bulk.read(ref, max_bytes=1 << 20) == MESSAGE[:4100]
 
 
-def test_a_read_asks_for_at_most_a_window_of_chunks_at_once(bulk, monkeypatch):
-    """What bounds a reader's reply buffers (and Redis's output buffer for it)."""
-    ref = bulk.put("m", MESSAGE, ttl_s=60)
+def counting_executes(bulk, monkeypatch) -> list[int]:
+    """The commands in each round trip of the bulk's pipelines, as they happen."""
     asked = []
     pipeline = bulk.client.pipeline
 
@@ -48,6 +56,52 @@ def test_a_read_asks_for_at_most_a_window_of_chunks_at_once(bulk, monkeypatch):
         return pipe
 
     monkeypatch.setattr(bulk.client, "pipeline", counting_pipeline)
+    return asked
+
+
+@pytest.mark.parametrize("cuts", [
+    [10, 1024, 3000, 3000, 5200],  # pieces inside a chunk, across chunks, one empty
+    [1024, 2048, 4096],  # pieces on the chunk boundaries, the last chunk full
+    [5200],  # one piece
+])
+def test_a_message_in_pieces_is_stored_as_the_message_they_make(bulk, cuts):
+    pieces = [memoryview(MESSAGE[a:b]) for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
+
+    ref = bulk.put("m", pieces, ttl_s=60)
+
+    whole = MESSAGE[:cuts[-1]]
+    assert (ref.chunks, ref.size) == (-(-len(whole) // 1024), len(whole))
+    assert bulk.read(ref, max_bytes=1 << 20) == whole
+
+
+def test_pieces_of_any_item_size_and_an_empty_message_are_stored_as_bytes(bulk):
+    floats = array("f", [0.5] * 300)  # 1,200 bytes in items of 4
+
+    ref = bulk.put("m", [memoryview(b"head"), memoryview(floats)], ttl_s=60)
+    empty = bulk.put("e", [memoryview(b""), memoryview(b"")], ttl_s=60)
+
+    assert bulk.read(ref, max_bytes=1 << 20) == b"head" + floats.tobytes()
+    assert (empty.chunks, empty.size) == (1, 0)
+    assert bulk.read(empty, max_bytes=1 << 20) == b""
+
+
+def test_a_message_in_pieces_is_sent_at_most_a_window_of_chunks_at_once(bulk, monkeypatch):
+    """What bounds the chunks a writer joins from pieces before they are sent."""
+    message = MESSAGE * 8  # 41 chunks
+    pieces = [memoryview(message[i:i + 700]) for i in range(0, len(message), 700)]
+    asked = counting_executes(bulk, monkeypatch)
+
+    ref = bulk.put("m", pieces, ttl_s=60)
+
+    assert ref.chunks == 41
+    assert max(asked) == PUT_WINDOW and sum(asked) == 41
+    assert bulk.read(ref, max_bytes=1 << 20) == message
+
+
+def test_a_read_asks_for_at_most_a_window_of_chunks_at_once(bulk, monkeypatch):
+    """What bounds a reader's reply buffers (and Redis's output buffer for it)."""
+    ref = bulk.put("m", MESSAGE, ttl_s=60)
+    asked = counting_executes(bulk, monkeypatch)
 
     assert bulk.read(ref, max_bytes=1 << 20) == MESSAGE
     assert sum(asked) == ref.chunks

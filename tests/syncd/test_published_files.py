@@ -23,6 +23,17 @@ def test_a_saved_version_loads_back_whole(tmp_path):
     assert files.load(1, 6) is None and files.load(0, 7) is None
 
 
+def test_a_message_saved_in_pieces_loads_back_as_the_message_they_make(tmp_path):
+    files = PublishedFiles(tmp_path)
+    pieces = [memoryview(b"head"), memoryview(torch.arange(4.0).numpy()), memoryview(b"sig")]
+
+    written = files.save(0, 1, pieces, MOMENTUM)
+
+    full, _ = files.load(0, 1)
+    assert full == b"".join(pieces)
+    assert written == (tmp_path / "0-odd.published").stat().st_size
+
+
 def test_the_momentum_alone_loads_without_reading_the_full_message(tmp_path):
     files = PublishedFiles(tmp_path)
     files.save(0, 1, b"f" * 1000, MOMENTUM)

@@ -7,6 +7,7 @@ Updates are written into the run's stream exactly as an island would write them
 """
 
 import math
+import time
 
 import pytest
 import torch
@@ -71,6 +72,39 @@ def test_two_good_updates_merge_into_version_one(run_sync):
     assert run_sync.store.handled(0) == {"a": 4, "b": 4}
     moved = any(not torch.equal(before[n], t) for n, t in run_sync.rounds.sync.globals[0].items())
     assert moved
+
+
+def test_the_next_rounds_updates_are_read_while_a_merge_is_published(run_sync, monkeypatch):
+    """a's next update, sent while the merge of version 1 is being written, is folded
+    into the next round before that merge is published; b's next, refused meanwhile,
+    is written as handled after the merge, so that b's handled seq never goes back."""
+    heartbeat_all(run_sync)
+    rounds = run_sync.rounds
+    save = rounds.files.save
+    seen = {}
+
+    def save_once_the_next_round_is_read(p, version, full, momentum):
+        if (p, version) == (0, 1):
+            send(run_sync, "a", 0, 8)
+            send(run_sync, "b", 0, 8, tokens=7)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not (
+                    "a" in rounds.sync.rounds[0] and rounds.rejections["b"]):
+                time.sleep(0.01)
+            seen["next round"] = sorted(rounds.sync.rounds[0])
+            seen["versions"] = run_sync.store.versions()
+            seen["handled"] = run_sync.store.handled(0)
+        return save(p, version, full, momentum)
+
+    monkeypatch.setattr(rounds.files, "save", save_once_the_next_round_is_read)
+    send(run_sync, "a", 0, 4)
+    send(run_sync, "b", 0, 4)
+    run_sync.tick()
+
+    assert seen == {"next round": ["a"], "versions": {0: 0, 1: 0}, "handled": {}}
+    assert run_sync.store.versions() == {0: 1, 1: 0}
+    assert run_sync.store.handled(0) == {"a": 4, "b": 8}
+    assert any("do not match" in r for r in rejections(run_sync))
 
 
 @pytest.mark.parametrize("bad, reason", [
