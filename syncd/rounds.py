@@ -573,13 +573,15 @@ class Rounds:
         islands see nothing of it until then, its handled seqs are not written, and a
         syncd that dies meanwhile loses it as any merge in progress (the islands send
         its updates again). Handled seqs settled while a fragment's merge was being
-        published are written once it is."""
+        published are written once it is. A publish that failed otherwise stays
+        unpublished too, and its error is raised once the others are accounted."""
         publishing, self.publishing = self.publishing, {}
         wait([publication.future for publication in publishing.values()])
         if self._publisher is not None:
             self._publisher.shutdown()
             self._publisher = None
         outer_steps = 0
+        error: Exception | None = None
         for p, publication in sorted(publishing.items()):
             merge = self.unpublished[p]
             assert merge is not None
@@ -591,6 +593,9 @@ class Rounds:
                             "fragment %d (%s); published again in %.0f s", self.store.run_id,
                             merge.result.version, p, exc, FULL_RETRY_S)
                 published = False
+            except Exception as exc:  # raised below, once the others are accounted
+                error = error or exc
+                continue
             else:
                 self.unpublished[p] = None
                 published = True
@@ -601,6 +606,8 @@ class Rounds:
             if published:
                 self._account_merge(p, merge, now)
                 outer_steps += merge.outer_step
+        if error is not None:
+            raise error
         return outer_steps
 
     def _account_merge(self, p: int, merge: Unpublished, now: float) -> None:

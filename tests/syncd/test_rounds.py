@@ -107,6 +107,36 @@ def test_the_next_rounds_updates_are_read_while_a_merge_is_published(run_sync, m
     assert any("do not match" in r for r in rejections(run_sync))
 
 
+def test_a_publish_that_fails_is_published_on_the_next_pass_and_the_others_stand(
+        run_sync, monkeypatch):
+    heartbeat_all(run_sync)
+    rounds = run_sync.rounds
+    save = rounds.files.save
+    failures = [OSError("the disk went away for a moment")]
+
+    def save_failing_once(p, version, full, momentum):
+        if p == 0 and failures:
+            raise failures.pop()
+        return save(p, version, full, momentum)
+
+    monkeypatch.setattr(rounds.files, "save", save_failing_once)
+    for fragment in (0, 1):
+        send(run_sync, "a", fragment, 4)
+        send(run_sync, "b", fragment, 4)
+
+    with pytest.raises(OSError, match="went away"):
+        run_sync.tick()
+    assert run_sync.store.versions() == {0: 0, 1: 1}
+
+    run_sync.tick()
+
+    assert run_sync.store.versions() == {0: 1, 1: 1}
+    assert run_sync.store.handled(0) == {"a": 4, "b": 4}
+    run_sync.recorder.flush()
+    merges = Event.objects.filter(run_id=run_sync.recorder.run_id, kind="merge")
+    assert sorted(e.detail["fragment"] for e in merges) == [0, 1]
+
+
 @pytest.mark.parametrize("bad, reason", [
     ({"key": b"another run's secret"}, "bad signature"),
     ({"value": math.nan}, "non-finite"),
