@@ -556,14 +556,19 @@ class Rounds:
 
     def ingest_while_publishing(self, liveness: Liveness) -> None:
         """Read the stream into the open rounds until every merge begun is published
-        (or failed to be)."""
+        (or failed to be). Should the reading fail, the publishes are waited for
+        before the error goes on: a run rebuilt from Redis after a failed pass (syncd's
+        server does that) finds them committed, never still under way."""
         futures = [publication.future for publication in self.publishing.values()]
-        while not all(future.done() for future in futures):
-            read_any, _ = self.ingest(self.clock(), liveness,
-                                      until=lambda: all(future.done() for future in futures))
-            if not read_any:
-                wait(futures, timeout=PUBLISHING_POLL_S)
-            self.keepalive()
+        try:
+            while not all(future.done() for future in futures):
+                read_any, _ = self.ingest(self.clock(), liveness,
+                                          until=lambda: all(f.done() for f in futures))
+                if not read_any:
+                    wait(futures, timeout=PUBLISHING_POLL_S)
+                self.keepalive()
+        finally:
+            wait(futures)
 
     def finish_merges(self, now: float) -> int:
         """Wait for the merges being published and account each that was (its merge

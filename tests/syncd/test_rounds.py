@@ -7,6 +7,7 @@ Updates are written into the run's stream exactly as an island would write them
 """
 
 import math
+import threading
 import time
 
 import pytest
@@ -135,6 +136,40 @@ def test_a_publish_that_fails_is_published_on_the_next_pass_and_the_others_stand
     run_sync.recorder.flush()
     merges = Event.objects.filter(run_id=run_sync.recorder.run_id, kind="merge")
     assert sorted(e.detail["fragment"] for e in merges) == [0, 1]
+
+
+def test_a_pass_whose_reading_fails_during_a_publish_ends_after_the_publish(
+        run_sync, monkeypatch):
+    """syncd's server rebuilds a run from Redis after a failed pass: the merge being
+    published must be committed by then, not still under way."""
+    heartbeat_all(run_sync)
+    rounds = run_sync.rounds
+    save, ingest = rounds.files.save, rounds.ingest
+    reading_failed = threading.Event()
+    order = []
+
+    def save_after_the_failure(p, version, full, momentum):
+        reading_failed.wait(30)
+        order.append("saved")
+        return save(p, version, full, momentum)
+
+    def ingest_failing_while_publishing(now, liveness, until=None):
+        if until is not None:
+            reading_failed.set()
+            raise ConnectionError("the control Redis went away")
+        return ingest(now, liveness)
+
+    monkeypatch.setattr(rounds.files, "save", save_after_the_failure)
+    monkeypatch.setattr(rounds, "ingest", ingest_failing_while_publishing)
+    send(run_sync, "a", 0, 4)
+    send(run_sync, "b", 0, 4)
+
+    with pytest.raises(ConnectionError):
+        run_sync.tick()
+    order.append("the pass ended")
+
+    assert order == ["saved", "the pass ended"]
+    assert run_sync.store.versions()[0] == 1
 
 
 @pytest.mark.parametrize("bad, reason", [
