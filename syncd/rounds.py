@@ -253,17 +253,19 @@ class Rounds:
     def publish(self, p: int, result_tokens: int, done: list[UpdateRef] = ()) -> None:
         """Commit fragment p's newest version; `done` are the updates it took in (or
         threw away), whose messages go in the same transaction."""
-        self.bytes_saved += self._publication(p, result_tokens, done)()
+        self.bytes_saved += self._publication(p, result_tokens, done,
+                                              dict(self.sync.handled[p]))()
 
-    def _publication(self, p: int, tokens: int, done: list[UpdateRef]) -> Callable[[], int]:
-        """What commits fragment p's newest version, with what it reads taken now: it
-        may run on another thread while this one ingests, and fragment p merges no more
-        until it has run. Returns the bytes written to syncd's files."""
+    def _publication(self, p: int, tokens: int, done: list[UpdateRef],
+                     handled: dict[str, int]) -> Callable[[], int]:
+        """What commits fragment p's newest version with these handled seqs, with what
+        it reads taken now: it may run on another thread while this one ingests, and
+        fragment p merges no more until it has run. Returns the bytes written to
+        syncd's files."""
         version = self.sync.versions[p]
         tensors = self.sync.globals[p]
         history = self.sync.history[p]
         published = history[-1] if history and history[-1].version == version else None
-        handled = dict(self.sync.handled[p])
         momentum = self.sync.optimizers[p].state_dict()
 
         def commit() -> int:
@@ -548,11 +550,11 @@ class Rounds:
         full message at a time is in syncd's memory."""
         merge = self.unpublished[p]
         assert merge is not None
-        commit = self._publication(p, merge.result.tokens, merge.done)
+        handled = dict(self.sync.handled[p])
+        commit = self._publication(p, merge.result.tokens, merge.done, handled)
         if self._publisher is None:
             self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
-        self.publishing[p] = Publication(self._publisher.submit(commit),
-                                         dict(self.sync.handled[p]))
+        self.publishing[p] = Publication(self._publisher.submit(commit), handled)
 
     def ingest_while_publishing(self, liveness: Liveness) -> None:
         """Read the stream into the open rounds until every merge begun is published
@@ -560,10 +562,13 @@ class Rounds:
         before the error goes on: a run rebuilt from Redis after a failed pass (syncd's
         server does that) finds them committed, never still under way."""
         futures = [publication.future for publication in self.publishing.values()]
+
+        def published() -> bool:
+            return all(future.done() for future in futures)
+
         try:
-            while not all(future.done() for future in futures):
-                read_any, _ = self.ingest(self.clock(), liveness,
-                                          until=lambda: all(f.done() for f in futures))
+            while not published():
+                read_any, _ = self.ingest(self.clock(), liveness, until=published)
                 if not read_any:
                     wait(futures, timeout=PUBLISHING_POLL_S)
                 self.keepalive()

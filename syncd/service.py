@@ -375,8 +375,9 @@ class RunSync:
         out): merge every open round as it is, whatever the quorum, and end the run as
         stopped, its final checkpoint kept."""
         for p in range(len(self.rounds.fragments)):
-            if self.rounds.sync.rounds[p] and self.rounds.merge_round(p, now, "stop"):
-                self._finish_merges(now)
+            if self.rounds.sync.rounds[p] and self.rounds.merge_round(p, now, "stop") \
+                    and self.spec.elastic:
+                self._finish_merges(now)  # the restore point is the outer step's state
         self._finish_merges(now)
         self._end("stopped")
         log.info("run %s stopped: %d tokens merged, eval loss %s", self.store.run_id,
