@@ -7,13 +7,14 @@ measures, side by side in one run, in rounds so that drift falls on all alike:
 - memcpy: torch's copy_ of a 256 MiB float32 buffer into another, counted as
   bytes copied (each byte is read once and written once): the speed limit of
   any pass over memory on this machine;
-- merge: each update folded into a diloco.fold.RoundSum (token weights, RDA on
-  non-embedding tensors), the sum normalised, and one Nesterov
+- merge: each update, decoded beforehand, folded into a diloco.fold.RoundSum (token
+  weights, RDA on non-embedding tensors), the sum normalised, and one Nesterov
   OuterOptimizer.step, the work syncd does per round;
 - ingest + merge: for each update, the HMAC check and safetensors parse of its
-  message (diloco.protocol.decode_message) and the dequantization of its int4
-  payload (diloco.codecs.decode), then its fold, as syncd ingests it (each
-  decoded update is dropped once folded), and the same close;
+  message (diloco.protocol.decode_message), its int4 payload opened
+  (diloco.codecs.open_payload) and each tensor's norm taken from its codes, then its
+  fold, which decodes it a chunk at a time into the sums, as syncd ingests it (each
+  update is dropped once folded), and the same close;
 - the merge's file: the merged fragment's full message and outer momentum written
   to syncd's files (syncd.published_files.PublishedFiles.save, a new version each
   round, as a merge makes it durable before its commit), counted as bytes written:
@@ -32,6 +33,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -81,11 +83,18 @@ def make_messages(shapes: dict[str, tuple[int, ...]], m: int) -> list[bytes]:
 
 
 def ingest(blob: bytes, shapes: dict[str, tuple[int, ...]]) -> Update:
-    """What syncd does with a message before it can merge it."""
+    """What syncd does with a message before it can merge it (syncd.ingest's
+    verify_update and check_update): its tensors as they came, and their norms."""
     _, meta, tensors = decode_message(blob, SECRET)
-    delta = codecs.decode(tensors, meta["codec"], shapes)
+    delta = codecs.open_payload(tensors, meta["codec"], shapes)
+    norms = {name: t.norm() for name, t in delta.items()}
     return Update(meta["island"], meta["base_version"], meta["tokens"], meta["inner_steps"],
-                  delta, meta["seq"])
+                  delta, meta["seq"], norms)
+
+
+def decoded(update: Update) -> Update:
+    """The update with its tensors decoded: the merge pass folds float32 tensors alone."""
+    return replace(update, delta={name: t.decode() for name, t in update.delta.items()})
 
 
 class Fragment:
@@ -102,7 +111,7 @@ class Fragment:
             round_sum.add(update)
         merged, _ = round_sum.merged()
         # A partial round (share < 1) takes the general path of the step.
-        self.params = self.optimizer.step(self.params, merged, share=0.75)
+        self.params = self.optimizer.step(self.params, merged, share=0.75, consume_grad=True)
 
 
 def time_save(files: PublishedFiles, version: int, fragment: Fragment) -> tuple[float, int]:
@@ -148,7 +157,7 @@ def main(quick: bool = False) -> int:
                 f"fp32 each), {profile['rounds']} rounds, {torch.get_num_threads()} threads; "
                 f"preparing messages")
     blobs = make_messages(shapes, m)
-    updates = [ingest(b, shapes) for b in blobs]
+    updates = [decoded(ingest(b, shapes)) for b in blobs]
     fragment = Fragment(shapes)
     src = torch.rand(COPY_BYTES // 4)
     dst = torch.empty_like(src)

@@ -15,6 +15,7 @@ expects, so shapes are not sent: decoding checks the payload against them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -53,6 +54,17 @@ def decode(payload: dict[str, torch.Tensor], codec: str, shapes: dict[str, tuple
     Raises:
         ValueError: when a tensor is missing, extra, or of the wrong dtype or size.
     """
+    return {name: t.decode() for name, t in open_payload(payload, codec, shapes).items()}
+
+
+def open_payload(payload: dict[str, torch.Tensor], codec: str,
+                 shapes: dict[str, tuple[int, ...]]) -> dict[str, Encoded]:
+    """A payload checked against the expected `shapes`, each tensor as it is on the wire
+    (an `Encoded`): decoded only where it is used, a chunk at a time.
+
+    Raises:
+        ValueError: when a tensor is missing, extra, or of the wrong dtype or size.
+    """
     if codec not in CODECS:
         raise ValueError(f"codec must be one of {', '.join(CODECS)}, got {codec!r}")
     expected = set(_payload_names(shapes, codec))
@@ -60,14 +72,13 @@ def decode(payload: dict[str, torch.Tensor], codec: str, shapes: dict[str, tuple
         missing, extra = sorted(expected - set(payload)), sorted(set(payload) - expected)
         raise ValueError(f"payload tensors do not match the fragment: missing {missing}, "
                          f"unexpected {extra}")
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, Encoded] = {}
     for name, shape in shapes.items():
         numel = math.prod(shape)
         if codec in ("none", "bf16"):
             t = payload[name]
-            want = torch.float32 if codec == "none" else torch.bfloat16
-            _check(name, t, want, numel)
-            out[name] = t.float().reshape(shape)
+            _check(name, t, torch.float32 if codec == "none" else torch.bfloat16, numel)
+            out[name] = Encoded(tuple(shape), t.reshape(shape))
             continue
         blocks = -(-numel // BLOCK)
         q, scale = payload[f"{name}:q"], payload[f"{name}:scale"]
@@ -76,8 +87,78 @@ def decode(payload: dict[str, torch.Tensor], codec: str, shapes: dict[str, tuple
         else:
             _check(f"{name}:q", q, torch.int8, blocks * BLOCK)
         _check(f"{name}:scale", scale, torch.float32, blocks)
-        out[name] = _dequantize(q, scale)[:numel].view(shape)
+        out[name] = Encoded(tuple(shape), q, scale)
     return out
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One tensor of a payload as it came over the wire: `values` (float32 or bfloat16
+    in its shape, or a quantized codec's codes) and, when quantized, one `scale` per
+    block. What uses it decodes it a chunk of CHUNK_BLOCKS blocks at a time into a
+    buffer that stays in cache: a fold reads the codes twice (`norm`, `add_to`) and
+    never writes the float32 tensor, which at real sizes costs more than the fold
+    (bench merge)."""
+
+    shape: tuple[int, ...]
+    values: torch.Tensor
+    scale: torch.Tensor | None = None
+
+    def decode(self) -> torch.Tensor:
+        """The float32 tensor, in its shape."""
+        if self.scale is None:
+            return self.values.float()
+        numel = math.prod(self.shape)
+        return _dequantize(self.values, self.scale)[:numel].view(self.shape)
+
+    def norm(self) -> float | None:
+        """The decoded tensor's norm, None if one of its values is not finite (the
+        decode's float32 values: a finite scale whose codes overflow float32 is not).
+        Quantized, it is taken from the codes and scales in float64: each block's
+        squares of codes summed (a lookup per byte), times its scale squared."""
+        if self.scale is None:
+            return finite_norm(self.values)
+        if not torch.isfinite(self.scale).all():
+            return None
+        largest = float(self.scale.abs().max()) if len(self.scale) else 0.0
+        if largest * _LARGEST_CODE[self.values.dtype] > torch.finfo(torch.float32).max:
+            return None
+        squares = _SQUARES[self.values.dtype]
+        per_block = _block_width(self.values)
+        sums = torch.empty(len(self.scale))
+        for start in _chunks(len(self.scale)):
+            end = min(start + CHUNK_BLOCKS, len(self.scale))
+            pairs = self.values[start * per_block:end * per_block].view(torch.int16)
+            keys = pairs.int().bitwise_and_(0xFFFF)
+            looked_up = torch.index_select(squares, 0, keys)
+            sums[start:end] = looked_up.view(end - start, per_block // 2).sum(dim=1)
+        return math.sqrt(float(sums.double().mul_(self.scale.double().square()).sum()))
+
+    def add_to(self, out: torch.Tensor, alpha: float) -> None:
+        """out += alpha * the decoded tensor (`out` is float32, in its shape)."""
+        if self.scale is None:
+            out.add_(self.values, alpha=alpha)
+            return
+        flat = out.view(-1)
+        rows = torch.empty(CHUNK_BLOCKS, BLOCK)
+        scale = self.scale * alpha
+        for start in _chunks(len(scale)):
+            end = min(start + CHUNK_BLOCKS, len(scale))
+            stop = min(end * BLOCK, len(flat))
+            if stop == end * BLOCK:  # whole blocks: the codes' values times alpha's scale
+                _codes_chunk(self.values, start, end, rows[:end - start])
+                flat[start * BLOCK:stop].view(-1, BLOCK).addcmul_(
+                    rows[:end - start], scale[start:end].unsqueeze(1))
+            else:  # the last block is cut short
+                _dequantize_chunk(self.values, scale, start, end, rows[:end - start])
+                flat[start * BLOCK:stop].add_(rows.view(-1)[:stop - start * BLOCK])
+
+    def scaled(self, alpha: float) -> torch.Tensor:
+        """alpha * the decoded tensor, a new float32 tensor."""
+        if self.scale is None:
+            return self.values.mul(alpha) if self.values.dtype == torch.float32 \
+                else self.values.float().mul_(alpha)
+        return self.decode().mul_(alpha)
 
 
 def error_bound(t: torch.Tensor, codec: str) -> torch.Tensor:
@@ -148,23 +229,67 @@ def _quantize(flat: torch.Tensor, qmax: int, pack: bool) -> tuple[torch.Tensor, 
 # 8-byte pair per byte value, read as int64: one lookup per byte yields both values.
 _NIBBLE_PAIRS = (torch.stack([torch.arange(256) & 0x0F, torch.arange(256) >> 4], dim=1)
                  .float().sub_(8.0).view(torch.int64).view(-1))
+# Per pair of bytes (read as one 16-bit key), the sum of the squares of the codes they
+# hold: four nibbles (-8..7) for packed int4, two values for int8. Float32 is exact for
+# them and for their sums over a block (at most 2**20). A lookup per pair of bytes
+# takes a quarter less time than one per byte (bench merge).
+def _pair_squares(per_byte: torch.Tensor) -> torch.Tensor:
+    keys = torch.arange(65536)
+    return (per_byte[keys & 0xFF] + per_byte[keys >> 8]).float()
+
+
+_SQUARES = {
+    torch.uint8: _pair_squares((torch.arange(256) & 0x0F).sub(8).square()
+                               + (torch.arange(256) >> 4).sub(8).square()),
+    torch.int8: _pair_squares(torch.arange(256, dtype=torch.uint8).view(torch.int8).int().square()),
+}
+_LARGEST_CODE = {torch.uint8: 8, torch.int8: 128}  # in magnitude, keyed by the codes' dtype
 
 
 def _dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Float32 values of the codes (int8, or packed int4: a lookup of both nibbles per
-    byte, 4-5x faster than masking and shifting into every other float) times their
-    block's scale, a chunk of CHUNK_BLOCKS blocks at a time."""
+    """Float32 values of the codes times their block's scale, a chunk of CHUNK_BLOCKS
+    blocks at a time (`_dequantize_chunk`)."""
     blocks = len(scale)
     values = torch.empty(blocks * BLOCK)
     rows = values.view(blocks, BLOCK)
-    per_block = BLOCK // 2 if codes.dtype == torch.uint8 else BLOCK
     for start in _chunks(blocks):
-        out = rows[start:start + CHUNK_BLOCKS]
-        end = start + len(out)
-        chunk = codes[start * per_block:end * per_block]
-        if codes.dtype == torch.uint8:
-            torch.index_select(_NIBBLE_PAIRS, 0, chunk.int(), out=out.view(-1).view(torch.int64))
-        else:
-            out.view(-1).copy_(chunk)
-        out.mul_(scale[start:end].unsqueeze(1))
+        end = min(start + CHUNK_BLOCKS, blocks)
+        _dequantize_chunk(codes, scale, start, end, rows[start:end])
     return values
+
+
+def _dequantize_chunk(codes: torch.Tensor, scale: torch.Tensor, start: int, end: int,
+                      out: torch.Tensor) -> None:
+    """Blocks start to end of the codes (int8, or packed int4: a lookup of both nibbles
+    per byte, 4-5x faster than masking and shifting into every other float) times their
+    scales, into `out` (end - start rows of BLOCK float32 values)."""
+    _codes_chunk(codes, start, end, out)
+    out.mul_(scale[start:end].unsqueeze(1))
+
+
+def _codes_chunk(codes: torch.Tensor, start: int, end: int, out: torch.Tensor) -> None:
+    """The codes of blocks start to end as float32 values, into `out`."""
+    per_block = _block_width(codes)
+    chunk = codes[start * per_block:end * per_block]
+    if codes.dtype == torch.uint8:
+        torch.index_select(_NIBBLE_PAIRS, 0, chunk.int(), out=out.view(-1).view(torch.int64))
+    else:
+        out.view(-1).copy_(chunk)
+
+
+def _block_width(codes: torch.Tensor) -> int:
+    """Bytes of codes per block: two int4 codes per byte, one int8 code."""
+    return BLOCK // 2 if codes.dtype == torch.uint8 else BLOCK
+
+
+def finite_norm(t: torch.Tensor) -> float | None:
+    """The tensor's float32 norm, None if a value is not finite; one pass over it and no
+    copy: a float32 norm is finite only if every value is (a NaN or an infinity makes
+    it so). Only where it is not (non-finite values, or finite ones whose squares
+    overflow float32) is the tensor looked at again, to tell which."""
+    norm = float(torch.linalg.vector_norm(t, dtype=torch.float32))
+    if math.isfinite(norm):
+        return norm
+    if not torch.isfinite(t).all():
+        return None
+    return float(torch.linalg.vector_norm(t, dtype=torch.float64))

@@ -13,6 +13,10 @@ the caller can drop each delta (and its message) as soon as it is folded in:
   direction, which unit() undoes, and both sums of the radius alike, so the
   weights need not be known in full until the round closes.
 
+An update's tensors may be the tensors of its message as they came over the wire
+(diloco.codecs.Encoded, as syncd checks them): they are decoded a chunk at a time
+into the sums, and the float32 delta is never made.
+
 Per island it keeps scalars only (a `Contribution`: tokens, steps, base version,
 newest seq, the weight and, for RDA, the norm of each tensor), never a tensor.
 
@@ -40,6 +44,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from diloco.codecs import Encoded
 from diloco.merge import WEIGHTINGS, Update, update_weight
 
 
@@ -130,8 +135,10 @@ class RoundSum:
             else:
                 alpha = weight
             total = self.sums.get(name)
-            if total is None:
-                self.sums[name] = v.mul(alpha)  # a new tensor: the update's stays its own
+            if total is None:  # a new tensor: the update's stays its own
+                self.sums[name] = v.scaled(alpha) if isinstance(v, Encoded) else v.mul(alpha)
+            elif isinstance(v, Encoded):
+                v.add_to(total, alpha)
             else:
                 total.add_(v, alpha=alpha)
         self.contributions[update.island] = contribution
@@ -172,4 +179,10 @@ def _norm(update: Update, name: str) -> float:
     """The norm of one of the update's tensors: the one its checks measured, if any."""
     if update.norms is not None and name in update.norms:
         return update.norms[name]
-    return float(update.delta[name].norm())
+    v = update.delta[name]
+    if isinstance(v, Encoded):
+        norm = v.norm()
+        if norm is None:
+            raise ValueError(f"update from {update.island}: tensor {name} is not finite")
+        return norm
+    return float(v.norm())

@@ -16,18 +16,22 @@ from dataclasses import dataclass
 
 import torch
 
+from diloco.codecs import Encoded
+
 WEIGHTINGS = ("tokens", "uniform")
 
 
 @dataclass(frozen=True)
 class Update:
-    """One island's decoded outer gradient for one fragment."""
+    """One island's outer gradient for one fragment: its tensors decoded (merge_updates
+    takes only these), or as they came over the wire (diloco.codecs.Encoded, which a
+    diloco.fold.RoundSum decodes as it folds them in)."""
 
     island: str
     base_version: int
     tokens: int
     inner_steps: int
-    delta: dict[str, torch.Tensor]
+    delta: dict[str, torch.Tensor | Encoded]
     seq: int = 0  # the island's inner step when it sent
     # The norm of each delta tensor where whoever checked the update measured it
     # (syncd/ingest.py): a fold reuses it instead of another pass over the tensor.
@@ -134,7 +138,7 @@ class OuterOptimizer:
         self.buffers: dict[str, torch.Tensor] = {}
 
     def step(self, params: dict[str, torch.Tensor], outer_grad: dict[str, torch.Tensor],
-             share: float = 1.0) -> dict[str, torch.Tensor]:
+             share: float = 1.0, consume_grad: bool = False) -> dict[str, torch.Tensor]:
         """New parameters after an outer step; `params` is left unchanged.
 
         Args:
@@ -144,14 +148,20 @@ class OuterOptimizer:
                 tokens all islands train in H steps). A step of share s scales the
                 gradient and the momentum term by s and decays the buffer by m**s,
                 so 1/s steps of share s move about as far as one step of share 1.
+            consume_grad: the caller gives `outer_grad` up: its tensors are worked on in
+                place and become the new parameters, so the step makes no tensor of
+                the fragment's size (a round's sums, diloco/fold.py).
         """
         if share <= 0:
             raise ValueError(f"share must be positive, got {share}")
         out = {}
         for name, p in params.items():
-            # One new tensor per parameter, worked on in place and returned: at real sizes
-            # every fresh tensor of a fragment's size costs more to fault in than to fill.
-            g = outer_grad[name] * share if share != 1.0 else outer_grad[name].clone()
+            # One tensor per parameter, worked on in place and returned: at real sizes every
+            # fresh tensor of a fragment's size costs more to fault in than to fill.
+            if consume_grad:
+                g = outer_grad[name].mul_(share) if share != 1.0 else outer_grad[name]
+            else:
+                g = outer_grad[name] * share if share != 1.0 else outer_grad[name].clone()
             if self.momentum:
                 buf = self.buffers.get(name)
                 decay = self.momentum ** share

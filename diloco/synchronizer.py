@@ -181,7 +181,7 @@ class Synchronizer:
         # that many times too far, and the run diverges.
         share = min(sum(u.tokens for u in updates) / self.round_tokens, 1.0)
         old = self.globals[fragment]
-        new = self.optimizers[fragment].step(old, outer_grad, share)
+        new = self.optimizers[fragment].step(old, outer_grad, share, consume_grad=True)
         codec = self.sync.downlink_compression
         if codec == "none":
             payload = new

@@ -122,7 +122,7 @@ def check_update(meta: dict[str, Any], tensors: dict[str, torch.Tensor], ref: Up
                 raise Rejection(f"tensor {name} has shape {tuple(t.shape)}, the fragment's "
                                 f"is {tuple(shapes[name])}")
     try:
-        delta = codecs.decode(tensors, meta["codec"], shapes)
+        delta = codecs.open_payload(tensors, meta["codec"], shapes)
     except ValueError as exc:
         raise Rejection(str(exc)) from exc
     norms = {name: _checked_norm(name, t) for name, t in delta.items()}
@@ -135,33 +135,21 @@ def check_update(meta: dict[str, Any], tensors: dict[str, torch.Tensor], ref: Up
     return Update(ref.island, base, tokens, steps, delta, ref.seq, norms), per_step
 
 
-def _norm(t: torch.Tensor) -> float | None:
-    """The tensor's norm, None if a value is not finite; one pass over it and no copy: a
-    float32 norm is finite only if every value is (a NaN or an infinity makes it so).
-    Only where it is not (non-finite values, or finite ones whose squares overflow
-    float32) is the tensor looked at again, to tell which."""
-    norm = float(torch.linalg.vector_norm(t, dtype=torch.float32))
-    if math.isfinite(norm):
-        return norm
-    if not torch.isfinite(t).all():
-        return None
-    return float(torch.linalg.vector_norm(t, dtype=torch.float64))
-
-
-def _checked_norm(name: str, t: torch.Tensor) -> float:
-    """The tensor's norm (`_norm`), which the fold reuses.
+def _checked_norm(name: str, t: codecs.Encoded) -> float:
+    """The tensor's norm (codecs.Encoded.norm), which the fold reuses.
 
     Raises:
         Rejection: the tensor holds non-finite values.
     """
-    if (norm := _norm(t)) is None:
+    if (norm := t.norm()) is None:
         raise Rejection(f"tensor {name} has non-finite values")
     return norm
 
 
 def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
-    """Whether every value of these tensors is finite (`_norm`: one pass over each)."""
-    return all(_norm(t) is not None for t in tensors)
+    """Whether every value of these tensors is finite (codecs.finite_norm: one pass over
+    each)."""
+    return all(codecs.finite_norm(t) is not None for t in tensors)
 
 
 def message_limit(shapes: dict[str, tuple[int, ...]]) -> int:

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from diloco.codecs import (
     decode,
     encode,
     error_bound,
+    open_payload,
     payload_nbytes,
 )
 
@@ -164,3 +167,58 @@ def test_chunked_quantization_matches_whole_tensor_quantization_across_chunk_edg
 
     assert torch.equal(payload["t:scale"], scale)
     assert torch.equal(payload["t:q"], codes)
+
+
+def across_chunks() -> dict[str, torch.Tensor]:
+    """Tensors of more than one chunk of blocks, a last block that is not full, and zeros."""
+    g = torch.Generator().manual_seed(5)
+    return {**sample_tensors(),
+            "long": torch.randn(CHUNK_BLOCKS * BLOCK * 2 + 3 * BLOCK + 5, generator=g) * 1e-3}
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_an_opened_payload_decodes_to_its_decode_and_folds_into_a_sum_as_it(codec):
+    tensors = across_chunks()
+    shapes = {n: tuple(t.shape) for n, t in tensors.items()}
+    payload = encode(tensors, codec)
+    decoded = decode(payload, codec, shapes)
+
+    opened = open_payload(payload, codec, shapes)
+
+    for name, t in opened.items():
+        assert torch.equal(t.decode(), decoded[name])
+        assert t.norm() == pytest.approx(float(decoded[name].double().norm()), rel=1e-4)
+        total = torch.full(shapes[name], 0.25)
+        t.add_to(total, 0.5)
+        torch.testing.assert_close(total, 0.25 + 0.5 * decoded[name])
+        torch.testing.assert_close(t.scaled(-2.0), -2.0 * decoded[name])
+
+
+@pytest.mark.parametrize("codec", ["int8", "int4"])
+@pytest.mark.parametrize("scale", [math.nan, math.inf, -math.inf, 3e38])
+def test_a_quantized_tensor_whose_values_are_not_finite_has_no_norm(codec, scale):
+    payload = encode({"t": torch.ones(3 * BLOCK)}, codec)
+    payload["t:scale"][1] = scale  # 3e38 is finite, and 7 of it is not in float32
+
+    opened = open_payload(payload, codec, {"t": (3 * BLOCK,)})["t"]
+
+    assert opened.norm() is None
+    assert not torch.isfinite(opened.decode()).all()
+
+
+@pytest.mark.parametrize("codec", ["int8", "int4"])
+def test_a_quantized_norm_holds_finite_values_whose_squares_overflow_float32(codec):
+    t = torch.full((BLOCK,), 1e30)
+
+    opened = open_payload(encode({"t": t}, codec), codec, {"t": (BLOCK,)})["t"]
+
+    assert opened.norm() == pytest.approx(1e30 * math.sqrt(BLOCK), rel=1e-3)
+
+
+def test_an_int8_norm_counts_the_code_no_encoder_makes():
+    payload = encode({"t": torch.ones(BLOCK)}, "int8")
+    payload["t:q"][0] = -128  # a hostile message's
+
+    opened = open_payload(payload, "int8", {"t": (BLOCK,)})["t"]
+
+    assert opened.norm() == pytest.approx(float(opened.decode().norm()))

@@ -3,6 +3,7 @@ import random
 import pytest
 import torch
 
+from diloco import codecs
 from diloco.fold import RoundSum
 from diloco.merge import Update, merge_updates
 
@@ -162,3 +163,17 @@ def test_a_round_whose_weights_are_all_zero_cannot_merge():
 
     with pytest.raises(ValueError, match="all zero"):
         round_sum.merged()
+
+
+@pytest.mark.parametrize("codec", ["none", "bf16", "int4"])
+@pytest.mark.parametrize("rda", [False, True])
+def test_updates_folded_as_they_came_over_the_wire_merge_as_their_decoded_tensors(codec, rda):
+    shapes = {"emb": (6, 4), "w": (5, 3), "b": (3,)}
+    decoded, opened = [], []
+    for u in updates(4):
+        opened_delta = codecs.open_payload(codecs.encode(u.delta, codec), codec, shapes)
+        delta = {name: t.decode() for name, t in opened_delta.items()}
+        decoded.append(Update(u.island, 0, u.tokens, u.inner_steps, delta, seq=u.seq))
+        opened.append(Update(u.island, 0, u.tokens, u.inner_steps, opened_delta, seq=u.seq))
+
+    assert_merges_equal(folded(opened, "tokens", rda), folded(decoded, "tokens", rda))

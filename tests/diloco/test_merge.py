@@ -218,3 +218,21 @@ def test_the_outer_optimizer_state_survives_a_round_trip():
 def test_it_rejects_bad_outer_settings(lr, momentum, message):
     with pytest.raises(ValueError, match=message):
         OuterOptimizer(lr, momentum)
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5])
+def test_a_step_that_consumes_its_gradient_makes_the_same_parameters_in_its_tensors(share):
+    g = torch.Generator().manual_seed(4)
+    params = {"w": torch.randn(5, generator=g)}
+    grads = [{"w": torch.randn(5, generator=g)} for _ in range(3)]
+    kept, consumed = OuterOptimizer(0.7, 0.9), OuterOptimizer(0.7, 0.9)
+    a, b = dict(params), dict(params)
+
+    for grad in grads:
+        a = kept.step(a, grad, share)
+        spent = {"w": grad["w"].clone()}
+        b = consumed.step(b, spent, share, consume_grad=True)
+        assert b["w"] is spent["w"]
+
+    torch.testing.assert_close(a["w"], b["w"])
+    assert not torch.equal(params["w"], b["w"])
