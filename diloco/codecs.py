@@ -15,7 +15,7 @@ expects, so shapes are not sent: decoding checks the payload against them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -91,18 +91,21 @@ def open_payload(payload: dict[str, torch.Tensor], codec: str,
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Encoded:
     """One tensor of a payload as it came over the wire: `values` (float32 or bfloat16
     in its shape, or a quantized codec's codes) and, when quantized, one `scale` per
     block. What uses it decodes it a chunk of CHUNK_BLOCKS blocks at a time into a
     buffer that stays in cache: a fold reads the codes twice (`norm`, `add_to`) and
     never writes the float32 tensor, which at real sizes costs more than the fold
-    (bench merge)."""
+    (bench merge). A quantized tensor of one chunk or less is decoded whole by `norm`
+    and kept for the fold: at a few thousand values, each pass's calls cost more
+    than its values."""
 
     shape: tuple[int, ...]
     values: torch.Tensor
     scale: torch.Tensor | None = None
+    _whole: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     def decode(self) -> torch.Tensor:
         """The float32 tensor, in its shape."""
@@ -114,15 +117,17 @@ class Encoded:
     def norm(self) -> float | None:
         """The decoded tensor's norm, None if one of its values is not finite (the
         decode's float32 values: a finite scale whose codes overflow float32 is not).
-        Quantized, it is taken from the codes and scales in float64: each block's
-        squares of codes summed (a lookup per byte), times its scale squared."""
+        A quantized tensor of one chunk is decoded (in cache) and measured; a larger
+        one's norm is taken from its codes and scales in float64: each block's squares
+        of codes summed (a lookup per pair of bytes), times its scale squared."""
         if self.scale is None:
             return finite_norm(self.values)
-        if not torch.isfinite(self.scale).all():
-            return None
-        largest = float(self.scale.abs().max()) if len(self.scale) else 0.0
-        if largest * _LARGEST_CODE[self.values.dtype] > torch.finfo(torch.float32).max:
-            return None
+        if len(self.scale) <= CHUNK_BLOCKS:
+            self._whole = self.decode()
+            return finite_norm(self._whole)
+        largest = float(self.scale.abs().max())
+        if not largest * _LARGEST_CODE[self.values.dtype] <= torch.finfo(torch.float32).max:
+            return None  # a NaN scale's comparison is false too
         squares = _SQUARES[self.values.dtype]
         per_block = _block_width(self.values)
         sums = torch.empty(len(self.scale))
@@ -136,11 +141,11 @@ class Encoded:
 
     def add_to(self, out: torch.Tensor, alpha: float) -> None:
         """out += alpha * the decoded tensor (`out` is float32, in its shape)."""
-        if self.scale is None:
-            out.add_(self.values, alpha=alpha)
+        if self.scale is None or self._whole is not None:
+            out.add_(self.values if self._whole is None else self._whole, alpha=alpha)
             return
         flat = out.view(-1)
-        rows = torch.empty(CHUNK_BLOCKS, BLOCK)
+        rows = torch.empty(min(CHUNK_BLOCKS, len(self.scale)), BLOCK)
         scale = self.scale * alpha
         for start in _chunks(len(scale)):
             end = min(start + CHUNK_BLOCKS, len(scale))
@@ -158,6 +163,8 @@ class Encoded:
         if self.scale is None:
             return self.values.mul(alpha) if self.values.dtype == torch.float32 \
                 else self.values.float().mul_(alpha)
+        if self._whole is not None:
+            return self._whole.mul(alpha)
         return self.decode().mul_(alpha)
 
 

@@ -194,6 +194,20 @@ def test_an_opened_payload_decodes_to_its_decode_and_folds_into_a_sum_as_it(code
         torch.testing.assert_close(t.scaled(-2.0), -2.0 * decoded[name])
 
 
+@pytest.mark.parametrize("codec", CODECS)
+def test_an_opened_tensor_folds_into_a_sum_whether_or_not_its_norm_was_taken(codec):
+    tensors = across_chunks()
+    shapes = {n: tuple(t.shape) for n, t in tensors.items()}
+    payload = encode(tensors, codec)
+    decoded = decode(payload, codec, shapes)
+
+    for name, t in open_payload(payload, codec, shapes).items():
+        total = torch.full(shapes[name], 0.25)
+        t.add_to(total, 0.5)
+        torch.testing.assert_close(total, 0.25 + 0.5 * decoded[name])
+        torch.testing.assert_close(t.scaled(3.0), 3.0 * decoded[name])
+
+
 @pytest.mark.parametrize("codec", ["int8", "int4"])
 @pytest.mark.parametrize("scale", [math.nan, math.inf, -math.inf, 3e38])
 def test_a_quantized_tensor_whose_values_are_not_finite_has_no_norm(codec, scale):
