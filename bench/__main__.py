@@ -1,4 +1,4 @@
-"""python -m bench NAME [--quick] [--minutes N]: run one benchmark."""
+"""python -m bench NAME [--quick] [--minutes N] [--device D] [--preset P]: run one benchmark."""
 
 from __future__ import annotations
 
@@ -40,6 +40,9 @@ def main() -> None:
                              "scale: train the top size this long instead of every size")
     parser.add_argument("--device", default=None, choices=("cpu", "cuda"),
                         help="scale only: where the islands train (default cpu)")
+    parser.add_argument("--preset", default=None,
+                        help="quality only: check this preset's codecs at its own size "
+                             "(e.g. gpt2_small) instead of the profiles' small models")
     args = parser.parse_args()
     options: dict[str, object] = {"quick": args.quick}
     if args.minutes is not None:
@@ -52,6 +55,10 @@ def main() -> None:
         if args.name != "scale":
             parser.error("--device is an option of scale alone")
         options["device"] = args.device
+    if args.preset is not None:
+        if args.name != "quality":
+            parser.error("--preset is an option of quality alone")
+        options["preset"] = args.preset
     raise SystemExit(BENCHMARKS[args.name](**options))
 
 if __name__ == "__main__":

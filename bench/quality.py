@@ -17,6 +17,15 @@ baseline gets the care the DiLoCo settings got; the value of the lowest
 validation loss is the one reported. Then a sweep over H for
 decoupled and decoupled_int4 (eval loss against bytes per token).
 
+`python -m bench quality --preset NAME` checks a preset's own codecs at its own size
+instead (item 9 of the data-plane issue: gpt2_small is 85M parameters, the full
+profile 185K): the preset's config as the form gives it, trained in this process
+on train.device ("auto": a GPU when the host has one), once with float32 both ways
+and once with the preset's codecs, from the same seeds to the same tokens. It
+writes bench/results/quality-preset-NAME.json after each run, so a cut-off run
+keeps what it measured, and exits non-zero if the preset's codecs lose more than
+the full profile's int4 bound (1.01 x the eval loss).
+
 Every reported eval loss is the final model's on the test split, which neither
 the sweep nor any earlier tuning read (diloco/data.py); the validation loss, what
 the runs watched and the sweep compared, is reported beside it. It writes
@@ -26,17 +35,22 @@ the issue asks for does not hold.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from dataclasses import replace
 from typing import Any
+
+import torch
 
 from bench import results
 from diloco.cluster import LocalResult, run_local
 from diloco.config import RunConfig
 from diloco.config_parse import parse_config
 from diloco.data import load_corpus
+from diloco.device import resolve_device
 from diloco.evaluation import Evaluator
+from diloco.presets import PRESETS
 
 ISLANDS = [("fast-a", 12, 1.0), ("fast-b", 8, 1.0), ("mid", 8, 0.7), ("slow", 4, 0.5)]
 
@@ -58,6 +72,11 @@ PROFILES: dict[str, dict[str, Any]] = {
                          "bytes_ratio": 100.0, "peak_ratio": 1.25}},
 }
 MAIN = ("dp", "diloco_sync", "decoupled", "decoupled_int4")
+# The preset check: tokens per run (what one GPU lease affords at 85M) and seeds.
+PRESET_PROFILES: dict[str, dict[str, Any]] = {
+    "full": {"tokens": 2_000_000, "seeds": [0, 1], "eval_points": 4},
+    "quick": {"tokens": 100_000, "seeds": [0], "eval_points": 2},
+}
 
 
 def make_config(profile: dict[str, Any], seed: int, inner_steps: int, codec: str = "none",
@@ -97,7 +116,7 @@ def reported_loss(config: RunConfig, result: LocalResult) -> float:
     """The reported figure: the run's final model on the test split, which no tuning
     read (the run itself evaluated on validation)."""
     corpus = load_corpus(config.data.path, config.data.eval_fraction)
-    return Evaluator(config, corpus, "test")(result.params)
+    return Evaluator(config, corpus, "test", resolve_device(config.train.device))(result.params)
 
 
 def chosen_lr(sweep: list[dict[str, Any]]) -> float:
@@ -142,7 +161,80 @@ def summary(runs: list[LocalResult], tests: list[float]) -> dict[str, Any]:
             "outer_steps": first.outer_steps, "merges": first.merges}
 
 
-def main(quick: bool = False) -> int:
+def preset_run_config(name: str, seed: int, tokens: int, lossless: bool) -> RunConfig:
+    """Preset `name`'s config in its own regions, from `seed` to `tokens`, with its own
+    codecs, or with float32 both ways when `lossless`.
+
+    Raises:
+        KeyError: for an unknown preset.
+    """
+    data = copy.deepcopy(PRESETS[name][1])
+    if lossless:
+        data["sync"] = {**data.get("sync", {}), "compression": "none",
+                        "downlink_compression": "none"}
+    data.update(seed=seed, budget={"total_tokens": tokens})
+    regions = list(dict.fromkeys(island["region"] for island in data["islands"]))
+    return parse_config(data, regions)
+
+
+def main_preset(name: str, quick: bool = False) -> int:
+    """Preset `name`'s codecs against float32 both ways, at the preset's size."""
+    if name not in PRESETS:
+        raise SystemExit(f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
+    profile = PRESET_PROFILES["quick" if quick else "full"]
+    started = time.time()
+    own = preset_run_config(name, 0, profile["tokens"], lossless=False).sync
+    codecs = f"{own.compression} up, {own.downlink_compression} down"
+    device = resolve_device(preset_run_config(name, 0, 1000, lossless=True).train.device)
+    out: dict[str, Any] = {"preset": name, "profile": "quick" if quick else "full",
+                           "codecs": codecs, "device": device,
+                           "device_name": (torch.cuda.get_device_name(device)
+                                           if device.startswith("cuda") else "cpu"),
+                           "settings": profile, "runs": []}
+    for seed in profile["seeds"]:
+        for lossless in (True, False):
+            config = preset_run_config(name, seed, profile["tokens"], lossless)
+            label = f"{name} seed {seed} {'float32' if lossless else codecs}"
+            run_started = time.time()
+            result = run_local(config, "decoupled", eval_points=profile["eval_points"],
+                               progress=lambda point, label=label: results.say(
+                                   f"  {label}: {point['tokens']:>9,} tokens  validation loss "
+                                   f"{point['eval_loss']:.4f}"))
+            seconds = time.time() - run_started
+            out["runs"].append({
+                "seed": seed, "codecs": "none" if lossless else codecs,
+                "eval_loss": reported_loss(config, result), "validation_loss": result.eval_loss,
+                "tokens": result.tokens, "bytes_per_token": result.bytes_sent / result.tokens,
+                "merges": result.merges, "seconds": round(seconds, 1),
+                "tokens_per_s": round(result.tokens / seconds)})
+            out["model_params"] = result.model_params
+            results.say(f"{label}: test loss {out['runs'][-1]['eval_loss']:.4f}, "
+                        f"{seconds:.0f} s")
+            out["seconds"] = round(time.time() - started, 1)
+            results.write(f"quality-preset-{name}", out)  # what a cut-off run keeps
+
+    def mean_loss(lossless: bool) -> float:
+        return statistics.fmean(r["eval_loss"] for r in out["runs"]
+                                if (r["codecs"] == "none") == lossless)
+
+    fp32 = [r["eval_loss"] for r in out["runs"] if r["codecs"] == "none"]
+    out["float32_seed_spread"] = max(fp32) - min(fp32)
+    out["checks"] = {f"{codecs} / float32 eval loss": results.check(
+        mean_loss(False) / mean_loss(True), PROFILES["full"]["bounds"]["int4_vs_decoupled"],
+        at_least=False)}
+    path = results.write(f"quality-preset-{name}", out)
+    print(results.table(out["runs"], ["seed", "codecs", "eval_loss", "validation_loss",
+                                      "bytes_per_token", "tokens_per_s"]))
+    print()
+    print(results.checks_table(out["checks"]))
+    print(f"\nmodel: {out['model_params']:,} parameters on {out['device_name']}; "
+          f"{out['seconds']} s; wrote {path}")
+    return results.exit_code(out["checks"])
+
+
+def main(quick: bool = False, preset: str | None = None) -> int:
+    if preset is not None:
+        return main_preset(preset, quick)
     profile = PROFILES["quick" if quick else "full"]
     started = time.time()
     h = profile["inner_steps"]

@@ -30,6 +30,7 @@ import torch
 from diloco import codecs
 from diloco.config import IslandConfig, RunConfig
 from diloco.data import ShardSampler, load_corpus
+from diloco.device import autocast, resolve_device, to_device
 from diloco.evaluation import Evaluator
 from diloco.fragments import due_fragments, partition
 from diloco.island import Island, initial_model, inner_lr
@@ -38,7 +39,7 @@ from diloco.model import embedding_tensor_names
 from diloco.policy import RoundStats
 from diloco.protocol import decode_message, encode_message
 from diloco.signing import island_key, publish_key
-from diloco.synchronizer import MergeResult, Published, Synchronizer, apply_published
+from diloco.synchronizer import MergeResult, Published, Synchronizer
 from diloco.wan import transfer_time
 
 CLUSTER_MODES = ("decoupled", "sync", "dp")
@@ -110,6 +111,8 @@ def run_local(config: RunConfig, mode: str = "decoupled", *, step_time_s: float 
 
     Its evaluations, along the way and at the end, are on the validation split, as a
     live run's are: a benchmark reports the final params on the test split itself.
+    The islands (and dp's one model) train on train.device ("auto": cuda when the host
+    has a GPU); the synchronizer works on the host, as syncd does.
 
     Args:
         config: the run config (islands, sync, optim, model, budget...).
@@ -132,6 +135,7 @@ class _Cluster:
     def __init__(self, config: RunConfig, step_time_s: float, eval_points: int,
                  window_steps: int | None, progress: Callable[[dict], None] | None):
         self.config = config
+        self.device = resolve_device(config.train.device)
         self.corpus = load_corpus(config.data.path, config.data.eval_fraction)
         self.init = {k: v.detach().clone() for k, v in initial_model(config).state_dict().items()}
         shapes = {k: v.numel() for k, v in self.init.items()}
@@ -140,7 +144,7 @@ class _Cluster:
         s = config.sync
         self.meter = LinkMeter(window_steps or max(1, s.inner_steps // s.fragments))
         self.up_bytes = [0] * len(self.fragments)  # the last update's size, per fragment
-        self.evaluate = Evaluator(config, self.corpus, "validation")
+        self.evaluate = Evaluator(config, self.corpus, "validation", self.device)
         # The last evaluation is at the end of the run, in _result.
         self.milestones = [config.budget.total_tokens * (k + 1) // eval_points
                            for k in range(eval_points - 1)]
@@ -155,7 +159,7 @@ class _Cluster:
     # -- shared pieces -------------------------------------------------------
 
     def _islands(self, config: RunConfig) -> list[Island]:
-        return [Island(i, config, self.corpus, self.fragments, self.init)
+        return [Island(i, config, self.corpus, self.fragments, self.init, self.device)
                 for i in range(len(config.islands))]
 
     def _maybe_eval(self, params: Callable[[], dict[str, torch.Tensor]], outer_steps: int
@@ -195,8 +199,7 @@ class _Cluster:
             return now
         nbytes = sum(len(self._global_message(p, one)) for one in published)
         self.meter.add(island.index, "down", island.step, nbytes)
-        new = apply_published(island.state[p].anchor, published, sync.shapes[p])
-        island.mix_global(p, new, sync.versions[p])
+        island.mix_published(p, published, sync.versions[p])
         arrival = published[-1].time + _link_time(island.island_config, nbytes,
                                                 self.config.emulation.bytes_scale)
         return max(now, arrival)
@@ -345,7 +348,7 @@ class _Cluster:
 
     def run_dp(self) -> LocalResult:
         config = self.config
-        model = initial_model(config)
+        model = initial_model(config).to(self.device)
         o = config.optim
         optimizer = torch.optim.AdamW(model.parameters(), lr=o.inner_lr, betas=(0.9, 0.95),
                                       weight_decay=o.weight_decay)
@@ -363,9 +366,10 @@ class _Cluster:
                 group["lr"] = inner_lr(step, o.inner_lr, o.warmup_steps)
             batches = [smp.batch(island.batch_size) for smp, island in zip(samplers, config.islands,
                                                                      strict=True)]
-            x = torch.cat([b[0] for b in batches])
-            y = torch.cat([b[1] for b in batches])
-            _, loss = model(x, y)
+            x = to_device(torch.cat([b[0] for b in batches]), self.device)
+            y = to_device(torch.cat([b[1] for b in batches]), self.device)
+            with autocast(self.device, config.train.precision):
+                _, loss = model(x, y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -378,5 +382,5 @@ class _Cluster:
             self.now += max(self.step_dur)
             self._maybe_eval(lambda: {k: v.detach() for k, v in model.state_dict().items()},
                              step)
-        return self._result("dp", {k: v.detach().clone() for k, v in model.state_dict().items()},
-                            step)
+        return self._result("dp", {k: v.detach().cpu().clone()
+                                   for k, v in model.state_dict().items()}, step)

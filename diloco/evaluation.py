@@ -22,16 +22,18 @@ class Evaluator:
         corpus: the run's corpus.
         split: "validation" for what a run watches and tuning compares, "test" for a
             benchmark's reported figure (diloco/data.py).
+        device: where the loss is computed; parameters elsewhere are copied there.
     """
 
-    def __init__(self, config: RunConfig, corpus: Corpus, split: str):
+    def __init__(self, config: RunConfig, corpus: Corpus, split: str, device: str = "cpu"):
+        self.device = device
         with torch.device("meta"):  # no tensors of its own: each call assigns them
             self.model = GPT(gpt_config(config))
         self.batches = eval_batches(corpus, split, config.eval.tokens, config.model.block_size)
 
     def __call__(self, params: dict[str, torch.Tensor]) -> float:
-        """The eval loss of `params`, which the model takes as they are (no copy): they
-        are only read."""
+        """The eval loss of `params`, which the model takes as they are (no copy) when
+        they are on the evaluator's device: they are only read."""
         windows = self.window_losses(params)
         return sum(windows) / len(windows)
 
@@ -40,12 +42,13 @@ class Evaluator:
         """Each held-out window's mean loss under `params`, in the windows' order (the
         same windows every call): the eval loss is their mean, and two models compared
         window by window share each window's difficulty."""
-        self.model.load_state_dict(params, assign=True)
+        self.model.load_state_dict({n: t.to(self.device) for n, t in params.items()},
+                                   assign=True)
         self.model.eval()
         windows: list[float] = []
         for x, y in self.batches:
-            logits, _ = self.model(x)
-            losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(),
+            logits, _ = self.model(x.to(self.device))
+            losses = F.cross_entropy(logits.flatten(0, 1).float(), y.to(self.device).flatten(),
                                      reduction="none")
             windows += losses.view(len(x), -1).mean(dim=1).tolist()
         self.model.to_empty(device="meta")  # let go of the tensors until the next call

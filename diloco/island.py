@@ -30,6 +30,7 @@ from diloco.data import Corpus, ShardSampler
 from diloco.device import HostStaging, autocast, to_device
 from diloco.fragments import Fragment
 from diloco.model import GPT, GPTConfig
+from diloco.synchronizer import Published, apply_published
 
 
 class Group(Protocol):
@@ -214,6 +215,13 @@ class Island:
             s.anchor[n] = g.clone()
         s.version = version
         s.sent = None
+
+    def mix_published(self, p: int, published: list[Published], version: int) -> None:
+        """Mix in global fragment p as the messages pulled make it (oldest first): a
+        whole fragment, or differences applied on the host to the anchor's copy there."""
+        anchor = {n: t.cpu() for n, t in self.state[p].anchor.items()}
+        shapes = {n: tuple(t.shape) for n, t in anchor.items()}
+        self.mix_global(p, apply_published(anchor, published, shapes), version)
 
     @torch.no_grad()
     def reset_fragment(self, p: int, global_tensors: dict[str, torch.Tensor],

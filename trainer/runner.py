@@ -39,7 +39,7 @@ from diloco.island import Island
 from diloco.model import GPT
 from diloco.protocol import decode_message, encode_message
 from diloco.signing import load_verify_key
-from diloco.synchronizer import Published, apply_published
+from diloco.synchronizer import Published
 from syncd.connection import connect
 from syncd.malloc import return_large_frees
 from syncd.store import RunStore
@@ -243,12 +243,8 @@ class ProcessIsland:
         if download is None:
             return False
         if download.published:
-            state = self.island.state[p]
-            shapes = {n: tuple(t.shape) for n, t in state.anchor.items()}
-            anchor = {n: t.cpu() for n, t in state.anchor.items()}
             mixing = time.monotonic()
-            self.island.mix_global(p, apply_published(anchor, download.published, shapes),
-                                   download.version)
+            self.island.mix_published(p, download.published, download.version)
             self.bytes_down += download.nbytes
             self.pulls += 1
             self.pull_s += download.read_s + time.monotonic() - mixing

@@ -8,6 +8,7 @@ and compares like with like.
 import json
 import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -140,10 +141,54 @@ def test_quality_chooses_data_parallels_rate_on_validation_and_reports_the_test_
 
 
 def spy_on_split(init, splits: list[str]):
-    def spy(self, config, corpus, split):
+    def spy(self, config, corpus, split, device="cpu"):
         splits.append(split)
-        init(self, config, corpus, split)
+        init(self, config, corpus, split, device)
     return spy
+
+
+def test_a_presets_config_keeps_its_own_codecs_or_takes_float32_both_ways():
+    from bench import quality
+
+    own = quality.preset_run_config("gpt2_small", 3, 5000, lossless=False)
+    lossless = quality.preset_run_config("gpt2_small", 3, 5000, lossless=True)
+
+    assert (own.sync.compression, own.sync.downlink_compression) == ("int4", "int8")
+    assert (lossless.sync.compression, lossless.sync.downlink_compression) == ("none", "none")
+    for config in (own, lossless):
+        assert (config.seed, config.budget.total_tokens, config.model.n_layer) == (3, 5000, 12)
+        assert [i.name for i in config.islands] == ["us-east-a", "us-west-a"]
+    assert replace(own, sync=lossless.sync) == lossless  # nothing else differs
+
+
+def test_the_preset_check_trains_both_codecs_from_each_seed_and_compares_on_test(
+        results_dir, monkeypatch, text_path):
+    from bench import quality
+    from diloco.evaluation import Evaluator
+
+    splits = []
+    monkeypatch.setattr(Evaluator, "__init__", spy_on_split(Evaluator.__init__, splits))
+    tiny = {**quality.PRESETS["paper"][1], "model": TINY_MODEL, "data": {"path": text_path},
+            "eval": {"tokens": 256}, "train": {"device": "cpu"}}
+    monkeypatch.setitem(quality.PRESETS, "paper", ("tiny paper", tiny))
+    monkeypatch.setitem(quality.PRESET_PROFILES, "quick",
+                        {"tokens": 20 * 512, "seeds": [0, 1], "eval_points": 2})
+
+    code = quality.main(quick=True, preset="paper")
+
+    out = json.loads((results_dir / "quality-preset-paper.json").read_text())
+    assert [(r["seed"], r["codecs"]) for r in out["runs"]] == [
+        (0, "none"), (0, "int4 up, int8 down"), (1, "none"), (1, "int4 up, int8 down")]
+    assert all(r["tokens"] >= 20 * 512 for r in out["runs"])
+    lossy = [r["bytes_per_token"] for r in out["runs"] if r["codecs"] != "none"]
+    assert max(lossy) < min(r["bytes_per_token"] for r in out["runs"] if r["codecs"] == "none")
+    assert splits.count("test") == 4  # each run's reported figure
+    (check,) = out["checks"].values()
+    mean = [sum(r["eval_loss"] for r in out["runs"] if (r["codecs"] == "none") == lossless) / 2
+            for lossless in (False, True)]
+    assert check["value"] == round(mean[0] / mean[1], 4)
+    assert code == (0 if check["ok"] else 1)
+    assert (out["device"], out["device_name"]) == ("cpu", "cpu")
 
 
 def test_the_data_parallel_sweep_goes_past_an_end_while_that_end_is_best(monkeypatch):

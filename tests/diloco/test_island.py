@@ -7,6 +7,7 @@ from diloco import codecs
 from diloco.data import load_corpus
 from diloco.fragments import partition
 from diloco.island import Island, initial_model, inner_lr
+from diloco.synchronizer import Published
 
 
 @pytest.fixture
@@ -136,6 +137,31 @@ def test_mixing_with_alpha_interpolates_between_global_and_local(island_of):
 
     for n, theta in island.fragment_params(0).items():
         assert torch.allclose(theta, 0.25 * local[n], atol=1e-7)
+
+
+def test_pulled_differences_are_mixed_in_on_top_of_the_anchor(island_of):
+    island = island_of(alpha=0.0)
+    anchor = {n: t.clone() for n, t in island.state[0].anchor.items()}
+    diff = {n: torch.full_like(t, 0.25) for n, t in anchor.items()}
+    pulled = [Published(1, 0.0, "int8", codecs.encode(diff, "int8")),
+              Published(2, 0.0, "int8", codecs.encode(diff, "int8"))]
+
+    island.mix_published(0, pulled, version=2)
+
+    for n, theta in island.fragment_params(0).items():
+        assert torch.allclose(theta, anchor[n] + 0.5, atol=1e-6)
+        assert torch.equal(island.state[0].anchor[n], theta)
+    assert island.state[0].version == 2
+
+
+def test_a_pulled_whole_fragment_replaces_the_anchor(island_of):
+    island = island_of(alpha=0.0)
+    whole = {n: torch.randn_like(t) for n, t in island.state[0].anchor.items()}
+
+    island.mix_published(0, [Published(4, 0.0, "none", whole)], version=4)
+
+    for n, theta in island.fragment_params(0).items():
+        assert torch.equal(theta, whole[n])
 
 
 def test_an_update_right_after_a_mix_is_zero(island_of):

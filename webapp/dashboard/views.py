@@ -18,12 +18,13 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from diloco.config import field_help
 from diloco.config_parse import ConfigError
+from diloco.presets import PRESETS
 from webapp.dashboard.forms import RunForm
 from webapp.dashboard.regions import map_view, region_positions
 from webapp.runs import roles
 from webapp.runs.lifecycle import create_run
 from webapp.runs.models import ApiToken, Checkpoint, Island, Metric, Run, Simulation
-from webapp.runs.presets import PRESETS, preset_config
+from webapp.runs.presets import preset_config
 from webapp.runs.reports import progress, run_events, run_metrics, run_summary, run_timeline
 from webapp.runs.simulations import DEFAULT_SWEEP, check_sweep
 from webapp.runs.tasks import start_simulation

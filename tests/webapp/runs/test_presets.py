@@ -5,9 +5,10 @@ import pytest
 
 from diloco.config import RunConfig
 from diloco.config_parse import parse_config
+from diloco.presets import PAPER_REGIONS, PRESETS
 from diloco.sizes import estimate
 from diloco.synchronizer import history_length
-from webapp.runs.presets import PAPER_REGIONS, PRESETS, preset_config
+from webapp.runs.presets import preset_config
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
