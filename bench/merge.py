@@ -121,7 +121,7 @@ def time_save(files: PublishedFiles, version: int, fragment: Fragment) -> tuple[
             "codec": "none"}
     full = encode_message("global", meta, fragment.params, publish_key(SECRET))
     started = time.perf_counter()
-    written = files.save(0, version, full, fragment.optimizer.state_dict())
+    written = files.save(0, version, 0, full, fragment.optimizer.state_dict())
     return time.perf_counter() - started, written
 
 

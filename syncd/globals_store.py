@@ -53,7 +53,7 @@ class GlobalsStore(RunKeys):
             syncd.fence.LeaseLost: this store's lease is gone; nothing was published.
             redis.OutOfMemoryError: the data plane is full; nothing was published.
         """
-        token = self.fence.token if self.fence is not None else 0
+        token = self.fencing_token
         written: list[BulkRef] = []
         try:
             for name, message in (("full", full), ("pub", difference)):
@@ -83,6 +83,7 @@ class GlobalsStore(RunKeys):
             if handled:
                 pipe.hset(self.key("handled", fragment), mapping=handled)
             pipe.hset(self.key("versions"), fragment, version)
+            pipe.hset(self.key("fencing_tokens"), fragment, token)
             pipe.hincrby(self.key("tokens_merged"), fragment, tokens)
 
         self._write(fill)
@@ -155,6 +156,12 @@ class GlobalsStore(RunKeys):
 
     def versions(self) -> dict[int, int]:
         return {int(k): int(v) for k, v in self.client.hgetall(self.key("versions")).items()}
+
+    def fencing_tokens(self) -> dict[int, int]:
+        """The fencing token of the grant that committed each fragment's newest version:
+        the name of its file among syncd's files (syncd.published_files)."""
+        raw = self.client.hgetall(self.key("fencing_tokens"))
+        return {int(k): int(v) for k, v in raw.items()}
 
     def handled(self, fragment: int) -> dict[str, int]:
         raw = self.client.hgetall(self.key("handled", fragment))

@@ -11,7 +11,13 @@ and it is written straight from the optimizer's tensors, without a copy of the
 whole. The folder is under the run's checkpoints (CHECKPOINT_DIR), which every syncd
 that may serve the run reaches.
 
-Each fragment has two files, one of its even versions and one of its odd, and
+Each grant of the run's lease (its fencing token, syncd.fence) writes files of its
+own, so a syncd that lost the run and has not noticed yet can never write over the
+file of a version its successor committed (both may merge a version of the same
+number); the commit says which grant's file holds each fragment's newest version
+(syncd.globals_store.GlobalsStore.fencing_tokens), and once a grant has committed a
+fragment, the files of the other grants go (`keep_only`). Per grant, each fragment
+has two files, one of its even versions and one of its odd, and
 version v is written over v - 2, in place: the file of v - 1, the version committed
 while v is written, is never touched, and a file's pages are written again where
 they lie in the page cache. (A new file per version, renamed into place, had its
@@ -51,17 +57,19 @@ class PublishedFiles:
         """The files of run `run_id`, beside its checkpoints."""
         return cls(Path(checkpoint_dir) / f"run-{run_id}" / "published")
 
-    def _path(self, fragment: int, version: int) -> Path:
-        """The file `version` of `fragment` is written to: its even or its odd one."""
-        return self.folder / f"{fragment}-{'odd' if version % 2 else 'even'}.published"
+    def _path(self, fragment: int, version: int, token: int) -> Path:
+        """The file grant `token` writes `version` of `fragment` to: its even or its odd
+        one."""
+        return self.folder / f"{fragment}-{token}-{'odd' if version % 2 else 'even'}.published"
 
-    def save(self, fragment: int, version: int, full: bytes | bytearray | list[memoryview],
-             momentum: dict[str, torch.Tensor]) -> int:
+    def save(self, fragment: int, version: int, token: int,
+             full: bytes | bytearray | list[memoryview], momentum: dict[str, torch.Tensor]
+             ) -> int:
         """Write `fragment`'s full message (or its pieces, in order) and outer momentum (a
-        safetensors file of the tensors) at `version`, over its version - 2; returns the
-        bytes written."""
+        safetensors file of the tensors) at `version`, over its version - 2, in the files
+        of the grant of fencing token `token`; returns the bytes written."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self._path(fragment, version)
+        path = self._path(fragment, version, token)
         pieces = full if isinstance(full, list) else [memoryview(full)]
         full_size = sum(piece.nbytes for piece in pieces)
         sizes = (full_size, tensorfile.size(momentum))
@@ -76,12 +84,12 @@ class PublishedFiles:
             f.write(_HEADER.pack(version, *sizes))
         return _HEADER.size + full_size + momentum_bytes
 
-    def load(self, fragment: int, version: int, full: bool = True
+    def load(self, fragment: int, version: int, token: int, full: bool = True
              ) -> tuple[bytearray | None, dict[str, torch.Tensor]] | None:
-        """(full message, outer momentum) of `fragment` at `version`; the full message
-        is None when `full` is False (not read). None if its file holds no whole version
-        of it."""
-        path = self._path(fragment, version)
+        """(full message, outer momentum) of `fragment` at `version`, as the grant of
+        fencing token `token` saved it; the full message is None when `full` is False
+        (not read). None if that file holds no whole version of it."""
+        path = self._path(fragment, version, token)
         try:
             with open(path, "rb") as f:
                 header = f.read(_HEADER.size)
@@ -105,6 +113,13 @@ class PublishedFiles:
             return message, tensorfile.loads(momentum)[1]
         except tensorfile.FormatError:
             return None
+
+    def keep_only(self, fragment: int, token: int) -> None:
+        """Delete `fragment`'s files of every grant but `token`'s: it committed the
+        fragment, so no other grant's file is read again."""
+        for path in self.folder.glob(f"{fragment}-*.published"):
+            if path.name.split("-")[1] != str(token):
+                path.unlink(missing_ok=True)
 
     def clear(self) -> None:
         """Delete every file of the run: it ended, its final checkpoint holds the model."""

@@ -168,12 +168,13 @@ class Rounds:
         gone (the caller falls back to a checkpoint)."""
         found: dict[int, tuple[bytearray, dict[str, torch.Tensor]]] = {}
         again: set[int] = set()
+        tokens = self.store.fencing_tokens()
         for p, version in versions.items():
             try:
                 full = self.store.full(p)
             except BulkError:
                 full = None
-            saved = self.files.load(p, version, full=full is None)
+            saved = self.files.load(p, version, tokens.get(p, 0), full=full is None)
             if saved is None:
                 log.warning("run %s: fragment %d version %d is not in %s", self.store.run_id,
                             p, version, self.files.folder)
@@ -192,8 +193,9 @@ class Rounds:
             _, meta, tensors = decode_message(full, self.spec.verify_key)
             self.load_fragment(p, tensors, momentum, meta["version"])
             self.sync.handled[p] = self.store.handled(p)
-            if p in again:
-                self.store.publish(p, meta["version"], full, None, {}, 0, self.kept_differences)
+            if p in again:  # committed again by this grant: in this grant's file too
+                self.bytes_saved += self._commit(p, meta["version"], [memoryview(full)], None,
+                                                 momentum, 0, {})
             else:
                 self.store.keep_published(p, self._kept_versions(p))
             self.keepalive()
@@ -204,12 +206,13 @@ class Rounds:
 
     def republish(self) -> None:
         """The data plane lost the run's messages (it restarted): publish every
-        fragment's version again from what syncd holds. The differences of a lossy
-        downlink are gone; an island behind takes the full fragment."""
+        fragment's version again from what syncd holds, a commit of this grant's, so in
+        its files too. The differences of a lossy downlink are gone; an island behind
+        takes the full fragment."""
         for p in range(len(self.fragments)):
             version = self.sync.versions[p]
-            self.store.publish(p, version, self._global_message(p, version), None, {}, 0,
-                               self.kept_differences)
+            self.bytes_saved += self._commit(p, version, self._global_message(p, version), None,
+                                             self.sync.optimizers[p].state_dict(), 0, {})
             self.keepalive()
         self.store.mark_dataplane()
 
@@ -286,12 +289,15 @@ class Rounds:
         """Make fragment p's `version` durable in syncd's files, then commit it
         (RunStore.publish): a data plane that restarts loses no merge. The file is
         written on a thread of its own while the messages go to the data plane (both
-        wait on I/O, not on the interpreter), and the commit waits for it. Returns the
-        bytes written to the files."""
+        wait on I/O, not on the interpreter), and the commit waits for it; it is this
+        grant's file (its fencing token), and once committed the other grants' files
+        of p go. Returns the bytes written to the files."""
+        token = self.store.fencing_token
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="published-files") as pool:
-            saving = pool.submit(self.files.save, p, version, full, momentum)
+            saving = pool.submit(self.files.save, p, version, token, full, momentum)
             self.store.publish(p, version, full, difference, handled, tokens,
                                self.kept_differences, done, before_commit=saving.result)
+        self.files.keep_only(p, token)
         return saving.result()
 
     def tokens_merged(self) -> int:
@@ -647,7 +653,8 @@ class Rounds:
         overflow together): it is not published, the fragment goes back to its
         published version, and the round's updates are dropped as refused."""
         _, meta, tensors = decode_message(self.store.full(p), self.spec.verify_key)
-        saved = self.files.load(p, meta["version"], full=False)
+        saved = self.files.load(p, meta["version"], self.store.fencing_tokens().get(p, 0),
+                                full=False)
         self.load_fragment(p, tensors, saved[1] if saved else None, meta["version"])
         history = self.sync.history[p]
         if history and history[-1].version == version:

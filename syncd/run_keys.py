@@ -59,6 +59,12 @@ class RunKeys:
     def key(self, *parts: object) -> str:
         return self.prefix + ":".join(str(p) for p in parts)
 
+    @property
+    def fencing_token(self) -> int:
+        """The fencing token of this store's lease, 0 without one: what names the
+        messages and files this syncd writes, so that no other grant's are touched."""
+        return self.fence.token if self.fence is not None else 0
+
     def _write(self, fill: Callable[[Pipeline], object]) -> list:
         """One MULTI/EXEC of the commands `fill` queues, fenced by the lease if any."""
         if self.fence is not None:

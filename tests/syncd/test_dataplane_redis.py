@@ -65,7 +65,10 @@ def test_a_merge_publishes_its_messages_on_the_data_plane_and_commits_on_the_con
                                sync.store.key("status"), sync.store.key("heartbeats"))
     _, meta, _ = decode_message(sync.store.full(0), sync.spec.verify_key)
     assert meta["version"] == 1
-    assert (tmp_path / f"run-{sync.store.run_id}" / "published" / "0-odd.published").exists()
+    token = sync.store.fencing_tokens()[0]
+    assert token == sync.store.fencing_token  # this syncd's grant (0: no lease here)
+    assert (tmp_path / f"run-{sync.store.run_id}" / "published"
+            / f"0-{token}-odd.published").exists()
 
 
 def test_a_full_data_plane_refuses_tensor_writes_while_heartbeats_and_status_go_on(
@@ -155,3 +158,47 @@ def test_a_restart_of_the_data_plane_and_of_syncd_loses_no_published_global(
     assert sync.store.full(0) == merged  # published on the data plane again
     again.recorder.flush()
     assert not Event.objects.filter(run_id=sync.recorder.run_id, kind="rollback").exists()
+
+
+def test_a_syncd_under_a_new_grant_restores_from_the_committing_grants_file_then_keeps_its_own(
+        redis_url, own_dataplane, tmp_path):
+    from syncd import lease
+    from syncd.service import RunSync
+    from webapp.runs.records import DatabaseRecorder
+
+    url, restart = own_dataplane
+    sync = make_run_sync(redis_url, tmp_path, "decoupled", dataplane_url=url)
+    merge_once(sync)  # committed by grant 0 (this helper holds no lease)
+    merged = sync.store.full(0)
+    folder = tmp_path / f"run-{sync.store.run_id}" / "published"
+    assert (folder / "0-0-odd.published").exists()
+
+    restart()
+    grant = lease.acquire(sync.store.client, sync.store.run_id, "syncd-b", ttl_s=60)
+    store = RunStore(sync.store.client, sync.store.run_id, fence=grant, data=connect(url))
+    clock = {"now": 2000.0}
+    again = RunSync(store, DatabaseRecorder(sync.recorder.run_id), tmp_path,
+                    clock=lambda: clock["now"], control_every_s=0.0)
+    assert store.full(0) == merged  # published again from grant 0's file
+
+    heartbeat_all(again)
+    send(again, "a", 0, 8, base_version=1)
+    send(again, "b", 0, 8, base_version=1)
+    again.tick()
+
+    assert store.versions()[0] == 2
+    assert store.fencing_tokens()[0] == grant.token > 0
+    # Version 1 published again and version 2, both in this grant's files; grant 0's gone.
+    assert sorted(p.name for p in folder.glob("0-*")) == [
+        f"0-{grant.token}-even.published", f"0-{grant.token}-odd.published"]
+
+    # And the next grant restores from that grant's file, not grant 0's (gone).
+    merged = store.full(0)
+    assert lease.release(store.client, grant)
+    restart()
+    later = lease.acquire(store.client, store.run_id, "syncd-c", ttl_s=60)
+    store = RunStore(store.client, store.run_id, fence=later, data=connect(url))
+    again = RunSync(store, DatabaseRecorder(sync.recorder.run_id), tmp_path,
+                    clock=lambda: clock["now"], control_every_s=0.0)
+    assert again.rounds.sync.versions[0] == 2
+    assert store.full(0) == merged

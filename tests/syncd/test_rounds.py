@@ -84,7 +84,7 @@ def test_the_next_rounds_updates_are_read_while_a_merge_is_published(run_sync, m
     save = rounds.files.save
     seen = {}
 
-    def save_once_the_next_round_is_read(p, version, full, momentum):
+    def save_once_the_next_round_is_read(p, version, token, full, momentum):
         if (p, version) == (0, 1):
             send(run_sync, "a", 0, 8)
             send(run_sync, "b", 0, 8, tokens=7)
@@ -95,7 +95,7 @@ def test_the_next_rounds_updates_are_read_while_a_merge_is_published(run_sync, m
             seen["next round"] = sorted(rounds.sync.rounds[0])
             seen["versions"] = run_sync.store.versions()
             seen["handled"] = run_sync.store.handled(0)
-        return save(p, version, full, momentum)
+        return save(p, version, token, full, momentum)
 
     monkeypatch.setattr(rounds.files, "save", save_once_the_next_round_is_read)
     send(run_sync, "a", 0, 4)
@@ -115,10 +115,10 @@ def test_a_publish_that_fails_is_published_on_the_next_pass_and_the_others_stand
     save = rounds.files.save
     failures = [OSError("the disk went away for a moment")]
 
-    def save_failing_once(p, version, full, momentum):
+    def save_failing_once(p, version, token, full, momentum):
         if p == 0 and failures:
             raise failures.pop()
-        return save(p, version, full, momentum)
+        return save(p, version, token, full, momentum)
 
     monkeypatch.setattr(rounds.files, "save", save_failing_once)
     for fragment in (0, 1):
@@ -148,10 +148,10 @@ def test_a_pass_whose_reading_fails_during_a_publish_ends_after_the_publish(
     reading_failed = threading.Event()
     order = []
 
-    def save_after_the_failure(p, version, full, momentum):
+    def save_after_the_failure(p, version, token, full, momentum):
         reading_failed.wait(30)
         order.append("saved")
-        return save(p, version, full, momentum)
+        return save(p, version, token, full, momentum)
 
     def ingest_failing_while_publishing(now, liveness, until=None):
         if until is not None:
