@@ -5,7 +5,11 @@ steps with diloco.island.Island, the loop every island runs, on cuda when
 the host has a GPU: once in fp32 and once with bf16 autocast (train.precision),
 from the same initial weights on the same batches. Every `inner_steps` steps it
 sends each fragment and mixes a global back in, so fragments go through the
-pinned host buffers both ways. It prints tokens/s per precision, writes
+pinned host buffers both ways; a send encodes with the real-size presets' uplink
+codec (int4, diloco/presets.py) and is signed as the runner signs it, and the
+milliseconds of each part (the update made and encoded, its signature, the mix)
+are reported per send: the training thread's time that a send costs, beside the
+step's. It prints tokens/s per precision, writes
 bench/results/gpu_smoke.json (gpu_smoke-quick.json with `--quick`) and exits
 non-zero if a check fails: the loss falls in both runs, bf16 ends close to
 fp32, and (on a GPU, full profile) bf16 is faster. `--quick` runs a small model
@@ -28,6 +32,9 @@ from diloco.data import load_corpus
 from diloco.device import HostStaging, resolve_device
 from diloco.fragments import due_fragments, partition
 from diloco.island import Island, initial_model
+from diloco.presets import REAL_SIZE_CODECS
+from diloco.protocol import encode_message
+from diloco.signing import island_key
 
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {"model": {"n_layer": 8, "n_embd": 768, "n_head": 12, "block_size": 512},
@@ -65,7 +72,10 @@ def train(profile: dict[str, Any], precision: str, device: str) -> dict[str, Any
     island = Island(0, config, corpus, fragments, init, device)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
+    codec, key = REAL_SIZE_CODECS["compression"], island_key(b"smoke", "smoke", 1)
     losses, step_s, sync_s = [], 0.0, 0.0
+    parts = {"update_ms": 0.0, "sign_ms": 0.0, "mix_ms": 0.0}
+    sends = 0
     for step in range(1, profile["steps"] + 1):
         synchronize(device)
         started = time.perf_counter()
@@ -76,9 +86,19 @@ def train(profile: dict[str, Any], precision: str, device: str) -> dict[str, Any
         for p in due_fragments(island.step, config.sync.inner_steps, config.sync.fragments):
             # The way out and back of a sync with tau = 0, the global standing in for
             # syncd's merge: this island's own fragment as it was sent.
-            island.make_update(p, "none")
             sent = {n: t.detach().cpu() for n, t in island.fragment_params(p).items()}
+            marks = [time.perf_counter()]
+            meta, payload = island.make_update(p, codec)
+            marks.append(time.perf_counter())
+            meta.update(run="smoke", island="smoke", epoch=1, compute_s=0.0, codec=codec)
+            encode_message("update", meta, payload, key)
+            marks.append(time.perf_counter())
             island.mix_global(p, sent, island.state[p].version + 1)
+            synchronize(device)
+            marks.append(time.perf_counter())
+            for part, begun, ended in zip(parts, marks[:-1], marks[1:], strict=True):
+                parts[part] += 1000 * (ended - begun)
+            sends += 1
         synchronize(device)
         sync_s += time.perf_counter() - started
     timed = profile["steps"] - profile["warmup"]
@@ -92,6 +112,8 @@ def train(profile: dict[str, Any], precision: str, device: str) -> dict[str, Any
         "peak_gib": (torch.cuda.max_memory_allocated(device) / 2**30
                      if device.startswith("cuda") else None),
         "params": island.model.num_params(), "tokens_per_step": island.tokens_per_step,
+        "codec": codec, "fragment_params": max(f.numel for f in fragments),
+        **{f"{part}_per_send": ms / max(1, sends) for part, ms in parts.items()},
     }
 
 
@@ -152,6 +174,10 @@ def measure(profile: dict[str, Any], device: str, quick: bool) -> int:
     print(results.table(list(runs.values()), ["precision", "device", "tokens_per_s",
                                               "ms_per_step", "sync_ms_per_step", "first_loss",
                                               "last_loss", "peak_gib"]))
+    print()
+    print(results.table(list(runs.values()), ["precision", "codec", "fragment_params",
+                                              "update_ms_per_send", "sign_ms_per_send",
+                                              "mix_ms_per_send"]))
     print()
     print(results.checks_table(checks))
     print(f"\nmodel: {fp32['params']:,} parameters, {fp32['tokens_per_step']:,} tokens per "
