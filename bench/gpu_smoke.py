@@ -12,7 +12,9 @@ are reported per send: the training thread's time that a send costs, beside the
 step's. It prints tokens/s per precision, writes
 bench/results/gpu_smoke.json (gpu_smoke-quick.json with `--quick`) and exits
 non-zero if a check fails: the loss falls in both runs, bf16 ends close to
-fp32, and (on a GPU, full profile) bf16 is faster. `--quick` runs a small model
+fp32, (on a GPU, full profile) bf16 is faster, and (on a GPU) fragments come back
+through the pinned buffers exactly and an int4 update encoded there has exactly the
+host's codes. `--quick` runs a small model
 for a few dozen steps, on the CPU too.
 """
 
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 
 from bench import results
+from diloco import codecs
 from diloco.config import RunConfig
 from diloco.config_parse import parse_config
 from diloco.data import load_corpus
@@ -139,6 +142,19 @@ def pinned_round_trip(device: str) -> bool:
             and all(back[n].data_ptr() != staging.buffers[n].data_ptr() for n in host))
 
 
+def encoded_on_the_device_as_on_the_host(device: str, codec: str) -> bool:
+    """An update encoded on the device has the codes and scales the host's encoding of
+    the same values has, and decodes there to the host's decoded values, exactly."""
+    values = {"w": torch.randn(1000, 777) * 0.01, "b": torch.randn(13)}
+    shapes = {n: tuple(t.shape) for n, t in values.items()}
+    host = codecs.encode(values, codec)
+    there = codecs.encode({n: t.to(device) for n, t in values.items()}, codec)
+    decoded = codecs.decode(there, codec, shapes)
+    return (all(torch.equal(there[n].cpu(), host[n]) for n in host)
+            and all(torch.equal(decoded[n].cpu(), t)
+                    for n, t in codecs.decode(host, codec, shapes).items()))
+
+
 def measure(profile: dict[str, Any], device: str, quick: bool) -> int:
     started = time.time()
     where = device if device == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})"
@@ -170,6 +186,9 @@ def measure(profile: dict[str, Any], device: str, quick: bool) -> int:
         out["gpu"] = torch.cuda.get_device_name(device)
         checks["fragments through pinned buffers, exact"] = results.check(
             float(pinned_round_trip(device)), 1.0)
+        codec = REAL_SIZE_CODECS["compression"]
+        checks[f"{codec} encoded on the device as on the host, exact"] = results.check(
+            float(encoded_on_the_device_as_on_the_host(device, codec)), 1.0)
     path = results.write("gpu_smoke-quick" if quick else "gpu_smoke", out)
     print(results.table(list(runs.values()), ["precision", "device", "tokens_per_s",
                                               "ms_per_step", "sync_ms_per_step", "first_loss",

@@ -212,9 +212,9 @@ def _quantize(flat: torch.Tensor, qmax: int, pack: bool) -> tuple[torch.Tensor, 
     pad = (-len(flat)) % BLOCK
     rows = torch.nn.functional.pad(flat, (0, pad)).view(-1, BLOCK) if pad else flat.view(-1, BLOCK)
     blocks = rows.shape[0]
-    scale = torch.empty(blocks)
-    codes = (torch.empty(blocks * BLOCK // 2, dtype=torch.uint8) if pack
-             else torch.empty(blocks * BLOCK, dtype=torch.int8))
+    scale = torch.empty(blocks, device=flat.device)
+    codes = (torch.empty(blocks * BLOCK // 2, dtype=torch.uint8, device=flat.device) if pack
+             else torch.empty(blocks * BLOCK, dtype=torch.int8, device=flat.device))
     per_block = BLOCK // 2 if pack else BLOCK
     for start in _chunks(blocks):
         chunk = rows[start:start + CHUNK_BLOCKS]
@@ -236,6 +236,18 @@ def _quantize(flat: torch.Tensor, qmax: int, pack: bool) -> tuple[torch.Tensor, 
 # 8-byte pair per byte value, read as int64: one lookup per byte yields both values.
 _NIBBLE_PAIRS = (torch.stack([torch.arange(256) & 0x0F, torch.arange(256) >> 4], dim=1)
                  .float().sub_(8.0).view(torch.int64).view(-1))
+_NIBBLE_PAIRS_ON: dict[torch.device, torch.Tensor] = {}
+
+
+def _nibble_pairs(device: torch.device) -> torch.Tensor:
+    """_NIBBLE_PAIRS on `device` (an island's GPU decodes what it sends there)."""
+    if device.type == "cpu":
+        return _NIBBLE_PAIRS
+    if device not in _NIBBLE_PAIRS_ON:
+        _NIBBLE_PAIRS_ON[device] = _NIBBLE_PAIRS.to(device)
+    return _NIBBLE_PAIRS_ON[device]
+
+
 # Per pair of bytes (read as one 16-bit key), the sum of the squares of the codes they
 # hold: four nibbles (-8..7) for packed int4, two values for int8. Float32 is exact for
 # them and for their sums over a block (at most 2**20). A lookup per pair of bytes
@@ -257,7 +269,7 @@ def _dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Float32 values of the codes times their block's scale, a chunk of CHUNK_BLOCKS
     blocks at a time (`_dequantize_chunk`)."""
     blocks = len(scale)
-    values = torch.empty(blocks * BLOCK)
+    values = torch.empty(blocks * BLOCK, device=codes.device)
     rows = values.view(blocks, BLOCK)
     for start in _chunks(blocks):
         end = min(start + CHUNK_BLOCKS, blocks)
@@ -279,7 +291,8 @@ def _codes_chunk(codes: torch.Tensor, start: int, end: int, out: torch.Tensor) -
     per_block = _block_width(codes)
     chunk = codes[start * per_block:end * per_block]
     if codes.dtype == torch.uint8:
-        torch.index_select(_NIBBLE_PAIRS, 0, chunk.int(), out=out.view(-1).view(torch.int64))
+        torch.index_select(_nibble_pairs(codes.device), 0, chunk.int(),
+                           out=out.view(-1).view(torch.int64))
     else:
         out.view(-1).copy_(chunk)
 

@@ -69,15 +69,16 @@ class HostStaging:
 
     def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
         buf = self.buffers.get(name)
-        if buf is None or buf.shape != like.shape:
-            buf = self.buffers[name] = torch.empty(like.shape, dtype=torch.float32,
+        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+            buf = self.buffers[name] = torch.empty(like.shape, dtype=like.dtype,
                                                    pin_memory=True)
         return buf
 
     def to_host(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Float32 copies on the host, the caller's to keep."""
+        """The tensors on the host, in their dtype: copies the caller keeps (on the CPU,
+        the tensors themselves)."""
         if not self.pinned:
-            return {n: t.float().cpu() for n, t in tensors.items()}
+            return {n: t.cpu() for n, t in tensors.items()}
         self._wait_for_upload()
         for n, t in tensors.items():
             self._buffer(n, t).copy_(t, non_blocking=True)

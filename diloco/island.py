@@ -175,16 +175,19 @@ class Island:
 
     @torch.no_grad()
     def make_update(self, p: int, codec: str) -> tuple[dict, dict[str, torch.Tensor]]:
-        """The encoded outer-gradient increment of fragment p and its metadata."""
+        """The encoded outer-gradient increment of fragment p and its metadata. It is
+        encoded where the model lives, and only the encoded tensors come to the host: on
+        a GPU the codes of a lossy codec, an eighth of the fragment for int4. What was
+        sent, decoded, stays there too, for the mix."""
         s = self.state[p]
-        delta = self.staging.to_host({n: s.anchor[n] - self.params[n].detach()
-                                      for n in s.anchor})
+        delta = {n: s.anchor[n] - self.params[n].detach() for n in s.anchor}
         if s.sent is not None:
             delta = {n: delta[n] - s.sent[n] for n in delta}
-        payload = codecs.encode(delta, codec)
+        encoded = codecs.encode(delta, codec)
         shapes = {n: tuple(t.shape) for n, t in delta.items()}
-        decoded = codecs.decode(payload, codec, shapes)
+        decoded = codecs.decode(encoded, codec, shapes)
         s.sent = decoded if s.sent is None else {n: s.sent[n] + decoded[n] for n in decoded}
+        payload = self.staging.to_host(encoded)
         s.sent_seq = self.step
         meta = {"fragment": p, "base_version": s.version, "tokens": s.tokens,
                 "inner_steps": s.inner_steps, "seq": self.step}
@@ -208,7 +211,7 @@ class Island:
         for n, g in self.staging.to_device(global_tensors).items():
             theta = self.params[n]
             if s.sent is not None:
-                at_send = s.anchor[n] - s.sent[n].to(self.device)
+                at_send = s.anchor[n] - s.sent[n]
                 theta.copy_(torch.lerp(g, at_send, alpha) + (theta - at_send))
             else:
                 theta.copy_(torch.lerp(g, theta, alpha))
