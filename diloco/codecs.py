@@ -216,10 +216,13 @@ def _quantize(flat: torch.Tensor, qmax: int, pack: bool) -> tuple[torch.Tensor, 
     codes = (torch.empty(blocks * BLOCK // 2, dtype=torch.uint8, device=flat.device) if pack
              else torch.empty(blocks * BLOCK, dtype=torch.int8, device=flat.device))
     per_block = BLOCK // 2 if pack else BLOCK
+    # A tensor, not a Python number: a GPU divides by a number as a multiplication by its
+    # reciprocal, one ulp off the CPU's scales in about half the blocks.
+    divisor = torch.tensor(float(qmax), device=flat.device)
     for start in _chunks(blocks):
         chunk = rows[start:start + CHUNK_BLOCKS]
         end = start + len(chunk)
-        s = torch.maximum(chunk.amax(dim=1), chunk.amin(dim=1).neg_()).div_(qmax)
+        s = torch.maximum(chunk.amax(dim=1), chunk.amin(dim=1).neg_()).div_(divisor)
         scale[start:end] = s
         safe = torch.where(s > 0, s, torch.ones_like(s))
         q = torch.round(chunk / safe.unsqueeze(1)).clamp_(-qmax, qmax).to(torch.int8)
