@@ -39,6 +39,7 @@ from diloco.presets import REAL_SIZE_CODECS
 from diloco.protocol import encode_message
 from diloco.signing import island_key
 
+CODEC = REAL_SIZE_CODECS["compression"]  # what a send encodes with
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {"model": {"n_layer": 8, "n_embd": 768, "n_head": 12, "block_size": 512},
              "batch_size": 16, "steps": 300, "warmup": 20, "inner_steps": 50,
@@ -75,7 +76,7 @@ def train(profile: dict[str, Any], precision: str, device: str) -> dict[str, Any
     island = Island(0, config, corpus, fragments, init, device)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
-    codec, key = REAL_SIZE_CODECS["compression"], island_key(b"smoke", "smoke", 1)
+    key = island_key(b"smoke", "smoke", 1)
     losses, step_s, sync_s = [], 0.0, 0.0
     parts = {"update_ms": 0.0, "sign_ms": 0.0, "mix_ms": 0.0}
     sends = 0
@@ -91,9 +92,9 @@ def train(profile: dict[str, Any], precision: str, device: str) -> dict[str, Any
             # syncd's merge: this island's own fragment as it was sent.
             sent = {n: t.detach().cpu() for n, t in island.fragment_params(p).items()}
             marks = [time.perf_counter()]
-            meta, payload = island.make_update(p, codec)
+            meta, payload = island.make_update(p, CODEC)
             marks.append(time.perf_counter())
-            meta.update(run="smoke", island="smoke", epoch=1, compute_s=0.0, codec=codec)
+            meta.update(run="smoke", island="smoke", epoch=1, compute_s=0.0, codec=CODEC)
             encode_message("update", meta, payload, key)
             marks.append(time.perf_counter())
             island.mix_global(p, sent, island.state[p].version + 1)
@@ -115,7 +116,7 @@ def train(profile: dict[str, Any], precision: str, device: str) -> dict[str, Any
         "peak_gib": (torch.cuda.max_memory_allocated(device) / 2**30
                      if device.startswith("cuda") else None),
         "params": island.model.num_params(), "tokens_per_step": island.tokens_per_step,
-        "codec": codec, "fragment_params": max(f.numel for f in fragments),
+        "codec": CODEC, "fragment_params": max(f.numel for f in fragments),
         **{f"{part}_per_send": ms / max(1, sends) for part, ms in parts.items()},
     }
 
@@ -186,9 +187,8 @@ def measure(profile: dict[str, Any], device: str, quick: bool) -> int:
         out["gpu"] = torch.cuda.get_device_name(device)
         checks["fragments through pinned buffers, exact"] = results.check(
             float(pinned_round_trip(device)), 1.0)
-        codec = REAL_SIZE_CODECS["compression"]
-        checks[f"{codec} encoded on the device as on the host, exact"] = results.check(
-            float(encoded_on_the_device_as_on_the_host(device, codec)), 1.0)
+        checks[f"{CODEC} encoded on the device as on the host, exact"] = results.check(
+            float(encoded_on_the_device_as_on_the_host(device, CODEC)), 1.0)
     path = results.write("gpu_smoke-quick" if quick else "gpu_smoke", out)
     print(results.table(list(runs.values()), ["precision", "device", "tokens_per_s",
                                               "ms_per_step", "sync_ms_per_step", "first_loss",

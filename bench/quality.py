@@ -183,9 +183,9 @@ def main_preset(name: str, quick: bool = False) -> int:
         raise SystemExit(f"unknown preset {name!r}; expected one of {', '.join(PRESETS)}")
     profile = PRESET_PROFILES["quick" if quick else "full"]
     started = time.time()
-    own = preset_run_config(name, 0, profile["tokens"], lossless=False).sync
-    codecs = f"{own.compression} up, {own.downlink_compression} down"
-    device = resolve_device(preset_run_config(name, 0, 1000, lossless=True).train.device)
+    own = preset_run_config(name, 0, profile["tokens"], lossless=False)
+    codecs = f"{own.sync.compression} up, {own.sync.downlink_compression} down"
+    device = resolve_device(own.train.device)
     out: dict[str, Any] = {"preset": name, "profile": "quick" if quick else "full",
                            "codecs": codecs, "device": device,
                            "device_name": (torch.cuda.get_device_name(device)

@@ -29,7 +29,8 @@ class Evaluator:
         self.device = device
         with torch.device("meta"):  # no tensors of its own: each call assigns them
             self.model = GPT(gpt_config(config))
-        self.batches = eval_batches(corpus, split, config.eval.tokens, config.model.block_size)
+        self.batches = [(x.to(device), y.to(device)) for x, y in
+                        eval_batches(corpus, split, config.eval.tokens, config.model.block_size)]
 
     def __call__(self, params: dict[str, torch.Tensor]) -> float:
         """The eval loss of `params`, which the model takes as they are (no copy) when
@@ -47,8 +48,8 @@ class Evaluator:
         self.model.eval()
         windows: list[float] = []
         for x, y in self.batches:
-            logits, _ = self.model(x.to(self.device))
-            losses = F.cross_entropy(logits.flatten(0, 1).float(), y.to(self.device).flatten(),
+            logits, _ = self.model(x)
+            losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(),
                                      reduction="none")
             windows += losses.view(len(x), -1).mean(dim=1).tolist()
         self.model.to_empty(device="meta")  # let go of the tensors until the next call
