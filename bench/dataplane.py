@@ -11,6 +11,10 @@ size and M islands) it starts, under var/bench-dataplane:
   of the run, ticked in a loop as `syncd.server.Syncd` ticks it (the same ingest,
   check, merge and publish code), without the lease and the web side's database (an
   in-memory recorder);
+- the transport of the published fragment (`transport`): `served`, syncd's HTTP
+  server of its files (syncd/published_server.py, the default, SYNCD_SERVE), or
+  `redis`, the fragment's chunks on the data plane (SYNCD_SERVE=off). The full
+  profile runs every config with both, one after the other, side by side;
 - M island processes, each with its messages signed before the window
   (`diloco.protocol.encode_message` of one int4 payload, `codecs.encode`'d once
   for the size; the run's codec), sent with `RunStore.wait_for_slot` and
@@ -47,13 +51,15 @@ Redis of its own (`disk.before`, its syncd's files not counted, since syncd wrot
 none then; beside that config's `disk.after`). And in the same run, the limits:
 memcpy (torch copy_, bytes copied), the transport (one `RedisBulk.put` and one
 `RedisBulk.read` of the same bytes through the same kind of client the runtime
-uses: `transport_mb_s` over both, `transport_read_mb_s` over the read alone) and a
-loopback TCP stream; and the disk syncd's files go to (`disk_write_mb_s`: 1 GiB
-written and fsync'd; 256 MiB with --quick), beside `disk_per_merged_mb`. It bounds
-no figure: syncd's files are not fsynced, and each fragment's two files (of its even
-and of its odd versions) are written over in the page cache
-(syncd/published_files.py), so the disk sees what writeback takes of them, not every
-merge's bytes.
+uses: `transport_mb_s` over both, `transport_read_mb_s` over the read alone), the
+served transport (one `PublishedFiles.save` of the same bytes and one
+`syncd.bulk.read_served` of them from a `PublishedServer`: `served_mb_s` over both,
+`served_read_mb_s` over the read alone) and a loopback TCP stream; and the disk
+syncd's files go to (`disk_write_mb_s`: 1 GiB written and fsync'd; 256 MiB with
+--quick), beside `disk_per_merged_mb`. It bounds no figure: syncd's files are not
+fsynced, and each fragment's two files (of its even and of its odd versions) are
+written over in the page cache (syncd/published_files.py), so the disk sees what
+writeback takes of them, not every merge's bytes.
 
 After the configs, island utilization (bench/utilization.py, issue 23, item 3): a
 real island over an emulated 2 Gb/s link with tau = 1, its steps x the bare loop's
@@ -88,8 +94,10 @@ from diloco import codecs, tensorfile
 from diloco.model import GPT, GPTConfig
 from diloco.protocol import decode_message, encode_message
 from diloco.signing import island_key, load_verify_key, verify_key_hex
-from syncd.bulk import RedisBulk
+from syncd.bulk import RedisBulk, read_served
 from syncd.connection import connect
+from syncd.published_files import PublishedFiles
+from syncd.published_server import PublishedServer
 from syncd.store import RunStore
 from trainer.link import POLL_S, beating
 from trainer.resend import SentUpdates
@@ -109,9 +117,9 @@ SIZES: dict[str, dict[str, int]] = {
 }
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {"sizes": ["100M", "1B/8"], "islands": [2, 4, 8, 16], "rounds": 4, "pulls": 2,
-             "limit_bytes": 256 << 20},
+             "limit_bytes": 256 << 20, "transports": ["served", "redis"]},
     "quick": {"sizes": ["6M", "14M"], "islands": [2, 4], "rounds": 3, "pulls": 2,
-              "limit_bytes": 64 << 20},
+              "limit_bytes": 64 << 20, "transports": ["served"]},
 }
 TARGETS = {"ingest_mb_s": 150.0, "ingest_over_transport": 0.3, "pull_mb_s": 300.0,
            "pull_over_transport_read": 0.5, "peak_spread": 0.10}
@@ -151,6 +159,32 @@ def transport_mb_s(url: str, nbytes: int, repeats: int = 3) -> tuple[float, floa
         both.append(nbytes / (done - started) / MB)
         reads.append(nbytes / (done - written) / MB)
     bulk.client.close()
+    return statistics.median(both), statistics.median(reads)
+
+
+def served_mb_s(folder: Path, nbytes: int, repeats: int = 3) -> tuple[float, float]:
+    """(save + read, read alone) MB/s of one message through syncd's file of a fragment
+    and its HTTP server, median of runs: the served transport's limit."""
+    server = PublishedServer(folder)
+    served = server.serve(RUN_ID)
+    files = PublishedFiles.of_run(folder, RUN_ID)
+    message = os.urandom(nbytes)
+    both, reads = [], []
+    try:
+        for i in range(repeats):
+            started = time.perf_counter()
+            files.save(0, i, 0, message, {})
+            written = time.perf_counter()
+            data = read_served(served.ref(0, i, 0, nbytes), nbytes)
+            done = time.perf_counter()
+            if data != message:
+                raise RuntimeError("the served transport read back other bytes than it saved")
+            del data
+            both.append(nbytes / (done - started) / MB)
+            reads.append(nbytes / (done - written) / MB)
+    finally:
+        server.close()
+        files.clear()
     return statistics.median(both), statistics.median(reads)
 
 
@@ -202,8 +236,10 @@ def disk_write_mb_s(folder: Path, nbytes: int) -> float:
 
 def limits(url: str, nbytes: int, folder: Path) -> dict[str, float]:
     both, read = transport_mb_s(url, nbytes)
+    served_both, served_read = served_mb_s(folder, nbytes)
     return {"memcpy_mb_s": memcpy_mb_s(nbytes), "transport_mb_s": both,
-            "transport_read_mb_s": read, "tcp_mb_s": tcp_mb_s(nbytes),
+            "transport_read_mb_s": read, "served_mb_s": served_both,
+            "served_read_mb_s": served_read, "tcp_mb_s": tcp_mb_s(nbytes),
             "disk_write_mb_s": disk_write_mb_s(folder, 4 * nbytes)}
 
 
@@ -313,9 +349,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, Any],
-            dataplane: bool = True) -> dict[str, Any]:
+            dataplane: bool = True, transport: str = "served") -> dict[str, Any]:
     """One config; with `dataplane` False everything goes through the one append-only
-    Redis (the layout before the data plane had a Redis of its own)."""
+    Redis (the layout before the data plane had a Redis of its own); `transport` is
+    where the published fragment lies (`served` or `redis`)."""
+    if transport not in ("served", "redis"):
+        raise ValueError(f"transport must be served or redis, got {transport!r}")
     folder = HOME / f"{size.replace('/', '-')}-m{m}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -337,7 +376,8 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
         for name in island_names(m):
             store.set_epoch(name, 1)
         syncd = ctx.Process(target=syncd_main, args=(url, data_url, str(folder / "checkpoints"),
-                                                     stop, busy_s, syncd_out), name="syncd")
+                                                     stop, busy_s, syncd_out,
+                                                     transport == "served"), name="syncd")
         syncd.start()
         processes.append(syncd)
         wait_for(lambda: 0 in store.versions() or not syncd.is_alive(), 600,
@@ -398,6 +438,7 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
     merged_mb = updates * message_bytes / MB  # every update handled, as `disk`
     out = {
         "size": size, "params": params, "islands": m, "codec": CODEC, "syncds": 1,
+        "transport": transport,
         "upload_slots": UPLOAD_SLOTS,
         "fragment_bytes": fragment_bytes, "message_bytes": message_bytes,
         "updates": updates, "merges": len(syncd_report["merges"]),
@@ -427,25 +468,30 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
 
 
 def checks(configs: list[dict[str, Any]], lim: dict[str, float]) -> dict[str, dict[str, Any]]:
-    """The targets (issue 23, item 2) at every config of at least TARGET_PARAMS."""
+    """The targets (issue 23, item 2) at every config of at least TARGET_PARAMS, each
+    against the limits of its own transport (the served one's: `served_mb_s`)."""
     out: dict[str, dict[str, Any]] = {}
     for c in configs:
         if c["params"] < TARGET_PARAMS:
             continue
-        at = f"{c['size']} M={c['islands']}"
+        at = f"{c['size']} M={c['islands']} {c['transport']}"
+        both, read = (("served_mb_s", "served_read_mb_s") if c["transport"] == "served"
+                      else ("transport_mb_s", "transport_read_mb_s"))
         out[f"{at} ingest MB/s"] = results.check(c["ingest_mb_s"], TARGETS["ingest_mb_s"])
         out[f"{at} ingest / transport"] = results.check(
-            c["ingest_mb_s"] / lim["transport_mb_s"], TARGETS["ingest_over_transport"])
+            c["ingest_mb_s"] / lim[both], TARGETS["ingest_over_transport"])
         out[f"{at} pull MB/s"] = results.check(c["pull_mb_s"], TARGETS["pull_mb_s"])
         out[f"{at} pull / transport read"] = results.check(
-            c["pull_mb_s"] / lim["transport_read_mb_s"], TARGETS["pull_over_transport_read"])
-    for size in sorted({c["size"] for c in configs}):
-        series = sorted((c for c in configs if c["size"] == size), key=lambda c: c["islands"])
+            c["pull_mb_s"] / lim[read], TARGETS["pull_over_transport_read"])
+    for size, transport in sorted({(c["size"], c["transport"]) for c in configs}):
+        series = sorted((c for c in configs if (c["size"], c["transport"]) == (size, transport)),
+                        key=lambda c: c["islands"])
         if series[0]["params"] < TARGET_PARAMS or len(series) < 2:
             continue
         for key in ("redis_peak_ratio", "syncd_peak_ratio"):
             spread = series[-1][key] / series[0][key] - 1
-            out[f"{size} {key} M={series[-1]['islands']} over M={series[0]['islands']} - 1"] = \
+            out[f"{size} {transport} {key} M={series[-1]['islands']} over "
+                f"M={series[0]['islands']} - 1"] = \
                 results.check(spread, TARGETS["peak_spread"], at_least=False)
     return out
 
@@ -469,9 +515,9 @@ def main(quick: bool = False) -> int:
     for size in profile["sizes"]:
         payload = HOME / f"payload-{size.replace('/', '-')}.safetensors"
         params = write_payload(size, payload)
-        for m in profile["islands"]:
-            results.say(f"  {size} ({params:,} parameters), {m} islands, {CODEC}")
-            config = run_one(size, m, payload, params, profile)
+        for m, transport in [(m, t) for m in profile["islands"] for t in profile["transports"]]:
+            results.say(f"  {size} ({params:,} parameters), {m} islands, {CODEC}, {transport}")
+            config = run_one(size, m, payload, params, profile, transport=transport)
             results.say(f"    ingest {config['ingest_mb_s']:.1f} MB/s (p95 "
                         f"{config['ingest_p95_s']:.2f} s), pull {config['pull_mb_s']:.1f} MB/s,"
                         f" Redis {config['redis_peak_ratio']:.2f} B, syncd "
@@ -480,7 +526,8 @@ def main(quick: bool = False) -> int:
             configs.append(config)
             if before is None:
                 results.say("    again on the one append-only Redis (before)")
-                before = run_one(size, m, payload, params, profile, dataplane=False)
+                before = run_one(size, m, payload, params, profile, dataplane=False,
+                                 transport="redis")
                 results.say(f"    disk {before['disk_per_merged_mb']:.2f} MB per merged MB "
                             f"before, {config['disk_per_merged_mb']:.2f} after")
                 disk = {"size": size, "islands": m, "before": before["disk_per_merged_mb"],
@@ -512,7 +559,8 @@ def main(quick: bool = False) -> int:
     print(results.table([{"limit": k, "MB_per_s": v} for k, v in lim.items()],
                         ["limit", "MB_per_s"]))
     print()
-    print(results.table(configs, ["size", "params", "islands", "codec", "message_bytes",
+    print(results.table(configs, ["size", "params", "islands", "transport", "codec",
+                                  "message_bytes",
                                   "ingest_mb_s", "ingest_p50_s", "ingest_p95_s", "pull_mb_s",
                                   "redis_peak_ratio", "syncd_peak_ratio", "syncd_cpu_share",
                                   "disk_per_merged_mb"]))

@@ -81,12 +81,14 @@ def disk_written(pid: int) -> int:
 
 
 def syncd_main(url: str, data_url: str, checkpoint_dir: str, stop: Any, busy_s: Any,
-               out: Any) -> None:
+               out: Any, served: bool = True) -> None:
     """syncd's process: one RunSync ticked until `stop`, as syncd.server ticks it and as
     `manage.py syncd` runs by default: torch on one thread (SYNCD_THREADS), large frees
-    returned to the system. `busy_s` adds up the wall seconds of the passes that had
-    work."""
+    returned to the system, published fragments served from its files on loopback
+    (SYNCD_SERVE; with `served` False, on the data plane). `busy_s` adds up the wall
+    seconds of the passes that had work."""
     from syncd.malloc import return_large_frees
+    from syncd.published_server import PublishedServer
     from syncd.service import RunSync
 
     torch.set_num_threads(1)
@@ -94,7 +96,9 @@ def syncd_main(url: str, data_url: str, checkpoint_dir: str, stop: Any, busy_s: 
 
     idle_rss = rss_of()[0]
     recorder = BenchRecorder()
-    sync = RunSync(RunStore(connect(url), RUN_ID, data=connect(data_url)), recorder,
+    server = PublishedServer(checkpoint_dir) if served else None
+    sync = RunSync(RunStore(connect(url), RUN_ID, data=connect(data_url),
+                            served=server.serve(RUN_ID) if server else None), recorder,
                    Path(checkpoint_dir))
     while not stop.is_set():
         started = time.perf_counter()

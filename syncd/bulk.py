@@ -9,6 +9,14 @@ total size) that the small control messages carry instead: a stream entry, a
 pointer key. A message is signed whole (diloco.protocol), so a chunk that is
 missing, out of order or forged fails its reader's checks and is never merged.
 
+A published fragment's full message may instead lie in syncd's own file of it
+(syncd.published_files) and be served over HTTP (syncd.published_server): its
+reference is then a `ServedRef` (where syncd serves it, its size, and the
+run's read token that syncd hands the run's islands through the reference, which
+only they and syncd can read), and `read_served` reads it into one buffer. So a
+merge's full message is written once, to the file, instead of to the file and to
+the data plane. `load_ref` tells the two kinds of reference apart.
+
 Chunks are written with a time to live, a backstop for a message nobody reads;
 the write that makes a message part of the run's state (syncd's publish) makes
 its chunks persistent in the same MULTI/EXEC. Only this class knows how chunks
@@ -29,10 +37,12 @@ at most PUT_WINDOW x chunk_bytes of joined chunks, never a copy of the message.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import redis
 from redis.client import Pipeline
@@ -42,6 +52,7 @@ MIN_CHUNK_BYTES = 1024
 CHUNK_BYTES_ENV = "CHUNK_BYTES"
 READ_WINDOW = 2  # chunks asked for in one round trip
 PUT_WINDOW = 16  # chunks of a message in pieces sent in one round trip
+SERVED_TIMEOUT_S = 30.0  # the longest wait on syncd's server for a connection or bytes
 
 
 class BulkError(ValueError):
@@ -69,6 +80,93 @@ class BulkRef:
             return cls(str(ref["key"]), int(ref["chunks"]), int(ref["size"]))
         except (ValueError, KeyError, TypeError) as exc:
             raise BulkError(f"not a message reference: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class ServedRef:
+    """A message syncd serves over HTTP: its address, its size and the read token the
+    server asks for (never logged: `repr` leaves it out)."""
+
+    url: str
+    size: int
+    token: str
+
+    def __repr__(self) -> str:
+        return f"ServedRef(url={self.url!r}, size={self.size})"
+
+    def dumps(self) -> str:
+        return json.dumps({"url": self.url, "size": self.size, "token": self.token})
+
+
+@dataclass(frozen=True)
+class Served:
+    """Where syncd serves one run's published messages (syncd.published_server), and the
+    run's read token there."""
+
+    base_url: str
+    run_id: str
+    token: str
+
+    def __repr__(self) -> str:
+        return f"Served(base_url={self.base_url!r}, run_id={self.run_id!r})"
+
+    def ref(self, fragment: int, version: int, fencing_token: int, size: int) -> ServedRef:
+        """The reference of `fragment`'s full message at `version`, in the file of the
+        grant of `fencing_token`."""
+        return ServedRef(f"{self.base_url}/published/{self.run_id}/{fragment}/{version}/"
+                         f"{fencing_token}", size, self.token)
+
+
+def load_ref(raw: bytes | str) -> BulkRef | ServedRef:
+    """The reference a pointer key holds: chunks on the data plane, or served by syncd.
+
+    Raises:
+        BulkError: not a reference of either kind.
+    """
+    try:
+        ref = json.loads(raw)
+        if isinstance(ref, dict) and "url" in ref:
+            if not str(ref["url"]).startswith("http://"):
+                raise ValueError(f"not an http:// address: {ref['url']!r}")
+            return ServedRef(str(ref["url"]), int(ref["size"]), str(ref["token"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BulkError(f"not a message reference: {exc}") from exc
+    return BulkRef.loads(raw)
+
+
+def read_served(ref: ServedRef, max_bytes: int) -> bytearray:
+    """The message syncd serves at `ref`, read straight into one buffer of its size.
+
+    Raises:
+        BulkError: larger than `max_bytes`, the server unreachable or slower than
+            SERVED_TIMEOUT_S, or its answer not the whole message (it holds another
+            version now, the token is refused, the bytes end early).
+    """
+    if ref.size > max_bytes:
+        raise BulkError(f"message of {ref.size} bytes exceeds the limit of {max_bytes}")
+    parts = urlsplit(ref.url)
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port,
+                                            timeout=SERVED_TIMEOUT_S)
+    try:
+        connection.request("GET", parts.path, headers={"Authorization": f"Bearer {ref.token}"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise BulkError(f"{ref.url} answered {response.status} {response.reason}")
+        if response.length != ref.size:
+            raise BulkError(f"{ref.url} holds {response.length} bytes, the reference {ref.size}")
+        buffer = bytearray(ref.size)
+        view = memoryview(buffer)
+        pos = 0
+        while pos < ref.size:
+            got = response.readinto(view[pos:])
+            if not got:
+                raise BulkError(f"{ref.url} ended after {pos} of {ref.size} bytes")
+            pos += got
+        return buffer
+    except (OSError, http.client.HTTPException) as exc:
+        raise BulkError(f"{ref.url} could not be read: {exc}") from exc
+    finally:
+        connection.close()
 
 
 def _chunks(pieces: list[memoryview], chunk_bytes: int) -> Iterator[memoryview | bytes]:

@@ -4,12 +4,13 @@ A merge is acknowledged when `publish` has committed: the references to the new
 global fragment (and, with a lossy downlink, its difference), its version and the
 updates it took in are written in one fenced MULTI/EXEC on the control Redis, so a
 crash of syncd either loses the whole merge (and the islands send its updates again)
-or none of it. The messages themselves lie on the data plane, which keeps nothing on
-disk: syncd's own files of the newest version (syncd.published_files, written while
-the messages go to the data plane and finished before the commit) are what a merge
-survives a restart of the data plane with, and `dataplane_lost` is how syncd sees
-that one happened. The outer momentum is syncd's alone: it lies in those files only,
-never on the data plane, which islands read.
+or none of it. syncd's own files of the newest version (syncd.published_files,
+written before the commit) are what a merge is durable in. The full message is
+served from that file by syncd (syncd.published_server: the reference is a
+syncd.bulk.ServedRef) when syncd runs its server, and lies on the data plane
+otherwise; differences lie on the data plane, which keeps nothing on disk:
+`dataplane_lost` is how syncd sees that it restarted. The outer momentum is syncd's
+alone: it lies in those files only, never where islands read.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterable
 
 from redis.client import Pipeline
 
-from syncd.bulk import BulkError, BulkRef
+from syncd.bulk import BulkError, BulkRef, ServedRef, load_ref, read_served
 from syncd.run_keys import BLOB_TTL_S, RunKeys
 from syncd.update_stream import UpdateRef
 
@@ -36,6 +37,9 @@ class GlobalsStore(RunKeys):
         deletion of the merged updates' messages. `before_commit` is called once the
         messages are on the data plane and before the commit (syncd waits there for
         its files of the merge, written meanwhile); what it raises, nothing commits.
+
+        With a server (`served`), the full message is not written to the data plane:
+        its reference names the file `before_commit` finished, which syncd serves.
 
         Three steps. The messages' chunks are written to the data plane first, with a
         TTL, under names unique to this grant of the run's lease (its fencing token)
@@ -55,19 +59,26 @@ class GlobalsStore(RunKeys):
         """
         token = self.fencing_token
         written: list[BulkRef] = []
+        full_ref: BulkRef | ServedRef | None = None
+        if self.served is not None:
+            pieces = full if isinstance(full, list) else [memoryview(full)]
+            full_ref = self.served.ref(fragment, version, token,
+                                       sum(piece.nbytes for piece in pieces))
         try:
-            for name, message in (("full", full), ("pub", difference)):
-                if message is not None:
-                    written.append(self.bulk.put(self.key(name, fragment, version, token),
-                                                 message, BLOB_TTL_S))
+            if full_ref is None:
+                full_ref = self.bulk.put(self.key("full", fragment, version, token), full,
+                                         BLOB_TTL_S)
+                written.append(full_ref)
+            difference_ref = None if difference is None else self.bulk.put(
+                self.key("pub", fragment, version, token), difference, BLOB_TTL_S)
+            if difference_ref is not None:
+                written.append(difference_ref)
             if before_commit is not None:
                 before_commit()
         except BaseException:
             if written:
                 self.data.delete(*(key for ref in written for key in ref.chunk_keys()))
             raise
-        full_ref = written[0]
-        difference_ref = written[1] if difference is not None else None
         merged = list(merged)
         # What the reference names now: only the lease's holder changes it, and the
         # fenced transaction below is refused if that is no longer this store.
@@ -89,8 +100,9 @@ class GlobalsStore(RunKeys):
         self._write(fill)
         # Committed. PERSIST and DEL take no memory: they pass on a full data plane.
         pipe = self.data.pipeline(transaction=False)
-        self.bulk.persist(pipe, full_ref)
-        if replaced is not None and replaced.key != full_ref.key:
+        if isinstance(full_ref, BulkRef):
+            self.bulk.persist(pipe, full_ref)
+        if isinstance(replaced, BulkRef) and replaced != full_ref:
             self.bulk.delete(pipe, replaced)
         if difference_ref is not None:
             self.bulk.persist(pipe, difference_ref)
@@ -107,7 +119,7 @@ class GlobalsStore(RunKeys):
         pipe = self.data.pipeline(transaction=False)
         pointers = [self.key("full", fragment), *(self.key("pub", fragment, v) for v in versions)]
         for pointer in pointers:
-            if (ref := self._ref(pointer)) is not None:
+            if isinstance(ref := self._ref(pointer), BulkRef):
                 self.bulk.persist(pipe, ref)
         pipe.execute()
 
@@ -134,10 +146,10 @@ class GlobalsStore(RunKeys):
         return (f"{int(info.get('used_memory', 0)) / 2**20:.1f} MiB used of "
                 + (f"{limit / 2**20:.0f} MiB maxmemory" if limit else "no maxmemory"))
 
-    def _ref(self, pointer: str) -> BulkRef | None:
+    def _ref(self, pointer: str) -> BulkRef | ServedRef | None:
         """The reference a pointer key holds, None if none."""
         raw = self.client.get(pointer)
-        return None if raw is None else BulkRef.loads(raw)
+        return None if raw is None else load_ref(raw)
 
     def mark_handled(self, fragment: int, handled: dict[str, int],
                      dropped: Iterable[UpdateRef] = ()) -> None:
@@ -174,13 +186,22 @@ class GlobalsStore(RunKeys):
 
     def _read(self, pointer: str, max_bytes: int) -> bytearray | None:
         """The message a reference key names; None if there is none. A reference read
-        just before a newer message replaced it is read again."""
+        just before a newer message replaced it is read again, and so is a served
+        message the reference no longer names once it is read (its file may have been
+        written over meanwhile, syncd.published_files.PublishedFiles.full_file)."""
         for attempt in range(READ_TRIES):
             raw = self.client.get(pointer)
             if raw is None:
                 return None
             try:
-                return self.bulk.read(BulkRef.loads(raw), max_bytes)
+                ref = load_ref(raw)
+                if isinstance(ref, BulkRef):
+                    return self.bulk.read(ref, max_bytes)
+                message = read_served(ref, max_bytes)
+                if self.client.get(pointer) == raw:
+                    return message
+                if attempt == READ_TRIES - 1:
+                    raise BulkError(f"{ref.url} was replaced while it was read")
             except BulkError:
                 if attempt == READ_TRIES - 1:
                     raise

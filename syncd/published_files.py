@@ -32,9 +32,12 @@ the run rolls back to its checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -113,6 +116,30 @@ class PublishedFiles:
             return message, tensorfile.loads(momentum)[1]
         except tensorfile.FormatError:
             return None
+
+    @contextlib.contextmanager
+    def full_file(self, fragment: int, version: int, token: int
+                  ) -> Iterator[tuple[BinaryIO, int] | None]:
+        """`fragment`'s full message at `version` in the file of the grant of fencing
+        token `token`, for syncd's server (syncd.published_server): the open file,
+        positioned at the message's first byte, and the message's size; None if that
+        file holds no whole version of it. The file of `version` is written over only
+        once `version` + 1 is committed, so a reader that sees the reference still
+        naming `version` after its read read it whole (syncd.globals_store)."""
+        try:
+            f = open(self._path(fragment, version, token), "rb")  # noqa: SIM115 (closed below)
+        except FileNotFoundError:
+            yield None
+            return
+        with f:
+            header = f.read(_HEADER.size)
+            whole = None
+            if len(header) == _HEADER.size:
+                saved, full_size, momentum_size = _HEADER.unpack(header)
+                if saved == version and os.fstat(f.fileno()).st_size == \
+                        _HEADER.size + full_size + momentum_size:
+                    whole = (f, full_size)
+            yield whole
 
     def keep_only(self, fragment: int, token: int) -> None:
         """Delete `fragment`'s files of every grant but `token`'s: it committed the

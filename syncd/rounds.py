@@ -20,6 +20,7 @@ skipped), so nothing is merged twice.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import time
@@ -164,16 +165,18 @@ class Rounds:
         """Go on from the fragments Redis holds (`versions`: fragment -> its newest), and
         publish version 0 of the others. The outer momentum of each comes from syncd's
         files, and so does a fragment the data plane lost (it restarted), which is
-        published there again. False, with nothing loaded, if a fragment's files are
-        gone (the caller falls back to a checkpoint)."""
+        published there again. With a server (the store's `served`), every fragment is
+        read from the files and committed again, so its reference names this syncd's
+        server. False, with nothing loaded, if a fragment's files are gone (the caller
+        falls back to a checkpoint)."""
         found: dict[int, tuple[bytearray, dict[str, torch.Tensor]]] = {}
         again: set[int] = set()
         tokens = self.store.fencing_tokens()
         for p, version in versions.items():
-            try:
-                full = self.store.full(p)
-            except BulkError:
-                full = None
+            full = None
+            if self.store.served is None:
+                with contextlib.suppress(BulkError):
+                    full = self.store.full(p)
             saved = self.files.load(p, version, tokens.get(p, 0), full=full is None)
             if saved is None:
                 log.warning("run %s: fragment %d version %d is not in %s", self.store.run_id,
@@ -652,10 +655,12 @@ class Rounds:
         """A merge into `version` that made fragment p non-finite (finite updates can
         overflow together): it is not published, the fragment goes back to its
         published version, and the round's updates are dropped as refused."""
-        _, meta, tensors = decode_message(self.store.full(p), self.spec.verify_key)
-        saved = self.files.load(p, meta["version"], self.store.fencing_tokens().get(p, 0),
-                                full=False)
-        self.load_fragment(p, tensors, saved[1] if saved else None, meta["version"])
+        published = self.store.versions()[p]
+        saved = self.files.load(p, published, self.store.fencing_tokens().get(p, 0))
+        if saved is None:
+            raise RuntimeError(f"fragment {p} version {published} is not in {self.files.folder}")
+        _, meta, tensors = decode_message(saved[0], self.spec.verify_key)
+        self.load_fragment(p, tensors, saved[1], meta["version"])
         history = self.sync.history[p]
         if history and history[-1].version == version:
             history.pop()

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import redis
 from redis.client import Pipeline
 
-from syncd.bulk import RedisBulk
+from syncd.bulk import RedisBulk, Served
 from syncd.fence import Lease, guarded_transaction
 from syncd.keys import run_prefix
 
@@ -43,11 +43,17 @@ class RunKeys:
         chunk_bytes: the size of the chunks tensor messages are stored in.
         data: the data plane, where tensor messages lie (DATAPLANE_REDIS_URL); default
             `client`, the one Redis.
+        served: where syncd serves the run's full messages from its files
+            (syncd.published_server); syncd's store publishes them there instead of on
+            the data plane. None: on the data plane. Readers need none: the reference
+            says where a message lies.
     """
 
     def __init__(self, client: redis.Redis, run_id: int | str, fence: Lease | None = None,
-                 chunk_bytes: int | None = None, data: redis.Redis | None = None):
+                 chunk_bytes: int | None = None, data: redis.Redis | None = None,
+                 served: Served | None = None):
         self.client = client
+        self.served = served
         self.data = data if data is not None else client
         self.bulk = RedisBulk(self.data, chunk_bytes)
         self.run_id = str(run_id)

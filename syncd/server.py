@@ -26,6 +26,7 @@ from syncd.control import syncd_command
 from syncd.evaluation import EVAL_CPU_SHARE
 from syncd.fence import Lease, LeaseLost
 from syncd.hooks import Hooks
+from syncd.published_server import PublishedServer, parse_address
 from syncd.service import RunSync
 from syncd.store import RunStore
 
@@ -75,13 +76,17 @@ class Syncd:
             average (SYNCD_EVAL_CPU_SHARE, syncd/evaluation.py).
         dataplane_url: where tensor messages lie (DATAPLANE_REDIS_URL); default the
             control Redis.
+        serve: the address (host, port) syncd serves published fragments at
+            (SYNCD_SERVE, syncd/published_server.py); None: they go on the data plane.
+        serve_url: how islands reach that server (SYNCD_SERVE_URL); default its address.
     """
 
     def __init__(self, redis_url: str, checkpoint_dir: str | Path,
                  hooks: Hooks, *,
                  lease_ttl_s: float = LEASE_TTL_S, owner: str | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 eval_cpu_share: float = EVAL_CPU_SHARE, dataplane_url: str | None = None):
+                 eval_cpu_share: float = EVAL_CPU_SHARE, dataplane_url: str | None = None,
+                 serve: tuple[str, int] | None = None, serve_url: str | None = None):
         if lease_ttl_s <= 0:
             raise ValueError(f"lease_ttl_s must be above 0 seconds, got {lease_ttl_s}")
         self.client = connect(redis_url)
@@ -90,6 +95,8 @@ class Syncd:
         self.redis_url = redis_url
         self.progress_at = time.monotonic()  # the main loop's last sign of progress
         self.checkpoint_dir = Path(checkpoint_dir)
+        self.published = None if serve is None else PublishedServer(
+            checkpoint_dir, *serve, advertise=serve_url)
         self.runs: dict[str, RunSync] = {}
         self.leases: dict[str, Lease] = {}
         self.stopping = False
@@ -139,6 +146,8 @@ class Syncd:
                 log.warning("%s; run %s is another syncd's now", e, run_id)
                 self.leases.pop(run_id, None)
                 self.runs.pop(run_id, None)
+                if self.published is not None:
+                    self.published.forget(run_id)
             except Exception:
                 # One broken run must not stop the others; it is built anew after a
                 # wait that grows while it keeps failing, its lease kept.
@@ -151,7 +160,9 @@ class Syncd:
 
     def _run_sync(self, run_id: str) -> RunSync:
         if run_id not in self.runs:
-            store = RunStore(self.client, run_id, fence=self.leases[run_id], data=self.data)
+            served = None if self.published is None else self.published.serve(run_id)
+            store = RunStore(self.client, run_id, fence=self.leases[run_id], data=self.data,
+                             served=served)
             sync = RunSync(store, self.hooks.recorder(int(run_id)), self.checkpoint_dir,
                            notify=self.hooks.notify, rejoin=self.hooks.rejoin,
                            keepalive=self.keep_leases,
@@ -205,6 +216,8 @@ class Syncd:
         sync = self.runs.pop(run_id, None)
         self.retries.pop(run_id, None)
         held = self.leases.pop(run_id)
+        if self.published is not None:
+            self.published.forget(run_id)
         if sync is not None:
             try:
                 sync.recorder.flush()
@@ -218,6 +231,8 @@ class Syncd:
         for run_id in list(self.leases):
             self._let_go(run_id, "syncd is stopping")
         lease.leave(self.client, self.owner)
+        if self.published is not None:
+            self.published.close()
 
     def keep_leases_meanwhile(self, stall_s: float = PROGRESS_DEADLINE_S) -> threading.Thread:
         """Renew the leases from a thread of its own every third of their time to live,
@@ -274,13 +289,19 @@ def _in_order(run_ids: Iterable[str]) -> list[str]:
 
 def main(hooks: Hooks, redis_url: str, checkpoint_dir: str | Path, health: bool = False,
          lease_ttl_s: float = LEASE_TTL_S, threads: int = 1,
-         eval_cpu_share: float = EVAL_CPU_SHARE, dataplane_url: str | None = None) -> int:
+         eval_cpu_share: float = EVAL_CPU_SHARE, dataplane_url: str | None = None,
+         serve: str = "off", serve_url: str | None = None) -> int:
     """The syncd program, as `manage.py syncd` wires it: serve until SIGTERM or SIGINT,
-    or with `health` say whether a syncd on this host is serving. Exits 2 with a
-    sentence when a Redis (control or data plane) cannot be reached or wants a
-    password."""
+    or with `health` say whether a syncd on this host is serving. `serve` is
+    SYNCD_SERVE: `host:port` of the server of published fragments, or off. Exits 2
+    with a sentence when a Redis (control or data plane) cannot be reached or wants a
+    password, or `serve` is not an address."""
     problem = redis_problem(redis_url) or (
         dataplane_url and redis_problem(dataplane_url, setting="DATAPLANE_REDIS_URL"))
+    try:
+        address = None if serve == "off" else parse_address(serve)
+    except ValueError as exc:
+        problem = problem or str(exc)
     if problem:
         print(f"syncd cannot start: {problem}", file=sys.stderr)
         return 2
@@ -296,8 +317,14 @@ def main(hooks: Hooks, redis_url: str, checkpoint_dir: str | Path, health: bool 
 
     torch.set_num_threads(threads)
     return_large_frees()
-    service = Syncd(redis_url, checkpoint_dir, hooks, lease_ttl_s=lease_ttl_s,
-                    eval_cpu_share=eval_cpu_share, dataplane_url=dataplane_url)
+    try:
+        service = Syncd(redis_url, checkpoint_dir, hooks, lease_ttl_s=lease_ttl_s,
+                        eval_cpu_share=eval_cpu_share, dataplane_url=dataplane_url,
+                        serve=address, serve_url=serve_url)
+    except OSError as exc:
+        print(f"syncd cannot start: cannot serve published fragments at {serve}: {exc}",
+              file=sys.stderr)
+        return 2
 
     def stop(signum: int, frame: object) -> None:
         service.stopping = True

@@ -208,6 +208,14 @@ SYNCD_EVAL_CPU_SHARE = env_float("SYNCD_EVAL_CPU_SHARE", 0.02)
 if not 0 < SYNCD_EVAL_CPU_SHARE <= 1:
     raise ImproperlyConfigured(
         f"SYNCD_EVAL_CPU_SHARE must be above 0 and at most 1, got {SYNCD_EVAL_CPU_SHARE}.")
+# Where syncd serves published fragments to islands from its files, host:port (0: any
+# free port), or off to put them on the data plane (syncd/published_server.py). Loopback
+# by default; islands on other hosts need an interface they reach and SYNCD_SERVE_URL,
+# how they reach it (http://host:port).
+SYNCD_SERVE = env_str("SYNCD_SERVE", "127.0.0.1:0")
+SYNCD_SERVE_URL = env_str("SYNCD_SERVE_URL", "") or None
+if SYNCD_SERVE_URL and not SYNCD_SERVE_URL.startswith("http://"):
+    raise ImproperlyConfigured(f"SYNCD_SERVE_URL must start with http://, got {SYNCD_SERVE_URL!r}.")
 # Island logs (run-<id>/<island>.log) and, under `python -m webapp.start`, one log
 # per process.
 LOG_DIR = Path(env_str("LOG_DIR", str(VAR_DIR / "logs")))

@@ -13,6 +13,7 @@ from diloco.signing import island_key
 from syncd.connection import connect
 from syncd.run_keys import RunKeys
 from syncd.service import RunSync
+from syncd.published_server import PublishedServer
 from syncd.store import RunStore
 from webapp.runs.lifecycle import create_run
 from webapp.runs.records import DatabaseRecorder
@@ -38,12 +39,14 @@ def chunk_store(redis_url: str) -> RunStore:
 
 
 def make_run_sync(redis_url: str, tmp_path, mode: str, config: dict | None = None,
-                  keepalive=lambda: None, dataplane_url: str | None = None) -> RunSync:
+                  keepalive=lambda: None, dataplane_url: str | None = None,
+                  server: PublishedServer | None = None) -> RunSync:
     """A RunSync of a new run; its tensor messages on `dataplane_url` if given, else on
-    the one Redis."""
+    the one Redis; its full messages served by `server` if given."""
     run = create_run(name="syncd test", mode=mode, config=config or CONFIG, user=None)
     store = RunStore(connect(redis_url), run.pk,
-                     data=connect(dataplane_url) if dataplane_url else None)
+                     data=connect(dataplane_url) if dataplane_url else None,
+                     served=server.serve(str(run.pk)) if server else None)
     store.put_spec(run.mode, run.config, run.secret)
     store.set_epoch("a", 1)
     store.set_epoch("b", 1)

@@ -6,9 +6,10 @@ one RunSync for each run it holds, and ticks them in turn. This command is
 syncd's composition root, as `manage.py pool_manager` is the pool's: syncd knows
 the web side only through syncd/hooks.py, and the command plugs in its records,
 rejoins and status pushes (webapp/runs/syncd_wiring.py) with the Django settings
-REDIS_URL, DATAPLANE_REDIS_URL, CHECKPOINT_DIR, SYNCD_LEASE_TTL_S and
-SYNCD_THREADS. It exits at once with a sentence saying what is wrong when a Redis
-cannot be reached or wants a password.
+REDIS_URL, DATAPLANE_REDIS_URL, CHECKPOINT_DIR, SYNCD_LEASE_TTL_S, SYNCD_THREADS,
+SYNCD_SERVE and SYNCD_SERVE_URL. It exits at once with a sentence saying what is
+wrong when a Redis cannot be reached or wants a password, or syncd cannot serve
+published fragments where SYNCD_SERVE says.
 
 `--health` exits 0 when a syncd on this host is serving (its announcement in
 Redis is live), 1 otherwise: a container health check.
@@ -38,6 +39,7 @@ class Command(BaseCommand):
                            health=options["health"], lease_ttl_s=settings.SYNCD_LEASE_TTL_S,
                            threads=settings.SYNCD_THREADS,
                            eval_cpu_share=settings.SYNCD_EVAL_CPU_SHARE,
-                           dataplane_url=dataplane_url())
+                           dataplane_url=dataplane_url(), serve=settings.SYNCD_SERVE,
+                           serve_url=settings.SYNCD_SERVE_URL)
         if code:
             raise SystemExit(code)
