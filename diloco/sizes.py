@@ -12,9 +12,12 @@ one fp32 buffer per parameter (diloco/merge.py OuterOptimizer), B when
 optim.outer_momentum > 0 and else 0. D = S x B_down is the published
 differences kept for a lossy downlink, 0 for none. Wire headers are left out.
 
-Redis (syncd/store.py): globals B (full fragments) + one fragment in swap F (a
-publish writes the new version before it deletes the one before; the outer
-momentum is in syncd's files only, syncd/published_files.py) + update messages
+Redis (syncd/store.py), the data plane: globals B (full fragments) + one fragment
+in swap F (a publish writes the new version before it deletes the one before)
+only where syncd does not serve them from its files (`served` False, SYNCD_SERVE
+off; syncd/published_server.py: served, they lie in syncd's files, in the page
+cache of syncd's host, and never on the data plane; the outer momentum is in
+syncd's files only either way, syncd/published_files.py) + update messages
 U x F_up in flight, U = sync.upload_slots (an island writes one only while it holds
 one of the run's U upload slots, syncd/upload_slots.py, and each is freed once
 folded into its round), whatever M + D + 64 MiB base.
@@ -131,9 +134,11 @@ class Estimate:
                 "islands": {name: need(n) for name, n in self.islands.items()}}
 
 
-def estimate(config: RunConfig, standbys: int = 0) -> Estimate:
+def estimate(config: RunConfig, standbys: int = 0, served: bool = True) -> Estimate:
     """The parameters and the peak bytes of Redis, syncd and each island host of a run;
-    `standbys` is the warm standby islands each island host keeps (ISLAND_POOL_SIZE).
+    `standbys` is the warm standby islands each island host keeps (ISLAND_POOL_SIZE);
+    `served` whether syncd serves the full fragments from its files (SYNCD_SERVE) rather
+    than putting them on the data plane.
 
     Raises:
         ValueError: when sync.fragments is more than the model's tensors.
@@ -149,8 +154,8 @@ def estimate(config: RunConfig, standbys: int = 0) -> Estimate:
     differences = 0 if s.downlink_compression == "none" else s.max_staleness * sum(
         encoded_bytes(n, s.downlink_compression) for n in sizes.values())
     momentum = model if config.optim.outer_momentum > 0 else 0
-    redis = Need({"global fragments": model, "fragment in swap": largest,
-                  "update messages": s.upload_slots * largest_up,
+    published = {} if served else {"global fragments": model, "fragment in swap": largest}
+    redis = Need({**published, "update messages": s.upload_slots * largest_up,
                   "downlink differences": differences,
                   "base": REDIS_BASE_BYTES})
     syncd = Need({"global fragments": model, "outer momentum": momentum,

@@ -21,6 +21,7 @@ import hmac
 import logging
 import re
 import secrets
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -53,7 +54,7 @@ class PublishedServer:
         host: the interface to bind (loopback by default).
         port: the port; 0 takes a free one.
         advertise: how islands reach the server (`http://host:port`); default the
-            bound address.
+            bound address, or this host's address when bound to every interface.
     """
 
     def __init__(self, checkpoint_dir: str | Path, host: str = "127.0.0.1", port: int = 0,
@@ -62,8 +63,12 @@ class PublishedServer:
         self._tokens: dict[str, str] = {}
         self._httpd = ThreadingHTTPServer((host, port), self._handler())
         self._httpd.daemon_threads = True
-        self.base_url = (advertise or f"http://{host}:{self._httpd.server_address[1]}"
-                         ).rstrip("/")
+        if advertise is None:
+            # Bound to every interface: islands reach it at this host's address.
+            reach = socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "") \
+                else host
+            advertise = f"http://{reach}:{self._httpd.server_address[1]}"
+        self.base_url = advertise.rstrip("/")
         self._thread = threading.Thread(target=self._httpd.serve_forever,
                                         name="published-server", daemon=True)
         self._thread.start()

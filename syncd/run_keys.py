@@ -3,8 +3,9 @@
 A run's keys live on two Redis: the control Redis (durable: spec, epochs, versions,
 handled seqs, references, leases, heartbeats, status; the Celery broker and the
 channel layer share it) and the data plane (`data`: the chunks of tensor messages,
-updates in flight and published fragments, kept nowhere on disk). With no data plane
-configured, both are the one Redis.
+updates in flight, a lossy downlink's differences and, unless syncd serves them
+from its files (`served`), published fragments, kept nowhere on disk). With no data
+plane configured, both are the one Redis.
 
 syncd's stores carry the run's lease (`fence`): every write they make for the run
 on the control Redis is one MULTI/EXEC guarded by that lease

@@ -184,7 +184,8 @@ STATICFILES_DIRS = [("plotly", Path(importlib.util.find_spec("plotly").origin).p
 # Archipelago itself.
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 # The data plane: a Redis that keeps nothing on disk, where update messages in flight
-# and published fragments lie (syncd/run_keys.py); empty, they share REDIS_URL's
+# (and, with SYNCD_SERVE off, published fragments) lie (syncd/run_keys.py); empty,
+# they share REDIS_URL's
 # (webapp.runs.stores.dataplane_url).
 DATAPLANE_REDIS_URL = env_str("DATAPLANE_REDIS_URL", "")
 REGIONS = env_list("REGIONS", "us-east,us-central,us-west,us-south")

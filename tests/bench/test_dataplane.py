@@ -9,12 +9,14 @@ import pytest
 from bench import dataplane, results, utilization
 
 LIMITS = {"memcpy_mb_s": 5000.0, "transport_mb_s": 400.0, "transport_read_mb_s": 800.0,
-          "tcp_mb_s": 2000.0}
+          "served_mb_s": 600.0, "served_read_mb_s": 2000.0, "tcp_mb_s": 2000.0}
 
 
-def config(size, params, islands, ingest, pull, redis_peak=3.0, syncd_peak=4.0):
+def config(size, params, islands, ingest, pull, redis_peak=3.0, syncd_peak=4.0,
+           transport="redis"):
     return {"size": size, "params": params, "islands": islands, "ingest_mb_s": ingest,
-            "pull_mb_s": pull, "redis_peak_ratio": redis_peak, "syncd_peak_ratio": syncd_peak}
+            "pull_mb_s": pull, "redis_peak_ratio": redis_peak, "syncd_peak_ratio": syncd_peak,
+            "transport": transport}
 
 
 def test_targets_are_judged_from_100m_parameters_against_the_limits():
@@ -24,14 +26,23 @@ def test_targets_are_judged_from_100m_parameters_against_the_limits():
                                config("6M", 5_125_760, 2, ingest=1.0, pull=1.0),
                                config("6M", 5_125_760, 4, ingest=1.0, pull=1.0)], LIMITS)
 
-    assert checks["100M M=2 ingest MB/s"]["ok"]
-    assert checks["100M M=2 ingest / transport"]["ok"]  # 160 >= 0.3 x 400
-    assert not checks["100M M=2 pull / transport read"]["ok"]  # 390 < 0.5 x 800
-    assert not checks["100M M=16 ingest MB/s"]["ok"]
-    assert checks["100M redis_peak_ratio M=16 over M=2 - 1"]["ok"]  # +6.7%
-    assert not checks["100M syncd_peak_ratio M=16 over M=2 - 1"]["ok"]  # +20%
+    assert checks["100M M=2 redis ingest MB/s"]["ok"]
+    assert checks["100M M=2 redis ingest / transport"]["ok"]  # 160 >= 0.3 x 400
+    assert not checks["100M M=2 redis pull / transport read"]["ok"]  # 390 < 0.5 x 800
+    assert not checks["100M M=16 redis ingest MB/s"]["ok"]
+    assert checks["100M redis redis_peak_ratio M=16 over M=2 - 1"]["ok"]  # +6.7%
+    assert not checks["100M redis syncd_peak_ratio M=16 over M=2 - 1"]["ok"]  # +20%
     assert not any(k.startswith("6M") for k in checks)  # under 100M: not judged
     assert len(checks) == 2 * 4 + 2
+
+
+def test_a_served_config_is_judged_against_the_served_transports_limits():
+    checks = dataplane.checks([config("100M", 106_707_456, 2, ingest=160.0, pull=900.0,
+                                      transport="served")], LIMITS)
+
+    assert not checks["100M M=2 served ingest / transport"]["ok"]  # 160 < 0.3 x 600
+    assert not checks["100M M=2 served pull / transport read"]["ok"]  # 900 < 0.5 x 2000
+    assert checks["100M M=2 served pull MB/s"]["ok"]
 
 
 @pytest.mark.integration
@@ -40,7 +51,8 @@ def test_a_tiny_profile_runs_end_to_end(monkeypatch, tmp_path):
     monkeypatch.setattr(dataplane, "HOME", tmp_path / "home")
     monkeypatch.setitem(dataplane.SIZES, "tiny", {"n_layer": 1, "n_embd": 32, "n_head": 2})
     monkeypatch.setitem(dataplane.PROFILES, "quick", {
-        "sizes": ["tiny"], "islands": [2], "rounds": 2, "pulls": 1, "limit_bytes": 1 << 20})
+        "sizes": ["tiny"], "islands": [2], "rounds": 2, "pulls": 1, "limit_bytes": 1 << 20,
+        "transports": ["served", "redis"]})
     monkeypatch.setitem(utilization.SETTINGS, "quick", {
         "model": {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 32},
         "inner_steps": 8, "fragments": 4, "overlap_steps": 1, "outer_steps": 4,
@@ -50,9 +62,12 @@ def test_a_tiny_profile_runs_end_to_end(monkeypatch, tmp_path):
 
     out = json.loads((tmp_path / "results" / "dataplane-quick.json").read_text())
     assert set(out["limits"]) == {"memcpy_mb_s", "transport_mb_s", "transport_read_mb_s",
-                                  "tcp_mb_s", "disk_write_mb_s"}
+                                  "served_mb_s", "served_read_mb_s", "tcp_mb_s",
+                                  "disk_write_mb_s"}
     assert all(v > 0 for v in out["limits"].values())
-    (run,) = out["configs"]
+    run, on_redis = out["configs"]  # both transports, side by side
+    assert (run["transport"], on_redis["transport"]) == ("served", "redis")
+    assert on_redis["updates"] >= 4 and on_redis["pull_mb_s"] > 0
     assert (run["islands"], run["codec"], run["syncds"]) == (2, "int4", 1)
     assert run["updates"] >= 4 and run["merges"] >= 1
     for key in ("ingest_mb_s", "ingest_p95_s", "pull_mb_s", "redis_peak_ratio",

@@ -58,7 +58,7 @@ def test_each_total_is_the_sum_of_its_parts_as_the_formulas_give_them(make_confi
     config = make_config(islands=3, batch_size=4, model={"n_layer": 2, "n_embd": 64},
                          sync={"fragments": 4, "compression": "none",
                                "downlink_compression": "none"})
-    sized = estimate(config)
+    sized = estimate(config, served=False)
     b = sized.model_bytes
     f = 4 * max(f.numel for f in partition(tensor_sizes(config.model), 4))  # the largest
     act = activation_bytes(4, 16, 2, 64, config.model.n_head, "fp32")
@@ -109,7 +109,7 @@ def test_no_outer_momentum_keeps_no_momentum_buffers(make_config):
 
 def test_the_outer_momentum_is_syncds_alone_and_takes_no_redis_memory(make_config):
     config = make_config()
-    sized = estimate(config)
+    sized = estimate(config, served=False)
     largest = max(f.numel for f in partition(tensor_sizes(config.model),
                                              config.sync.fragments))
 
@@ -200,3 +200,14 @@ def test_the_emulations_bytes_scale_stretches_the_link_seconds_not_the_wire_byte
                                 "up_s": scaled.up_s, "down_s": scaled.down_s}
     assert (scaled.up_bytes, scaled.down_bytes) == (plain.up_bytes, plain.down_bytes)
     assert scaled.up_s == pytest.approx(2 * 0.040 + 1000 * TINY_FP32 * 8 / 0.01e9)
+
+
+def test_served_fragments_take_no_data_plane_memory_but_the_update_messages(make_config):
+    config = make_config()
+    on_redis, served = estimate(config, served=False), estimate(config)
+
+    assert "global fragments" not in served.redis.parts
+    assert "fragment in swap" not in served.redis.parts
+    assert served.redis.total == on_redis.redis.total - on_redis.redis.parts[
+        "global fragments"] - on_redis.redis.parts["fragment in swap"]
+    assert served.syncd.total == on_redis.syncd.total

@@ -11,9 +11,9 @@ from diloco import codecs
 from diloco.protocol import encode_message
 from diloco.signing import island_key
 from syncd.connection import connect
+from syncd.published_server import PublishedServer
 from syncd.run_keys import RunKeys
 from syncd.service import RunSync
-from syncd.published_server import PublishedServer
 from syncd.store import RunStore
 from webapp.runs.lifecycle import create_run
 from webapp.runs.records import DatabaseRecorder

@@ -63,6 +63,12 @@ def fixed_standbys() -> int:
     return settings.ISLAND_POOL_SIZE or 0
 
 
+def served() -> bool:
+    """Whether syncd serves the published fragments from its files (SYNCD_SERVE): then
+    they take no data-plane memory (diloco.sizes)."""
+    return settings.SYNCD_SERVE != "off"
+
+
 def admitted_configs(excluding: Run | None = None) -> list[RunConfig]:
     """The configs of the admitted runs (ADMITTED: queued, running, paused or stopping,
     whose memory is held), but `excluding`'s: what a run's admission adds itself to."""
@@ -92,7 +98,7 @@ class Taken:
         host_runs: Counter[str] = Counter()
         models: dict[str, int] = {}
         for config in configs:
-            sized = estimate(config)
+            sized = estimate(config, served=served())
             redis += sized.redis.total - REDIS_BASE_BYTES
             syncd += sized.syncd.total
             for island in config.islands:
@@ -116,7 +122,7 @@ def memory_misfits(config: RunConfig, others: Sequence[RunConfig] = ()) -> dict[
     "islands.<i>.region" for this run's first island there that does not fit.
     """
     standbys = fixed_standbys()
-    sized = estimate(config, standbys)
+    sized = estimate(config, standbys, served=served())
     taken = Taken.of(others)
     errors: dict[str, list[str]] = {}
     redis_mb = settings.REDIS_MAXMEMORY_MB
@@ -189,7 +195,7 @@ def size_report(config: Any) -> dict[str, Any]:
     run_config = parse_config(config, settings.REGIONS)
     others = admitted_configs()
     taken = Taken.of(others)
-    return {**estimate(run_config, fixed_standbys()).to_dict(),
+    return {**estimate(run_config, fixed_standbys(), served=served()).to_dict(),
             "limits": {"redis_bytes": settings.REDIS_MAXMEMORY_MB * MIB,
                        "syncd_host_bytes": settings.SYNCD_HOST_MEMORY_MB * MIB,
                        "island_host_bytes": settings.ISLAND_HOST_MEMORY_MB * MIB},
