@@ -26,7 +26,10 @@ measurement does not move; the "1B fragment" size is a model of the parameters
 of one fragment of a 1B model at P = 8.
 
 Two phases, one after the other:
-- ingest, under saturating load: every island sends its `rounds` updates as fast as
+- ingest, under saturating load: every island sends its `rounds` updates (more at
+  few islands: at least `min_updates` from all together, so that the first merges'
+  cold costs, a new file's pages and the first outer step's, are a small part of
+  every config's phase, as they are of a run's life) as fast as
   an island's backpressure lets it (trainer/resend.py: at most two of a fragment not
   yet handled by syncd) and the run's upload slots do (syncd/upload_slots.py: two
   update messages on the data plane at once, from all islands), so syncd always has
@@ -116,10 +119,11 @@ SIZES: dict[str, dict[str, int]] = {
     "14M": {"n_layer": 6, "n_embd": 448, "n_head": 8},
 }
 PROFILES: dict[str, dict[str, Any]] = {
-    "full": {"sizes": ["100M", "1B/8"], "islands": [2, 4, 8, 16], "rounds": 4, "pulls": 2,
-             "limit_bytes": 256 << 20, "transports": ["served", "redis"]},
-    "quick": {"sizes": ["6M", "14M"], "islands": [2, 4], "rounds": 3, "pulls": 2,
-              "limit_bytes": 64 << 20, "transports": ["served"]},
+    "full": {"sizes": ["100M", "1B/8"], "islands": [2, 4, 8, 16], "rounds": 4,
+             "min_updates": 32, "pulls": 4, "limit_bytes": 256 << 20,
+             "transports": ["served", "redis"]},
+    "quick": {"sizes": ["6M", "14M"], "islands": [2, 4], "rounds": 3, "min_updates": 0,
+              "pulls": 2, "limit_bytes": 64 << 20, "transports": ["served"]},
 }
 TARGETS = {"ingest_mb_s": 150.0, "ingest_over_transport": 0.3, "pull_mb_s": 300.0,
            "pull_over_transport_read": 0.5, "peak_spread": 0.10}
@@ -398,9 +402,10 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
         go.set()
         # The islands report once they have pulled too: the ingest phase ends when syncd
         # handled `rounds` updates of every island (the faster ones sent more).
-        last = profile["rounds"] * H
+        rounds = max(profile["rounds"], -(-profile.get("min_updates", 0) // m))
+        last = rounds * H
         wait_for(lambda: all(store.handled_seq(0, n) >= last for n in island_names(m))
-                 or not syncd.is_alive(), 1800, f"{profile['rounds']} updates of each merged")
+                 or not syncd.is_alive(), 1800, f"{rounds} updates of each merged")
         ingest_end = time.time()
         enough.set()
         updates = sum(store.handled_seq(0, n) for n in island_names(m)) // H
@@ -468,18 +473,19 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
 
 
 def checks(configs: list[dict[str, Any]], lim: dict[str, float]) -> dict[str, dict[str, Any]]:
-    """The targets (issue 23, item 2) at every config of at least TARGET_PARAMS, each
-    against the limits of its own transport (the served one's: `served_mb_s`)."""
+    """The targets (issue 23, item 2) at every config of at least TARGET_PARAMS: ingest
+    against the Redis transport, which updates take with either transport of the
+    published fragment; pull against the read of its own transport (the served one's:
+    `served_read_mb_s`)."""
     out: dict[str, dict[str, Any]] = {}
     for c in configs:
         if c["params"] < TARGET_PARAMS:
             continue
         at = f"{c['size']} M={c['islands']} {c['transport']}"
-        both, read = (("served_mb_s", "served_read_mb_s") if c["transport"] == "served"
-                      else ("transport_mb_s", "transport_read_mb_s"))
+        read = "served_read_mb_s" if c["transport"] == "served" else "transport_read_mb_s"
         out[f"{at} ingest MB/s"] = results.check(c["ingest_mb_s"], TARGETS["ingest_mb_s"])
         out[f"{at} ingest / transport"] = results.check(
-            c["ingest_mb_s"] / lim[both], TARGETS["ingest_over_transport"])
+            c["ingest_mb_s"] / lim["transport_mb_s"], TARGETS["ingest_over_transport"])
         out[f"{at} pull MB/s"] = results.check(c["pull_mb_s"], TARGETS["pull_mb_s"])
         out[f"{at} pull / transport read"] = results.check(
             c["pull_mb_s"] / lim[read], TARGETS["pull_over_transport_read"])
