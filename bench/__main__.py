@@ -41,8 +41,9 @@ def main() -> None:
     parser.add_argument("--device", default=None, choices=("cpu", "cuda"),
                         help="scale only: where the islands train (default cpu)")
     parser.add_argument("--preset", default=None,
-                        help="quality only: check this preset's codecs at its own size "
-                             "(e.g. gpt2_small) instead of the profiles' small models")
+                        help="quality: check this preset's codecs at its own size "
+                             "(e.g. gpt2_small) instead of the profiles' small models; "
+                             "rejoin: time a warm rejoin of this preset's run at its size")
     args = parser.parse_args()
     options: dict[str, object] = {"quick": args.quick}
     if args.minutes is not None:
@@ -56,8 +57,8 @@ def main() -> None:
             parser.error("--device is an option of scale alone")
         options["device"] = args.device
     if args.preset is not None:
-        if args.name != "quality":
-            parser.error("--preset is an option of quality alone")
+        if args.name not in ("quality", "rejoin"):
+            parser.error("--preset is an option of quality and rejoin alone")
         options["preset"] = args.preset
     raise SystemExit(BENCHMARKS[args.name](**options))
 

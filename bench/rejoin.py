@@ -30,6 +30,17 @@ Per mode: p50 and p95 of
 each, and of create to all training. It writes bench/results/rejoin.json
 (rejoin-quick.json with --quick), prints the table and the checks against the
 targets, and exits non-zero when one is missed.
+
+`python -m bench rejoin --preset gpt2_small` is the rejoin at a real size (issue 23,
+item 2): the preset's run (85.6M parameters, its codecs, two islands over emulated 2
+Gb/s links) with batch 1, so that steps are short on this machine, and a warm pool
+per region; REAL_SIZE_CYCLES operator kills and rejoins, each timed from the rejoin
+to the first inner step with its phases. What the rejoin costs is that time less
+one inner step, which the island would have taken anyway (its fault-free step time
+as syncd measured it before the kill, `step_time_s` in the status); it is judged
+against the island's emulated wire time for the pull of every fragment's full
+message (diloco.wan.transfer_time of the bytes the rejoin reads) plus 1 s. It
+writes bench/results/rejoin-<preset>.json.
 """
 
 from __future__ import annotations
@@ -44,13 +55,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import results
-from bench.goodput import make_corpus
+from bench.goodput import make_corpus, wait_islands_stopped
 from bench.system import ROOT, BenchSystem
 from diloco.accounting import fragment_cadence
 
 HOME = ROOT / "var" / "bench-rejoin"
 REGIONS = ("us-east", "us-west", "eu-west", "ap-south")
 PROFILES = {"full": {"cycles": 20, "creates": 3}, "quick": {"cycles": 5, "creates": 2}}
+REAL_SIZE_CYCLES = 4
 GAP_S = 30.0  # between two kills
 OUTAGE_S = 3.0  # from a kill to its rejoin
 WAIT_S = 120.0
@@ -262,8 +274,6 @@ def run_mode(system: BenchSystem, mode: str, profile: dict[str, Any], corpus: Pa
 
 
 def _wait_stopped(store: Any) -> None:
-    from bench.goodput import wait_islands_stopped
-
     wait_islands_stopped(store, list(REGIONS))
 
 
@@ -287,19 +297,136 @@ def summarize(modes: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def main(quick: bool = False) -> int:
+def start(system: BenchSystem, concurrency: int) -> Any:
+    """Start syncd, a worker of `concurrency` per region and a pool of one warm standby
+    per region; returns the operator who rejoins islands."""
+    system.setup_django()
+    from django.contrib.auth import get_user_model
+
+    operator = get_user_model().objects.create_user("bench-operator")
+    system.start_syncd()
+    system.start_workers(concurrency=concurrency)
+    system.start_pools(size=1)
+    return operator
+
+
+def real_size_workload(preset: str, corpus: Path) -> dict[str, Any]:
+    """The preset's run at its size, its islands in this bench's regions, batch 1."""
+    from diloco.presets import PRESETS
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+    config = dict(PRESETS[preset][1])
+    islands = [{**island, "region": REGIONS[i % len(REGIONS)], "batch_size": 1}
+               for i, island in enumerate(config["islands"])]
+    return {**config, "data": {"path": str(corpus)}, "islands": islands,
+            "eval": {"tokens": 4096, "interval_steps": 10**6},
+            "checkpoint": {"interval_s": 3600.0}, "budget": {"total_tokens": 10**12}}
+
+
+def pull_wire_s(config: dict[str, Any], fragment_bytes: Iterable[int]) -> float:
+    """The emulated link's seconds for a rejoin's pull: each fragment's full message
+    over the first island's link, one after the other."""
+    from diloco.wan import transfer_time
+
+    island = config["islands"][0]
+    return sum(transfer_time(n, island.get("bandwidth_gbps", 2.0),
+                             island.get("latency_ms", 30.0)) for n in fragment_bytes)
+
+
+def real_size(preset: str) -> int:
+    """A warm rejoin at the preset's size: rejoin to first step against the pull's
+    emulated wire time plus 1 s."""
+    from syncd.connection import connect
+    from syncd.store import RunStore
+
+    started = time.time()
+    system = BenchSystem(HOME, list(REGIONS))
+    samples: list[dict[str, Any]] = []
+    try:
+        operator = start(system, concurrency=1)
+        from webapp.runs.lifecycle import stop_run
+
+        config = real_size_workload(preset, make_corpus(HOME / "corpus.txt"))
+        wait(lambda: pools_ready(system), "every region's pool ready", 600, 0.2)
+        run, store, create_s = create_and_train(f"{preset} run", config)
+        full = RunStore(connect(os.environ["REDIS_URL"]), run.pk)
+        fragment_bytes = [len(full.full(p) or b"") for p in sorted(full.versions())]
+        wire_s = pull_wire_s(config, fragment_bytes)
+        results.say(f"  pull of {sum(fragment_bytes) / 1e6:.0f} MB: {wire_s:.2f} s of "
+                    "emulated wire")
+        islands = [island["name"] for island in config["islands"]]
+        for i in range(REAL_SIZE_CYCLES):
+            wait(lambda: pools_ready(system), "every region's pool ready", 600, 0.2)
+            time.sleep(GAP_S)
+            samples.append(real_size_cycle(run, store, islands[i % len(islands)], operator))
+        stop_run(run, by=None)
+        wait_islands_stopped(store, islands)
+    finally:
+        system.stop()
+    warm = [s for s in samples if s["warm"]]
+    first_step = [s["rejoin_to_first_step_s"] for s in warm]
+    cost = [s["rejoin_cost_s"] for s in warm]
+    bound = round(wire_s + 1.0, 3)
+    out: dict[str, Any] = {
+        "preset": preset, "params": sum(fragment_bytes) // 4, "create_to_training_s": create_s,
+        "pull_bytes": sum(fragment_bytes), "pull_wire_s": round(wire_s, 3),
+        "rejoin_to_first_step_s": spread(first_step), "rejoin_cost_s": spread(cost),
+        "cycles": len(samples),
+        "warm_cycles": len(warm), "samples": samples,
+        "phases_p50_s": {p: round(statistics.median(s["phases"][p] for s in warm
+                                                    if p in s["phases"]), 3)
+                         for p in sorted({p for s in warm for p in s["phases"]})},
+        "workload": real_size_workload(preset, Path("corpus"))}
+    out["checks"] = {
+        "warm rejoin's cost p95 (s), the pull's wire time + 1 s": results.check(
+            out["rejoin_cost_s"]["p95"] if warm else float("inf"), bound, at_least=False)}
+    out["seconds"] = round(time.time() - started, 1)
+    path = results.write(f"rejoin-{preset}", out)
+    print(f"warm rejoin to first step {out['rejoin_to_first_step_s']}, its cost (less a "
+          f"step) {out['rejoin_cost_s']}, phases (p50 s) {out['phases_p50_s']}, bound "
+          f"{bound} s")
+    print(results.checks_table(out["checks"]))
+    print(f"\n{out['seconds']} s; wrote {path}")
+    return results.exit_code(out["checks"])
+
+
+def real_size_cycle(run: Any, store: Any, island: str, operator: Any) -> dict[str, Any]:
+    """One SIGKILL and an operator's rejoin of `island`, timed to its first step."""
+    from webapp.runs.membership import rejoin_island
+
+    beat = store.heartbeats()[island]
+    epoch, pid = int(beat["epoch"]), int(beat["pid"])
+    step_s = wait(lambda: ((store.status() or {}).get("islands") or {}).get(
+        island, {}).get("step_time_s"), f"{island}'s step time")
+    killed = time.time()
+    os.kill(pid, signal.SIGKILL)
+    wait(lambda: run.events.filter(kind="island_lost", island__name=island,
+                                   time__gte=_when(killed - 1)).exists(), f"{island} lost")
+    time.sleep(max(killed + OUTAGE_S - time.time(), 0.0))
+    rejoin_island(run, island, by=operator)
+    rejoined = wait(lambda: run.events.filter(
+        kind="rejoin", island__name=island, detail__epoch=epoch + 1,
+        detail__has_key="seconds_to_first_step").first(), f"{island} training again", 600)
+    first_step = float(rejoined.detail["seconds_to_first_step"])
+    sample = {"island": island, "epoch": epoch + 1, "warm": bool(rejoined.detail.get("warm")),
+              "rejoin_to_first_step_s": first_step, "step_time_s": float(step_s),
+              "rejoin_cost_s": round(first_step - float(step_s), 3),
+              "phases": rejoined.detail.get("phases") or {}}
+    results.say(f"  cycle {island}: first step {first_step:.3f} s, a step {step_s:.3f} s, "
+                f"warm {sample['warm']}, {sample['phases']}")
+    return sample
+
+
+def main(quick: bool = False, preset: str | None = None) -> int:
+    if preset is not None:
+        return real_size(preset)
     profile = PROFILES["quick" if quick else "full"]
     started = time.time()
     system = BenchSystem(HOME, list(REGIONS))
     modes: dict[str, dict[str, Any]] = {}
     try:
-        system.setup_django()
-        from django.contrib.auth import get_user_model
-
-        operator = get_user_model().objects.create_user("bench-operator")
-        system.start_syncd()
-        system.start_workers(concurrency=2)
-        system.start_pools(size=1)
+        operator = start(system, concurrency=2)
         corpus = make_corpus(HOME / "corpus.txt")
         modes["warm"] = run_mode(system, "warm", profile, corpus, operator)
         for region in REGIONS:

@@ -4,6 +4,7 @@ percentiles, a warm cycle that found the pool empty counted as cold, the keys
 docs/BENCHMARKS.md reads, and a missed target reported as missed."""
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -94,3 +95,21 @@ def test_the_first_merge_bound_is_a_fragments_cadence_not_the_runs_merge_gaps(
     data = json.loads((tmp_path / "rejoin-quick.json").read_text())
     check = data["checks"]["warm rejoin to first merge p95 (s), 1 s + a fragment's cadence"]
     assert check == {"value": 3.5, "bound": "<= 3.0", "ok": False}
+
+
+def test_the_real_size_rejoin_runs_the_presets_model_at_batch_one_in_the_benchs_regions():
+    config = rejoin.real_size_workload("gpt2_small", Path("corpus.txt"))
+
+    assert config["model"]["n_embd"] == 768 and config["model"]["n_layer"] == 12
+    assert config["sync"]["compression"] == "int4"
+    assert [i["batch_size"] for i in config["islands"]] == [1, 1]
+    assert {i["region"] for i in config["islands"]} <= set(rejoin.REGIONS)
+    with pytest.raises(ValueError, match="unknown preset"):
+        rejoin.real_size_workload("gpt5", Path("corpus.txt"))
+
+
+def test_a_rejoins_wire_time_is_each_fragments_pull_over_the_islands_link():
+    config = {"islands": [{"bandwidth_gbps": 2.0, "latency_ms": 10.0}]}
+
+    # Two fragments of 250 MB at 2 Gb/s: 1 s each, plus 10 ms of latency each.
+    assert rejoin.pull_wire_s(config, [250_000_000, 250_000_000]) == pytest.approx(2.02)

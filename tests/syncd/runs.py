@@ -78,6 +78,15 @@ def heartbeat_all(sync: RunSync) -> None:
         sync.store.heartbeat(island, 1, 4, 128, state="training")
 
 
+def merge_once(sync: RunSync) -> None:
+    """Both islands send fragment 0 and syncd merges it (version 1)."""
+    heartbeat_all(sync)
+    send(sync, "a", 0, 4)
+    send(sync, "b", 0, 4)
+    sync.tick()
+    assert sync.store.versions()[0] == 1
+
+
 def beat_at(sync: RunSync, island: str, time: float, *, epoch: int = 1,
             state: str = "training", startup_s: float | None = None) -> None:
     beat = {"epoch": epoch, "time": time, "step": 4, "tokens": 128, "state": state,

@@ -9,7 +9,7 @@ import redis
 from diloco.protocol import decode_message
 from syncd.connection import connect
 from syncd.store import RunStore
-from tests.syncd.runs import heartbeat_all, make_run_sync, send
+from tests.syncd.runs import heartbeat_all, make_run_sync, merge_once, send
 from trainer.launch import free_port
 from webapp.processes import start_scratch_redis
 from webapp.runs.models import Event
@@ -27,15 +27,6 @@ def alerts(sync, words: str) -> list[dict]:
     sync.recorder.flush()
     return [e.detail for e in Event.objects.filter(run_id=sync.recorder.run_id, kind="alert")
             if words in e.detail.get("reason", "")]
-
-
-def merge_once(sync) -> None:
-    """Both islands send fragment 0 and syncd merges it (version 1)."""
-    heartbeat_all(sync)
-    send(sync, "a", 0, 4)
-    send(sync, "b", 0, 4)
-    sync.tick()
-    assert sync.store.versions()[0] == 1
 
 
 def test_an_updates_message_lies_on_the_data_plane_and_its_entry_on_the_control_redis(

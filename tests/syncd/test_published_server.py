@@ -12,7 +12,7 @@ from diloco.protocol import decode_message
 from syncd.bulk import BulkError, ServedRef, load_ref, read_served
 from syncd.published_files import PublishedFiles
 from syncd.published_server import PublishedServer, parse_address
-from tests.syncd.runs import heartbeat_all, make_run_sync, send
+from tests.syncd.runs import make_run_sync, merge_once
 
 MOMENTUM = {"momentum.w": torch.ones(3)}
 
@@ -116,12 +116,9 @@ def test_an_address_that_is_not_host_and_port_is_refused_with_its_setting(addres
 def test_a_served_merge_puts_no_full_message_on_the_data_plane_and_islands_read_it(
         redis_url, server, tmp_path):
     sync = make_run_sync(redis_url, tmp_path, "decoupled", server=server)
-    heartbeat_all(sync)
-    send(sync, "a", 0, 4)
-    send(sync, "b", 0, 4)
-    sync.tick()
 
-    assert sync.store.versions()[0] == 1
+    merge_once(sync)
+
     # The references only (full:<fragment>), no chunks (full:<fragment>:<version>:...).
     assert not list(sync.store.data.scan_iter(match=f"{sync.store.prefix}full:*:*"))
     island = type(sync.store)(sync.store.client, sync.store.run_id)  # no server of its own
@@ -139,10 +136,7 @@ def test_a_restarted_syncd_serves_the_published_version_from_its_own_server(
 
     first = PublishedServer(tmp_path)
     sync = make_run_sync(redis_url, tmp_path, "decoupled", server=first)
-    heartbeat_all(sync)
-    send(sync, "a", 0, 4)
-    send(sync, "b", 0, 4)
-    sync.tick()
+    merge_once(sync)
     merged = sync.store.full(0)
     first.close()  # syncd's process is gone, and its server with it
 
