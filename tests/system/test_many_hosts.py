@@ -12,6 +12,7 @@ Every wait polls a condition with a deadline; none sleeps and hopes.
 from __future__ import annotations
 
 import http.cookiejar
+import json
 import os
 import re
 import secrets
@@ -208,10 +209,14 @@ def test_web_syncd_and_two_region_workers_configured_only_by_environment_train_o
                                                      .get("weights", {})) for f in fragments)
 
         wait_until(both_merged, 60, "a merge of updates from both regions")
-        # Every host met on the one data plane: the fragments' chunks are there alone.
-        assert connect(dataplane_url).keys(f"arch:{run.pk}:full:*")
-        assert [k.count(b":") for k in connect(redis_url).keys(f"arch:{run.pk}:full:*")] \
-            == [3, 3]  # the references, arch:R:full:<p>
+        # Every host met on the one data plane, and the islands read the fragments from
+        # syncd's server: the control Redis holds their references, arch:R:full:<p>,
+        # naming it, and the data plane none of their chunks.
+        assert not connect(dataplane_url).keys(f"arch:{run.pk}:full:*")
+        references = connect(redis_url).keys(f"arch:{run.pk}:full:*")
+        assert [k.count(b":") for k in references] == [3, 3]
+        assert all(json.loads(connect(redis_url).get(k))["url"].startswith("http://127.0.0.1:")
+                   for k in references)
         # The web app, on its own host, serves the run from the shared database.
         wait_until(lambda: port_accepts(port), 60, "the web app to listen")
         web = WebClient(f"http://127.0.0.1:{port}")

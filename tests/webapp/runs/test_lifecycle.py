@@ -158,8 +158,10 @@ SIZED = {"model": {"n_layer": 4, "n_embd": 256, "n_head": 4, "block_size": 256},
 def admitted(settings):
     """Two runs of SIZED that hold their memory (running, stopping) and two that do not
     (a draft, a stopped run); Redis declared at 120 MiB: one run of SIZED takes 87 MiB
-    (64 of it the base, which runs share), each other admitted run 23 MiB more."""
+    (64 of it the base, which runs share), each other admitted run 23 MiB more, with
+    the published fragments on the data plane (SYNCD_SERVE off)."""
     settings.REDIS_MAXMEMORY_MB = 120
+    settings.SYNCD_SERVE = "off"
     config = parse_config(SIZED, settings.REGIONS).to_dict()
     return [Run.objects.create(name=state, mode="decoupled", config=config, state=state)
             for state in ("running", "stopping", "draft", "stopped")]

@@ -29,9 +29,11 @@ ISLANDS = [{"name": "a", "region": "us-east", "batch_size": 64},
 
 @pytest.fixture
 def sized(settings):
-    """A run config of the model and islands above; the hosts' limits as set."""
+    """A run config of the model and islands above; the hosts' limits as set, with the
+    published fragments on the data plane (SYNCD_SERVE off)."""
     settings.REGIONS = REGIONS
     settings.ISLAND_POOL_SIZE = 1
+    settings.SYNCD_SERVE = "off"
 
     def limits(redis_mb: int, host_mb: int, syncd_mb: int = 10**6, islands=ISLANDS):
         settings.REDIS_MAXMEMORY_MB, settings.ISLAND_HOST_MEMORY_MB = redis_mb, host_mb
@@ -93,6 +95,16 @@ def test_islands_too_large_even_without_activations_are_one_misfit_of_the_model(
     assert list(misfits) == ["model"] and len(misfits["model"]) == 1
     assert misfits["model"][0].startswith("Island 'a' would need about 2.1 GiB")
     assert "ISLAND_HOST_MEMORY_MB allows (300 MiB): a smaller model" in misfits["model"][0]
+
+
+def test_served_fragments_take_no_redis_so_a_run_too_large_for_it_with_them_fits(
+        sized, settings):
+    config = sized(redis_mb=80, host_mb=4000)
+    assert list(memory_misfits(config)) == ["model"]
+
+    settings.SYNCD_SERVE = "127.0.0.1:0"
+
+    assert memory_misfits(config) == {}
 
 
 def test_redis_is_summed_over_the_admitted_runs_its_base_once(sized):
