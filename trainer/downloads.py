@@ -30,6 +30,14 @@ class GlobalMissing(RuntimeError):
     state was lost)."""
 
 
+class NotReadable(RuntimeError):
+    """The published fragment cannot be read now (the syncd whose server its reference
+    names is gone, and the next one has not published it again yet): tried again."""
+
+
+RETRY_S = 1.0  # between two tries of a fragment that could not be read
+
+
 @dataclass(frozen=True)
 class Download:
     """What arrived for one fragment.
@@ -62,7 +70,8 @@ class Downloads:
 
     Args:
         fetch: reads fragment p's messages newer than `version` (on the thread):
-            returns (version, messages, bytes read); raises GlobalMissing.
+            returns (version, messages, bytes read); raises GlobalMissing, or
+            NotReadable, after which it is called again RETRY_S later.
         handled: whether syncd handled this island's update `seq` of fragment p.
         transfer_time: the emulated link's seconds for so many bytes now.
         wait_while_partitioned: returns once the link is not cut.
@@ -154,7 +163,14 @@ class Downloads:
     def _download(self, generation: int, fragment: int, version: int) -> None:
         self.wait_while_partitioned()  # a cut link carries no downloads either
         started = time.monotonic()
-        newest, published, nbytes = self.fetch(fragment, version)
+        while True:
+            try:
+                newest, published, nbytes = self.fetch(fragment, version)
+                break
+            except NotReadable:
+                if self.stopping() or not self._current(generation):
+                    return
+                self.sleep(RETRY_S)
         read_s = time.monotonic() - started
         link_s = self.transfer_time(nbytes) if published else 0.0
         self.sleep(max(0.0, link_s - read_s))

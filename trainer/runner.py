@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,12 +41,13 @@ from diloco.model import GPT
 from diloco.protocol import decode_message, encode_message
 from diloco.signing import load_verify_key
 from diloco.synchronizer import Published
+from syncd.bulk import BulkError
 from syncd.connection import connect
 from syncd.malloc import return_large_frees
 from syncd.store import RunStore
 from trainer.cpu import cpu_share
 from trainer.distributed import IslandGroup, follow_rank
-from trainer.downloads import Downloads, GlobalMissing
+from trainer.downloads import RETRY_S, Downloads, GlobalMissing, NotReadable
 from trainer.elastic import WholeJobRestarts
 from trainer.emulation import FaultEmulation
 from trainer.launch import (
@@ -63,6 +65,20 @@ from trainer.phases import StartClock
 from trainer.resend import SentUpdates
 
 log = logging.getLogger("archipelago.island")
+
+def read_full(store: RunStore, p: int, stopping: Callable[[], bool]) -> bytearray | None:
+    """The newest full message of fragment p, read again every RETRY_S while it cannot be
+    read (the syncd whose server its reference names is gone, until the next one
+    publishes it again), unless the island stops."""
+    while True:
+        try:
+            return store.full(p)
+        except BulkError as exc:
+            if stopping():
+                raise SystemExit(0) from None
+            log.warning("fragment %d could not be read (%s); trying again", p, exc)
+            time.sleep(RETRY_S)
+
 
 class ProcessIsland:
     """The island's training loop around diloco.island.Island.
@@ -196,7 +212,7 @@ class ProcessIsland:
         is: not while it is cut, and in the larger of the real read and the link's time."""
         self.emulation.wait_while_partitioned()
         started = time.monotonic()
-        blob = self.store.full(p)
+        blob = read_full(self.store, p, lambda: self.stopping)
         if blob is None:
             if self.run_ended():
                 self.stopping = True  # the run ended and its state went with it
@@ -214,7 +230,15 @@ class ProcessIsland:
 
         Raises:
             GlobalMissing: the newest global fragment p is not in Redis.
+            NotReadable: its message cannot be read now (syncd's server is gone).
         """
+        try:
+            return self._fetch(p, version)
+        except BulkError as exc:
+            log.warning("fragment %d could not be read (%s); trying again", p, exc)
+            raise NotReadable(str(exc)) from exc
+
+    def _fetch(self, p: int, version: int) -> tuple[int, list[Published], int]:
         newest = self.store.versions().get(p, version)
         if newest <= version:
             return version, [], 0

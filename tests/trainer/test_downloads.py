@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from diloco.synchronizer import Published
-from trainer.downloads import Downloads, GlobalMissing
+from trainer.downloads import RETRY_S, Downloads, GlobalMissing, NotReadable
 
 
 def message(version: int) -> Published:
@@ -127,3 +127,25 @@ def test_a_wait_ends_when_the_island_stops():
     d.request(0, seq=10, version=0)  # never handled
     threading.Timer(0.1, stop.set).start()
     assert d.wait(0) is None
+
+
+def test_a_fragment_that_cannot_be_read_now_is_read_again_instead_of_failing():
+    syncd = Syncd()
+    syncd.handled_seq = 10
+    failures = [NotReadable("syncd's server is gone"), NotReadable("still gone")]
+    fetch = syncd.fetch
+
+    def flaky(fragment: int, version: int):
+        if failures:
+            raise failures.pop(0)
+        return fetch(fragment, version)
+
+    sleeps: list[float] = []
+    d = Downloads(flaky, syncd.handled, lambda nbytes: 0.0, lambda: None, lambda: False,
+                  sleep=sleeps.append)
+    d.request(0, seq=10, version=0)
+
+    download = d.wait(0)
+
+    assert download.version == 1 and d.error is None
+    assert sleeps[:2] == [RETRY_S, RETRY_S]  # a pause before each try again

@@ -49,7 +49,7 @@ def runner(faults: Faults, store: Globals, latency_ms: float) -> SimpleNamespace
     emulation = FaultEmulation(faults, "a", link, 1.0, lambda: False)
     return SimpleNamespace(emulation=emulation, store=store, bytes_down=0,
                            verify_key=load_verify_key(verify_key_hex(SECRET)),
-                           run_ended=lambda: False)
+                           run_ended=lambda: False, stopping=False)
 
 
 def test_the_first_pull_of_the_globals_pays_the_emulated_link_time():
@@ -77,3 +77,26 @@ def test_the_first_pull_waits_while_a_partition_cuts_the_link():
     ProcessIsland._full(island, 0)
 
     assert store.reads and store.reads[0] >= heal_at - 0.01  # nothing read while cut
+
+
+def test_the_first_pull_reads_again_while_syncds_server_is_gone(monkeypatch):
+    from syncd.bulk import BulkError
+    from trainer import runner as runner_module
+
+    faults, store = Faults(), Globals()
+    faults.healed.set()
+    gone = [BulkError("http://127.0.0.1:1/... could not be read: refused")]
+    read = store.full
+
+    def full(p: int) -> bytearray:
+        if gone:
+            raise gone.pop()
+        return read(p)
+
+    store.full = full
+    monkeypatch.setattr(runner_module, "RETRY_S", 0.01)
+    island = runner(faults, store, latency_ms=0.0)
+
+    version, _ = ProcessIsland._full(island, 0)
+
+    assert version == 7 and not gone and len(store.reads) == 1
