@@ -90,15 +90,11 @@ class Island:
             process then trains on its part of each batch. None: one process.
         model: a model already built (a warm standby's), used when its shape is the
             run's; otherwise a new one is built.
-        moments: that model's AdamW moments by parameter name, which the inner AdamW
-            starts from, zeroed: the same start as its own lazy one, in pages already
-            in memory. Used with `model` only.
     """
 
     def __init__(self, index: int, config: RunConfig, corpus: Corpus, fragments: list[Fragment],
                  init_state: dict[str, torch.Tensor] | None, device: str = "cpu",
-                 group: Group | None = None, model: GPT | None = None,
-                 moments: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None):
+                 group: Group | None = None, model: GPT | None = None):
         if not 0 <= index < len(config.islands):
             raise ValueError(f"island index must be between 0 and {len(config.islands) - 1}, "
                              f"got {index}")
@@ -122,8 +118,6 @@ class Island:
         o = config.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.inner_lr,
                                            betas=(0.9, 0.95), weight_decay=o.weight_decay)
-        if reuse and moments is not None:
-            self._adopt_moments(moments)
         self.sampler = ShardSampler(corpus, index, len(config.islands), config.model.block_size,
                                     config.seed)
         self.fragments = fragments
@@ -133,22 +127,6 @@ class Island:
         self.step = 0
         self.tokens = 0
         self.last_loss = math.nan
-
-    def _adopt_moments(self, moments: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Start AdamW from these buffers, zeroed, instead of the ones its first step
-        would make: the state it makes lazily, with pages a warm standby already faulted
-        in (trainer/standby.py). A parameter whose buffers do not match it (another
-        shape or device) keeps the lazy start."""
-        for name, param in self.model.named_parameters():
-            buffers = moments.get(name)
-            if buffers is None or any(b.shape != param.shape or b.device != param.device
-                                      or b.dtype != param.dtype for b in buffers):
-                continue
-            exp_avg, exp_avg_sq = buffers
-            self.optimizer.state[param] = {
-                "step": torch.tensor(0.0, dtype=torch.float64 if torch.get_default_dtype()
-                                     == torch.float64 else torch.float32),
-                "exp_avg": exp_avg.zero_(), "exp_avg_sq": exp_avg_sq.zero_()}
 
     def move_to(self, step: int, tokens: int) -> None:
         """Take this place in training: the next inner step's number and the tokens

@@ -44,10 +44,8 @@ activations. An island host holds every process of its island, and its pool's
 warm standby islands (trainer/pool.py, ISLAND_POOL_SIZE of them when it is a
 number; with auto the pool fits itself into what the islands leave): each is an
 interpreter with torch and the project imported (STANDBY_BASE_BYTES, measured
-at 226 MiB on CPU), a model built in the run's shape, B, and the AdamW moments its
-warm-up step made, 2B, kept zeroed for the island that claims it
-(`standby_bytes`; the corpus it opens is memory-mapped: page cache the host's
-islands share, not counted).
+at 226 MiB on CPU) and a model built in the run's shape, B (the corpus it opens
+is memory-mapped: page cache the host's islands share, not counted).
 
 Activations are an estimate, after Korthikanti et al. 2022 ("Reducing
 Activation Recomputation in Large Transformer Models", section 4.1): per layer
@@ -136,12 +134,6 @@ class Estimate:
                 "islands": {name: need(n) for name, n in self.islands.items()}}
 
 
-def standby_bytes(model_bytes: int) -> int:
-    """One warm standby island of a model of `model_bytes` (fp32): the interpreter, the
-    model, and its AdamW moments, made before its claim (trainer/standby.py)."""
-    return STANDBY_BASE_BYTES + 3 * model_bytes
-
-
 def estimate(config: RunConfig, standbys: int = 0, served: bool = True) -> Estimate:
     """The parameters and the peak bytes of Redis, syncd and each island host of a run;
     `standbys` is the warm standby islands each island host keeps (ISLAND_POOL_SIZE);
@@ -186,7 +178,7 @@ def estimate(config: RunConfig, standbys: int = 0, served: bool = True) -> Estim
                 config.train.precision)}
         host = {k: v * island.processes for k, v in per_process.items()}
         if standbys:
-            host["warm standbys"] = standbys * standby_bytes(model)
+            host["warm standbys"] = standbys * (STANDBY_BASE_BYTES + model)
         islands[island.name] = Need(host)
     return Estimate(params, model, redis, syncd, islands)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diloco.config_parse import config_from_spec
-from diloco.sizes import STANDBY_BASE_BYTES, estimate, standby_bytes
+from diloco.sizes import STANDBY_BASE_BYTES, estimate
 
 LAUNCHING, READY = "launching", "ready"
 CLAIM_FIELDS = ("run", "island", "epoch")
@@ -157,9 +157,9 @@ def wanted_size(specs: dict[str, dict[str, Any]], region: str, memory_bytes: int
     train here, one: the islands that took standbys count as filled slots, so that
     a run that trains does not pay for refilling what it claimed (a refill's imports
     and model take the cores the islands train on). The islands served count at that
-    run's estimate of an island (diloco/sizes.py), each standby at `standby_bytes`
-    (the interpreter, a model and its AdamW moments). The standbys prepare the
-    largest run's corpus and model shape (`warm_for`); {} with no run there.
+    run's estimate of an island (diloco/sizes.py), each standby at STANDBY_BASE_BYTES
+    and a model. The standbys prepare the largest run's corpus and model shape
+    (`warm_for`); {} with no run there.
     """
     largest, islands, wanted = None, 0, 0
     for run_id, spec in specs.items():
@@ -173,5 +173,5 @@ def wanted_size(specs: dict[str, dict[str, Any]], region: str, memory_bytes: int
     sized = estimate(config_from_spec(largest))
     island = max(need.total for need in sized.islands.values())
     running = sum(serving.values())
-    fits = (memory_bytes - running * island) // standby_bytes(sized.model_bytes)
+    fits = (memory_bytes - running * island) // (STANDBY_BASE_BYTES + sized.model_bytes)
     return max(0, min(wanted + 1, fits)), warm_for(largest)

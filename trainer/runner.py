@@ -98,8 +98,6 @@ class ProcessIsland:
         key: the island's key for this epoch, which signs its updates
             (diloco.signing.island_key); default: from the environment (ISLAND_KEY_ENV),
             where its launcher put it. The run's secret is never read.
-        moments: `model`'s AdamW moments by parameter name (a warm standby's), which
-            the island's AdamW starts from, zeroed (diloco.island.Island).
 
     Raises:
         ValueError: the run has no spec, or the island no key.
@@ -109,8 +107,7 @@ class ProcessIsland:
                  group: IslandGroup | None = None, idle_rss: int | None = None,
                  clock: StartClock | None = None,
                  corpora: dict[tuple[str | None, float], Corpus] | None = None,
-                 model: GPT | None = None, warm: bool = False, key: bytes | None = None,
-                 moments: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None):
+                 model: GPT | None = None, warm: bool = False, key: bytes | None = None):
         self.store = store
         self.idle_rss = idle_rss  # bytes, after imports and before the spec is read
         self.name = name
@@ -120,7 +117,6 @@ class ProcessIsland:
              "started": process_started_at(), "imported": time.time()})
         self.corpora = corpora or {}
         self.prebuilt = model
-        self.prebuilt_moments = moments  # its AdamW moments (trainer/standby.py)
         spec = store.spec()
         if spec is None:
             raise ValueError(f"run {store.run_id} has no spec in Redis; was it started?")
@@ -397,9 +393,8 @@ class ProcessIsland:
             # Built in the run's shape (or a standby's model reused), then the globals
             # replace its parameters: the pull below.
             self.island = Island(self.index, config, corpus, fragments, None, self.device,
-                                 self.group, model=self.prebuilt,
-                                 moments=self.prebuilt_moments)
-            self.prebuilt = self.prebuilt_moments = None
+                                 self.group, model=self.prebuilt)
+            self.prebuilt = None
             self._phase("model")
             for p in range(len(fragments)):
                 version, tensors = self._full(p)

@@ -61,41 +61,30 @@ def normal_priority() -> None:
             os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
 
 
-Moments = dict[str, tuple[torch.Tensor, torch.Tensor]]
-
-
-def prepare(warm: dict) -> tuple[dict[tuple[str, float], Corpus], GPT | None, Moments | None]:
-    """Open the corpus and build the model a standby was asked to have ready, with the
-    AdamW moments of its warm-up step."""
+def prepare(warm: dict) -> tuple[dict[tuple[str, float], Corpus], GPT | None]:
+    """Open the corpus and build the model a standby was asked to have ready."""
     corpora = {}
     data = warm.get("data")
     if data is not None:
         key = (data.get("path") or "", float(data.get("eval_fraction", 0.05)))
         corpora[key] = load_corpus(*key)
-    if not warm.get("model"):
-        warm_up(GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=16)))
-        return corpora, None, None
-    model = GPT(GPTConfig(**warm["model"]))
-    return corpora, model, warm_up(model)
+    model = GPT(GPTConfig(**warm["model"])) if warm.get("model") else None
+    warm_up(model if model is not None else GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2,
+                                                           block_size=16)))
+    return corpora, model
 
 
-def warm_up(model: GPT) -> Moments:
+def warm_up(model: GPT) -> None:
     """One throwaway training step: torch imports much of itself lazily on the first
     optimizer and the first backward (2 s of a claimed standby's model phase before
     this, measured), so a standby pays that before its claim. The step's changes
-    do not matter: a claim's pull replaces every parameter. Returns the step's AdamW
-    moments by parameter name: the island that claims the standby starts its AdamW
-    from them, zeroed (diloco.island.Island), instead of making its own at its first
-    step, whose fresh pages took 1.5 s more of a gpt2_small rejoin's first step than
-    of the steps after it (docs/BENCHMARKS.md)."""
+    do not matter: a claim's pull replaces every parameter."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
     x = torch.zeros(1, model.config.block_size, dtype=torch.long)
     _, loss = model(x, x)
     loss.backward()
     optimizer.step()
     model.zero_grad(set_to_none=True)
-    return {name: (optimizer.state[p]["exp_avg"], optimizer.state[p]["exp_avg_sq"])
-            for name, p in model.named_parameters() if p in optimizer.state}
 
 
 def redirect_output(log_path: str) -> None:
@@ -115,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # several islands share a host's cores
     return_large_frees()
-    corpora, model, moments = prepare(json.loads(args.warm))
+    corpora, model = prepare(json.loads(args.warm))
     idle_rss = rss_bytes()
     print(READY_LINE, flush=True)
     line = sys.stdin.readline()
@@ -137,8 +126,7 @@ def main() -> None:
     clock = StartClock({"asked": claim.get("asked_at"), "launched": claimed_at,
                         "started": claimed_at, "imported": claimed_at})
     island = ProcessIsland(store, claim["island"], claim["epoch"], None, None, idle_rss,
-                           clock=clock, corpora=corpora, model=model, moments=moments,
-                           warm=True,
+                           clock=clock, corpora=corpora, model=model, warm=True,
                            key=bytes.fromhex(str(claim.get("island_key", ""))))
 
     def stop(signum: int, frame: object) -> None:

@@ -202,27 +202,3 @@ def test_the_initial_model_depends_only_on_the_seed(make_config):
 
     assert all(torch.equal(a[n], b[n]) for n in a)
     assert not torch.equal(a["tok_emb.weight"], c["tok_emb.weight"])
-
-
-def test_an_island_started_from_a_standbys_moments_trains_as_one_that_makes_its_own(
-        make_config):
-    from trainer.standby import warm_up
-
-    config = make_config(optim={"inner_lr": 1e-2, "warmup_steps": 0})
-    init = initial_model(config).state_dict()
-    fragments = partition({n: t.numel() for n, t in init.items()}, 1)
-    corpus = load_corpus(config.data.path, config.data.eval_fraction)
-    prebuilt = initial_model(config)
-    moments = warm_up(prebuilt)  # a standby's throwaway step: non-zero moments
-    assert any(m.abs().sum() > 0 for m, _ in moments.values())
-
-    own = Island(0, config, corpus, fragments, init)
-    adopted = Island(0, config, corpus, fragments, init, model=prebuilt, moments=moments)
-    train(own, 3)
-    train(adopted, 3)
-
-    assert all(torch.equal(own.params[n], adopted.params[n]) for n in own.params)
-    state = adopted.optimizer.state[adopted.params["lm_head.weight"]
-                                    if "lm_head.weight" in adopted.params
-                                    else next(iter(adopted.params.values()))]
-    assert any(state["exp_avg"] is m for m, _ in moments.values())  # its buffers, not new

@@ -125,8 +125,7 @@ def test_each_warm_standby_of_an_island_host_counts_with_its_interpreter_and_a_m
     config = make_config(islands=2)
     cold, warm = estimate(config), estimate(config, standbys=2)
     for name, need in warm.islands.items():
-        # The interpreter, the model and its AdamW moments, per standby.
-        assert need.parts["warm standbys"] == 2 * (STANDBY_BASE_BYTES + 3 * warm.model_bytes)
+        assert need.parts["warm standbys"] == 2 * (STANDBY_BASE_BYTES + warm.model_bytes)
         assert need.total == cold.islands[name].total + need.parts["warm standbys"]
     assert "warm standbys" not in cold.islands["island-0"].parts
 

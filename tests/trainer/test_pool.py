@@ -105,7 +105,7 @@ def test_the_default_pool_fits_in_the_memory_the_hosts_islands_leave():
     run = spec({"us-east": 4})
     sized = estimate(config_from_spec(run))
     island = max(need.total for need in sized.islands.values())
-    standby = STANDBY_BASE_BYTES + 3 * sized.model_bytes  # with its AdamW moments
+    standby = STANDBY_BASE_BYTES + sized.model_bytes
     memory = 2 * island + 2 * standby + MIB  # two islands and two standbys fit
 
     assert wanted_size({"1": run}, "us-east", memory, serving={"1": 2})[0] == 2
