@@ -189,6 +189,11 @@ def _chunks(pieces: list[memoryview], chunk_bytes: int) -> Iterator[memoryview |
         yield parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+def as_pieces(message: bytes | bytearray | memoryview | list[memoryview]) -> list[memoryview]:
+    """A message as its pieces, in order: itself as one view if it is not in pieces."""
+    return message if isinstance(message, list) else [memoryview(message)]
+
+
 def chunk_bytes_setting() -> int:
     """The chunk size: `CHUNK_BYTES` in the environment, 4 MiB by default."""
     raw = os.environ.get(CHUNK_BYTES_ENV, "")
@@ -220,7 +225,7 @@ class RedisBulk:
             redis.OutOfMemoryError: (sent here) Redis is at its maxmemory; the chunks that
                 were written are deleted again, so a refused message holds no memory.
         """
-        pieces = message if isinstance(message, list) else [memoryview(message)]
+        pieces = as_pieces(message)
         size = sum(piece.nbytes for piece in pieces)
         ref = BulkRef(key, max(1, -(-size // self.chunk_bytes)), size)
         target = pipe if pipe is not None else self.client.pipeline(transaction=False)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 
 from redis.client import Pipeline
 
-from syncd.bulk import BulkError, BulkRef, ServedRef, load_ref, read_served
+from syncd.bulk import BulkError, BulkRef, ServedRef, as_pieces, load_ref, read_served
 from syncd.run_keys import BLOB_TTL_S, RunKeys
 from syncd.update_stream import UpdateRef
 
@@ -61,9 +61,8 @@ class GlobalsStore(RunKeys):
         written: list[BulkRef] = []
         full_ref: BulkRef | ServedRef | None = None
         if self.served is not None:
-            pieces = full if isinstance(full, list) else [memoryview(full)]
             full_ref = self.served.ref(fragment, version, token,
-                                       sum(piece.nbytes for piece in pieces))
+                                       sum(piece.nbytes for piece in as_pieces(full)))
         try:
             if full_ref is None:
                 full_ref = self.bulk.put(self.key("full", fragment, version, token), full,

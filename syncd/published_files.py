@@ -42,6 +42,7 @@ from typing import BinaryIO
 import torch
 
 from diloco import tensorfile
+from syncd.bulk import as_pieces
 
 # The version (_WRITING while the file is written), the full message's bytes, the
 # momentum's.
@@ -73,7 +74,7 @@ class PublishedFiles:
         of the grant of fencing token `token`; returns the bytes written."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self._path(fragment, version, token)
-        pieces = full if isinstance(full, list) else [memoryview(full)]
+        pieces = as_pieces(full)
         full_size = sum(piece.nbytes for piece in pieces)
         sizes = (full_size, tensorfile.size(momentum))
         with open(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+b") as f:

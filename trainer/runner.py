@@ -66,6 +66,7 @@ from trainer.resend import SentUpdates
 
 log = logging.getLogger("archipelago.island")
 
+
 def read_full(store: RunStore, p: int, stopping: Callable[[], bool]) -> bytearray | None:
     """The newest full message of fragment p, read again every RETRY_S while it cannot be
     read (the syncd whose server its reference names is gone, until the next one
