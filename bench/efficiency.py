@@ -24,7 +24,8 @@ bare]:
   fractions of the whole machine.
 - bare: as many processes as islands, each bench.overhead.BareLoop (the same
   model, initial weights, batch sampling, forward, backward, clipping at 1.0 and
-  AdamW step, torch on one thread as an island's), no sends, all at once for
+  AdamW step, torch on one thread and glibc's thresholds as an island's,
+  syncd.malloc.return_large_frees), no sends, all at once for
   `bare_s` seconds; trained tokens per second summed over them.
 - idle, after the workload's phases: the run stopped and the pools refilled, the
   whole system's CPU share with no run for `idle_s` seconds.
@@ -491,8 +492,10 @@ def bare_loop(spec: dict[str, Any]) -> None:
     from bench.overhead import BareLoop
     from diloco.config_parse import parse_config
     from diloco.island import initial_model
+    from syncd.malloc import return_large_frees
 
     torch.set_num_threads(1)  # as an island process
+    return_large_frees()  # and its allocator: a baseline gets what the system gets
     config = parse_config(run_config(spec["model"], spec["corpus"],
                                      spec.get("batch_size", BATCH_SIZE)), list(REGIONS))
     corpus = load_corpus(config.data.path, config.data.eval_fraction)

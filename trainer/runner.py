@@ -43,7 +43,7 @@ from diloco.signing import load_verify_key
 from diloco.synchronizer import Published
 from syncd.bulk import BulkError
 from syncd.connection import connect
-from syncd.malloc import return_large_frees
+from syncd.malloc import fault_in, return_large_frees
 from syncd.store import RunStore
 from trainer.cpu import cpu_share
 from trainer.distributed import IslandGroup, follow_rank
@@ -396,6 +396,9 @@ class ProcessIsland:
             self.island = Island(self.index, config, corpus, fragments, None, self.device,
                                  self.group, model=self.prebuilt)
             self.prebuilt = None
+            # The first step's gradients and AdamW moments find their pages in the heap,
+            # as every later step's do (syncd/malloc.py), instead of faulting them in.
+            fault_in(self.island.model.parameters(), copies=3)
             self._phase("model")
             for p in range(len(fragments)):
                 version, tensors = self._full(p)

@@ -40,7 +40,7 @@ import torch
 from diloco.data import Corpus, load_corpus
 from diloco.model import GPT, GPTConfig
 from syncd.connection import connect
-from syncd.malloc import return_large_frees
+from syncd.malloc import give_back_heap, return_large_frees
 from syncd.store import RunStore
 from trainer.launch import exit_now
 from trainer.phases import StartClock
@@ -71,6 +71,7 @@ def prepare(warm: dict) -> tuple[dict[tuple[str, float], Corpus], GPT | None]:
     model = GPT(GPTConfig(**warm["model"])) if warm.get("model") else None
     warm_up(model if model is not None else GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2,
                                                            block_size=16)))
+    give_back_heap()  # the step's gradients and moments: an idle standby holds its model
     return corpora, model
 
 
