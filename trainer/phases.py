@@ -14,7 +14,8 @@ and nothing here reads a clock. A phase runs from one mark to the next:
                 published)
     data        spec -> data (the corpus is open)
     model       data -> model (the model, its optimizer and data shard are built)
-    pull        model -> pull (the newest globals and the data cursor are in)
+    pull        model -> pull (the newest globals and the data cursor are in; the
+                first step's gradients and moments faulted in beside the reads)
     first_step  pull -> first_step (the first inner step is done)
 
 A warm standby did process and imports (and often data and model) before its

@@ -27,6 +27,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -396,13 +397,8 @@ class ProcessIsland:
             self.island = Island(self.index, config, corpus, fragments, None, self.device,
                                  self.group, model=self.prebuilt)
             self.prebuilt = None
-            # The first step's gradients and AdamW moments find their pages in the heap,
-            # as every later step's do (syncd/malloc.py), instead of faulting them in.
-            fault_in(self.island.model.parameters(), copies=3)
             self._phase("model")
-            for p in range(len(fragments)):
-                version, tensors = self._full(p)
-                self.island.reset_fragment(p, tensors, version)
+            self._pull_all(len(fragments))
         cursor = self.store.cursor(self.name)
         if cursor:
             self.island.move_to(cursor["step"], cursor["tokens"])
@@ -416,6 +412,21 @@ class ProcessIsland:
                          self.emulation.transfer_time, self.emulation.wait_while_partitioned,
                          max_pending=2 * len(fragments))
         self._phase("pull")
+
+    def _pull_all(self, n: int) -> None:
+        """The newest global of each of the n fragments into the island, read on a thread
+        of their own, the next one while this one takes the last in, and meanwhile the
+        first step's gradients and AdamW moments faulted in on this thread, the one that
+        will step (syncd/malloc.py): the faults take the pull's link time, not the first
+        step's."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pull") as reader:
+            reading = reader.submit(self._full, 0)
+            fault_in(self.island.model.parameters(), copies=3)
+            for p in range(n):
+                version, tensors = reading.result()
+                if p + 1 < n:
+                    reading = reader.submit(self._full, p + 1)
+                self.island.reset_fragment(p, tensors, version)
 
     def deliver(self, fragment: int, seq: int, message: bytes | bytearray) -> None:
         """Write an update message to the data plane once it holds one of the run's upload

@@ -6,6 +6,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from diloco.config import IslandConfig
@@ -100,3 +101,53 @@ def test_the_first_pull_reads_again_while_syncds_server_is_gone(monkeypatch):
     version, _ = ProcessIsland._full(island, 0)
 
     assert version == 7 and not gone and len(store.reads) == 1
+
+
+class Taken:
+    """The island's side of the first pull: which fragments it took in, on which thread."""
+
+    def __init__(self) -> None:
+        self.model = torch.nn.Linear(4, 4)
+        self.taken: list[tuple[int, int, str]] = []
+
+    def reset_fragment(self, p: int, tensors: dict, version: int) -> None:
+        self.taken.append((p, version, threading.current_thread().name))
+
+
+def test_the_first_pull_reads_on_a_thread_while_the_stepping_thread_faults_in_its_pages(
+        monkeypatch):
+    from trainer import runner as runner_module
+
+    faults, store = Faults(), Globals()
+    faults.healed.set()
+    island = runner(faults, store, latency_ms=0.0)
+    island.island = Taken()
+    island._full = lambda p: (store.reads.append(threading.current_thread().name) or (7, {}))
+    faulted = []
+    monkeypatch.setattr(runner_module, "fault_in", lambda like, copies: faulted.append(
+        (threading.current_thread().name, len(list(like)), copies)))
+
+    ProcessIsland._pull_all(island, 3)
+
+    here = threading.current_thread().name
+    assert faulted == [(here, 2, 3)]  # weight and bias, gradients and two moments
+    assert island.island.taken == [(0, 7, here), (1, 7, here), (2, 7, here)]
+    assert len(store.reads) == 3 and here not in store.reads
+
+
+def test_a_first_pull_that_ends_the_island_ends_it_from_the_stepping_thread(monkeypatch):
+    from trainer import runner as runner_module
+
+    island = runner(Faults(), Globals(), latency_ms=0.0)
+    island.island = Taken()
+
+    def run_ended(p: int) -> tuple:
+        raise SystemExit(0)
+
+    island._full = run_ended
+    monkeypatch.setattr(runner_module, "fault_in", lambda like, copies: 0)
+
+    with pytest.raises(SystemExit) as ended:
+        ProcessIsland._pull_all(island, 2)
+
+    assert ended.value.code == 0 and island.island.taken == []
