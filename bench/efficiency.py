@@ -495,7 +495,7 @@ def bare_loop(spec: dict[str, Any]) -> None:
     from syncd.malloc import return_large_frees
 
     torch.set_num_threads(1)  # as an island process
-    return_large_frees()  # and its allocator: a baseline gets what the system gets
+    return_large_frees(keep_heap=True)  # its allocator too: a baseline gets what the system gets
     config = parse_config(run_config(spec["model"], spec["corpus"],
                                      spec.get("batch_size", BATCH_SIZE)), list(REGIONS))
     corpus = load_corpus(config.data.path, config.data.eval_fraction)

@@ -16,14 +16,17 @@ step is also mmapped, faulted in page by page and unmapped again, which made a
 bare training step of the demo's model about 45% slower (54 ms against 80 ms on
 one core; the system's merged tokens/s fell by a third, `bench efficiency`).
 
-Fixing it also fixes the trim threshold at its 128 KiB start, which gave the
+Fixing it also fixes the trim threshold at its 128 KiB start, which gives the
 heap's free top back after every step: a training step's gradients and
 activations (all below 32 MiB a tensor) were faulted in again page by page at
 every step (GPT-2 small's shape, batch 1, one thread: 170,000 page faults and
-1.49-1.54 s a step, against none and 1.31-1.40 s with the heap kept). So the trim
-threshold is fixed high as well: training's buffers below 32 MiB stay in the heap
-and are reused step after step; fragments at real sizes are far above 32 MiB and
-go back when freed.
+1.49-1.54 s a step, against none and 1.31-1.40 s with the heap kept). So a process
+that trains (an island, a standby, a bare loop of bench efficiency) keeps its
+heap (keep_heap: the trim threshold fixed high): its step's buffers below 32 MiB
+stay and are reused step after step, while fragments at real sizes are far above
+32 MiB and go back when freed. syncd does not: its ingest did not gain (bench
+dataplane at 100M, M = 2 and 16, alternated twice) and its peak at M = 2 read
+3.46-3.95 B with the heap kept against 3.29-3.61 B without.
 
 A process whose heap is warm but that will idle a while gives its free heap back
 with give_back_heap (a warm standby after its throwaway step); fault_in brings it
@@ -54,13 +57,13 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-def return_large_frees() -> bool:
-    """Fix glibc's mmap threshold at 32 MiB and its trim threshold high; False where
-    the C library is not glibc."""
+def return_large_frees(keep_heap: bool = False) -> bool:
+    """Fix glibc's mmap threshold at 32 MiB and, with keep_heap, its trim threshold
+    high; False where the C library is not glibc."""
     libc = _libc()
     try:
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES)
-                    and libc.mallopt(M_TRIM_THRESHOLD, TRIM_BYTES))
+        fixed = libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES)
+        return bool(fixed and (not keep_heap or libc.mallopt(M_TRIM_THRESHOLD, TRIM_BYTES)))
     except AttributeError:
         log.info("the C library has no mallopt: freed memory is returned as it decides")
         return False

@@ -572,7 +572,7 @@ def main() -> None:
         parser.error(f"the Redis URL must be in the environment variable {REDIS_URL_ENV}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     torch.set_num_threads(1)  # several islands share a host's cores
-    return_large_frees()
+    return_large_frees(keep_heap=True)
     group = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         group = IslandGroup.from_env(args.device or "auto")

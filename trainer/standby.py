@@ -104,7 +104,7 @@ def main() -> None:
                         help='JSON {"data": {"path", "eval_fraction"}, "model": {...}}')
     args = parser.parse_args()
     torch.set_num_threads(1)  # several islands share a host's cores
-    return_large_frees()
+    return_large_frees(keep_heap=True)
     corpora, model = prepare(json.loads(args.warm))
     idle_rss = rss_bytes()
     print(READY_LINE, flush=True)

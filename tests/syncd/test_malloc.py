@@ -1,9 +1,10 @@
-"""syncd.malloc: freed fragment-sized memory given back at once and a training step's
-buffers kept in the heap (glibc's mmap threshold fixed at its 32 MiB ceiling, its
-trim threshold high), the heap given back or faulted in on purpose, and nothing done
-where there is no mallopt."""
+"""syncd.malloc: freed fragment-sized memory given back at once (glibc's mmap threshold
+fixed at its 32 MiB ceiling) and, in a process that trains, a step's buffers kept in
+the heap (its trim threshold high), the heap given back or faulted in on purpose, and
+nothing done where there is no mallopt."""
 
 import ctypes
+import json
 import logging
 import platform
 import subprocess
@@ -17,50 +18,75 @@ from syncd import malloc
 
 GLIBC_ONLY = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt only")
 
-# In a process of its own (the thresholds are the process's): the minor page faults
-# of allocating and touching 64 MiB as 16 tensors of 4 MiB: first, in a steady state,
-# after the heap is given back, and after it is faulted in again (two copies: the
-# first allocations after a give-back do not all land where the last ones freed).
+# In a process of its own (the thresholds are the process's): the minor page faults of
+# a small GPT's training steps, as an island steps (AdamW, the gradients set to None
+# after each): its first, four in a steady state, the first of a fresh optimizer
+# after the heap is given back, and the same after it is faulted in again.
 FAULTS = textwrap.dedent("""
     import json, resource, sys, torch
+    from diloco.model import GPT, GPTConfig
     from syncd import malloc
+
+    malloc.return_large_frees(keep_heap=sys.argv[1] == "keep")
+    torch.set_num_threads(1)
+    model = GPT(GPTConfig(n_layer=2, n_embd=256, n_head=4, block_size=64))
+    x = torch.zeros(2, 64, dtype=torch.long)
 
     def faults_of(work):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         work()
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
-    malloc.return_large_frees()
-    like = [torch.empty(2**20) for _ in range(16)]
-    step = lambda: [torch.zeros_like(t) for t in like]
+    def stepper():
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        def step():
+            _, loss = model(x, x)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return step
+
+    step = stepper()
     first = faults_of(step)
     faults_of(step)  # the heap's free chunks settle in the second
-    again = faults_of(step)
+    steady = sum(faults_of(step) for _ in range(4))
+    del step
     malloc.give_back_heap()
-    after_give_back = faults_of(step)
+    after_give_back = faults_of(stepper())
     malloc.give_back_heap()
-    faults_of(lambda: malloc.fault_in(like, copies=2))
-    after_fault_in = faults_of(step)
-    print(json.dumps([first, again, after_give_back, after_fault_in]))
+    malloc.fault_in(model.parameters(), copies=3)
+    after_fault_in = faults_of(stepper())
+    print(json.dumps([first, steady, after_give_back, after_fault_in]))
 """)
 
 
+def faults(heap: str) -> list[int]:
+    out = subprocess.run([sys.executable, "-c", FAULTS, heap], capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout)
+
+
 @GLIBC_ONLY
-def test_on_glibc_both_thresholds_are_fixed():
+def test_on_glibc_the_thresholds_are_fixed():
     assert malloc.return_large_frees() is True
+    assert malloc.return_large_frees(keep_heap=True) is True
 
 
 @GLIBC_ONLY
-def test_a_steps_freed_buffers_are_reused_without_faults_until_the_heap_is_given_back():
-    out = subprocess.run([sys.executable, "-c", FAULTS], capture_output=True, text=True,
-                         check=True)
-    first, again, after_give_back, after_fault_in = (int(n) for n in
-                                                     out.stdout.strip()[1:-1].split(","))
+def test_with_keep_heap_a_steps_buffers_are_reused_without_faults_until_given_back():
+    first, steady, after_give_back, after_fault_in = faults("keep")
 
-    assert first > 1000  # 64 MiB is 16,384 pages of 4 KiB
-    assert again < first // 4
+    assert first > 1000  # the gradients, moments and activations of a first step
+    assert steady < first // 4  # four steps after it
     assert after_give_back > first // 2
-    assert after_fault_in < first // 4
+    assert after_fault_in < after_give_back // 2  # the activations are not faulted in
+
+
+@GLIBC_ONLY
+def test_without_keep_heap_every_step_faults_its_buffers_in_again():
+    first, steady, _, _ = faults("give back")
+
+    assert first > 1000 and steady > first // 2
 
 
 def test_fault_in_touches_copies_of_the_cpu_tensors_and_skips_the_rest():
