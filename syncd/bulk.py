@@ -216,6 +216,10 @@ class RedisBulk:
         self.client = client
         self.chunk_bytes = chunk_bytes or chunk_bytes_setting()
 
+    def ref(self, key: str, size: int) -> BulkRef:
+        """Where `put` lays a message of `size` bytes under `key`."""
+        return BulkRef(key, max(1, -(-size // self.chunk_bytes)), size)
+
     def put(self, key: str, message: bytes | bytearray | memoryview | list[memoryview],
             ttl_s: int, pipe: Pipeline | None = None) -> BulkRef:
         """Write `message` (or its pieces, in order) as chunks under `key` with a time to
@@ -226,8 +230,7 @@ class RedisBulk:
                 were written are deleted again, so a refused message holds no memory.
         """
         pieces = as_pieces(message)
-        size = sum(piece.nbytes for piece in pieces)
-        ref = BulkRef(key, max(1, -(-size // self.chunk_bytes)), size)
+        ref = self.ref(key, sum(piece.nbytes for piece in pieces))
         target = pipe if pipe is not None else self.client.pipeline(transaction=False)
         try:
             for i, (chunk_key, chunk) in enumerate(zip(ref.chunk_keys(),

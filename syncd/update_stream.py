@@ -74,6 +74,19 @@ class UpdateStream(RunKeys):
                   maxlen=STREAM_MAXLEN, approximate=True)
         pipe.execute()
 
+    def clear_after_end(self, island: str, epoch: int, fragment: int, seq: int,
+                        size: int) -> None:
+        """Delete what an update written as its run ended made again after syncd freed
+        the run's keys: its message (of `size` bytes), the stream and the queue of
+        upload slots, which hold nothing that will ever be merged. Nothing of it then
+        waits for a TTL, or for ever on the control Redis."""
+        ref = self.bulk.ref(self.update_key(island, epoch, fragment, seq), size)
+        pipe = self.data.pipeline(transaction=False)
+        self.bulk.delete(pipe, ref)
+        pipe.delete(self.key("uploads"))
+        pipe.execute()
+        self.client.delete(self.key("updates"))
+
     def wait_for_slot(self, island: str, epoch: int, fragment: int, seq: int,
                       slots: int) -> float:
         """Queue for an upload slot for this update and return once it holds one (its

@@ -430,10 +430,13 @@ class ProcessIsland:
 
     def deliver(self, fragment: int, seq: int, message: bytes | bytearray) -> None:
         """Write an update message to the data plane once it holds one of the run's upload
-        slots (syncd/upload_slots.py), on the link's thread."""
+        slots (syncd/upload_slots.py), on the link's thread. One written as the run
+        ended, after syncd freed its keys, is deleted again with what it made anew."""
         self.slot_wait_s += self.store.wait_for_slot(self.name, self.epoch, fragment, seq,
                                                      self.config.sync.upload_slots)
         self.store.push_update(self.name, self.epoch, fragment, seq, message)
+        if self.run_ended():
+            self.store.clear_after_end(self.name, self.epoch, fragment, seq, len(message))
 
     def save_cursor(self) -> None:
         rng = base64.b64encode(self.island.sampler.state().numpy().tobytes()).decode()

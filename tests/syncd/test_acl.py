@@ -60,6 +60,9 @@ def test_an_island_user_reads_and_writes_its_runs_keys_as_an_island_does(
     island.clear_fault("a")
     assert RunStore(client, 7).heartbeats()["a"]["step"] == 3
     assert client.xlen(RunStore(client, 7).key("updates")) == 1
+    island.clear_after_end("a", 1, 0, 3, 100)  # what it wrote as its run ended
+    assert not client.exists(island.key("updates"), island.key("uploads"),
+                             island.update_key("a", 1, 0, 3) + ":0")
 
 
 @pytest.mark.parametrize("command", [

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from itertools import pairwise
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from syncd.connection import connect
 from syncd.store import RunStore
 from syncd.upload_slots import Ticket
 from trainer.launch import ISLAND_KEY_ENV, REDIS_URL_ENV, island_command
+from trainer.runner import ProcessIsland
 from trainer.supervisor import IslandSupervisor
 
 
@@ -289,3 +291,36 @@ def test_an_island_whose_updates_syncd_does_not_merge_stops_sending_after_the_bo
         thread.join(timeout=30)
         client.close()
     assert not thread.is_alive()
+
+
+def delivering_island(store: RunStore) -> SimpleNamespace:
+    """What ProcessIsland.deliver reads of its island."""
+    island = SimpleNamespace(store=store, name="a", epoch=1, slot_wait_s=0.0,
+                             config=SimpleNamespace(sync=SimpleNamespace(upload_slots=2)))
+    island.run_ended = lambda: ProcessIsland.run_ended(island)
+    return island
+
+
+@pytest.mark.integration
+def test_an_update_delivered_while_its_run_goes_on_stays_for_syncd(redis_url, dataplane_url):
+    store = RunStore(connect(redis_url), 7, data=connect(dataplane_url))
+    store.put_spec("decoupled", {}, "00" * 32)
+
+    ProcessIsland.deliver(delivering_island(store), 0, 8, b"u" * 5000)
+
+    [entry] = store.read_updates()
+    assert store.update_message(entry, 1 << 20) == b"u" * 5000
+
+
+@pytest.mark.integration
+def test_an_update_delivered_after_its_run_freed_its_keys_leaves_none_of_them(redis_url,
+                                                                           dataplane_url):
+    store = RunStore(connect(redis_url), 7, data=connect(dataplane_url), chunk_bytes=2048)
+    store.put_spec("decoupled", {}, "00" * 32)
+    store.release()
+
+    ProcessIsland.deliver(delivering_island(store), 0, 8, b"u" * 5000)
+
+    assert store.read_updates() == []
+    assert not store.data.keys(store.key("*"))  # no chunk, no queue of upload slots
+    assert not store.client.exists(store.key("updates"))
