@@ -19,13 +19,19 @@ Per size it reports, with B the fp32 model bytes (4 x parameters):
   heartbeats it), each over B;
 - growth: over the rounds from 3 on, each series right after each merge event (the
   first sample after it) fitted against the round by least squares, the fitted
-  rise over the rounds relative to its start (flat is 0); the second half's peak
+  rise over the rounds relative to its start (flat is 0; of Redis the control
+  Redis's: what the data plane holds is update messages in flight, whose number when
+  a merge lands is timing, and their client buffers, bounded below); the second
+  half's peak
   over the first half's; and the slope of each series over the second half of the
   run in MB per minute;
 - ingest-to-publish latency per merged fragment (syncd's merge events: from the pass
   that read the update closing the round to the merge committed), pull latency
   (reading, checking and mixing a global fragment, from the islands' heartbeats) and
   merged fragments per second, each also per MB of fragment;
+- the update messages on the data plane: their peak (at most one per upload slot,
+  each the largest fragment's update and its header) and what is left of them once
+  the run ended (nothing);
 - the append-only file's size and the system folder's, and Redis's memory once the
   run ended and freed its keys;
 - the islands syncd marked lost (its `island_lost` events): the run has no faults, so
@@ -72,6 +78,7 @@ ROUNDS = 8  # outer rounds per size
 H, P = 8, 4
 TARGETS = {"redis": (3.5, 64 * MIB, 10e6), "syncd": (5.0, 0, 10e6), "island": (7.0, 0, 50e6)}
 MAX_LOWS_RISE = 0.05
+HEADER_ALLOWANCE = 16 * 1024  # an update message's header and tag, at most (about 1 KiB)
 SAMPLE_S = 1.0
 
 
@@ -119,6 +126,16 @@ def estimate_of(size: dict[str, Any]) -> dict[str, int]:
             "island": max(need.total for need in est.islands.values()),
             "activations": activation_bytes(size["batch"], size["block"], size["n_layer"],
                                             size["n_embd"], size["n_head"], "fp32")}
+
+
+def messages_bound(size: dict[str, Any]) -> int:
+    """The most bytes of update messages the data plane may hold at once: one per upload
+    slot, each the largest fragment's update (diloco.sizes) and its header."""
+    from diloco.sizes import estimate
+
+    config = size_config(size)
+    return (estimate(config).redis.parts["update messages"]
+            + config.sync.upload_slots * HEADER_ALLOWANCE)
 
 
 def rss(pid: int) -> tuple[int, int] | None:
@@ -204,6 +221,16 @@ def peak_above_before(before: int, sampled: list[int], peak_stat: int, peak_stat
     return max(peak - before, 0)
 
 
+def message_bytes(data: Any, pattern: str) -> int:
+    """The bytes of the update messages the data plane holds now: the chunks of every
+    key matching `pattern` (the run's `blob:*`)."""
+    keys = list(data.scan_iter(match=pattern, count=1000))
+    pipe = data.pipeline(transaction=False)
+    for key in keys:
+        pipe.strlen(key)
+    return sum(pipe.execute()) if keys else 0
+
+
 def halves_peak_ratio(samples: list[dict[str, Any]], series: str) -> float:
     """From round 3 on, the second half's peak over the first half's (by time)."""
     points = [s[series] for s in steady(samples) if s.get(series) is not None]
@@ -256,12 +283,18 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
         status = store.status() or {}
         beats = store.heartbeats()
         memory = [r.info("memory") for r in redises]
+        in_flight = message_bytes(redises[-1], store.key("blob", "*"))
+        clients = sum(int(m.get("mem_clients_normal", 0)) for m in memory)
         sample = {"t": round(time.monotonic() - started, 2), "time": time.time(),
                   "round": status.get("outer_steps", 0),
                   "redis": sum(int(m["used_memory"]) for m in memory),
                   "redis_each": [int(m["used_memory"]) for m in memory],
                   # what of it is client buffers (replies being sent, commands coming in)
-                  "redis_clients": sum(int(m.get("mem_clients_normal", 0)) for m in memory)}
+                  "redis_clients": clients,
+                  # the control Redis alone: what it keeps could grow from round to round
+                  "redis_control": int(memory[0]["used_memory"]),
+                  # the update messages on the data plane, which the upload slots bound
+                  "redis_messages": in_flight}
         syncd_now = rss(syncd_pid)
         if syncd_now:
             sample["syncd"] = syncd_now[0]
@@ -292,6 +325,7 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
                                        int(r.info("memory")["used_memory_peak"]),
                                        peak_before[i]) for i, r in enumerate(redises))
     after_end = sum(int(r.info("memory")["used_memory"]) for r in redises)
+    messages_after_end = message_bytes(redises[-1], store.key("blob", "*"))
     merges = [e.detail for e in Event.objects.filter(run=run, kind="merge")]
     lost = [{"island": e.island.name if e.island_id else None, "time": e.time.timestamp(),
              **e.detail} for e in Event.objects.filter(run=run, kind="island_lost")]
@@ -315,7 +349,16 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
         "island_peak_ratio": round(island_peak / fp32, 3),
         "estimate_bytes": estimate_of(size),
         "growth": round(max(halves_peak_ratio(samples, s) for s in series), 4),
-        "lows_rise": round(max(lows_rise(samples, merge_times, s) for s in series), 4),
+        # Redis's lows are the control Redis's: the data plane holds update messages in
+        # flight (how many when a merge lands is timing) and their client buffers, which
+        # its checks bound apart (at most one message per upload slot, none left after
+        # the end), not growth.
+        "lows_rise": round(max(lows_rise(samples, merge_times, s)
+                               for s in ["redis_control", *series[1:]]), 4),
+        "lows_rise_each": {s: round(lows_rise(samples, merge_times, s), 4)
+                           for s in ["redis", "redis_control", *series[1:]]},
+        "redis_messages_peak_bytes": max(s["redis_messages"] for s in samples),
+        "redis_messages_bound_bytes": messages_bound(size),
         "slope_mb_per_min": {s: round(slope_mb_per_min(
             [(p["t"], p[s]) for p in second_half if s in p]), 2) for s in series},
         "merged_fragments": len(merges),
@@ -334,6 +377,7 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
         "redis_before_bytes": sum(redis_before),
         "redis_after_end_bytes": after_end,
         "redis_after_end_above_before_bytes": after_end - sum(redis_before),
+        "redis_messages_after_end_bytes": messages_after_end,
         "samples": samples,
     }
     if out["merged_fragments_per_s"] is not None:
@@ -353,6 +397,11 @@ def checks(sizes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 size[f"{part}_peak_ratio"], round(bound, 3), at_least=False)
         out[f"{size['label']} post-merge lows rise"] = results.check(
             size["lows_rise"], MAX_LOWS_RISE, at_least=False)
+        out[f"{size['label']} update messages in flight, bytes"] = results.check(
+            size["redis_messages_peak_bytes"], size["redis_messages_bound_bytes"],
+            at_least=False)
+        out[f"{size['label']} update messages left after the end"] = results.check(
+            size["redis_messages_after_end_bytes"], 0, at_least=False)
         out[f"{size['label']} rounds"] = results.check(size["rounds"], 3)
         out[f"{size['label']} islands marked lost (no faults)"] = results.check(
             len(size["islands_lost"]), 0, at_least=False)

@@ -1,20 +1,30 @@
 """bench scale's arithmetic: the growth slope, the steady rounds, the fitted rise of
 the post-merge lows, each size's Redis peak above what it found, the halves' peaks,
-and each size's memory bounds."""
+each size's memory bounds and its update messages on the data plane."""
 
 import pytest
 
 from bench.scale import (
+    HEADER_ALLOWANCE,
     MAX_LOWS_RISE,
     MIB,
+    SIZES,
+    P,
     checks,
     halves_peak_ratio,
     lows_rise,
+    messages_bound,
+    params_of,
     peak_above_before,
     post_merge_lows,
+    size_config,
     slope_mb_per_min,
     steady,
 )
+from diloco.sizes import estimate
+
+MESSAGES_OK = {"redis_messages_peak_bytes": 100, "redis_messages_bound_bytes": 100,
+               "redis_messages_after_end_bytes": 0}
 
 
 def test_the_slope_is_the_least_squares_fit_in_mb_a_minute():
@@ -85,7 +95,7 @@ def test_each_sizes_peaks_are_bounded_by_their_ratio_of_b_and_a_fixed_allowance(
     size = {"label": "11M", "params": 11_000_000, "fp32_bytes": 44_000_000,
             "redis_peak_ratio": 3.5 + 64 * MIB / 44e6 - 0.001, "syncd_peak_ratio": 5.01,
             "island_peak_ratio": 99.0, "lows_rise": MAX_LOWS_RISE, "rounds": 3,
-            "islands_lost": []}
+            "islands_lost": [], **MESSAGES_OK}
     out = checks([size])
 
     assert out["11M redis peak / B"]["ok"]
@@ -94,12 +104,37 @@ def test_each_sizes_peaks_are_bounded_by_their_ratio_of_b_and_a_fixed_allowance(
     assert "11M island peak / B" not in out  # islands are bounded from 50M parameters
     assert out["11M post-merge lows rise"]["ok"] and out["11M rounds"]["ok"]
     assert out["11M islands marked lost (no faults)"]["ok"]
+    assert out["11M update messages in flight, bytes"]["ok"]
+    assert out["11M update messages left after the end"]["ok"]
+
+
+def test_the_messages_bound_is_one_largest_update_and_header_per_upload_slot():
+    size = SIZES[0]
+    config = size_config(size)
+    updates = estimate(config).redis.parts["update messages"]
+
+    assert messages_bound(size) == updates + 2 * HEADER_ALLOWANCE
+    # codec none: each at least the mean fragment's fp32 bytes
+    assert updates >= config.sync.upload_slots * 4 * params_of(size) / P
+
+
+def test_more_messages_in_flight_than_upload_slots_or_any_left_after_the_end_fail():
+    size = {"label": "1M", "params": 1_000_000, "fp32_bytes": 4_000_000,
+            "redis_peak_ratio": 1.0, "syncd_peak_ratio": 1.0, "island_peak_ratio": 1.0,
+            "lows_rise": 0.0, "rounds": 9, "islands_lost": [],
+            "redis_messages_peak_bytes": 101, "redis_messages_bound_bytes": 100,
+            "redis_messages_after_end_bytes": 1}
+    out = checks([size])
+
+    assert not out["1M update messages in flight, bytes"]["ok"]
+    assert out["1M update messages in flight, bytes"]["bound"] == "<= 100"
+    assert not out["1M update messages left after the end"]["ok"]
 
 
 def test_an_island_marked_lost_in_a_run_without_faults_fails_its_check():
     size = {"label": "113M", "params": 113_000_000, "fp32_bytes": 452_000_000,
             "redis_peak_ratio": 1.0, "syncd_peak_ratio": 1.0, "island_peak_ratio": 1.0,
             "lows_rise": 0.0, "rounds": 9,
-            "islands_lost": [{"island": "east-0", "time": 0.0, "cause": "silent"}]}
+            "islands_lost": [{"island": "east-0", "time": 0.0, "cause": "silent"}], **MESSAGES_OK}
 
     assert not checks([size])["113M islands marked lost (no faults)"]["ok"]

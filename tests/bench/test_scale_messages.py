@@ -1,0 +1,26 @@
+"""bench scale's count of the update messages on the data plane, against a real data
+plane holding real pushed updates."""
+
+import pytest
+
+from bench.scale import message_bytes
+from syncd.connection import connect
+from syncd.store import RunStore
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_messages_in_flight_are_the_bytes_of_the_runs_update_chunks(redis_url,
+                                                                         dataplane_url):
+    store = RunStore(connect(redis_url), 7, data=connect(dataplane_url))
+    other = RunStore(connect(redis_url), 8, data=connect(dataplane_url))
+    pattern = store.key("blob", "*")
+    assert message_bytes(store.data, pattern) == 0
+
+    store.push_update("a", 1, 0, 4, b"u" * 20_000)
+    store.push_update("b", 1, 2, 9, b"v" * 5_000)
+    other.push_update("a", 1, 0, 4, b"w" * 7_000)
+
+    assert message_bytes(store.data, pattern) == 25_000
+    store.forget_updates(store.read_updates())
+    assert message_bytes(store.data, pattern) == 0
