@@ -182,7 +182,8 @@ class Island:
         s = self.state[p]
         delta = {n: s.anchor[n] - self.params[n].detach() for n in s.anchor}
         if s.sent is not None:
-            delta = {n: delta[n] - s.sent[n] for n in delta}
+            for n, t in delta.items():
+                t.sub_(s.sent[n])
         encoded = codecs.encode(delta, codec)
         shapes = {n: tuple(t.shape) for n, t in delta.items()}
         decoded = codecs.decode(encoded, codec, shapes)
@@ -209,13 +210,16 @@ class Island:
         alpha = self.config.sync.alpha
         s = self.state[p]
         for n, g in self.staging.to_device(global_tensors).items():
+            # In place, the anchor too (a fresh tensor of a fragment's size is paged in
+            # anew). x.lerp_(g, 1 - alpha) is lerp(g, x, alpha) to the bit (but at
+            # alpha 0.5), and g itself at alpha 0.
             theta = self.params[n]
-            if s.sent is not None:
-                at_send = s.anchor[n] - s.sent[n]
-                theta.copy_(torch.lerp(g, at_send, alpha) + (theta - at_send))
+            if s.sent is None:
+                theta.lerp_(g, 1.0 - alpha)
             else:
-                theta.copy_(torch.lerp(g, theta, alpha))
-            s.anchor[n] = g.clone()
+                at_send = s.anchor[n] - s.sent[n]
+                theta.sub_(at_send).add_(at_send.lerp_(g, 1.0 - alpha))
+            s.anchor[n].copy_(g)
         s.version = version
         s.sent = None
 
@@ -233,7 +237,7 @@ class Island:
         s = self.state[p]
         for n, g in self.staging.to_device(global_tensors).items():
             self.params[n].copy_(g)
-            s.anchor[n] = g.clone()
+            s.anchor[n].copy_(g)
         s.version = version
         s.sent = None
         s.tokens = 0

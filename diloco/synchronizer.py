@@ -232,6 +232,8 @@ def apply_published(held: dict[str, torch.Tensor], published: list[Published],
         if p.codec == "none":
             out = dict(p.payload)  # not copied: Island.mix_global takes its own copy
         else:
+            # a lossy codec's decode is a tensor of its own: the sum goes into it, the
+            # same sum to the bit as syncd's old + diff
             diff = codecs.decode(p.payload, p.codec, shapes)
-            out = {n: out[n] + diff[n] for n in out}
+            out = {n: diff[n].add_(out[n]) for n in out}
     return out

@@ -139,6 +139,28 @@ def test_mixing_with_alpha_interpolates_between_global_and_local(island_of):
         assert torch.allclose(theta, 0.25 * local[n], atol=1e-7)
 
 
+@pytest.mark.parametrize("alpha", [0.0, 0.25, 0.75])
+def test_a_mix_is_the_lerp_with_the_progress_since_the_send_to_the_bit_in_place(island_of,
+                                                                                 alpha):
+    island = island_of(alpha=alpha)
+    train(island, 2)
+    island.make_update(0, "int8")
+    train(island, 1)
+    s = island.state[0]
+    global_0 = {n: t + 0.5 for n, t in s.anchor.items()}
+    at_send = {n: s.anchor[n] - s.sent[n] for n in s.anchor}
+    expected = {n: torch.lerp(global_0[n], at_send[n], alpha) + (theta - at_send[n])
+                for n, theta in island.fragment_params(0).items()}
+    storage = {n: (t.data_ptr(), island.params[n].data_ptr()) for n, t in s.anchor.items()}
+
+    island.mix_global(0, global_0, version=1)
+
+    for n, theta in island.fragment_params(0).items():
+        assert torch.equal(theta, expected[n])
+        assert torch.equal(s.anchor[n], global_0[n])
+        assert (s.anchor[n].data_ptr(), theta.data_ptr()) == storage[n]  # no new tensor
+
+
 def test_pulled_differences_are_mixed_in_on_top_of_the_anchor(island_of):
     island = island_of(alpha=0.0)
     anchor = {n: t.clone() for n, t in island.state[0].anchor.items()}
