@@ -319,6 +319,9 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
             break
         time.sleep(SAMPLE_S)
     wall = time.monotonic() - started
+    # What is left after the end is measured once the run has ended and freed its keys:
+    # a stopped run first merges what its islands flush, then saves its checkpoint.
+    wait_for(lambda: not store.is_active(), 600, "the run to end and free its keys", 0.5)
     wait_for(lambda: all(rss(int(b["pid"])) is None for b in store.heartbeats().values()
                          if b.get("pid")), 120, "the islands to exit", 0.5)
     redis_peak = sum(peak_above_before(redis_before[i], [s["redis_each"][i] for s in samples],
