@@ -412,9 +412,13 @@ def real_size_cycle(run: Any, store: Any, island: str, operator: Any) -> dict[st
     sample = {"island": island, "epoch": epoch + 1, "warm": bool(rejoined.detail.get("warm")),
               "rejoin_to_first_step_s": first_step, "step_time_s": float(step_s),
               "rejoin_cost_s": round(first_step - float(step_s), 3),
-              "phases": rejoined.detail.get("phases") or {}}
+              "phases": rejoined.detail.get("phases") or {},
+              # the first step's CPU seconds on the island's training thread, beside its
+              # wall time (phases' first_step): the rest was waiting for a core
+              "first_step_cpu_s": rejoined.detail.get("first_step_cpu_s")}
     results.say(f"  cycle {island}: first step {first_step:.3f} s, a step {step_s:.3f} s, "
-                f"warm {sample['warm']}, {sample['phases']}")
+                f"warm {sample['warm']}, {sample['phases']}, its CPU "
+                f"{sample['first_step_cpu_s']} s")
     return sample
 
 

@@ -122,6 +122,7 @@ class Liveness:
                     self.recorder.event("rejoin", island.name, epoch=beat["epoch"],
                                         seconds_to_first_step=round(beat["time"] - asked, 3),
                                         phases=beat.get("phases") or {},
+                                        first_step_cpu_s=beat.get("first_step_cpu_s"),
                                         warm=bool(beat.get("warm")))
                 if island.name in self.lost:
                     self.lost.discard(island.name)

@@ -18,6 +18,10 @@ and nothing here reads a clock. A phase runs from one mark to the next:
                 first step's gradients and moments faulted in beside the reads)
     first_step  pull -> first_step (the first inner step is done)
 
+Beside the phases the island reports its first step's CPU seconds on the training
+thread (`first_step_cpu_s`, in syncd's rejoin event): the first step's wall time less
+that is time spent waiting for a core.
+
 A warm standby did process and imports (and often data and model) before its
 claim: for it `launched`, `started` and `imported` are the claim, so those
 phases are 0 and its start-up counts from the claim, not from its launch.

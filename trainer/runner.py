@@ -154,6 +154,9 @@ class ProcessIsland:
         self._done = False
         self._done_read = 0.0
         self.phases: dict[str, float] | None = None  # once the first step is done
+        # the first step's CPU seconds on the training thread: against its wall time
+        # (phases' first_step), what it did apart from waiting for a core
+        self.first_step_cpu_s: float | None = None
         self.warm = warm
         self.island: Island | None = None  # built by setup()
         self.link: Link | None = None  # opened by setup()
@@ -187,7 +190,7 @@ class ProcessIsland:
                              late_globals=self.late_globals,
                              backpressure_wait_s=round(self.backpressure_wait_s, 4),
                              slot_wait_s=round(self.slot_wait_s, 4),
-                             phases=self.phases,
+                             phases=self.phases, first_step_cpu_s=self.first_step_cpu_s,
                              warm=self.warm, cpu_share=cpu_share(), **extra)
 
     # -- globals -------------------------------------------------------------
@@ -526,8 +529,10 @@ class ProcessIsland:
         while not self.stopping and not self.done():
             if self.elastic:  # before the step: the step after a restart's is never a send
                 self.follow_restart(mix_at)
+            cpu = time.thread_time()
             self.step()
             if self.startup_s is None:
+                self.first_step_cpu_s = round(time.thread_time() - cpu, 3)
                 self.activity = "training"
                 self._phase("first_step")
                 self.startup_s = time.time() - self.started

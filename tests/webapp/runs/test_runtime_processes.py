@@ -172,6 +172,8 @@ def test_islands_on_a_real_worker_merge_through_syncd_survive_a_kill_and_rejoin(
     assert sorted(phases) == sorted(PHASES), phases  # a JSON object: PostgreSQL keeps no order
     assert sum(phases.values()) == pytest.approx(timed.detail["seconds_to_first_step"],
                                                  abs=1.0)
+    # The first step's CPU seconds on the training thread, at most its wall time.
+    assert 0 < timed.detail["first_step_cpu_s"] <= phases["first_step"] + 0.01
     assert timed.detail["warm"] is False  # this system has no pool: a cold start
     stop_run(run, by=None)
     wait_until(lambda: Run.objects.get(pk=run.pk).state == Run.State.STOPPED, 90,
