@@ -11,6 +11,8 @@ An update is the increment since the island's last send of that fragment,
 (anchor_p - theta_p) minus what it already sent against the same anchor, so a
 second send before the merge of the first never counts the same progress
 twice, and the part a lossy codec dropped is sent again later (error feedback).
+An island process encodes and signs it on the island's encoding thread while
+the next step's forward pass runs (send_update), not on the training thread.
 The same class runs in the in-process cluster and in a worker's island process;
 an island of several processes runs one on each, in a data-parallel group
 (trainer/distributed.py).
@@ -19,6 +21,8 @@ an island of several processes runs one on each, in a data-parallel group
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -127,6 +131,8 @@ class Island:
         self.step = 0
         self.tokens = 0
         self.last_loss = math.nan
+        self._encoder: ThreadPoolExecutor | None = None  # send_update's, made at its first
+        self._encoding: Future | None = None
 
     def move_to(self, step: int, tokens: int) -> None:
         """Take this place in training: the next inner step's number and the tokens
@@ -136,6 +142,7 @@ class Island:
     def set_fragment_counts(self, p: int, version: int, tokens: int, inner_steps: int) -> None:
         """Fragment p's version and the tokens and inner steps since its last send, as
         rank 0 of the island has them; nothing of it counts as sent."""
+        self.finish_encoding()
         s = self.state[p]
         s.version, s.tokens, s.inner_steps, s.sent = version, tokens, inner_steps, None
 
@@ -160,6 +167,7 @@ class Island:
             x, y = self.group.part(x), self.group.part(y)
         with autocast(self.device, self.config.train.precision):
             _, loss = self.forward(to_device(x, self.device), to_device(y, self.device))
+        self.finish_encoding()  # no increment is held while the gradients are
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
@@ -175,26 +183,66 @@ class Island:
 
     @torch.no_grad()
     def make_update(self, p: int, codec: str) -> tuple[dict, dict[str, torch.Tensor]]:
-        """The encoded outer-gradient increment of fragment p and its metadata. It is
-        encoded where the model lives, and only the encoded tensors come to the host: on
-        a GPU the codes of a lossy codec, an eighth of the fragment for int4. What was
-        sent, decoded, stays there too, for the mix."""
+        """The encoded outer-gradient increment of fragment p and its metadata, made
+        on this thread (send_update makes it on the island's encoding thread)."""
+        self.finish_encoding()
+        meta, increment = self._take_increment(p)
+        return meta, self._encode(p, increment, codec)
+
+    def send_update(self, p: int, codec: str,
+                    deliver: Callable[[dict, dict[str, torch.Tensor]], None]) -> dict:
+        """Take fragment p's outer-gradient increment now and encode it on the island's
+        encoding thread, which then calls deliver(meta, payload); returns the metadata.
+        The training thread goes on with the next step's forward pass meanwhile. What
+        reads or writes what was sent (a send, a mix, a reset) waits for the encoding
+        first, and so does the backward pass: the increment and its codes are freed
+        before the gradients are made, so the island's peak is what it was. An error
+        of the encoding or of deliver is raised there, on the training thread."""
+        self.finish_encoding()
+        meta, increment = self._take_increment(p)
+
+        def encode() -> None:
+            deliver(meta, self._encode(p, increment, codec))
+
+        if self._encoder is None:
+            self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
+        self._encoding = self._encoder.submit(encode)
+        return meta
+
+    def finish_encoding(self) -> None:
+        """Wait until the update being encoded is delivered (none: at once)."""
+        encoding, self._encoding = self._encoding, None
+        if encoding is not None:
+            encoding.result()
+
+    @torch.no_grad()
+    def _take_increment(self, p: int) -> tuple[dict, dict[str, torch.Tensor]]:
+        """Fragment p's increment since its last send (anchor minus parameters, less
+        what was sent against the anchor) and its metadata; its counts start again."""
         s = self.state[p]
-        delta = {n: s.anchor[n] - self.params[n].detach() for n in s.anchor}
+        increment = {n: s.anchor[n] - self.params[n].detach() for n in s.anchor}
         if s.sent is not None:
-            for n, t in delta.items():
+            for n, t in increment.items():
                 t.sub_(s.sent[n])
-        encoded = codecs.encode(delta, codec)
-        shapes = {n: tuple(t.shape) for n, t in delta.items()}
-        decoded = codecs.decode(encoded, codec, shapes)
-        s.sent = decoded if s.sent is None else {n: s.sent[n] + decoded[n] for n in decoded}
-        payload = self.staging.to_host(encoded)
         s.sent_seq = self.step
         meta = {"fragment": p, "base_version": s.version, "tokens": s.tokens,
                 "inner_steps": s.inner_steps, "seq": self.step}
         s.tokens = 0
         s.inner_steps = 0
-        return meta, payload
+        return meta, increment
+
+    @torch.no_grad()
+    def _encode(self, p: int, increment: dict[str, torch.Tensor],
+                codec: str) -> dict[str, torch.Tensor]:
+        """The increment encoded where the model lives; only the encoded tensors come to
+        the host (on a GPU the codes of a lossy codec, an eighth of the fragment for
+        int4). What was sent, decoded, stays there too, for the mix."""
+        s = self.state[p]
+        encoded = codecs.encode(increment, codec)
+        shapes = {n: tuple(t.shape) for n, t in increment.items()}
+        decoded = codecs.decode(encoded, codec, shapes)
+        s.sent = decoded if s.sent is None else {n: s.sent[n] + decoded[n] for n in decoded}
+        return self.staging.to_host(encoded)
 
     @torch.no_grad()
     def mix_global(self, p: int, global_tensors: dict[str, torch.Tensor], version: int) -> None:
@@ -207,6 +255,7 @@ class Island:
         and the rest is added back. Without that, every mix would throw away tau
         steps of this island's work.
         """
+        self.finish_encoding()
         alpha = self.config.sync.alpha
         s = self.state[p]
         for n, g in self.staging.to_device(global_tensors).items():
@@ -234,6 +283,7 @@ class Island:
     def reset_fragment(self, p: int, global_tensors: dict[str, torch.Tensor],
                        version: int) -> None:
         """Take a global fragment whole, dropping local progress (an elastic restart)."""
+        self.finish_encoding()
         s = self.state[p]
         for n, g in self.staging.to_device(global_tensors).items():
             self.params[n].copy_(g)

@@ -461,14 +461,19 @@ class ProcessIsland:
 
     def send(self, p: int, mix_at: dict | None = None) -> None:
         s = self.config.sync
+        self.island.finish_encoding()  # the last send is kept (self.sent) before this one
         self.hold_back(p, mix_at)
-        meta, payload = self.island.make_update(p, s.compression)
-        payload = self.emulation.corrupt(payload)
-        meta.update(run=self.store.run_id, island=self.name, epoch=self.epoch,
-                    compute_s=self.compute_s, codec=s.compression)
-        message = encode_message("update", meta, payload, self.key)
-        self.link.send(p, meta["seq"], message)
-        self.sent.add(p, meta["seq"], message)
+        about = {"run": self.store.run_id, "island": self.name, "epoch": self.epoch,
+                 "compute_s": self.compute_s, "codec": s.compression}
+
+        def deliver(meta: dict, payload: dict[str, torch.Tensor]) -> None:
+            # On the island's encoding thread, during the next step's forward pass.
+            message = encode_message("update", meta | about, self.emulation.corrupt(payload),
+                                     self.key)
+            self.link.send(p, meta["seq"], message)
+            self.sent.add(p, meta["seq"], message)
+
+        self.island.send_update(p, s.compression, deliver)
         self.save_cursor()
 
     def send_again(self) -> None:
@@ -560,6 +565,7 @@ class ProcessIsland:
         if self.group:
             self.group.announce_stop()
             self.group.close(self.island)
+        self.island.finish_encoding()
         if self.done():
             self.link.discard()  # the run completed: its Redis keys are freed already
         self.link.drain(timeout=5.0)

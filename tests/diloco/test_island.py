@@ -1,3 +1,4 @@
+import threading
 from dataclasses import replace
 
 import pytest
@@ -224,3 +225,65 @@ def test_the_initial_model_depends_only_on_the_seed(make_config):
 
     assert all(torch.equal(a[n], b[n]) for n in a)
     assert not torch.equal(a["tok_emb.weight"], c["tok_emb.weight"])
+
+
+def test_an_update_sent_on_the_encoding_thread_is_the_one_made_on_the_training_thread(
+        island_of):
+    made, sent = island_of(alpha=0.5), island_of(alpha=0.5)
+    delivered = []
+    for island in (made, sent):
+        train(island, 3)
+    meta, payload = made.make_update(0, "int4")
+
+    sent_meta = sent.send_update(0, "int4", lambda m, pl: delivered.append(
+        (m, pl, threading.current_thread())))
+    sent.finish_encoding()
+
+    (delivered_meta, delivered_payload, thread), = delivered
+    assert thread is not threading.main_thread()
+    assert sent_meta == delivered_meta == meta
+    assert all(torch.equal(delivered_payload[n], payload[n]) for n in payload)
+    # A mix right after the send sees what was sent, as after make_update.
+    global_tensors = {n: t + 0.01 for n, t in made.state[0].anchor.items()}
+    made.mix_global(0, global_tensors, 1)
+    sent.mix_global(0, global_tensors, 1)
+    assert all(torch.equal(sent.params[n], made.params[n]) for n in global_tensors)
+
+
+def test_the_next_backward_pass_waits_for_the_update_being_encoded(island_of):
+    island = island_of()
+    train(island, 1)
+    forward_ran, backward_began = threading.Event(), threading.Event()
+    order = []
+    island.model.register_forward_hook(lambda *args: forward_ran.set())
+
+    def began(grad: torch.Tensor) -> None:
+        order.append("backward")
+        backward_began.set()
+
+    next(iter(island.model.parameters())).register_hook(began)
+
+    def deliver(meta: dict, payload: dict) -> None:
+        # Still encoding when the forward pass ends. A backward pass that did not wait
+        # would begin now, and be seen to; one that waits lets the wait run out.
+        assert forward_ran.wait(timeout=30)
+        backward_began.wait(timeout=1.0)
+        order.append("delivered")
+
+    island.send_update(0, "int8", deliver)
+    island.inner_step()
+
+    assert order == ["delivered", "backward"]
+
+
+def test_an_error_on_the_encoding_thread_is_raised_on_the_training_thread(island_of):
+    island = island_of()
+    train(island, 1)
+
+    def deliver(meta: dict, payload: dict) -> None:
+        raise ConnectionError("the data plane is gone")
+
+    island.send_update(0, "none", deliver)
+    with pytest.raises(ConnectionError, match="data plane is gone"):
+        island.inner_step()
+    island.inner_step()  # raised once
