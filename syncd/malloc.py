@@ -28,6 +28,12 @@ stay and are reused step after step, while fragments at real sizes are far above
 dataplane at 100M, M = 2 and 16, alternated twice) and its peak at M = 2 read
 3.46-3.95 B with the heap kept against 3.29-3.61 B without.
 
+A process that keeps its heap also keeps one arena (M_ARENA_MAX 1): glibc gives
+each thread that allocates an arena of its own, which keeps its freed memory as
+the heap does, so an island's encoding, pull and link threads would each hold
+their own high-water mark beside the training thread's (the encoding thread's:
++0.15 B of peak at GPT-2 small's shape, 7.74 against 7.59 B over five runs
+each); in one arena what one thread frees is reused by the next that allocates.
 A process whose heap is warm but that will idle a while gives its free heap back
 with give_back_heap (a warm standby after its throwaway step); fault_in brings it
 in again ahead of the work (an island while it pulls).
@@ -44,6 +50,7 @@ import torch
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters
 M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
 THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's ceiling for the mmap threshold on 64-bit
 TRIM_BYTES = 2**31 - 1  # the largest trim threshold mallopt takes (an int)
 
@@ -59,11 +66,12 @@ def _libc() -> ctypes.CDLL | None:
 
 def return_large_frees(keep_heap: bool = False) -> bool:
     """Fix glibc's mmap threshold at 32 MiB and, with keep_heap, its trim threshold
-    high; False where the C library is not glibc."""
+    high and its arenas at one; False where the C library is not glibc."""
     libc = _libc()
     try:
         fixed = libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD_BYTES)
-        return bool(fixed and (not keep_heap or libc.mallopt(M_TRIM_THRESHOLD, TRIM_BYTES)))
+        return bool(fixed and (not keep_heap or (libc.mallopt(M_TRIM_THRESHOLD, TRIM_BYTES)
+                                                 and libc.mallopt(M_ARENA_MAX, 1))))
     except AttributeError:
         log.info("the C library has no mallopt: freed memory is returned as it decides")
         return False

@@ -1,7 +1,7 @@
 """syncd.malloc: freed fragment-sized memory given back at once (glibc's mmap threshold
 fixed at its 32 MiB ceiling) and, in a process that trains, a step's buffers kept in
-the heap (its trim threshold high), the heap given back or faulted in on purpose, and
-nothing done where there is no mallopt."""
+the heap (its trim threshold high) and every thread's in one arena, the heap given
+back or faulted in on purpose, and nothing done where there is no mallopt."""
 
 import ctypes
 import json
@@ -60,6 +60,20 @@ FAULTS = textwrap.dedent("""
 """)
 
 
+# In a process of its own: a thread allocates and frees a tensor below the mmap
+# threshold, then glibc's malloc_stats lists the process's arenas (on stderr).
+THREAD_ARENAS = textwrap.dedent("""
+    import ctypes, ctypes.util, sys, threading, torch
+    from syncd import malloc
+
+    malloc.return_large_frees(keep_heap=sys.argv[1] == "keep")
+    thread = threading.Thread(target=lambda: torch.ones(2 * 1024 * 1024))
+    thread.start()
+    thread.join()
+    ctypes.CDLL(ctypes.util.find_library("c")).malloc_stats()
+""")
+
+
 def faults(heap: str) -> list[int]:
     out = subprocess.run([sys.executable, "-c", FAULTS, heap], capture_output=True,
                          text=True, check=True)
@@ -87,6 +101,17 @@ def test_without_keep_heap_every_step_faults_its_buffers_in_again():
     first, steady, _, _ = faults("give back")
 
     assert first > 1000 and steady > first // 2
+
+
+@GLIBC_ONLY
+def test_with_keep_heap_every_thread_allocates_from_the_one_arena():
+    def arenas(heap: str) -> int:
+        out = subprocess.run([sys.executable, "-c", THREAD_ARENAS, heap], capture_output=True,
+                             text=True, check=True)
+        return out.stderr.count("Arena ")
+
+    assert arenas("give back") >= 2  # the thread's arena of its own beside the main one
+    assert arenas("keep") == 1
 
 
 def test_fault_in_touches_copies_of_the_cpu_tensors_and_skips_the_rest():
