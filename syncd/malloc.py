@@ -92,9 +92,11 @@ def fault_in(like: Iterable[torch.Tensor], copies: int) -> int:
     """Allocate and touch `copies` tensors the size of each of `like` on the CPU, all
     held at once, then free them, so that the heap holds their pages when the work
     that needs them starts (a training step's gradients and AdamW's two moments: 3 x
-    the parameters) instead of faulting them in then. Call it on the thread that
-    will do the work: glibc keeps a thread's frees in that thread's arena. Tensors
-    elsewhere than the CPU are skipped. Returns the bytes touched."""
+    the parameters) instead of faulting them in then, in a process that keeps its
+    heap (return_large_frees(keep_heap=True): its one arena holds every thread's
+    frees; elsewhere glibc keeps a thread's frees in that thread's arena, so call it
+    on the thread that will do the work). Tensors elsewhere than the CPU are
+    skipped. Returns the bytes touched."""
     held = [torch.zeros_like(t) for t in like if t.device.type == "cpu"
             for _ in range(copies)]
     return sum(h.numel() * h.element_size() for h in held)
