@@ -45,10 +45,11 @@ from diloco.fold import RoundSum
 from diloco.merge import OuterOptimizer, Update
 from diloco.model import GPT, GPTConfig, embedding_tensor_names
 from diloco.protocol import decode_message, encode_message
-from diloco.signing import publish_key
+from diloco.signing import island_key, publish_key
 from syncd.published_files import PublishedFiles
 
 SECRET = b"bench-merge"
+KEY = island_key(SECRET, "bench", 1)  # the key of every update
 CODEC = "int4"
 COPY_BYTES = 256 * 1024 * 1024
 FILES = ROOT / "var" / "bench-merge"  # the files of the merge pass, as syncd's of a run
@@ -78,14 +79,14 @@ def make_messages(shapes: dict[str, tuple[int, ...]], m: int) -> list[bytes]:
         meta = {"run": "bench", "island": f"island-{i}", "epoch": 0, "fragment": 0,
                 "base_version": 3, "seq": 200, "tokens": tokens, "inner_steps": 50,
                 "compute_s": 1.0, "codec": CODEC}
-        blobs.append(encode_message("update", meta, codecs.encode(delta, CODEC), SECRET))
+        blobs.append(encode_message("update", meta, codecs.encode(delta, CODEC), KEY))
     return blobs
 
 
 def ingest(blob: bytes, shapes: dict[str, tuple[int, ...]]) -> Update:
     """What syncd does with a message before it can merge it (syncd.ingest's
     verify_update and check_update): its tensors as they came, and their norms."""
-    _, meta, tensors = decode_message(blob, SECRET)
+    _, meta, tensors = decode_message(blob, KEY)
     delta = codecs.open_payload(tensors, meta["codec"], shapes)
     norms = {name: t.norm() for name, t in delta.items()}
     return Update(meta["island"], meta["base_version"], meta["tokens"], meta["inner_steps"],

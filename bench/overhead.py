@@ -39,8 +39,9 @@ from diloco.fragments import due_fragments, partition
 from diloco.island import Island, gpt_config, initial_model
 from diloco.model import GPT
 from diloco.protocol import encode_message
+from diloco.signing import island_key
 
-SECRET = b"bench-overhead"
+KEY = island_key(b"bench-overhead", "bench", 0)  # the key of every update
 
 # The full run trains the demo's model at an island's default batch; a round is
 # one outer period (H steps), so every round sends each fragment once.
@@ -99,7 +100,7 @@ def send_due(island: Island) -> None:
         meta, payload = island.make_update(p, s.compression)
         meta.update(run="bench", island=island.name, epoch=0, compute_s=0.0,
                     codec=s.compression)
-        encode_message("update", meta, payload, SECRET)
+        encode_message("update", meta, payload, KEY)
 
 
 def run_round(island: Island, bare: BareLoop, steps: int, island_first: bool

@@ -28,7 +28,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 
 def island_key(secret: bytes, island: str, epoch: int) -> bytes:
-    """The HMAC key of one epoch of one island of the run whose secret this is."""
+    """The key (32 bytes) that one epoch of one island of the run whose secret this is
+    tags its updates with (diloco.protocol)."""
     return hmac.new(secret, f"{island}:{epoch}".encode(), hashlib.sha256).digest()
 
 

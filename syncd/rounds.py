@@ -36,7 +36,7 @@ import torch
 from diloco.fragments import Fragment
 from diloco.model import embedding_tensor_names
 from diloco.policy import Decision, RoundStats
-from diloco.protocol import decode_message, encode_message, encode_pieces
+from diloco.protocol import ProtocolError, decode_message, encode_message, encode_pieces
 from diloco.synchronizer import MergeResult, Synchronizer, history_length
 from diloco.wan import transfer_time
 from syncd.bulk import BulkError
@@ -167,9 +167,11 @@ class Rounds:
         files, and so does a fragment the data plane lost (it restarted), which is
         published there again. With a server (the store's `served`), every fragment is
         read from the files and committed again, so its reference names this syncd's
-        server. False, with nothing loaded, if a fragment's files are gone (the caller
-        falls back to a checkpoint)."""
-        found: dict[int, tuple[bytearray, dict[str, torch.Tensor]]] = {}
+        server. False, with nothing loaded, if a fragment's files are gone or its message
+        does not verify, as one of protocol 1 does not (the caller falls back to a
+        checkpoint)."""
+        found: dict[int, tuple[bytearray, dict[str, Any], dict[str, torch.Tensor],
+                               dict[str, torch.Tensor]]] = {}
         again: set[int] = set()
         tokens = self.store.fencing_tokens()
         for p, version in versions.items():
@@ -185,15 +187,20 @@ class Rounds:
             if full is None:
                 full = saved[0]
                 again.add(p)
-            found[p] = (full, saved[1])
+            try:
+                _, meta, tensors = decode_message(full, self.spec.verify_key)
+            except ProtocolError as exc:  # another protocol's (before an upgrade), or torn
+                log.warning("run %s: fragment %d version %d does not verify: %s",
+                            self.store.run_id, p, version, exc)
+                return False
+            found[p] = (full, meta, tensors, saved[1])
             self.keepalive()
         for p in range(len(self.fragments)):
             if p not in found:
                 self.bytes_saved += self._commit(p, 0, self._global_message(p, 0), None,
                                                  {}, 0, {})
                 continue
-            full, momentum = found.pop(p)
-            _, meta, tensors = decode_message(full, self.spec.verify_key)
+            full, meta, tensors, momentum = found.pop(p)
             self.load_fragment(p, tensors, momentum, meta["version"])
             self.sync.handled[p] = self.store.handled(p)
             if p in again:  # committed again by this grant: in this grant's file too

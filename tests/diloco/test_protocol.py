@@ -3,6 +3,7 @@ import hmac
 import json
 import struct
 
+import blake3
 import pytest
 import torch
 from safetensors.torch import save as save_tensors
@@ -36,7 +37,7 @@ GLOBAL_META = {"run": "run-7", "fragment": 0, "version": 12, "base_version": 11,
 
 
 def sign(body: bytes, secret: bytes = SECRET) -> bytes:
-    return body + hmac.new(secret, body, hashlib.sha256).digest()
+    return body + blake3.blake3(body, key=secret).digest()
 
 
 def update_blob() -> bytes:
@@ -149,13 +150,42 @@ def test_a_global_forged_with_an_islands_key_or_the_runs_secret_is_refused():
     could the run's secret as an HMAC key (the old downlink)."""
     genuine = encode_message("global", GLOBAL_META, {"x": torch.ones(2)}, PUBLISH)
     body = bytes(genuine[:-SIGNATURE_BYTES])
-    for key in (SECRET, RUN_SECRET):
-        tag = hmac.new(key, body, hashlib.sha256).digest()
+    tags = (blake3.blake3(body, key=SECRET).digest(),
+            hmac.new(RUN_SECRET, body, hashlib.sha256).digest())
+    for tag in tags:
         for forged in (body + tag, body + tag + tag):
             with pytest.raises(ProtocolError, match="bad signature"):
                 decode_message(forged, VERIFY)
     with pytest.raises(ValueError, match="signed with the publish key"):
         encode_message("global", GLOBAL_META, {"x": torch.ones(2)}, SECRET)
+
+
+def test_an_updates_tag_is_the_blake3_hash_of_its_body_keyed_with_the_island_key():
+    blob = update_blob()
+    body = bytes(blob[:-TAG_BYTES])
+
+    assert bytes(blob[-TAG_BYTES:]) == blake3.blake3(body, key=SECRET).digest()
+
+
+def test_a_globals_signature_is_the_publish_keys_over_the_blake3_digest_of_its_body():
+    blob = encode_message("global", GLOBAL_META, {"x": torch.ones(2)}, PUBLISH)
+    body = bytes(blob[:-SIGNATURE_BYTES])
+
+    VERIFY.verify(bytes(blob[-SIGNATURE_BYTES:]), blake3.blake3(body).digest())
+
+
+def test_a_protocol_1_update_tagged_with_hmac_sha256_is_refused():
+    body = bytes(update_blob()[:-TAG_BYTES])
+
+    with pytest.raises(ProtocolError, match="bad signature"):
+        decode_message(body + hmac.new(SECRET, body, hashlib.sha256).digest(), SECRET)
+
+
+def test_an_update_key_that_is_not_32_bytes_is_refused_on_both_sides():
+    with pytest.raises(ValueError, match="an island key is 32 bytes"):
+        encode_message("update", UPDATE_META, {}, RUN_SECRET)
+    with pytest.raises(ValueError, match="an island key is 32 bytes"):
+        decode_message(update_blob(), SECRET[:16])
 
 
 def test_a_global_is_never_read_as_an_update_nor_an_update_as_a_global():

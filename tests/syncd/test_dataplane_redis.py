@@ -3,10 +3,12 @@ messages lie there and nothing else does; a full one refuses only tensor writes,
 syncd says so in the run's events; a restart of it loses no published global, which
 syncd's files (syncd.published_files) hold once per merge. Real Redis processes."""
 
+import hashlib
+
 import pytest
 import redis
 
-from diloco.protocol import decode_message
+from diloco.protocol import SIGNATURE_BYTES, decode_message
 from syncd.connection import connect
 from syncd.store import RunStore
 from tests.syncd.runs import heartbeat_all, make_run_sync, merge_once, send
@@ -193,3 +195,35 @@ def test_a_syncd_under_a_new_grant_restores_from_the_committing_grants_file_then
                     clock=lambda: clock["now"], control_every_s=0.0)
     assert again.rounds.sync.versions[0] == 2
     assert store.full(0) == merged
+
+
+def test_a_saved_message_that_does_not_verify_sends_the_run_back_to_its_checkpoint(
+        redis_url, own_dataplane, tmp_path):
+    """What protocol 1 wrote (Ed25519 over SHA-256, not BLAKE3) reads after an upgrade as
+    a message that does not verify: with the data plane's copy gone too, syncd goes on
+    from the run's newest checkpoint, as a declared rollback, and never publishes it."""
+    from syncd.service import RunSync
+    from webapp.runs.records import DatabaseRecorder
+
+    url, restart = own_dataplane
+    sync = make_run_sync(redis_url, tmp_path, "decoupled", dataplane_url=url)
+    sync.recovery.save_checkpoint(sync.rounds, None)  # at versions [0, 0]
+    sync.recorder.flush()
+    checkpointed = {n: t.clone() for n, t in sync.rounds.sync.globals[0].items()}
+    merge_once(sync)
+    files, token = sync.rounds.files, sync.store.fencing_tokens().get(0, 0)
+    full, momentum = files.load(0, 1, token)
+    body = bytes(full[:-SIGNATURE_BYTES])
+    files.save(0, 1, token, bytearray(body + sync.spec.publish_key.sign(
+        hashlib.sha256(body).digest())), momentum)
+
+    restart()
+    again = RunSync(sync.store, DatabaseRecorder(sync.recorder.run_id), tmp_path,
+                    clock=lambda: 2000.0)
+
+    assert again.rounds.sync.versions == [1, 1]  # the checkpoint's, published as newer
+    assert all(again.rounds.sync.globals[0][n].equal(t) for n, t in checkpointed.items())
+    _, meta, _ = decode_message(sync.store.full(0), sync.spec.verify_key)
+    assert meta["version"] == 1
+    again.recorder.flush()
+    assert Event.objects.filter(run_id=sync.recorder.run_id, kind="rollback").exists()

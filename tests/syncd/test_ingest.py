@@ -12,18 +12,17 @@ version.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import math
 import struct
 
+import blake3
 import pytest
 import torch
 from safetensors.torch import save as save_tensors
 
 from diloco import codecs
-from diloco.protocol import encode_message
+from diloco.protocol import PROTOCOL_VERSION, encode_message
 from diloco.signing import island_key
 from syncd.bulk import BulkRef
 from syncd.ingest import NORM_WARMUP, IslandFacts, all_finite, check_update, message_limit
@@ -70,7 +69,7 @@ def key_of(sync: RunSync, island: str, epoch: int = 1) -> bytes:
 
 
 def sign(body: bytes, secret: bytes) -> bytes:
-    return body + hmac.new(secret, body, hashlib.sha256).digest()
+    return body + blake3.blake3(body, key=secret).digest()
 
 
 def push(sync: RunSync, island: str, seq: int, blob: bytes) -> None:
@@ -144,11 +143,11 @@ def huge(sync):
 
 def another_runs_secret(sync):
     return encode_message("update", meta_of(sync, "a", 8), tensors_of(sync),
-                          b"the secret of another run")
+                          island_key(b"the secret of another run", "a", 1))
 
 
 def unsigned(sync):
-    header = {"protocol": "1", "kind": "update",
+    header = {"protocol": str(PROTOCOL_VERSION), "kind": "update",
               **{k: json.dumps(v) for k, v in meta_of(sync, "a", 8).items()}}
     return save_tensors(tensors_of(sync), metadata=header)
 

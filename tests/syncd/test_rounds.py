@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from diloco.signing import island_key
 from syncd.service import RunSync
 from tests.syncd.runs import heartbeat_all, send, stored_keys
 from webapp.runs.models import Event
@@ -173,7 +174,7 @@ def test_a_pass_whose_reading_fails_during_a_publish_ends_after_the_publish(
 
 
 @pytest.mark.parametrize("bad, reason", [
-    ({"key": b"another run's secret"}, "bad signature"),
+    ({"key": island_key(b"another run's secret", "a", 1)}, "bad signature"),
     ({"value": math.nan}, "non-finite"),
     ({"epoch": 0}, "old epoch"),
     ({"tokens": 7}, "do not match"),
@@ -222,7 +223,7 @@ def test_the_messages_of_stale_updates_are_gone_and_forged_ones_left_to_expire(r
         send(run_sync, "b", 0, seq, base_version=run_sync.rounds.sync.versions[0])
         run_sync.tick()
     send(run_sync, "a", 0, 12, base_version=0)  # max_staleness 1: version 2 is newest
-    send(run_sync, "b", 0, 12, key=b"forged")
+    send(run_sync, "b", 0, 12, key=island_key(b"forged", "b", 1))
     run_sync.tick()
 
     assert [r.split(":")[0] for r in rejections(run_sync)] == ["stale", "bad signature"]
