@@ -165,7 +165,9 @@ class Encoded:
                 else self.values.float().mul_(alpha)
         if self._whole is not None:
             return self._whole.mul(alpha)
-        return self.decode().mul_(alpha)
+        # alpha in the scales: one pass over the new tensor, not a decode and a product
+        numel = math.prod(self.shape)
+        return _dequantize(self.values, self.scale * alpha)[:numel].view(self.shape)
 
 
 def error_bound(t: torch.Tensor, codec: str) -> torch.Tensor:

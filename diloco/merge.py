@@ -165,7 +165,8 @@ class OuterOptimizer:
             if self.momentum:
                 buf = self.buffers.get(name)
                 decay = self.momentum ** share
-                buf = g.clone() if buf is None else buf.mul_(decay).add_(g)
+                # g + decay * buf into buf: one pass, where mul_ then add_ made two
+                buf = g.clone() if buf is None else torch.add(g, buf, alpha=decay, out=buf)
                 self.buffers[name] = buf
                 g.add_(buf, alpha=self.momentum * share)
             out[name] = torch.add(p, g, alpha=-self.lr, out=g)  # p - lr * g, one pass
