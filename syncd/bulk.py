@@ -40,6 +40,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -126,8 +127,8 @@ def load_ref(raw: bytes | str) -> BulkRef | ServedRef:
     try:
         ref = json.loads(raw)
         if isinstance(ref, dict) and "url" in ref:
-            if not str(ref["url"]).startswith("http://"):
-                raise ValueError(f"not an http:// address: {ref['url']!r}")
+            if not str(ref["url"]).startswith(("http://", "https://")):
+                raise ValueError(f"not an http:// or https:// address: {ref['url']!r}")
             return ServedRef(str(ref["url"]), int(ref["size"]), str(ref["token"]))
     except (ValueError, KeyError, TypeError) as exc:
         raise BulkError(f"not a message reference: {exc}") from exc
@@ -145,8 +146,13 @@ def read_served(ref: ServedRef, max_bytes: int) -> bytearray:
     if ref.size > max_bytes:
         raise BulkError(f"message of {ref.size} bytes exceeds the limit of {max_bytes}")
     parts = urlsplit(ref.url)
-    connection = http.client.HTTPConnection(parts.hostname or "", parts.port,
-                                            timeout=SERVED_TIMEOUT_S)
+    if parts.scheme == "https":  # checked against this host's trusted authorities
+        connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+            parts.hostname or "", parts.port, timeout=SERVED_TIMEOUT_S,
+            context=ssl.create_default_context())
+    else:
+        connection = http.client.HTTPConnection(parts.hostname or "", parts.port,
+                                                timeout=SERVED_TIMEOUT_S)
     try:
         connection.request("GET", parts.path, headers={"Authorization": f"Bearer {ref.token}"})
         response = connection.getresponse()

@@ -12,7 +12,11 @@ Every request must carry the run's read token (`Authorization: Bearer ...`), mad
 afresh by each syncd process for each run it serves and handed to islands through
 the reference, which only that run's islands and syncd may read (syncd.acl). The
 server binds loopback by default; a syncd that serves islands on other hosts binds
-an interface they reach (SYNCD_SERVE) and says how they reach it (SYNCD_SERVE_URL).
+an interface they reach (SYNCD_SERVE) and says how they reach it (SYNCD_SERVE_URL),
+and with a certificate and its key (SYNCD_SERVE_CERT, SYNCD_SERVE_KEY) it speaks
+HTTPS: the token and the fragments cross the network encrypted, and islands check
+the certificate against their host's trusted authorities (or SSL_CERT_FILE's).
+Under TLS each answer is encrypted in the process instead of sent by sendfile(2).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import logging
 import re
 import secrets
 import socket
+import ssl
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,6 +36,9 @@ from syncd.bulk import Served
 from syncd.published_files import PublishedFiles
 
 log = logging.getLogger("archipelago.published_server")
+# A connection that sends or takes nothing (nor finishes its TLS handshake) this long
+# is dropped: it holds a thread of the server.
+IDLE_TIMEOUT_S = 60.0
 _PATH = re.compile(r"^/published/(\d+)/(\d+)/(\d+)/(\d+)$")
 
 
@@ -46,6 +55,16 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class _Server(ThreadingHTTPServer):
+    """A thread per request; a request that fails (a client gone, a TLS handshake
+    refused) is logged, not printed as a traceback."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: tuple) -> None:
+        log.info("a request from %s failed: %s", client_address[0], sys.exception())
+
+
 class PublishedServer:
     """Serves the published fragments of the runs this syncd holds, from a thread.
 
@@ -53,21 +72,38 @@ class PublishedServer:
         checkpoint_dir: the folder whose run subfolders hold syncd's files.
         host: the interface to bind (loopback by default).
         port: the port; 0 takes a free one.
-        advertise: how islands reach the server (`http://host:port`); default the
-            bound address, or this host's address when bound to every interface.
+        advertise: how islands reach the server (`http://host:port`, `https://` with
+            TLS); default the bound address, or this host's address when bound to
+            every interface.
+        tls: the certificate (chain) file and its key file: the server speaks HTTPS.
+
+    Raises:
+        OSError: the address cannot be bound, or the certificate or key not read.
+        ssl.SSLError: the certificate and key do not make a pair.
     """
 
     def __init__(self, checkpoint_dir: str | Path, host: str = "127.0.0.1", port: int = 0,
-                 advertise: str | None = None):
+                 advertise: str | None = None, tls: tuple[str, str] | None = None):
         self.checkpoint_dir = Path(checkpoint_dir)
         self._tokens: dict[str, str] = {}
-        self._httpd = ThreadingHTTPServer((host, port), self._handler())
-        self._httpd.daemon_threads = True
+        self._httpd = _Server((host, port), self._handler())
+        if tls is not None:
+            try:
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+                context.load_cert_chain(*tls)
+                # The handshake on the request's thread (its first read), not in accept:
+                # a client that never finishes it holds only its own thread.
+                self._httpd.socket = context.wrap_socket(
+                    self._httpd.socket, server_side=True, do_handshake_on_connect=False)
+            except BaseException:
+                self._httpd.server_close()
+                raise
         if advertise is None:
             # Bound to every interface: islands reach it at this host's address.
             reach = socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "") \
                 else host
-            advertise = f"http://{reach}:{self._httpd.server_address[1]}"
+            scheme = "https" if tls else "http"
+            advertise = f"{scheme}://{reach}:{self._httpd.server_address[1]}"
         self.base_url = advertise.rstrip("/")
         self._thread = threading.Thread(target=self._httpd.serve_forever,
                                         name="published-server", daemon=True)
@@ -96,6 +132,8 @@ class PublishedServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = IDLE_TIMEOUT_S
+
             def do_GET(self) -> None:
                 match = _PATH.match(self.path)
                 if match is None:

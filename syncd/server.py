@@ -79,6 +79,8 @@ class Syncd:
         serve: the address (host, port) syncd serves published fragments at
             (SYNCD_SERVE, syncd/published_server.py); None: they go on the data plane.
         serve_url: how islands reach that server (SYNCD_SERVE_URL); default its address.
+        serve_tls: its certificate and key files (SYNCD_SERVE_CERT, SYNCD_SERVE_KEY):
+            it speaks HTTPS; None: HTTP.
     """
 
     def __init__(self, redis_url: str, checkpoint_dir: str | Path,
@@ -86,7 +88,8 @@ class Syncd:
                  lease_ttl_s: float = LEASE_TTL_S, owner: str | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  eval_cpu_share: float = EVAL_CPU_SHARE, dataplane_url: str | None = None,
-                 serve: tuple[str, int] | None = None, serve_url: str | None = None):
+                 serve: tuple[str, int] | None = None, serve_url: str | None = None,
+                 serve_tls: tuple[str, str] | None = None):
         if lease_ttl_s <= 0:
             raise ValueError(f"lease_ttl_s must be above 0 seconds, got {lease_ttl_s}")
         self.client = connect(redis_url)
@@ -96,7 +99,7 @@ class Syncd:
         self.progress_at = time.monotonic()  # the main loop's last sign of progress
         self.checkpoint_dir = Path(checkpoint_dir)
         self.published = None if serve is None else PublishedServer(
-            checkpoint_dir, *serve, advertise=serve_url)
+            checkpoint_dir, *serve, advertise=serve_url, tls=serve_tls)
         self.runs: dict[str, RunSync] = {}
         self.leases: dict[str, Lease] = {}
         self.stopping = False
@@ -290,12 +293,14 @@ def _in_order(run_ids: Iterable[str]) -> list[str]:
 def main(hooks: Hooks, redis_url: str, checkpoint_dir: str | Path, health: bool = False,
          lease_ttl_s: float = LEASE_TTL_S, threads: int = 1,
          eval_cpu_share: float = EVAL_CPU_SHARE, dataplane_url: str | None = None,
-         serve: str = "off", serve_url: str | None = None) -> int:
+         serve: str = "off", serve_url: str | None = None,
+         serve_tls: tuple[str, str] | None = None) -> int:
     """The syncd program, as `manage.py syncd` wires it: serve until SIGTERM or SIGINT,
     or with `health` say whether a syncd on this host is serving. `serve` is
-    SYNCD_SERVE: `host:port` of the server of published fragments, or off. Exits 2
-    with a sentence when a Redis (control or data plane) cannot be reached or wants a
-    password, or `serve` is not an address."""
+    SYNCD_SERVE: `host:port` of the server of published fragments, or off, and
+    `serve_tls` its certificate and key files. Exits 2 with a sentence when a Redis
+    (control or data plane) cannot be reached or wants a password, `serve` is not an
+    address, or the certificate and key cannot be read or are not a pair."""
     problem = redis_problem(redis_url) or (
         dataplane_url and redis_problem(dataplane_url, setting="DATAPLANE_REDIS_URL"))
     try:
@@ -320,7 +325,7 @@ def main(hooks: Hooks, redis_url: str, checkpoint_dir: str | Path, health: bool 
     try:
         service = Syncd(redis_url, checkpoint_dir, hooks, lease_ttl_s=lease_ttl_s,
                         eval_cpu_share=eval_cpu_share, dataplane_url=dataplane_url,
-                        serve=address, serve_url=serve_url)
+                        serve=address, serve_url=serve_url, serve_tls=serve_tls)
     except OSError as exc:
         print(f"syncd cannot start: cannot serve published fragments at {serve}: {exc}",
               file=sys.stderr)

@@ -212,11 +212,21 @@ if not 0 < SYNCD_EVAL_CPU_SHARE <= 1:
 # Where syncd serves published fragments to islands from its files, host:port (0: any
 # free port), or off to put them on the data plane (syncd/published_server.py). Loopback
 # by default; islands on other hosts need an interface they reach and SYNCD_SERVE_URL,
-# how they reach it (http://host:port).
+# how they reach it (http://host:port). With a certificate and its key (PEM files) the
+# server speaks HTTPS (SYNCD_SERVE_URL https://host:port); islands check it against
+# their host's trusted authorities, or those of the file SSL_CERT_FILE names.
 SYNCD_SERVE = env_str("SYNCD_SERVE", "127.0.0.1:0")
+SYNCD_SERVE_CERT = env_str("SYNCD_SERVE_CERT", "") or None
+SYNCD_SERVE_KEY = env_str("SYNCD_SERVE_KEY", "") or None
+if bool(SYNCD_SERVE_CERT) != bool(SYNCD_SERVE_KEY):
+    raise ImproperlyConfigured("SYNCD_SERVE_CERT and SYNCD_SERVE_KEY go together: set both "
+                               "for HTTPS, or neither.")
 SYNCD_SERVE_URL = env_str("SYNCD_SERVE_URL", "") or None
-if SYNCD_SERVE_URL and not SYNCD_SERVE_URL.startswith("http://"):
-    raise ImproperlyConfigured(f"SYNCD_SERVE_URL must start with http://, got {SYNCD_SERVE_URL!r}.")
+_SERVE_SCHEME = "https://" if SYNCD_SERVE_CERT else "http://"
+if SYNCD_SERVE_URL and not SYNCD_SERVE_URL.startswith(_SERVE_SCHEME):
+    raise ImproperlyConfigured(
+        f"SYNCD_SERVE_URL must start with {_SERVE_SCHEME}"
+        f"{' (SYNCD_SERVE_CERT is set)' if SYNCD_SERVE_CERT else ''}, got {SYNCD_SERVE_URL!r}.")
 # Island logs (run-<id>/<island>.log) and, under `python -m webapp.start`, one log
 # per process.
 LOG_DIR = Path(env_str("LOG_DIR", str(VAR_DIR / "logs")))

@@ -3,6 +3,8 @@ message is read from syncd's file of it, with the run's read token, and never fr
 file that holds another version. Real sockets; the integration tests a real Redis."""
 
 import http.client
+import socket
+import ssl
 from urllib.parse import urlsplit
 
 import pytest
@@ -12,6 +14,7 @@ from diloco.protocol import decode_message
 from syncd.bulk import BulkError, ServedRef, load_ref, read_served
 from syncd.published_files import PublishedFiles
 from syncd.published_server import PublishedServer, parse_address
+from tests.certificates import certificates
 from tests.syncd.runs import make_run_sync, merge_once
 
 MOMENTUM = {"momentum.w": torch.ones(3)}
@@ -152,3 +155,66 @@ def test_a_restarted_syncd_serves_the_published_version_from_its_own_server(
         assert second.base_url in store.client.get(store.key("full", 0)).decode()
     finally:
         second.close()
+
+
+@pytest.fixture
+def tls_server(tmp_path):
+    authority, cert, key = certificates(tmp_path)
+    server = PublishedServer(tmp_path / "checkpoints", tls=(cert, key))
+    yield server, authority
+    server.close()
+
+
+def test_with_a_certificate_an_island_that_trusts_its_authority_reads_over_https(
+        tls_server, tmp_path, monkeypatch):
+    server, authority = tls_server
+    monkeypatch.setenv("SSL_CERT_FILE", authority)
+    message = bytes(range(256)) * 4000
+    PublishedFiles.of_run(tmp_path / "checkpoints", 3).save(1, 7, 5, message, MOMENTUM)
+    ref = server.serve("3").ref(1, 7, 5, len(message))
+
+    assert ref.url.startswith("https://127.0.0.1:")
+    assert read_served(ref, len(message)) == message
+    assert load_ref(ref.dumps()) == ref
+
+
+def test_an_island_that_does_not_trust_the_certificate_reads_nothing(
+        tls_server, tmp_path, monkeypatch):
+    server, _ = tls_server
+    other_authority, _, _ = certificates(tmp_path / "other")
+    monkeypatch.setenv("SSL_CERT_FILE", other_authority)
+    PublishedFiles.of_run(tmp_path / "checkpoints", 3).save(0, 1, 0, b"x" * 100, MOMENTUM)
+    ref = server.serve("3").ref(0, 1, 0, 100)
+
+    with pytest.raises(BulkError, match="CERTIFICATE_VERIFY_FAILED"):
+        read_served(ref, 100)
+
+
+def test_a_plain_http_request_to_the_https_port_gets_no_fragment(tls_server, tmp_path):
+    server, _ = tls_server
+    PublishedFiles.of_run(tmp_path / "checkpoints", 3).save(0, 1, 0, b"x" * 100, MOMENTUM)
+    ref = server.serve("3").ref(0, 1, 0, 100)
+    plain = ServedRef(ref.url.replace("https://", "http://"), 100, ref.token)
+
+    with pytest.raises(BulkError, match="could not be read"):
+        read_served(plain, 100)
+
+
+def test_a_client_that_never_finishes_its_handshake_holds_up_no_other(
+        tls_server, tmp_path, monkeypatch):
+    server, authority = tls_server
+    monkeypatch.setenv("SSL_CERT_FILE", authority)
+    PublishedFiles.of_run(tmp_path / "checkpoints", 3).save(0, 1, 0, b"x" * 100, MOMENTUM)
+    ref = server.serve("3").ref(0, 1, 0, 100)
+    parts = urlsplit(ref.url)
+
+    with socket.create_connection((parts.hostname, parts.port)):  # connects, says nothing
+        assert read_served(ref, 100) == b"x" * 100
+
+
+def test_a_certificate_without_its_key_is_refused_at_the_start(tmp_path):
+    _, cert, _ = certificates(tmp_path)
+    _, _, other_key = certificates(tmp_path / "other")
+
+    with pytest.raises(ssl.SSLError):
+        PublishedServer(tmp_path, tls=(cert, other_key))

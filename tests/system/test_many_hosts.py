@@ -31,6 +31,7 @@ from kombu.exceptions import OperationalError
 
 from syncd.connection import connect, redact_url, redis_problem
 from syncd.store import RunStore
+from tests.certificates import certificates
 from tests.webapp.runs.test_runtime_processes import (
     ROOT,
     Processes,
@@ -161,12 +162,18 @@ def test_web_syncd_and_two_region_workers_configured_only_by_environment_train_o
               "DATABASE_URL": database_url(),
               "SECRET_KEY": secrets.token_urlsafe(50), "REGIONS": "us-east,us-west"}
     port = free_port()
+    # syncd serves the published fragments over HTTPS with a certificate of the tests'
+    # authority, which the workers' hosts trust (SSL_CERT_FILE), as islands elsewhere.
+    authority, cert, key = certificates(tmp_path / "tls")
     hosts = {
         "web": host_environment(tmp_path / "web-host", **shared),
         "syncd": host_environment(tmp_path / "syncd-host", **shared,
-                                  CHECKPOINT_DIR=str(tmp_path / "syncd-host" / "ckpt")),
-        "worker-us-east": host_environment(tmp_path / "east-host", **shared),
-        "worker-us-west": host_environment(tmp_path / "west-host", **shared),
+                                  CHECKPOINT_DIR=str(tmp_path / "syncd-host" / "ckpt"),
+                                  SYNCD_SERVE_CERT=cert, SYNCD_SERVE_KEY=key),
+        "worker-us-east": host_environment(tmp_path / "east-host", **shared,
+                                           SSL_CERT_FILE=authority),
+        "worker-us-west": host_environment(tmp_path / "west-host", **shared,
+                                           SSL_CERT_FILE=authority),
     }
     processes = {name: Processes(env, Path(env["HOME"])) for name, env in hosts.items()}
     processes["web"].start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
@@ -210,12 +217,12 @@ def test_web_syncd_and_two_region_workers_configured_only_by_environment_train_o
 
         wait_until(both_merged, 60, "a merge of updates from both regions")
         # Every host met on the one data plane, and the islands read the fragments from
-        # syncd's server: the control Redis holds their references, arch:R:full:<p>,
-        # naming it, and the data plane none of their chunks.
+        # syncd's server over HTTPS: the control Redis holds their references,
+        # arch:R:full:<p>, naming it, and the data plane none of their chunks.
         assert not connect(dataplane_url).keys(f"arch:{run.pk}:full:*")
         references = connect(redis_url).keys(f"arch:{run.pk}:full:*")
         assert [k.count(b":") for k in references] == [3, 3]
-        assert all(json.loads(connect(redis_url).get(k))["url"].startswith("http://127.0.0.1:")
+        assert all(json.loads(connect(redis_url).get(k))["url"].startswith("https://127.0.0.1:")
                    for k in references)
         # The web app, on its own host, serves the run from the shared database.
         wait_until(lambda: port_accepts(port), 60, "the web app to listen")

@@ -111,6 +111,23 @@ def test_the_pool_size_is_auto_unless_a_number_and_the_eval_cpu_share_a_fraction
     assert "ISLAND_POOL_SIZE must be auto or a whole number of 0 or more" in bad_size.stderr
     assert "SYNCD_EVAL_CPU_SHARE must be above 0 and at most 1" in bad_share.stderr
 
+def test_syncds_server_takes_a_certificate_with_its_key_and_an_https_address():
+    half = manage("check", SYNCD_SERVE_CERT="/etc/ssl/syncd.pem")
+    plain_url = manage("check", SYNCD_SERVE_CERT="/etc/ssl/syncd.pem",
+                       SYNCD_SERVE_KEY="/etc/ssl/syncd.key",
+                       SYNCD_SERVE_URL="http://syncd-1.example.com:8765")
+    https_without = manage("check", SYNCD_SERVE_URL="https://syncd-1.example.com:8765")
+    both = manage("check", SYNCD_SERVE_CERT="/etc/ssl/syncd.pem",
+                  SYNCD_SERVE_KEY="/etc/ssl/syncd.key",
+                  SYNCD_SERVE_URL="https://syncd-1.example.com:8765")
+
+    assert "SYNCD_SERVE_CERT and SYNCD_SERVE_KEY go together" in half.stderr
+    assert "SYNCD_SERVE_URL must start with https:// (SYNCD_SERVE_CERT is set)" \
+        in plain_url.stderr
+    assert "SYNCD_SERVE_URL must start with http://" in https_without.stderr
+    assert both.returncode == 0, both.stderr
+
+
 def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(tmp_path):
     show = ("from django.db import connection; c = connection.cursor(); "
             "c.execute('PRAGMA journal_mode'); print(c.fetchone()[0]); "

@@ -7,9 +7,10 @@ syncd's composition root, as `manage.py pool_manager` is the pool's: syncd knows
 the web side only through syncd/hooks.py, and the command plugs in its records,
 rejoins and status pushes (webapp/runs/syncd_wiring.py) with the Django settings
 REDIS_URL, DATAPLANE_REDIS_URL, CHECKPOINT_DIR, SYNCD_LEASE_TTL_S, SYNCD_THREADS,
-SYNCD_SERVE and SYNCD_SERVE_URL. It exits at once with a sentence saying what is
-wrong when a Redis cannot be reached or wants a password, or syncd cannot serve
-published fragments where SYNCD_SERVE says.
+SYNCD_SERVE, SYNCD_SERVE_URL, SYNCD_SERVE_CERT and SYNCD_SERVE_KEY. It exits at once
+with a sentence saying what is wrong when a Redis cannot be reached or wants a
+password, or syncd cannot serve published fragments where SYNCD_SERVE says (or with
+the certificate and key SYNCD_SERVE_CERT and SYNCD_SERVE_KEY name).
 
 `--health` exits 0 when a syncd on this host is serving (its announcement in
 Redis is live), 1 otherwise: a container health check.
@@ -40,6 +41,8 @@ class Command(BaseCommand):
                            threads=settings.SYNCD_THREADS,
                            eval_cpu_share=settings.SYNCD_EVAL_CPU_SHARE,
                            dataplane_url=dataplane_url(), serve=settings.SYNCD_SERVE,
-                           serve_url=settings.SYNCD_SERVE_URL)
+                           serve_url=settings.SYNCD_SERVE_URL,
+                           serve_tls=(settings.SYNCD_SERVE_CERT, settings.SYNCD_SERVE_KEY)
+                           if settings.SYNCD_SERVE_CERT else None)
         if code:
             raise SystemExit(code)
