@@ -66,8 +66,8 @@ def _header(kind: str, meta: dict[str, Any], key: bytes | Ed25519PrivateKey
 
 def encode_message(kind: str, meta: dict[str, Any], tensors: dict[str, torch.Tensor],
                    key: bytes | Ed25519PrivateKey) -> bytearray:
-    """Serialize and sign one message: an "update" up to syncd with the island's HMAC
-    key, a "global" down to islands with the run's publish key."""
+    """Serialize and sign one message: an "update" up to syncd with the island's key
+    (its tag), a "global" down to islands with the run's publish key."""
     tail = SIGNATURE_BYTES if kind == "global" else TAG_BYTES
     # Joined, not written into bytearray(n): a joined buffer is not zeroed first, so
     # each byte of the message is written once (a quarter less CPU at 60 MB).

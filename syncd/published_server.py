@@ -95,7 +95,7 @@ class PublishedServer:
                 # a client that never finishes it holds only its own thread.
                 self._httpd.socket = context.wrap_socket(
                     self._httpd.socket, server_side=True, do_handshake_on_connect=False)
-            except BaseException:
+            except OSError:  # ssl.SSLError is one
                 self._httpd.server_close()
                 raise
         if advertise is None:
