@@ -111,8 +111,7 @@ class Encoded:
         """The float32 tensor, in its shape."""
         if self.scale is None:
             return self.values.float()
-        numel = math.prod(self.shape)
-        return _dequantize(self.values, self.scale)[:numel].view(self.shape)
+        return self._dequantized(self.scale)
 
     def norm(self) -> float | None:
         """The decoded tensor's norm, None if one of its values is not finite (the
@@ -166,8 +165,11 @@ class Encoded:
         if self._whole is not None:
             return self._whole.mul(alpha)
         # alpha in the scales: one pass over the new tensor, not a decode and a product
-        numel = math.prod(self.shape)
-        return _dequantize(self.values, self.scale * alpha)[:numel].view(self.shape)
+        return self._dequantized(self.scale * alpha)
+
+    def _dequantized(self, scale: torch.Tensor) -> torch.Tensor:
+        """The codes times these per-block scales, float32 in the tensor's shape."""
+        return _dequantize(self.values, scale)[:math.prod(self.shape)].view(self.shape)
 
 
 def error_bound(t: torch.Tensor, codec: str) -> torch.Tensor:
