@@ -32,8 +32,8 @@ class BenchRecorder:
         self.merges: list[dict[str, Any]] = []
 
     def event(self, kind: str, island: str | None = None, **detail: Any) -> None:
-        if kind == "merge":
-            self.merges.append(detail)
+        if kind == "merge":  # accounted once published: `at` is when it was
+            self.merges.append({**detail, "at": time.time()})
 
     def island(self, name: str, **fields: Any) -> None:
         pass

@@ -45,13 +45,40 @@ def test_a_served_configs_pull_is_judged_against_the_served_read_and_ingest_agai
     assert checks["100M M=2 served pull MB/s"]["ok"]
 
 
+def merge(at, **seqs):
+    return {"at": at, "seqs": seqs}
+
+
+def test_sustained_ingest_counts_the_updates_merged_after_the_warm_merges_over_their_time():
+    h = dataplane.H
+    merges = [merge(10.0, a=h, b=h), merge(14.0, a=2 * h, b=2 * h),
+              merge(15.0, a=4 * h, b=3 * h),  # a's two increments and b's one: 3 updates
+              merge(16.0, a=5 * h, b=5 * h), merge(99.0, a=6 * h, b=6 * h)]
+
+    # After the end: not counted. From the second merge's publish (14 s) to 16 s: 3 + 3
+    # updates of 10 MB in 2 s.
+    assert dataplane.sustained_mb_s(merges, 10_000_000, end=20.0, warm=2) == 30.0
+    # From the first merge's publish (10 s): 2 + 3 + 3 updates in 6 s.
+    assert dataplane.sustained_mb_s(merges, 10_000_000, end=20.0, warm=1) == \
+        (2 + 3 + 3) * 10 / 6.0
+
+
+def test_sustained_ingest_is_not_told_from_fewer_than_two_merges_after_the_warm_ones():
+    merges = [merge(1.0, a=8), merge(2.0, a=16), merge(3.0, a=24)]
+
+    assert dataplane.sustained_mb_s(merges, 1_000_000, end=10.0, warm=2) is None
+    missed = dataplane.checks([config("100M", 106_707_456, 2, ingest=None, pull=900.0)],
+                              LIMITS)
+    assert not missed["100M M=2 redis ingest MB/s"]["ok"]  # not told: missed
+
+
 @pytest.mark.integration
 def test_a_tiny_profile_runs_end_to_end(monkeypatch, tmp_path):
     monkeypatch.setattr(results, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(dataplane, "HOME", tmp_path / "home")
     monkeypatch.setitem(dataplane.SIZES, "tiny", {"n_layer": 1, "n_embd": 32, "n_head": 2})
     monkeypatch.setitem(dataplane.PROFILES, "quick", {
-        "sizes": ["tiny"], "islands": [2], "rounds": 2, "pulls": 1, "limit_bytes": 1 << 20,
+        "sizes": ["tiny"], "islands": [2], "rounds": 8, "pulls": 1, "limit_bytes": 1 << 20,
         "transports": ["served", "redis"]})
     monkeypatch.setitem(utilization.SETTINGS, "quick", {
         "model": {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 32},
@@ -70,8 +97,8 @@ def test_a_tiny_profile_runs_end_to_end(monkeypatch, tmp_path):
     assert on_redis["updates"] >= 4 and on_redis["pull_mb_s"] > 0
     assert (run["islands"], run["codec"], run["syncds"]) == (2, "int4", 1)
     assert run["updates"] >= 4 and run["merges"] >= 1
-    for key in ("ingest_mb_s", "ingest_p95_s", "pull_mb_s", "redis_peak_ratio",
-                "syncd_peak_ratio", "syncd_cpu_share"):
+    for key in ("ingest_mb_s", "ingest_phase_mb_s", "ingest_p95_s", "pull_mb_s",
+                "redis_peak_ratio", "syncd_peak_ratio", "syncd_cpu_share"):
         assert run[key] > 0, key
     assert run["ingest_p50_s"] <= run["ingest_p95_s"]
     assert out["checks"] == {}  # nothing of 100M: no target judged
