@@ -5,12 +5,13 @@ so it can wait for each and report its exit: a Celery prefork child can wait onl
 for its own children. It
 
 - keeps standbys ready (trainer/pool.py's Pool), refilling one at a time, each at
-  idle priority (SCHED_IDLE) until it is claimed, so that a refill never slows the
-  islands that train: by default (ISLAND_POOL_SIZE=auto) as many as the largest
-  active run has islands in its region that this host does not run yet, plus one,
-  within the host's memory (trainer.pool.wanted_size, looked at every second: a run
-  that starts raises it, its islands taking standbys lower it back to one spare,
-  one that ends lowers it and the standbys beyond it end), or a fixed number;
+  idle priority (SCHED_IDLE) until it is claimed, where it may leave it then
+  (trainer/priority.py), so that a refill never slows the islands that train: by
+  default (ISLAND_POOL_SIZE=auto) as many as the largest active run has islands in
+  its region that this host does not run yet, plus one, within the host's memory
+  (trainer.pool.wanted_size, looked at every second: a run that starts raises it,
+  its islands taking standbys lower it back to one spare, one that ends lowers it and
+  the standbys beyond it end), or a fixed number;
 - takes claims from its region's claim list in Redis (syncd/store.py PoolStore),
   which the run services push there directly for a start or a rejoin: a claim
   never waits behind the busy tasks of the region's Celery queue;
@@ -72,6 +73,7 @@ from trainer.launch import (
     island_processes,
 )
 from trainer.pool import Pool, check_claim, wanted_size, warm_for
+from trainer.priority import go_idle, idle_is_reversible
 from trainer.supervisor import PROJECT_ROOT, IslandSupervisor
 
 log = logging.getLogger("archipelago.pool")
@@ -83,15 +85,16 @@ ANNOUNCE_S = 1.0
 HAND_BACK_S = 2.0  # how often the claims of silent managers are looked for
 
 
-def idle_priority(parent: int) -> Callable[[], None]:
-    """In a standby before exec: SIGTERM when the manager dies, and idle priority."""
+def standby_preexec(parent: int, idle: bool) -> Callable[[], None]:
+    """In a standby before exec: SIGTERM when the manager dies, and idle priority if
+    `idle`."""
     with_parent = end_with_parent(parent)
 
     def preexec() -> None:
         if with_parent is not None:
             with_parent()
-        with contextlib.suppress(OSError, AttributeError):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        if idle:
+            go_idle()
 
     return preexec
 
@@ -136,6 +139,12 @@ class PoolManager:
         self.claims_key = claims_key
         self._handed_back = 0.0
         self.env = island_env(dict(os.environ))
+        # Standbys at idle priority only where a claimed one can leave it.
+        self.idle = idle_is_reversible()
+        if not self.idle:
+            log.warning("standbys are built at normal priority on %s: a claimed one could "
+                        "not leave idle priority (this user has no CAP_SYS_NICE and an "
+                        "RLIMIT_NICE below 20)", self.host)
         self.standbys: dict[int, subprocess.Popen[bytes]] = {}  # unclaimed, by pid
         self.islands: dict[tuple[str, str, int], IslandSupervisor] = {}
         self.threads: list[threading.Thread] = []
@@ -239,7 +248,7 @@ class PoolManager:
         argv = [sys.executable, "-m", "trainer.standby", "--warm", json.dumps(self.warm)]
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=self._log, env=self.env, cwd=PROJECT_ROOT,
-                                   preexec_fn=idle_priority(os.getpid()))
+                                   preexec_fn=standby_preexec(os.getpid(), self.idle))
         self.standbys[process.pid] = process
         self.pool.launched(process.pid, time.time(), self.warm)
         self._note(f"standby {process.pid} launched (warm for {json.dumps(self.warm)})")

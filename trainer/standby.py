@@ -20,14 +20,14 @@ one (a stale claim) is refused (exit code 3, no heartbeat sent). A claimed
 standby's start-up counts from its claim (trainer/phases.py: its process and
 imports phases are 0), and from then on it is trainer.runner's ProcessIsland.
 
-The manager starts it at idle priority (SCHED_IDLE), so a refill never slows the
-islands that train; at its claim it takes the normal priority back.
+The manager starts it at idle priority (SCHED_IDLE) where it may leave it, so a
+refill never slows the islands that train; at its claim it takes the normal priority
+back (trainer/priority.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -45,20 +45,12 @@ from syncd.store import RunStore
 from trainer.launch import exit_now
 from trainer.phases import StartClock
 from trainer.pool import check_claim
+from trainer.priority import normal_priority
 from trainer.runner import ProcessIsland, rss_bytes
 
 log = logging.getLogger("archipelago.island")
 READY_LINE = "ready"
 STALE_EXIT = 3
-
-
-def normal_priority() -> None:
-    """Every thread of this process back from SCHED_IDLE to SCHED_OTHER (allowed
-    without privileges for a process whose nice value is 0)."""
-    for tid in os.listdir("/proc/self/task"):
-        # A thread that ended meanwhile, or a system without the call.
-        with contextlib.suppress(OSError, AttributeError):
-            os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
 
 
 def prepare(warm: dict) -> tuple[dict[tuple[str, float], Corpus], GPT | None]:

@@ -18,6 +18,8 @@ import pytest
 from diloco.signing import island_key
 from syncd.connection import connect
 from syncd.store import RunStore
+from trainer.pool_manager import standby_preexec
+from trainer.priority import idle_is_reversible
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,11 +37,13 @@ def wait_until(check, timeout, what):
 
 @pytest.fixture
 def standby(tmp_path):
-    """A standby process, once it said it is ready."""
+    """A standby process, started as a pool manager starts it (at idle priority, as this
+    user may leave it), once it said it is ready."""
     err = open(tmp_path / "standby.err", "wb")  # noqa: SIM115 - closed below
     process = subprocess.Popen([sys.executable, "-m", "trainer.standby"], cwd=ROOT,
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                               preexec_fn=standby_preexec(os.getpid(), idle_is_reversible()))
     ready, _, _ = select.select([process.stdout], [], [], 120)
     assert ready and process.stdout.readline().strip() == b"ready"
     yield process
@@ -77,16 +81,23 @@ def test_a_stale_claim_from_an_old_epoch_is_refused(standby, redis_url, make_con
     assert "stale claim: epoch 1 of island 'island-0', which is at epoch 2" in log.read_text()
 
 
+def policies(pid):
+    """The scheduling policy of each thread of process `pid`."""
+    return {os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
 def test_a_standby_trains_for_the_run_it_was_claimed_for_and_no_other(
         standby, redis_url, make_config, tmp_path):
     mine = active_run(redis_url, 41, make_config)
     other = active_run(redis_url, 42, make_config)  # same island names, also active
+    assert policies(standby.pid) == {os.SCHED_IDLE}  # a refill slows no island
 
     claim(standby, redis_url, tmp_path / "island-0.log", 41, epoch=1)
 
     # No syncd publishes version 0 here: it heartbeats "starting" while it waits.
     beat = wait_until(lambda: mine.heartbeats().get("island-0"), 60, "its first heartbeat")
     assert (beat["pid"], beat["epoch"], beat["warm"]) == (standby.pid, 1, True)
+    assert policies(standby.pid) == {os.SCHED_OTHER}  # an island now: every thread
     assert other.heartbeats() == {}
     assert mine.heartbeats().keys() == {"island-0"}
     standby.send_signal(signal.SIGTERM)

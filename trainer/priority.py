@@ -1,0 +1,81 @@
+"""A warm standby's CPU priority: idle while it is built and waits, normal once claimed.
+
+A host's pool manager starts each standby at idle priority (SCHED_IDLE), so that a
+refill (an interpreter, torch's imports, a model built and stepped once: seconds of
+CPU) never slows the islands that train beside it; at its claim the standby takes
+the normal priority (SCHED_OTHER) back, since from then on it is an island.
+
+Linux lets a thread leave SCHED_IDLE only with CAP_SYS_NICE or an RLIMIT_NICE of 20
+(a nice value of 0 within its limit): root may, a service user with the default
+limit of 0 may not. Such a standby would train at idle priority for good, starved by
+anything else on its host. So the manager asks first (`idle_is_reversible`, tried on
+a thread of its own that ends after) and starts standbys at idle priority only where
+they can come back; elsewhere they are built at normal priority, and the manager says
+so once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+
+log = logging.getLogger("archipelago.pool")
+
+
+def idle_is_reversible() -> bool:
+    """Whether a thread of this process (and so of a child it starts, which inherits
+    its user, capabilities and limits) may go from SCHED_IDLE back to SCHED_OTHER. Tried
+    on a short-lived thread: this process's own threads keep their priority."""
+    answer: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError):  # no such policy here: nothing to go back from
+            answer.append(False)
+            return
+        try:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            answer.append(False)
+        else:
+            answer.append(True)
+
+    thread = threading.Thread(target=attempt, name="priority-probe")
+    thread.start()
+    thread.join()
+    return answer[0]
+
+
+def go_idle() -> None:
+    """This process (its calling thread, before it starts any other) at idle priority;
+    nothing where the system has no SCHED_IDLE. For a child before exec."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def idle_threads() -> list[int]:
+    """The ids of this process's threads at idle priority."""
+    idle = []
+    for tid in os.listdir("/proc/self/task"):
+        # A thread that ended meanwhile, or a system without the call.
+        with contextlib.suppress(OSError, AttributeError):
+            if os.sched_getscheduler(int(tid)) == os.SCHED_IDLE:
+                idle.append(int(tid))
+    return idle
+
+
+def normal_priority() -> bool:
+    """Every thread of this process back from SCHED_IDLE to SCHED_OTHER; False, with a
+    warning, if one could not be (the system refused: see the module's docstring)."""
+    for tid in idle_threads():
+        with contextlib.suppress(OSError):  # told below
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+    left = idle_threads()
+    if left:
+        log.warning("%d threads of process %d stay at idle priority: this user may not "
+                    "leave SCHED_IDLE (no CAP_SYS_NICE, RLIMIT_NICE below 20)", len(left),
+                    os.getpid())
+    return not left
