@@ -57,7 +57,10 @@ def go_idle() -> None:
 
 
 def idle_threads() -> list[int]:
-    """The ids of this process's threads at idle priority."""
+    """The ids of this process's threads at idle priority (none where there is no
+    /proc to list them)."""
+    if not os.path.isdir("/proc/self/task"):
+        return []
     idle = []
     for tid in os.listdir("/proc/self/task"):
         # A thread that ended meanwhile, or a system without the call.
