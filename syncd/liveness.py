@@ -69,6 +69,7 @@ class Liveness:
         self.alive = 0  # islands alive at the last watch; 0 while the run is paused
         self.waiting_alert = False
         self.rate_marks: dict[str, tuple[float, int, int]] = {}  # island -> (time, tokens, step)
+        self.step_marks: dict[str, tuple[float, int]] = {}  # island -> (time, step)
         self.tokens_per_s: dict[str, float] = {}
         self.step_time_s: dict[str, float] = {}  # island -> wall seconds per inner step
         # island ("" for the whole run) -> the last time it was seen faulted, lost or,
@@ -152,18 +153,26 @@ class Liveness:
         return alive
 
     def _track_rate(self, island: str, beat: dict[str, Any]) -> None:
-        """Tokens per second and seconds per inner step of an island, over at least
-        RATE_WINDOW_S of its heartbeats (a window without a step keeps the last step
-        time: a stalled island shows its heartbeat's age instead)."""
+        """Tokens per second of an island over windows of at least RATE_WINDOW_S of its
+        heartbeats, one after the other; and its seconds per inner step over at least
+        RATE_WINDOW_S from the heartbeat that showed a step to one that shows a later
+        step. A step longer than the window spans several windows: a step time of one
+        window would be its length, not the step's (a 2 s step read 1.0-1.5 s). A
+        stalled island keeps its last step time and shows its heartbeat's age."""
         mark = self.rate_marks.get(island)
         if mark is None or beat["tokens"] < mark[1] or beat["step"] < mark[2]:
             self.rate_marks[island] = (beat["time"], beat["tokens"], beat["step"])
         elif beat["time"] - mark[0] >= RATE_WINDOW_S:
             elapsed = beat["time"] - mark[0]
             self.tokens_per_s[island] = (beat["tokens"] - mark[1]) / elapsed
-            if beat["step"] > mark[2]:
-                self.step_time_s[island] = elapsed / (beat["step"] - mark[2])
             self.rate_marks[island] = (beat["time"], beat["tokens"], beat["step"])
+        step_mark = self.step_marks.get(island)
+        if step_mark is None or beat["step"] < step_mark[1]:
+            self.step_marks[island] = (beat["time"], beat["step"])
+        elif beat["step"] > step_mark[1] and beat["time"] - step_mark[0] >= RATE_WINDOW_S:
+            self.step_time_s[island] = (beat["time"] - step_mark[0]) / (beat["step"]
+                                                                        - step_mark[1])
+            self.step_marks[island] = (beat["time"], beat["step"])
 
     def _note_disturbed(self, now: float, paused: bool) -> None:
         """Islands faulted or lost at `now` were held up, and every island while a user

@@ -151,6 +151,24 @@ def test_the_status_shows_each_islands_step_time_and_share_of_its_hosts_cpu(run_
 
 @pytest.mark.integration
 @pytest.mark.django_db
+def test_a_step_longer_than_the_rate_window_is_shown_whole(run_sync):
+    # A step of 2 s and heartbeats every 0.5 s: each step's count shows in the first
+    # heartbeat after it, at 1000.1, 1002.1, ...
+    for i in range(20):
+        at = 1000.0 + 0.5 * i
+        step = 10 + int((at - 999.9) // 2.0)
+        run_sync.store.client.hset(run_sync.store.key("heartbeats"), "a", json.dumps(
+            {"epoch": 1, "time": at, "step": step, "tokens": step * 32, "state": "training"}))
+        run_sync.clock_state["now"] = at
+        run_sync.next_control = 0.0
+        run_sync.tick()
+
+        if at >= 1004.5:  # two whole steps seen
+            assert run_sync.status(at)["islands"]["a"]["step_time_s"] == 2.0, at
+
+
+@pytest.mark.integration
+@pytest.mark.django_db
 def test_the_status_shows_the_seconds_each_island_waited_for_merges_and_upload_slots(
         run_sync):
     run_sync.store.client.hset(run_sync.store.key("heartbeats"), "a", json.dumps(
