@@ -36,8 +36,8 @@ item 2): the preset's run (85.6M parameters, its codecs, two islands over emulat
 Gb/s links) with batch 1, so that steps are short on this machine, and a warm pool
 per region; REAL_SIZE_CYCLES operator kills and rejoins, each timed from the rejoin
 to the first inner step with its phases. What the rejoin costs is that time less
-one inner step, which the island would have taken anyway (its fault-free step time
-as syncd measured it before the kill, `step_time_s` in the status); it is judged
+one inner step, which the island would have taken anyway (its step time before the
+kill, from its heartbeats: `step_time_before`); it is judged
 against the island's emulated wire time for the pull of every fragment's full
 message (diloco.wan.transfer_time of the bytes the rejoin reads) plus 1 s. It
 writes bench/results/rejoin-<preset>.json.
@@ -65,6 +65,7 @@ PROFILES = {"full": {"cycles": 20, "creates": 3}, "quick": {"cycles": 5, "create
 REAL_SIZE_CYCLES = 4
 GAP_S = 30.0  # between two kills
 OUTAGE_S = 3.0  # from a kill to its rejoin
+STEP_SPAN_S = 10.0  # an island's step time before a kill is timed over this long at least
 WAIT_S = 120.0
 METRICS = ("kill_to_lost_s", "rejoin_to_first_step_s", "rejoin_to_first_merge_s",
            "create_to_training_s")
@@ -391,14 +392,29 @@ def real_size(preset: str) -> int:
     return results.exit_code(out["checks"])
 
 
+def step_time_before(store: Any, island: str, span_s: float = STEP_SPAN_S) -> float:
+    """`island`'s seconds per inner step now: from the first heartbeat that shows a new
+    step to the first that shows a later one at least `span_s` after, over the steps
+    between (each end a heartbeat's lag after its step, alike: an average of whole
+    steps, whatever the heartbeats' pace against the step's)."""
+    def new_step(after: int) -> dict[str, Any]:
+        return wait(lambda: (beat := store.heartbeats()[island])["step"] > after and beat,
+                    f"{island}'s step after {after}")
+
+    start = new_step(int(store.heartbeats()[island]["step"]))
+    end = start
+    while end["time"] < start["time"] + span_s:
+        end = new_step(int(end["step"]))
+    return (end["time"] - start["time"]) / (end["step"] - start["step"])
+
+
 def real_size_cycle(run: Any, store: Any, island: str, operator: Any) -> dict[str, Any]:
     """One SIGKILL and an operator's rejoin of `island`, timed to its first step."""
     from webapp.runs.membership import rejoin_island
 
     beat = store.heartbeats()[island]
     epoch, pid = int(beat["epoch"]), int(beat["pid"])
-    step_s = wait(lambda: ((store.status() or {}).get("islands") or {}).get(
-        island, {}).get("step_time_s"), f"{island}'s step time")
+    step_s = step_time_before(store, island)
     killed = time.time()
     os.kill(pid, signal.SIGKILL)
     wait(lambda: run.events.filter(kind="island_lost", island__name=island,
@@ -410,7 +426,7 @@ def real_size_cycle(run: Any, store: Any, island: str, operator: Any) -> dict[st
         detail__has_key="seconds_to_first_step").first(), f"{island} training again", 600)
     first_step = float(rejoined.detail["seconds_to_first_step"])
     sample = {"island": island, "epoch": epoch + 1, "warm": bool(rejoined.detail.get("warm")),
-              "rejoin_to_first_step_s": first_step, "step_time_s": float(step_s),
+              "rejoin_to_first_step_s": first_step, "step_time_s": round(step_s, 4),
               "rejoin_cost_s": round(first_step - float(step_s), 3),
               "phases": rejoined.detail.get("phases") or {},
               # the first step's CPU seconds on the island's training thread, beside its

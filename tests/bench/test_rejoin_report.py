@@ -113,3 +113,24 @@ def test_a_rejoins_wire_time_is_each_fragments_pull_over_the_islands_link():
 
     # Two fragments of 250 MB at 2 Gb/s: 1 s each, plus 10 ms of latency each.
     assert rejoin.pull_wire_s(config, [250_000_000, 250_000_000]) == pytest.approx(2.02)
+
+
+class Beating:
+    """An island's heartbeats on a clock of their own: a step every 2 s (the first ends
+    at 0.3 s), a heartbeat every 0.5 s that says the steps done; each read of the
+    heartbeats moves the clock 0.1 s on."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def heartbeats(self) -> dict:
+        self.now += 0.1
+        at = self.now - self.now % 0.5
+        return {"a": {"time": at, "step": 100 + int((at + 1.7) // 2.0)}}
+
+
+def test_the_step_time_before_a_kill_is_whole_steps_however_heartbeats_fall(monkeypatch):
+    monkeypatch.setattr(rejoin.time, "sleep", lambda s: None)  # the clock is Beating's
+
+    # syncd's rate window (1 s) gave such a step 1.0 or 1.5 s: a window, not a step.
+    assert rejoin.step_time_before(Beating(), "a", span_s=10.0) == pytest.approx(2.0)
