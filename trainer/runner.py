@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -66,6 +67,10 @@ from trainer.phases import StartClock
 from trainer.resend import SentUpdates
 
 log = logging.getLogger("archipelago.island")
+# Fragments of the first pull read ahead of the one the island takes in: the reads go
+# on while the island is built and its first step's memory faulted in, two fragments'
+# messages at most beside the island (diloco/sizes.py counts 2F for a pull).
+PULL_AHEAD = 2
 
 
 def read_full(store: RunStore, p: int, stopping: Callable[[], bool]) -> bytearray | None:
@@ -395,13 +400,16 @@ class ProcessIsland:
         with beating(lambda: self.beat("starting", force=True)):
             corpus = self._corpus()
             self._phase("data")
-            # Built in the run's shape (or a standby's model reused), then the globals
-            # replace its parameters: the pull below.
-            self.island = Island(self.index, config, corpus, fragments, None, self.device,
-                                 self.group, model=self.prebuilt)
-            self.prebuilt = None
-            self._phase("model")
-            self._pull_all(len(fragments))
+
+            def build() -> Island:
+                # Built in the run's shape (or a standby's model reused), then the
+                # globals replace its parameters: the pull.
+                island = Island(self.index, config, corpus, fragments, None, self.device,
+                                self.group, model=self.prebuilt)
+                self.prebuilt = None
+                return island
+
+            self._pull_all(len(fragments), build)
         cursor = self.store.cursor(self.name)
         if cursor:
             self.island.move_to(cursor["step"], cursor["tokens"])
@@ -416,20 +424,25 @@ class ProcessIsland:
                          max_pending=2 * len(fragments))
         self._phase("pull")
 
-    def _pull_all(self, n: int) -> None:
-        """The newest global of each of the n fragments into the island, read on a thread
-        of their own, the next one while this one takes the last in, and meanwhile the
-        first step's gradients and AdamW moments faulted in on this thread, the one that
-        will step (syncd/malloc.py): the faults take the pull's link time, not the first
-        step's."""
+    def _pull_all(self, n: int, build: Callable[[], Island]) -> None:
+        """The newest global of each of the n fragments into the island that `build`
+        makes meanwhile (the "model" phase). The fragments are read on a thread of
+        their own, back to back, PULL_AHEAD of them at most in memory (each a fragment's
+        message); this thread builds the island, faults in the first step's gradients
+        and AdamW moments (syncd/malloc.py: it is the thread that will step) and takes
+        each fragment in, and the reads go on meanwhile: building and faults take the
+        pull's link time, not the rejoin's."""
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pull") as reader:
-            reading = reader.submit(self._full, 0)
+            reads = deque(reader.submit(self._full, p) for p in range(min(n, PULL_AHEAD)))
+            self.island = build()
+            self._phase("model")
             fault_in(self.island.model.parameters(), copies=3)
             for p in range(n):
-                version, tensors = reading.result()
-                if p + 1 < n:
-                    reading = reader.submit(self._full, p + 1)
+                version, tensors = reads.popleft().result()
                 self.island.reset_fragment(p, tensors, version)
+                del tensors  # its message goes before the next read begins
+                if p + PULL_AHEAD < n:
+                    reads.append(reader.submit(self._full, p + PULL_AHEAD))
 
     def deliver(self, fragment: int, seq: int, message: bytes | bytearray) -> None:
         """Write an update message to the data plane once it holds one of the run's upload

@@ -14,7 +14,7 @@ from diloco.protocol import encode_message
 from diloco.signing import load_verify_key, publish_key, verify_key_hex
 from trainer.emulation import FaultEmulation
 from trainer.phases import StartClock
-from trainer.runner import ProcessIsland
+from trainer.runner import PULL_AHEAD, ProcessIsland
 
 SECRET = b"first-pull"
 
@@ -121,13 +121,13 @@ def test_the_first_pull_reads_on_a_thread_while_the_stepping_thread_faults_in_it
     faults, store = Faults(), Globals()
     faults.healed.set()
     island = runner(faults, store, latency_ms=0.0)
-    island.island = Taken()
+    island._phase = lambda name: None
     island._full = lambda p: (store.reads.append(threading.current_thread().name) or (7, {}))
     faulted = []
     monkeypatch.setattr(runner_module, "fault_in", lambda like, copies: faulted.append(
         (threading.current_thread().name, len(list(like)), copies)))
 
-    ProcessIsland._pull_all(island, 3)
+    ProcessIsland._pull_all(island, 3, Taken)
 
     here = threading.current_thread().name
     assert faulted == [(here, 2, 3)]  # weight and bias, gradients and two moments
@@ -139,7 +139,7 @@ def test_a_first_pull_that_ends_the_island_ends_it_from_the_stepping_thread(monk
     from trainer import runner as runner_module
 
     island = runner(Faults(), Globals(), latency_ms=0.0)
-    island.island = Taken()
+    island._phase = lambda name: None
 
     def run_ended(p: int) -> tuple:
         raise SystemExit(0)
@@ -148,6 +148,44 @@ def test_a_first_pull_that_ends_the_island_ends_it_from_the_stepping_thread(monk
     monkeypatch.setattr(runner_module, "fault_in", lambda like, copies: 0)
 
     with pytest.raises(SystemExit) as ended:
-        ProcessIsland._pull_all(island, 2)
+        ProcessIsland._pull_all(island, 2, Taken)
 
     assert ended.value.code == 0 and island.island.taken == []
+
+
+def test_the_first_pull_reads_on_while_the_island_is_built_and_takes_each_fragment_in():
+    reads: list[tuple[int, float, float]] = []  # fragment, start, end
+    taken: list[tuple[int, float]] = []
+    phases: list[tuple[str, float]] = []
+
+    def full(p: int) -> tuple[int, dict[str, torch.Tensor]]:
+        started = time.monotonic()
+        time.sleep(0.1)  # the link's time
+        reads.append((p, started, time.monotonic()))
+        return 7, {"w": torch.full((4,), float(p))}
+
+    class Built:
+        model = torch.nn.Linear(4, 4)
+
+        def reset_fragment(self, p: int, tensors: dict, version: int) -> None:
+            assert version == 7 and tensors["w"][0].item() == p
+            time.sleep(0.03)
+            taken.append((p, time.monotonic()))
+
+    def build() -> Built:
+        time.sleep(0.25)  # longer than two reads
+        return Built()
+
+    island = SimpleNamespace(_full=full, island=None,
+                             _phase=lambda name: phases.append((name, time.monotonic())))
+
+    ProcessIsland._pull_all(island, 5, build)
+
+    assert [p for p, _ in taken] == [0, 1, 2, 3, 4]  # each in its turn
+    assert phases[0][0] == "model" and isinstance(island.island, Built)
+    # The first reads went on, back to back, while the island was built.
+    assert reads[1][1] - reads[0][2] < 0.03 and reads[1][2] < phases[0][1]
+    # PULL_AHEAD messages in memory at most: a read begins once the fragment
+    # PULL_AHEAD before it was taken in.
+    for p, started, _ in reads[PULL_AHEAD:]:
+        assert started >= taken[p - PULL_AHEAD][1]
