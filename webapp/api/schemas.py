@@ -110,7 +110,8 @@ class IslandOut(Schema):
                                          "island's last update, over its fragments.")
     tokens_per_s: float = 0.0
     step_time_s: float | None = Field(None, description="Wall seconds per inner step, "
-                                                        "over the island's last second or so.")
+                                                        "over its last whole steps (a "
+                                                        "second of them at least).")
     cpu_share: float | None = Field(None, description="The island process's share of its "
                                     "host's CPU (1 = every core) over its last 2 s: one "
                                     "thread with a core of its own shows 1/cores; much less "
