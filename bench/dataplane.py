@@ -126,7 +126,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "full": {"sizes": ["100M", "1B/8"], "islands": [2, 4, 8, 16], "rounds": 10,
              "min_updates": 32, "pulls": 4, "limit_bytes": 256 << 20,
              "transports": ["served", "redis"]},
-    "quick": {"sizes": ["6M", "14M"], "islands": [2, 4], "rounds": 6, "min_updates": 0,
+    "quick": {"sizes": ["6M", "14M"], "islands": [2, 4], "rounds": 10, "min_updates": 0,
               "pulls": 2, "limit_bytes": 64 << 20, "transports": ["served"]},
 }
 TARGETS = {"ingest_mb_s": 150.0, "ingest_over_transport": 0.3, "pull_mb_s": 300.0,
@@ -352,24 +352,26 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, p
              "pulled": pulled})
 
 
-def sustained_mb_s(merges: list[dict[str, Any]], message_bytes: int, end: float,
-                   warm: int = WARM_MERGES) -> float | None:
+def sustained_mb_s(merges: list[dict[str, Any]], message_bytes: int, islands: list[str],
+                   last: int, warm: int = WARM_MERGES) -> float | None:
     """Sustained ingest, MB/s: the wire bytes of the updates merged after the first
     `warm` merges over the wall time from the publish of the last of those to the
-    publish of the last merge at `end` or before. A merge's updates are each island's
-    seqs it took in since that island's last merge (H apart: one update each). None
-    with too few merges to tell (two after the warm ones at least)."""
-    merges = [m for m in merges if m["at"] <= end]
-    if len(merges) < warm + 2:
-        return None
-    last_seq: dict[str, int] = {}
-    updates = []
+    publish of the merge that took every island's update `last` in (the phase's end;
+    later merges are left out). A merge's updates are each island's seqs it took in
+    since that island's last merge (H apart: one update each). None with too few
+    merges to tell (two after the warm ones at least)."""
+    seen: dict[str, int] = {}
+    updates, ats = [], []
     for merge in merges:
-        updates.append(sum((seq - last_seq.get(island, 0)) // H
+        updates.append(sum((seq - seen.get(island, 0)) // H
                            for island, seq in merge["seqs"].items()))
-        last_seq.update(merge["seqs"])
-    seconds = merges[-1]["at"] - merges[warm - 1]["at"]
-    return sum(updates[warm:]) * message_bytes / seconds / MB
+        ats.append(merge["at"])
+        seen.update(merge["seqs"])
+        if all(seen.get(island, 0) >= last for island in islands):
+            break
+    if len(ats) < warm + 2:
+        return None
+    return sum(updates[warm:]) * message_bytes / (ats[-1] - ats[warm - 1]) / MB
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -473,7 +475,8 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
         "fragment_bytes": fragment_bytes, "message_bytes": message_bytes,
         "updates": updates, "merges": len(syncd_report["merges"]),
         "pulls": profile["pulls"],
-        "ingest_mb_s": sustained_mb_s(syncd_report["merges"], message_bytes, ingest_end),
+        "ingest_mb_s": sustained_mb_s(syncd_report["merges"], message_bytes,
+                                      island_names(m), last),
         # Every update handled over the whole phase, from the first send to the last
         # merge published: the pipeline's fill and the cold costs count.
         "ingest_phase_mb_s": updates * message_bytes / (ingest_end - ingest_start) / MB,
@@ -551,8 +554,9 @@ def main(quick: bool = False) -> int:
         for m, transport in [(m, t) for m in profile["islands"] for t in profile["transports"]]:
             results.say(f"  {size} ({params:,} parameters), {m} islands, {CODEC}, {transport}")
             config = run_one(size, m, payload, params, profile, transport=transport)
-            results.say(f"    ingest {config['ingest_mb_s'] or 0:.1f} MB/s sustained, "
-                        f"{config['ingest_phase_mb_s']:.1f} over the phase (p95 "
+            sustained = config["ingest_mb_s"]
+            results.say(f"    ingest {'not told' if sustained is None else f'{sustained:.1f}'}"
+                        f" MB/s sustained, {config['ingest_phase_mb_s']:.1f} over the phase (p95 "
                         f"{config['ingest_p95_s']:.2f} s), pull {config['pull_mb_s']:.1f} MB/s,"
                         f" Redis {config['redis_peak_ratio']:.2f} B, syncd "
                         f"{config['syncd_peak_ratio']:.2f} B, syncd CPU "

@@ -53,20 +53,20 @@ def test_sustained_ingest_counts_the_updates_merged_after_the_warm_merges_over_t
     h = dataplane.H
     merges = [merge(10.0, a=h, b=h), merge(14.0, a=2 * h, b=2 * h),
               merge(15.0, a=4 * h, b=3 * h),  # a's two increments and b's one: 3 updates
-              merge(16.0, a=5 * h, b=5 * h), merge(99.0, a=6 * h, b=6 * h)]
+              merge(16.0, a=5 * h, b=5 * h),  # every island's fifth in: the phase's end
+              merge(99.0, a=6 * h, b=6 * h)]
 
-    # After the end: not counted. From the second merge's publish (14 s) to 16 s: 3 + 3
-    # updates of 10 MB in 2 s.
-    assert dataplane.sustained_mb_s(merges, 10_000_000, end=20.0, warm=2) == 30.0
+    # From the second merge's publish (14 s) to 16 s: 3 + 3 updates of 10 MB in 2 s.
+    assert dataplane.sustained_mb_s(merges, 10_000_000, ["a", "b"], 5 * h, warm=2) == 30.0
     # From the first merge's publish (10 s): 2 + 3 + 3 updates in 6 s.
-    assert dataplane.sustained_mb_s(merges, 10_000_000, end=20.0, warm=1) == \
+    assert dataplane.sustained_mb_s(merges, 10_000_000, ["a", "b"], 5 * h, warm=1) == \
         (2 + 3 + 3) * 10 / 6.0
 
 
 def test_sustained_ingest_is_not_told_from_fewer_than_two_merges_after_the_warm_ones():
-    merges = [merge(1.0, a=8), merge(2.0, a=16), merge(3.0, a=24)]
+    merges = [merge(1.0, a=8), merge(2.0, a=16), merge(3.0, a=24), merge(4.0, a=32)]
 
-    assert dataplane.sustained_mb_s(merges, 1_000_000, end=10.0, warm=2) is None
+    assert dataplane.sustained_mb_s(merges, 1_000_000, ["a"], 24, warm=2) is None
     missed = dataplane.checks([config("100M", 106_707_456, 2, ingest=None, pull=900.0)],
                               LIMITS)
     assert not missed["100M M=2 redis ingest MB/s"]["ok"]  # not told: missed
