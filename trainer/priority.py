@@ -24,26 +24,23 @@ import threading
 log = logging.getLogger("archipelago.pool")
 
 
+def _set_policy(tid: int, policy: str) -> bool:
+    """Thread `tid` (0: the calling one) under the policy `os.<policy>`; False where the
+    system refused or has no such policy."""
+    try:
+        os.sched_setscheduler(tid, getattr(os, policy), os.sched_param(0))
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def idle_is_reversible() -> bool:
     """Whether a thread of this process (and so of a child it starts, which inherits
     its user, capabilities and limits) may go from SCHED_IDLE back to SCHED_OTHER. Tried
     on a short-lived thread: this process's own threads keep their priority."""
     answer: list[bool] = []
-
-    def attempt() -> None:
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except (OSError, AttributeError):  # no such policy here: nothing to go back from
-            answer.append(False)
-            return
-        try:
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-        except OSError:
-            answer.append(False)
-        else:
-            answer.append(True)
-
-    thread = threading.Thread(target=attempt, name="priority-probe")
+    thread = threading.Thread(name="priority-probe", target=lambda: answer.append(
+        _set_policy(0, "SCHED_IDLE") and _set_policy(0, "SCHED_OTHER")))
     thread.start()
     thread.join()
     return answer[0]
@@ -52,8 +49,7 @@ def idle_is_reversible() -> bool:
 def go_idle() -> None:
     """This process (its calling thread, before it starts any other) at idle priority;
     nothing where the system has no SCHED_IDLE. For a child before exec."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    _set_policy(0, "SCHED_IDLE")
 
 
 def idle_threads() -> list[int]:
@@ -74,8 +70,7 @@ def normal_priority() -> bool:
     """Every thread of this process back from SCHED_IDLE to SCHED_OTHER; False, with a
     warning, if one could not be (the system refused: see the module's docstring)."""
     for tid in idle_threads():
-        with contextlib.suppress(OSError):  # told below
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        _set_policy(tid, "SCHED_OTHER")  # a refusal is told below
     left = idle_threads()
     if left:
         log.warning("%d threads of process %d stay at idle priority: this user may not "
