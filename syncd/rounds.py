@@ -305,8 +305,9 @@ class Rounds:
         token = self.store.fencing_token
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="published-files") as pool:
             saving = pool.submit(self.files.save, p, version, token, full, momentum)
-            self.store.publish(p, version, full, difference, handled, tokens,
-                               self.kept_differences, done, before_commit=saving.result)
+            with self.store.slot_for_publish(p, version):
+                self.store.publish(p, version, full, difference, handled, tokens,
+                                   self.kept_differences, done, before_commit=saving.result)
         self.files.keep_only(p, token)
         return saving.result()
 
@@ -350,7 +351,7 @@ class Rounds:
         the tickets that hold the slots are not. At heartbeat pace (RunSync._watch): what
         makes a ticket stale changes no faster."""
         facts = RunFacts({i.name for i in self.spec.config.islands}, liveness.epochs,
-                         liveness.lost, self._handled_seq)
+                         liveness.lost, self._handled_seq, self.store.fencing_token)
         while stale := self.slots.stale(self.store.slot_holders(self.spec.config.sync.upload_slots),
                                         now, facts):
             log.warning("run %s: freed %d upload slots held by %s", self.store.run_id,

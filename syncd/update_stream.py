@@ -15,13 +15,14 @@ the run's queue arch:R:uploads on the data plane bounds the messages in flight.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from syncd.bulk import BulkRef
 from syncd.run_keys import BLOB_TTL_S, RunKeys
-from syncd.upload_slots import Ticket
+from syncd.upload_slots import Ticket, publish_ticket
 
 STREAM_MAXLEN = 100_000
 MAX_FIELD = 2**62  # the largest epoch, fragment, seq, chunk count or size an entry may give
@@ -108,6 +109,22 @@ class UpdateStream(RunKeys):
     def slot_holders(self, slots: int) -> list[bytes]:
         """The tickets that hold the run's `slots` upload slots now."""
         return self.data.lrange(self.key("uploads"), 0, slots - 1)
+
+    @contextlib.contextmanager
+    def slot_for_publish(self, fragment: int, version: int) -> Iterator[None]:
+        """syncd: hold an upload slot, at the head of the line, while fragment
+        `fragment`'s `version` is published, where its full message is written to the
+        data plane (not `served`): the islands write into the slots that are left while
+        the fragment is there twice (syncd/upload_slots.py)."""
+        if self.served is not None:
+            yield
+            return
+        ticket = publish_ticket(self.fencing_token, fragment, version)
+        self.data.lpush(self.key("uploads"), ticket)
+        try:
+            yield
+        finally:
+            self.data.lrem(self.key("uploads"), 0, ticket)
 
     def free_slots(self, tickets: Iterable[bytes | str]) -> None:
         """Take these tickets off the queue (syncd: it is done with their updates, or

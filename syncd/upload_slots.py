@@ -12,6 +12,15 @@ where it held up to KEPT_SENDS per island and fragment (diloco/sizes.py). The qu
 first come, first served: an island waits in line while its tau overlap steps and its
 send queue (trainer/link.py) keep it training.
 
+Where the published fragments lie on the data plane too (SYNCD_SERVE off), a publish
+holds its fragment twice there while it writes the new message (syncd.globals_store),
+and syncd takes a slot for that time: it puts a publish ticket at the head of the queue
+(`publish_ticket`), so the islands write into the slots that are left. The data plane
+then holds the fragment twice plus U - 1 update messages at a publish, whatever the
+number of islands, where it held U at M >= 4 and fewer at M = 2 (bench dataplane). An
+island that saw its slot before the publish began finishes its write: the bound
+(diloco/sizes.py) stays the fragment twice plus U.
+
 A ticket whose update never comes would hold its slot for good; syncd takes off a
 ticket that holds a slot and is `stale`: it names no island of the run or an epoch
 before the island's current one, its island is lost, its update is handled already
@@ -30,6 +39,7 @@ from dataclasses import dataclass
 # A slot held this long with no update read is given to the next ticket: far more than
 # the write of the largest message at the transport's speed (bench dataplane).
 SLOT_TIMEOUT_S = 60.0
+PUBLISH = "publish"  # what a publish ticket starts with (`publish_ticket`)
 
 
 @dataclass(frozen=True)
@@ -57,19 +67,33 @@ class Ticket:
 @dataclass(frozen=True)
 class RunFacts:
     """What syncd knows of a run's islands that makes a ticket stale: the islands of
-    the run, each one's current epoch, the lost ones, and the newest handled seq of an
-    island's fragment (`handled(island, fragment)`, -1 for none)."""
+    the run, each one's current epoch, the lost ones, the newest handled seq of an
+    island's fragment (`handled(island, fragment)`, -1 for none), and the fencing token
+    of syncd's grant of the run's lease (its publish tickets name it)."""
 
     islands: set[str]
     epochs: dict[str, int]
     lost: set[str]
     handled: Callable[[str, int], int]
+    fencing_token: int = 0
+
+
+def publish_ticket(token: int, fragment: int, version: int) -> str:
+    """The ticket of a publish of fragment `fragment` at `version` by the grant of the
+    run's lease with fencing token `token` (no island's ticket parses as one)."""
+    return f"{PUBLISH}:{token}:{fragment}:{version}"
 
 
 def stale(raw: bytes, held_since: float, now: float, facts: RunFacts) -> bool:
     """Whether a ticket that holds a slot since `held_since` is taken off: it names no
     island of the run or an epoch before the island's current one, its island is lost,
-    its update is handled, or it held the slot SLOT_TIMEOUT_S with no update read."""
+    its update is handled, or it held the slot SLOT_TIMEOUT_S with no update read. A
+    publish ticket is stale if another grant of the lease wrote it (a syncd that died
+    publishing) or it held the slot SLOT_TIMEOUT_S: one an island queued in syncd's
+    name delays the uploads as a ticket in another island's name does, no longer."""
+    if raw.startswith(PUBLISH.encode() + b":"):
+        token = raw.split(b":")[1]
+        return token != str(facts.fencing_token).encode() or now - held_since >= SLOT_TIMEOUT_S
     ticket = Ticket.parse(raw)
     if ticket is None or ticket.island not in facts.islands or ticket.island in facts.lost:
         return True

@@ -116,12 +116,16 @@ def test_an_address_that_is_not_host_and_port_is_refused_with_its_setting(addres
 
 @pytest.mark.integration
 @pytest.mark.django_db
-def test_a_served_merge_puts_no_full_message_on_the_data_plane_and_islands_read_it(
+def test_a_served_merge_puts_no_full_message_on_the_data_plane_nor_takes_a_slot(
         redis_url, server, tmp_path):
     sync = make_run_sync(redis_url, tmp_path, "decoupled", server=server)
+    publish, slots = sync.store.publish, []
+    sync.store.publish = lambda *args, **kwargs: (slots.append(sync.store.slot_holders(2)),
+                                                  publish(*args, **kwargs))
 
     merge_once(sync)
 
+    assert slots == [[]]  # nothing written twice on the data plane: no upload slot taken
     # The references only (full:<fragment>), no chunks (full:<fragment>:<version>:...).
     assert not list(sync.store.data.scan_iter(match=f"{sync.store.prefix}full:*:*"))
     island = type(sync.store)(sync.store.client, sync.store.run_id)  # no server of its own

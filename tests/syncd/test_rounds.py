@@ -64,6 +64,30 @@ def test_syncd_frees_the_slots_of_old_epochs_lost_islands_strangers_and_handled_
     assert store.slot_holders(2) == []
 
 
+def test_a_publish_on_the_data_plane_holds_an_upload_slot_at_the_head_of_the_line(
+        run_sync, monkeypatch):
+    """The fragment is on the data plane twice while it is published: the islands
+    write into the slots the publish leaves, and the publish's ticket goes with it."""
+    heartbeat_all(run_sync)
+    store = run_sync.store
+    publish, seen = store.publish, []
+
+    def publish_seeing_the_slots(*args, **kwargs):
+        seen.append(store.slot_holders(2))
+        return publish(*args, **kwargs)
+
+    monkeypatch.setattr(store, "publish", publish_seeing_the_slots)
+    for island in ("a", "b"):
+        store.wait_for_slot(island, 1, 1, 8, slots=2)
+    send(run_sync, "a", 0, 4)
+    send(run_sync, "b", 0, 4)
+
+    run_sync.tick()
+
+    assert seen == [[f"publish:{store.fencing_token}:0:1".encode(), b"1:1:8:a"]]
+    assert store.slot_holders(3) == [b"1:1:8:a", b"1:1:8:b"]
+
+
 def test_two_good_updates_merge_into_version_one(run_sync):
     heartbeat_all(run_sync)
     before = {n: t.clone() for n, t in run_sync.rounds.sync.globals[0].items()}

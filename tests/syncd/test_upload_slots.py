@@ -1,13 +1,13 @@
 """Upload slots (syncd.upload_slots): tickets, and which ones syncd takes off."""
 
-from syncd.upload_slots import SLOT_TIMEOUT_S, RunFacts, SlotKeeper, Ticket, stale
+from syncd.upload_slots import SLOT_TIMEOUT_S, RunFacts, SlotKeeper, Ticket, publish_ticket, stale
 
 
 def facts(epochs: dict[str, int], lost: frozenset[str] = frozenset(),
           handled: dict[tuple[str, int], int] | None = None) -> RunFacts:
     """Islands a and b, in these epochs, these lost, these seqs handled."""
     return RunFacts({"a", "b"}, epochs, set(lost),
-                    lambda island, p: (handled or {}).get((island, p), -1))
+                    lambda island, p: (handled or {}).get((island, p), -1), fencing_token=5)
 
 
 def test_a_ticket_names_its_update_and_reads_back_whatever_its_islands_name():
@@ -40,6 +40,16 @@ def test_a_ticket_of_a_lost_island_an_older_epoch_a_handled_update_or_a_stranger
     assert stale(of("a", 2, seq=8), 0.0, 0.0, facts({"a": 2}, handled={("a", 0): 8}))
     assert not stale(of("a", 2, seq=12), 0.0, 0.0, facts({"a": 2}, handled={("a", 0): 8}))
     assert not stale(of("b", 5), 0.0, 0.0, facts({"a": 2}))  # its epoch not read yet
+
+
+def test_a_publish_ticket_of_this_grant_is_stale_only_after_its_timeout_another_at_once():
+    mine, before = (publish_ticket(token, 1, 40).encode() for token in (5, 4))
+
+    assert Ticket.parse(mine) is None
+    assert not stale(mine, 100.0, 100.0 + SLOT_TIMEOUT_S - 1, facts({}))
+    assert stale(mine, 100.0, 100.0 + SLOT_TIMEOUT_S, facts({}))
+    assert stale(before, 100.0, 100.0, facts({}))  # a syncd that died publishing
+    assert stale(b"publish:", 100.0, 100.0, facts({}))
 
 
 def test_the_keeper_times_a_slot_from_when_it_first_saw_its_ticket_hold_it():
