@@ -71,6 +71,10 @@ FULL_RETRY_S = 1.0
 # While merges are published, the stream is read again at most this long after it was
 # found empty.
 PUBLISHING_POLL_S = 0.01
+# On the publishing thread, a publish that writes its fragment to the data plane waits
+# at most this for the ingest to read an update written before it began
+# (UpdateStream.slot_for_publish).
+PUBLISH_DRAIN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -270,7 +274,7 @@ class Rounds:
                                               dict(self.sync.handled[p]))()
 
     def _publication(self, p: int, tokens: int, done: list[UpdateRef],
-                     handled: dict[str, int]) -> Callable[[], int]:
+                     handled: dict[str, int], drain_s: float = 0.0) -> Callable[[], int]:
         """What commits fragment p's newest version with these handled seqs, with what
         it reads taken now: it may run on another thread while this one ingests, and
         fragment p merges no more until it has run. Returns the bytes written to
@@ -289,13 +293,14 @@ class Rounds:
                 difference = encode_message("global", meta, published.payload,
                                             self.spec.publish_key)
             full = self._global_message(p, version, tensors)
-            return self._commit(p, version, full, difference, momentum, tokens, handled, done)
+            return self._commit(p, version, full, difference, momentum, tokens, handled, done,
+                                drain_s)
 
         return commit
 
     def _commit(self, p: int, version: int, full: list[memoryview], difference: bytes | None,
                 momentum: dict[str, torch.Tensor], tokens: int, handled: dict[str, int],
-                done: list[UpdateRef] = ()) -> int:
+                done: list[UpdateRef] = (), drain_s: float = 0.0) -> int:
         """Make fragment p's `version` durable in syncd's files, then commit it
         (RunStore.publish): a data plane that restarts loses no merge. The file is
         written on a thread of its own while the messages go to the data plane (both
@@ -305,7 +310,8 @@ class Rounds:
         token = self.store.fencing_token
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="published-files") as pool:
             saving = pool.submit(self.files.save, p, version, token, full, momentum)
-            with self.store.slot_for_publish(p, version):
+            with self.store.slot_for_publish(p, version, self.spec.config.sync.upload_slots,
+                                             drain_s):
                 self.store.publish(p, version, full, difference, handled, tokens,
                                    self.kept_differences, done, before_commit=saving.result)
         self.files.keep_only(p, token)
@@ -568,7 +574,8 @@ class Rounds:
         merge = self.unpublished[p]
         assert merge is not None
         handled = dict(self.sync.handled[p])
-        commit = self._publication(p, merge.result.tokens, merge.done, handled)
+        commit = self._publication(p, merge.result.tokens, merge.done, handled,
+                                   PUBLISH_DRAIN_S)
         if self._publisher is None:
             self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
         self.publishing[p] = Publication(self._publisher.submit(commit), handled)

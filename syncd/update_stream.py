@@ -111,20 +111,37 @@ class UpdateStream(RunKeys):
         return self.data.lrange(self.key("uploads"), 0, slots - 1)
 
     @contextlib.contextmanager
-    def slot_for_publish(self, fragment: int, version: int) -> Iterator[None]:
+    def slot_for_publish(self, fragment: int, version: int, slots: int,
+                         drain_s: float = 0.0) -> Iterator[None]:
         """syncd: hold an upload slot, at the head of the line, while fragment
         `fragment`'s `version` is published, where its full message is written to the
-        data plane (not `served`): the islands write into the slots that are left while
-        the fragment is there twice (syncd/upload_slots.py)."""
+        data plane (not `served`): the islands write into the `slots` - 1 slots left
+        while the fragment is there twice (syncd/upload_slots.py). The updates written
+        before the publish began may fill every slot still: for at most `drain_s` it
+        waits first until syncd read one of them (its reading thread frees them)."""
         if self.served is not None:
             yield
             return
+        key = self.key("uploads")
         ticket = publish_ticket(self.fencing_token, fragment, version)
-        self.data.lpush(self.key("uploads"), ticket)
+        pipe = self.data.pipeline(transaction=True)
+        pipe.lrange(key, 0, slots - 1)
+        pipe.lpush(key, ticket)
+        held, _ = pipe.execute()
         try:
+            deadline = time.monotonic() + drain_s
+            while self._written(held) >= slots and time.monotonic() < deadline:
+                time.sleep(SLOT_POLL_S)
             yield
         finally:
-            self.data.lrem(self.key("uploads"), 0, ticket)
+            self.data.lrem(key, 0, ticket)
+
+    def _written(self, tickets: list[bytes]) -> int:
+        """How many of these tickets' update messages are on the data plane."""
+        firsts = [self.bulk.ref(self.update_key(t.island, t.epoch, t.fragment, t.seq),
+                                1).chunk_keys()[0]
+                  for raw in tickets if (t := Ticket.parse(raw)) is not None]
+        return self.data.exists(*firsts) if firsts else 0
 
     def free_slots(self, tickets: Iterable[bytes | str]) -> None:
         """Take these tickets off the queue (syncd: it is done with their updates, or

@@ -15,11 +15,14 @@ send queue (trainer/link.py) keep it training.
 Where the published fragments lie on the data plane too (SYNCD_SERVE off), a publish
 holds its fragment twice there while it writes the new message (syncd.globals_store),
 and syncd takes a slot for that time: it puts a publish ticket at the head of the queue
-(`publish_ticket`), so the islands write into the slots that are left. The data plane
-then holds the fragment twice plus U - 1 update messages at a publish, whatever the
-number of islands, where it held U at M >= 4 and fewer at M = 2 (bench dataplane). An
-island that saw its slot before the publish began finishes its write: the bound
-(diloco/sizes.py) stays the fragment twice plus U.
+(`publish_ticket`), so the islands write into the U - 1 slots left. The updates written
+before the publish began may still fill all U (syncd, the bottleneck of a busy run, has
+not read them yet): the publish waits first, a moment at most, until syncd read one
+(UpdateStream.slot_for_publish). So the data plane holds the fragment twice plus U - 1
+update messages at a publish, whatever the number of islands, as at M = 2, where the
+islands wait for the merge (bench dataplane, docs/BENCHMARKS.md). An island that saw its slot just before the publish began finishes
+its write, and a publish that waited its limit goes on: the bound (diloco/sizes.py)
+stays the fragment twice plus U.
 
 A ticket whose update never comes would hold its slot for good; syncd takes off a
 ticket that holds a slot and is `stale`: it names no island of the run or an epoch

@@ -100,3 +100,51 @@ def test_an_island_whose_ticket_was_taken_off_queues_again(store):
     waiting.join(timeout=10)
 
     assert done.is_set() and store.slot_holders(2) == [b"1:0:8:b"]
+
+
+def publishing(store: UpdateStream, drain_s: float) -> tuple[threading.Thread, list[list]]:
+    """A publish of fragment 0's version 1 on a thread; what holds the slots once it
+    writes (two slots)."""
+    seen: list[list] = []
+
+    def publish() -> None:
+        with store.slot_for_publish(0, 1, slots=2, drain_s=drain_s):
+            seen.append(store.slot_holders(2))
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    return thread, seen
+
+
+def test_a_publish_writes_once_syncd_read_one_of_the_updates_that_filled_the_slots(store):
+    for island in ("a", "b"):
+        store.wait_for_slot(island, 1, 0, 8, slots=2)
+        store.push_update(island, 1, 0, 8, b"u" * 2500)
+    ticket = b"publish:0:0:1"
+
+    thread, seen = publishing(store, drain_s=60)
+    wait_for(lambda: store.slot_holders(1) == [ticket], 10, "the publish at the head")
+    thread.join(timeout=0.3)
+    assert thread.is_alive() and seen == []
+
+    first = store.read_updates()[0]
+    store.forget_updates([first])  # as syncd does once it read and verified it
+    store.free_slots([b"1:0:8:a"])
+    thread.join(timeout=10)
+
+    assert seen == [[ticket, b"1:0:8:b"]] and store.slot_holders(3) == [b"1:0:8:b"]
+
+
+def test_a_publish_waits_for_no_update_not_yet_written_and_no_longer_than_told(store):
+    for island in ("a", "b"):
+        store.wait_for_slot(island, 1, 0, 8, slots=2)
+    thread, seen = publishing(store, drain_s=60)
+    thread.join(timeout=10)
+    assert seen == [[b"publish:0:0:1", b"1:0:8:a"]]
+
+    for island in ("a", "b"):
+        store.push_update(island, 1, 0, 8, b"u" * 2500)
+    thread, seen = publishing(store, drain_s=0.2)
+    thread.join(timeout=10)
+    assert seen == [[b"publish:0:0:1", b"1:0:8:a"]] and store.slot_holders(3) == [
+        b"1:0:8:a", b"1:0:8:b"]
