@@ -88,7 +88,7 @@ def syncd_main(url: str, data_url: str, checkpoint_dir: str, stop: Any, busy_s: 
     seconds of the passes that had work."""
     from syncd.malloc import return_large_frees
     from syncd.published_server import PublishedServer
-    from syncd.server import QUIET_WAIT_S
+    from syncd.server import wait_for_updates
     from syncd.service import RunSync
 
     torch.set_num_threads(1)
@@ -100,14 +100,12 @@ def syncd_main(url: str, data_url: str, checkpoint_dir: str, stop: Any, busy_s: 
     sync = RunSync(RunStore(connect(url), RUN_ID, data=connect(data_url),
                             served=server.serve(RUN_ID) if server else None), recorder,
                    Path(checkpoint_dir))
-    control = connect(url)
     while not stop.is_set():
         started = time.perf_counter()
         if sync.tick():
             busy_s.value += time.perf_counter() - started
-        else:  # as SyncServer.wait_for_work: until an update arrives, QUIET_WAIT_S at most
-            control.xread(dict([sync.waiting_on()]), count=1,
-                          block=max(int(QUIET_WAIT_S * 1000), 1))
+        else:  # as syncd.server waits for work
+            wait_for_updates(sync.store.client, [sync])
     out.put({"idle_rss": idle_rss, "peak_rss": rss_of()[1], "merges": recorder.merges,
              "bytes_saved": sync.rounds.bytes_saved})
 

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import redis
+
 from syncd import lease
 from syncd.acl import sweep_island_users
 from syncd.connection import connect, redis_problem
@@ -268,11 +270,10 @@ class Syncd:
         of a run served (XREAD BLOCK, at most `quiet_s`), or, serving no run, sleep
         `idle_s`. A syncd with no run costs one pass a second; a quiet run one blocking
         read per `quiet_s` between passes, not passes back to back."""
-        streams = dict(sync.waiting_on() for sync in self.runs.values())
-        if not streams:
+        if not self.runs:
             time.sleep(idle_s)
             return
-        self.client.xread(streams, count=1, block=max(int(quiet_s * 1000), 1))
+        wait_for_updates(self.client, self.runs.values(), quiet_s)
 
     def serve_forever(self) -> None:
         log.info("syncd %s serving, checkpoints in %s", self.owner, self.checkpoint_dir)
@@ -283,6 +284,14 @@ class Syncd:
                     self.wait_for_work()
         finally:
             self.close()
+
+
+def wait_for_updates(client: redis.Redis, syncs: Iterable[RunSync],
+                     quiet_s: float = QUIET_WAIT_S) -> None:
+    """Block until an update arrives on the stream of one of these runs after what it
+    read (XREAD BLOCK), `quiet_s` at most."""
+    client.xread(dict(sync.waiting_on() for sync in syncs), count=1,
+                 block=max(int(quiet_s * 1000), 1))
 
 
 def _in_order(run_ids: Iterable[str]) -> list[str]:
