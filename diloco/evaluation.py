@@ -28,7 +28,7 @@ class Evaluator:
     def __init__(self, config: RunConfig, corpus: Corpus, split: str, device: str = "cpu"):
         self.device = device
         with torch.device("meta"):  # no tensors of its own: each call assigns them
-            self.model = GPT(gpt_config(config))
+            self.model = GPT(gpt_config(config), init=False)
         self.batches = [(x.to(device), y.to(device)) for x, y in
                         eval_batches(corpus, split, config.eval.tokens, config.model.block_size)]
 

@@ -64,16 +64,26 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, config: GPTConfig):
+    """Args:
+        config: the model's shape.
+        init: draw the initial weights. False leaves the tensors as allocated, for a
+            caller that assigns its own: on the meta device (diloco/evaluation.py) a
+            normal draw goes through torch's Python reference of it, whose first use
+            imports torch._dynamo and sympy (about 80 MB of memory for good).
+    """
+
+    def __init__(self, config: GPTConfig, init: bool = True):
         super().__init__()
         self.config = config
-        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
-        self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
+        self.tok_emb = _embedding(config.vocab_size, config.n_embd, init)
+        self.pos_emb = _embedding(config.block_size, config.n_embd, init)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd)
         # No weight tying: with 256 byte values the embedding is tiny, and untied
         # tensors keep every parameter in exactly one fragment.
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if not init:
+            return
         self.apply(self._init_weights)
         # Scaled init of the residual projections (GPT-2): keeps the residual
         # stream's variance from growing with depth.
@@ -118,3 +128,11 @@ class GPT(nn.Module):
 def embedding_tensor_names() -> tuple[str, ...]:
     """Tensors that RDA leaves alone: their rows are looked up, not multiplied."""
     return ("tok_emb.weight", "pos_emb.weight")
+
+
+def _embedding(rows: int, dim: int, init: bool) -> nn.Embedding:
+    """An embedding table; without `init`, its weight is left as allocated (nn.Embedding
+    draws one otherwise, and GPT._init_weights draws it again)."""
+    if init:
+        return nn.Embedding(rows, dim)
+    return nn.Embedding(rows, dim, _weight=torch.empty(rows, dim))

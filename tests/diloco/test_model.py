@@ -1,10 +1,14 @@
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from diloco.model import GPT, VOCAB_SIZE, GPTConfig, embedding_tensor_names
 
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = GPTConfig(n_layer=1, n_embd=32, n_head=4, block_size=16)
 
 
@@ -76,3 +80,28 @@ def test_generate_appends_the_requested_number_of_bytes_reproducibly():
     assert a.shape == (1, 25)
     assert torch.equal(a, b)
     assert torch.equal(a[:, :20], prompt)
+
+
+def test_a_model_built_without_init_on_meta_imports_no_compiler():
+    # A normal draw on the meta device goes through torch's Python reference, whose
+    # first use imports torch._dynamo and sympy (about 80 MB): the evaluator's model,
+    # built on meta to take assigned tensors, must not draw.
+    code = ("import sys, torch\n"
+            "from diloco.model import GPT, GPTConfig\n"
+            "with torch.device('meta'):\n"
+            "    model = GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2), init=False)\n"
+            "assert all(p.is_meta for p in model.parameters())\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('torch._dynamo', 'sympy'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_model_built_without_init_runs_once_given_its_tensors():
+    config = GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8)
+    source = GPT(config)
+    with torch.device("meta"):
+        model = GPT(config, init=False)
+    model.load_state_dict(source.state_dict(), assign=True)
+    x = torch.randint(0, 256, (2, 8))
+    assert torch.equal(model(x)[0], source(x)[0])
