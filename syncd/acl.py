@@ -8,16 +8,24 @@ database or anything in @dangerous) on only the keys islands touch
 (syncd.keys.island_key_patterns): not the run's secret, not another run's keys, not
 the pools', syncd's, Celery's or the channel layer's.
 
-The run services make the user when they start the run and whenever they launch an
-island epoch (`put_island_user`, idempotent), and hand launchers its password; a
-launcher builds the island's URL from its own (`island_url`), so the island process
-holds that credential and not the one of the control plane. syncd makes the users of
-the runs it serves again after a restart of Redis (which forgets users that were
-made at run time) and deletes those of runs whose keys are gone (`sweep_island_users`).
+The same user, with the same password and key patterns, is made on the data plane
+(DATAPLANE_REDIS_URL, where the update messages and, with SYNCD_SERVE off, the
+published fragments lie), where it reaches only its run's messages: an island can
+neither read nor delete another run's. Redis before 7 has no read-only key patterns,
+so there it may still write its own run's published fragments' keys; what it writes
+there is refused by every island's check of syncd's signature (diloco/protocol.py).
 
-A Redis without ACL (before 6.0), or a control-plane credential that may not manage
-users, makes no user: `put_island_user` says why, and islands get the control plane's
-URL, as before.
+The run services make the user on both when they start the run and whenever they
+launch an island epoch (`put_island_users`, idempotent), and hand launchers its
+password; a launcher builds the island's URLs from its own (`island_url`), so the
+island process holds that credential and not the one of the control plane. syncd
+makes the users of the runs it serves again after a restart of either Redis (which
+forgets users that were made at run time) and deletes those of runs whose keys are
+gone (`sweep_island_users`).
+
+A Redis without ACL (before 6.0), or a credential that may not manage users, makes no
+user: `put_island_user` says why, and islands get the launcher's URLs, as before (on
+both planes: one password serves both, or none does).
 """
 
 from __future__ import annotations
@@ -70,6 +78,17 @@ def put_island_user(client: redis.Redis, run_id: int | str, secret: bytes
     return password, None
 
 
+def put_island_users(control: redis.Redis, data: redis.Redis, run_id: int | str,
+                     secret: bytes) -> tuple[str | None, str | None]:
+    """Make (or make again) the island user of run `run_id` on the control plane and on
+    the data plane (once where they are one Redis): (its password, None), or (None, why
+    not) where either made none: then islands connect with the launcher's URLs."""
+    password, why = put_island_user(control, run_id, secret)
+    if password is None or data is control:
+        return password, why
+    return put_island_user(data, run_id, secret)
+
+
 def delete_island_user(client: redis.Redis, run_id: int | str) -> None:
     """Delete the island user of run `run_id` (nothing if there is none, or no ACL);
     connections made as that user are closed by Redis."""
@@ -91,10 +110,12 @@ def island_url(url: str, run_id: int | str, password: str | None) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def sweep_island_users(client: redis.Redis, served: Iterable[tuple[str, bytes]]) -> None:
+def sweep_island_users(client: redis.Redis, served: Iterable[tuple[str, bytes]],
+                       specs: redis.Redis | None = None) -> None:
     """Make the island users of the `served` runs ((run id, secret) pairs) that Redis
     does not know (it restarted), and delete those of runs with no spec left (ended,
-    their keys gone, or deleted). Nothing where Redis has no ACL."""
+    their keys gone, or deleted) in `specs` (the control plane; default `client`: the
+    data plane holds no spec). Nothing where Redis has no ACL."""
     try:
         users = {u.decode() if isinstance(u, bytes) else u
                  for u in client.execute_command("ACL", "USERS")}
@@ -109,5 +130,5 @@ def sweep_island_users(client: redis.Redis, served: Iterable[tuple[str, bytes]])
         if not user.startswith(USER_PREFIX):
             continue
         run_id = user[len(USER_PREFIX):]
-        if not client.exists(spec_key(run_id)):
+        if not (client if specs is None else specs).exists(spec_key(run_id)):
             delete_island_user(client, run_id)

@@ -314,13 +314,14 @@ class PoolManager:
         self.warm = warm_for(spec)
         log_path = island_log_path(self.log_dir, run_id, island)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        # The island connects as its run's island user, with this host's URL for Redis.
+        # The island connects as its run's island user, with this host's URLs for Redis.
         url = island_url(self.redis_url, run_id, claim.get("redis_password"))
+        data_url = island_url(self.dataplane_url, run_id, claim.get("redis_password"))
         standby = self.pool.claim() if processes == 1 else None
         if standby is not None:
             process = self.standbys.pop(standby.pid)
             message = {**claim, "claimed_at": time.time(), "redis_url": url,
-                       "dataplane_url": self.dataplane_url,
+                       "dataplane_url": data_url,
                        "log_path": str(log_path)}
             assert process.stdin is not None
             process.stdin.write((json.dumps(message) + "\n").encode())
@@ -331,7 +332,7 @@ class PoolManager:
                        f"{run_id}")
             self._supervise(supervisor, [process], claim)
             return
-        env = {**self.env, REDIS_URL_ENV: url, DATAPLANE_URL_ENV: self.dataplane_url,
+        env = {**self.env, REDIS_URL_ENV: url, DATAPLANE_URL_ENV: data_url,
                ISLAND_KEY_ENV: str(claim.get("island_key", ""))}
         if claim.get("asked_at") is not None:
             env[ASKED_AT_ENV] = repr(float(claim["asked_at"]))

@@ -382,7 +382,7 @@ def supervise_island(run_id: int, island: str, epoch: int, redis_url: str, islan
     starts its dispatch phase (trainer/phases.py). The supervisor connects with
     `redis_url`; the island, with `redis_password`, as its run's island user
     (syncd/acl.py), or with `redis_url` where there is none (None); `dataplane_url` is
-    where its tensor messages go (default `redis_url`'s Redis)."""
+    where its tensor messages go (default `redis_url`'s Redis), as the same user."""
     from syncd.acl import island_url
     from syncd.connection import connect
     from syncd.store import RunStore
@@ -392,7 +392,8 @@ def supervise_island(run_id: int, island: str, epoch: int, redis_url: str, islan
         return {"island": island, "epoch": epoch, "exit_code": None, "ended": "inactive"}
     env = {**island_env(dict(os.environ)),
            REDIS_URL_ENV: island_url(redis_url, run_id, redis_password),
-           DATAPLANE_URL_ENV: dataplane_url or redis_url, ISLAND_KEY_ENV: island_key}
+           DATAPLANE_URL_ENV: island_url(dataplane_url or redis_url, run_id, redis_password),
+           ISLAND_KEY_ENV: island_key}
     if asked_at is not None:
         env[ASKED_AT_ENV] = repr(float(asked_at))
     processes, device = island_processes(store.spec(), island)

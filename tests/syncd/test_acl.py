@@ -16,6 +16,7 @@ from syncd.acl import (
     island_url,
     island_user,
     put_island_user,
+    put_island_users,
     sweep_island_users,
 )
 from syncd.connection import connect
@@ -115,3 +116,56 @@ def test_the_sweep_makes_a_lost_user_again_and_deletes_the_users_of_ended_runs(
     users = {u.decode() for u in client.execute_command("ACL", "USERS")}
     assert island_user(7) in users and island_user(8) not in users
     assert as_island(redis_url, two_runs).ping()
+
+
+@pytest.fixture
+def data_users(client, dataplane_url, two_runs):
+    """Run 7's island user made on both planes, as the run services make it; the data
+    plane's client."""
+    data = connect(dataplane_url)
+    password, why = put_island_users(client, data, 7, SECRET)
+    assert why is None and password == two_runs
+    yield data
+    for run_id in (7, 8):
+        delete_island_user(data, run_id)
+
+
+def test_an_island_user_on_the_data_plane_writes_its_runs_messages_and_no_others(
+        redis_url, dataplane_url, client, data_users):
+    other = RunStore(client, 8, data=data_users)
+    other.push_update("a", 1, 0, 3, b"y" * 100)
+    password = redis_password(SECRET)
+    island = RunStore(as_island(redis_url, password), 7,
+                      data=connect(island_url(dataplane_url, 7, password)))
+    island.push_update("a", 1, 0, 3, b"x" * 100)
+    assert data_users.get(island.update_key("a", 1, 0, 3) + ":0") == b"x" * 100
+    theirs = other.update_key("a", 1, 0, 3) + ":0"
+    for command in [("GET", theirs), ("DEL", theirs), ("SET", theirs, "z"), ("KEYS", "*"),
+                    ("FLUSHALL",), ("CONFIG", "GET", "maxmemory")]:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            island.data.execute_command(*command)
+    assert data_users.get(theirs) == b"y" * 100
+
+
+def test_islands_get_no_password_where_the_data_plane_makes_no_user(
+        client, dataplane_url, two_runs):
+    data = connect(dataplane_url)
+    data.execute_command("ACL", "SETUSER", "no-acl", "reset", "on", ">pw", "~*", "+@all",
+                         "-acl")
+    try:
+        limited = connect(dataplane_url.replace("redis://", "redis://no-acl:pw@", 1))
+        password, why = put_island_users(client, limited, 7, SECRET)
+        assert password is None and why is not None
+    finally:
+        data.execute_command("ACL", "DELUSER", "no-acl")
+
+
+def test_the_sweep_of_the_data_plane_reads_which_runs_ended_on_the_control_plane(
+        dataplane_url, client, data_users):
+    put_island_users(client, data_users, 8, OTHER_SECRET)
+    data_users.execute_command("ACL", "DELUSER", island_user(7))  # the data plane restarted
+    client.delete(RunStore(client, 8).key("spec"))  # run 8 ended and its linger passed
+    sweep_island_users(data_users, [("7", SECRET)], specs=client)
+    users = {u.decode() for u in data_users.execute_command("ACL", "USERS")}
+    assert island_user(7) in users and island_user(8) not in users
+    assert connect(island_url(dataplane_url, 7, redis_password(SECRET))).ping()

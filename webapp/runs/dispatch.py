@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import transaction
 
 from diloco.signing import island_key
-from syncd.acl import put_island_user
+from syncd.acl import put_island_users
 from trainer.claims import claims_key, sign_claim
 from trainer.queues import region_queue
 from webapp.runs.models import Island, Run
@@ -37,9 +37,11 @@ def put_spec(run: Run, store: RunStore) -> None:
 
 
 def put_island_user_of(run: Run) -> tuple[str | None, str | None]:
-    """Make (again) the Redis user of the run's islands: (its password, None), or (None,
-    why there is none: this Redis has no ACL), when islands get the control plane's URL."""
-    return put_island_user(run_store(run).client, run.pk, bytes.fromhex(run.secret))
+    """Make (again) the Redis user of the run's islands on the control plane and the data
+    plane: (its password, None), or (None, why there is none: a Redis without ACL), when
+    islands get the launchers' URLs."""
+    store = run_store(run)
+    return put_island_users(store.client, store.data, run.pk, bytes.fromhex(run.secret))
 
 
 def start_next_epoch(run: Run, island: Island, store: RunStore,

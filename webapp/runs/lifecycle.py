@@ -252,6 +252,7 @@ def _free_deleted_run(run_id: int, checkpoint_paths: list[str]) -> None:
         store = run_store(run_id)
         store.release(keep=())
         delete_island_user(store.client, run_id)
+        delete_island_user(store.data, run_id)
     except redis.RedisError as e:
         log.error("run %d is deleted but its Redis keys (%s*) are left: %s", run_id,
                   run_prefix(run_id), e)
