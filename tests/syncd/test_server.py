@@ -5,7 +5,7 @@ import time
 import pytest
 
 from syncd import lease
-from syncd.acl import island_user
+from syncd.acl import delete_island_user, island_user
 from syncd.connection import connect
 from syncd.fence import LeaseLost
 from syncd.hooks import Hooks
@@ -74,6 +74,30 @@ def test_syncd_makes_a_served_runs_lost_island_user_again_and_deletes_an_ended_r
     clock[0] += USER_SWEEP_S
     served.tick()
     assert island_user(run.pk) not in island_users(client)
+
+
+def test_syncd_keeps_the_island_users_on_the_data_plane_by_the_runs_on_the_control_plane(
+        redis_url, dataplane_url, tmp_path):
+    run = create_run(name="data users", mode="decoupled", config=CONFIG, user=None)
+    client, data = connect(redis_url), connect(dataplane_url)
+    store = RunStore(client, run.pk, data=data)
+    store.put_spec(run.mode, run.config, run.secret)
+    clock = [0.0]
+    served = Syncd(redis_url, tmp_path, web_hooks(), clock=lambda: clock[0],
+                   dataplane_url=dataplane_url)
+    served.tick()
+    try:
+        clock[0] += USER_SWEEP_S
+        served.tick()  # the data plane restarted: it knew no user
+        assert island_user(run.pk) in island_users(data)
+
+        store.release(linger_s=1)
+        client.delete(store.key("spec"))  # the run's linger passed, on the control plane
+        clock[0] += USER_SWEEP_S
+        served.tick()
+        assert island_user(run.pk) not in island_users(data)
+    finally:
+        delete_island_user(data, run.pk)
 
 
 def island_users(client) -> set[str]:
