@@ -11,9 +11,10 @@ the pools', syncd's, Celery's or the channel layer's.
 The same user, with the same password and key patterns, is made on the data plane
 (DATAPLANE_REDIS_URL, where the update messages and, with SYNCD_SERVE off, the
 published fragments lie), where it reaches only its run's messages: an island can
-neither read nor delete another run's. Redis before 7 has no read-only key patterns,
-so there it may still write its own run's published fragments' keys; what it writes
-there is refused by every island's check of syncd's signature (diloco/protocol.py).
+neither read nor delete another run's. Its key patterns grant reads and writes alike
+(read-only patterns need Redis 7; the embedded Redis is 6.2), so it may still write
+its own run's published fragments' keys; what it writes there fails every island's
+check of syncd's signature (diloco/protocol.py) and is refused.
 
 The run services make the user on both when they start the run and whenever they
 launch an island epoch (`put_island_users`, idempotent), and hand launchers its
