@@ -84,10 +84,18 @@ def put_island_users(control: redis.Redis, data: redis.Redis, run_id: int | str,
     """Make (or make again) the island user of run `run_id` on the control plane and on
     the data plane (once where they are one Redis): (its password, None), or (None, why
     not) where either made none: then islands connect with the launcher's URLs."""
-    password, why = put_island_user(control, run_id, secret)
-    if password is None or data is control:
-        return password, why
-    return put_island_user(data, run_id, secret)
+    password, why = None, None
+    for client in _planes(control, data):
+        password, why = put_island_user(client, run_id, secret)
+        if password is None:
+            break
+    return password, why
+
+
+def delete_island_users(control: redis.Redis, data: redis.Redis, run_id: int | str) -> None:
+    """Delete the island user of run `run_id` from the control plane and the data plane."""
+    for client in _planes(control, data):
+        delete_island_user(client, run_id)
 
 
 def delete_island_user(client: redis.Redis, run_id: int | str) -> None:
@@ -95,6 +103,12 @@ def delete_island_user(client: redis.Redis, run_id: int | str) -> None:
     connections made as that user are closed by Redis."""
     with contextlib.suppress(redis.ResponseError):  # no ACL on this Redis: no user
         client.execute_command("ACL", "DELUSER", island_user(run_id))
+
+
+def _planes(control: redis.Redis, data: redis.Redis) -> tuple[redis.Redis, ...]:
+    """The Redis servers a run's island user lives on: both planes, or the one Redis
+    that is both."""
+    return (control,) if data is control else (control, data)
 
 
 def island_url(url: str, run_id: int | str, password: str | None) -> str:
@@ -111,12 +125,18 @@ def island_url(url: str, run_id: int | str, password: str | None) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def sweep_island_users(client: redis.Redis, served: Iterable[tuple[str, bytes]],
-                       specs: redis.Redis | None = None) -> None:
-    """Make the island users of the `served` runs ((run id, secret) pairs) that Redis
-    does not know (it restarted), and delete those of runs with no spec left (ended,
-    their keys gone, or deleted) in `specs` (the control plane; default `client`: the
-    data plane holds no spec). Nothing where Redis has no ACL."""
+def sweep_island_users(control: redis.Redis, data: redis.Redis,
+                       served: Iterable[tuple[str, bytes]]) -> None:
+    """On each plane, make the island users of the `served` runs ((run id, secret)
+    pairs) that its Redis does not know (it restarted), and delete those of runs whose
+    spec is gone from the control plane (ended, their keys gone, or deleted). Nothing
+    on a Redis without ACL."""
+    served = list(served)
+    for client in _planes(control, data):
+        _sweep(client, served, control)
+
+
+def _sweep(client: redis.Redis, served: list[tuple[str, bytes]], control: redis.Redis) -> None:
     try:
         users = {u.decode() if isinstance(u, bytes) else u
                  for u in client.execute_command("ACL", "USERS")}
@@ -131,5 +151,5 @@ def sweep_island_users(client: redis.Redis, served: Iterable[tuple[str, bytes]],
         if not user.startswith(USER_PREFIX):
             continue
         run_id = user[len(USER_PREFIX):]
-        if not (client if specs is None else specs).exists(spec_key(run_id)):
+        if not control.exists(spec_key(run_id)):
             delete_island_user(client, run_id)

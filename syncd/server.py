@@ -136,10 +136,8 @@ class Syncd:
         self.last_active = active
         if now >= self.next_user_sweep:
             self.next_user_sweep = now + USER_SWEEP_S
-            served = [(run_id, sync.spec.secret) for run_id, sync in self.runs.items()]
-            sweep_island_users(self.client, served)
-            if self.data is not self.client:
-                sweep_island_users(self.data, served, specs=self.client)
+            sweep_island_users(self.client, self.data, [(run_id, sync.spec.secret)
+                                                        for run_id, sync in self.runs.items()])
         busy = False
         for run_id in _in_order(self.leases):
             if run_id not in self.leases:

@@ -112,7 +112,7 @@ def test_the_sweep_makes_a_lost_user_again_and_deletes_the_users_of_ended_runs(
     client.execute_command("ACL", "DELUSER", island_user(7))  # as a restart of Redis would
     RunStore(client, 8).release(linger_s=60)
     client.delete(RunStore(client, 8).key("spec"))  # its linger passed
-    sweep_island_users(client, [("7", SECRET)])
+    sweep_island_users(client, client, [("7", SECRET)])
     users = {u.decode() for u in client.execute_command("ACL", "USERS")}
     assert island_user(7) in users and island_user(8) not in users
     assert as_island(redis_url, two_runs).ping()
@@ -165,7 +165,7 @@ def test_the_sweep_of_the_data_plane_reads_which_runs_ended_on_the_control_plane
     put_island_users(client, data_users, 8, OTHER_SECRET)
     data_users.execute_command("ACL", "DELUSER", island_user(7))  # the data plane restarted
     client.delete(RunStore(client, 8).key("spec"))  # run 8 ended and its linger passed
-    sweep_island_users(data_users, [("7", SECRET)], specs=client)
+    sweep_island_users(client, data_users, [("7", SECRET)])
     users = {u.decode() for u in data_users.execute_command("ACL", "USERS")}
     assert island_user(7) in users and island_user(8) not in users
     assert connect(island_url(dataplane_url, 7, redis_password(SECRET))).ping()

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from diloco.config import RUN_MODES, RunConfig
 from diloco.config_parse import ConfigError, parse_config
-from syncd.acl import delete_island_user
+from syncd.acl import delete_island_users
 from syncd.keys import run_prefix
 from syncd.published_files import PublishedFiles
 from webapp.runs.dispatch import enqueue, put_island_user_of, put_spec
@@ -251,8 +251,7 @@ def _free_deleted_run(run_id: int, checkpoint_paths: list[str]) -> None:
     try:
         store = run_store(run_id)
         store.release(keep=())
-        delete_island_user(store.client, run_id)
-        delete_island_user(store.data, run_id)
+        delete_island_users(store.client, store.data, run_id)
     except redis.RedisError as e:
         log.error("run %d is deleted but its Redis keys (%s*) are left: %s", run_id,
                   run_prefix(run_id), e)
