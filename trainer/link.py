@@ -68,11 +68,19 @@ class Link:
         self.thread.start()
 
     def send(self, fragment: int, seq: int, blob: bytes | bytearray) -> None:
-        if isinstance(self.error, RedisFull):
-            raise self.error
-        if self.error:
-            raise RuntimeError("the link thread failed") from self.error
-        self.queue.put((fragment, seq, blob))
+        """Queue a message, waiting while the queue is full; raises the link thread's
+        error, also one that ends it while this waits (nothing would take from the
+        queue again)."""
+        while True:
+            if isinstance(self.error, RedisFull):
+                raise self.error
+            if self.error:
+                raise RuntimeError("the link thread failed") from self.error
+            try:
+                self.queue.put((fragment, seq, blob), timeout=POLL_S)
+                return
+            except queue.Full:
+                continue
 
     def _run(self) -> None:
         try:

@@ -50,6 +50,36 @@ def test_an_update_that_a_full_redis_refuses_stops_the_island_with_a_clear_error
         process.wait(timeout=10)
 
 
+def test_a_send_waiting_for_room_raises_once_the_link_thread_fails():
+    failing = threading.Event()
+
+    def deliver(fragment, seq, blob):
+        failing.wait(10)
+        raise ConnectionError("the data plane went away")
+
+    link = Link(deliver, lambda nbytes: 0.0, lambda: None, max_pending=1)
+    link.send(0, 1, bytearray(8))  # on the wire
+    deadline = time.monotonic() + 5
+    while link.queue.qsize() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    link.send(0, 2, bytearray(8))  # fills the queue
+    raised = []
+
+    def island() -> None:
+        try:
+            link.send(0, 3, bytearray(8))
+        except RuntimeError as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=island, daemon=True)
+    thread.start()
+    failing.set()
+    thread.join(5)
+
+    assert not thread.is_alive()
+    assert isinstance(raised[0].__cause__, ConnectionError)
+
+
 def test_discard_drops_the_messages_still_waiting_but_not_the_one_on_the_wire():
     partition_healed = threading.Event()  # never set: the first message stays on the wire
     link = Link(lambda fragment, seq, blob: None, lambda nbytes: 0.0,
