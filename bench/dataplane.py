@@ -28,12 +28,12 @@ of one fragment of a 1B model at P = 8.
 Two phases, one after the other:
 - ingest, under saturating load: every island sends its `rounds` updates (more at
   few islands: at least `min_updates` from all together) as fast as
-  an island's backpressure lets it (trainer/resend.py: at most two of a fragment not
-  yet handled by syncd) and the run's upload slots do (syncd/upload_slots.py: two
-  update messages on the data plane at once, from all islands), so syncd always has
-  updates waiting; a round merges once all
-  M islands are in it (min_quorum M, grace 0), and an island's second update that
-  arrives before its round merged is an increment in that round, as in a live run.
+  an island's backpressure lets it (trainer/resend.py: at most four int4 messages
+  of a fragment not yet handled by syncd, diloco.sizes.kept_sends) and the run's
+  upload slots do (syncd/upload_slots.py: two update messages on the data plane at
+  once, from all islands), so syncd always has updates waiting; a round merges once all
+  M islands are in it (min_quorum M, grace 0), and an island's later updates that
+  arrive before its round merged are increments in that round, as in a live run.
   `ingest_mb_s` is sustained ingest: the wire bytes of the updates merged after
   syncd's first WARM_MERGES merges, over the wall time from the publish of the last
   of those to the publish of the phase's last merge. The first merges carry a run's
@@ -101,6 +101,7 @@ from diloco import codecs, tensorfile
 from diloco.model import GPT, GPTConfig
 from diloco.protocol import decode_message, encode_message
 from diloco.signing import island_key, load_verify_key, verify_key_hex
+from diloco.sizes import kept_sends
 from syncd.bulk import RedisBulk, read_served
 from syncd.connection import connect
 from syncd.published_files import PublishedFiles
@@ -294,7 +295,7 @@ def write_payload(size: str, path: Path) -> int:
 def island_main(url: str, data_url: str, name: str, payload: str, secret: str, pulls: int,
                 ready: Any, go: Any, enough: Any, pull_go: Any, out: Any) -> None:
     """A synthetic island: sends signed updates as fast as an island's backpressure lets
-    it (trainer/resend.py: at most KEEP_PER_FRAGMENT of a fragment not yet handled by
+    it (trainer/resend.py: at most diloco.sizes.kept_sends of a fragment not yet handled by
     syncd) and the run's upload slots do, each signed when it is sent as an island signs
     it, noting when syncd handled each, until `enough`; then pulls the published
     fragment `pulls` times. It beats from a thread, as an island does."""
@@ -313,7 +314,7 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, p
     store.heartbeat(name, 1, 0, 0, state="training")
     ready.put(len(update(0)))
     go.wait()
-    kept = SentUpdates(lambda p: store.handled_seq(p, name), lambda: None)
+    kept = SentUpdates(lambda p: store.handled_seq(p, name), lambda: None, kept_sends(CODEC))
     sent: dict[int, float] = {}
     handled: dict[int, float] = {}
 

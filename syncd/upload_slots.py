@@ -8,7 +8,7 @@ upload slot. syncd takes the ticket off once it has read the update's message an
 verified it (or skipped a copy of a handled update), deleting the message from the
 data plane then: syncd holds it while it checks and folds it, and the next ticket's
 island writes meanwhile. So the data plane holds at most `upload_slots` update messages of the run,
-where it held up to KEPT_SENDS per island and fragment (diloco/sizes.py). The queue is
+where it held up to kept_sends per island and fragment (diloco/sizes.py). The queue is
 first come, first served: an island waits in line while its tau overlap steps and its
 send queue (trainer/link.py) keep it training.
 

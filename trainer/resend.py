@@ -4,7 +4,7 @@ syncd.
 syncd folds each update into its round's sum as it arrives and deletes its message
 (syncd/rounds.py), so a syncd that restarts mid-round has lost its open rounds. The
 rule: an island keeps each message it sent until the published handled seqs say
-syncd merged or dropped it, at most KEEP_PER_FRAGMENT per fragment (the oldest goes
+syncd merged or dropped it, at most `keep` per fragment (the oldest goes
 first: its steps are lost, as a refused update's are), and sends the ones kept
 again when syncd's lease on the run changes hands (a new fencing token: a syncd
 that took the run over, a restarted one included, holds none of the open rounds).
@@ -12,7 +12,7 @@ Sending again is safe: an update is one key per (island, epoch, fragment, seq),
 and syncd skips one whose seq is handled or already in its round, so no update is
 merged twice (docs/RELIABILITY.md).
 
-The same messages are the backpressure bound: with KEEP_PER_FRAGMENT of a fragment not
+The same messages are the backpressure bound: with `keep` of a fragment not
 handled, the island waits before its next send of it (`must_wait`), so none is pushed
 out and Redis gets no more of them while syncd merges none (only a stop's last sends go
 past it, one per fragment).
@@ -22,14 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from diloco.sizes import KEPT_SENDS
-
-# Messages kept per fragment: an island has at most one update of a fragment in an
-# open round and one on the way while its tau overlap steps run. It is also the
-# backpressure bound: with this many not handled, the next send waits (`must_wait`).
-# The run's memory estimate counts them (diloco/sizes.py).
-KEEP_PER_FRAGMENT = KEPT_SENDS
-
 
 class SentUpdates:
     """The messages an island sent that syncd has not handled yet.
@@ -38,11 +30,13 @@ class SentUpdates:
         handled: the newest handled seq of fragment p (GlobalsStore.handled_seq).
         holder: the value of syncd's lease on the run now ("<token>:<owner>"), None
             while no syncd holds it.
-        keep: messages kept per fragment at most.
+        keep: messages kept per fragment at most (diloco.sizes.kept_sends of the run's
+            uplink codec: at least one in an open round and one on the way while the
+            tau overlap steps run; the run's memory estimate counts them).
     """
 
     def __init__(self, handled: Callable[[int], int], holder: Callable[[], str | None],
-                 keep: int = KEEP_PER_FRAGMENT):
+                 keep: int):
         if keep < 1:
             raise ValueError(f"keep must be at least 1 message per fragment, got {keep}")
         self.handled = handled

@@ -42,6 +42,7 @@ from diloco.island import Island
 from diloco.model import GPT
 from diloco.protocol import decode_message, encode_message
 from diloco.signing import load_verify_key
+from diloco.sizes import kept_sends
 from diloco.synchronizer import Published
 from syncd.bulk import BulkError
 from syncd.connection import connect
@@ -170,7 +171,8 @@ class ProcessIsland:
                                    lambda: self.stopping)
         # What syncd has not handled yet, sent again to a syncd that took the run over.
         self.sent = SentUpdates(lambda p: self.store.handled_seq(p, self.name),
-                                self.store.syncd_holder)
+                                self.store.syncd_holder,
+                                kept_sends(self.config.sync.compression))
         self._holder_read = 0.0
 
     def stop(self) -> None:
@@ -345,7 +347,7 @@ class ProcessIsland:
 
     def hold_back(self, p: int, mix_at: dict | None = None) -> None:
         """Backpressure: before its next send of fragment p, wait while syncd has not
-        handled the island's KEEP_PER_FRAGMENT updates of p it keeps
+        handled the updates of p the island keeps (diloco.sizes.kept_sends)
         (trainer/resend.py `SentUpdates.must_wait`), so that a syncd that does not merge
         (a round short of its quorum, syncd away) holds the island back instead of
         filling Redis or pushing out a kept update. The heartbeat says `waiting`

@@ -11,6 +11,7 @@ from diloco.sizes import (
     activation_bytes,
     encoded_bytes,
     estimate,
+    kept_sends,
     wire_per_outer_step,
 )
 
@@ -85,6 +86,30 @@ def test_lossy_codecs_shrink_the_messages_and_keep_differences_for_the_downlink(
     assert none.redis.parts["downlink differences"] == 0
     assert int4.redis.parts["downlink differences"] == 3 * b // 2
     assert int4.syncd.parts["downlink differences"] == 3 * b // 2
+
+
+@pytest.mark.parametrize("codec", codecs.CODECS)
+def test_an_island_keeps_no_more_bytes_of_sends_than_two_float32_messages(codec):
+    numel = 1_000_000
+
+    assert kept_sends(codec) >= 2  # one in an open round, one on the way
+    assert kept_sends(codec) * encoded_bytes(numel, codec) <= 2 * encoded_bytes(numel, "none")
+
+
+def test_a_compressed_uplink_keeps_four_sends_of_each_fragment_and_none_two(make_config):
+    config = make_config(sync={"compression": "int4", "fragments": 2})
+    none = estimate(make_config(sync={"compression": "none", "fragments": 2}))
+    int4 = estimate(config)
+    up = sum(encoded_bytes(n, "int4") for n in tensor_sizes(config.model).values())
+
+    assert kept_sends("none") == 2 and kept_sends("int4") == 4
+    assert none.islands["island-0"].parts["kept until handled"] == 2 * none.model_bytes
+    assert int4.islands["island-0"].parts["kept until handled"] == 4 * up
+
+
+def test_an_unknown_codec_keeps_no_sends():
+    with pytest.raises(ValueError, match="codec must be one of"):
+        kept_sends("zip")
 
 
 def test_an_island_of_several_processes_holds_each_ones_state_and_splits_the_batch(

@@ -257,22 +257,26 @@ def test_an_island_without_a_key_in_its_environment_does_not_start(monkeypatch):
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize(("codec", "bound"), [("none", 2), ("int4", 4)])
 def test_an_island_whose_updates_syncd_does_not_merge_stops_sending_after_the_bound(
-        redis_server, text_path):
-    """No syncd merges: the island sends two updates of its one fragment (the bound),
-    then waits before the third, beating as `waiting` with the seconds it waited in
-    its heartbeat; once syncd handles the first, the third goes out."""
+        redis_server, text_path, codec, bound):
+    """No syncd merges: the island sends the updates of its one fragment it may keep
+    (two float32, four compressed: diloco.sizes.kept_sends), then waits before the
+    next, beating as `waiting` with the seconds it waited in its heartbeat; once
+    syncd handles the first, the next goes out."""
     client = connect(redis_server)
     client.flushall()
     store = RunStore(client, 45)
     config = parse_config({
         "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
         "data": {"path": text_path},
-        "sync": {"inner_steps": 4, "fragments": 1, "overlap_steps": 1, "min_quorum": 1},
+        "sync": {"inner_steps": 4, "fragments": 1, "overlap_steps": 1, "min_quorum": 1,
+                 "compression": codec, "upload_slots": 8},  # slots are not the bound
         "train": {"device": "cpu"},
         "islands": [{"name": "island-0", "region": "us-east", "batch_size": 4}],
     }, ["us-east"])
     island, thread, _ = island_in_a_thread(store, config, b"backpressure")
+    seqs = [4 * (i + 1) for i in range(bound + 1)]
     try:
         def held_a_second() -> dict | None:
             beat = store.heartbeats().get("island-0", {})
@@ -280,12 +284,12 @@ def test_an_island_whose_updates_syncd_does_not_merge_stops_sending_after_the_bo
 
         beat = wait_for(held_a_second)
         sent = [u.seq for u in store.read_updates(count=100)]
-        assert sent == [4, 8] and island.island.step == 12  # holding its third update
+        assert sent == seqs[:-1] and island.island.step == seqs[-1]  # holding the next
         assert beat["state"] == "waiting"
         assert time.time() - store.heartbeats()["island-0"]["time"] < 1.0  # still beating
         handle(store, 0, 4)
-        wait_for(lambda: len(store.read_updates(count=100)) == 3 or None)
-        assert [u.seq for u in store.read_updates(count=100)][2] == 12
+        wait_for(lambda: len(store.read_updates(count=100)) == bound + 1 or None)
+        assert [u.seq for u in store.read_updates(count=100)][bound] == seqs[-1]
     finally:
         store.mark_done()
         thread.join(timeout=30)
