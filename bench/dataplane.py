@@ -28,10 +28,11 @@ of one fragment of a 1B model at P = 8.
 Two phases, one after the other:
 - ingest, under saturating load: every island sends its `rounds` updates (more at
   few islands: at least `min_updates` from all together) as fast as
-  an island's backpressure lets it (trainer/resend.py: at most four int4 messages
-  of a fragment not yet handled by syncd, diloco.sizes.kept_sends) and the run's
-  upload slots do (syncd/upload_slots.py: two update messages on the data plane at
-  once, from all islands), so syncd always has updates waiting; a round merges once all
+  an island's backpressure lets it (trainer/resend.py: at most diloco.sizes.kept_sends
+  of a fragment not yet handled by syncd: four int4 messages at M = 2, two from M = 4)
+  and the run's upload slots do (syncd/upload_slots.py: two update messages on the
+  data plane at once, from all islands), so syncd always has updates waiting; a
+  round merges once all
   M islands are in it (min_quorum M, grace 0), and an island's later updates that
   arrive before its round merged are increments in that round, as in a live run.
   `ingest_mb_s` is sustained ingest: the wire bytes of the updates merged after
@@ -125,7 +126,7 @@ SIZES: dict[str, dict[str, int]] = {
 }
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {"sizes": ["100M", "1B/8"], "islands": [2, 4, 8, 16], "rounds": 10,
-             "min_updates": 32, "pulls": 4, "limit_bytes": 256 << 20,
+             "min_updates": 48, "pulls": 4, "limit_bytes": 256 << 20,
              "transports": ["served", "redis"]},
     "quick": {"sizes": ["6M", "14M"], "islands": [2, 4], "rounds": 10, "min_updates": 0,
               "pulls": 2, "limit_bytes": 64 << 20, "transports": ["served"]},
@@ -292,13 +293,13 @@ def write_payload(size: str, path: Path) -> int:
     return sum(torch.Size(s).numel() for s in shapes.values())
 
 
-def island_main(url: str, data_url: str, name: str, payload: str, secret: str, pulls: int,
-                ready: Any, go: Any, enough: Any, pull_go: Any, out: Any) -> None:
+def island_main(url: str, data_url: str, name: str, payload: str, secret: str, islands: int,
+                pulls: int, ready: Any, go: Any, enough: Any, pull_go: Any, out: Any) -> None:
     """A synthetic island: sends signed updates as fast as an island's backpressure lets
-    it (trainer/resend.py: at most diloco.sizes.kept_sends of a fragment not yet handled by
-    syncd) and the run's upload slots do, each signed when it is sent as an island signs
-    it, noting when syncd handled each, until `enough`; then pulls the published
-    fragment `pulls` times. It beats from a thread, as an island does."""
+    it (trainer/resend.py: at most diloco.sizes.kept_sends of a fragment not yet handled
+    by syncd, for a run of `islands`) and the run's upload slots do, each signed when
+    it is sent as an island signs it, noting when syncd handled each, until `enough`;
+    then pulls the published fragment `pulls` times. It beats from a thread, as an island does."""
     store = RunStore(connect(url, ride_out_restarts=True), RUN_ID,
                      data=connect(data_url, ride_out_restarts=True))
     _, tensors = tensorfile.loads(bytearray(Path(payload).read_bytes()))
@@ -314,7 +315,8 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, p
     store.heartbeat(name, 1, 0, 0, state="training")
     ready.put(len(update(0)))
     go.wait()
-    kept = SentUpdates(lambda p: store.handled_seq(p, name), lambda: None, kept_sends(CODEC))
+    kept = SentUpdates(lambda p: store.handled_seq(p, name), lambda: None,
+                       kept_sends(CODEC, islands))
     sent: dict[int, float] = {}
     handled: dict[int, float] = {}
 
@@ -418,7 +420,7 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
             raise RuntimeError(f"syncd ended with code {syncd.exitcode}")
         for name in island_names(m):
             p = ctx.Process(target=island_main, name=name,
-                            args=(url, data_url, name, str(payload), secret,
+                            args=(url, data_url, name, str(payload), secret, m,
                                   profile["pulls"], ready, go, enough, pull_go, island_out))
             p.start()
             processes.append(p)

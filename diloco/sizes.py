@@ -38,8 +38,8 @@ most every fragment) + DDP gradient buckets B with processes > 1 + an update
 being made 2F + 2F_up (the increment and its decoding, the payload and its
 message) + the send queue (2P + 1) x F_up (trainer.link.Link: 2P waiting, one on
 the wire) + sent messages kept until handled k x B_up (trainer/resend.py: k =
-kept_sends of the uplink codec, 2 float32 or 4 compressed messages of each
-fragment, sent again to a restarted syncd) + a global
+kept_sends, 2 float32 messages of each fragment, up to 4 of a compressed uplink in
+a run of two or three islands; sent again to a restarted syncd) + a global
 fragment being pulled 2F (its message and its tensors) +
 activations. An island host holds every process of its island, and its pool's
 warm standby islands (trainer/pool.py, ISLAND_POOL_SIZE of them when it is a
@@ -81,23 +81,37 @@ MIB = 1024 * 1024
 REDIS_BASE_BYTES = 64 * MIB
 STANDBY_BASE_BYTES = 256 * MIB
 # Messages per fragment an island keeps until handled, and the most of a fragment it
-# has not seen handled before its next send waits (trainer/resend.py): two float32
-# messages, or as many of a compressed uplink as fit in their bytes, four at most.
+# has not seen handled before its next send waits (trainer/resend.py): see kept_sends.
 KEPT_SENDS = 2
 KEPT_SENDS_COMPRESSED = 4
+ROUND_UPDATES = 8
 
 
-def kept_sends(codec: str) -> int:
+def kept_sends(codec: str, islands: int) -> int:
     """Messages of each fragment an island keeps until syncd handled them (its
-    backpressure bound, trainer/resend.py) under uplink `codec`: KEPT_SENDS float32
-    messages, or KEPT_SENDS_COMPRESSED of any other codec, which take no more bytes
-    (bf16 halves a message, int8 and int4 take a quarter and about an eighth). The
-    more an island may have sent and not seen handled, the more of a round's updates
-    syncd reads while the one before is merged and published, instead of waiting
-    for the islands to see it handled (bench dataplane at M = 2)."""
+    backpressure bound, trainer/resend.py), under uplink `codec` in a run of `islands`.
+
+    KEPT_SENDS: one in an open round, one on the way while the tau overlap steps run.
+    With a compressed uplink, more where the run's islands together would keep fewer
+    than ROUND_UPDATES, up to KEPT_SENDS_COMPRESSED (no more bytes than two float32
+    messages: bf16 halves a message, int8 and int4 take a quarter and about an
+    eighth). A merge and its publish cost syncd about what folding two or three
+    updates does, and while it runs islands that hold all their kept sends send
+    nothing; with so few islands that a round is two to six updates, that dead time
+    was a third of syncd's (bench dataplane at M = 2, docs/BENCHMARKS.md). More
+    islands keep it full already, and deeper queues there would only make each
+    update wait longer for its merge.
+
+    Raises:
+        ValueError: an unknown codec, or no islands.
+    """
     if codec not in CODECS:
         raise ValueError(f"codec must be one of {', '.join(CODECS)}, got {codec!r}")
-    return KEPT_SENDS if codec == "none" else KEPT_SENDS_COMPRESSED
+    if islands < 1:
+        raise ValueError(f"a run has at least one island, got {islands}")
+    if codec == "none":
+        return KEPT_SENDS
+    return max(KEPT_SENDS, min(KEPT_SENDS_COMPRESSED, -(-ROUND_UPDATES // islands)))
 
 
 def encoded_bytes(numel: int, codec: str) -> int:
@@ -186,7 +200,7 @@ def estimate(config: RunConfig, standbys: int = 0, served: bool = True) -> Estim
             "DDP gradient buckets": model if island.processes > 1 else 0,
             "update being made": 2 * largest + 2 * largest_up,
             "send queue": (2 * s.fragments + 1) * largest_up,
-            "kept until handled": kept_sends(s.compression) * up,
+            "kept until handled": kept_sends(s.compression, len(config.islands)) * up,
             "fragment being pulled": 2 * largest,
             "activations": activation_bytes(
                 island.batch_size // island.processes, config.model.block_size,

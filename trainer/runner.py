@@ -172,7 +172,8 @@ class ProcessIsland:
         # What syncd has not handled yet, sent again to a syncd that took the run over.
         self.sent = SentUpdates(lambda p: self.store.handled_seq(p, self.name),
                                 self.store.syncd_holder,
-                                kept_sends(self.config.sync.compression))
+                                kept_sends(self.config.sync.compression,
+                                           len(self.config.islands)))
         self._holder_read = 0.0
 
     def stop(self) -> None:

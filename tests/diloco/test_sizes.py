@@ -89,27 +89,37 @@ def test_lossy_codecs_shrink_the_messages_and_keep_differences_for_the_downlink(
 
 
 @pytest.mark.parametrize("codec", codecs.CODECS)
-def test_an_island_keeps_no_more_bytes_of_sends_than_two_float32_messages(codec):
+@pytest.mark.parametrize("islands", [1, 2, 3, 4, 16])
+def test_an_island_keeps_no_more_bytes_of_sends_than_two_float32_messages(codec, islands):
     numel = 1_000_000
+    kept = kept_sends(codec, islands)
 
-    assert kept_sends(codec) >= 2  # one in an open round, one on the way
-    assert kept_sends(codec) * encoded_bytes(numel, codec) <= 2 * encoded_bytes(numel, "none")
+    assert kept >= 2  # one in an open round, one on the way
+    assert kept * encoded_bytes(numel, codec) <= 2 * encoded_bytes(numel, "none")
 
 
-def test_a_compressed_uplink_keeps_four_sends_of_each_fragment_and_none_two(make_config):
-    config = make_config(sync={"compression": "int4", "fragments": 2})
-    none = estimate(make_config(sync={"compression": "none", "fragments": 2}))
+def test_a_compressed_uplink_keeps_more_sends_only_where_few_islands_fill_a_round():
+    # The islands' kept sends together: at least 8 where the bytes allow, never fewer
+    # than two each.
+    assert [kept_sends("int4", m) for m in (1, 2, 3, 4, 8, 16)] == [4, 4, 3, 2, 2, 2]
+    assert [kept_sends("none", m) for m in (1, 2, 3, 4)] == [2, 2, 2, 2]
+
+
+def test_the_island_estimate_counts_the_sends_it_keeps(make_config):
+    config = make_config(islands=2, sync={"compression": "int4", "fragments": 2})
+    none = estimate(make_config(islands=2, sync={"compression": "none", "fragments": 2}))
     int4 = estimate(config)
     up = sum(encoded_bytes(n, "int4") for n in tensor_sizes(config.model).values())
 
-    assert kept_sends("none") == 2 and kept_sends("int4") == 4
     assert none.islands["island-0"].parts["kept until handled"] == 2 * none.model_bytes
     assert int4.islands["island-0"].parts["kept until handled"] == 4 * up
 
 
-def test_an_unknown_codec_keeps_no_sends():
-    with pytest.raises(ValueError, match="codec must be one of"):
-        kept_sends("zip")
+@pytest.mark.parametrize(("codec", "islands", "error"), [("zip", 2, "codec must be one of"),
+                                                         ("int4", 0, "at least one island")])
+def test_an_unknown_codec_or_a_run_without_islands_keeps_no_sends(codec, islands, error):
+    with pytest.raises(ValueError, match=error):
+        kept_sends(codec, islands)
 
 
 def test_an_island_of_several_processes_holds_each_ones_state_and_splits_the_batch(

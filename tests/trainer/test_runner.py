@@ -261,7 +261,8 @@ def test_an_island_without_a_key_in_its_environment_does_not_start(monkeypatch):
 def test_an_island_whose_updates_syncd_does_not_merge_stops_sending_after_the_bound(
         redis_server, text_path, codec, bound):
     """No syncd merges: the island sends the updates of its one fragment it may keep
-    (two float32, four compressed: diloco.sizes.kept_sends), then waits before the
+    (two float32, four int4 in a run of one island: diloco.sizes.kept_sends), then
+    waits before the
     next, beating as `waiting` with the seconds it waited in its heartbeat; once
     syncd handles the first, the next goes out."""
     client = connect(redis_server)
