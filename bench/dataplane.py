@@ -32,9 +32,9 @@ Two phases, one after the other:
   of a fragment not yet handled by syncd: four int4 messages at M = 2, two from M = 4)
   and the run's upload slots do (syncd/upload_slots.py: two update messages on the
   data plane at once, from all islands), so syncd always has updates waiting; a
-  round merges once all
-  M islands are in it (min_quorum M, grace 0), and an island's later updates that
-  arrive before its round merged are increments in that round, as in a live run.
+  round merges once all M islands are in it (min_quorum M, grace 0), and an island's
+  later updates that arrive before its round merged are increments in that round, as
+  in a live run.
   `ingest_mb_s` is sustained ingest: the wire bytes of the updates merged after
   syncd's first WARM_MERGES merges, over the wall time from the publish of the last
   of those to the publish of the phase's last merge. The first merges carry a run's
