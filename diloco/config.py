@@ -19,6 +19,9 @@ WEIGHTINGS = ("tokens", "uniform")
 RUN_MODES = ("decoupled", "elastic")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
+# Who makes an island's wide-area link take its time: the island process (latency +
+# bytes x bytes_scale x 8 / bandwidth, diloco/wan.py) or nobody, the real network doing it.
+LINKS = ("process", "none")
 
 
 def setting(default: Any, help: str, lo: float | None = None, hi: float | None = None,
@@ -104,6 +107,11 @@ class ElasticConfig:
 
 @dataclass
 class EmulationConfig:
+    link: str = setting("process", "Who makes a message take its time on an island's link: "
+                        "process, the island process holds it for latency + bytes x 8 / "
+                        "bandwidth; none, the network between the hosts does (a real "
+                        "deployment), bandwidth_gbps and latency_ms then only size syncd's "
+                        "grace window.", choices=LINKS)
     bytes_scale: float = setting(1.0, "The link emulator treats each fragment as this many times "
                                    "larger.", 1.0, 1e9)
 
@@ -261,6 +269,13 @@ def _eval_of_blocks(config: RunConfig) -> Iterator[tuple[str, str]]:
         yield "eval.tokens", f"Must be at least model.block_size ({block}), got {tokens}."
 
 
+def _scale_needs_the_emulation(config: RunConfig) -> Iterator[tuple[str, str]]:
+    e = config.emulation
+    if e.link == "none" and e.bytes_scale != 1.0:
+        yield "emulation.bytes_scale", ("Must be 1 with emulation.link none (no emulated link "
+                                        f"to scale), got {e.bytes_scale}.")
+
+
 def _processes_divide_batch(config: RunConfig) -> Iterator[tuple[str, str]]:
     for i, island in enumerate(config.islands):
         if island.batch_size % island.processes:
@@ -279,6 +294,7 @@ RULES = (
     Rule("sync.overlap_steps", "Less than sync.inner_steps.", _overlap_within_steps),
     Rule("eval.tokens", "At least model.block_size.", _eval_of_blocks),
     Rule("islands.processes", "Must divide batch_size.", _processes_divide_batch),
+    Rule("emulation.bytes_scale", "1 with emulation.link none.", _scale_needs_the_emulation),
 )
 
 

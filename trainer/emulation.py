@@ -5,7 +5,9 @@ Faults other than kill and stop reach an island through the run's store
 partition holds its sends, heartbeats and pulls (both directions: Link, Downloads
 and the runner's whole pulls wait), degrade divides its bandwidth, corrupt
 poisons its next update with NaN. The link's time for a message is latency +
-bytes * bytes_scale * 8 / bandwidth, on the island's configured link.
+bytes * bytes_scale * 8 / bandwidth, on the island's configured link, with the run's
+emulation.link process; with none it is 0, the network between the hosts taking what
+it takes (a degrade fault, which acts on the emulated link, then does nothing).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
-from diloco.config import IslandConfig
+from diloco.config import EmulationConfig, IslandConfig
 from diloco.wan import transfer_time
 from trainer.link import POLL_S
 
@@ -38,16 +40,17 @@ class FaultEmulation:
         store: where the island's active fault is read.
         name: the island's name.
         island_config: its speed, bandwidth and latency.
-        bytes_scale: the run's emulation.bytes_scale (a message counts this many times).
+        emulation: the run's emulation section: its link (process or none) and its
+            bytes_scale (a message counts this many times).
         stopping: whether the island is stopping (a partition's wait ends then).
     """
 
     def __init__(self, store: FaultStore, name: str, island_config: IslandConfig,
-                 bytes_scale: float, stopping: Callable[[], bool]):
+                 emulation: EmulationConfig, stopping: Callable[[], bool]):
         self.store = store
         self.name = name
         self.island_config = island_config
-        self.bytes_scale = bytes_scale
+        self.emulation = emulation
         self.stopping = stopping
         self._fault: dict[str, Any] = {}
         self._fault_read = 0.0
@@ -65,11 +68,15 @@ class FaultEmulation:
         return self.fault().get("kind") == "partition"
 
     def transfer_time(self, nbytes: int) -> float:
-        """Seconds a message of `nbytes` takes on the island's link now."""
+        """Seconds the island holds a message of `nbytes` for its link now: the emulated
+        link's time, 0 with emulation.link none."""
+        if self.emulation.link == "none":
+            return 0.0
         bandwidth = self.island_config.bandwidth_gbps
         if self.fault().get("kind") == "degrade":
             bandwidth /= max(float(self.fault().get("factor", 10.0)), 1.0)
-        return transfer_time(nbytes, bandwidth, self.island_config.latency_ms, self.bytes_scale)
+        return transfer_time(nbytes, bandwidth, self.island_config.latency_ms,
+                             self.emulation.bytes_scale)
 
     def wait_while_partitioned(self) -> None:
         while self.partitioned() and not self.stopping():

@@ -144,8 +144,7 @@ class ProcessIsland:
         self.started = self.clock.marks.get("launched", time.time())
         self.startup_s: float | None = None  # launch to first step: elastic's delay
         self.restarts = WholeJobRestarts(store, self.config.sync.inner_steps)
-        self.emulation = FaultEmulation(store, name, self.island_config,
-                                        self.config.emulation.bytes_scale,
+        self.emulation = FaultEmulation(store, name, self.island_config, self.config.emulation,
                                         lambda: self.stopping)
         self.bytes_down = 0
         self.pulls = 0

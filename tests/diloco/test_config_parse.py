@@ -212,3 +212,17 @@ def test_it_accepts_a_gpu_island_of_several_processes_in_bf16():
 ])
 def test_it_rejects_a_bad_device_precision_or_process_count(data, path, message):
     assert errors_of(data) == {path: [message]}
+
+
+def test_a_run_emulates_its_links_in_the_island_process_unless_told_none():
+    assert parse_config({}, REGIONS).emulation.link == "process"
+    assert parse_config({"emulation": {"link": "none"}}, REGIONS).emulation.link == "none"
+
+
+@pytest.mark.parametrize(("emulation", "path", "message"), [
+    ({"link": "kernel"}, "emulation.link", "Must be one of process, none, got 'kernel'."),
+    ({"link": "none", "bytes_scale": 10.0}, "emulation.bytes_scale",
+     "Must be 1 with emulation.link none (no emulated link to scale), got 10.0."),
+])
+def test_it_rejects_an_unknown_link_or_a_scale_of_no_emulated_link(emulation, path, message):
+    assert errors_of({"emulation": emulation}) == {path: [message]}

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diloco.config import IslandConfig
+from diloco.config import EmulationConfig, IslandConfig
 from trainer import emulation
 from trainer.emulation import FAULT_READ_S, FaultEmulation
 
@@ -49,10 +49,11 @@ def store():
 
 
 def island(store: Faults, speed: float = 1.0, bytes_scale: float = 1.0,
-           stopping=lambda: False) -> FaultEmulation:
+           stopping=lambda: False, link: str = "process") -> FaultEmulation:
     config = IslandConfig(name="a", region="us-east", speed=speed, bandwidth_gbps=2.0,
                           latency_ms=30.0)
-    return FaultEmulation(store, "a", config, bytes_scale, stopping)
+    return FaultEmulation(store, "a", config, EmulationConfig(link=link, bytes_scale=bytes_scale),
+                          stopping)
 
 
 def fault(store: Faults, clock, kind: str, **extra) -> None:
@@ -71,6 +72,19 @@ def test_a_message_takes_the_links_latency_plus_its_bits_over_its_bandwidth(stor
 def test_the_bytes_scale_counts_a_message_that_many_times(store, clock):
     assert island(store, bytes_scale=10).transfer_time(int(0.2 * GBIT)) == pytest.approx(
         0.030 + 1.0)
+
+
+def test_with_no_emulated_link_a_message_is_held_for_no_time_even_when_degraded(store, clock):
+    link = island(store, link="none")
+    assert link.transfer_time(int(2 * GBIT)) == 0.0
+    fault(store, clock, "degrade", factor=4.0)
+    assert link.transfer_time(int(2 * GBIT)) == 0.0
+
+
+def test_with_no_emulated_link_a_partition_still_holds_the_island(store, clock):
+    link = island(store, link="none")
+    fault(store, clock, "partition")
+    assert link.partitioned()
 
 
 def test_a_degrade_fault_divides_the_bandwidth_by_its_factor_and_never_multiplies_it(

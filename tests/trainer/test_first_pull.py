@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diloco.config import IslandConfig
+from diloco.config import EmulationConfig, IslandConfig
 from diloco.protocol import encode_message
 from diloco.signing import load_verify_key, publish_key, verify_key_hex
 from trainer.emulation import FaultEmulation
@@ -47,7 +47,7 @@ class Globals:
 
 def runner(faults: Faults, store: Globals, latency_ms: float) -> SimpleNamespace:
     link = IslandConfig(name="a", region="us-east", latency_ms=latency_ms)
-    emulation = FaultEmulation(faults, "a", link, 1.0, lambda: False)
+    emulation = FaultEmulation(faults, "a", link, EmulationConfig(), lambda: False)
     return SimpleNamespace(emulation=emulation, store=store, bytes_down=0,
                            verify_key=load_verify_key(verify_key_hex(SECRET)),
                            run_ended=lambda: False, stopping=False)
