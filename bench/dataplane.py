@@ -40,7 +40,7 @@ Two phases, one after the other:
   of those to the publish of the phase's last merge. The first merges carry a run's
   cold costs, once in its life: the first writes of syncd's two files of the
   fragment (their pages, new to the page cache), the first round sum and outer
-  momentum; at M = 2 they were 4 s of a 14 s phase. `ingest_phase_mb_s`, beside it,
+  momentum, a large share of a short phase. `ingest_phase_mb_s`, beside it,
   is the wire bytes of every update handled over the whole phase, from the first
   send (the pipeline's fill and the cold costs count);
   `ingest_p50_s`/`ingest_p95_s` are from an island's send (before it waits for a
@@ -69,7 +69,7 @@ fsynced, and each fragment's two files (of its even and of its odd versions) are
 written over in the page cache (syncd/published_files.py), so the disk sees what
 writeback takes of them, not every merge's bytes.
 
-After the configs, island utilization (bench/utilization.py, issue 23, item 3): a
+After the configs, island utilization (bench/utilization.py): a
 real island over an emulated 2 Gb/s link with tau = 1, its steps x the bare loop's
 step time over their wall time, into the same JSON as `utilization`; `python -m
 bench utilization` runs it alone.
@@ -505,8 +505,8 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
 
 
 def checks(configs: list[dict[str, Any]], lim: dict[str, float]) -> dict[str, dict[str, Any]]:
-    """The targets (issue 23, item 2) at every config of at least TARGET_PARAMS: ingest
-    against the Redis transport, which updates take with either transport of the
+    """The targets at every config of at least TARGET_PARAMS: ingest against the
+    Redis transport, which updates take with either transport of the
     published fragment; pull against the read of its own transport (the served one's:
     `served_read_mb_s`)."""
     out: dict[str, dict[str, Any]] = {}

@@ -333,8 +333,8 @@ def bare_phase(name: str, corpus: Path, seconds: float, label: str) -> dict[str,
 
     Each leads a session of its own, as every island process does: with the kernel's
     autogroup scheduling each session gets its share of a busy machine, and four loops
-    in the benchmark's one session got far less CPU than the islands under load
-    (1.9 s a step against an island's 1.3 s)."""
+    in the benchmark's one session got far less CPU than the islands under load,
+    which made the bare figure slower than the islands it bounds."""
     spec = json.dumps({"model": WORKLOADS[name], "corpus": str(corpus)})
     loops = [subprocess.Popen([sys.executable, "-m", "bench.efficiency", spec], cwd=ROOT,
                               env={**os.environ, "PYTHONPATH": str(ROOT)},

@@ -31,9 +31,9 @@ each, and of create to all training. It writes bench/results/rejoin.json
 (rejoin-quick.json with --quick), prints the table and the checks against the
 targets, and exits non-zero when one is missed.
 
-`python -m bench rejoin --preset gpt2_small` is the rejoin at a real size (issue 23,
-item 2): the preset's run (85.6M parameters, its codecs, two islands over emulated 2
-Gb/s links) with batch 1, so that steps are short on this machine, and a warm pool
+`python -m bench rejoin --preset gpt2_small` is the rejoin at a real size:
+the preset's run (its parameters, its codecs, two islands over emulated 2 Gb/s
+links) with batch 1, so that steps are short on this machine, and a warm pool
 per region; REAL_SIZE_CYCLES operator kills and rejoins, each timed from the rejoin
 to the first inner step with its phases. What the rejoin costs is that time less
 one inner step, which the island would have taken anyway (its step time before the

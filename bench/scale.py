@@ -35,7 +35,7 @@ Per size it reports, with B the fp32 model bytes (4 x parameters):
 - the append-only file's size and the system folder's, and Redis's memory once the
   run ended and freed its keys;
 - the islands syncd marked lost (its `island_lost` events): the run has no faults, so
-  every one is a false death (issue 23, item 8: none in a ten-minute run at >= 85M).
+  every one is a false death.
 
 It writes bench/results/scale.json (scale-quick.json with --quick: the two smallest
 sizes) and scale.html (memory over time per size), prints a table, and exits
@@ -64,7 +64,7 @@ SIZES: list[dict[str, Any]] = [
      "block": 64},
     {"label": "57M", "n_layer": 8, "n_embd": 768, "n_head": 12, "islands": 4, "batch": 2,
      "block": 128},
-    # M = 4 at the top size too (issue 23): the memory of Redis and syncd must not grow
+    # M = 4 at the top size too: the memory of Redis and syncd must not grow
     # with the islands, which two cannot show.
     {"label": "113M", "n_layer": 16, "n_embd": 768, "n_head": 12, "islands": 4, "batch": 2,
      "block": 128},

@@ -1,4 +1,4 @@
-"""Island utilization (issue 23, item 3): `python -m bench utilization [--quick]`.
+"""Island utilization: `python -m bench utilization [--quick]`.
 
 One real island process (`python -m trainer.runner`) trains GPT-2 small's shape
 (85.6M parameters; a 6M model with --quick) through its own two Redis and syncd

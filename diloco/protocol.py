@@ -5,8 +5,9 @@ syncd) ends with a 32-byte tag of the blob: its BLAKE3 hash keyed with the islan
 key for its epoch (BLAKE3's keyed mode is a MAC); a global (syncd -> islands) with a
 64-byte Ed25519 signature of the blob's BLAKE3 digest under the run's publish key,
 which islands can check but not make (diloco.signing). BLAKE3, not SHA-256: every
-byte of every message is hashed on both sides, and on one core BLAKE3 hashes 3-4x
-faster than SHA-256 does even with the CPU's SHA instructions (bench signing);
+byte of every message is hashed on both sides, and on one core BLAKE3 hashes
+several times faster than SHA-256 does even with the CPU's SHA instructions (bench
+signing);
 protocol 1 was HMAC-SHA256 and Ed25519 over SHA-256. The key says which kind a
 message must be: a global is never read as an update, nor an update as a global. The
 metadata travels in the safetensors header as strings. Nothing is ever unpickled:

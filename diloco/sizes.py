@@ -98,7 +98,7 @@ def kept_sends(codec: str, islands: int) -> int:
     eighth). A merge and its publish cost syncd about what folding two or three
     updates does, and while it runs islands that hold all their kept sends send
     nothing; with so few islands that a round is two to six updates, that dead time
-    was a third of syncd's (bench dataplane at M = 2, docs/BENCHMARKS.md). More
+    is a large share of syncd's (bench dataplane at M = 2). More
     islands keep it full already, and deeper queues there would only make each
     update wait longer for its merge.
 

@@ -12,28 +12,24 @@ process's resident memory crept up by several times the model over a run
 
 Fixing the threshold stops the rise. It is fixed at glibc's ceiling, 32 MiB, not
 at the 128 KiB start: at 128 KiB every activation and gradient of a training
-step is also mmapped, faulted in page by page and unmapped again, which made a
-bare training step of the demo's model about 45% slower (54 ms against 80 ms on
-one core; the system's merged tokens/s fell by a third, `bench efficiency`).
+step is also mmapped, faulted in page by page and unmapped again, which slows a
+bare training step and the system's merged tokens/s (`bench efficiency`).
 
 Fixing it also fixes the trim threshold at its 128 KiB start, which gives the
 heap's free top back after every step: a training step's gradients and
-activations (all below 32 MiB a tensor) were faulted in again page by page at
-every step (GPT-2 small's shape, batch 1, one thread: 170,000 page faults and
-1.49-1.54 s a step, against none and 1.31-1.40 s with the heap kept). So a process
-that trains (an island, a standby, a bare loop of bench efficiency) keeps its
-heap (keep_heap: the trim threshold fixed high): its step's buffers below 32 MiB
-stay and are reused step after step, while fragments at real sizes are far above
-32 MiB and go back when freed. syncd does not: its ingest did not gain (bench
-dataplane at 100M, M = 2 and 16, alternated twice) and its peak at M = 2 read
-3.46-3.95 B with the heap kept against 3.29-3.61 B without.
+activations (all below 32 MiB a tensor) would be faulted in again page by page at
+every step. So a process that trains (an island, a standby, a bare loop of bench
+efficiency) keeps its heap (keep_heap: the trim threshold fixed high): its step's
+buffers below 32 MiB stay and are reused step after step, while fragments at real
+sizes are far above 32 MiB and go back when freed. syncd does not: keeping its
+heap gained its ingest nothing and raised its peak (`bench dataplane`).
 
 A process that keeps its heap also keeps one arena (M_ARENA_MAX 1): glibc gives
 each thread that allocates an arena of its own, which keeps its freed memory as
 the heap does, so an island's encoding, pull and link threads would each hold
-their own high-water mark beside the training thread's (the encoding thread's:
-+0.15 B of peak at GPT-2 small's shape, 7.74 against 7.59 B over five runs
-each); in one arena what one thread frees is reused by the next that allocates.
+their own high-water mark beside the training thread's, which raises the
+island's peak; in one arena what one thread frees is reused by the next that
+allocates.
 A process whose heap is warm but that will idle a while gives its free heap back
 with give_back_heap (a warm standby after its throwaway step); fault_in brings it
 in again ahead of the work (an island while it pulls).

@@ -21,8 +21,8 @@ has two files, one of its even versions and one of its odd, and
 version v is written over v - 2, in place: the file of v - 1, the version committed
 while v is written, is never touched, and a file's pages are written again where
 they lie in the page cache. (A new file per version, renamed into place, had its
-pages allocated afresh at every merge: 2.7-3.3 s for the 800 MB of a 100M fragment
-on this project's machine against 0.1 s in place, the largest part of a merge.) The
+pages allocated afresh at every merge, which cost a VM more than the rest of the
+merge; written in place, the file costs about a pass over memory.) The
 version in the file's header is written last, once the rest is; until then it says
 none, so a reader finds a whole version or none. It is not fsynced: a crash of
 syncd, of Redis or of the data plane loses nothing, and a power loss of syncd's host

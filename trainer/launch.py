@@ -129,8 +129,8 @@ def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
 def exit_now(code: int) -> NoReturn:
     """Exit at once, without the interpreter's teardown, once a program's work is done.
 
-    With torch loaded the teardown takes 1 to 2 s on an idle host and several on a
-    busy one where everything stops at once; a stop has 10 s for all
+    With torch loaded the teardown takes seconds, more on a busy host where
+    everything stops at once, and a stop has 10 s for all
     (`python -m webapp.start` uses it too).
     """
     logging.shutdown()

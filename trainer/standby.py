@@ -69,8 +69,8 @@ def prepare(warm: dict) -> tuple[dict[tuple[str, float], Corpus], GPT | None]:
 
 def warm_up(model: GPT) -> None:
     """One throwaway training step: torch imports much of itself lazily on the first
-    optimizer and the first backward (2 s of a claimed standby's model phase before
-    this, measured), so a standby pays that before its claim. The step's changes
+    optimizer and the first backward (most of a claimed standby's model phase before
+    this), so a standby pays that before its claim. The step's changes
     do not matter: a claim's pull replaces every parameter."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
     x = torch.zeros(1, model.config.block_size, dtype=torch.long)
