@@ -16,15 +16,47 @@ import torch
 RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR", Path(__file__).parent / "results"))
 
 
+# Keys that hold a benchmark's curves and samples, wherever they are in its record. The
+# committed NAME.json, which the docs and the checks read, leaves them out: the whole record
+# goes to NAME-samples.json beside it (not committed, as the HTML reports are not).
+SAMPLE_KEYS = frozenset({"samples", "per_round", "raw", "phases", "fault_log", "heals", "fit",
+                         "series", "curve", "curves", "goodput_table", "bandwidth_table"})
+WIDTH = 100  # a list or an object this short in JSON stays on one line of the file
+
+
 def write(name: str, data: dict[str, Any]) -> Path:
-    """Write bench/results/NAME.json with the machine it ran on."""
+    """Write the record with the machine it ran on: bench/results/NAME-samples.json whole,
+    bench/results/NAME.json its summary (the record less its SAMPLE_KEYS)."""
     RESULTS.mkdir(exist_ok=True)
     data = {**data, "machine": {"python": platform.python_version(), "torch": torch.__version__,
                                 "threads": torch.get_num_threads(), "platform": platform.platform(),
                                 "date": time.strftime("%Y-%m-%d %H:%M:%S")}}
+    (RESULTS / f"{name}-samples.json").write_text(dumps(data) + "\n")
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    path.write_text(dumps(summary(data)) + "\n")
     return path
+
+
+def summary(record: Any) -> Any:
+    """The record without its curves and samples (SAMPLE_KEYS, at any depth)."""
+    if isinstance(record, dict):
+        return {k: summary(v) for k, v in record.items() if k not in SAMPLE_KEYS}
+    if isinstance(record, list):
+        return [summary(v) for v in record]
+    return record
+
+
+def dumps(value: Any, indent: int = 0) -> str:
+    """JSON indented by two, where a list or an object that fits in WIDTH stays on one line."""
+    flat = json.dumps(value)
+    if indent + len(flat) <= WIDTH or not isinstance(value, dict | list) or not value:
+        return flat
+    pad = " " * (indent + 2)
+    if isinstance(value, dict):
+        items = [f"{pad}{json.dumps(k)}: {dumps(v, indent + 2)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+    items = [pad + dumps(v, indent + 2) for v in value]
+    return "[\n" + ",\n".join(items) + "\n" + " " * indent + "]"
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
