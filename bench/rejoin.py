@@ -204,7 +204,7 @@ def cycle(run: Any, store: Any, island: str, kind: str, operator: Any) -> dict[s
 def first_merge_of(island: str, epoch: int, merges: Iterable[Any]) -> Any:
     """The first of `merges` (events in order, from the rejoined island's first step
     on) that took in an update of `island`'s epoch `epoch` or later (the merge event's
-    `epochs`, syncd/rounds.py): an older epoch's update still pending is not the
+    `epochs`, syncd/publisher.py): an older epoch's update still pending is not the
     rejoined island's; None before one has."""
     return next((e for e in merges if island in (e.detail.get("weights") or {})
                  and (e.detail.get("epochs") or {}).get(island, -1) >= epoch), None)

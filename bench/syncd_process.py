@@ -107,7 +107,7 @@ def syncd_main(url: str, data_url: str, checkpoint_dir: str, stop: Any, busy_s: 
         else:  # as syncd.server waits for work
             wait_for_updates(sync.store.client, [sync])
     out.put({"idle_rss": idle_rss, "peak_rss": rss_of()[1], "merges": recorder.merges,
-             "bytes_saved": sync.rounds.bytes_saved})
+             "bytes_saved": sync.rounds.publisher.bytes_saved})
 
 
 def start_redis(folder: Path, appendonly: bool = False) -> tuple[subprocess.Popen, str]:

@@ -3,7 +3,7 @@ durable in.
 
 The data plane (syncd.run_keys) keeps nothing on disk, so syncd writes each merge's
 full message and outer momentum to a file of its own before it commits the merge
-(syncd.rounds.Rounds.publish), once. A restart of the data plane (or a syncd that
+(syncd.publisher.Publisher.publish), once. A restart of the data plane (or a syncd that
 takes the run over after one) publishes the full message again from here; no
 append-only file carries them, so no rewrite of one copies them again. The outer
 momentum is here only: islands never read it, so it never goes to the data plane,

@@ -74,7 +74,7 @@ class Recovery:
                 rounds.load_fragment(p, {n: params[n] for n in fragment.tensor_names},
                                      {k.removeprefix(f"{p}."): v for k, v in momentum.items()
                                       if k.startswith(f"{p}.")}, versions[p] + 1)
-                rounds.publish(p, tokens)
+                rounds.publisher.publish(p, tokens)
             self.recorder.event("rollback", None, reason="Redis lost the run's state",
                                 checkpoint=path, versions=list(rounds.sync.versions))
             log.warning("run %s: Redis had no versions; rolled back to %s", self.store.run_id,
@@ -158,7 +158,7 @@ class Recovery:
             if old is None or epoch <= old or island not in self.accounting.islands \
                     or not beat or beat.get("epoch", 0) > old:
                 continue
-            seconds = unsent_steps(beat, rounds.sent_seqs(island)) * (
+            seconds = unsent_steps(beat, rounds.ingester.sent_seqs(island)) * (
                 self.accounting.step_time(island) or 0.0)
             self.accounting.lost(island, seconds, "in_flight")
 
@@ -191,7 +191,7 @@ class Recovery:
         merged = self.store.tokens_merged()
         others = [i.name for i in self.spec.config.islands if i.name != island
                   and i.name not in liveness.lost and i.name in self.accounting.islands]
-        thrown = {name: unsent_steps(liveness.heartbeats.get(name), rounds.sent_seqs(name))
+        thrown = {name: unsent_steps(liveness.heartbeats.get(name), rounds.ingester.sent_seqs(name))
                   for name in others}
         waited = dict.fromkeys(others, 0.0)  # an island waits at one barrier at a time
         discarded = set()
@@ -222,7 +222,7 @@ class Recovery:
 
 def unsent_steps(beat: dict[str, Any] | None, sent: list[int]) -> float:
     """Inner steps of an island since the last update of each fragment that syncd
-    received (`sent`: their seqs, Rounds.sent_seqs), as goodput counts them (a
+    received (`sent`: their seqs, Ingester.sent_seqs), as goodput counts them (a
     fragment stands for 1/P of a step), up to its last heartbeat `beat`: the work a
     death or a restart of the island throws away."""
     if not beat:

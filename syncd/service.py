@@ -3,8 +3,8 @@ order by a short tick.
 
 - the spec (syncd/spec.py): the run's config as it is now, its secret and mode;
 - liveness (syncd/liveness.py): heartbeats, epochs, deaths, lost islands, rates;
-- rounds (syncd/rounds.py): the Synchronizer, fed from the update stream, its
-  merges and what they publish;
+- rounds (syncd/rounds.py): the Synchronizer and its merges, fed from the update
+  stream (syncd/ingester.py), published on a thread of their own (syncd/publisher.py);
 - recovery (syncd/recovery.py): checkpoints, the elastic restore point and
   whole-job restart, the fall-back to a checkpoint when Redis lost the run;
 - accounting (diloco.accounting.RunAccounting): goodput and uptime, which the
@@ -17,7 +17,7 @@ user's stop and the run's end (the outcome, syncd/outcome.py). State survives a
 restart of syncd: the versions and handled seqs are in the control Redis, the
 globals and momentum on the data plane and in syncd's files (one write per merge,
 syncd/published_files.py). The open rounds are not (each update is folded into its
-round's sum and freed as it arrives, syncd/rounds.py): the islands send again what
+round's sum and freed as it arrives, syncd/ingester.py): the islands send again what
 syncd has not handled when its lease changes hands (trainer/resend.py). RunSync also
 watches the data plane: a restart of it is published again at once, and its
 refusals for memory are an alert in the run's events.
@@ -200,11 +200,11 @@ class RunSync:
         if self.completed:
             # The budget is spent and the run's tokens are recorded: no merge after that.
             return False
-        busy, read_all = self.rounds.ingest(now, self.liveness)
+        busy, read_all = self.rounds.ingester.ingest(now, self.liveness)
         for p in range(len(self.rounds.fragments)):
             if self.rounds.maybe_merge(p, now, self.liveness.alive) and self.spec.elastic:
                 self._finish_merges(now)  # the restore point is the outer step's state
-        if self.rounds.publishing:
+        if self.rounds.publisher.publishing:
             # The next round's updates are read while the merges are published.
             self.rounds.ingest_while_publishing(self.liveness)
             read_all = False
@@ -241,8 +241,8 @@ class RunSync:
             self.recovery.ask_for_checkpoint()
         if self.stop_seen is None and self.store.stop_requested() is not None:
             self.stop_seen = now
-        self.rounds.trim()
-        self.rounds.free_stale_slots(now, self.liveness)
+        self.rounds.ingester.trim()
+        self.rounds.ingester.free_stale_slots(now, self.liveness)
         self._check_budget()
         if now >= self.next_dataplane:
             self.next_dataplane = now + DATAPLANE_EVERY_S
@@ -253,7 +253,7 @@ class RunSync:
         refused writes for memory is an alert (at most one a minute), since updates
         and merges then wait while heartbeats, status and control go on."""
         if self.store.dataplane_lost():
-            self.rounds.republish()
+            self.rounds.publisher.republish()
             self.store.mark_dataplane()
             self.recorder.event("alert", None, reason=(
                 "the data-plane Redis lost the run's published fragments (it restarted or "
@@ -291,9 +291,9 @@ class RunSync:
             self.recovery.restart_job(now, island, self.rounds, self.liveness, joining=joining)
 
     def _finish_merges(self, now: float) -> None:
-        """Wait for the merges being published and account them (Rounds.finish_merges),
+        """Wait for the merges being published and account them (Publisher.finish),
         then take each outer step they made."""
-        for _ in range(self.rounds.finish_merges(now)):
+        for _ in range(self.rounds.publisher.finish(now)):
             self._outer_step(now)
 
     def _outer_step(self, now: float) -> None:
@@ -314,7 +314,7 @@ class RunSync:
 
     def waiting_on(self) -> tuple[str, bytes]:
         """The update stream's key and the last entry read: what a quiet syncd blocks on."""
-        return self.store.key("updates"), self.rounds.after
+        return self.store.key("updates"), self.rounds.ingester.after
 
     # -- status ----------------------------------------------------------------
 

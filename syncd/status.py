@@ -60,7 +60,7 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
             "version_lag": newest - min(bases) if bases else 0,
             "rejoin_warm": island.processes == 1
             and (standbys or {}).get(island.region, 0) >= 1,
-            "rejections": rounds.rejections[island.name]}
+            "rejections": rounds.ingester.rejections[island.name]}
     fragments = []
     for p, f in enumerate(rounds.fragments):
         decision = rounds.decide(p, now, alive)
@@ -70,7 +70,7 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
                           else config.sync.min_quorum,
                           "grace_left_s": round(decision.deadline - now, 2)
                           if decision.deadline else None,
-                          "waiting": decision.reason, "last_merge": rounds.last_merge[p]})
+                          "waiting": decision.reason, "last_merge": rounds.publisher.last_merge[p]})
     figures = accounting.snapshot(now, theta(
         accounting, spec, pace=pace(spec, liveness.tokens_per_s),
         round_trip_s=rounds.round_stats().sync_time_s, tick_s=tick_s))

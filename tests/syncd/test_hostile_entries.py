@@ -69,7 +69,7 @@ def test_a_hostile_entry_changes_nothing_and_its_neighbours_merge(two_runs, fiel
 
     assert attacked.store.versions()[0] == 2, "a's and b's genuine updates merged"
     assert attacked.store.handled(0) == {**handled, "a": 8, "b": 8}
-    assert attacked.rounds.rejections == {}
+    assert attacked.rounds.ingester.rejections == {}
     assert all(sum(i.lost.values()) == 0.0 for i in attacked.accounting.islands.values())
     [event] = rejection_events(attacked)
     assert event["quarantined"] == 1

@@ -227,7 +227,7 @@ def assert_rejected_and_the_run_goes_on(sync: RunSync, reason: str, seq: int) ->
     alone; a's next good update merges with it into a new version."""
     reasons = rejection_reasons(sync)
     assert len(reasons) == 1 and reason in reasons[0], reasons
-    assert sync.rounds.rejections == {"a": 1}
+    assert sync.rounds.ingester.rejections == {"a": 1}
     assert sync.status(1000.0)["islands"]["a"]["rejections"] == 1
     version = sync.rounds.sync.versions[0]
     assert sync.store.versions()[0] == version
@@ -238,7 +238,7 @@ def assert_rejected_and_the_run_goes_on(sync: RunSync, reason: str, seq: int) ->
 
     assert sync.store.versions()[0] == version + 1
     assert all(torch.isfinite(t).all() for t in sync.rounds.sync.globals[0].values())
-    assert sync.rounds.rejections == {"a": 1}
+    assert sync.rounds.ingester.rejections == {"a": 1}
 
 
 def assert_quarantined_and_the_run_goes_on(sync: RunSync, reason: str, seq: int) -> None:
@@ -248,7 +248,7 @@ def assert_quarantined_and_the_run_goes_on(sync: RunSync, reason: str, seq: int)
     update of that very seq merges with it."""
     reasons = rejection_reasons(sync)
     assert len(reasons) == 1 and reason in reasons[0], reasons
-    assert sync.rounds.rejections == {}
+    assert sync.rounds.ingester.rejections == {}
     assert sync.status(1000.0)["islands"]["a"]["rejections"] == 0
     assert "a" not in sync.store.handled(0)
     assert sum(sync.accounting.islands["a"].lost.values()) == 0.0
@@ -262,7 +262,7 @@ def assert_quarantined_and_the_run_goes_on(sync: RunSync, reason: str, seq: int)
     sync.tick()
 
     assert sync.store.versions()[0] == version + 1
-    assert sync.rounds.rejections == {}
+    assert sync.rounds.ingester.rejections == {}
 
 
 @pytest.mark.parametrize("make, reason", UNVERIFIED, ids=[m.__name__ for m, _ in UNVERIFIED])
@@ -288,7 +288,7 @@ def test_a_hostile_update_is_rejected_counted_and_never_merged(run_sync, make, r
 
 def test_an_update_of_an_absurd_norm_is_rejected_once_recent_norms_are_known(run_sync):
     seq = 0
-    while len(run_sync.rounds.norms[0]) < NORM_WARMUP:
+    while len(run_sync.rounds.ingester.norms[0]) < NORM_WARMUP:
         seq += STEPS
         push(run_sync, "a", seq, good_blob(run_sync, "a", seq))
         push(run_sync, "b", seq, good_blob(run_sync, "b", seq))
@@ -314,7 +314,7 @@ def test_an_update_sent_again_is_the_same_update_merged_once_and_refused_nothing
     run_sync.tick()
 
     assert rejection_reasons(run_sync) == []
-    assert run_sync.rounds.rejections == {}
+    assert run_sync.rounds.ingester.rejections == {}
     assert run_sync.store.versions()[0] == 1
     assert list(run_sync.rounds.sync.rounds[0]) == ["b"]
     assert runs.stored_keys(run_sync.store, "blob") == []  # the copy is deleted unread
@@ -331,7 +331,7 @@ def test_a_restarted_syncd_reads_handled_updates_again_without_calling_them_repl
                     clock=lambda: 1001.0, control_every_s=0.0)
     again.tick()
 
-    assert again.rounds.rejections == {}
+    assert again.rounds.ingester.rejections == {}
     assert rejection_reasons(again) == []
     assert again.store.versions()[0] == 1
 

@@ -167,7 +167,7 @@ def test_elastic_does_not_wait_at_the_barrier_for_an_update_it_refused(redis_url
 
     assert sync.rounds.sync.versions == [1, 0]
     assert sync.store.handled(0) == {"a": 4, "b": 4}  # both told with the merge
-    assert sync.rounds.last_merge[0]["weights"].keys() == {"b"}
+    assert sync.rounds.publisher.last_merge[0]["weights"].keys() == {"b"}
     send(sync, "a", 0, 8, base_version=0)  # the next round waits for both again
     sync.tick()
     assert sync.rounds.sync.versions == [1, 0]
@@ -197,13 +197,13 @@ def test_elastic_makes_one_restart_of_islands_lost_together(redis_url, tmp_path)
 def test_elastic_throws_away_an_update_sent_before_a_restart_and_read_after_it(
         redis_url, tmp_path):
     sync = lose_b_in_elastic(redis_url, tmp_path)  # the restart publishes versions 1, 1
-    assert sync.rounds.restart_versions == [1, 1]
+    assert sync.rounds.ingester.restart_versions == [1, 1]
     send(sync, "a", 0, 4, base_version=0)  # still in flight when the job restarted
     sync.tick()
 
     assert sync.rounds.sync.rounds[0] == {}  # a's first update after the restart fills its place
     assert sync.rounds.sync.handled[0]["a"] == 4
-    assert sync.rounds.excused[0] == set()
+    assert sync.rounds.ingester.excused[0] == set()
 
 
 

@@ -54,13 +54,13 @@ def test_syncd_frees_the_slots_of_old_epochs_lost_islands_strangers_and_handled_
 
     store.wait_for_slot("b", 1, 0, 4, slots=2)
     run_sync.liveness.lost.add("b")
-    run_sync.rounds.free_stale_slots(run_sync.clock(), run_sync.liveness)
+    run_sync.rounds.ingester.free_stale_slots(run_sync.clock(), run_sync.liveness)
     assert store.slot_holders(2) == []
 
     # A syncd that died between a fold and freeing its slot left the ticket behind.
     store.wait_for_slot("a", 1, 1, 4, slots=2)
     run_sync.rounds.sync.handled[1]["a"] = 4
-    run_sync.rounds.free_stale_slots(run_sync.clock(), run_sync.liveness)
+    run_sync.rounds.ingester.free_stale_slots(run_sync.clock(), run_sync.liveness)
     assert store.slot_holders(2) == []
 
 
@@ -115,7 +115,7 @@ def test_the_next_rounds_updates_are_read_while_a_merge_is_published(run_sync, m
             send(run_sync, "b", 0, 8, tokens=7)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and not (
-                    "a" in rounds.sync.rounds[0] and rounds.rejections["b"]):
+                    "a" in rounds.sync.rounds[0] and rounds.ingester.rejections["b"]):
                 time.sleep(0.01)
             seen["next round"] = sorted(rounds.sync.rounds[0])
             seen["versions"] = run_sync.store.versions()
@@ -169,7 +169,7 @@ def test_a_pass_whose_reading_fails_during_a_publish_ends_after_the_publish(
     published must be committed by then, not still under way."""
     heartbeat_all(run_sync)
     rounds = run_sync.rounds
-    save, ingest = rounds.files.save, rounds.ingest
+    save, ingest = rounds.files.save, rounds.ingester.ingest
     reading_failed = threading.Event()
     order = []
 
@@ -185,7 +185,7 @@ def test_a_pass_whose_reading_fails_during_a_publish_ends_after_the_publish(
         return ingest(now, liveness)
 
     monkeypatch.setattr(rounds.files, "save", save_after_the_failure)
-    monkeypatch.setattr(rounds, "ingest", ingest_failing_while_publishing)
+    monkeypatch.setattr(rounds.ingester, "ingest", ingest_failing_while_publishing)
     send(run_sync, "a", 0, 4)
     send(run_sync, "b", 0, 4)
 

@@ -247,7 +247,7 @@ def test_a_quiet_syncd_blocks_on_its_runs_update_streams_until_an_update_arrives
     served.wait_for_work(quiet_s=2.0)  # returns at once: an entry is there to read
 
     (streams, kwargs), = blocked
-    assert streams == {store.key("updates"): served.runs[str(run.pk)].rounds.after}
+    assert streams == {store.key("updates"): served.runs[str(run.pk)].rounds.ingester.after}
     assert kwargs == {"count": 1, "block": 2_000}
 
 
