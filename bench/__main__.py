@@ -1,4 +1,6 @@
-"""python -m bench NAME [--quick] [--minutes N] [--device D] [--preset P]: run one benchmark."""
+"""python -m bench NAME [--quick] [--minutes N] [--device D] [--preset P]: run one benchmark.
+
+python -m bench docs: write docs/BENCHMARKS.md from the committed results (bench/docs.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import argparse
 
 from bench import (
     dataplane,
+    docs,
     efficiency,
     goodput,
     gpu_smoke,
@@ -32,7 +35,7 @@ TIMED = ("soak", "scale")  # the benchmarks that take --minutes
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("name", choices=sorted(BENCHMARKS))
+    parser.add_argument("name", choices=[*sorted(BENCHMARKS), "docs"])
     parser.add_argument("--quick", action="store_true",
                         help="a short run that checks the same relations with looser bounds")
     parser.add_argument("--minutes", type=float, default=None,
@@ -45,6 +48,8 @@ def main() -> None:
                              "(e.g. gpt2_small) instead of the profiles' small models; "
                              "rejoin: time a warm rejoin of this preset's run at its size")
     args = parser.parse_args()
+    if args.name == "docs":
+        raise SystemExit(docs.main())
     options: dict[str, object] = {"quick": args.quick}
     if args.minutes is not None:
         if args.name not in TIMED:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,11 +31,33 @@ def write(name: str, data: dict[str, Any]) -> Path:
     RESULTS.mkdir(exist_ok=True)
     data = {**data, "machine": {"python": platform.python_version(), "torch": torch.__version__,
                                 "threads": torch.get_num_threads(), "platform": platform.platform(),
-                                "date": time.strftime("%Y-%m-%d %H:%M:%S")}}
+                                "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                "commit": commit(), "command": command()}}
     (RESULTS / f"{name}-samples.json").write_text(dumps(data) + "\n")
     path = RESULTS / f"{name}.json"
     path.write_text(dumps(summary(data)) + "\n")
     return path
+
+
+def commit() -> str | None:
+    """The commit the benchmark ran on, "+ changes" where the tracked files differ from it."""
+    git = ["git", "-C", str(Path(__file__).parent)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return f"{head} + changes" if changed else head
+
+
+def command() -> str | None:
+    """The command line of `python -m bench ...`; None when something else called write."""
+    main = Path(sys.argv[0])
+    if (main.parent.name, main.name) != ("bench", "__main__.py"):
+        return None
+    return " ".join(["python -m bench", *sys.argv[1:]])
 
 
 def summary(record: Any) -> Any:

@@ -24,7 +24,7 @@ are laid out, so a blob store (an object store, a shared file system) can later
 carry the tensors while Redis keeps the control messages.
 
 The transport, chosen by measurement (`python -m bench dataplane`,
-docs/BENCHMARKS.md): replies are parsed by hiredis (syncd.connection), chunks are
+docs/journal/benchmarks-2026.md): replies are parsed by hiredis (syncd.connection), chunks are
 4 MiB, and a message is read READ_WINDOW chunks per round trip, each copied once
 into the one buffer allocated for the whole message. So a reader holds at most
 READ_WINDOW x chunk_bytes of replies besides its message (8 MiB by default), and

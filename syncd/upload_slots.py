@@ -20,7 +20,7 @@ before the publish began may still fill all U (syncd, the bottleneck of a busy r
 not read them yet): the publish waits first, a moment at most, until syncd read one
 (UpdateStream.slot_for_publish). So the data plane holds the fragment twice plus U - 1
 update messages at a publish, whatever the number of islands, as at M = 2, where the
-islands wait for the merge (bench dataplane, docs/BENCHMARKS.md). An island that saw
+islands wait for the merge (bench dataplane, docs/journal/benchmarks-2026.md). An island that saw
 its slot just before the publish began finishes its write, and a publish that waited
 its limit goes on: the bound (diloco/sizes.py) stays the fragment twice plus U.
 

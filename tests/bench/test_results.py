@@ -19,6 +19,8 @@ def test_it_writes_the_whole_record_beside_a_summary_without_its_samples(tmp_pat
     summary = json.loads(path.read_text())
     assert summary["sizes"] == [{"label": "1M"}] and "per_round" not in summary
     assert summary["checks"]["ratio"]["ok"] and summary["machine"]["torch"]
+    assert summary["machine"]["commit"]  # the code it ran on
+    assert summary["machine"]["command"] is None  # not `python -m bench`: nothing to repeat
     whole = json.loads((tmp_path / "made_up-samples.json").read_text())
     assert whole == {**record, "machine": summary["machine"]}
 
