@@ -26,9 +26,6 @@ import logging
 import os
 import signal
 import time
-from collections import deque
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -40,17 +37,12 @@ from diloco.device import resolve_device
 from diloco.fragments import due_fragments, run_fragments
 from diloco.island import Island
 from diloco.model import GPT
-from diloco.protocol import decode_message, encode_message
 from diloco.signing import load_verify_key
-from diloco.sizes import kept_sends
-from diloco.synchronizer import Published
-from syncd.bulk import BulkError
 from syncd.connection import connect
-from syncd.malloc import fault_in, return_large_frees
+from syncd.malloc import return_large_frees
 from syncd.store import RunStore
 from trainer.cpu import cpu_share
 from trainer.distributed import IslandGroup, follow_rank
-from trainer.downloads import RETRY_S, Downloads, GlobalMissing, NotReadable
 from trainer.elastic import WholeJobRestarts
 from trainer.emulation import FaultEmulation
 from trainer.launch import (
@@ -63,33 +55,17 @@ from trainer.launch import (
     island_key_from_env,
     process_started_at,
 )
-from trainer.link import HEARTBEAT_S, POLL_S, Link, beating
+from trainer.link import HEARTBEAT_S, POLL_S, beating
 from trainer.phases import StartClock
-from trainer.resend import SentUpdates
+from trainer.pulling import Pulling
+from trainer.sending import Sending
 
 log = logging.getLogger("archipelago.island")
-# Fragments of the first pull read ahead of the one the island takes in: the reads go
-# on while the island is built and its first step's memory faulted in, two fragments'
-# messages at most beside the island (diloco/sizes.py counts 2F for a pull).
-PULL_AHEAD = 2
-
-
-def read_full(store: RunStore, p: int, stopping: Callable[[], bool]) -> bytearray | None:
-    """The newest full message of fragment p, read again every RETRY_S while it cannot be
-    read (the syncd whose server its reference names is gone, until the next one
-    publishes it again), unless the island stops."""
-    while True:
-        try:
-            return store.full(p)
-        except BulkError as exc:
-            if stopping():
-                raise SystemExit(0) from None
-            log.warning("fragment %d could not be read (%s); trying again", p, exc)
-            time.sleep(RETRY_S)
 
 
 class ProcessIsland:
-    """The island's training loop around diloco.island.Island.
+    """The island's training loop around diloco.island.Island: its pulling
+    (trainer/pulling.py) and its sending (trainer/sending.py) are its collaborators.
 
     Args:
         store: the run's Redis keys.
@@ -129,30 +105,21 @@ class ProcessIsland:
         if spec is None:
             raise ValueError(f"run {store.run_id} has no spec in Redis; was it started?")
         self.run_spec = spec
-        self.config = config_from_spec(spec)
+        self.config = config = config_from_spec(spec)
         self.group = group
         self.device = group.device if group else resolve_device(
-            device or self.config.train.device)
+            device or config.train.device)
         self.elastic = spec["mode"] == "elastic"
-        self.key = key if key is not None else island_key_from_env()
-        self.verify_key = load_verify_key(spec["verify_key"])
-        self.index = self.config.island_index(name)
-        self.island_config = self.config.islands[self.index]
+        self.index = config.island_index(name)
         self.stopping = False
         # From the supervisor's launch (interpreter and imports included) when it says,
         # from its claim for a warm standby.
         self.started = self.clock.marks.get("launched", time.time())
         self.startup_s: float | None = None  # launch to first step: elastic's delay
-        self.restarts = WholeJobRestarts(store, self.config.sync.inner_steps)
-        self.emulation = FaultEmulation(store, name, self.island_config, self.config.emulation,
+        self.restarts = WholeJobRestarts(store, config.sync.inner_steps)
+        self.emulation = FaultEmulation(store, name, config.islands[self.index],
+                                        config.emulation,
                                         lambda: self.stopping)
-        self.bytes_down = 0
-        self.pulls = 0
-        self.pull_s = 0.0  # reading, checking and mixing pulled fragments, in all
-        self.pull_wait_s = 0.0  # of it, on the training thread (mixes, blocking waits)
-        self.late_globals = 0  # merged fragments mixed after their tau overlap steps
-        self.backpressure_wait_s = 0.0  # waited before sends for syncd to handle more
-        self.slot_wait_s = 0.0  # the link waited for upload slots (syncd/upload_slots.py)
         self.activity = "starting"  # what the background heartbeat says the island does
         self.compute_s = 0.0  # stepping, slowdowns included: sent with each update
         self._last_beat = 0.0
@@ -164,20 +131,17 @@ class ProcessIsland:
         self.first_step_cpu_s: float | None = None
         self.warm = warm
         self.island: Island | None = None  # built by setup()
-        self.link: Link | None = None  # opened by setup()
-        self.downloads = Downloads(self.fetch, self.handled, self.emulation.transfer_time,
-                                   self.emulation.wait_while_partitioned,
-                                   lambda: self.stopping)
-        # What syncd has not handled yet, sent again to a syncd that took the run over.
-        self.sent = SentUpdates(lambda p: self.store.handled_seq(p, self.name),
-                                self.store.syncd_holder,
-                                kept_sends(self.config.sync.compression,
-                                           len(self.config.islands)))
-        self._holder_read = 0.0
+        self.pulling = Pulling(store, name, load_verify_key(spec["verify_key"]),
+                               config.sync.downlink_compression, self.emulation, group,
+                               lambda: self.stopping, self.stop, self.run_ended)
+        self.sending = Sending(store, name, epoch,
+                               key if key is not None else island_key_from_env(),
+                               config.sync.compression, config.sync.upload_slots,
+                               len(config.islands), self.emulation, self.run_ended)
 
     def stop(self) -> None:
         """Finish the current step, save the cursor and exit (SIGTERM, from the
-        supervisor); the island's own flag, set here only."""
+        supervisor, or the run's end seen by the pulling); the island's own flag."""
         self.stopping = True
 
     def beat(self, state: str, force: bool = False, **extra: Any) -> None:
@@ -187,20 +151,18 @@ class ProcessIsland:
         if self.emulation.partitioned():
             return  # a cut link carries no heartbeats either
         self._last_beat = now
-        island = self.island
+        island, pulling, sending = self.island, self.pulling, self.sending
         self.store.heartbeat(self.name, self.epoch, island.step if island else 0,
                              island.tokens if island else 0, state=state,
-                             bytes_down=self.bytes_down, startup_s=self.startup_s,
-                             pid=os.getpid(), idle_rss=self.idle_rss, pulls=self.pulls,
-                             pull_s=round(self.pull_s, 4),
-                             pull_wait_s=round(self.pull_wait_s, 4),
-                             late_globals=self.late_globals,
-                             backpressure_wait_s=round(self.backpressure_wait_s, 4),
-                             slot_wait_s=round(self.slot_wait_s, 4),
+                             bytes_down=pulling.bytes_down, startup_s=self.startup_s,
+                             pid=os.getpid(), idle_rss=self.idle_rss, pulls=pulling.pulls,
+                             pull_s=round(pulling.pull_s, 4),
+                             pull_wait_s=round(pulling.pull_wait_s, 4),
+                             late_globals=pulling.late_globals,
+                             backpressure_wait_s=round(sending.backpressure_wait_s, 4),
+                             slot_wait_s=round(sending.slot_wait_s, 4),
                              phases=self.phases, first_step_cpu_s=self.first_step_cpu_s,
                              warm=self.warm, cpu_share=cpu_share(), **extra)
-
-    # -- globals -------------------------------------------------------------
 
     def _wait_for_globals(self, num_fragments: int) -> dict[int, int]:
         while not self.stopping:
@@ -214,85 +176,6 @@ class ProcessIsland:
             self.group.close()
         raise SystemExit(0)
 
-    def _full(self, p: int) -> tuple[int, dict[str, torch.Tensor]]:
-        """The newest global fragment p, read chunk by chunk into one buffer whose views
-        are the tensors (no further copy), over the emulated link as every later pull
-        is: not while it is cut, and in the larger of the real read and the link's time."""
-        self.emulation.wait_while_partitioned()
-        started = time.monotonic()
-        blob = read_full(self.store, p, lambda: self.stopping)
-        if blob is None:
-            if self.run_ended():
-                self.stopping = True  # the run ended and its state went with it
-                raise SystemExit(0)
-            raise RuntimeError(f"global fragment {p} is missing from Redis")
-        self.bytes_down += len(blob)
-        _, meta, tensors = decode_message(blob, self.verify_key)
-        link_s = self.emulation.transfer_time(len(blob))
-        time.sleep(max(0.0, link_s - (time.monotonic() - started)))
-        return meta["version"], tensors
-
-    def fetch(self, p: int, version: int) -> tuple[int, list[Published], int]:
-        """Fragment p's published messages newer than `version`: (the newest version,
-        the messages, bytes read). On the downloads thread (trainer/downloads.py).
-
-        Raises:
-            GlobalMissing: the newest global fragment p is not in Redis.
-            NotReadable: its message cannot be read now (syncd's server is gone).
-        """
-        try:
-            return self._fetch(p, version)
-        except BulkError as exc:
-            log.warning("fragment %d could not be read (%s); trying again", p, exc)
-            raise NotReadable(str(exc)) from exc
-
-    def _fetch(self, p: int, version: int) -> tuple[int, list[Published], int]:
-        newest = self.store.versions().get(p, version)
-        if newest <= version:
-            return version, [], 0
-        blobs = []
-        if self.config.sync.downlink_compression != "none":
-            blobs = self.store.differences(p, range(version + 1, newest + 1))
-        if blobs and all(b is not None for b in blobs):
-            published = []
-            for blob in blobs:
-                _, meta, tensors = decode_message(blob, self.verify_key)
-                published.append(Published(meta["version"], 0.0, meta["codec"], tensors))
-            return published[-1].version, published, sum(len(b) for b in blobs)
-        blob = self.store.full(p)
-        if blob is None:
-            raise GlobalMissing(f"global fragment {p} is missing from Redis")
-        _, meta, tensors = decode_message(blob, self.verify_key)
-        return meta["version"], [Published(meta["version"], 0.0, "none", tensors)], len(blob)
-
-    def pull(self, p: int, block: bool = False) -> bool:
-        """Mix in fragment p's download if it has arrived (or, with `block`, once it
-        has); False if it has not arrived yet."""
-        started = time.monotonic()
-        try:
-            download = self.downloads.wait(p) if block else self.downloads.take(p)
-        except GlobalMissing:
-            if self.run_ended():
-                self.stopping = True  # the run ended and its state went with it
-                raise SystemExit(0) from None
-            raise
-        if download is None:
-            return False
-        if download.published:
-            mixing = time.monotonic()
-            self.island.mix_published(p, download.published, download.version)
-            self.bytes_down += download.nbytes
-            self.pulls += 1
-            self.pull_s += download.read_s + time.monotonic() - mixing
-            self.share(p)
-        self.pull_wait_s += time.monotonic() - started
-        return True
-
-    def share(self, p: int) -> None:
-        """Fragment p changed outside a step: the island's other ranks take it as it is here."""
-        if self.group:
-            self.group.announce_fragment(self.island, p)
-
     def follow_restart(self, mix_at: dict) -> None:
         """Elastic: when syncd restarts the whole job, pause for the restart delay, then
         take the rolled-back global model whole and go on from there."""
@@ -301,11 +184,7 @@ class ProcessIsland:
             return
         self.join_restart(until)
         mix_at.clear()
-        self.downloads.cancel()
-        for p in range(len(self.island.fragments)):
-            version, tensors = self._full(p)
-            self.island.reset_fragment(p, tensors, version)
-            self.share(p)
+        self.pulling.reset_all()
 
     def join_restart(self, until: float) -> None:
         """Elastic: start a fresh outer step with the other islands, at `until`."""
@@ -317,16 +196,11 @@ class ProcessIsland:
         done (one that has not is mixed at a later step, and counted late); elastic
         waits for it at the barrier. False if a whole-job restart or the run's end
         came first."""
-        for p, (at, seq) in list(mix_at.items()):
-            if self.island.step < at:
-                continue
-            if self.elastic and not self.wait_for_merge(p, seq):
-                return False
-            if self.pull(p, block=self.elastic):
-                del mix_at[p]
-                if self.island.step > at:
-                    self.late_globals += 1
-        return True
+        return self.pulling.mix(mix_at, self.wait_for_merge if self.elastic else None)
+
+    def interrupted(self) -> bool:
+        """Whether a wait of the loop ends: a stop, the run's end or a whole-job restart."""
+        return self.stopping or self.done() or self.restarts.pending()
 
     def wait_for_merge(self, p: int, seq: int) -> bool:
         """Wait until syncd handled (merged or refused) update `seq` of fragment p: with
@@ -335,10 +209,10 @@ class ProcessIsland:
         run's end comes first."""
         self.activity = "waiting"
         try:
-            while not self.handled(p, seq):
-                if self.stopping or self.done() or self.restarts.pending():
+            while not self.pulling.handled(p, seq):
+                if self.interrupted():
                     return False
-                self.send_again()
+                self.sending.send_again()
                 self.beat("waiting")
                 time.sleep(POLL_S)
             return True
@@ -346,33 +220,18 @@ class ProcessIsland:
             self.activity = "training"
 
     def hold_back(self, p: int, mix_at: dict | None = None) -> None:
-        """Backpressure: before its next send of fragment p, wait while syncd has not
-        handled the updates of p the island keeps (diloco.sizes.kept_sends)
-        (trainer/resend.py `SentUpdates.must_wait`), so that a syncd that does not merge
-        (a round short of its quorum, syncd away) holds the island back instead of
-        filling Redis or pushing out a kept update. The heartbeat says `waiting`
-        meanwhile, and the seconds add up in `backpressure_wait_s`; a merged fragment
-        that arrives meanwhile is mixed (`mix_at`, the loop's). A stop, the run's end or
-        a whole-job restart ends the wait: a stop's last sends go out, at most one more
-        per fragment."""
-        last = time.monotonic()
-        while self.sent.must_wait(p):
-            if self.stopping or self.done() or self.restarts.pending():
-                break
-            self.send_again()
+        """Backpressure before the next send of fragment p (trainer/sending.py
+        `Sending.hold_back`): the heartbeat says `waiting` meanwhile, and a merged
+        fragment that arrives meanwhile is mixed (`mix_at`, the loop's)."""
+
+        def meanwhile() -> None:
             if mix_at and not self.elastic:  # elastic's barrier never gets here
                 self.mix(mix_at)
             self.activity = "waiting"
             self.beat("waiting")
-            time.sleep(POLL_S)
-            now = time.monotonic()
-            self.backpressure_wait_s += now - last
-            last = now
-        self.activity = "training"
 
-    def handled(self, p: int, seq: int) -> bool:
-        """Whether syncd merged or dropped this island's update `seq` of fragment p."""
-        return self.store.handled_seq(p, self.name) >= seq
+        self.sending.hold_back(p, self.interrupted, meanwhile)
+        self.activity = "training"
 
     # -- the loop ------------------------------------------------------------
 
@@ -411,7 +270,7 @@ class ProcessIsland:
                 self.prebuilt = None
                 return island
 
-            self._pull_all(len(fragments), build)
+            self.island = self.pulling.pull_all(len(fragments), build, self._phase)
         cursor = self.store.cursor(self.name)
         if cursor:
             self.island.move_to(cursor["step"], cursor["tokens"])
@@ -421,40 +280,8 @@ class ProcessIsland:
             self.join_restart(self.restarts.until())
         if self.group:
             self.group.share_start(self.island)
-        self.link = Link(self.deliver,
-                         self.emulation.transfer_time, self.emulation.wait_while_partitioned,
-                         max_pending=2 * len(fragments))
+        self.sending.open(max_pending=2 * len(fragments))
         self._phase("pull")
-
-    def _pull_all(self, n: int, build: Callable[[], Island]) -> None:
-        """The newest global of each of the n fragments into the island that `build`
-        makes meanwhile (the "model" phase). The fragments are read on a thread of
-        their own, back to back, PULL_AHEAD of them at most in memory (each a fragment's
-        message); this thread builds the island, faults in the first step's gradients
-        and AdamW moments (syncd/malloc.py: it is the thread that will step) and takes
-        each fragment in, and the reads go on meanwhile: building and faults take the
-        pull's link time, not the rejoin's."""
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pull") as reader:
-            reads = deque(reader.submit(self._full, p) for p in range(min(n, PULL_AHEAD)))
-            self.island = build()
-            self._phase("model")
-            fault_in(self.island.model.parameters(), copies=3)
-            for p in range(n):
-                version, tensors = reads.popleft().result()
-                self.island.reset_fragment(p, tensors, version)
-                del tensors  # its message goes before the next read begins
-                if p + PULL_AHEAD < n:
-                    reads.append(reader.submit(self._full, p + PULL_AHEAD))
-
-    def deliver(self, fragment: int, seq: int, message: bytes | bytearray) -> None:
-        """Write an update message to the data plane once it holds one of the run's upload
-        slots (syncd/upload_slots.py), on the link's thread. One written as the run
-        ended, after syncd freed its keys, is deleted again with what it made anew."""
-        self.slot_wait_s += self.store.wait_for_slot(self.name, self.epoch, fragment, seq,
-                                                     self.config.sync.upload_slots)
-        self.store.push_update(self.name, self.epoch, fragment, seq, message)
-        if self.run_ended():
-            self.store.clear_after_end(self.name, self.epoch, fragment, seq, len(message))
 
     def save_cursor(self) -> None:
         rng = base64.b64encode(self.island.sampler.state().numpy().tobytes()).decode()
@@ -475,33 +302,10 @@ class ProcessIsland:
         return self.store.done() or not self.store.is_active()
 
     def send(self, p: int, mix_at: dict | None = None) -> None:
-        s = self.config.sync
-        self.island.finish_encoding()  # the last send is kept (self.sent) before this one
+        self.island.finish_encoding()  # the last send is kept (sending.sent) before this one
         self.hold_back(p, mix_at)
-        about = {"run": self.store.run_id, "island": self.name, "epoch": self.epoch,
-                 "compute_s": self.compute_s, "codec": s.compression}
-
-        def deliver(meta: dict, payload: dict[str, torch.Tensor]) -> None:
-            # On the island's encoding thread, during the next step's forward pass.
-            message = encode_message("update", meta | about, self.emulation.corrupt(payload),
-                                     self.key)
-            self.link.send(p, meta["seq"], message)
-            self.sent.add(p, meta["seq"], message)
-
-        self.island.send_update(p, s.compression, deliver)
+        self.sending.send(self.island, p, self.compute_s)
         self.save_cursor()
-
-    def send_again(self) -> None:
-        """Send again what syncd has not handled if its lease changed hands (a restarted
-        syncd lost its open rounds: trainer/resend.py); asked at most five times a second."""
-        now = time.time()
-        if now - self._holder_read < 0.2:
-            return
-        self._holder_read = now
-        for p, seq, message in self.sent.to_send_again():
-            log.info("island %s: syncd's lease changed hands; sending update %d of "
-                     "fragment %d again", self.name, seq, p)
-            self.link.send(p, seq, message)
 
     def flush(self) -> None:
         """A user stopped the run: send every fragment's steps not sent yet, which syncd
@@ -521,7 +325,7 @@ class ProcessIsland:
             time.sleep(elapsed * (slow - 1.0))
         self.compute_s += time.time() - started
         if self.startup_s is not None:  # the first step's beat carries the phases: run()
-            self.beat("training", loss=loss, bytes_up=self.link.bytes_up)
+            self.beat("training", loss=loss, bytes_up=self.sending.bytes_up)
 
     def run(self) -> int:
         self.setup()
@@ -537,7 +341,7 @@ class ProcessIsland:
         if time.time() - self._last_beat < 2 * HEARTBEAT_S or self.startup_s is None:
             return
         if self.activity == "training":
-            self.beat("training", loss=self.island.last_loss, bytes_up=self.link.bytes_up)
+            self.beat("training", loss=self.island.last_loss, bytes_up=self.sending.bytes_up)
         else:
             self.beat(self.activity)
 
@@ -559,17 +363,17 @@ class ProcessIsland:
                 self.phases = self.clock.breakdown()
                 # The first "training" heartbeat goes out at once, with no throttle.
                 self.beat("training", force=True, loss=self.island.last_loss,
-                          bytes_up=self.link.bytes_up)
-            self.send_again()
+                          bytes_up=self.sending.bytes_up)
+            self.sending.send_again()
             if not self.mix(mix_at):
                 continue  # a whole-job restart, followed before the next step
             for p in due_fragments(self.island.step, s.inner_steps, s.fragments):
                 self.send(p, mix_at)
                 seq = self.island.step
-                self.downloads.request(p, seq, self.island.state[p].version)
+                self.pulling.request(p, seq)
                 if s.overlap_steps == 0:
                     if self.wait_for_merge(p, seq):
-                        self.pull(p, block=True)
+                        self.pulling.pull(p, block=True)
                 else:
                     mix_at.setdefault(p, (seq + s.overlap_steps, seq))
 
@@ -581,9 +385,7 @@ class ProcessIsland:
             self.group.announce_stop()
             self.group.close(self.island)
         self.island.finish_encoding()
-        if self.done():
-            self.link.discard()  # the run completed: its Redis keys are freed already
-        self.link.drain(timeout=5.0)
+        self.sending.close(discard=self.done())  # done: its Redis keys are freed already
         self.beat("stopped", force=True)
         return 0
 

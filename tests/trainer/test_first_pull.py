@@ -14,7 +14,7 @@ from diloco.protocol import encode_message
 from diloco.signing import load_verify_key, publish_key, verify_key_hex
 from trainer.emulation import FaultEmulation
 from trainer.phases import StartClock
-from trainer.runner import PULL_AHEAD, ProcessIsland
+from trainer.pulling import PULL_AHEAD, Pulling
 
 SECRET = b"first-pull"
 
@@ -50,7 +50,8 @@ def runner(faults: Faults, store: Globals, latency_ms: float) -> SimpleNamespace
     emulation = FaultEmulation(faults, "a", link, EmulationConfig(), lambda: False)
     return SimpleNamespace(emulation=emulation, store=store, bytes_down=0,
                            verify_key=load_verify_key(verify_key_hex(SECRET)),
-                           run_ended=lambda: False, stopping=False)
+                           run_ended=lambda: False, stopping=lambda: False,
+                           stop=lambda: None)
 
 
 def test_the_first_pull_of_the_globals_pays_the_emulated_link_time():
@@ -60,7 +61,7 @@ def test_the_first_pull_of_the_globals_pays_the_emulated_link_time():
     clock = StartClock({"model": time.time()})
 
     started = time.monotonic()
-    version, tensors = ProcessIsland._full(island, 0)
+    version, tensors = Pulling.full(island, 0)
     clock.mark("pull", time.time())
 
     assert version == 7 and torch.equal(tensors["w"], torch.ones(4))
@@ -75,14 +76,14 @@ def test_the_first_pull_waits_while_a_partition_cuts_the_link():
     heal_at = time.monotonic() + 0.5
     threading.Timer(0.5, faults.healed.set).start()
 
-    ProcessIsland._full(island, 0)
+    Pulling.full(island, 0)
 
     assert store.reads and store.reads[0] >= heal_at - 0.01  # nothing read while cut
 
 
 def test_the_first_pull_reads_again_while_syncds_server_is_gone(monkeypatch):
     from syncd.bulk import BulkError
-    from trainer import runner as runner_module
+    from trainer import pulling as pulling_module
 
     faults, store = Faults(), Globals()
     faults.healed.set()
@@ -95,10 +96,10 @@ def test_the_first_pull_reads_again_while_syncds_server_is_gone(monkeypatch):
         return read(p)
 
     store.full = full
-    monkeypatch.setattr(runner_module, "RETRY_S", 0.01)
+    monkeypatch.setattr(pulling_module, "RETRY_S", 0.01)
     island = runner(faults, store, latency_ms=0.0)
 
-    version, _ = ProcessIsland._full(island, 0)
+    version, _ = Pulling.full(island, 0)
 
     assert version == 7 and not gone and len(store.reads) == 1
 
@@ -116,18 +117,17 @@ class Taken:
 
 def test_the_first_pull_reads_on_a_thread_while_the_stepping_thread_faults_in_its_pages(
         monkeypatch):
-    from trainer import runner as runner_module
+    from trainer import pulling as pulling_module
 
     faults, store = Faults(), Globals()
     faults.healed.set()
     island = runner(faults, store, latency_ms=0.0)
-    island._phase = lambda name: None
-    island._full = lambda p: (store.reads.append(threading.current_thread().name) or (7, {}))
+    island.full = lambda p: (store.reads.append(threading.current_thread().name) or (7, {}))
     faulted = []
-    monkeypatch.setattr(runner_module, "fault_in", lambda like, copies: faulted.append(
+    monkeypatch.setattr(pulling_module, "fault_in", lambda like, copies: faulted.append(
         (threading.current_thread().name, len(list(like)), copies)))
 
-    ProcessIsland._pull_all(island, 3, Taken)
+    Pulling.pull_all(island, 3, Taken, lambda name: None)
 
     here = threading.current_thread().name
     assert faulted == [(here, 2, 3)]  # weight and bias, gradients and two moments
@@ -136,19 +136,18 @@ def test_the_first_pull_reads_on_a_thread_while_the_stepping_thread_faults_in_it
 
 
 def test_a_first_pull_that_ends_the_island_ends_it_from_the_stepping_thread(monkeypatch):
-    from trainer import runner as runner_module
+    from trainer import pulling as pulling_module
 
     island = runner(Faults(), Globals(), latency_ms=0.0)
-    island._phase = lambda name: None
 
     def run_ended(p: int) -> tuple:
         raise SystemExit(0)
 
-    island._full = run_ended
-    monkeypatch.setattr(runner_module, "fault_in", lambda like, copies: 0)
+    island.full = run_ended
+    monkeypatch.setattr(pulling_module, "fault_in", lambda like, copies: 0)
 
     with pytest.raises(SystemExit) as ended:
-        ProcessIsland._pull_all(island, 2, Taken)
+        Pulling.pull_all(island, 2, Taken, lambda name: None)
 
     assert ended.value.code == 0 and island.island.taken == []
 
@@ -176,10 +175,9 @@ def test_the_first_pull_reads_on_while_the_island_is_built_and_takes_each_fragme
         time.sleep(0.25)  # longer than two reads
         return Built()
 
-    island = SimpleNamespace(_full=full, island=None,
-                             _phase=lambda name: phases.append((name, time.monotonic())))
+    island = SimpleNamespace(full=full, island=None)
 
-    ProcessIsland._pull_all(island, 5, build)
+    Pulling.pull_all(island, 5, build, lambda name: phases.append((name, time.monotonic())))
 
     assert [p for p, _ in taken] == [0, 1, 2, 3, 4]  # each in its turn
     assert phases[0][0] == "model" and isinstance(island.island, Built)

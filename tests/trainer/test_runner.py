@@ -22,6 +22,7 @@ from syncd.store import RunStore
 from syncd.upload_slots import Ticket
 from trainer.launch import ISLAND_KEY_ENV, REDIS_URL_ENV, island_command
 from trainer.runner import ProcessIsland
+from trainer.sending import Sending
 from trainer.supervisor import IslandSupervisor
 
 
@@ -145,8 +146,6 @@ def one_island_config(text_path: str, **island) -> RunConfig:
 def island_in_a_thread(store, config: RunConfig, secret: bytes):
     """A ProcessIsland of run `store` training in a thread of the test, version 0 of
     its globals published as syncd does."""
-    from trainer.runner import ProcessIsland
-
     store.put_spec("decoupled", config.to_dict(), secret.hex())
     store.set_epoch("island-0", 1)
     init = initial_model(config).state_dict()
@@ -173,9 +172,9 @@ def test_an_island_trains_on_while_its_merged_fragment_downloads_and_mixes_it_la
         publish(store, None, secret, 0, 1, {n: t + 0.01 for n, t in init.items()})
         handle(store, 0, first.seq)
         wait_for(lambda: island.island.state[0].version == 1 or None)
-        assert island.late_globals == 1
+        assert island.pulling.late_globals == 1
         assert wait_for(lambda: store.heartbeats()["island-0"].get("late_globals") or None) == 1
-        assert island.pulls == 1
+        assert island.pulling.pulls == 1
     finally:
         store.mark_done()
         thread.join(timeout=30)
@@ -188,15 +187,15 @@ def test_an_island_keeps_its_heartbeat_through_a_long_encode(redis_server, text_
                                                               monkeypatch):
     """An encode of 2 s (a big model's) on the training thread leaves no gap of a
     second between heartbeats: syncd would take the island for lost."""
-    import trainer.runner
+    import trainer.sending
 
-    real_encode = trainer.runner.encode_message
+    real_encode = trainer.sending.encode_message
 
     def slow_encode(*args, **kwargs):
         time.sleep(2.0)
         return real_encode(*args, **kwargs)
 
-    monkeypatch.setattr(trainer.runner, "encode_message", slow_encode)
+    monkeypatch.setattr(trainer.sending, "encode_message", slow_encode)
     client = connect(redis_server)
     client.flushall()
     store = RunStore(client, 43)
@@ -225,8 +224,6 @@ def test_an_island_refuses_a_global_forged_with_a_key_other_than_syncds(redis_se
     """A global in Redis signed by anyone but syncd (another run's publish key here;
     an island holds no key that could make one) is never mixed: the island's fetch
     raises before it reads a tensor."""
-    from trainer.runner import ProcessIsland
-
     client = connect(redis_server)
     client.flushall()
     store = RunStore(client, 44)
@@ -237,9 +234,9 @@ def test_an_island_refuses_a_global_forged_with_a_key_other_than_syncds(redis_se
     island = ProcessIsland(store, "island-0", 1, "cpu", key=island_key(b"genuine", "island-0", 1))
     try:
         with pytest.raises(ProtocolError, match="not signed with this run's publish key"):
-            island.fetch(0, 0)
+            island.pulling.fetch(0, 0)
         publish(store, config, b"genuine", 0, 2, init)
-        assert island.fetch(0, 0)[0] == 2
+        assert island.pulling.fetch(0, 0)[0] == 2
     finally:
         island.stopping = True
         client.close()
@@ -299,11 +296,9 @@ def test_an_island_whose_updates_syncd_does_not_merge_stops_sending_after_the_bo
 
 
 def delivering_island(store: RunStore) -> SimpleNamespace:
-    """What ProcessIsland.deliver reads of its island."""
-    island = SimpleNamespace(store=store, name="a", epoch=1, slot_wait_s=0.0,
-                             config=SimpleNamespace(sync=SimpleNamespace(upload_slots=2)))
-    island.run_ended = lambda: ProcessIsland.run_ended(island)
-    return island
+    """What Sending.deliver reads of its island's sending."""
+    return SimpleNamespace(store=store, name="a", epoch=1, slot_wait_s=0.0, upload_slots=2,
+                           run_ended=lambda: store.done() or not store.is_active())
 
 
 @pytest.mark.integration
@@ -311,7 +306,7 @@ def test_an_update_delivered_while_its_run_goes_on_stays_for_syncd(redis_url, da
     store = RunStore(connect(redis_url), 7, data=connect(dataplane_url))
     store.put_spec("decoupled", {}, "00" * 32)
 
-    ProcessIsland.deliver(delivering_island(store), 0, 8, b"u" * 5000)
+    Sending.deliver(delivering_island(store), 0, 8, b"u" * 5000)
 
     [entry] = store.read_updates()
     assert store.update_message(entry, 1 << 20) == b"u" * 5000
@@ -324,7 +319,7 @@ def test_an_update_delivered_after_its_run_freed_its_keys_leaves_none_of_them(re
     store.put_spec("decoupled", {}, "00" * 32)
     store.release()
 
-    ProcessIsland.deliver(delivering_island(store), 0, 8, b"u" * 5000)
+    Sending.deliver(delivering_island(store), 0, 8, b"u" * 5000)
 
     assert store.read_updates() == []
     assert not store.data.keys(store.key("*"))  # no chunk, no queue of upload slots
