@@ -199,7 +199,7 @@ class _Cluster:
             return now
         nbytes = sum(len(self._global_message(p, one)) for one in published)
         self.meter.add(island.index, "down", island.step, nbytes)
-        island.mix_published(p, published, sync.versions[p])
+        island.mix_published(p, published, sync.version(p))
         arrival = published[-1].time + _link_time(island.island_config, nbytes,
                                                 self.config.emulation.bytes_scale)
         return max(now, arrival)
@@ -251,11 +251,11 @@ class _Cluster:
                 if decision.deadline is not None and math.isfinite(decision.deadline):
                     push(decision.deadline, "deadline", p)
                 return
-            before = set(sync.rounds[p])
+            before = set(sync.open_round(p))
             result = sync.merge(p, now)
             self._account(result)
             if result is not None:
-                newest = sync.published_since(p, sync.versions[p] - 1)[-1]
+                newest = sync.published_since(p, sync.version(p) - 1)[-1]
                 down = len(self._global_message(p, newest))
                 last_sync_s = round_trip_s(config, self.up_bytes[p], down)
             for i, island in enumerate(islands):
@@ -310,7 +310,7 @@ class _Cluster:
                 try_merge(data, self.now)
         # The run is over and nobody else will arrive: merge what is still waiting.
         for p in range(len(self.fragments)):
-            if sync.rounds[p]:
+            if sync.open_round(p):
                 self._account(sync.merge(p, self.now))
         return self._result("decoupled", sync.global_params(), sync.outer_steps)
 

@@ -79,23 +79,23 @@ class Synchronizer:
         self.globals = [{n: params[n].detach().float().clone() for n in f.tensor_names}
                         for f in fragments]
         self.shapes = [{n: tuple(t.shape) for n, t in g.items()} for g in self.globals]
-        self.versions = [0] * len(fragments)
+        self._versions = [0] * len(fragments)
         self.published_at = [0.0] * len(fragments)  # when each newest version was made
         self.optimizers = [OuterOptimizer(optim.outer_lr, optim.outer_momentum)
                            for _ in fragments]
-        self.rounds: list[dict[str, Pending]] = [{} for _ in fragments]
+        self._rounds: list[dict[str, Pending]] = [{} for _ in fragments]
         self.sums = [self._round_sum() for _ in fragments]
         # With a lossy downlink, the differences an island up to max_staleness versions
         # behind pulls; with "none" an island always takes the newest fragment whole.
         self.history: list[deque[Published]] = [deque(maxlen=history_length(sync))
                                                 for _ in fragments]
         # island -> the newest seq of its updates that a merge took in or dropped
-        self.handled: list[dict[str, int]] = [{} for _ in fragments]
+        self._handled_seqs: list[dict[str, int]] = [{} for _ in fragments]
 
     @property
     def outer_steps(self) -> int:
         """The smallest fragment version: outer steps every fragment has taken."""
-        return min(self.versions)
+        return min(self._versions)
 
     def _round_sum(self) -> RoundSum:
         return RoundSum(self.sync.weighting, self.sync.rda, self.embedding_names)
@@ -110,29 +110,84 @@ class Synchronizer:
         version moves only with a merge or a rollback, which close its round, so
         nothing in an open round goes stale.
         """
-        if is_stale(update.base_version, self.versions[fragment], self.sync.max_staleness):
-            self._handled(fragment, update.island, update.seq)
+        if is_stale(update.base_version, self._versions[fragment], self.sync.max_staleness):
+            self.settle(fragment, update.island, update.seq)
             return (f"stale: based on version {update.base_version}, newest is "
-                    f"{self.versions[fragment]}, max_staleness {self.sync.max_staleness}")
-        pending = self.rounds[fragment].get(update.island)
+                    f"{self._versions[fragment]}, max_staleness {self.sync.max_staleness}")
+        pending = self._rounds[fragment].get(update.island)
         contribution = self.sums[fragment].add(update)
-        self.rounds[fragment][update.island] = Pending(
+        self._rounds[fragment][update.island] = Pending(
             contribution, now if pending is None else pending.arrival_time)
         return None
 
-    def _handled(self, fragment: int, island: str, seq: int) -> None:
-        self.handled[fragment][island] = max(seq, self.handled[fragment].get(island, -1))
+    def settle(self, fragment: int, island: str, seq: int) -> None:
+        """The island's update `seq` of the fragment is done with (merged into a version,
+        dropped or refused): so is every update of it before."""
+        handled = self._handled_seqs[fragment]
+        handled[island] = max(seq, handled.get(island, -1))
 
     def has_handled(self, fragment: int, island: str, seq: int) -> bool:
         """Whether the island's update `seq` was merged into a version or dropped."""
-        return self.handled[fragment].get(island, -1) >= seq
+        return self._handled_seqs[fragment].get(island, -1) >= seq
+
+    def handled_seq(self, fragment: int, island: str, default: int = -1) -> int:
+        """The newest seq of the island's updates of the fragment that a merge took in or
+        dropped; `default` before any."""
+        return self._handled_seqs[fragment].get(island, default)
+
+    def handled(self, fragment: int) -> dict[str, int]:
+        """Island -> its handled seq of the fragment (a copy)."""
+        return dict(self._handled_seqs[fragment])
+
+    def restore_handled(self, fragment: int, seqs: dict[str, int]) -> None:
+        """Go on from these handled seqs of the fragment (a restarted syncd's, from Redis)."""
+        self._handled_seqs[fragment] = seqs
+
+    def done_with(self, fragment: int, island: str, seq: int) -> bool:
+        """Whether the island's update `seq` is handled already or in the fragment's open
+        round: the same update again, or one before it (nothing is merged twice)."""
+        pending = self._rounds[fragment].get(island)
+        return seq <= self._handled_seqs[fragment].get(island, -1) or (
+            pending is not None and seq <= pending.contribution.seq)
+
+    def version(self, fragment: int) -> int:
+        """The fragment's newest version."""
+        return self._versions[fragment]
+
+    def versions(self) -> list[int]:
+        """Each fragment's newest version (a copy)."""
+        return list(self._versions)
+
+    def open_round(self, fragment: int) -> dict[str, Pending]:
+        """Island -> its place in the fragment's open round (a copy)."""
+        return dict(self._rounds[fragment])
+
+    def use_round_tokens(self, round_tokens: int) -> None:
+        """A round's tokens from now on (the run's islands changed)."""
+        self.round_tokens = round_tokens
+
+    def load(self, fragment: int, tensors: dict[str, torch.Tensor],
+             momentum: dict[str, torch.Tensor] | None, version: int) -> None:
+        """Make the fragment's global these tensors at `version`, with this outer momentum
+        (None: the optimizer's as it is)."""
+        self.globals[fragment] = {n: t.float() for n, t in tensors.items()}
+        self._versions[fragment] = version
+        if momentum is not None:
+            self.optimizers[fragment].load_state_dict(momentum)
+
+    def forget_published(self, fragment: int, version: int) -> None:
+        """`version` of the fragment is not published after all (its merge made it
+        non-finite): its difference leaves the history."""
+        history = self.history[fragment]
+        if history and history[-1].version == version:
+            history.pop()
 
     def decide(self, fragment: int, now: float, alive_islands: int, stats: RoundStats,
                barrier: bool = False) -> Decision:
         """Whether the fragment's round merges now; `barrier` waits for every alive island
         (the elastic baseline) instead of the quorum and grace window."""
         arrivals = [Arrival(i, p.arrival_time, p.contribution.base_version)
-                    for i, p in self.rounds[fragment].items()]
+                    for i, p in self._rounds[fragment].items()]
         return decide(arrivals, now,
                       min_quorum=max(alive_islands, 1) if barrier else self.sync.min_quorum,
                       alive_islands=alive_islands, gamma=0.0 if barrier else self.sync.grace_gamma,
@@ -146,14 +201,14 @@ class Synchronizer:
         next version, so every island sees it as newer than what it holds. The
         open round is thrown away; returns the islands whose updates were in it.
         """
-        discarded = list(self.rounds[fragment])
-        for island, pending in self.rounds[fragment].items():
-            self._handled(fragment, island, pending.contribution.seq)
-        self.rounds[fragment] = {}
+        discarded = list(self._rounds[fragment])
+        for island, pending in self._rounds[fragment].items():
+            self.settle(fragment, island, pending.contribution.seq)
+        self._rounds[fragment] = {}
         self.sums[fragment] = self._round_sum()
         self.globals[fragment] = {n: t.clone() for n, t in params.items()}
         self.optimizers[fragment].load_state_dict(momentum)
-        self.versions[fragment] += 1
+        self._versions[fragment] += 1
         self.published_at[fragment] = now
         self.history[fragment].clear()  # a difference across a rollback means nothing
         return discarded
@@ -162,13 +217,13 @@ class Synchronizer:
     def merge(self, fragment: int, now: float) -> MergeResult | None:
         """Merge the round of `fragment` and publish the next version; None if the round
         is empty."""
-        version = self.versions[fragment]
+        version = self._versions[fragment]
         round_sum = self.sums[fragment]
-        self.rounds[fragment] = {}
+        self._rounds[fragment] = {}
         self.sums[fragment] = self._round_sum()
         updates = [round_sum.contributions[i] for i in sorted(round_sum.contributions)]
         for u in updates:
-            self._handled(fragment, u.island, u.seq)
+            self.settle(fragment, u.island, u.seq)
         if not updates:
             return None
         outer_grad, weights = round_sum.merged()
@@ -190,7 +245,7 @@ class Synchronizer:
             diff = codecs.decode(payload, codec, self.shapes[fragment])
             new = {n: old[n] + diff[n] for n in old}
         self.globals[fragment] = new
-        self.versions[fragment] = version + 1
+        self._versions[fragment] = version + 1
         self.published_at[fragment] = now
         if codec != "none":
             self.history[fragment].append(Published(version + 1, now, codec, payload))
@@ -204,7 +259,7 @@ class Synchronizer:
         The newest full fragment for codec "none" or for an island too far behind
         for the kept differences; otherwise the differences in order.
         """
-        newest = self.versions[fragment]
+        newest = self._versions[fragment]
         if held_version >= newest:
             return []
         history = self.history[fragment]

@@ -175,8 +175,9 @@ class Ingester:
         self.store.free_slots([Ticket(ref.island, ref.epoch, ref.fragment, ref.seq).encode()])
 
     def _handled_seq(self, island: str, fragment: int) -> int:
-        handled = self.sync.handled
-        return handled[fragment].get(island, -1) if 0 <= fragment < len(handled) else -1
+        if not 0 <= fragment < len(self.sync.fragments):
+            return -1
+        return self.sync.handled_seq(fragment, island)
 
     def _ingest(self, ref: UpdateRef, now: float, liveness: Liveness) -> None:
         p = ref.fragment
@@ -207,8 +208,7 @@ class Ingester:
             # Sent before a whole-job restart and read after it: thrown away with the
             # rollback (restart_job counted its steps), and its island no longer waits
             # for it. In a round it would stand for the island's first update after.
-            self.sync.handled[p][ref.island] = max(ref.seq,
-                                                   self.sync.handled[p].get(ref.island, -1))
+            self.sync.settle(p, ref.island, ref.seq)
             return
         reason = self.sync.submit(update, p, now)
         if reason is not None:
@@ -234,10 +234,7 @@ class Ingester:
 
     def _done_with(self, ref: UpdateRef) -> bool:
         """Whether the entry's update is handled already or pending in its round."""
-        p = ref.fragment
-        pending = self.sync.rounds[p].get(ref.island)
-        return ref.seq <= self.sync.handled[p].get(ref.island, -1) or (
-            pending is not None and ref.seq <= pending.contribution.seq)
+        return self.sync.done_with(ref.fragment, ref.island, ref.seq)
 
     def _verified(self, ref: UpdateRef) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
         """The entry's update, verified (syncd.ingest.verify_update); None, the entry
@@ -279,21 +276,20 @@ class Ingester:
         self.recorder.event("rejection", ref.island, reason=reason, fragment=ref.fragment,
                             seq=ref.seq, epoch=ref.epoch)
         p = ref.fragment
-        if ref.island not in self.sync.rounds[p]:
+        if ref.island not in self.sync.open_round(p):
             # The island may be waiting for this update's fate; it is settled.
-            self.sync.handled[p][ref.island] = max(ref.seq,
-                                                   self.sync.handled[p].get(ref.island, -1))
+            self.sync.settle(p, ref.island, ref.seq)
             if self.spec.elastic and ref.island in self.accounting.islands:
                 # Behind a barrier the island waits for the round like the others (it
                 # is told with the merge), so that no island runs a round ahead.
                 self.excused[p].add(ref.island)
             elif not self.publishing(p):  # else written once that merge is published
-                self.store.mark_handled(p, {ref.island: self.sync.handled[p][ref.island]})
+                self.store.mark_handled(p, {ref.island: self.sync.handled_seq(p, ref.island)})
 
     def _account_lost_update(self, ref: UpdateRef, reason: str) -> None:
         """The island-seconds behind a refused update: its steps since the island's
         previous handled update of that fragment, at its fault-free step time."""
-        previous = self.sync.handled[ref.fragment].get(ref.island, ref.seq)
+        previous = self.sync.handled_seq(ref.fragment, ref.island, default=ref.seq)
         step_time = self.accounting.step_time(ref.island) or 0.0
         cause = "stale" if reason.startswith("stale") else "rejected"
         self.accounting.lost(ref.island, step_time * max(ref.seq - previous, 0), cause)
@@ -304,7 +300,7 @@ class Ingester:
         sent = []
         for p in range(len(self.sync.fragments)):
             last = self.last_update.get((island, p))
-            sent.append(last[1] if last else self.sync.handled[p].get(island, 0))
+            sent.append(last[1] if last else self.sync.handled_seq(p, island, default=0))
         return sent
 
     def trim(self) -> None:

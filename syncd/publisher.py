@@ -107,7 +107,7 @@ class Publisher:
 
     def kept_versions(self, p: int) -> range:
         """The versions whose published differences of fragment p may still be read."""
-        version = self.sync.versions[p]
+        version = self.sync.version(p)
         return range(max(version - self.kept_differences + 1, 1), version + 1)
 
     def global_message(self, p: int, version: int,
@@ -132,7 +132,7 @@ class Publisher:
         its files too. The differences of a lossy downlink are gone; an island behind
         takes the full fragment."""
         for p in range(len(self.sync.fragments)):
-            version = self.sync.versions[p]
+            version = self.sync.version(p)
             self.commit_full(p, version, self.global_message(p, version),
                              self.sync.optimizers[p].state_dict())
             self.keepalive()
@@ -142,7 +142,7 @@ class Publisher:
         """Commit fragment p's newest version; `done` are the updates it took in (or
         threw away), whose messages go in the same transaction."""
         self.bytes_saved += self._publication(p, result_tokens, done,
-                                              dict(self.sync.handled[p]))()
+                                              self.sync.handled(p))()
 
     def _publication(self, p: int, tokens: int, done: list[UpdateRef],
                      handled: dict[str, int], drain_s: float = 0.0) -> Callable[[], int]:
@@ -150,7 +150,7 @@ class Publisher:
         it reads taken now: it may run on another thread while this one ingests, and
         fragment p merges no more until it has run. Returns the bytes written to
         syncd's files."""
-        version = self.sync.versions[p]
+        version = self.sync.version(p)
         tensors = self.sync.globals[p]
         history = self.sync.history[p]
         published = history[-1] if history and history[-1].version == version else None
@@ -196,7 +196,7 @@ class Publisher:
         that one full message at a time is in syncd's memory. The merge stays
         unpublished until `finish` finds it published."""
         self.unpublished[p] = merge
-        handled = dict(self.sync.handled[p])
+        handled = self.sync.handled(p)
         commit = self._publication(p, merge.result.tokens, merge.done, handled,
                                    PUBLISH_DRAIN_S)
         if self._publisher is None:
@@ -237,7 +237,7 @@ class Publisher:
             else:
                 self.unpublished[p] = None
                 published = True
-            settled = {island: seq for island, seq in self.sync.handled[p].items()
+            settled = {island: seq for island, seq in self.sync.handled(p).items()
                        if publication.handled.get(island) != seq}
             if settled:
                 self.store.mark_handled(p, settled)

@@ -3,7 +3,7 @@ fall-back to the newest checkpoint when Redis lost a run's state.
 
 `Recovery` owns the checkpoints' schedule, the elastic restore point and the
 start-ups the restart delay is measured from; it changes the rounds only through
-their methods (load_fragment, publish, roll_back).
+their methods (Synchronizer.load, Publisher.publish, Rounds.roll_back).
 """
 
 from __future__ import annotations
@@ -71,12 +71,12 @@ class Recovery:
             for p, fragment in enumerate(rounds.fragments):
                 # Published as the version after the checkpoint's, so that no island
                 # that held the checkpoint's versions sees them go backwards.
-                rounds.load_fragment(p, {n: params[n] for n in fragment.tensor_names},
-                                     {k.removeprefix(f"{p}."): v for k, v in momentum.items()
-                                      if k.startswith(f"{p}.")}, versions[p] + 1)
+                rounds.sync.load(p, {n: params[n] for n in fragment.tensor_names},
+                                 {k.removeprefix(f"{p}."): v for k, v in momentum.items()
+                                  if k.startswith(f"{p}.")}, versions[p] + 1)
                 rounds.publisher.publish(p, tokens)
             self.recorder.event("rollback", None, reason="Redis lost the run's state",
-                                checkpoint=path, versions=list(rounds.sync.versions))
+                                checkpoint=path, versions=rounds.sync.versions())
             log.warning("run %s: Redis had no versions; rolled back to %s", self.store.run_id,
                         path)
             return True
@@ -99,7 +99,7 @@ class Recovery:
         """Write the global model, its outer momentum and versions (with the eval loss
         of the model, for the Checkpoint row), and forget the oldest beyond `keep`."""
         sync = rounds.sync
-        versions = list(sync.versions)
+        versions = sync.versions()
         momentum = {f"{p}.{k}": v for p, opt in enumerate(sync.optimizers)
                     for k, v in opt.state_dict().items()}
         path = self.checkpoint_dir / f"run-{self.store.run_id}" / (
@@ -200,7 +200,7 @@ class Recovery:
             for name, seconds in rounds.barrier_waits(p, now).items():
                 if name in waited:
                     waited[name] = max(waited[name], seconds)
-            for name, pending in sync.rounds[p].items():
+            for name, pending in sync.open_round(p).items():
                 if name in thrown:
                     thrown[name] += pending.contribution.inner_steps / fragments
             discarded.update(rounds.roll_back(p, params[p], momentum[p], now,
@@ -214,7 +214,7 @@ class Recovery:
             self.accounting.lost(name, waited[name], "barrier_wait")
             self.accounting.lost(name, thrown[name] * (self.accounting.step_time(name) or 0.0),
                                  "rollback")
-        self.recorder.event("rollback", island, versions=list(sync.versions),
+        self.recorder.event("rollback", island, versions=sync.versions(),
                             reason="island joined" if joining else "island lost",
                             restart_delay_s=round(delay, 2), generation=restarts,
                             discarded=sorted(discarded))

@@ -96,7 +96,7 @@ class Rounds:
 
     def follow_spec(self) -> None:
         """The spec changed: a round's tokens are the new islands'."""
-        self.sync.round_tokens = self.spec.config.round_tokens()
+        self.sync.use_round_tokens(self.spec.config.round_tokens())
 
     def restore(self, versions: dict[int, int]) -> bool:
         """Go on from the fragments Redis holds (`versions`: fragment -> its newest), and
@@ -137,26 +137,17 @@ class Rounds:
                 self.publisher.commit_full(p, 0, self.publisher.global_message(p, 0), {})
                 continue
             full, meta, tensors, momentum = found.pop(p)
-            self.load_fragment(p, tensors, momentum, meta["version"])
-            self.sync.handled[p] = self.store.handled(p)
+            self.sync.load(p, tensors, momentum, meta["version"])
+            self.sync.restore_handled(p, self.store.handled(p))
             if p in again:  # committed again by this grant: in this grant's file too
                 self.publisher.commit_full(p, meta["version"], [memoryview(full)], momentum)
             else:
                 self.store.keep_published(p, self.publisher.kept_versions(p))
             self.keepalive()
         if versions:
-            log.info("run %s restored at versions %s%s", self.store.run_id, self.sync.versions,
+            log.info("run %s restored at versions %s%s", self.store.run_id, self.sync.versions(),
                      f" (fragments {sorted(again)} from {self.files.folder})" if again else "")
         return True
-
-    def load_fragment(self, p: int, tensors: dict[str, torch.Tensor],
-                      momentum: dict[str, torch.Tensor] | None, version: int) -> None:
-        """Make fragment p's global these tensors at `version`, with this outer momentum
-        (None: the optimizer's as it is)."""
-        self.sync.globals[p] = {n: t.float() for n, t in tensors.items()}
-        self.sync.versions[p] = version
-        if momentum is not None:
-            self.sync.optimizers[p].load_state_dict(momentum)
 
     def tokens_merged(self) -> int:
         """Tokens merged into the model: each fragment's, on average."""
@@ -203,10 +194,10 @@ class Rounds:
                 return False
             self.publisher.begin(p, merge)
             return merge.outer_step
-        if not self.sync.rounds[p]:
+        if not self.sync.open_round(p):
             if self.ingester.excused[p] and len(self.ingester.excused[p]) >= alive:
                 # Elastic, every alive island's update refused: nothing to merge.
-                self.store.mark_handled(p, dict(self.sync.handled[p]))
+                self.store.mark_handled(p, self.sync.handled(p))
                 self.ingester.clear_excused(p)
             return False
         decision = self.decide(p, now, alive)
@@ -223,11 +214,11 @@ class Rounds:
                 if island in self.accounting.islands:
                     self.accounting.lost(island, seconds, "barrier_wait")
         outer_steps = self.sync.outer_steps
-        closed_at = max(pending.arrival_time for pending in self.sync.rounds[p].values())
+        closed_at = max(pending.arrival_time for pending in self.sync.open_round(p).values())
         result = self.sync.merge(p, now)
         done = self.ingester.take_round(p)
         if result is None:
-            self.store.mark_handled(p, dict(self.sync.handled[p]), done)
+            self.store.mark_handled(p, self.sync.handled(p), done)
             return False
         if not self._finite(p):
             self._refuse_merge(p, result.version, list(result.inner_steps), done)
@@ -270,11 +261,9 @@ class Rounds:
         if saved is None:
             raise RuntimeError(f"fragment {p} version {published} is not in {self.files.folder}")
         _, meta, tensors = decode_message(saved[0], self.spec.verify_key)
-        self.load_fragment(p, tensors, saved[1], meta["version"])
-        history = self.sync.history[p]
-        if history and history[-1].version == version:
-            history.pop()
-        self.store.mark_handled(p, dict(self.sync.handled[p]), done)
+        self.sync.load(p, tensors, saved[1], meta["version"])
+        self.sync.forget_published(p, version)
+        self.store.mark_handled(p, self.sync.handled(p), done)
         reason = (f"the merge into version {version} of fragment {p} made it non-finite; "
                   f"not published, the updates of {', '.join(sorted(islands))} dropped")
         log.warning("run %s: %s", self.store.run_id, reason)
@@ -287,7 +276,7 @@ class Rounds:
         tau = self.spec.config.sync.overlap_steps
         return {island: max(now - pending.arrival_time
                             - tau * (self.accounting.step_time(island) or 0.0), 0.0)
-                for island, pending in self.sync.rounds[p].items()}
+                for island, pending in self.sync.open_round(p).items()}
 
     def roll_back(self, p: int, params: dict[str, torch.Tensor],
                   momentum: dict[str, torch.Tensor], now: float, tokens: int) -> list[str]:
@@ -298,6 +287,6 @@ class Rounds:
         self.ingester.clear_excused(p)
         discarded = self.sync.roll_back(p, params, momentum, now)
         self.publisher.publish(p, tokens, self.ingester.take_round(p))
-        self.ingester.restarted(p, self.sync.versions[p])
+        self.ingester.restarted(p, self.sync.version(p))
         return discarded
 

@@ -178,7 +178,7 @@ class RunSync:
         for island in self.accounting.islands:
             step = int((heartbeats.get(island) or {}).get("step", 0))
             for p in range(len(self.rounds.fragments)):
-                before = max(int(self.rounds.sync.handled[p].get(island, 0)), step, 0)
+                before = max(self.rounds.sync.handled_seq(p, island, default=0), step, 0)
                 if before:
                     self.accounting.trained_before(island, before, fragment=p)
 
@@ -258,7 +258,7 @@ class RunSync:
             self.recorder.event("alert", None, reason=(
                 "the data-plane Redis lost the run's published fragments (it restarted or "
                 "was flushed); syncd published every fragment's newest version again, "
-                f"versions {list(self.rounds.sync.versions)}; updates in flight there are "
+                f"versions {self.rounds.sync.versions()}; updates in flight there are "
                 "lost and refused as missing"))
         refusals = self.store.dataplane_refusals()
         if refusals > self.refusals and now >= self.next_refusal_alert:
@@ -375,7 +375,7 @@ class RunSync:
         out): merge every open round as it is, whatever the quorum, and end the run as
         stopped, its final checkpoint kept."""
         for p in range(len(self.rounds.fragments)):
-            if self.rounds.sync.rounds[p] and self.rounds.merge_round(p, now, "stop") \
+            if self.rounds.sync.open_round(p) and self.rounds.merge_round(p, now, "stop") \
                     and self.spec.elastic:
                 self._finish_merges(now)  # the restore point is the outer step's state
         self._finish_merges(now)
@@ -408,7 +408,7 @@ class RunSync:
         status = self.status(now)
         status["outcome"] = outcome.finish(
             self.accounting, self.spec, now, tokens_merged=self.rounds.tokens_merged(),
-            eval_loss=self.eval_loss, versions=list(self.rounds.sync.versions),
+            eval_loss=self.eval_loss, versions=self.rounds.sync.versions(),
             theta_s=status["theta_s"])
         status = finite(status)
         self.store.put_status(status)

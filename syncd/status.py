@@ -36,13 +36,13 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
     ready, and the island is of one process). Uptime's theta (`theta`) is floored by a
     fragment's round trip and syncd's measured `tick_s`."""
     config, sync, alive = spec.config, rounds.sync, liveness.alive
-    newest = max(sync.versions)
+    newest = max(sync.versions())
     scale = config.emulation.bytes_scale
     islands = {}
     for island in config.islands:
         beat = liveness.heartbeats.get(island.name, {})
-        bases = [sync.rounds[p][island.name].contribution.base_version
-                 for p in range(len(rounds.fragments)) if island.name in sync.rounds[p]]
+        bases = [pending.contribution.base_version for p in range(len(rounds.fragments))
+                 if (pending := sync.open_round(p).get(island.name)) is not None]
         islands[island.name] = {
             "region": island.region, "epoch": liveness.epochs.get(island.name, 0),
             "state": "lost" if island.name in liveness.lost else beat.get("state", "pending"),
@@ -64,8 +64,8 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
     fragments = []
     for p, f in enumerate(rounds.fragments):
         decision = rounds.decide(p, now, alive)
-        fragments.append({"index": p, "name": f.name, "version": sync.versions[p],
-                          "arrivals": len(sync.rounds[p]),
+        fragments.append({"index": p, "name": f.name, "version": sync.version(p),
+                          "arrivals": len(sync.open_round(p)),
                           "min_quorum": rounds.barrier_size(p, alive) if spec.elastic
                           else config.sync.min_quorum,
                           "grace_left_s": round(decision.deadline - now, 2)
@@ -89,7 +89,7 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
                                   if i["loss"] is not None and i["state"] == "training"]),
             "startup_s": figures["startup_s"], "theta_s": figures["theta_s"],
             "max_stall_s": figures["max_stall_s"], "lost_s": figures["lost_s"],
-            "versions": list(sync.versions), "outer_steps": sync.outer_steps,
+            "versions": sync.versions(), "outer_steps": sync.outer_steps,
             "tokens_merged": tokens_merged, "eval_loss": eval_loss,
             "eval_tokens": eval_tokens,
             "islands": islands, "fragments": fragments}

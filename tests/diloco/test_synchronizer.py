@@ -53,17 +53,17 @@ def test_each_merge_raises_the_fragment_version_by_one():
         sync.submit(update_for(sync, "a", base=version - 1), 0, now=float(version))
         result = sync.merge(0, now=float(version))
         assert result.version == version
-        assert sync.versions == [version]
+        assert sync.versions() == [version]
 
 
 def test_outer_steps_is_the_smallest_fragment_version():
     sync = synchronizer(fragments=3)
 
     for p in (0, 0, 1):
-        sync.submit(update_for(sync, "a", p, base=sync.versions[p]), p, now=0.0)
+        sync.submit(update_for(sync, "a", p, base=sync.version(p)), p, now=0.0)
         sync.merge(p, now=0.0)
 
-    assert sync.versions == [2, 1, 0]
+    assert sync.versions() == [2, 1, 0]
     assert sync.outer_steps == 0
     sync.submit(update_for(sync, "a", 2), 2, now=0.0)
     sync.merge(2, now=0.0)
@@ -74,7 +74,7 @@ def test_merging_an_empty_round_publishes_nothing():
     sync = synchronizer()
 
     assert sync.merge(0, now=0.0) is None
-    assert sync.versions == [0]
+    assert sync.versions() == [0]
     assert sync.published_since(0, 0) == []
 
 
@@ -84,7 +84,7 @@ def test_two_increments_from_one_island_in_one_round_are_added_up():
 
     sync.submit(update_for(sync, "a", tokens=512, steps=2, value=0.3, seq=6), 0, now=2.0)
 
-    [(island, pending)] = sync.rounds[0].items()
+    [(island, pending)] = sync.open_round(0).items()
     assert island == "a"
     c = pending.contribution
     assert (c.tokens, c.inner_steps, c.seq, c.increments) == (1536, 6, 6, 2)
@@ -103,7 +103,7 @@ def test_it_rejects_an_update_older_than_the_staleness_bound_and_never_merges_it
     reason = sync.submit(update_for(sync, "old", base=0, seq=9), 0, now=1.0)
 
     assert reason == "stale: based on version 0, newest is 2, max_staleness 1"
-    assert "old" not in sync.rounds[0]
+    assert "old" not in sync.open_round(0)
     assert sync.has_handled(0, "old", 9)
     assert sync.submit(update_for(sync, "fresh", base=1), 0, now=1.0) is None
     assert sync.merge(0, now=2.0).weights == {"fresh": 1.0}
@@ -151,7 +151,7 @@ def test_an_island_after_the_merge_is_dropped_when_that_makes_it_too_stale():
     reason = sync.submit(update_for(sync, "late", base=0), 0, now=5.0)
 
     assert reason is not None and reason.startswith("stale")
-    assert sync.rounds[0] == {}
+    assert sync.open_round(0) == {}
 
 
 def test_decide_uses_the_runs_quorum_and_grace_settings():
@@ -180,7 +180,7 @@ def test_it_remembers_which_updates_a_merge_took_in():
 def merge_rounds(sync: Synchronizer, count: int) -> None:
     for i in range(count):
         value = 0.01 * (i + 1) * (-1) ** i
-        sync.submit(update_for(sync, "a", base=sync.versions[0], value=value), 0, now=float(i))
+        sync.submit(update_for(sync, "a", base=sync.version(0), value=value), 0, now=float(i))
         sync.merge(0, now=float(i))
 
 

@@ -49,7 +49,7 @@ def run_sync(redis_url, tmp_path) -> RunSync:
 
 def meta_of(sync: RunSync, island: str, seq: int, **changes) -> dict:
     return {"run": sync.store.run_id, "island": island, "epoch": 1, "fragment": 0,
-            "base_version": sync.rounds.sync.versions[0], "seq": seq,
+            "base_version": sync.rounds.sync.version(0), "seq": seq,
             "tokens": STEPS * runs.TOKENS_PER_STEP, "inner_steps": STEPS, "compute_s": 1.0,
             "codec": "none", **changes}
 
@@ -229,9 +229,9 @@ def assert_rejected_and_the_run_goes_on(sync: RunSync, reason: str, seq: int) ->
     assert len(reasons) == 1 and reason in reasons[0], reasons
     assert sync.rounds.ingester.rejections == {"a": 1}
     assert sync.status(1000.0)["islands"]["a"]["rejections"] == 1
-    version = sync.rounds.sync.versions[0]
+    version = sync.rounds.sync.version(0)
     assert sync.store.versions()[0] == version
-    assert list(sync.rounds.sync.rounds[0]) == ["b"]
+    assert list(sync.rounds.sync.open_round(0)) == ["b"]
 
     push(sync, "a", seq + STEPS, good_blob(sync, "a", seq + STEPS))
     sync.tick()
@@ -254,9 +254,9 @@ def assert_quarantined_and_the_run_goes_on(sync: RunSync, reason: str, seq: int)
     assert sum(sync.accounting.islands["a"].lost.values()) == 0.0
     entries = sync.store.client.xrange(sync.store.key("updates"))
     assert entries == []
-    version = sync.rounds.sync.versions[0]
+    version = sync.rounds.sync.version(0)
     assert sync.store.versions()[0] == version
-    assert list(sync.rounds.sync.rounds[0]) == ["b"]
+    assert list(sync.rounds.sync.open_round(0)) == ["b"]
 
     push(sync, "a", seq, good_blob(sync, "a", seq))
     sync.tick()
@@ -316,7 +316,7 @@ def test_an_update_sent_again_is_the_same_update_merged_once_and_refused_nothing
     assert rejection_reasons(run_sync) == []
     assert run_sync.rounds.ingester.rejections == {}
     assert run_sync.store.versions()[0] == 1
-    assert list(run_sync.rounds.sync.rounds[0]) == ["b"]
+    assert list(run_sync.rounds.sync.open_round(0)) == ["b"]
     assert runs.stored_keys(run_sync.store, "blob") == []  # the copy is deleted unread
 
 

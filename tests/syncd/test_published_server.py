@@ -154,7 +154,7 @@ def test_a_restarted_syncd_serves_the_published_version_from_its_own_server(
         again = RunSync(store, DatabaseRecorder(sync.recorder.run_id), tmp_path,
                         clock=lambda: 2000.0)
 
-        assert again.rounds.sync.versions[0] == 1
+        assert again.rounds.sync.version(0) == 1
         assert store.full(0) == merged
         assert second.base_url in store.client.get(store.key("full", 0)).decode()
     finally:

@@ -59,7 +59,7 @@ def test_syncd_frees_the_slots_of_old_epochs_lost_islands_strangers_and_handled_
 
     # A syncd that died between a fold and freeing its slot left the ticket behind.
     store.wait_for_slot("a", 1, 1, 4, slots=2)
-    run_sync.rounds.sync.handled[1]["a"] = 4
+    run_sync.rounds.sync.settle(1, "a", 4)
     run_sync.rounds.ingester.free_stale_slots(run_sync.clock(), run_sync.liveness)
     assert store.slot_holders(2) == []
 
@@ -115,9 +115,9 @@ def test_the_next_rounds_updates_are_read_while_a_merge_is_published(run_sync, m
             send(run_sync, "b", 0, 8, tokens=7)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and not (
-                    "a" in rounds.sync.rounds[0] and rounds.ingester.rejections["b"]):
+                    "a" in rounds.sync.open_round(0) and rounds.ingester.rejections["b"]):
                 time.sleep(0.01)
-            seen["next round"] = sorted(rounds.sync.rounds[0])
+            seen["next round"] = sorted(rounds.sync.open_round(0))
             seen["versions"] = run_sync.store.versions()
             seen["handled"] = run_sync.store.handled(0)
         return save(p, version, token, full, momentum)
@@ -212,7 +212,7 @@ def test_it_rejects_a_bad_update_with_a_reason_and_never_merges_it(run_sync, bad
     assert any(reason in r for r in rejections(run_sync)), rejections(run_sync)
     # Only b's update is waiting; a bad one never counts towards the quorum.
     assert run_sync.store.versions()[0] == 0
-    assert list(run_sync.rounds.sync.rounds[0]) == ["b"]
+    assert list(run_sync.rounds.sync.open_round(0)) == ["b"]
 
 
 def blob_keys(sync: RunSync) -> list[bytes]:
@@ -222,15 +222,15 @@ def blob_keys(sync: RunSync) -> list[bytes]:
 def test_the_messages_of_updates_are_gone_once_folded_even_while_their_round_waits(run_sync):
     heartbeat_all(run_sync)
     for seq in (4, 8):
-        send(run_sync, "a", 0, seq, base_version=run_sync.rounds.sync.versions[0])
-        send(run_sync, "a", 1, seq, base_version=run_sync.rounds.sync.versions[1])
-        send(run_sync, "b", 0, seq, base_version=run_sync.rounds.sync.versions[0])
+        send(run_sync, "a", 0, seq, base_version=run_sync.rounds.sync.version(0))
+        send(run_sync, "a", 1, seq, base_version=run_sync.rounds.sync.version(1))
+        send(run_sync, "b", 0, seq, base_version=run_sync.rounds.sync.version(0))
         assert blob_keys(run_sync)
         run_sync.tick()
         # b's update of fragment 1 has not come: a's increments wait in the open
         # round's sum, and their messages are gone already.
         assert run_sync.store.versions()[0] == seq // 4
-        assert run_sync.rounds.sync.rounds[1]["a"].contribution.increments == seq // 4
+        assert run_sync.rounds.sync.open_round(1)["a"].contribution.increments == seq // 4
         assert blob_keys(run_sync) == []
 
     send(run_sync, "b", 1, 8)
@@ -243,8 +243,8 @@ def test_the_messages_of_updates_are_gone_once_folded_even_while_their_round_wai
 def test_the_messages_of_stale_updates_are_gone_and_forged_ones_left_to_expire(run_sync):
     heartbeat_all(run_sync)
     for seq in (4, 8):
-        send(run_sync, "a", 0, seq, base_version=run_sync.rounds.sync.versions[0])
-        send(run_sync, "b", 0, seq, base_version=run_sync.rounds.sync.versions[0])
+        send(run_sync, "a", 0, seq, base_version=run_sync.rounds.sync.version(0))
+        send(run_sync, "b", 0, seq, base_version=run_sync.rounds.sync.version(0))
         run_sync.tick()
     send(run_sync, "a", 0, 12, base_version=0)  # max_staleness 1: version 2 is newest
     send(run_sync, "b", 0, 12, key=island_key(b"forged", "b", 1))
@@ -267,7 +267,7 @@ def test_a_replayed_update_is_merged_at_most_once(run_sync):
     send(run_sync, "b", 0, 8)
     run_sync.tick()
     assert run_sync.store.versions()[0] == 1
-    assert list(run_sync.rounds.sync.rounds[0]) == ["b"]
+    assert list(run_sync.rounds.sync.open_round(0)) == ["b"]
 
 
 def test_an_update_based_on_a_version_too_old_is_dropped_as_stale(run_sync):
@@ -280,7 +280,7 @@ def test_an_update_based_on_a_version_too_old_is_dropped_as_stale(run_sync):
     send(run_sync, "a", 0, 12, base_version=0)
     run_sync.tick()
     assert any("stale" in r for r in rejections(run_sync))
-    assert "a" not in run_sync.rounds.sync.rounds[0]
+    assert "a" not in run_sync.rounds.sync.open_round(0)
 
 
 def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
@@ -294,11 +294,11 @@ def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
     again = RunSync(run_sync.store, DatabaseRecorder(run_sync.recorder.run_id), tmp_path,
                     clock=lambda: 1000.0, control_every_s=0.0)
     again.tick()
-    assert again.rounds.sync.versions == [1, 0]
+    assert again.rounds.sync.versions() == [1, 0]
     assert all(torch.equal(merged[n], t) for n, t in again.rounds.sync.globals[0].items())
     # a's update was folded into fragment 1's round and freed: the restart lost it,
     # and nothing of it is read again (no message, no entry, no quarantine).
-    assert list(again.rounds.sync.rounds[1]) == []
+    assert list(again.rounds.sync.open_round(1)) == []
     assert stored_keys(again.store, "blob") == []
     assert rejections(again) == []
     # a sends it again when it sees the lease change hands (trainer/resend.py); one
@@ -306,8 +306,8 @@ def test_a_restarted_syncd_goes_on_from_what_redis_holds(run_sync, tmp_path):
     send(again, "a", 1, 4)
     send(again, "a", 0, 4)
     again.tick()
-    assert list(again.rounds.sync.rounds[1]) == ["a"]
-    assert list(again.rounds.sync.rounds[0]) == []  # merged ones are not merged twice
+    assert list(again.rounds.sync.open_round(1)) == ["a"]
+    assert list(again.rounds.sync.open_round(0)) == []  # merged ones are not merged twice
 
 
 def test_a_restarted_syncd_quarantines_no_genuine_update_the_one_before_it_read(
@@ -333,7 +333,7 @@ def test_an_update_is_freed_once_it_is_folded_into_its_round(run_sync):
     send(run_sync, "a", 0, 4)
     run_sync.tick()
 
-    assert list(run_sync.rounds.sync.rounds[0]) == ["a"]
+    assert list(run_sync.rounds.sync.open_round(0)) == ["a"]
     assert stored_keys(run_sync.store, "blob") == []
     assert run_sync.store.client.xlen(run_sync.store.key("updates")) == 0
     send(run_sync, "b", 0, 4)
@@ -350,7 +350,7 @@ def test_a_merge_of_finite_updates_that_overflows_is_not_published(run_sync):
     run_sync.tick()
 
     assert run_sync.store.versions()[0] == 0
-    assert run_sync.rounds.sync.versions[0] == 0
+    assert run_sync.rounds.sync.version(0) == 0
     assert all(torch.equal(t, before[n]) for n, t in run_sync.rounds.sync.globals[0].items())
     assert any("non-finite" in r for r in rejections(run_sync))
     assert blob_keys(run_sync) == []

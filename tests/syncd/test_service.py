@@ -156,7 +156,7 @@ def test_a_stop_merges_the_open_rounds_checkpoints_and_ends_the_run_as_stopped(r
     beat_at(run_sync, "b", 1000.0)
     send(run_sync, "a", 0, 4)  # below the quorum of 2: it waits
     run_sync.tick()
-    assert run_sync.rounds.sync.versions == [0, 0]
+    assert run_sync.rounds.sync.versions() == [0, 0]
 
     run_sync.store.request_stop(1000.0)
     run_sync.tick()  # b still trains: the stop waits for it
@@ -166,7 +166,7 @@ def test_a_stop_merges_the_open_rounds_checkpoints_and_ends_the_run_as_stopped(r
     beat_at(run_sync, "a", 1000.0, state="stopped")
     run_sync.tick()
 
-    assert run_sync.rounds.sync.versions == [1, 1]  # both open rounds merged as they were
+    assert run_sync.rounds.sync.versions() == [1, 1]  # both open rounds merged as they were
     run.refresh_from_db()
     assert run.state == Run.State.STOPPED
     assert run.tokens == (4 + 6) * TOKENS_PER_STEP // 2
@@ -236,7 +236,7 @@ def test_a_syncd_that_takes_a_run_over_credits_only_the_steps_trained_since(
                     clock=lambda: clock["now"], control_every_s=0.0)
     clock["now"] = 1000.5
     again.tick()
-    assert again.rounds.sync.versions[0] == 1
+    assert again.rounds.sync.version(0) == 1
     clock["now"] = 1001.5
     beat_step(run_sync, "b", 1001.5, 410)
     send(run_sync, "b", 0, 410, steps=10, base_version=1)
@@ -316,7 +316,7 @@ def drive_tiny_run(sync, until: float, *, islands=("a", "b"), step_s: float = 0.
                 if seq % 2 == 0:
                     p = (seq // 2) % 2
                     send(sync, island, p, seq, steps=min(4, seq),
-                         base_version=sync.rounds.sync.versions[p])
+                         base_version=sync.rounds.sync.version(p))
                     beat_step(sync, island, clock["now"], seq)
         due = clock["now"] >= sync.next_status
         sync.tick()
@@ -360,7 +360,7 @@ def test_a_run_that_merges_on_while_an_island_cold_starts_beside_the_others_read
                 steps[island] += 1
                 if steps[island] % 4 == 0:
                     send(sync, island, 0, steps[island],
-                         base_version=sync.rounds.sync.versions[0])
+                         base_version=sync.rounds.sync.version(0))
             beat_step(sync, island, now, steps[island])
         if now == 1020.0:
             sync.store.report_death("c", 1, -9, at=now)
