@@ -9,14 +9,18 @@ the form and the docs read the same facts.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from diloco.shapes import parameter_count, tensor_sizes
 
 CODECS = ("none", "bf16", "int8", "int4")
 WEIGHTINGS = ("tokens", "uniform")
-RUN_MODES = ("decoupled", "elastic")
+# decoupled: the quorum and grace window; sync: synchronous DiLoCo, every alive island's
+# update in each merge, which every island waits for (sync.min_quorum the number of
+# islands, sync.overlap_steps 0: MODE_RULES); elastic: data-parallel with whole-job
+# restarts.
+RUN_MODES = ("decoupled", "sync", "elastic")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
 # Who makes an island's wide-area link take its time: the island process (latency +
@@ -298,10 +302,44 @@ RULES = (
 )
 
 
+def _sync_quorum_of_all(config: RunConfig) -> Iterator[tuple[str, str]]:
+    n, k = len(config.islands), config.sync.min_quorum
+    if k != n:
+        yield "sync.min_quorum", ("Must be the number of islands in mode sync (every island "
+                                  f"in each merge): {n}, got {k}.")
+
+
+def _sync_waits_for_merge(config: RunConfig) -> Iterator[tuple[str, str]]:
+    tau = config.sync.overlap_steps
+    if tau != 0:
+        yield "sync.overlap_steps", ("Must be 0 in mode sync (each island waits for the merge "
+                                     f"of its update), got {tau}.")
+
+
+# The rules a run mode adds to RULES (mode_problems).
+MODE_RULES: dict[str, tuple[Rule, ...]] = {
+    "sync": (Rule("sync.min_quorum", "The number of islands in mode sync.", _sync_quorum_of_all),
+             Rule("sync.overlap_steps", "0 in mode sync.", _sync_waits_for_merge)),
+}
+
+
+def mode_problems(mode: str, config: RunConfig) -> Iterator[tuple[str, str]]:
+    """(dotted path, message) for each rule of the run mode the config breaks."""
+    for rule in MODE_RULES.get(mode, ()):
+        yield from rule.problems(config)
+
+
+def synchronous(config: RunConfig) -> RunConfig:
+    """The config as mode sync runs it: every island in each merge, each island waiting
+    for it (min_quorum M, overlap_steps 0), the rest the config's own."""
+    return replace(config, sync=replace(config.sync, min_quorum=len(config.islands),
+                                        overlap_steps=0))
+
+
 def rule_summaries() -> dict[str, str]:
     """Field -> the rules between fields that constrain it, in the docs' words."""
     out: dict[str, str] = {}
-    for rule in RULES:
+    for rule in (*RULES, *(r for rules in MODE_RULES.values() for r in rules)):
         out[rule.field] = f"{out[rule.field]} {rule.summary}" if rule.field in out else rule.summary
     return out
 

@@ -170,15 +170,16 @@ class Rounds:
         return RoundStats(statistics.median(times), 2 * one_way)
 
     def barrier_size(self, p: int, alive: int) -> int:
-        """Elastic: the updates fragment p's round waits for, every alive island's but
-        the refused ones."""
+        """Elastic and sync: the updates fragment p's round waits for, every alive island's
+        but the refused ones (elastic's only)."""
         return max(alive - len(self.ingester.excused[p]), 1)
 
     def decide(self, p: int, now: float, alive: int) -> Decision:
-        """Whether fragment p's round merges now: quorum and grace, or the barrier."""
-        elastic = self.spec.elastic
-        return self.sync.decide(p, now, self.barrier_size(p, alive) if elastic
-                                else max(alive, 1), self.round_stats(), elastic)
+        """Whether fragment p's round merges now: quorum and grace, or the barrier (elastic
+        and sync: every alive island)."""
+        barrier = self.spec.barrier
+        return self.sync.decide(p, now, self.barrier_size(p, alive) if barrier
+                                else max(alive, 1), self.round_stats(), barrier)
 
     def maybe_merge(self, p: int, now: float, alive: int) -> bool:
         """Merge fragment p's open round if the policy says so, its publish begun

@@ -45,6 +45,9 @@ class RunSpec:
         # The elastic baseline: a barrier over alive islands at every outer step, a
         # checkpoint after each, and a whole-job restart from it on any island loss.
         self.elastic = self.initial["mode"] == "elastic"
+        # Synchronous DiLoCo: each merge waits for every alive island (min_quorum M and
+        # overlap_steps 0, diloco.config.MODE_RULES, make the islands wait for it).
+        self.barrier = self.elastic or self.initial["mode"] == "sync"
 
     def island_names(self) -> set[str]:
         return {i.name for i in self.config.islands}

@@ -66,7 +66,7 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
         decision = rounds.decide(p, now, alive)
         fragments.append({"index": p, "name": f.name, "version": sync.version(p),
                           "arrivals": len(sync.open_round(p)),
-                          "min_quorum": rounds.barrier_size(p, alive) if spec.elastic
+                          "min_quorum": rounds.barrier_size(p, alive) if spec.barrier
                           else config.sync.min_quorum,
                           "grace_left_s": round(decision.deadline - now, 2)
                           if decision.deadline else None,
@@ -138,7 +138,7 @@ def theta(accounting: RunAccounting, spec: RunSpec, *,
     Never less than twice a fragment's `round_trip_s` and syncd's `tick_s`
     (uptime_theta); None before any fault-free step time is known."""
     config = spec.config
-    k = len(config.islands) if spec.elastic else config.sync.min_quorum
+    k = len(config.islands) if spec.barrier else config.sync.min_quorum
     cadence = accounting.cadence(config.sync.inner_steps, k)
     if cadence is None:
         return None

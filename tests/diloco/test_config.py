@@ -1,6 +1,6 @@
 import json
 
-from diloco.config import RunConfig, field_help
+from diloco.config import RunConfig, field_help, mode_problems, synchronous
 from diloco.config_parse import parse_config
 
 REGIONS = ["us-east", "us-west"]
@@ -38,3 +38,14 @@ def test_islands_train_in_one_fp32_process_on_the_best_device_unless_asked_other
     assert (config.train.device, config.train.precision) == ("auto", "fp32")
     assert all(island.processes == 1 for island in config.islands)
     assert "train.device" in field_help() and "islands[].processes" in field_help()
+
+
+def test_mode_sync_has_every_island_in_each_merge_and_waits_for_it():
+    config = parse_config({"sync": {"min_quorum": 1}}, REGIONS)
+    assert dict(mode_problems("decoupled", config)) == {}
+    assert set(dict(mode_problems("sync", config))) == {"sync.min_quorum",
+                                                        "sync.overlap_steps"}
+    made = synchronous(config)
+    assert (made.sync.min_quorum, made.sync.overlap_steps) == (len(config.islands), 0)
+    assert dict(mode_problems("sync", made)) == {}
+    assert "mode sync" in field_help()["sync.overlap_steps"]

@@ -28,7 +28,7 @@ def trained(start: float = 100.0) -> RunAccounting:
 def test_the_outcome_ends_the_accounting_and_carries_its_figures():
     accounting = trained()
 
-    outcome = finish(accounting, SimpleNamespace(config=CONFIG, elastic=False), 110.0,
+    outcome = finish(accounting, SimpleNamespace(config=CONFIG, elastic=False, barrier=False), 110.0,
                      tokens_merged=4096, eval_loss=2.5, versions=[2])
 
     assert accounting.end == 110.0
@@ -45,7 +45,7 @@ def test_the_outcome_ends_the_accounting_and_carries_its_figures():
 
 def test_an_outcome_taken_again_keeps_the_first_end():
     accounting = trained()
-    spec = SimpleNamespace(config=CONFIG, elastic=False)
+    spec = SimpleNamespace(config=CONFIG, elastic=False, barrier=False)
     finish(accounting, spec, 110.0, tokens_merged=0, eval_loss=None, versions=[2])
 
     again = finish(accounting, spec, 150.0, tokens_merged=0, eval_loss=None, versions=[2])

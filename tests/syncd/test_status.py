@@ -11,7 +11,7 @@ from diloco.config_parse import parse_config
 from syncd.service import PassTimes
 from syncd.status import link, link_state, pace, theta
 
-SPEC = SimpleNamespace(elastic=False, config=parse_config({
+SPEC = SimpleNamespace(elastic=False, barrier=False, config=parse_config({
     "sync": {"inner_steps": 10, "fragments": 2, "min_quorum": 2},
     "islands": [{"name": n, "region": "us-east"} for n in ("a", "b", "c")],
 }, ["us-east"]))

@@ -69,7 +69,7 @@ class RunIn(Body):
                                   "(leading and trailing spaces are dropped).",
                       json_schema_extra={"minLength": 1, "maxLength": RUN_NAME_MAX_LENGTH,
                                          "pattern": NOT_BLANK})
-    mode: str = Field(description="decoupled (Decoupled DiLoCo) or elastic (the baseline).",
+    mode: str = Field(description="decoupled, sync (synchronous DiLoCo) or elastic (baseline).",
                       json_schema_extra={"enum": list(RUN_MODES)})
     config: ConfigBody = Field(
         default_factory=dict,

@@ -49,7 +49,9 @@ def _number(raw: str) -> Any:
 class RunForm(forms.Form):
     name = forms.CharField(max_length=RUN_NAME_MAX_LENGTH)
     mode = forms.ChoiceField(choices=Run.Mode.choices, help_text=(
-        "decoupled: Decoupled DiLoCo; elastic: the elastic data-parallel baseline "
+        "decoupled: Decoupled DiLoCo; sync: synchronous DiLoCo, every island waits for "
+        "each merge (sync.min_quorum the number of islands, sync.overlap_steps 0); "
+        "elastic: the elastic data-parallel baseline "
         "(a barrier at every outer step, a restart from checkpoint on any loss)."))
     initial_checkpoint = forms.ModelChoiceField(
         queryset=Checkpoint.objects.none(), required=False, label="start from checkpoint",

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from diloco.config import RUN_MODES, RunConfig
+from diloco.config import RUN_MODES, RunConfig, mode_problems
 from diloco.config_parse import ConfigError, parse_config
 from syncd.acl import delete_island_users
 from syncd.keys import run_prefix
@@ -90,7 +90,8 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
             key = f"config.{path}" if path in ("name", "mode") else path
             errors.setdefault(key, []).extend(messages)
     else:
-        errors.update(memory_misfits(run_config, admitted_configs()))
+        errors.update(memory_misfits(run_config, admitted_configs()),
+                      **{path: [problem] for path, problem in mode_problems(mode, run_config)})
     # What a user names must stay inside the data folders; the system's own runs (user
     # None: the demo, benchmarks, tests) may read their own corpora.
     data = config.get("data") if isinstance(config, dict) else None

@@ -18,6 +18,16 @@ from webapp.runs.validation import admitted_configs, memory_misfits
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
 
+    from diloco.config import RunConfig
+
+
+def with_islands(run: Run, islands: list[Any]) -> RunConfig:
+    """The run's config with these islands, parsed; a sync run's quorum stays all of them."""
+    data = {**run.config, "islands": islands}
+    if run.mode == Run.Mode.SYNC:
+        data["sync"] = {**run.config.get("sync", {}), "min_quorum": len(islands)}
+    return parse_config(data, settings.REGIONS)
+
 
 def add_island(run: Run, island_config: dict[str, Any], by: AbstractBaseUser | None) -> Island:
     """Add an island to a draft or a live run; in a live run it starts training at once.
@@ -29,8 +39,7 @@ def add_island(run: Run, island_config: dict[str, Any], by: AbstractBaseUser | N
         ValueError: when the run is neither a draft nor live.
     """
     run.require_state((Run.State.DRAFT, *RUNNING_OR_PAUSED), "add an island")
-    config = parse_config({**run.config, "islands": [*run.config["islands"], island_config]},
-                          settings.REGIONS)
+    config = with_islands(run, [*run.config["islands"], island_config])
     if misfits := memory_misfits(config, admitted_configs(run)):
         raise ConfigError(misfits)
     new = config.islands[-1]
@@ -58,8 +67,7 @@ def remove_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
     """
     run.require_state((Run.State.DRAFT, *RUNNING_OR_PAUSED), "remove an island")
     island = run.get_island(island)
-    config = parse_config({**run.config, "islands": [
-        i for i in run.config["islands"] if i["name"] != island.name]}, settings.REGIONS)
+    config = with_islands(run, [i for i in run.config["islands"] if i["name"] != island.name])
     with transaction.atomic():
         run.config = config.to_dict()
         run.save(update_fields=["config"])

@@ -32,6 +32,7 @@ def _isoformat(value: Any) -> str | None:
 class Run(models.Model):
     class Mode(models.TextChoices):
         DECOUPLED = "decoupled", "Decoupled DiLoCo"
+        SYNC = "sync", "Synchronous DiLoCo"
         ELASTIC = "elastic", "Elastic data-parallel"
 
     class State(models.TextChoices):

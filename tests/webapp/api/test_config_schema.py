@@ -117,7 +117,7 @@ def test_the_config_names_the_rules_between_fields(openapi):
 
     assert "rules between fields" in config["description"]
     assert sync["properties"]["min_quorum"]["description"].endswith(
-        "At most the number of islands.")
+        "At most the number of islands. The number of islands in mode sync.")
 
 
 def test_a_name_is_blank_in_the_schema_exactly_when_strip_leaves_nothing():

@@ -155,7 +155,7 @@ def test_it_reports_name_and_mode_errors_beside_config_errors(operator_api):
     errors = response.json()["errors"]
     assert set(errors) == {"name", "mode", "islands.0.region", "sync.min_quorum"}
     assert errors["name"] == ["This field is required."]
-    assert errors["mode"] == ["Must be one of decoupled, elastic, got 'x'."]
+    assert errors["mode"] == ["Must be one of decoupled, sync, elastic, got 'x'."]
 
 
 def test_it_refuses_a_config_put_at_the_top_level(operator_api):
@@ -364,7 +364,7 @@ def test_the_schema_gives_defaults_and_help(viewer_api):
     data = response.json()
     assert data["defaults"]["sync"]["min_quorum"] == 2
     assert data["help"] == field_help()
-    assert data["modes"] == ["decoupled", "elastic"]
+    assert data["modes"] == ["decoupled", "sync", "elastic"]
     assert data["regions"] == settings.REGIONS
 
 

@@ -66,7 +66,23 @@ def test_it_rejects_an_unknown_mode():
         create_run(name="r", mode="synchronous", config={}, user=None)
 
     assert e.value.errors == {
-        "mode": ["Must be one of decoupled, elastic, got 'synchronous'."]}
+        "mode": ["Must be one of decoupled, sync, elastic, got 'synchronous'."]}
+
+
+def test_a_sync_run_needs_every_island_in_each_merge_and_no_overlap_by_field():
+    config = {"sync": {"min_quorum": 1, "overlap_steps": 2}, "islands": TWO_ISLANDS["islands"]}
+
+    with pytest.raises(ConfigError) as e:
+        create_run(name="r", mode="sync", config=config, user=None)
+
+    assert e.value.errors == {
+        "sync.min_quorum": ["Must be the number of islands in mode sync (every island in "
+                            "each merge): 2, got 1."],
+        "sync.overlap_steps": ["Must be 0 in mode sync (each island waits for the merge of "
+                               "its update), got 2."]}
+    run = create_run(name="r", mode="sync", user=None, config={
+        **config, "sync": {"min_quorum": 2, "overlap_steps": 0}})
+    assert run.mode == Run.Mode.SYNC
 
 
 def test_it_reports_every_problem_at_once_and_saves_nothing():

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,32 @@ def test_islands_on_a_real_worker_merge_through_syncd_survive_a_kill_and_rejoin(
                "the run to be stopped")
     kinds = set(run.events.values_list("kind", flat=True))
     assert {"merge", "island_lost", "rejoin"} <= kinds
+
+
+def test_in_mode_sync_every_merge_holds_every_island_and_each_waits_for_it(
+        system, corpus_file, redis_url):
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    run.mode = Run.Mode.SYNC
+    run.config["sync"].update(min_quorum=3, overlap_steps=0)
+    run.config["islands"][2]["speed"] = 0.2  # without the waits it would fall behind
+    run.save(update_fields=["mode", "config"])
+    store = start_and_wait(run, redis_url, 1)
+    wait_all_training(store)
+    since = max(newest_versions(store)) + 1
+    wait_until(lambda: min(newest_versions(store)) >= since + 4, 90, "four more merges each")
+    stop_run(run, by=None)
+
+    merges = [e.detail for e in run.events.filter(kind="merge")
+              if e.detail["version"] > since]
+    islands = {"island-0", "island-1", "island-2"}
+    assert merges and all(set(m["seqs"]) == islands for m in merges), merges
+    # Each island waited for the merge of each update before it trained on: its merged
+    # updates of a fragment are H inner steps apart, never two in one round.
+    h = run.config["sync"]["inner_steps"]
+    for p in range(2):
+        for island in islands:
+            seqs = sorted(m["seqs"][island] for m in merges if m["fragment"] == p)
+            assert all(b - a == h for a, b in pairwise(seqs)), (p, island, seqs)
 
 
 def test_a_kill_9_of_syncd_loses_no_version_and_the_run_completes(
