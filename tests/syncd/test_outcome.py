@@ -28,7 +28,8 @@ def trained(start: float = 100.0) -> RunAccounting:
 def test_the_outcome_ends_the_accounting_and_carries_its_figures():
     accounting = trained()
 
-    outcome = finish(accounting, SimpleNamespace(config=CONFIG, elastic=False, barrier=False), 110.0,
+    spec = SimpleNamespace(config=CONFIG, elastic=False, barrier=False)
+    outcome = finish(accounting, spec, 110.0,
                      tokens_merged=4096, eval_loss=2.5, versions=[2])
 
     assert accounting.end == 110.0
