@@ -69,8 +69,8 @@ when a check misses its bound. It writes its summary to `bench/results/NAME.json
 (committed; the record less its curves and samples, `bench/results.py`) and the
 whole record to `NAME-samples.json` (not committed), beside any HTML report. This
 page is generated from the summaries by `.venv/bin/python -m bench docs`: run it
-after committing new results, in the same commit (tests/bench/test_docs.py fails
-on a stale page). Why each figure is where it is, run by run, is in
+whenever a results file changes and commit the page with it (tests/bench/test_docs.py
+fails on a stale page). Why each figure is where it is, run by run, is in
 docs/journal/benchmarks-2026.md; what a figure means is in docs/FIGURES.md.
 
 Figures are from the development machine (2 cores, CPU PyTorch) unless a table
