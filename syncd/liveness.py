@@ -66,6 +66,9 @@ class Liveness:
         self.deaths: dict[str, dict[str, Any]] = {}  # island -> its supervisor's report
         self.faults: dict[str, str] = {}  # island -> the kind of its active fault
         self.lost: set[str] = set()
+        # Of the lost, those silent with no death reported: cut off, as far as syncd can
+        # tell (a link down, a region gone dark), its link shown partitioned.
+        self.unheard: set[str] = set()
         self.alive = 0  # islands alive at the last watch; 0 while the run is paused
         self.waiting_alert = False
         self.rate_marks: dict[str, tuple[float, int, int]] = {}  # island -> (time, tokens, step)
@@ -127,6 +130,7 @@ class Liveness:
                                         warm=bool(beat.get("warm")))
                 if island.name in self.lost:
                     self.lost.discard(island.name)
+                    self.unheard.discard(island.name)
                     self.recorder.event("island_revived", island.name, epoch=beat["epoch"])
                     membership_changed(island.name, now, True)
                 self.recorder.island(island.name, state="training", tokens=beat["tokens"],
@@ -141,6 +145,7 @@ class Liveness:
                                         reported_after_s=round(max(now - death["time"], 0.0),
                                                                3))
                 else:
+                    self.unheard.add(island.name)
                     self.recorder.event("island_lost", island.name, cause="silent",
                                         silent_s=round(now - beat["time"], 1))
                 self.recorder.island(island.name, state="lost")

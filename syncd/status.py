@@ -81,7 +81,7 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
             islands[name]["fault"] = liveness.faults.get(name, "none")
     before = (previous or {}).get("islands", {})
     for name, island in islands.items():
-        island["link"] = link(island, before.get(name))
+        island["link"] = link(island, before.get(name), unheard=name in liveness.unheard)
     return {"run": run_id, "time": now, "live_islands": alive,
             "goodput": figures["goodput"], "overcredited": figures["overcredited"],
             "uptime": figures["uptime"],
@@ -95,28 +95,32 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
             "islands": islands, "fragments": fragments}
 
 
-def link_state(state: str, fault: str) -> str:
+def link_state(state: str, fault: str, unheard: bool = False) -> str:
     """The state of an island's WAN link to syncd: partitioned or degraded while that
-    fault is active (a partitioned island also goes silent, then lost), down when no
-    process speaks on it (lost, stopped, not started), else up."""
-    if fault == "partition":
+    fault is active (a partitioned island also goes silent, then lost), partitioned too
+    while the island is `unheard` (lost silent, no death reported: its link cut, as far
+    as syncd can tell), down when no process speaks on it (lost, stopped, not started),
+    else up."""
+    if fault == "partition" or unheard:
         return "partitioned"
     if state in ("lost", "stopped", "pending"):
         return "down"
     return "degraded" if fault == "degrade" else "up"
 
 
-def link(island: dict[str, Any], before: dict[str, Any] | None) -> dict[str, Any]:
-    """The island's link: its state, and the emulated bytes it carried each way since
-    the status `before` (the island's entry in the previous status; None, as in the
-    first status: nothing carried yet)."""
+def link(island: dict[str, Any], before: dict[str, Any] | None,
+         unheard: bool = False) -> dict[str, Any]:
+    """The island's link: its state (`link_state`), and the emulated bytes it carried
+    each way since the status `before` (the island's entry in the previous status;
+    None, as in the first status: nothing carried yet)."""
     carried = {}
     for way in ("up", "down"):
         total = island.get(f"emulated_bytes_{way}", 0)
         earlier = total if before is None else before.get(f"emulated_bytes_{way}", 0)
         # A new epoch counts its bytes from 0 again.
         carried[f"bytes_{way}"] = total - earlier if total >= earlier else total
-    return {"state": link_state(island["state"], island.get("fault", "none")), **carried}
+    return {"state": link_state(island["state"], island.get("fault", "none"), unheard),
+            **carried}
 
 
 def pace(spec: RunSpec, tokens_per_s: Mapping[str, float]) -> dict[str, float]:

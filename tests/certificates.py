@@ -1,5 +1,6 @@
-"""A certificate authority of the tests' own and a certificate it signed for loopback:
-what an operator gives syncd's server of published fragments for HTTPS."""
+"""A certificate authority of the tests' own and a certificate it signed for loopback
+(or another address): what an operator gives syncd's server of published fragments
+for HTTPS."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 
-def certificates(folder: Path) -> tuple[str, str, str]:
-    """A certificate authority and a certificate it signed for 127.0.0.1, with its key:
+def certificates(folder: Path, address: str = "127.0.0.1") -> tuple[str, str, str]:
+    """A certificate authority and a certificate it signed for `address`, with its key:
     (the authority's file, the certificate's, the key's)."""
     def key() -> ec.EllipticCurvePrivateKey:
         return ec.generate_private_key(ec.SECP256R1())
@@ -34,7 +35,7 @@ def certificates(folder: Path) -> tuple[str, str, str]:
             .public_key(server_key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+                [x509.IPAddress(ipaddress.ip_address(address))]), critical=False)
             .sign(ca_key, hashes.SHA256()))
     folder.mkdir(parents=True, exist_ok=True)
     paths = folder / "ca.pem", folder / "cert.pem", folder / "key.pem"

@@ -64,10 +64,11 @@ def test_an_island_silent_past_the_timeout_is_lost_and_revived_when_it_speaks(ru
     run_sync.clock_state["now"] = 1000.0 + 60  # past the 10 s heartbeat timeout
     beat_at(run_sync, "b", 1060.0)
     run_sync.tick()
-    assert run_sync.liveness.lost == {"a"}
+    assert run_sync.liveness.lost == run_sync.liveness.unheard == {"a"}
+    assert run_sync.status(run_sync.clock())["islands"]["a"]["link"]["state"] == "partitioned"
     beat_at(run_sync, "a", 1060.0)
     run_sync.tick()
-    assert run_sync.liveness.lost == set()
+    assert run_sync.liveness.lost == run_sync.liveness.unheard == set()
     run_sync.recorder.flush()
     kinds = list(Event.objects.filter(run_id=run_sync.recorder.run_id)
                  .values_list("kind", flat=True))
@@ -87,7 +88,7 @@ def test_a_reported_death_marks_the_island_lost_on_the_next_pass(run_sync):
     run_sync.control_every_s = 60.0  # the death alone brings the watch forward
     run_sync.next_control = 2000.0
     run_sync.tick()
-    assert run_sync.liveness.lost == {"a"}
+    assert run_sync.liveness.lost == {"a"} and run_sync.liveness.unheard == set()
     assert run_sync.liveness.alive == 1
     status = run_sync.status(run_sync.clock())
     run_sync.recorder.flush()

@@ -40,6 +40,10 @@ def test_the_link_state_follows_the_islands_state_and_fault(state, fault, expect
     assert link_state(state, fault) == expected
 
 
+def test_a_lost_island_that_no_death_explains_has_its_link_partitioned():
+    assert link_state("lost", "none", unheard=True) == "partitioned"
+
+
 def island(up: int, down: int, state: str = "training", fault: str = "none") -> dict:
     return {"state": state, "fault": fault, "emulated_bytes_up": up,
             "emulated_bytes_down": down}

@@ -1,46 +1,41 @@
 """Archipelago across hosts: every process configured by its environment alone.
 
-The web app, syncd and a worker per region run as separate processes, each with
-a bare environment of its own (as on separate hosts), joined only by REDIS_URL,
-DATAPLANE_REDIS_URL and DATABASE_URL; Redis wants a password, given in the URL as it would be across
-a wide-area link. TLS is a rediss:// URL (and sslmode for PostgreSQL); the tests
-here check those URLs reach the clients as TLS settings.
+Redis wants a password, given in the URL as it would be across a wide-area link;
+TLS is a rediss:// URL (and sslmode for PostgreSQL): the first tests check those
+URLs reach the clients. The scenario (marked system) runs the hub (Redis, the data
+plane, syncd serving over HTTPS, the web app) and two regions (a worker and a pool
+manager each, and their islands) on hosts of their own, network namespaces joined
+by links the kernel shapes (bench/netns.py, bench/hosts.py), each process with a
+bare environment joined only by REDIS_URL, DATAPLANE_REDIS_URL and DATABASE_URL; it
+kills and rejoins an island, cuts a region's link at the kernel and heals it.
 
 Every wait polls a condition with a deadline; none sleeps and hopes.
 """
 
 from __future__ import annotations
 
-import http.cookiejar
 import json
 import os
 import re
 import secrets
 import subprocess
 import sys
-import urllib.parse
-import urllib.request
-from pathlib import Path
 
 import dj_database_url
 import pytest
 import redis
 from celery import Celery
-from django.urls import reverse
 from kombu.exceptions import OperationalError
 
+from bench.hosts import Hosts
+from bench.netns import Network, Probe, capability_missing, wait_until
+from bench.procs import processes
 from syncd.connection import connect, redact_url, redis_problem
 from syncd.store import RunStore
 from tests.certificates import certificates
-from tests.webapp.runs.test_runtime_processes import (
-    ROOT,
-    Processes,
-    database_url,
-    newest_versions,
-    wait_until,
-)
+from tests.webapp.runs.test_runtime_processes import ROOT
 from trainer.launch import free_port
-from webapp.processes import port_accepts, redis_argv, redis_server_binary, wait_for
+from webapp.processes import redis_argv, redis_server_binary, wait_for
 
 PASSWORD = "wan-" + secrets.token_hex(8)
 
@@ -118,120 +113,157 @@ def test_tls_urls_reach_redis_celery_and_postgresql_as_tls_settings():
     assert database["OPTIONS"] == {"sslmode": "verify-full", "sslrootcert": "/ca.pem"}
 
 
-def host_environment(home: Path, **config: str) -> dict[str, str]:
-    """A process's whole environment on a host of its own: the basics and its config."""
-    home.mkdir(parents=True, exist_ok=True)
-    return {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8",
-            "PYTHONPATH": str(ROOT), "LOG_DIR": str(home / "logs"), **config}
+RATE_MBIT = 40.0  # each region's link, each way: 2 Gb/s scaled down 50 times
+ISLANDS = [("east-0", "us-east"), ("east-1", "us-east"), ("west-0", "us-west")]
 
 
-class WebClient:
-    """Signs in to the web app over HTTP (CSRF and all) and fetches its pages."""
+@pytest.fixture(scope="module")
+def hosts() -> Hosts:
+    """The hub and the regions us-east and us-west in namespaces of their own, syncd
+    serving over HTTPS; afterwards nothing of theirs is left."""
+    missing = capability_missing()
+    if missing:
+        pytest.skip(f"{missing}.")
+    network = Network(["us-east", "us-west"], RATE_MBIT)
+    system = Hosts(network, certificates=certificates)
+    try:
+        system.up()
+        for region in network.regions:
+            system.start_region(region)
+        system.ask(_HELPERS)
+        yield system
+    finally:
+        system.down()
+    assert network.leftovers() == []
+    assert not [p for p in processes() if network.tag in p[2]]
 
-    def __init__(self, base: str):
+
+_HELPERS = """
+def islands(run_id):
+    status = store(run_id).status() or {}
+    return {n: {"state": i["state"], "epoch": i["epoch"], "link": i["link"]["state"]}
+            for n, i in status.get("islands", {}).items()}
+
+def merged_from(run_id, since):
+    # Islands whose updates a merge of version above `since` took.
+    out = set()
+    for f in (store(run_id).status() or {}).get("fragments", []):
+        merge = f.get("last_merge") or {}
+        if f["version"] > since:
+            out |= set(merge.get("weights", {}))
+    return sorted(out)
+
+def newest(run_id):
+    return min((store(run_id).status() or {}).get("versions") or [0])
+"""
+
+
+def run_config(corpus: str) -> dict:
+    return {
+        "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
+        "data": {"path": corpus},
+        "sync": {"inner_steps": 4, "fragments": 2, "overlap_steps": 1, "min_quorum": 2,
+                 "max_staleness": 8},
+        "eval": {"tokens": 256}, "liveness": {"heartbeat_timeout_s": 4.0},
+        "emulation": {"link": "none"}, "budget": {"total_tokens": 10**9},
+        "islands": [{"name": name, "region": region, "batch_size": 2, "speed": 0.5,
+                     "bandwidth_gbps": RATE_MBIT / 1000, "latency_ms": 0.0}
+                    for name, region in ISLANDS]}
+
+
+def page_links(hosts: Hosts, viewer: Probe, run_id: int) -> dict[str, str]:
+    """Each island's link state on the run page, as a viewer in us-east gets it."""
+    page = viewer.ask(f"result = client.get('/runs/{run_id}/')")
+    data = json.loads(re.search(r'<script id="page-data" type="application/json">(.*?)</script>',
+                                page, re.S).group(1))
+    return {i["name"]: i["link"]["state"] for i in data["run"]["islands"]}
+
+
+@pytest.mark.system
+def test_two_regions_across_shaped_links_train_survive_a_kill_and_a_cut_link_and_heal(hosts):
+    network = hosts.network
+    corpus = network.folder / "corpus.txt"
+    corpus.write_text("".join(f"line {i}: islands in two regions, one model.\n"
+                              for i in range(4000)))
+    hosts.ask("from django.contrib.auth import get_user_model\n"
+              "get_user_model().objects.create_user('olga', password='hosts-pw-123')")
+    run_id = hosts.ask(f"run = create_run(name='two regions', mode='decoupled', user=None, "
+                       f"config={run_config(str(corpus))!r})\n"
+                       "start_run(run, by=None)\nresult = run.pk")
+
+    def islands() -> dict:
+        return hosts.ask(f"result = islands({run_id})")
+
+    def training(name: str, epoch: int = 1) -> bool:
+        island = islands().get(name, {})
+        return island.get("state") == "training" and island.get("epoch") == epoch
+
+    wait_until(lambda: all(training(n) for n, _ in ISLANDS), 150,
+               "the islands of both regions to train")
+    wait_until(lambda: {"east-0", "west-0"} <= set(
+        hosts.ask(f"result = merged_from({run_id}, 0)")), 60,
+               "a merge of updates from both regions")
+    # The islands read the fragments from syncd's server at SYNCD_SERVE_URL, over HTTPS.
+    assert hosts.ask(f"result = sorted({{json.loads(connect(os.environ['REDIS_URL']).get(k))"
+                     f"['url'].rsplit(':', 1)[0] for k in connect(os.environ['REDIS_URL'])"
+                     f".keys('arch:{run_id}:full:*')}})") == ["https://10.249.0.1"]
+
+    # A kill of one island and its rejoin, in us-east.
+    hosts.ask(f"kill_island(Run.objects.get(pk={run_id}), 'east-0', by=None)")
+    wait_until(lambda: islands()["east-0"]["state"] == "lost", 30, "east-0 lost")
+    hosts.ask(f"rejoin_island(Run.objects.get(pk={run_id}), 'east-0', by=None)")
+    wait_until(lambda: training("east-0", 2), 90, "east-0's second epoch to train")
+
+    # us-west's link cut at the kernel: syncd and the page see a partition, us-east trains on.
+    viewer = Probe(network, "us-east", hosts.env("viewer"))
+    viewer.ask(_VIEWER.format(base=hosts.web_url))
+    network.cut("us-west")
+    wait_until(lambda: islands()["west-0"]["link"] == "partitioned", 30,
+               "syncd to see us-west's island partitioned")
+    assert page_links(hosts, viewer, run_id)["west-0"] == "partitioned"
+    during = hosts.ask(f"result = newest({run_id})")
+    wait_until(lambda: hosts.ask(f"result = newest({run_id})") >= during + 3, 60,
+               "us-east's islands to merge on while us-west is cut off")
+    assert "west-0" not in hosts.ask(f"result = merged_from({run_id}, {during})")
+
+    # The link back: the island is heard again and its updates merged again.
+    network.heal("us-west")
+    wait_until(lambda: training("west-0"), 60, "west-0 heard again")
+    healed = hosts.ask(f"result = newest({run_id})")
+    wait_until(lambda: "west-0" in hosts.ask(f"result = merged_from({run_id}, {healed})"), 60,
+               "an update of west-0 merged after the heal")
+    assert page_links(hosts, viewer, run_id)["west-0"] == "up"
+    viewer.close()
+    kinds = hosts.ask(f"result = list(Event.objects.filter(run_id={run_id})"
+                      ".values_list('kind', flat=True))")
+    assert {"merge", "island_lost", "island_revived", "rejoin"} <= set(kinds)
+    hosts.ask(f"stop_run(Run.objects.get(pk={run_id}), by=None)")
+    logs = "".join(p.read_text(errors="replace") for p in network.folder.glob("*.log"))
+    assert hosts.password not in logs
+
+
+# The viewer signs in to the web app across its region's link, as a browser would.
+_VIEWER = """
+import http.cookiejar, re, urllib.parse, urllib.request
+
+class Client:
+    def __init__(self, base):
         self.base = base
         self.cookies = http.cookiejar.CookieJar()
-        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(
-            self.cookies))
+        self.opener = urllib.request.build_opener(
+            urllib.request.HTTPCookieProcessor(self.cookies))
 
-    def login(self, username: str, password: str) -> None:
-        login = reverse("login")
-        page = self.get(login)
-        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
-        form = urllib.parse.urlencode({"username": username, "password": password,
-                                       "csrfmiddlewaretoken": token}).encode()
-        self.opener.open(f"{self.base}{login}", form, timeout=30)
-        assert any(c.name == "sessionid" for c in self.cookies), "the sign-in failed"
-
-    def get(self, path: str) -> str:
-        with self.opener.open(f"{self.base}{path}", timeout=30) as response:
-            assert response.status == 200, (path, response.status)
+    def get(self, path):
+        with self.opener.open(self.base + path, timeout=30) as response:
             return response.read().decode()
 
+    def login(self, username, password):
+        page = self.get("/accounts/login/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+        form = urllib.parse.urlencode({{"username": username, "password": password,
+                                       "csrfmiddlewaretoken": token}}).encode()
+        self.opener.open(self.base + "/accounts/login/", form, timeout=30)
 
-@pytest.mark.integration
-@pytest.mark.django_db(transaction=True)
-def test_web_syncd_and_two_region_workers_configured_only_by_environment_train_one_run(
-        password_redis, dataplane_url, tmp_path, settings, django_user_model):
-    from webapp.celery import app
-    from webapp.runs.lifecycle import create_run, start_run, stop_run
-
-    redis_url, _ = password_redis
-    connect(redis_url).flushall()
-    shared = {"REDIS_URL": redis_url, "DATAPLANE_REDIS_URL": dataplane_url,
-              "DATABASE_URL": database_url(),
-              "SECRET_KEY": secrets.token_urlsafe(50), "REGIONS": "us-east,us-west"}
-    port = free_port()
-    # syncd serves the published fragments over HTTPS with a certificate of the tests'
-    # authority, which the workers' hosts trust (SSL_CERT_FILE), as islands elsewhere.
-    authority, cert, key = certificates(tmp_path / "tls")
-    hosts = {
-        "web": host_environment(tmp_path / "web-host", **shared),
-        "syncd": host_environment(tmp_path / "syncd-host", **shared,
-                                  CHECKPOINT_DIR=str(tmp_path / "syncd-host" / "ckpt"),
-                                  SYNCD_SERVE_CERT=cert, SYNCD_SERVE_KEY=key),
-        "worker-us-east": host_environment(tmp_path / "east-host", **shared,
-                                           SSL_CERT_FILE=authority),
-        "worker-us-west": host_environment(tmp_path / "west-host", **shared,
-                                           SSL_CERT_FILE=authority),
-    }
-    processes = {name: Processes(env, Path(env["HOME"])) for name, env in hosts.items()}
-    processes["web"].start("web", "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                           "webapp.asgi:application")
-    processes["syncd"].start("syncd", "manage.py", "syncd")
-    for region in ("us-east", "us-west"):
-        processes[f"worker-{region}"].start(
-            "worker", "-m", "celery", "-A", "webapp", "worker", "-Q", f"region.{region}",
-            "-n", f"{region}@hosts-test", "--concurrency", "1", "--pool", "prefork",
-            "--without-gossip", "--without-mingle", "--loglevel", "WARNING")
-    # The test creates and starts the run with the run services (what the pages and the
-    # API call), which enqueue the islands on the region queues of the same Redis.
-    app.conf.broker_url = redis_url
-    app._after_fork()  # its pools were made for another broker
-    settings.REDIS_URL = redis_url
-    try:
-        viewer = django_user_model.objects.create_user("olga", password="hosts-pw-123")
-        corpus = tmp_path / "corpus.txt"
-        corpus.write_text("".join(f"line {i}: islands in two regions, one model.\n"
-                                  for i in range(4000)))
-        run = create_run(name="two hosts", mode="decoupled", user=viewer, config={
-            "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
-            "data": {"path": str(corpus)},
-            "sync": {"inner_steps": 4, "fragments": 2, "overlap_steps": 1, "min_quorum": 2},
-            "eval": {"tokens": 256},
-            "budget": {"total_tokens": 10**9},
-            "islands": [{"name": "east-0", "region": "us-east", "batch_size": 2},
-                        {"name": "west-0", "region": "us-west", "batch_size": 2}]})
-        start_run(run, by=None)
-        store = RunStore(connect(redis_url), run.pk, data=connect(dataplane_url))
-        wait_until(lambda: {n for n, b in store.heartbeats().items()
-                            if b.get("state") == "training"} == {"east-0", "west-0"}, 120,
-                   "the islands of both regions to train")
-        wait_until(lambda: min(newest_versions(store) or [0]) >= 3, 120,
-                   "three global versions of every fragment")
-
-        def both_merged() -> bool:
-            fragments = (store.status() or {}).get("fragments", [])
-            return any({"east-0", "west-0"} <= set((f.get("last_merge") or {})
-                                                     .get("weights", {})) for f in fragments)
-
-        wait_until(both_merged, 60, "a merge of updates from both regions")
-        # Every host met on the one data plane, and the islands read the fragments from
-        # syncd's server over HTTPS: the control Redis holds their references,
-        # arch:R:full:<p>, naming it, and the data plane none of their chunks.
-        assert not connect(dataplane_url).keys(f"arch:{run.pk}:full:*")
-        references = connect(redis_url).keys(f"arch:{run.pk}:full:*")
-        assert [k.count(b":") for k in references] == [3, 3]
-        assert all(json.loads(connect(redis_url).get(k))["url"].startswith("https://127.0.0.1:")
-                   for k in references)
-        # The web app, on its own host, serves the run from the shared database.
-        wait_until(lambda: port_accepts(port), 60, "the web app to listen")
-        web = WebClient(f"http://127.0.0.1:{port}")
-        web.login("olga", "hosts-pw-123")
-        assert "two hosts" in web.get(reverse("dashboard:run", args=[run.pk]))
-        stop_run(run, by=None)
-    finally:
-        for group in processes.values():
-            group.stop_all()
-    logs = (tmp_path / "syncd-host" / "syncd.log").read_text()
-    assert PASSWORD not in logs
+client = Client("{base}")
+client.login("olga", "hosts-pw-123")
+"""

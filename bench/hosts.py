@@ -1,0 +1,154 @@
+"""The whole system on the many-hosts network (bench/netns.py): the hub's services and
+each region's, every one configured only by the documented environment variables, the
+same ones compose.yaml gives its services (`SERVICE_ENVIRONMENT`, checked against
+compose.yaml by tests/test_compose.py).
+
+The hub runs the control Redis and the data plane (each wanting the password, on the
+hub's address), the database's migration, syncd (serving the published fragments on
+the hub's address, SYNCD_SERVE and SYNCD_SERVE_URL) and the web app (Daphne on the
+hub's address); each region its Celery worker and its pool manager, whose islands run
+in the region's namespace and reach the hub only across the region's shaped link.
+A probe in the hub (`Hosts.hub`) runs the caller's code there: it creates, starts and
+looks at runs with the run services, as the pages do.
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.netns import HUB_ADDRESS, PORTS, ROOT, Network, Probe, environment, redis_argv
+
+# The variables each kind of service is given here, as compose.yaml gives them (those
+# of x-app, which every app service has, apart): tests/test_compose.py checks that
+# compose.yaml's services say the same.
+SERVICE_ENVIRONMENT = {
+    "syncd": ("SYNCD_SERVE", "SYNCD_SERVE_URL", "SYNCD_SERVE_CERT", "SYNCD_SERVE_KEY",
+              "CHECKPOINT_DIR"),
+    "web": ("ALLOWED_HOSTS",),
+    "worker": ("SSL_CERT_FILE",),
+    "pool": ("ISLAND_POOL_SIZE", "SSL_CERT_FILE"),
+}
+SHARED_ENVIRONMENT = ("REDIS_URL", "DATAPLANE_REDIS_URL", "DATABASE_URL", "SECRET_KEY",
+                      "REGIONS")
+
+
+class Hosts:
+    """The system's processes on `network`: `up()` starts the hub, `start_region` a
+    region's services, `down()` ends them with the network.
+
+    Args:
+        network: the namespaces (made by `up`).
+        pool_size: ISLAND_POOL_SIZE of the regions' pool managers.
+        certificates: with it, syncd serves over HTTPS: called with a folder and the
+            hub's address, it makes (an authority's file, a certificate for the address,
+            its key), and the regions trust the authority (SSL_CERT_FILE).
+    """
+
+    def __init__(self, network: Network, pool_size: str = "1",
+                 certificates: Callable[[Path, str], tuple[str, str, str]] | None = None):
+        self.network = network
+        self.certificates = certificates
+        self.trust: dict[str, str] = {}  # the regions' SSL_CERT_FILE, with certificates
+        self.password = secrets.token_hex(12)
+        self.pool_size = pool_size
+        hub = f"{HUB_ADDRESS}"
+        self.shared = {
+            "REDIS_URL": f"redis://:{self.password}@{hub}:{PORTS['redis']}/0",
+            "DATAPLANE_REDIS_URL": f"redis://:{self.password}@{hub}:{PORTS['dataplane']}/0",
+            "DATABASE_URL": f"sqlite:///{network.folder / 'db.sqlite3'}",
+            "SECRET_KEY": secrets.token_urlsafe(50),
+            "REGIONS": ",".join(network.regions)}
+        self.serve_url = f"{'https' if certificates else 'http'}://{hub}:{PORTS['syncd']}"
+        self.web_url = f"http://{hub}:{PORTS['web']}"
+        self.hub: Probe | None = None
+
+    def env(self, host: str, **config: str) -> dict[str, str]:
+        return environment(self.network.folder / host, **self.shared, **config)
+
+    def up(self) -> None:
+        """The network, then the hub: the Redis pair, the migration, syncd, the web app,
+        and the probe, once every one answers."""
+        self.network.up()
+        folder = self.network.folder
+        for name in ("redis", "dataplane"):
+            self.network.start(f"hub-{name}", "hub",
+                               redis_argv(PORTS[name], folder / name, self.password),
+                               self.env("hub"), binds=(HUB_ADDRESS,))
+        self.hub = Probe(self.network, "hub", self.env("hub-probe"))
+        self.hub.ask(_WAIT_FOR_REDIS)
+        migrate = subprocess.run(["ip", "netns", "exec", self.network.hub, sys.executable,
+                                  "manage.py", "migrate", "--noinput"], cwd=ROOT,
+                                 env=self.env("hub"), capture_output=True, text=True,
+                                 timeout=300)
+        if migrate.returncode:
+            raise RuntimeError(f"the migration failed: {migrate.stderr[-2000:]}")
+        serving = {"SYNCD_SERVE": f"{HUB_ADDRESS}:{PORTS['syncd']}",
+                   "SYNCD_SERVE_URL": self.serve_url,
+                   "CHECKPOINT_DIR": str(folder / "syncd" / "checkpoints")}
+        if self.certificates is not None:
+            authority, cert, key = self.certificates(folder / "tls", HUB_ADDRESS)
+            serving |= {"SYNCD_SERVE_CERT": cert, "SYNCD_SERVE_KEY": key}
+            self.trust = {"SSL_CERT_FILE": authority}
+        self.network.start("hub-syncd", "hub", [sys.executable, "manage.py", "syncd"],
+                           self.env("syncd", **serving), binds=(HUB_ADDRESS,))
+        self.network.start("hub-web", "hub",
+                           [sys.executable, "-m", "daphne", "-b", HUB_ADDRESS, "-p",
+                            str(PORTS["web"]), "webapp.asgi:application"],
+                           self.env("web", ALLOWED_HOSTS=HUB_ADDRESS), binds=(HUB_ADDRESS,))
+        self.hub.ask(_SETUP_DJANGO)
+
+    def start_region(self, region: str) -> None:
+        """The region's Celery worker and pool manager, in its namespace."""
+        self.network.start(f"{region}-worker", region, [
+            sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", f"region.{region}",
+            "-n", f"{region}@{self.network.tag}", "--concurrency", "2", "--pool", "prefork",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "--loglevel", "WARNING"], self.env(f"{region}-worker", **self.trust))
+        self.network.start(f"{region}-pool", region,
+                           [sys.executable, "manage.py", "pool_manager", "--region", region],
+                           self.env(f"{region}-pool", ISLAND_POOL_SIZE=self.pool_size,
+                                    **self.trust))
+
+    def ask(self, code: str) -> Any:
+        """Run `code` in the hub's probe (Django set up, the run services imported)."""
+        assert self.hub is not None, "the hub is not up"
+        return self.hub.ask(code)
+
+    def down(self) -> None:
+        if self.hub is not None:
+            self.hub.close()
+            self.hub = None
+        self.network.down()
+
+
+_WAIT_FOR_REDIS = """
+import os, time
+from syncd.connection import redis_problem
+for url in (os.environ["REDIS_URL"], os.environ["DATAPLANE_REDIS_URL"]):
+    deadline = time.monotonic() + 30
+    while redis_problem(url, timeout_s=1) is not None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(redis_problem(url, timeout_s=1))
+        time.sleep(0.1)
+"""
+
+_SETUP_DJANGO = """
+import json, os, django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+django.setup()
+from webapp.runs.models import Run, Event, Island
+from webapp.runs.lifecycle import create_run, start_run, stop_run
+from webapp.runs.faults import kill_island
+from webapp.runs.membership import rejoin_island
+from syncd.connection import connect
+from syncd.store import RunStore
+
+def store(run_id):
+    return RunStore(connect(os.environ["REDIS_URL"]), run_id,
+                    data=connect(os.environ["DATAPLANE_REDIS_URL"]))
+"""
