@@ -25,7 +25,7 @@ QMAX = {"int8": 127, "int4": 7}
 # Blocks quantized at a time: 256K values, 1 MiB of float32, so that the temporaries of
 # a chunk stay in cache and below the allocator's mmap threshold (syncd/malloc.py).
 # Whole tensors at once cost a fresh tensor of the tensor's size per step, each faulted
-# in page by page: 5x slower at 100M values (bench merge).
+# in page by page, several times slower at real sizes (bench merge).
 CHUNK_BLOCKS = 4096
 
 

@@ -22,9 +22,9 @@ RESTART_RETRIES = 12
 SOCKET_READ_BYTES = 1 << 20
 # Commands are packed by redis-py's own Python serializer, not hiredis's: it passes a
 # value of more than BUFFER_CUTOFF bytes (a memoryview of a chunk, syncd/bulk.py) to the
-# socket as it is, where hiredis's copies every chunk into a new command first. Writes
-# of a 400 MB message: 2-4.6 GB/s against 0.2-1 GB/s (docs/journal/benchmarks-2026.md, the data
-# plane); small commands cost a few microseconds more to pack.
+# socket as it is, where hiredis's copies every chunk into a new command first, which
+# makes a large message's write several times slower (bench dataplane's transport
+# limit); small commands cost a few microseconds more to pack.
 BUFFER_CUTOFF = 6000  # redis-py's default
 COMMAND_PACKER = PythonRespSerializer(BUFFER_CUTOFF, Encoder("utf-8", "strict", False).encode)
 
