@@ -47,6 +47,9 @@ class MergeResult:
     tokens: int
     inner_steps: dict[str, int]
     seqs: dict[str, int] = field(default_factory=dict)  # each update's last inner step
+    # each update's age: versions published between its anchor and this merge's base
+    # (diloco/staleness.py); an island's increments count from the oldest anchor
+    ages: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -251,7 +254,8 @@ class Synchronizer:
             self.history[fragment].append(Published(version + 1, now, codec, payload))
         return MergeResult(fragment, version + 1, now, weights, sum(u.tokens for u in updates),
                            {u.island: u.inner_steps for u in updates},
-                           {u.island: u.seq for u in updates})
+                           {u.island: u.seq for u in updates},
+                           {u.island: version - u.base_version for u in updates})
 
     def published_since(self, fragment: int, held_version: int) -> list[Published]:
         """What an island holding `held_version` pulls to reach the newest version.

@@ -22,6 +22,7 @@ import redis
 import torch
 
 from diloco.protocol import encode_message, encode_pieces
+from diloco.staleness import Staleness
 from diloco.synchronizer import MergeResult, Synchronizer, history_length
 from syncd.published_files import PublishedFiles
 from syncd.store import RunStore
@@ -91,6 +92,7 @@ class Publisher:
         self.bytes_saved = 0  # written to `files`, for the benchmarks
         fragments = len(sync.fragments)
         self.last_merge: list[dict[str, Any]] = [{} for _ in range(fragments)]
+        self.staleness = Staleness()  # the ages of the updates merged, per island
         # fragment -> when a merge the data plane refused for memory is published again,
         # and that merge (made in syncd's memory, not yet acknowledged)
         self.merge_after = [0.0] * fragments
@@ -254,12 +256,14 @@ class Publisher:
         self.keepalive()
         self.accounting.merged_round(result.weights, result.inner_steps, now, fragment=p,
                                      version=result.version, seqs=result.seqs)
+        self.staleness.merged(result.ages)
         self.last_merge[p] = {"version": result.version, "weights": result.weights,
-                              "reason": merge.reason}
+                              "ages": result.ages, "reason": merge.reason}
         # From the pass that read the update closing the round to the merge committed.
         latency = round(max(self.clock() - merge.closed_at, 0.0), 4)
         self.recorder.event("merge", None, fragment=p, version=result.version,
                             weights=result.weights, tokens=result.tokens,
                             epochs={r.island: r.epoch for r in merge.done
                                     if r.island in result.weights},
-                            seqs=result.seqs, reason=merge.reason, latency_s=latency)
+                            seqs=result.seqs, ages=result.ages, reason=merge.reason,
+                            latency_s=latency)

@@ -26,7 +26,8 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
     """Per island state, active fault, tokens, tokens/s, seconds per inner step, its
     process's share of its host's CPU (from its heartbeat: trainer/cpu.py), the seconds
     it waited for syncd to merge before sending (`backpressure_wait_s`) and its link
-    for an upload slot before writing an update (`slot_wait_s`), version lag, bytes
+    for an upload slot before writing an update (`slot_wait_s`), version lag, the ages
+    of its updates merged (`staleness`: last, p50, p95, max; diloco/staleness.py), bytes
     (real and as emulated) and its WAN link to syncd (see `link`, against the
     `previous` status); per fragment arrivals/K, grace left and the last merge; the
     run's versions, goodput (with `overcredited`: the islands credited above their
@@ -58,6 +59,7 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
             "backpressure_wait_s": beat.get("backpressure_wait_s", 0.0),
             "slot_wait_s": beat.get("slot_wait_s", 0.0),
             "version_lag": newest - min(bases) if bases else 0,
+            "staleness": rounds.publisher.staleness.island(island.name),
             "rejoin_warm": island.processes == 1
             and (standbys or {}).get(island.region, 0) >= 1,
             "rejections": rounds.ingester.rejections[island.name]}
@@ -91,7 +93,7 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
             "max_stall_s": figures["max_stall_s"], "lost_s": figures["lost_s"],
             "versions": sync.versions(), "outer_steps": sync.outer_steps,
             "tokens_merged": tokens_merged, "eval_loss": eval_loss,
-            "eval_tokens": eval_tokens,
+            "eval_tokens": eval_tokens, "staleness": rounds.publisher.staleness.run(),
             "islands": islands, "fragments": fragments}
 
 

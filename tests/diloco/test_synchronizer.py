@@ -140,6 +140,19 @@ def test_an_island_after_the_merge_goes_into_the_next_merge():
 
     assert "late" not in first.weights
     assert set(second.weights) == {"late", "a"}
+    # the late island's anchor is one version behind the merge it entered
+    assert (first.ages, second.ages) == ({"a": 0, "b": 0}, {"late": 1, "a": 0})
+
+
+def test_an_islands_age_counts_from_the_oldest_anchor_of_its_increments():
+    sync = synchronizer(min_quorum=1)
+    for version in range(3):
+        sync.submit(update_for(sync, "fast", base=version), 0, now=float(version))
+        sync.merge(0, now=float(version))
+    sync.submit(update_for(sync, "slow", base=0, seq=1), 0, now=3.0)
+    sync.submit(update_for(sync, "slow", base=2, seq=2), 0, now=3.5)
+
+    assert sync.merge(0, now=4.0).ages == {"slow": 3}
 
 
 def test_an_island_after_the_merge_is_dropped_when_that_makes_it_too_stale():

@@ -361,3 +361,25 @@ def test_a_merge_of_finite_updates_that_overflows_is_not_published(run_sync):
 
     assert run_sync.store.versions()[0] == 1
     assert all(torch.isfinite(t).all() for t in run_sync.rounds.sync.globals[0].values())
+
+
+def test_each_merge_records_the_age_of_each_update_and_the_status_shows_it_per_island(
+        run_sync):
+    heartbeat_all(run_sync)
+    send(run_sync, "a", 0, 4)
+    send(run_sync, "b", 0, 4)
+    run_sync.tick()
+    # b is a round behind: its next update is still based on version 0
+    send(run_sync, "a", 0, 8, base_version=1)
+    send(run_sync, "b", 0, 8, base_version=0)
+    run_sync.tick()
+    run_sync.recorder.flush()
+
+    merges = Event.objects.filter(run_id=run_sync.recorder.run_id, kind="merge",
+                                  detail__fragment=0).order_by("detail__version")
+    assert [m.detail["ages"] for m in merges] == [{"a": 0, "b": 0}, {"a": 0, "b": 1}]
+    status = run_sync.status(run_sync.clock_state["now"])
+    assert status["islands"]["a"]["staleness"]["max"] == 0
+    assert status["islands"]["b"]["staleness"] == {"last": 1, "p50": 0.5, "p95": 0.95,
+                                                   "max": 1, "count": 2}
+    assert status["staleness"]["max"] == 1

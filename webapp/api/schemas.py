@@ -108,6 +108,8 @@ class IslandOut(Schema):
     inner_steps: int
     version_lag: int = Field(description="Newest version minus the base version of the "
                                          "island's last update, over its fragments.")
+    staleness: dict[str, float] | None = Field(None, description="Ages of its merged "
+                                               "updates: last, p50, p95, max, count.")
     tokens_per_s: float = 0.0
     step_time_s: float | None = Field(None, description="Wall seconds per inner step, "
                                                         "over its last whole steps (a "

@@ -128,7 +128,9 @@ function showIslands(status) {
     cells.rate.textContent = arch.fmt(island.tokens_per_s, 0);
     cells.step.textContent = stepAndCpu(island);
     if (cells.warmth) showWarmth(cells.warmth, island);
-    cells.lag.textContent = arch.fmt(island.version_lag);
+    const age = island.staleness || {};
+    cells.lag.textContent = `${arch.fmt(island.version_lag)} · ${arch.fmt(age.p95, 1)}`;
+    cells.lag.title = `ages of its merged updates (versions between its anchor and the merge): last ${arch.fmt(age.last)}, p50 ${arch.fmt(age.p50, 1)}, p95 ${arch.fmt(age.p95, 1)}, max ${arch.fmt(age.max)} over ${arch.fmt(age.count)} merges`;
     showLink(cells.link, island.link);
     cells.bytes.textContent = `${arch.bytes(island.emulated_bytes_up)} / ${arch.bytes(island.emulated_bytes_down)}`;
     cells.bytes.title = `real: ${arch.bytes(island.bytes_up)} sent, ${arch.bytes(island.bytes_down)} received`;
