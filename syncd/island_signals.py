@@ -21,7 +21,7 @@ class IslandSignals(RunKeys):
 
     def heartbeat(self, island: str, epoch: int, step: int, tokens: int, **extra: Any) -> None:
         beat = {"epoch": epoch, "time": time.time(), "step": step, "tokens": tokens, **extra}
-        self.client.hset(self.key("heartbeats"), island, json.dumps(beat))
+        self.writer.hset(self.key("heartbeats"), island, json.dumps(beat))
 
     def heartbeats(self) -> dict[str, dict[str, Any]]:
         raw = self.client.hgetall(self.key("heartbeats"))
@@ -68,7 +68,7 @@ class IslandSignals(RunKeys):
         return json.loads(raw) if raw else None
 
     def save_cursor(self, island: str, cursor: dict[str, Any]) -> None:
-        self.client.set(self.key("cursor", island), json.dumps(cursor))
+        self.writer.set(self.key("cursor", island), json.dumps(cursor))
 
     def cursor(self, island: str) -> dict[str, Any] | None:
         raw = self.client.get(self.key("cursor", island))
@@ -81,7 +81,7 @@ class IslandSignals(RunKeys):
         return fault if fault.get("until", 0) > time.time() else {}
 
     def clear_fault(self, island: str) -> None:
-        self.client.delete(self.key("fault", island))
+        self.writer.delete(self.key("fault", island))
 
     def faults(self, islands: list[str]) -> dict[str, str]:
         """island -> kind of its active fault (straggle, partition, degrade, corrupt)."""

@@ -11,6 +11,8 @@ no data plane configured, both are the one Redis.
 
 Keys, for run R (built by syncd.run_keys.RunKeys.key):
     arch:runs                      set of active run ids, for syncd
+    arch:R:active                  set while the run is in arch:runs: what its islands
+                                   read instead (they may not read arch:runs)
     arch:R:spec                    JSON {mode, config, verify_key, initial_checkpoint}:
                                    what islands read (verify_key: the public half of
                                    the publish key, diloco.signing)
@@ -32,8 +34,8 @@ Keys, for run R (built by syncd.run_keys.RunKeys.key):
     arch:R:pub:<p>:<v>             reference to the published difference v-1 -> v
                                    (arch:R:pub:<p>:<v>:<t>:<i>; lossy downlink; the last
                                    max_staleness are kept)
-    arch:R:momentum:<p>            reference to the outer optimizer buffers of fragment p
-                                   (arch:R:momentum:<p>:<v>:<t>:<i>)
+    arch:R:fencing_tokens          hash fragment -> the fencing token of the grant that
+                                   published its newest version
     arch:R:tokens_merged           hash fragment -> tokens behind its merged updates
     arch:R:handled:<p>             hash island -> newest seq merged or dropped
     arch:R:heartbeats              hash island -> JSON {epoch, time, step, tokens}
@@ -78,21 +80,73 @@ Keys of syncd processes and of the hosts' pools of warm standby islands:
     arch:R:started:<island>:<epoch>  set by the first pool manager that starts that epoch
                                    of the island (a replayed claim starts nothing)
 
-The keys an island process touches (ISLAND_KEYS, and arch:runs, which it only asks
-whether its run is in) are all the run's Redis user may touch (syncd/acl.py): not the
-secret, the lease's token counter, the status, the commands, the logs, the deaths or any
-other run's. An island reads the lease to see syncd change hands (trainer/resend.py);
-Redis 6 has no read-only keys, so it could write it too, spoiling only its own run.
+Who writes and who reads each key of a run is KEY_USES below (docs/RELIABILITY.md
+shows it as a table, checked against it by tests/syncd/test_keys.py). The island
+users of a run (syncd/acl.py) are derived from it: an island process reaches only the
+keys it names for islands, writing only those islands write. Nothing shared between
+runs (arch:runs, the pools', syncd's) is among them: an island asks whether its run
+is active with arch:R:active, a key of its run's own.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 RUNS_KEY = "arch:runs"
-# What an island process reads and writes of its run, by the first part after the run's
-# prefix; a part that ends in ":*" is a family of keys.
-ISLAND_KEYS = ("spec", "epochs", "updates", "uploads", "blob:*", "versions", "full:*", "pub:*",
-               "handled:*", "heartbeats", "cursor:*", "fault:*", "done", "stop", "restart",
-               "lease")
+ISLAND = "island"  # the role of a run's island processes in KEY_USES
+
+
+@dataclass(frozen=True)
+class KeyUse:
+    """One key (or family of keys: a part that ends in ":*") of a run: on which plane
+    it lies and which processes write and read it (web: the run services, the API and
+    the pages; syncd; island: the island processes; supervisor: an island's
+    supervisor; pool: the pool managers)."""
+
+    part: str
+    plane: str
+    writers: tuple[str, ...]
+    readers: tuple[str, ...]
+
+
+KEY_USES = (
+    KeyUse("spec", "control", ("web",), ("syncd", ISLAND, "supervisor")),
+    KeyUse("secret", "control", ("web",), ("syncd",)),
+    KeyUse("active", "control", ("web", "syncd"), (ISLAND, "supervisor", "pool")),
+    KeyUse("epochs", "control", ("web",), ("syncd", ISLAND, "supervisor", "pool")),
+    KeyUse("updates", "control", (ISLAND, "syncd"), ("syncd",)),
+    KeyUse("uploads", "data", (ISLAND, "syncd"), (ISLAND, "syncd")),
+    KeyUse("blob:*", "data", (ISLAND, "syncd"), ("syncd",)),
+    KeyUse("versions", "control", ("syncd",), ("syncd", ISLAND, "web")),
+    KeyUse("full:*", "both", ("syncd",), (ISLAND,)),
+    KeyUse("pub:*", "both", ("syncd",), (ISLAND,)),
+    KeyUse("fencing_tokens", "control", ("syncd",), ("syncd",)),
+    KeyUse("tokens_merged", "control", ("syncd",), ("syncd",)),
+    KeyUse("handled:*", "control", ("syncd",), (ISLAND, "syncd")),
+    KeyUse("heartbeats", "control", (ISLAND,), ("syncd", "web")),
+    KeyUse("deaths", "control", ("supervisor",), ("syncd", "web")),
+    KeyUse("control:*", "control", ("web", "syncd"), ("supervisor",)),
+    KeyUse("log:*", "control", ("supervisor",), ("web",)),
+    KeyUse("cursor:*", "control", (ISLAND,), (ISLAND, "supervisor", "web")),
+    KeyUse("fault:*", "control", ("web", "syncd", ISLAND), (ISLAND, "syncd")),
+    KeyUse("paused", "control", ("web",), ("syncd",)),
+    KeyUse("done", "control", ("syncd",), (ISLAND, "syncd")),
+    KeyUse("stop", "control", ("web", "supervisor", "pool"), ("syncd", ISLAND, "supervisor")),
+    KeyUse("restart", "control", ("syncd",), (ISLAND,)),
+    KeyUse("rejoin", "control", ("web", "syncd"), ("syncd",)),
+    KeyUse("checkpoint_now", "control", ("web", "syncd"), ("syncd",)),
+    KeyUse("chaos", "control", ("syncd",), ("syncd",)),
+    KeyUse("status", "control", ("syncd",), ("web",)),
+    KeyUse("status_seq", "control", ("syncd",), ("syncd",)),
+    KeyUse("lease", "control", ("syncd",), ("syncd", ISLAND)),
+    KeyUse("lease_token", "control", ("syncd",), ("syncd",)),
+    KeyUse("dataplane", "data", ("syncd",), ("syncd",)),
+    KeyUse("started:*", "control", ("pool",), ("pool",)),
+)
+# What an island process reads of its run and what it writes, by the part after the
+# run's prefix (the island users' key patterns, syncd/acl.py).
+ISLAND_READS = tuple(use.part for use in KEY_USES if ISLAND in use.readers)
+ISLAND_WRITES = tuple(use.part for use in KEY_USES if ISLAND in use.writers)
 SYNCD_CONTROL_KEY = "arch:syncd:control"
 SYNCD_MEMBERS_KEY = "arch:syncd:members"
 
@@ -102,9 +156,15 @@ def run_prefix(run_id: int | str) -> str:
     return f"arch:{run_id}:"
 
 
-def island_key_patterns(run_id: int | str) -> list[str]:
-    """The key patterns (Redis globs) of run `run_id` that its island processes touch."""
-    return [RUNS_KEY, *(run_prefix(run_id) + part for part in ISLAND_KEYS)]
+def island_key_patterns(run_id: int | str, parts: tuple[str, ...]) -> list[str]:
+    """The key patterns (Redis globs) of run `run_id`'s keys `parts` (ISLAND_READS or
+    ISLAND_WRITES)."""
+    return [run_prefix(run_id) + part for part in parts]
+
+
+def active_key(run_id: int | str) -> str:
+    """The key that is set while run `run_id` is active (in arch:runs)."""
+    return run_prefix(run_id) + "active"
 
 
 def spec_key(run_id: int | str) -> str:

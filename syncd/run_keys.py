@@ -52,10 +52,13 @@ class RunKeys:
 
     def __init__(self, client: redis.Redis, run_id: int | str, fence: Lease | None = None,
                  chunk_bytes: int | None = None, data: redis.Redis | None = None,
-                 served: Served | None = None):
+                 served: Served | None = None, writer: redis.Redis | None = None,
+                 data_writer: redis.Redis | None = None):
         self.client = client
         self.served = served
         self.data = data if data is not None else client
+        self.writer = writer if writer is not None else client
+        self.data_writer = data_writer if data_writer is not None else self.data
         self.bulk = RedisBulk(self.data, chunk_bytes)
         self.run_id = str(run_id)
         self.prefix = run_prefix(run_id)

@@ -25,7 +25,7 @@ from redis.client import Pipeline
 from diloco.signing import verify_key_hex
 from syncd.globals_store import GlobalsStore
 from syncd.island_signals import IslandSignals
-from syncd.keys import RUNS_KEY, lease_key
+from syncd.keys import RUNS_KEY, active_key, lease_key
 from syncd.update_stream import UpdateStream
 
 # What stays of a run that ended, for the control room: its last status and the logs.
@@ -54,6 +54,7 @@ class RunStore(UpdateStream, GlobalsStore, IslandSignals):
         self.client.set(self.key("secret"), secret)
         self.client.set(self.key("spec"), json.dumps(spec))
         self.client.sadd(RUNS_KEY, self.run_id)
+        self.client.set(active_key(self.run_id), 1)
 
     def secret(self) -> bytes | None:
         """The run's secret, for syncd: the island keys and the publish key derive from it."""
@@ -65,7 +66,11 @@ class RunStore(UpdateStream, GlobalsStore, IslandSignals):
         return json.loads(raw) if raw else None
 
     def deactivate(self) -> None:
-        self._write(lambda pipe: pipe.srem(RUNS_KEY, self.run_id))
+        def fill(pipe: Pipeline) -> None:
+            pipe.srem(RUNS_KEY, self.run_id)
+            pipe.delete(active_key(self.run_id))
+
+        self._write(fill)
 
     @staticmethod
     def active_runs(client: redis.Redis) -> list[str]:
@@ -85,9 +90,10 @@ class RunStore(UpdateStream, GlobalsStore, IslandSignals):
         return raw.decode() if raw else None
 
     def is_active(self) -> bool:
-        """Whether the run is in the active set: started, and not yet ended, stopped or
-        deleted. An island, its supervisor and a claimed standby ask before they train."""
-        return bool(self.client.sismember(RUNS_KEY, self.run_id))
+        """Whether the run is active (its key `active`, set while it is in the active set:
+        started, and not yet ended, stopped or deleted). An island, its supervisor and a
+        claimed standby ask before they train."""
+        return bool(self.client.exists(active_key(self.run_id)))
 
     def raw_spec(self) -> bytes | None:
         """The spec as stored, so that syncd sees at a glance whether it changed."""
@@ -190,7 +196,7 @@ class RunStore(UpdateStream, GlobalsStore, IslandSignals):
         syncd publishes to it again.
         """
         self.client.srem(RUNS_KEY, self.run_id)
-        bulky = ("blob", "full", "pub", "momentum", "updates", "uploads", "dataplane")
+        bulky = ("blob", "full", "pub", "updates", "uploads", "dataplane", "active")
         deleted = 0
         if self.data is not self.client:
             deleted += _delete_matching(self.data, self.prefix + "*")

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from syncd.bulk import BulkRef
+from syncd.bulk import BulkRef, RedisBulk
 from syncd.run_keys import BLOB_TTL_S, RunKeys
 from syncd.upload_slots import Ticket, publish_ticket
 
@@ -68,8 +68,9 @@ class UpdateStream(RunKeys):
         Raises:
             redis.OutOfMemoryError: the data plane is full; nothing was referenced.
         """
-        ref = self.bulk.put(self.update_key(island, epoch, fragment, seq), blob, BLOB_TTL_S)
-        pipe = self.client.pipeline(transaction=False)
+        ref = RedisBulk(self.data_writer, self.bulk.chunk_bytes).put(
+            self.update_key(island, epoch, fragment, seq), blob, BLOB_TTL_S)
+        pipe = self.writer.pipeline(transaction=False)
         pipe.xadd(self.key("updates"), {"island": island, "epoch": epoch, "fragment": fragment,
                                         "seq": seq, "chunks": ref.chunks, "bytes": ref.size},
                   maxlen=STREAM_MAXLEN, approximate=True)
@@ -82,11 +83,11 @@ class UpdateStream(RunKeys):
         upload slots, which hold nothing that will ever be merged. Nothing of it then
         waits for a TTL, or for ever on the control Redis."""
         ref = self.bulk.ref(self.update_key(island, epoch, fragment, seq), size)
-        pipe = self.data.pipeline(transaction=False)
+        pipe = self.data_writer.pipeline(transaction=False)
         self.bulk.delete(pipe, ref)
         pipe.delete(self.key("uploads"))
         pipe.execute()
-        self.client.delete(self.key("updates"))
+        self.writer.delete(self.key("updates"))
 
     def wait_for_slot(self, island: str, epoch: int, fragment: int, seq: int,
                       slots: int) -> float:
@@ -96,11 +97,11 @@ class UpdateStream(RunKeys):
         ticket = Ticket(island, epoch, fragment, seq).encode()
         key = self.key("uploads")
         started = time.monotonic()
-        self.data.rpush(key, ticket)
+        self.data_writer.rpush(key, ticket)
         while True:
-            place = self.data.lpos(key, ticket)
+            place = self.data_writer.lpos(key, ticket)
             if place is None:
-                self.data.rpush(key, ticket)
+                self.data_writer.rpush(key, ticket)
             elif place < slots:
                 return time.monotonic() - started
             else:

@@ -38,7 +38,7 @@ from diloco.fragments import due_fragments, run_fragments
 from diloco.island import Island
 from diloco.model import GPT
 from diloco.signing import load_verify_key
-from syncd.connection import connect
+from syncd.acl import island_store
 from syncd.malloc import return_large_frees
 from syncd.store import RunStore
 from trainer.cpu import cpu_share
@@ -413,8 +413,7 @@ def main() -> None:
                      group.world_size, group.device)
             exit_now(follow_rank(group, args.island))
     dataplane_url = os.environ.get(DATAPLANE_URL_ENV) or redis_url
-    store = RunStore(connect(redis_url, ride_out_restarts=True), args.run,
-                     data=connect(dataplane_url, ride_out_restarts=True))
+    store = island_store(redis_url, dataplane_url, args.run)
     island = ProcessIsland(store, args.island, args.epoch, args.device, group, rss_bytes())
 
     def stop(signum: int, frame: object) -> None:

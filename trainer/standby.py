@@ -39,9 +39,8 @@ import torch
 
 from diloco.data import Corpus, load_corpus
 from diloco.model import GPT, GPTConfig
-from syncd.connection import connect
+from syncd.acl import island_store
 from syncd.malloc import give_back_heap, return_large_frees
-from syncd.store import RunStore
 from trainer.launch import exit_now
 from trainer.phases import StartClock
 from trainer.pool import check_claim
@@ -108,9 +107,8 @@ def main() -> None:
     claim = json.loads(line)
     redirect_output(claim["log_path"])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    store = RunStore(connect(claim["redis_url"], ride_out_restarts=True), claim["run"],
-                     data=connect(claim.get("dataplane_url") or claim["redis_url"],
-                                  ride_out_restarts=True))
+    store = island_store(claim["redis_url"], claim.get("dataplane_url") or claim["redis_url"],
+                         claim["run"])
     active = store.is_active() and store.stop_requested() is None
     refused = check_claim(claim, active, store.epochs().get(claim["island"]))
     if refused:
