@@ -45,6 +45,10 @@ def hostile_entries(claim: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         ("an unknown island", {**claim, "island": "mallory"}),
         ("a fragment the run lacks", {**claim, "fragment": 99}),
         ("nothing but junk", {"junk": "x"}),
+        ("a handled seq with chunks its size cannot hold", {**claim, "seq": 1,
+                                                            "chunks": 10**6}),
+        ("a handled seq with a size past the model's", {**claim, "seq": 1, "bytes": 10**15,
+                                                        "chunks": 9 * 10**11}),
     ]
 
 

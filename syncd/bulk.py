@@ -60,6 +60,12 @@ class BulkError(ValueError):
     """A message that cannot be read whole; str() says why."""
 
 
+def max_chunks(size: int) -> int:
+    """The most chunks a message of `size` bytes lies in: chunks are at least
+    MIN_CHUNK_BYTES but the last."""
+    return max(1, -(-size // MIN_CHUNK_BYTES))
+
+
 @dataclass(frozen=True)
 class BulkRef:
     """Where a message lies: its key prefix, how many chunks, how many bytes."""
@@ -69,7 +75,17 @@ class BulkRef:
     size: int
 
     def chunk_keys(self) -> list[str]:
-        return [f"{self.key}:{i}" for i in range(self.chunks)]
+        """The keys of its chunks: at most as many as its size allows (`max_chunks`),
+        whatever chunk count it claims, so a forged count names no more keys."""
+        return [f"{self.key}:{i}" for i in range(min(self.chunks, max_chunks(self.size)))]
+
+    def check(self, max_bytes: int) -> None:
+        """Raise BulkError if the message is larger than `max_bytes` or claims more chunks
+        than chunks of at least MIN_CHUNK_BYTES make (or none)."""
+        if self.size > max_bytes:
+            raise BulkError(f"message of {self.size} bytes exceeds the limit of {max_bytes}")
+        if not 1 <= self.chunks <= max_chunks(self.size):
+            raise BulkError(f"{self.chunks} chunks cannot hold {self.size} bytes")
 
     def dumps(self) -> str:
         return json.dumps({"key": self.key, "chunks": self.chunks, "size": self.size})
@@ -257,14 +273,11 @@ class RedisBulk:
 
         Raises:
             BulkError: larger than `max_bytes`, more chunks than chunks of at least
-                MIN_CHUNK_BYTES make, a chunk missing, or chunks that do not add up to
-                the size the reference gives.
+                MIN_CHUNK_BYTES make, a chunk missing or not a string (a key of
+                another type in its place), or chunks that do not add up to the size
+                the reference gives.
         """
-        if ref.size > max_bytes:
-            raise BulkError(f"message of {ref.size} bytes exceeds the limit of {max_bytes}")
-        if not 1 <= ref.chunks <= max(1, -(-ref.size // MIN_CHUNK_BYTES)):
-            # Chunks are at least MIN_CHUNK_BYTES (but the last): no more are read.
-            raise BulkError(f"{ref.chunks} chunks cannot hold {ref.size} bytes")
+        ref.check(max_bytes)
         buffer = bytearray(ref.size)
         view = memoryview(buffer)
         keys = ref.chunk_keys()
@@ -273,7 +286,11 @@ class RedisBulk:
             pipe = self.client.pipeline(transaction=False)
             for chunk_key in keys[first:first + READ_WINDOW]:
                 pipe.get(chunk_key)
-            for i, chunk in enumerate(pipe.execute(), first):
+            try:
+                replies = pipe.execute()
+            except redis.ResponseError as exc:  # WRONGTYPE: a hash, a list... in its place
+                raise BulkError(f"a chunk of {ref.key} is not a string: {exc}") from exc
+            for i, chunk in enumerate(replies, first):
                 if chunk is None:
                     raise BulkError(f"chunk {i + 1} of {ref.chunks} is missing (expired or "
                                     "replaced)")
@@ -291,8 +308,7 @@ class RedisBulk:
         for chunk_key in ref.chunk_keys():
             pipe.persist(chunk_key)
 
-    def delete(self, pipe: Pipeline, ref: BulkRef, spare: int = 0) -> None:
-        """Queue the deletion of the message's chunks (and `spare` more chunk keys past
-        them, for a message of the same key whose size may have grown a chunk)."""
-        keys = [f"{ref.key}:{i}" for i in range(ref.chunks + spare)]
-        pipe.delete(*keys)
+    def delete(self, pipe: Pipeline, ref: BulkRef) -> None:
+        """Queue the deletion of the message's chunks: at most as many as its size
+        allows (`BulkRef.chunk_keys`), whatever count a forged reference claims."""
+        pipe.delete(*ref.chunk_keys())

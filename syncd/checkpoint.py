@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -66,16 +67,26 @@ def load(path: Path, sha256: str | None = None
 
 def initial_params(spec: dict, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The global model a run starts from: the parameters of the checkpoint its spec
-    names (checked against its sha256 and the model's shapes), else `model`'s own.
+    names (a regular file, checked against its sha256, which the spec must give, and
+    the model's shapes), else `model`'s own. So a spec names no file syncd reads
+    without knowing its digest first (a device, a pipe, another run's secrets).
 
     Raises:
-        ValueError: when the checkpoint does not verify or does not fit the model.
+        ValueError: when the spec gives no sha256 or the checkpoint is not a regular
+            file, does not verify or does not fit the model.
     """
     params = {k: v.detach() for k, v in model.state_dict().items()}
     start = spec.get("initial_checkpoint")
     if not start:
         return params
-    loaded, _, _, _ = load(Path(start["path"]), start.get("sha256"))
+    sha256 = start.get("sha256") if isinstance(start, dict) else None
+    if not isinstance(sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise ValueError("the initial checkpoint has no sha256: syncd reads no file "
+                         "without one")
+    path = Path(str(start.get("path", "")))
+    if not path.is_file():
+        raise ValueError(f"the initial checkpoint {str(path)[:200]!r} is not a regular file")
+    loaded, _, _, _ = load(path, sha256)
     expected = {k: tuple(v.shape) for k, v in params.items()}
     found = {k: tuple(v.shape) for k, v in loaded.items()}
     if found != expected:

@@ -15,15 +15,22 @@ alone: it lies in those files only, never where islands read.
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Callable, Iterable
 
 from redis.client import Pipeline
 
+from diloco.config import MAX_PARAMS
 from syncd.bulk import BulkError, BulkRef, ServedRef, as_pieces, load_ref, read_served
 from syncd.run_keys import BLOB_TTL_S, RunKeys
 from syncd.update_stream import UpdateRef
 
+log = logging.getLogger("archipelago.syncd")
 READ_TRIES = 5  # a reference read just before its message was replaced is read again
+# The largest published message: MAX_PARAMS (2e9, diloco/config.py) float32 values in
+# one fragment, and a header.
+MAX_PUBLISHED_BYTES = 4 * MAX_PARAMS + (1 << 20)
 
 
 class GlobalsStore(RunKeys):
@@ -80,10 +87,13 @@ class GlobalsStore(RunKeys):
             raise
         merged = list(merged)
         # What the reference names now: only the lease's holder changes it, and the
-        # fenced transaction below is refused if that is no longer this store.
-        replaced = self._ref(self.key("full", fragment))
+        # fenced transaction below is refused if that is no longer this store. Only a
+        # reference syncd could have written is followed (`_own_ref`): of this fragment,
+        # no larger than twice the new message, so no value in the key names another.
+        limit = 2 * sum(piece.nbytes for piece in as_pieces(full)) + (1 << 20)
+        replaced = self._own_ref(self.key("full", fragment), limit)
         old_pub = self.key("pub", fragment, version - keep)
-        dropped_pub = self._ref(old_pub) if difference_ref is not None else None
+        dropped_pub = self._own_ref(old_pub, limit) if difference_ref is not None else None
 
         def fill(pipe: Pipeline) -> None:
             pipe.set(self.key("full", fragment), full_ref.dumps())
@@ -118,7 +128,7 @@ class GlobalsStore(RunKeys):
         pipe = self.data.pipeline(transaction=False)
         pointers = [self.key("full", fragment), *(self.key("pub", fragment, v) for v in versions)]
         for pointer in pointers:
-            if isinstance(ref := self._ref(pointer), BulkRef):
+            if isinstance(ref := self._own_ref(pointer, MAX_PUBLISHED_BYTES), BulkRef):
                 self.bulk.persist(pipe, ref)
         pipe.execute()
 
@@ -145,10 +155,26 @@ class GlobalsStore(RunKeys):
         return (f"{int(info.get('used_memory', 0)) / 2**20:.1f} MiB used of "
                 + (f"{limit / 2**20:.0f} MiB maxmemory" if limit else "no maxmemory"))
 
-    def _ref(self, pointer: str) -> BulkRef | ServedRef | None:
-        """The reference a pointer key holds, None if none."""
+    def _own_ref(self, pointer: str, max_bytes: int) -> BulkRef | ServedRef | None:
+        """The reference a pointer key holds if syncd could have written it: a served one,
+        or chunks named as syncd names them (`<pointer>:<version>:<token>` for a full
+        message, `<pointer>:<token>` for a difference) of at most `max_bytes`, in as
+        many chunks as their size allows; None otherwise (none, not a reference, or
+        another's: logged, and left alone)."""
         raw = self.client.get(pointer)
-        return None if raw is None else load_ref(raw)
+        if raw is None:
+            return None
+        try:
+            ref = load_ref(raw)
+            if isinstance(ref, BulkRef):
+                if not re.fullmatch(re.escape(pointer) + r"(:\d{1,20}){1,2}", ref.key):
+                    raise BulkError(f"it names {ref.key[:120]!r}")
+                ref.check(max_bytes)
+        except BulkError as exc:
+            log.warning("run %s: %s holds no reference of syncd's (%s): left alone",
+                        self.run_id, pointer, exc)
+            return None
+        return ref
 
     def mark_handled(self, fragment: int, handled: dict[str, int],
                      dropped: Iterable[UpdateRef] = ()) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from syncd.run_keys import RunKeys
 
 LOG_TTL_S = 7 * 24 * 3600
+MAX_SIGNAL_BYTES = 64 * 1024  # a heartbeat or fault longer than this is not one
 
 
 class IslandSignals(RunKeys):
@@ -24,8 +25,12 @@ class IslandSignals(RunKeys):
         self.writer.hset(self.key("heartbeats"), island, json.dumps(beat))
 
     def heartbeats(self) -> dict[str, dict[str, Any]]:
+        """island -> its last heartbeat; one that is not a heartbeat (islands write this
+        hash, so it is read as hostile: not JSON, not an object, a field of the wrong
+        type) is left out, as if the island had sent none."""
         raw = self.client.hgetall(self.key("heartbeats"))
-        return {k.decode(): json.loads(v) for k, v in raw.items()}
+        beats = {k.decode(errors="replace"): _heartbeat(v) for k, v in raw.items()}
+        return {island: beat for island, beat in beats.items() if beat is not None}
 
     def report_death(self, island: str, epoch: int, exit_code: int | None,
                      at: float | None = None) -> None:
@@ -89,8 +94,9 @@ class IslandSignals(RunKeys):
             return {}
         values = self.client.mget([self.key("fault", i) for i in islands])
         now = time.time()
-        active = {i: json.loads(v) for i, v in zip(islands, values, strict=True) if v}
-        return {i: f["kind"] for i, f in active.items() if f.get("until", 0) > now}
+        active = {i: _json_object(v) for i, v in zip(islands, values, strict=True) if v}
+        return {i: str(f["kind"]) for i, f in active.items()
+                if f is not None and "kind" in f and _number(f.get("until", 0)) > now}
 
     def set_fault(self, island: str, kind: str, until: float, factor: float,
                   seconds: float) -> None:
@@ -100,3 +106,32 @@ class IslandSignals(RunKeys):
         self.client.set(self.key("fault", island),
                    json.dumps({"kind": kind, "until": until, "factor": factor}),
                    ex=math.ceil(seconds) + 60)
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    """`raw` as a JSON object of at most MAX_SIGNAL_BYTES, None if it is not one."""
+    if len(raw) > MAX_SIGNAL_BYTES:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _number(value: object) -> float:
+    """A finite number, or -inf for anything else."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else -math.inf
+
+
+def _heartbeat(raw: bytes) -> dict[str, Any] | None:
+    """A heartbeat as syncd reads it, None unless its epoch, step and tokens are whole
+    numbers and its time a finite number."""
+    beat = _json_object(raw)
+    if beat is None or _number(beat.get("time")) == -math.inf:
+        return None
+    if not all(isinstance(beat.get(f), int) and not isinstance(beat.get(f), bool)
+               for f in ("epoch", "step", "tokens")):
+        return None
+    return beat

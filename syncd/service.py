@@ -42,6 +42,7 @@ from syncd.chaos_driver import ChaosDriver
 from syncd.evaluation import EVAL_CPU_SHARE, GlobalEval
 from syncd.finite import finite
 from syncd.hooks import Recorder
+from syncd.ingest import message_limit
 from syncd.liveness import Liveness
 from syncd.pool_store import PoolStore
 from syncd.published_files import PublishedFiles
@@ -139,6 +140,9 @@ class RunSync:
         keepalive()
         fragments = partition({k: v.numel() for k, v in params.items()},
                               config.sync.fragments)
+        # No stream entry claims a message larger than the whole model's honest update:
+        # what syncd reads or deletes in an entry's name is bounded by the run's model.
+        store.max_update_bytes = message_limit({k: tuple(v.shape) for k, v in params.items()})
         # Goodput and uptime of this syncd's watch; a restart of syncd starts them anew.
         self.accounting = RunAccounting([i.name for i in config.islands], clock(),
                                         fragments=len(fragments))

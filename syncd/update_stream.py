@@ -20,13 +20,17 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from syncd.bulk import BulkRef, RedisBulk
+from syncd.bulk import BulkRef, RedisBulk, max_chunks
 from syncd.run_keys import BLOB_TTL_S, RunKeys
 from syncd.upload_slots import Ticket, publish_ticket
 
 STREAM_MAXLEN = 100_000
 MAX_FIELD = 2**62  # the largest epoch, fragment, seq, chunk count or size an entry may give
 MAX_ISLAND_NAME = 256
+# The longest queue of upload slots syncd keeps: one ticket per island (at most 256)
+# and a publish's, with room to spare; tickets past it are dropped (their islands, if
+# honest, queue again), so a flood of tickets costs syncd's LREMs no more.
+MAX_TICKETS = 1024
 SLOT_POLL_S = 0.01  # an island next in line for a slot looks this often
 SLOT_POLL_MAX_S = 0.2  # one further back, at most this seldom
 
@@ -52,7 +56,14 @@ class BadEntry:
 
 
 class UpdateStream(RunKeys):
-    """A run's update stream and the update messages it references."""
+    """A run's update stream and the update messages it references.
+
+    `max_update_bytes`: the largest message an entry may claim (syncd sets it from the
+    run's model, syncd.ingest.message_limit): a larger one is a BadEntry, so nothing an
+    entry claims makes syncd read or delete more than the run's own model's worth.
+    """
+
+    max_update_bytes = MAX_FIELD
 
     def update_key(self, island: str, epoch: int, fragment: int, seq: int) -> str:
         """Where the message of an island's update lies: one key per (island, epoch,
@@ -108,8 +119,12 @@ class UpdateStream(RunKeys):
                 time.sleep(min(SLOT_POLL_S * (place - slots + 1), SLOT_POLL_MAX_S))
 
     def slot_holders(self, slots: int) -> list[bytes]:
-        """The tickets that hold the run's `slots` upload slots now."""
-        return self.data.lrange(self.key("uploads"), 0, slots - 1)
+        """The tickets that hold the run's `slots` upload slots now; the queue is cut
+        to its first MAX_TICKETS on the way."""
+        pipe = self.data.pipeline(transaction=False)
+        pipe.ltrim(self.key("uploads"), 0, MAX_TICKETS - 1)
+        pipe.lrange(self.key("uploads"), 0, slots - 1)
+        return pipe.execute()[1]
 
     @contextlib.contextmanager
     def slot_for_publish(self, fragment: int, version: int, slots: int,
@@ -172,6 +187,12 @@ class UpdateStream(RunKeys):
             return BadEntry(stream_id, f"malformed entry: no field {exc.args[0].decode()!r}")
         except ValueError as exc:
             return BadEntry(stream_id, f"malformed entry: {exc}")
+        if size > self.max_update_bytes:
+            return BadEntry(stream_id, f"malformed entry: a message of {size} bytes, past "
+                                       f"the run's largest update ({self.max_update_bytes})")
+        if not 1 <= chunks <= max_chunks(size):
+            return BadEntry(stream_id, f"malformed entry: {chunks} chunks cannot hold "
+                                       f"{size} bytes")
         return UpdateRef(stream_id, island, epoch, fragment, seq,
                          BulkRef(self.update_key(island, epoch, fragment, seq), chunks, size))
 

@@ -153,3 +153,32 @@ def test_the_chunk_size_comes_from_the_environment(monkeypatch):
         chunk_bytes_setting()
     monkeypatch.delenv("CHUNK_BYTES")
     assert chunk_bytes_setting() == 4 << 20
+
+
+def test_a_reference_names_no_more_chunk_keys_than_its_size_allows():
+    forged = BulkRef("m", 2**62, 3000)
+
+    assert forged.chunk_keys() == ["m:0", "m:1", "m:2"]
+    with pytest.raises(BulkError, match="cannot hold"):
+        forged.check(1 << 20)
+
+
+def test_the_deletion_of_a_forged_reference_deletes_what_its_size_allows_and_no_more(bulk):
+    bulk.put("m", MESSAGE, ttl_s=60)
+    bulk.client.set("m:9", "beyond")
+    pipe = bulk.client.pipeline(transaction=False)
+
+    bulk.delete(pipe, BulkRef("m", 2**62, 2048))  # at most 2 chunks of 1,024 bytes
+    pipe.execute()
+
+    assert not bulk.client.exists("m:0", "m:1")
+    assert bulk.client.exists("m:2", "m:9") == 2
+
+
+def test_a_chunk_of_another_type_in_its_place_is_a_bulk_error(bulk):
+    ref = bulk.put("m", MESSAGE, ttl_s=60)
+    bulk.client.delete("m:1")
+    bulk.client.hset("m:1", "a", "b")
+
+    with pytest.raises(BulkError, match="not a string"):
+        bulk.read(ref, max_bytes=1 << 20)

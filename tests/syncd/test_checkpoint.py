@@ -64,3 +64,21 @@ def test_a_start_checkpoint_of_another_shape_is_refused(tmp_path):
     with pytest.raises(ValueError, match="does not fit the run's model"):
         checkpoint.initial_params({"initial_checkpoint": {"path": str(path),
                                                           "sha256": sha256}}, Tiny())
+
+
+@pytest.mark.parametrize("start", [{"path": "{path}"}, {"path": "{path}", "sha256": ""},
+                                   {"path": "{path}", "sha256": "x" * 64}, "{path}"])
+def test_a_start_checkpoint_without_its_sha256_is_never_read(tmp_path, start):
+    path = tmp_path / "start.safetensors"
+    checkpoint.save(path, PARAMS, {}, [7], 0)
+    named = (start if isinstance(start, str)
+             else {k: v.format(path=path) for k, v in start.items()})
+
+    with pytest.raises(ValueError, match="no sha256"):
+        checkpoint.initial_params({"initial_checkpoint": named}, Tiny())
+
+
+def test_a_start_checkpoint_that_is_not_a_regular_file_is_never_read(tmp_path):
+    with pytest.raises(ValueError, match="not a regular file"):
+        checkpoint.initial_params({"initial_checkpoint": {"path": "/dev/zero",
+                                                          "sha256": "0" * 64}}, Tiny())

@@ -5,6 +5,7 @@ RunStore."""
 
 import pytest
 
+from syncd.store import RunStore
 from tests.syncd.runs import FULL, chunk_store, stored_keys
 
 pytestmark = pytest.mark.integration
@@ -78,3 +79,29 @@ def test_marking_nothing_handled_and_dropping_nothing_writes_nothing(store):
     store.mark_handled(0, {})
 
     assert stored_keys(store, "") == []
+
+
+@pytest.mark.parametrize("pointer", [
+    '{"key": "arch:8:full:0:1:1", "chunks": 3, "size": 3000}',  # another run's message
+    '{"key": "arch:7:secret", "chunks": 1, "size": 10}',  # another key of the run
+    '{"key": "arch:7:full:0:1:1", "chunks": 4611686018427387904, "size": 3000}',
+    '{"key": "arch:7:full:0:1:1", "chunks": 1, "size": 4611686018427387904}',
+    "junk",
+])
+def test_a_publish_deletes_nothing_a_pointer_it_did_not_write_names(store, pointer):
+    """An island that could write the pointer (without ACL) names no key syncd deletes:
+    not another run's, not another of its run's, and no more chunks than the message
+    syncd wrote there could have."""
+    other = chunk_store_of(store, 8)
+    other.publish(0, 1, FULL, None, {}, 1, keep=0)
+    store.client.set("arch:7:secret", "s")
+    store.client.set(store.key("full", 0), pointer)
+
+    store.publish(0, 2, FULL, None, {}, 1, keep=0)
+
+    assert other.full(0) == FULL and store.client.get("arch:7:secret") == b"s"
+    assert store.full(0) == FULL
+
+
+def chunk_store_of(store: RunStore, run_id: int) -> RunStore:
+    return RunStore(store.client, run_id, chunk_bytes=1024)

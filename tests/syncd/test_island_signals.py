@@ -73,3 +73,27 @@ def test_the_log_lasts_a_week_and_the_cursor_until_replaced(store):
     assert store.log("a") == ["one", "two"]
     assert LOG_TTL_S - 60 <= store.client.ttl(store.key("log", "a")) <= LOG_TTL_S
     assert store.cursor("a") == {"step": 8}
+
+
+@pytest.mark.parametrize("value", [b"junk", b"[1, 2]", b'{"epoch": "x", "time": 1, "step": 1, '
+                                   b'"tokens": 1}', b'{"epoch": 1, "time": "now", "step": 1, '
+                                   b'"tokens": 1}', b'{"epoch": 1, "step": 1, "tokens": 1}',
+                                   b'{"epoch": 1, "time": 1e400, "step": 1, "tokens": 1}',
+                                   b'{"epoch": 1, "time": 1, "step": 1, "tokens": 1, "x": "'
+                                   + b"y" * 70_000 + b'"}'])
+def test_a_heartbeat_that_is_not_one_is_left_out_and_the_others_read(store, value):
+    """Islands write the heartbeats hash: whatever one writes there, syncd reads the
+    other islands' heartbeats and none from it."""
+    store.heartbeat("a", 1, step=3, tokens=12)
+    store.client.hset(store.key("heartbeats"), "b", value)
+
+    assert list(store.heartbeats()) == ["a"]
+
+
+@pytest.mark.parametrize("value", [b"junk", b"[]", b'{"until": 1e400}', b'{"kind": "x", '
+                                   b'"until": "soon"}'])
+def test_a_fault_that_is_not_one_is_no_fault(store, value):
+    store.set_fault("a", "straggle", time.time() + 30, 4.0, 30)
+    store.client.set(store.key("fault", "b"), value)
+
+    assert store.faults(["a", "b"]) == {"a": "straggle"}

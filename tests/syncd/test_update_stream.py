@@ -7,7 +7,7 @@ import pytest
 
 from syncd.bulk import BulkError
 from syncd.connection import connect
-from syncd.update_stream import UpdateStream
+from syncd.update_stream import MAX_TICKETS, BadEntry, UpdateStream
 from tests.syncd.runs import stored_keys
 from webapp.processes import wait_for
 
@@ -148,3 +148,23 @@ def test_a_publish_waits_for_no_update_not_yet_written_and_no_longer_than_told(s
     thread.join(timeout=10)
     assert seen == [[b"publish:0:0:1", b"1:0:8:a"]] and store.slot_holders(3) == [
         b"1:0:8:a", b"1:0:8:b"]
+
+
+def test_a_flood_of_tickets_is_cut_to_the_longest_queue_syncd_keeps(store):
+    """An island may RPUSH what it likes to its run's queue: syncd keeps the first
+    MAX_TICKETS, so freeing stale tickets (an LREM each) costs it no more."""
+    store.data.rpush(store.key("uploads"), *(f"1:0:{seq}:a" for seq in range(20_000)))
+
+    assert store.slot_holders(2) == [b"1:0:0:a", b"1:0:1:a"]
+    assert store.data.llen(store.key("uploads")) == MAX_TICKETS
+
+
+@pytest.mark.parametrize("fields", [
+    {b"chunks": b"1000000", b"bytes": b"10"},  # more chunks than 10 bytes fill
+    {b"chunks": b"900000000000", b"bytes": b"1000000000000000"},  # past the model's
+])
+def test_an_entry_claiming_more_than_its_size_or_the_model_holds_is_bad(store, fields):
+    store.max_update_bytes = 1 << 20
+    entry = {b"island": b"a", b"epoch": b"1", b"fragment": b"0", b"seq": b"1", **fields}
+
+    assert isinstance(store.parse_entry(b"1-0", entry), BadEntry)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from diloco.signing import island_key, redis_password, verify_key_hex
-from syncd.acl import delete_island_user, island_url, island_user
+from syncd.acl import delete_island_user, island_store, island_url, island_user
 from syncd.connection import connect
 from syncd.pool_store import PoolStore
 from syncd.store import RunStore
@@ -94,8 +94,8 @@ def test_a_launch_makes_the_runs_island_user_on_the_data_plane_too(running, sent
 
     password = sent[0]["kwargs"]["redis_password"]
     try:
-        island = RunStore(connect(island_url(redis_url, running.pk, password)), running.pk,
-                          data=connect(island_url(dataplane_url, running.pk, password)))
+        island = island_store(island_url(redis_url, running.pk, password),
+                              island_url(dataplane_url, running.pk, password), running.pk)
         island.push_update("west-a", 1, 0, 4, b"x" * 64)
         assert connect(dataplane_url).exists(island.update_key("west-a", 1, 0, 4) + ":0")
     finally:
