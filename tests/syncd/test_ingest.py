@@ -199,7 +199,7 @@ UNVERIFIED = [
     (a_few_bytes, "truncated"),
     (not_safetensors, "does not fit the message"),
     (bad_header_json, "not a safetensors message"),
-    (huge, "exceeds the limit"),
+    (huge, "past the run's largest update"),
     (another_runs_secret, "bad signature"),
     (unsigned, "bad signature"),
     (claims_another_island, "does not match the stream entry"),
