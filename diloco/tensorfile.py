@@ -24,6 +24,8 @@ DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
           torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
           torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
 BY_NAME = {name: dtype for dtype, name in DTYPES.items()}
+MAX_DIM = 2**48  # no dimension of a tensor read is longer (a header's claim is hostile)
+MAX_DIMS = 8  # ... and none has more dimensions
 
 
 class FormatError(ValueError):
@@ -127,8 +129,11 @@ def loads(buffer: bytearray | memoryview, max_header: int = 1 << 20
             dtype = BY_NAME[entry["dtype"]]
             shape = [int(d) for d in entry["shape"]]
             begin, end = (int(x) for x in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise FormatError(f"tensor {name!r} has a malformed entry: {exc}") from exc
+            if any(not 0 <= d <= MAX_DIM for d in shape) or len(shape) > MAX_DIMS:
+                raise ValueError(f"a shape of {len(shape)} dimensions up to {max(shape)}")
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # 1e400: Overflow
+            raise FormatError(f"tensor {name!r} has a malformed entry: {str(exc)[:200]}"
+                              ) from exc
         itemsize = torch.empty(0, dtype=dtype).element_size()
         count = math.prod(shape)
         if min(shape, default=0) < 0 or not 0 <= begin <= end <= data_len \

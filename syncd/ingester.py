@@ -34,6 +34,11 @@ from syncd.store import RunStore
 from syncd.update_stream import BadEntry, UpdateRef
 from syncd.upload_slots import RunFacts, SlotKeeper, Ticket
 
+# What parsing a hostile message may raise besides what its checks raise (a value of
+# the wrong type, past any number, a tensor torch refuses): the entry's fault, never
+# the tick's. Redis's errors are none of these: they fail the tick.
+HOSTILE_ERRORS = (ValueError, TypeError, OverflowError, KeyError, IndexError, RuntimeError)
+
 if TYPE_CHECKING:
     from diloco.accounting import RunAccounting
     from diloco.config import IslandConfig
@@ -201,8 +206,8 @@ class Ingester:
         try:
             update, norm = check_update(meta, tensors, ref, facts, self.sync.shapes[p],
                                         list(self.norms[p]))
-        except Rejection as exc:
-            self._reject(ref, str(exc))
+        except (Rejection, *HOSTILE_ERRORS) as exc:  # what it signed, refused, not the tick
+            self._reject(ref, str(exc)[:500])
             return
         if self.spec.elastic and update.base_version < self.restart_versions[p]:
             # Sent before a whole-job restart and read after it: thrown away with the
@@ -243,8 +248,8 @@ class Ingester:
             return verify_update(lambda limit: self.store.update_message(ref, limit),
                                  ref, self.spec.secret,
                                  message_limit(self.sync.shapes[ref.fragment]))
-        except Unverified as exc:
-            self.quarantine.add(ref.stream_id, f"unverified ({ref.island})", str(exc),
+        except (Unverified, *HOSTILE_ERRORS) as exc:
+            self.quarantine.add(ref.stream_id, f"unverified ({ref.island})", str(exc)[:500],
                                 ref.island)
             return None
 

@@ -102,6 +102,25 @@ def bad_header_json(sync):
     return sign(struct.pack("<Q", len(header)) + header, key_of(sync, "a"))
 
 
+def header_of(sync, entry: dict, meta: dict | None = None) -> bytes:
+    """A signed message whose safetensors header holds `entry` as its one tensor."""
+    header = json.dumps({"__metadata__": meta if meta is not None else {"x": "y"},
+                         "t": entry}).encode()
+    return sign(struct.pack("<Q", len(header)) + header, key_of(sync, "a"))
+
+
+def shape_past_any_number(sync):
+    return header_of(sync, {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 0]})
+
+
+def empty_tensor_of_absurd_shape(sync):
+    return header_of(sync, {"dtype": "F32", "shape": [0, 10**30], "data_offsets": [0, 0]})
+
+
+def no_metadata(sync):
+    return header_of(sync, {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}, meta={})
+
+
 def wrong_dtype(sync):
     return encode_message("update", meta_of(sync, "a", 8),
                           tensors_of(sync, dtype=torch.float64), key_of(sync, "a"))
@@ -199,6 +218,9 @@ UNVERIFIED = [
     (a_few_bytes, "truncated"),
     (not_safetensors, "does not fit the message"),
     (bad_header_json, "not a safetensors message"),
+    (shape_past_any_number, "not a safetensors message"),
+    (empty_tensor_of_absurd_shape, "not a safetensors message"),
+    (no_metadata, "protocol version"),
     (huge, "past the run's largest update"),
     (another_runs_secret, "bad signature"),
     (unsigned, "bad signature"),
