@@ -9,7 +9,7 @@ same token budget in four ways, side by side in one run, over two seeds:
   with equal weights;
 - decoupled: 4 islands of speeds 1.0, 1.0, 0.7, 0.5 and batch sizes 12, 8, 8, 4,
   min_quorum 2, grace on, token weights, 4 fragments;
-- decoupled_int4: the same with int4 outer gradients up and int4 deltas down.
+- decoupled_int4: the same with int4 updates up and int4 deltas down.
 
 First a sweep of data-parallel's learning rate (seed 0; factors of 2, extended
 past an end while that end is best), judged on the validation split, so that the

@@ -1,6 +1,6 @@
-"""Codecs for outer gradients (up) and global fragment deltas (down).
+"""Codecs for updates (up) and global fragment differences (down).
 
-DiLoCo's outer gradients tolerate coarse quantization (arXiv 2311.08105 reports
+DiLoCo's updates tolerate coarse quantization (arXiv 2311.08105 reports
 no loss down to 4 bits), which is most of what makes wide-area links enough.
 Every codec turns a dict of float tensors into a dict of tensors that
 safetensors can store, and back. The receiver already knows the shapes it
@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-CODECS = ("none", "bf16", "int8", "int4")
+from diloco.config import CODECS
+
 BLOCK = 64
 QMAX = {"int8": 127, "int4": 7}
 # Blocks quantized at a time: 256K values, 1 MiB of float32, so that the temporaries of

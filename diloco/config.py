@@ -65,7 +65,7 @@ class SyncConfig:
                               0.0, 100.0)
     weighting: str = setting("tokens", "How updates are weighted in a merge.", choices=WEIGHTINGS)
     rda: bool = setting(False, "Radial-directional averaging for non-embedding tensors.")
-    compression: str = setting("none", "Codec of outer gradients sent up.", choices=CODECS)
+    compression: str = setting("none", "Codec of updates sent up.", choices=CODECS)
     downlink_compression: str = setting("none", "Codec of global fragments sent down.",
                                      choices=CODECS)
     max_staleness: int = setting(4, "Updates based on a version older than newest minus this "

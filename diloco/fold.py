@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 import torch
 
 from diloco.codecs import Encoded
-from diloco.merge import WEIGHTINGS, Update, update_weight
+from diloco.config import WEIGHTINGS
+from diloco.merge import Update, update_weight
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ class RoundSum:
 
     @torch.no_grad()
     def merged(self) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        """The merged outer gradient and the weights used, as merge_updates gives them.
+        """The merged update and the weights used, as merge_updates gives them.
         It ends the round: the sums become the result (no copy).
 
         Raises:

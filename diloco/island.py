@@ -1,7 +1,7 @@
 """One island: a full model copy that runs its own inner AdamW loop.
 
 The island never waits for other islands. After inner step t it sends the
-outer gradients of the fragments due at t (diloco.fragments.due_fragments),
+updates of the fragments due at t (diloco.fragments.due_fragments),
 and `overlap_steps` steps later it mixes in the newest global version of each
 such fragment that has reached it (Streaming DiLoCo, arXiv 2501.18512):
 
@@ -183,7 +183,7 @@ class Island:
 
     @torch.no_grad()
     def make_update(self, p: int, codec: str) -> tuple[dict, dict[str, torch.Tensor]]:
-        """The encoded outer-gradient increment of fragment p and its metadata, made
+        """The encoded update (increment) of fragment p and its metadata, made
         on this thread (send_update makes it on the island's encoding thread)."""
         self.finish_encoding()
         meta, increment = self._take_increment(p)
@@ -191,7 +191,7 @@ class Island:
 
     def send_update(self, p: int, codec: str,
                     deliver: Callable[[dict, dict[str, torch.Tensor]], None]) -> dict:
-        """Take fragment p's outer-gradient increment now and encode it on the island's
+        """Take fragment p's update (increment) now and encode it on the island's
         encoding thread, which then calls deliver(meta, payload); returns the metadata.
         The training thread goes on with the next step's forward pass meanwhile. What
         reads or writes what was sent (a send, a mix, a reset) waits for the encoding

@@ -1,6 +1,6 @@
-"""Merging outer gradients into a fragment and the outer optimizer.
+"""Merging updates into a fragment and the outer optimizer.
 
-An outer gradient is anchor - theta: how far an island moved a fragment away
+An update is anchor - theta: how far an island moved a fragment away
 from the global version it started from. DiLoCo (arXiv 2311.08105) averages
 them and applies SGD with Nesterov momentum to the global parameters. Decoupled
 DiLoCo (arXiv 2604.21428) weights each update by the tokens behind it times
@@ -17,13 +17,12 @@ from dataclasses import dataclass
 import torch
 
 from diloco.codecs import Encoded
-
-WEIGHTINGS = ("tokens", "uniform")
+from diloco.config import WEIGHTINGS
 
 
 @dataclass(frozen=True)
 class Update:
-    """One island's outer gradient for one fragment: its tensors decoded (merge_updates
+    """One island's update for one fragment: its tensors decoded (merge_updates
     takes only these), or as they came over the wire (diloco.codecs.Encoded, which a
     diloco.fold.RoundSum decodes as it folds them in)."""
 
@@ -62,7 +61,7 @@ def merge_weights(updates: list[Update], weighting: str) -> dict[str, float]:
 def merge_updates(updates: list[Update], weighting: str, rda: bool = False,
                   embedding_names: tuple[str, ...] = ()) -> tuple[dict[str, torch.Tensor],
                                                                  dict[str, float]]:
-    """The merged outer gradient of a fragment and the weights used.
+    """The merged update of a fragment and the weights used.
 
     Updates are summed in island order, so the result does not depend on the
     order in which they arrived.
@@ -143,7 +142,7 @@ class OuterOptimizer:
 
         Args:
             params: the fragment's global parameters.
-            outer_grad: the merged outer gradient.
+            outer_grad: the merged update.
             share: the part of a whole round this step stands for (tokens merged /
                 tokens all islands train in H steps). A step of share s scales the
                 gradient and the momentum term by s and decays the buffer by m**s,

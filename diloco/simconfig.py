@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from diloco.codecs import BLOCK
-from diloco.merge import WEIGHTINGS
+from diloco.config import WEIGHTINGS
 
 YEAR_S = 365 * 86400.0
 # The one calibrated knob: the pause to rebuild a job's or an island's mesh without or

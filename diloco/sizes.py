@@ -24,7 +24,7 @@ folded into its round), whatever M + D + 64 MiB base.
 
 syncd: globals B + momentum B_m + round sums B (one running sum per fragment,
 diloco/fold.py, whatever M) + an update being folded F + merge
-temporaries 2F (the merged outer gradient and the new fragment) + the message
+temporaries 2F (the merged update and the new fragment) + the message
 being published F (the new fragment signed, as it goes to the data plane and
 syncd's file) + D + evaluation
 B (syncd/evaluation.py reads the globals in place, so the versions that merges
@@ -71,8 +71,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diloco.codecs import BLOCK, CODECS
-from diloco.config import RunConfig
+from diloco.codecs import BLOCK
+from diloco.config import CODECS, RunConfig
 from diloco.fragments import partition
 from diloco.shapes import tensor_sizes
 from diloco.wan import transfer_time

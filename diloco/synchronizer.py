@@ -235,7 +235,7 @@ class Synchronizer:
         # the same as taking bigger steps.
         # At most 1: a round that carries more than a whole round's tokens (islands that
         # kept sending increments while syncd was away, then merged at once) already
-        # holds all that progress in its outer gradient; scaling it up again would step
+        # holds all that progress in its merged update; scaling it up again would step
         # that many times too far, and the run diverges.
         share = min(sum(u.tokens for u in updates) / self.round_tokens, 1.0)
         old = self.globals[fragment]

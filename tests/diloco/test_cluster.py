@@ -61,7 +61,7 @@ def test_one_island_syncing_every_step_with_outer_lr_1_is_plain_adamw(make_confi
 
 def test_it_counts_the_bytes_of_both_directions(make_config):
     # Plain DiLoCo, one fragment, fp32 both ways: per round, every island sends
-    # its outer gradient up and receives the merged fragment down, 4 N bytes each.
+    # its update up and receives the merged fragment down, 4 N bytes each.
     config = make_config(islands=2, sync={"inner_steps": 4, "fragments": 1,
                                           "compression": "none"})
 
@@ -87,7 +87,7 @@ def test_data_parallel_bytes_follow_the_ring_all_reduce(make_config):
     assert result.bytes_sent == steps * m * per_island_per_step
 
 
-def test_int4_outer_gradients_send_fewer_bytes_than_fp32(make_config):
+def test_int4_updates_send_fewer_bytes_than_fp32(make_config):
     def bytes_with(codec: str) -> int:
         config = make_config(sync={"inner_steps": 4, "fragments": 2, "compression": codec,
                                    "min_quorum": 2})

@@ -6,7 +6,6 @@ import torch
 from diloco.codecs import (
     BLOCK,
     CHUNK_BLOCKS,
-    CODECS,
     QMAX,
     decode,
     encode,
@@ -14,6 +13,7 @@ from diloco.codecs import (
     open_payload,
     payload_nbytes,
 )
+from diloco.config import CODECS
 
 
 def sample_tensors() -> dict[str, torch.Tensor]:

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from diloco import codecs
+from diloco.config import CODECS
 from diloco.fragments import partition
 from diloco.island import gpt_config
 from diloco.model import GPT
@@ -30,7 +31,7 @@ def test_the_parameter_count_is_that_of_the_model_built(make_config, n_layer, n_
     assert tensor_sizes(config.model) == {n: p.numel() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("codec", codecs.CODECS)
+@pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("numel", [1, 63, 64, 65, 1000])
 def test_the_encoded_size_is_that_of_the_codec_payload(codec, numel):
     payload = codecs.encode({"t": torch.randn(numel)}, codec)
@@ -88,7 +89,7 @@ def test_lossy_codecs_shrink_the_messages_and_keep_differences_for_the_downlink(
     assert int4.syncd.parts["downlink differences"] == 3 * b // 2
 
 
-@pytest.mark.parametrize("codec", codecs.CODECS)
+@pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("islands", [1, 2, 3, 4, 16])
 def test_an_island_keeps_no_more_bytes_of_sends_than_two_float32_messages(codec, islands):
     numel = 1_000_000

@@ -30,7 +30,7 @@ def update_for(sync: Synchronizer, island: str, p: int = 0, *, base: int = 0,
     return Update(island, base, tokens, steps, delta, seq)
 
 
-def test_a_merge_applies_the_outer_step_to_the_weighted_mean_outer_gradient():
+def test_a_merge_applies_the_outer_step_to_the_weighted_mean_update():
     sync = synchronizer()
     before = {n: t.clone() for n, t in sync.globals[0].items()}
     sync.submit(update_for(sync, "a", tokens=3072, steps=4, value=1.0), 0, now=0.0)

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
-import pydantic
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse
@@ -30,6 +29,7 @@ from diloco.config_parse import ConfigError
 from syncd.finite import finite
 from webapp.api import checkpoints, islands, runs, tokens
 from webapp.api.access import ApiError, CsrfRefused, signed_in_user
+from webapp.runs.models import WrongState
 
 MAX_BODY_BYTES = 1024 * 1024
 SIGN_IN = ("Sign in, or send Authorization: Bearer <token> (make one in the web app or "
@@ -222,16 +222,11 @@ def _config_error(request: HttpRequest, exc: ConfigError) -> HttpResponse:
     return _errors(422, exc.errors)
 
 
-@api.exception_handler(pydantic.ValidationError)
-def _bug(request: HttpRequest, exc: pydantic.ValidationError) -> HttpResponse:
-    # An answer that does not fit its schema is our bug (500), not the run's state.
-    raise exc
-
-
-@api.exception_handler(ValueError)
-def _wrong_state(request: HttpRequest, exc: ValueError) -> HttpResponse:
-    # The services raise ValueError for what the run's state does not allow; what the
-    # request itself gets wrong is refused before they are called.
+@api.exception_handler(WrongState)
+def _wrong_state(request: HttpRequest, exc: WrongState) -> HttpResponse:
+    # The services raise WrongState for what the run's state does not allow; what the
+    # request itself gets wrong is refused before they are called, and any other error
+    # (a ValueError of a service, an answer that does not fit its schema) is our bug: 500.
     return _errors(409, {"state": [str(exc)]})
 
 

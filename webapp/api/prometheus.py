@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from webapp.runs import reports, roles
-from webapp.runs.models import RUNNING_OR_PAUSED, Island, Run
+from webapp.runs.models import Island, Run
 
 # generate_latest writes version 0.0.4 of the text format (CONTENT_TYPE_LATEST names 1.0.0).
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
@@ -65,7 +65,7 @@ class RunsCollector(Collector):
         redis_up = 1
         summaries = []
         for run in runs:
-            status: dict[str, Any] | None = None if run.state in RUNNING_OR_PAUSED else {}
+            status: dict[str, Any] | None = None if run.is_running_or_paused else {}
             try:
                 summaries.append(reports.run_summary(run, status=status))
             except redis.RedisError:

@@ -34,12 +34,10 @@ SORTS = {"name": "name", "mode": "mode", "state": "state", "progress": "tokens",
          "created": "created_at"}
 CHART_POINTS = 500
 
-# A run under way: queued, running or paused; stopping and the final states come after.
-UNDER_WAY = (Run.State.QUEUED, Run.State.RUNNING, Run.State.PAUSED)
 # The run bar's actions, each with the states of a run it is offered in.
 RUN_ACTIONS = {"start": (Run.State.DRAFT,), "pause": (Run.State.RUNNING,),
-               "resume": (Run.State.PAUSED,), "checkpoint": (Run.State.RUNNING, Run.State.PAUSED),
-               "stop": UNDER_WAY}
+               "resume": (Run.State.PAUSED,), "checkpoint": Run.RUNNING_OR_PAUSED,
+               "stop": Run.UNDER_WAY}
 # What the fault buttons say where a fault's own name (Island.Fault) would not do.
 FAULT_LABELS = {Island.Fault.DEGRADE: "Degrade link", Island.Fault.CORRUPT: "Corrupt next update"}
 # An island counted alive in its region: training, or elastic at its barrier (waiting) or
@@ -125,7 +123,7 @@ def _vocabulary() -> dict[str, Any]:
         for fault in Island.Fault if fault != Island.Fault.NONE]
     return {"actions": {state.value: [action for action, states in RUN_ACTIONS.items()
                                       if state in states] for state in Run.State},
-            "under_way": [state.value for state in UNDER_WAY],
+            "under_way": [state.value for state in Run.UNDER_WAY],
             "alive": list(ALIVE_STATES), "faults": faults}
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from django.conf import settings
 
 from webapp.runs import roles
-from webapp.runs.models import RUNNING_OR_PAUSED, Event, Island, Run
+from webapp.runs.models import Event, Island, Run
 from webapp.runs.stores import run_store
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def action_for(hits: str) -> str:
 
 def kill_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -> Island:
     """Kill an island's process with SIGKILL, mid-step, on its own host."""
-    run.require_state(RUNNING_OR_PAUSED, "kill an island")
+    run.require_state(Run.RUNNING_OR_PAUSED, "kill an island")
     island = run.get_island(island)
     run_store(run).send_command(island.name, "kill", epoch=island.epoch)
     island.record_event(Event.Kind.FAULT, by, fault="kill", epoch=island.epoch)
@@ -109,7 +109,7 @@ def kill_region(run: Run, region: str, by: AbstractBaseUser | None) -> list[Isla
     """A region outage: every island of the run in that region is killed, and their
     supervisors hold the deaths back (a region that has gone dark tells no one):
     syncd finds out by the heartbeat timeout, as it would of a real one."""
-    run.require_state(RUNNING_OR_PAUSED, "kill a region")
+    run.require_state(Run.RUNNING_OR_PAUSED, "kill a region")
     islands = [island for island in run.current_islands() if island.region == region]
     if not islands:
         regions = sorted({island.region for island in run.current_islands()})
@@ -134,8 +134,9 @@ def inject_fault(run: Run, island: Island | str, kind: str, seconds: float,
         factor: see FAULTS; None takes the kind's default_factor.
 
     Raises:
-        ValueError: for an unknown kind, a bad duration or factor, an island the run
-            does not have, or a run that is not running.
+        ValueError: for an unknown kind, a bad duration or factor, or an island the run
+            does not have.
+        WrongState: for a run that is not running.
     """
     if kind not in TIMED_FAULTS:
         raise ValueError(f"fault kind must be one of {', '.join(TIMED_FAULTS)}, got {kind!r} "
@@ -181,6 +182,6 @@ def kill_syncd(by: AbstractBaseUser) -> None:
     from syncd.control import kill_syncd as send_kill
 
     send_kill(connect(settings.REDIS_URL))
-    for run in Run.objects.filter(state__in=RUNNING_OR_PAUSED):
+    for run in Run.objects.running_or_paused():
         Event.objects.create(run=run, kind=Event.Kind.FAULT, actor=by,
                              detail={"fault": "kill_syncd"})

@@ -24,9 +24,7 @@ from syncd.keys import run_prefix
 from syncd.published_files import PublishedFiles
 from webapp.runs.dispatch import enqueue, put_island_user_of, put_spec
 from webapp.runs.models import (
-    FINAL_STATES,
     RUN_NAME_MAX_LENGTH,
-    RUNNING_OR_PAUSED,
     Checkpoint,
     Event,
     Island,
@@ -132,7 +130,7 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
     Raises:
         ConfigError: when the run does not fit the memory the hosts declare beside the
             admitted runs (webapp.runs.validation.memory_misfits).
-        ValueError: when the run is not a draft.
+        WrongState: when the run is not a draft.
     """
     if run.state == Run.State.DRAFT and (
             misfits := memory_misfits(run.run_config(), admitted_configs(run))):
@@ -174,7 +172,7 @@ def stop_run(run: Run, by: AbstractBaseUser | None) -> None:
     and makes the run `stopped` (syncd/service.py).
 
     Raises:
-        ValueError: when the run cannot be stopped from its state (a draft, stopping, or
+        WrongState: when the run cannot be stopped from its state (a draft, stopping, or
             final).
     """
     run.transition(Run.State.STOPPING, by=by)
@@ -209,7 +207,7 @@ def resume_run(run: Run, by: AbstractBaseUser | None) -> None:
 
 def checkpoint_now(run: Run, by: AbstractBaseUser | None) -> None:
     """Ask syncd for a checkpoint of the run at its next pass."""
-    run.require_state(RUNNING_OR_PAUSED, "checkpoint a run")
+    run.require_state(Run.RUNNING_OR_PAUSED, "checkpoint a run")
     run_store(run).request_checkpoint()
     Event.objects.create(run=run, kind=Event.Kind.CHECKPOINT, actor=by,
                          detail={"requested": True})
@@ -222,7 +220,7 @@ def archive_run(run: Run, archived: bool, by: AbstractBaseUser | None) -> None:
 
 
 def delete_run(run: Run, by: AbstractBaseUser | None) -> None:
-    """Delete a run that is not live, with its events, metrics, checkpoints and syncd's
+    """Delete a run that is a draft or final, with its events, metrics, checkpoints and syncd's
     files of its published fragments; a checkpoint another run started from is kept
     (detached from the run).
 
@@ -232,9 +230,9 @@ def delete_run(run: Run, by: AbstractBaseUser | None) -> None:
     then does not bring the run back; its keys are left, and said so in the log.
 
     Raises:
-        ValueError: when the run is queued, running or paused: stop it first.
+        WrongState: when the run is queued, running, paused or stopping: stop it first.
     """
-    run.require_state((Run.State.DRAFT, *FINAL_STATES), "delete a run")
+    run.require_state((Run.State.DRAFT, *Run.FINAL), "delete a run")
     run_id = run.pk
     with transaction.atomic():
         kept = Checkpoint.objects.filter(run=run, started_runs__isnull=False).distinct()

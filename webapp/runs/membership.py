@@ -11,7 +11,7 @@ from django.db import transaction
 
 from diloco.config_parse import ConfigError, parse_config
 from webapp.runs.dispatch import put_spec, start_next_epoch
-from webapp.runs.models import RUNNING_OR_PAUSED, Event, Island, Run
+from webapp.runs.models import Event, Island, Run
 from webapp.runs.stores import run_store
 from webapp.runs.validation import admitted_configs, memory_misfits
 
@@ -30,15 +30,16 @@ def with_islands(run: Run, islands: list[Any]) -> RunConfig:
 
 
 def add_island(run: Run, island_config: dict[str, Any], by: AbstractBaseUser | None) -> Island:
-    """Add an island to a draft or a live run; in a live run it starts training at once.
+    """Add an island to a draft, or to a running or paused run, where it starts training
+    at once.
 
     Raises:
         ConfigError: when the island does not fit the config (keyed "islands.N.name", ...),
             or the run with it does not fit the memory the hosts declare beside the
             other admitted runs (webapp.runs.validation.memory_misfits).
-        ValueError: when the run is neither a draft nor live.
+        WrongState: when the run is neither a draft nor running or paused.
     """
-    run.require_state((Run.State.DRAFT, *RUNNING_OR_PAUSED), "add an island")
+    run.require_state((Run.State.DRAFT, *Run.RUNNING_OR_PAUSED), "add an island")
     config = with_islands(run, [*run.config["islands"], island_config])
     if misfits := memory_misfits(config, admitted_configs(run)):
         raise ConfigError(misfits)
@@ -51,7 +52,7 @@ def add_island(run: Run, island_config: dict[str, Any], by: AbstractBaseUser | N
         run.save(update_fields=["config"])
         # A removed island keeps its row (and its epochs) for when it comes back.
         island, _ = Island.objects.update_or_create(run=run, name=new.name, defaults=fields)
-    if run.state in RUNNING_OR_PAUSED:
+    if run.is_running_or_paused:
         store = run_store(run)
         put_spec(run, store)
         island = start_next_epoch(run, island, store)
@@ -63,9 +64,10 @@ def remove_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
 
     Raises:
         ConfigError: when the run would be left with too few islands for its quorum.
-        ValueError: when the run has no such island or is neither a draft nor live.
+        ValueError: when the run has no such island.
+        WrongState: when the run is neither a draft nor running or paused.
     """
-    run.require_state((Run.State.DRAFT, *RUNNING_OR_PAUSED), "remove an island")
+    run.require_state((Run.State.DRAFT, *Run.RUNNING_OR_PAUSED), "remove an island")
     island = run.get_island(island)
     config = with_islands(run, [i for i in run.config["islands"] if i["name"] != island.name])
     with transaction.atomic():
@@ -93,7 +95,7 @@ def rejoin_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
     The new epoch pulls the newest global fragments and resumes from the
     island's data cursor; syncd refuses updates from the older epoch from now on.
     """
-    run.require_state(RUNNING_OR_PAUSED, "rejoin an island")
+    run.require_state(Run.RUNNING_OR_PAUSED, "rejoin an island")
     island = run.get_island(island)
     old_epoch = island.epoch
     store = run_store(run)

@@ -29,6 +29,23 @@ def _isoformat(value: Any) -> str | None:
     return value.isoformat() if value else None
 
 
+class WrongState(ValueError):
+    """What a run's (or an island's) state does not allow: the API answers it with 409."""
+
+
+class RunQuerySet(models.QuerySet):
+    """The runs in each named set of run states (Run.ADMITTED and the others)."""
+
+    def admitted(self) -> RunQuerySet:
+        return self.filter(state__in=Run.ADMITTED)
+
+    def under_way(self) -> RunQuerySet:
+        return self.filter(state__in=Run.UNDER_WAY)
+
+    def running_or_paused(self) -> RunQuerySet:
+        return self.filter(state__in=Run.RUNNING_OR_PAUSED)
+
+
 class Run(models.Model):
     class Mode(models.TextChoices):
         DECOUPLED = "decoupled", "Decoupled DiLoCo"
@@ -44,6 +61,16 @@ class Run(models.Model):
         COMPLETED = "completed"
         FAILED = "failed"
         STOPPED = "stopped"
+
+    # The named sets of run states (docs/ARCHITECTURE.md, glossary), defined here alone.
+    # Admitted: its memory counts against the hosts' (webapp.runs.validation.memory_misfits).
+    ADMITTED = (State.QUEUED, State.RUNNING, State.PAUSED, State.STOPPING)
+    # Under way: its page offers Stop. Final: no transition leaves it (TRANSITIONS).
+    UNDER_WAY = (State.QUEUED, State.RUNNING, State.PAUSED)
+    RUNNING_OR_PAUSED = (State.RUNNING, State.PAUSED)  # its islands can be killed, rejoined
+    FINAL = (State.COMPLETED, State.FAILED, State.STOPPED)
+
+    objects = RunQuerySet.as_manager()
 
     name = models.CharField(max_length=RUN_NAME_MAX_LENGTH)
     mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.DECOUPLED)
@@ -74,6 +101,14 @@ class Run(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def is_under_way(self) -> bool:
+        return self.state in Run.UNDER_WAY
+
+    @property
+    def is_running_or_paused(self) -> bool:
+        return self.state in Run.RUNNING_OR_PAUSED
+
     def transition(self, to: str, *, by: AbstractBaseUser | None = None,
                    reason: str = "") -> None:
         """Move to state `to` if the state machine allows it, and record a run_state event.
@@ -84,7 +119,7 @@ class Run(models.Model):
             reason: why; kept as failure_reason when the run fails.
 
         Raises:
-            ValueError: when the run cannot go from its current state to `to`.
+            WrongState: when the run cannot go from its current state to `to`.
         """
         to = Run.State(to)
         with transaction.atomic():
@@ -97,12 +132,12 @@ class Run(models.Model):
             if to not in allowed:
                 hint = (f"from {current} a run can go to {', '.join(sorted(allowed))}"
                         if allowed else f"{current} is final")
-                raise ValueError(f"cannot go from {current} to {to} ({hint})")
+                raise WrongState(f"cannot go from {current} to {to} ({hint})")
             now = timezone.now()
             changes: dict[str, Any] = {"state": to}
             if to == Run.State.RUNNING and started_at is None:
                 changes["started_at"] = now
-            if to in FINAL_STATES:
+            if to in Run.FINAL:
                 changes["finished_at"] = now
             if to == Run.State.FAILED:
                 changes["failure_reason"] = reason
@@ -144,11 +179,11 @@ class Run(models.Model):
         """Refuse `action` unless the run, read afresh, is in one of `states`.
 
         Raises:
-            ValueError: when it is not.
+            WrongState: when it is not.
         """
         self.refresh_from_db(fields=["state"])
         if self.state not in states:
-            raise ValueError(f"cannot {action}: the run is {self.state} "
+            raise WrongState(f"cannot {action}: the run is {self.state} "
                              f"(it must be {' or '.join(states)})")
 
     def to_dict(self) -> dict[str, Any]:
@@ -186,12 +221,6 @@ TRANSITIONS: dict[Run.State, frozenset[Run.State]] = {
     Run.State.FAILED: frozenset(),
     Run.State.STOPPED: frozenset(),
 }
-FINAL_STATES = frozenset(state for state, allowed in TRANSITIONS.items() if not allowed)
-RUNNING_OR_PAUSED = (Run.State.RUNNING, Run.State.PAUSED)
-# Admitted: a run that holds memory on Redis, syncd's host and its islands' hosts, from
-# its start to its end; a new run, a start and an added island must fit beside them
-# (webapp.runs.validation.memory_misfits).
-ADMITTED = (Run.State.QUEUED, Run.State.RUNNING, Run.State.PAUSED, Run.State.STOPPING)
 
 
 class Island(models.Model):

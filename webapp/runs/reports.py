@@ -63,10 +63,10 @@ def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any
         island["slot_wait_s"] = now.get("slot_wait_s", 0.0)
         island["rejoin_warm"] = now.get("rejoin_warm")
         island["heartbeat_age_s"] = now.get("heartbeat_age_s")
-        live_run = run.state in (Run.State.RUNNING, Run.State.PAUSED)
-        if live_run and "state" in now:
+        running = run.is_running_or_paused
+        if running and "state" in now:
             island["state"] = now["state"]
-        island["link"] = now["link"] if live_run and "link" in now else {
+        island["link"] = now["link"] if running and "link" in now else {
             "state": link_state(island["state"], island["fault"]),
             "bytes_up": 0, "bytes_down": 0}
         island["tokens"] = max(island["tokens"], now.get("tokens", 0))

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from webapp.runs.dispatch import put_spec, start_next_epoch
-from webapp.runs.models import RUNNING_OR_PAUSED, Event, Run
+from webapp.runs.models import Event, Run
 from webapp.runs.stores import run_store
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ def resume_after_restart() -> list[Run]:
     The interval the run lost is an "alert" event on its timeline (lost_interval).
     Returns the runs it resumed.
     """
-    runs = list(Run.objects.filter(state__in=RUNNING_OR_PAUSED).order_by("id"))
+    runs = list(Run.objects.running_or_paused().order_by("id"))
     for run in runs:
         store = run_store(run)
         Event.objects.create(run=run, kind=Event.Kind.ALERT,

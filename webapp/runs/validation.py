@@ -21,7 +21,7 @@ from diloco.sizes import (
     estimate,
     wire_per_outer_step,
 )
-from webapp.runs.models import ADMITTED, Checkpoint, Run
+from webapp.runs.models import Checkpoint, Run
 
 
 def check_data_path(path: str) -> str:
@@ -70,9 +70,9 @@ def served() -> bool:
 
 
 def admitted_configs(excluding: Run | None = None) -> list[RunConfig]:
-    """The configs of the admitted runs (ADMITTED: queued, running, paused or stopping,
+    """The configs of the admitted runs (Run.ADMITTED: queued, running, paused or stopping,
     whose memory is held), but `excluding`'s: what a run's admission adds itself to."""
-    runs = Run.objects.filter(state__in=ADMITTED)
+    runs = Run.objects.admitted()
     if excluding is not None and excluding.pk is not None:
         runs = runs.exclude(pk=excluding.pk)
     return [run.run_config() for run in runs]

@@ -13,6 +13,7 @@ from django.utils import timezone
 from diloco.config import field_help
 from syncd.connection import connect
 from syncd.store import RunStore
+from webapp.runs import lifecycle
 from webapp.runs.lifecycle import create_run
 from webapp.runs.models import Checkpoint, Event, Metric, Run
 
@@ -253,7 +254,7 @@ def test_an_operator_can_delete_a_draft(operator_api, draft):
     assert not Run.objects.exists()
 
 
-def test_it_refuses_to_delete_a_live_run_with_409(operator_api, running):
+def test_it_refuses_to_delete_a_running_run_with_409(operator_api, running):
     response = operator_api.delete(f"{RUNS}/{running.pk}")
 
     assert response.status_code == 409
@@ -278,6 +279,17 @@ def test_starting_a_running_run_is_a_409_that_says_why(operator_api, running):
     assert response.json() == {"errors": {"state": [
         "cannot go from running to queued (from running a run can go to completed, "
         "failed, paused, stopping)"]}}
+
+
+def test_a_value_error_of_a_service_is_a_500_not_a_state_conflict(operator_api, running,
+                                                                   monkeypatch):
+    def broken(run, by):
+        raise ValueError("a bug in the service")
+
+    monkeypatch.setattr(lifecycle, "pause_run", broken)
+
+    with pytest.raises(ValueError, match="a bug in the service"):  # Django's 500
+        operator_api.post(f"{RUNS}/{running.pk}/pause")
 
 
 # A stop leaves the run stopping: syncd merges what arrives, checkpoints, then stops it.

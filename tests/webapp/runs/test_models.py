@@ -2,7 +2,7 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from diloco.config import RunConfig
-from webapp.runs.models import Event, Island, Run
+from webapp.runs.models import TRANSITIONS, Event, Island, Run, WrongState
 
 pytestmark = pytest.mark.django_db
 
@@ -62,7 +62,7 @@ def test_it_keeps_the_reason_of_a_failure():
 def test_it_rejects_leaving_a_final_state():
     run = make_run(state=Run.State.COMPLETED)
 
-    with pytest.raises(ValueError, match="cannot go from completed to running"):
+    with pytest.raises(WrongState, match="cannot go from completed to running"):
         run.transition(Run.State.RUNNING)
 
     run.refresh_from_db()
@@ -73,7 +73,7 @@ def test_it_rejects_leaving_a_final_state():
 def test_it_names_the_allowed_states_when_it_rejects_a_transition():
     run = make_run()
 
-    with pytest.raises(ValueError, match="from draft a run can go to queued"):
+    with pytest.raises(WrongState, match="from draft a run can go to queued"):
         run.transition(Run.State.RUNNING)
 
 
@@ -81,7 +81,7 @@ def test_it_checks_the_stored_state_not_a_stale_copy():
     run = make_run(state=Run.State.RUNNING)
     Run.objects.filter(pk=run.pk).update(state=Run.State.STOPPED)
 
-    with pytest.raises(ValueError, match="cannot go from stopped to paused"):
+    with pytest.raises(WrongState, match="cannot go from stopped to paused"):
         run.transition(Run.State.PAUSED)
 
 
@@ -90,6 +90,20 @@ def test_it_rejects_an_unknown_state():
 
     with pytest.raises(ValueError):
         run.transition("exploded")
+
+
+def test_the_final_states_are_those_no_transition_leaves():
+    assert set(Run.FINAL) == {state for state, allowed in TRANSITIONS.items() if not allowed}
+
+
+def test_the_named_sets_of_states_select_their_runs():
+    runs = {state: make_run(state=state) for state in Run.State}
+
+    assert set(Run.objects.admitted()) == {runs[state] for state in Run.ADMITTED}
+    assert set(Run.objects.under_way()) == {runs[state] for state in Run.UNDER_WAY}
+    assert set(Run.objects.running_or_paused()) == {runs[state] for state in Run.RUNNING_OR_PAUSED}
+    assert [s for s, run in runs.items() if run.is_under_way] == list(Run.UNDER_WAY)
+    assert [s for s, run in runs.items() if run.is_running_or_paused] == list(Run.RUNNING_OR_PAUSED)
 
 
 def test_run_config_returns_the_stored_config():
