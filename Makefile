@@ -35,10 +35,12 @@ demo: install
 
 test: install-test lint test-unit test-db test-system test-browser
 
-# ruff, and the layers (docs/ARCHITECTURE.md, "Layers"; contracts in pyproject.toml).
+# ruff, the layers (docs/ARCHITECTURE.md, "Layers"; contracts in pyproject.toml) and the
+# house's size limits.
 lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/pytest tests/test_sizes.py -q -p no:cacheprovider
 
 # Unit tier: pure modules and the in-process cluster, no services; and the test
 # tiers' own tools (the databases of test-db, the Chromium of test-browser).
