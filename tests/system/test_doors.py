@@ -15,8 +15,9 @@ from django.test import Client
 
 from webapp.asgi import application
 from webapp.dashboard.consumers import UNAUTHORIZED
+from webapp.runs.api_token import ApiToken
 from webapp.runs.lifecycle import create_run
-from webapp.runs.models import ApiToken, Run, Simulation
+from webapp.runs.models import Run, Simulation
 
 pytestmark = pytest.mark.django_db
 

@@ -12,8 +12,9 @@ from django.test import Client
 
 from diloco.config import MAX_ISLANDS, MAX_PARAMS
 from diloco.config_parse import ConfigError, parse_config
+from webapp.runs.api_token import ApiToken
 from webapp.runs.lifecycle import create_run
-from webapp.runs.models import RUN_NAME_MAX_LENGTH, ApiToken, Run
+from webapp.runs.models import RUN_NAME_MAX_LENGTH, Run
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,8 @@ from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 
 from webapp.runs import roles
-from webapp.runs.models import ApiToken, Checkpoint, Island, Run
+from webapp.runs.api_token import ApiToken
+from webapp.runs.models import Checkpoint, Island, Run
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser

@@ -10,7 +10,7 @@ from ninja import Router, Status
 from webapp.api import schemas
 from webapp.api.access import ApiError, allow
 from webapp.api.schemas import answers
-from webapp.runs.models import ApiToken
+from webapp.runs.api_token import ApiToken
 
 router = Router(tags=["tokens"])
 

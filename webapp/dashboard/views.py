@@ -22,8 +22,9 @@ from diloco.presets import PRESETS
 from webapp.dashboard.forms import RunForm
 from webapp.dashboard.regions import map_view, region_positions
 from webapp.runs import roles
+from webapp.runs.api_token import ApiToken
 from webapp.runs.lifecycle import create_run
-from webapp.runs.models import ApiToken, Checkpoint, Island, Metric, Run, Simulation
+from webapp.runs.models import Checkpoint, Island, Metric, Run, Simulation
 from webapp.runs.presets import preset_config
 from webapp.runs.reports import progress, run_events, run_metrics, run_summary, run_timeline
 from webapp.runs.simulations import DEFAULT_SWEEP, check_sweep

@@ -14,8 +14,9 @@ from diloco.island import initial_model
 from syncd.checkpoint import save
 from tests.fixtures import running  # noqa: F401 - a fixture, found by name
 from tests.webapp.runs.three_islands import THREE_ISLANDS
+from webapp.runs.api_token import ApiToken
 from webapp.runs.lifecycle import create_run, pause_run, start_run
-from webapp.runs.models import ApiToken, Checkpoint, Run
+from webapp.runs.models import Checkpoint, Run
 
 
 class Api:

@@ -5,7 +5,8 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
-from webapp.runs.models import ApiToken, Run
+from webapp.runs.api_token import ApiToken
+from webapp.runs.models import Run
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ import string
 
 import pytest
 
-from webapp.runs.models import ApiToken
+from webapp.runs.api_token import ApiToken
 
 pytestmark = [pytest.mark.django_db, pytest.mark.integration]
 

@@ -28,8 +28,9 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.generation.modes import GenerationMode
 
 from webapp.api.api import api
+from webapp.runs.api_token import ApiToken
 from webapp.runs.lifecycle import create_run
-from webapp.runs.models import ApiToken, Run
+from webapp.runs.models import Run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.integration]
 

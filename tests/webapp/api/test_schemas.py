@@ -23,7 +23,7 @@ from schemathesis.core.failures import FailureGroup
 from schemathesis.core.parameters import ParameterLocation
 from schemathesis.generation.modes import GenerationMode
 
-from webapp.runs.models import ApiToken
+from webapp.runs.api_token import ApiToken
 
 CASES = 120
 OPERATIONS = [("POST", "/api/runs"), ("POST", "/api/runs/{run_id}/islands"),

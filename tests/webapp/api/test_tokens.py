@@ -6,7 +6,7 @@ revoked by their owner only."""
 import pytest
 from django.test import Client
 
-from webapp.runs.models import ApiToken
+from webapp.runs.api_token import ApiToken
 
 pytestmark = pytest.mark.django_db
 

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from diloco.config import SECTIONS
 from webapp.dashboard.forms import ISLAND_FIELDS
-from webapp.runs.models import ApiToken, Run, Simulation
+from webapp.runs.api_token import ApiToken
+from webapp.runs.models import Run, Simulation
 
 pytestmark = pytest.mark.django_db
 

@@ -5,8 +5,9 @@ from diloco.config_parse import parse_config
 from diloco.island import initial_model
 from diloco.shapes import parameter_count
 from syncd.checkpoint import save
+from webapp.runs.api_token import ApiToken
 from webapp.runs.lifecycle import create_run
-from webapp.runs.models import ApiToken, Checkpoint, Island, Metric, Run
+from webapp.runs.models import Checkpoint, Island, Metric, Run
 from webapp.runs.presets import preset_config
 
 pytestmark = pytest.mark.django_db

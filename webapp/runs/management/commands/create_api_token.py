@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from webapp.runs.models import ApiToken
+from webapp.runs.api_token import ApiToken
 
 
 class Command(BaseCommand):

@@ -6,7 +6,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from webapp.runs.models import ApiToken
+from webapp.runs.api_token import ApiToken
 
 pytestmark = pytest.mark.django_db
 
