@@ -57,7 +57,7 @@ from typing import Any
 from bench import results
 from bench.goodput import make_corpus, wait_islands_stopped
 from bench.system import ROOT, BenchSystem
-from diloco.accounting import fragment_cadence
+from diloco.uptime import fragment_cadence
 
 HOME = ROOT / "var" / "bench-rejoin"
 REGIONS = ("us-east", "us-west", "eu-west", "ap-south")
@@ -213,7 +213,7 @@ def first_merge_of(island: str, epoch: int, merges: Iterable[Any]) -> Any:
 def first_merge_bound_s(step_times: Iterable[float | None], inner_steps: int,
                         min_quorum: int) -> float | None:
     """The bound on rejoin to first merge: 1 s (the rejoin to the first step) plus a
-    fragment's cadence (diloco.accounting.fragment_cadence: the configured H steps at
+    fragment's cadence (diloco.uptime.fragment_cadence: the configured H steps at
     the K-th fastest island's fault-free step time), whatever the merges of the run
     took; None without a step time."""
     cadence = fragment_cadence(step_times, inner_steps, min_quorum)

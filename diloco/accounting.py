@@ -16,7 +16,6 @@ caller's clock (syncd's or a virtual one).
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 import statistics
@@ -24,74 +23,11 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from diloco.uptime import checked_seconds, fragment_cadence, uptime_from_marks
+
 LOST_CAUSES = ("in_flight", "stale", "rejected", "rollback", "restart_pause", "barrier_wait")
 # Useful seconds within this share above allocated ones are rounding, not a bug.
 OVERCREDIT_TOLERANCE = 1e-6
-
-
-def fragment_cadence(step_times: Iterable[float | None], inner_steps: int,
-                     min_quorum: int) -> float | None:
-    """How often one fragment is due to merge: every H inner steps, at the step time of
-    the K-th fastest island (a round waits for K updates). None without a step time."""
-    if inner_steps < 1 or min_quorum < 1:
-        raise ValueError(f"need H >= 1 and K >= 1, got {inner_steps} and {min_quorum}")
-    times = sorted(_seconds("step time", t, positive=True) for t in step_times
-                   if t is not None)
-    return inner_steps * times[min(min_quorum, len(times)) - 1] if times else None
-
-
-def uptime_theta(cadence_s: float, *, round_trip_s: float = 0.0, tick_s: float = 0.0
-                 ) -> float:
-    """theta for `uptime`: twice a fragment's cadence (fragment_cadence), and never less
-    than twice what one merge needs whatever the step time: a fragment's round trip
-    (its upload and the globals' download) and syncd's tick (a pass of its loop, whose
-    status, evaluation or flush work delays the merge that comes due during it)."""
-    cadence_s = _seconds("cadence_s", cadence_s, positive=True)
-    needs = _seconds("round_trip_s", round_trip_s) + _seconds("tick_s", tick_s)
-    return 2.0 * max(cadence_s, needs)
-
-
-def uptime_from_marks(fragment_marks: Iterable[Iterable[float]], startup_s: float,
-                      wall_s: float, theta: float,
-                      thetas: Iterable[tuple[float, float]] = ()) -> float | None:
-    """1 - (the gaps between the end of start-up, each merge mark of any fragment and
-    `wall_s` that were longer than their theta) / (`wall_s` - start-up): down is only
-    where the global model stopped advancing, a slowdown of one fragment is not.
-
-    A gap's theta is the largest in force while it was open: of `thetas`, the (wall
-    second, theta) noted as the run went (RunAccounting.note_theta), the one noted last
-    at or before its start and every one noted within it, and `theta` as the one in
-    force at `wall_s`; a gap that saw no theta takes the first noted after it. So a
-    slowdown that raised theta while it lasted stays up once theta falls back. Marks
-    are seconds of wall time since the run's start; None while in start-up."""
-    theta, wall_s = _seconds("theta", theta, positive=True), _seconds("wall_s", wall_s)
-    startup_s = _seconds("startup_s", startup_s)
-    if wall_s <= startup_s:
-        return None
-    notes = sorted((t, _seconds("theta", th, positive=True)) for t, th in thetas
-                   if t < wall_s)
-    notes.append((wall_s, theta))
-    marks = sorted({m for fragment in fragment_marks for m in fragment
-                    if startup_s < m <= wall_s})
-    points = [startup_s, *marks, wall_s]
-    down, first = 0.0, 0  # notes[first]: the last noted at or before the gap's start
-    for a, b in itertools.pairwise(points):
-        while first + 1 < len(notes) and notes[first + 1][0] <= a:
-            first += 1
-        last = bisect.bisect_right(notes, b, key=lambda note: note[0])
-        in_force = notes[first:last] if notes[first][0] <= a or last > first \
-            else notes[first:first + 1]
-        if b - a > max(th for _, th in in_force):
-            down += b - a
-    return 1.0 - down / (wall_s - startup_s)
-
-
-def _seconds(name: str, value: float, *, positive: bool = False) -> float:
-    value = float(value)
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        bound = "above 0" if positive else "0 or more"
-        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value}")
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +88,7 @@ class RunAccounting:
         self.fragments = fragments
         if step_time_window < 1:
             raise ValueError(f"step_time_window must be 1 or more, got {step_time_window}")
-        self.start = _seconds("start", start)
+        self.start = checked_seconds("start", start)
         self.end: float | None = None
         self.step_time_window = step_time_window
         self.islands: dict[str, _Island] = {}
@@ -214,7 +150,7 @@ class RunAccounting:
         """`island` took `seconds_per_step` (> 0) per inner step over `steps` steps; only
         steps taken while `faulted` is False (no active fault) value useful steps."""
         state = self._island(island)
-        seconds = _seconds("seconds_per_step", seconds_per_step, positive=True)
+        seconds = checked_seconds("seconds_per_step", seconds_per_step, positive=True)
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be a whole number of 1 or more, got {steps!r}")
         if not faulted:
@@ -294,7 +230,7 @@ class RunAccounting:
         state = self._island(island)
         if cause not in LOST_CAUSES:
             raise ValueError(f"cause must be one of {', '.join(LOST_CAUSES)}, got {cause!r}")
-        state.lost[cause] += _seconds("seconds", seconds)
+        state.lost[cause] += checked_seconds("seconds", seconds)
 
     def step_time(self, island: str) -> float | None:
         """The fault-free seconds per step that value `island`'s useful steps."""
@@ -351,7 +287,7 @@ class RunAccounting:
     def note_theta(self, now: float, theta: float) -> None:
         """`theta` is in force at `now`: every gap open at `now` is judged against at
         least it, whatever theta is later (a slowdown that raised it stays up)."""
-        theta, wall = _seconds("theta", theta, positive=True), self.wall_seconds(now)
+        theta, wall = checked_seconds("theta", theta, positive=True), self.wall_seconds(now)
         if not self.thetas or self.thetas[-1][1] != theta:
             self.thetas.append((wall, theta))
 

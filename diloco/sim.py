@@ -35,8 +35,9 @@ import random
 from dataclasses import asdict, dataclass, field, replace
 
 from diloco import merge, policy
-from diloco.accounting import RunAccounting, fragment_cadence, uptime_theta
+from diloco.accounting import RunAccounting
 from diloco.simconfig import SimConfig
+from diloco.uptime import fragment_cadence, uptime_theta
 
 
 @dataclass(frozen=True)
@@ -381,7 +382,7 @@ def utilization(config: SimConfig) -> float:
 
 
 def cadence(config: SimConfig) -> float:
-    """A fragment's cadence, by syncd's rule (diloco.accounting.fragment_cadence): H steps
+    """A fragment's cadence, by syncd's rule (diloco.uptime.fragment_cadence): H steps
     at the step time of the K-th fastest island, every island stepping at step_time_s;
     dp and elastic merge the whole model every step."""
     steps = config.inner_steps if config.mode == "decoupled" else 1

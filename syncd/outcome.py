@@ -4,7 +4,7 @@ When the budget is spent (or a user's stop is done) syncd ends the run's account
 and adds an "outcome" to the final snapshot: goodput, the island-seconds lost by
 cause, the longest stall, start-up, uptime and its theta, the merge marks per
 fragment (seconds since the start; uptime for any theta follows from them with
-diloco.accounting.uptime_from_marks), each island's fault-free step time, tokens
+diloco.uptime.uptime_from_marks), each island's fault-free step time, tokens
 merged and the final eval loss. The benchmarks read it; the
 control room can show it.
 """

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from statistics import median as _median
 from typing import TYPE_CHECKING, Any
 
-from diloco.accounting import fragment_cadence, uptime_theta
+from diloco.uptime import fragment_cadence, uptime_theta
 
 if TYPE_CHECKING:
     from diloco.accounting import RunAccounting

@@ -2,13 +2,8 @@ import math
 
 import pytest
 
-from diloco.accounting import (
-    LOST_CAUSES,
-    RunAccounting,
-    fragment_cadence,
-    uptime_from_marks,
-    uptime_theta,
-)
+from diloco.accounting import LOST_CAUSES, RunAccounting
+from diloco.uptime import fragment_cadence, uptime_from_marks, uptime_theta
 
 
 def accounting(*islands: str, step_time_s: float = 1.0, start: float = 0.0) -> RunAccounting:
