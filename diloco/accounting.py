@@ -30,6 +30,11 @@ LOST_CAUSES = ("in_flight", "stale", "rejected", "rollback", "restart_pause", "b
 OVERCREDIT_TOLERANCE = 1e-6
 
 
+def _total(seconds: list[float | None]) -> float | None:
+    """The sum of `seconds`, or None when one of them is unknown."""
+    return None if None in seconds else math.fsum(s for s in seconds if s is not None)
+
+
 @dataclass(frozen=True, slots=True)
 class MergeEntry:
     """One island's update merged into the global model at `time`: it carried
@@ -55,6 +60,59 @@ class _Island:
     useful_steps: float = 0.0
     rolled_back_steps: float = 0.0
     lost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOST_CAUSES, 0.0))
+
+
+class RunClock:
+    """A run's wall time on the caller's clock: from its start to its end, a user's
+    pauses left out."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.end: float | None = None
+        self.pauses: list[list[float | None]] = []  # [paused, resumed or None]
+
+    @property
+    def paused(self) -> bool:  # by the user
+        return bool(self.pauses) and self.pauses[-1][1] is None
+
+    def pause(self, now: float) -> None:
+        """A user's pause from `now`: left out of every island's allocation and of wall time."""
+        now = self.check(now)
+        if self.paused:
+            raise ValueError("the run is already paused")
+        self.pauses.append([now, None])
+
+    def resume(self, now: float) -> None:
+        """End the user's pause at `now`."""
+        if not self.paused:
+            raise ValueError("the run is not paused")
+        self.pauses[-1][1] = max(self.check(now), self.pauses[-1][0])
+
+    def finish(self, now: float) -> None:
+        """The run's end: allocation and wall time stop at `now` (an open pause ends too)."""
+        now = self.check(now)
+        if self.end is not None:
+            raise ValueError(f"the run already ended at {self.end}")
+        if self.paused:
+            self.pauses[-1][1] = now
+        self.end = now
+
+    def wall_seconds(self, now: float) -> float:
+        """Seconds from the run's start to `now` (or its end), pauses left out."""
+        return self.active(self.check(now))
+
+    def check(self, now: float) -> float:
+        """`now`, refused unless finite and not before the start."""
+        now = float(now)
+        if not math.isfinite(now) or now < self.start:
+            raise ValueError(f"time must be finite, not before the start {self.start}: {now}")
+        return now
+
+    def active(self, t: float) -> float:
+        """Seconds from the start to `t` (at most the end), pauses left out."""
+        t = t if self.end is None else min(t, self.end)
+        paused = sum(max(0.0, (t if b is None else min(b, t)) - a) for a, b in self.pauses)
+        return t - self.start - paused
 
 
 class RunAccounting:
@@ -88,22 +146,20 @@ class RunAccounting:
         self.fragments = fragments
         if step_time_window < 1:
             raise ValueError(f"step_time_window must be 1 or more, got {step_time_window}")
-        self.start = checked_seconds("start", start)
-        self.end: float | None = None
+        self.clock = RunClock(checked_seconds("start", start))
         self.step_time_window = step_time_window
         self.islands: dict[str, _Island] = {}
-        self.pauses: list[list[float | None]] = []  # [paused, resumed or None]
         self.entries: list[MergeEntry] = []
         self.first_merge: float | None = None  # ends start-up; a rollback keeps it
         self.thetas: list[tuple[float, float]] = []  # (wall second, theta) as noted
         for island in islands:
-            self.add_island(island, self.start)
+            self.add_island(island, self.clock.start)
 
     def add_island(self, island: str, now: float) -> None:
         """Allocate `island` from `now` on (again, if it was removed)."""
-        now = self._now(now)
-        if self.end is not None:
-            raise ValueError(f"the run ended at {self.end}; no island can be added")
+        now = self.clock.check(now)
+        if self.clock.end is not None:
+            raise ValueError(f"the run ended at {self.clock.end}; no island can be added")
         state = self.islands.get(island)
         if state is None:
             self.islands[island] = _Island([[now, None]], deque(maxlen=self.step_time_window))
@@ -117,33 +173,7 @@ class RunAccounting:
         window = self._island(island).windows[-1]
         if window[1] is not None:
             raise ValueError(f"island {island!r} was already removed")
-        window[1] = max(self._now(now), window[0])
-
-    @property
-    def paused(self) -> bool:  # by the user
-        return bool(self.pauses) and self.pauses[-1][1] is None
-
-    def pause(self, now: float) -> None:
-        """A user's pause from `now`: left out of every island's allocation and of wall time."""
-        now = self._now(now)
-        if self.paused:
-            raise ValueError("the run is already paused")
-        self.pauses.append([now, None])
-
-    def resume(self, now: float) -> None:
-        """End the user's pause at `now`."""
-        if not self.paused:
-            raise ValueError("the run is not paused")
-        self.pauses[-1][1] = max(self._now(now), self.pauses[-1][0])
-
-    def finish(self, now: float) -> None:
-        """The run's end: allocation and wall time stop at `now` (an open pause ends too)."""
-        now = self._now(now)
-        if self.end is not None:
-            raise ValueError(f"the run already ended at {self.end}")
-        if self.paused:
-            self.pauses[-1][1] = now
-        self.end = now
+        window[1] = max(self.clock.check(now), window[0])
 
     def observe_step_time(self, island: str, seconds_per_step: float, faulted: bool,
                           steps: int = 1) -> None:
@@ -186,10 +216,10 @@ class RunAccounting:
             before = max(state.trained_before.get(fragment, 0),
                          state.trained_before.get(None, 0))
             credited = min(inner_steps, max(seq - before, 0))
-        self.entries.append(MergeEntry(self._now(now), island, inner_steps, credited, weight,
+        self.entries.append(MergeEntry(self.clock.check(now), island, inner_steps, credited, weight,
                                        fragment, version))
         if self.first_merge is None:
-            self.first_merge = self._now(now)
+            self.first_merge = self.clock.check(now)
         if weight > 0:
             state.useful_steps += credited / self.fragments
 
@@ -209,7 +239,7 @@ class RunAccounting:
         """Take back every merge newer than `after_time` (of `fragment`, or of all): its
         steps count as lost to "rollback", not useful, and it stops being an uptime
         mark. Returns the inner steps taken back."""
-        after_time, now = self._now(after_time), self._now(now)
+        after_time, now = self.clock.check(after_time), self.clock.check(now)
         if after_time > now:
             raise ValueError(f"after_time ({after_time}) must not be later than now ({now})")
         kept, taken = [], 0.0
@@ -239,14 +269,10 @@ class RunAccounting:
         steps = sum(n for _, n in samples)
         return sum(seconds for seconds, _ in samples) / steps if steps else None
 
-    def wall_seconds(self, now: float) -> float:
-        """Seconds from the run's start to `now` (or its end), pauses left out."""
-        return self._active(self._now(now))
-
     def allocated_seconds(self, island: str, now: float) -> float:
         """`island`'s allocated seconds up to `now`: its windows, pauses left out."""
-        now = self._now(now)
-        return sum(self._active(now if b is None else min(b, now)) - self._active(a)
+        now = self.clock.check(now)
+        return sum(self.clock.active(now if b is None else min(b, now)) - self.clock.active(a)
                    for a, b in self._island(island).windows if a <= now)
 
     def useful_seconds(self, island: str, now: float) -> float | None:
@@ -269,13 +295,14 @@ class RunAccounting:
 
     def goodput(self, now: float) -> float | None:
         """Useful / allocated island-seconds of the run (None if unknown or nothing allocated)."""
-        useful = self._total_useful(now)
+        useful = _total([self.useful_seconds(name, now) for name in self.islands])
         allocated = sum(self.allocated_seconds(name, now) for name in self.islands)
         return None if useful is None or allocated == 0 else useful / allocated
 
     def startup_seconds(self, now: float) -> float:
         """Wall seconds from the run's start to its first merge (to `now` before it)."""
-        return self.wall_seconds(now if self.first_merge is None else min(self.first_merge, now))
+        end = now if self.first_merge is None else min(self.first_merge, now)
+        return self.clock.wall_seconds(end)
 
     def cadence(self, inner_steps: int, min_quorum: int) -> float | None:
         """A fragment's cadence: H steps at the step time of the K-th fastest island in
@@ -287,7 +314,7 @@ class RunAccounting:
     def note_theta(self, now: float, theta: float) -> None:
         """`theta` is in force at `now`: every gap open at `now` is judged against at
         least it, whatever theta is later (a slowdown that raised it stays up)."""
-        theta, wall = checked_seconds("theta", theta, positive=True), self.wall_seconds(now)
+        theta, wall = checked_seconds("theta", theta, positive=True), self.clock.wall_seconds(now)
         if not self.thetas or self.thetas[-1][1] != theta:
             self.thetas.append((wall, theta))
 
@@ -303,27 +330,30 @@ class RunAccounting:
             marks = [marks[fragment]]
         if self.first_merge is None:
             return None
-        return uptime_from_marks(marks, self.startup_seconds(now), self.wall_seconds(now),
+        return uptime_from_marks(marks, self.startup_seconds(now), self.clock.wall_seconds(now),
                                  theta, self.thetas)
 
     def fragment_marks(self) -> list[list[float]]:
         """Per fragment, the distinct times its merges still standing were published,
         as seconds of wall time since the start; a merge of no named fragment (a whole
         model's) is a mark of every fragment."""
-        return [sorted({self._active(e.time) for e in self.entries
+        return [sorted({self.clock.active(e.time) for e in self.entries
                         if e.fragment in (None, p)}) for p in range(self.fragments)]
 
     def max_stall(self, now: float, *, fragment: int | None = None) -> float:
         """The longest gap between successive merges, the open one up to `now` included."""
-        return max(self._gaps(now, fragment))
+        wall = self.clock.wall_seconds(now)
+        marks = [0.0, *(m for m in self.merge_marks(fragment=fragment) if m <= wall), wall]
+        return max(b - a for a, b in itertools.pairwise(marks))
 
     def merge_marks(self, *, fragment: int | None = None) -> list[float]:
         """The distinct merge times still standing, as seconds of wall time since the start."""
-        return self._marks(fragment)
+        return sorted({self.clock.active(e.time) for e in self.entries
+                       if fragment in (None, e.fragment)})
 
     def median_merge_gap(self, *, fragment: int | None = None) -> float | None:
         """The median gap between successive merges; a fault-free run's gives theta."""
-        gaps = [b - a for a, b in itertools.pairwise(self._marks(fragment))]
+        gaps = [b - a for a, b in itertools.pairwise(self.merge_marks(fragment=fragment))]
         return statistics.median(gaps) if gaps else None
 
     def snapshot(self, now: float, theta: float | None = None) -> dict:
@@ -342,19 +372,19 @@ class RunAccounting:
                 "goodput": None if useful is None or allocated == 0 else useful / allocated,
                 "useful_steps": state.useful_steps, "step_time_s": self.step_time(name),
                 "rolled_back_steps": state.rolled_back_steps, "lost_s": island_lost,
-                "in_run": state.windows[-1][1] is None and self.end is None,
+                "in_run": state.windows[-1][1] is None and self.clock.end is None,
                 "overcredited": name in over,
             }
-        useful = self._total_useful(now)
+        useful = _total([i["useful_s"] for i in islands.values()])
         allocated = sum(i["allocated_s"] for i in islands.values())
         return {
-            "time": now, "wall_s": self.wall_seconds(now), "paused": self.paused,
+            "time": now, "wall_s": self.clock.wall_seconds(now), "paused": self.clock.paused,
             "allocated_s": allocated, "useful_s": useful,
             "goodput": None if useful is None or allocated == 0 else useful / allocated,
             "lost_s": lost, "unattributed_s": None if useful is None
             else allocated - useful - sum(lost.values()),
             "overcredited": over,
-            "merges": len(self.entries), "merge_events": len(self._marks(None)),
+            "merges": len(self.entries), "merge_events": len(self.merge_marks()),
             "startup_s": self.startup_seconds(now),
             "islands": islands, "theta_s": theta,
             "uptime": None if theta is None else self.uptime(now, theta),
@@ -367,33 +397,7 @@ class RunAccounting:
             raise ValueError(f"unknown island {island!r}; the run's islands: {known}")
         return self.islands[island]
 
-    def _now(self, now: float) -> float:
-        now = float(now)
-        if not math.isfinite(now) or now < self.start:
-            raise ValueError(f"time must be finite, not before the start {self.start}: {now}")
-        return now
-
-    def _active(self, t: float) -> float:
-        """Seconds from the start to `t` (at most the end), pauses left out."""
-        t = t if self.end is None else min(t, self.end)
-        paused = sum(max(0.0, (t if b is None else min(b, t)) - a) for a, b in self.pauses)
-        return t - self.start - paused
-
-    def _total_useful(self, now: float) -> float | None:
-        useful = [self.useful_seconds(name, now) for name in self.islands]
-        return None if None in useful else math.fsum(u for u in useful if u is not None)
-
     def _value(self, island: str, steps: int) -> float | None:
         step_time = self.step_time(island) if steps else 0.0
         return None if step_time is None else steps * step_time
 
-    def _marks(self, fragment: int | None) -> list[float]:
-        """Distinct merge times, as seconds of wall time since the start."""
-        return sorted({self._active(e.time) for e in self.entries
-                       if fragment in (None, e.fragment)})
-
-    def _gaps(self, now: float, fragment: int | None) -> list[float]:
-        """Gaps between the start, each merge and `now` (the open gap last)."""
-        wall = self.wall_seconds(now)
-        marks = [0.0, *(m for m in self._marks(fragment) if m <= wall), wall]
-        return [b - a for a, b in itertools.pairwise(marks)]

@@ -128,7 +128,7 @@ class _Sim:
             getattr(self, f"_on_{kind}")(time, *args)
         for island in self.islands:
             self._advance(island, end)
-        self.acc.finish(end)
+        self.acc.clock.finish(end)
         return self.acc
 
     # -- an island's steps --------------------------------------------------------------

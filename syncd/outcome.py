@@ -25,11 +25,11 @@ def finish(accounting: RunAccounting, spec: RunSpec, now: float, *, tokens_merge
            ) -> dict[str, Any]:
     """End the run's accounting at `now` and return its outcome; uptime's theta is
     `theta_s` (the final status's), or from the step times alone without it."""
-    if accounting.end is None:
-        accounting.finish(now)
+    if accounting.clock.end is None:
+        accounting.clock.finish(now)
     snap = accounting.snapshot(now, theta(accounting, spec) if theta_s is None else theta_s)
     return {
-        "start": accounting.start, "end": accounting.end, "wall_s": snap["wall_s"],
+        "start": accounting.clock.start, "end": accounting.clock.end, "wall_s": snap["wall_s"],
         "goodput": snap["goodput"], "useful_s": snap["useful_s"],
         "allocated_s": snap["allocated_s"], "lost_s": snap["lost_s"],
         "unattributed_s": snap["unattributed_s"], "max_stall_s": snap["max_stall_s"],

@@ -153,7 +153,7 @@ class RunSync:
         del params
         keepalive()
         self.recovery = Recovery(store, recorder, spec, self.accounting, checkpoint_dir, clock)
-        self.chaos = ChaosDriver.for_run(store, recorder, spec, rejoin, self.accounting.start)
+        self.chaos = ChaosDriver.for_run(store, recorder, spec, rejoin, self.accounting.clock.start)
         self.evaluation = GlobalEval(config, cpu_share=eval_cpu_share)
         self.eval_loss: float | None = None
         self.eval_tokens: int | None = None  # tokens merged into the model eval_loss is of
@@ -236,8 +236,8 @@ class RunSync:
         self.liveness.read()
         self.recovery.note_first_startups(self.liveness.heartbeats)
         paused = self.store.paused()
-        if paused != self.accounting.paused:
-            (self.accounting.pause if paused else self.accounting.resume)(now)
+        if paused != self.accounting.clock.paused:
+            (self.accounting.clock.pause if paused else self.accounting.clock.resume)(now)
         self.liveness.watch(now, paused, self._membership_changed)
         if self.chaos is not None and not paused:
             self.chaos.tick(now, self.liveness)

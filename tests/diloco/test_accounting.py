@@ -57,8 +57,8 @@ def test_lost_time_lowers_goodput_by_exactly_its_share():
 
 def test_a_pause_is_left_out_of_allocation_for_every_island():
     acct = accounting("a", "b")
-    acct.pause(10.0)
-    acct.resume(40.0)
+    acct.clock.pause(10.0)
+    acct.clock.resume(40.0)
     acct.merged("a", 20, 0.5, 50.0)
     acct.merged("b", 20, 0.5, 50.0)
 
@@ -72,9 +72,9 @@ def test_a_pause_is_left_out_of_allocation_for_every_island():
 
 def test_an_open_pause_stops_allocation_until_resumed():
     acct = accounting("a")
-    acct.pause(10.0)
+    acct.clock.pause(10.0)
 
-    assert acct.paused
+    assert acct.clock.paused
     assert acct.allocated_seconds("a", 100.0) == pytest.approx(10.0)
 
 
@@ -215,10 +215,10 @@ def test_a_removed_island_is_allocated_until_removed_and_keeps_its_useful_steps(
 
 def test_finishing_the_run_stops_allocation_and_wall_time():
     acct = accounting("a")
-    acct.finish(50.0)
+    acct.clock.finish(50.0)
 
     assert acct.allocated_seconds("a", 80.0) == pytest.approx(50.0)
-    assert acct.wall_seconds(80.0) == pytest.approx(50.0)
+    assert acct.clock.wall_seconds(80.0) == pytest.approx(50.0)
 
 
 # -- uptime ----------------------------------------------------------------------------
@@ -265,8 +265,8 @@ def test_an_open_stall_counts_once_it_exceeds_theta():
 def test_a_pause_is_left_out_of_merge_gaps_and_wall_time():
     acct = accounting("a")
     acct.merged("a", 1, 0.5, 1.0)
-    acct.pause(1.5)
-    acct.resume(50.0)
+    acct.clock.pause(1.5)
+    acct.clock.resume(50.0)
     acct.merged("a", 1, 0.5, 51.0)
 
     assert acct.max_stall(51.0) == pytest.approx(1.5)
@@ -364,7 +364,7 @@ def test_the_snapshot_gives_uptime_only_when_theta_is_known():
 
 
 def paused(acct: RunAccounting) -> RunAccounting:
-    acct.pause(1.0)
+    acct.clock.pause(1.0)
     return acct
 
 
@@ -385,8 +385,8 @@ def paused(acct: RunAccounting) -> RunAccounting:
     (lambda a: a.allocated_seconds("zz", 1.0), "unknown island"),
     (lambda a: a.rollback(5.0, 2.0), "must not be later than now"),
     (lambda a: a.add_island("a", 1.0), "already allocated"),
-    (lambda a: a.resume(1.0), "not paused"),
-    (lambda a: paused(a).pause(2.0), "already paused"),
+    (lambda a: a.clock.resume(1.0), "not paused"),
+    (lambda a: paused(a).clock.pause(2.0), "already paused"),
     (lambda a: uptime_theta(-1.0), "cadence_s must be"),
 ])
 def test_bad_inputs_raise_value_errors_that_say_what_was_wrong(call, message):
@@ -399,11 +399,11 @@ def test_a_removed_island_cannot_be_removed_twice_nor_added_after_the_end():
     acct.remove_island("b", 5.0)
     with pytest.raises(ValueError, match="already removed"):
         acct.remove_island("b", 6.0)
-    acct.finish(10.0)
+    acct.clock.finish(10.0)
     with pytest.raises(ValueError, match="ended"):
         acct.add_island("c", 10.0)
     with pytest.raises(ValueError, match="already ended"):
-        acct.finish(11.0)
+        acct.clock.finish(11.0)
 
 
 def test_a_step_time_window_below_one_is_refused():

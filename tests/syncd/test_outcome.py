@@ -32,7 +32,7 @@ def test_the_outcome_ends_the_accounting_and_carries_its_figures():
     outcome = finish(accounting, spec, 110.0,
                      tokens_merged=4096, eval_loss=2.5, versions=[2])
 
-    assert accounting.end == 110.0
+    assert accounting.clock.end == 110.0
     assert (outcome["start"], outcome["end"], outcome["wall_s"]) == (100.0, 110.0, 10.0)
     assert outcome["useful_s"] == pytest.approx(16.0)  # 8 steps of 1 s on each island
     assert outcome["allocated_s"] == pytest.approx(20.0)
