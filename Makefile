@@ -35,12 +35,12 @@ demo: install
 
 test: install-test lint test-unit test-db test-system test-browser
 
-# ruff, the layers (docs/ARCHITECTURE.md, "Layers"; contracts in pyproject.toml) and the
-# house's size limits.
+# ruff, the layers (docs/ARCHITECTURE.md, "Layers"; contracts in pyproject.toml), the
+# house's size limits and its vocabulary (the glossary's banned synonyms, paths that exist).
 lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/pytest tests/test_sizes.py -q -p no:cacheprovider
+	$(VENV)/bin/pytest tests/test_sizes.py tests/test_vocabulary.py -q -p no:cacheprovider
 
 # Unit tier: pure modules and the in-process cluster, no services; and the test
 # tiers' own tools (the databases of test-db, the Chromium of test-browser).

@@ -34,7 +34,7 @@ Two phases, one after the other:
   data plane at once, from all islands), so syncd always has updates waiting; a
   round merges once all M islands are in it (min_quorum M, grace 0), and an island's
   later updates that arrive before its round merged are increments in that round, as
-  in a live run.
+  in a real run.
   `ingest_mb_s` is sustained ingest: the wire bytes of the updates merged after
   syncd's first WARM_MERGES merges, over the wall time from the publish of the last
   of those to the publish of the phase's last merge. The first merges carry a run's

@@ -35,7 +35,7 @@ the headline ratio is decoupled over warm elastic, cold beside it
 Useful steps, allocated and lost island-seconds, uptime, start-up and eval loss
 come from syncd's accounting (the outcome in the run's final status, syncd/outcome.py);
 faults and rejoins from the run's events. syncd evaluates on the validation split,
-as every live run does, so its eval losses are validation losses. The losses the
+as every real run does, so its eval losses are validation losses. The losses the
 benchmark reports and checks are evaluated here, after each run, on the whole test
 split (diloco/data.py), window by window (Evaluator.window_losses): test_loss is the
 run's final checkpoint, and a fault-free run's every checkpoint gives its eval curve;

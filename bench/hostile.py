@@ -6,7 +6,7 @@ update: a forged huge seq, `chunks` of 0 or 10^10, a size past any message, a
 missing, non-numeric, negative or 100-bit seq, an unknown island, a fragment the
 run lacks, an entry of junk. None has a message signed for it. tests/syncd/
 test_hostile_entries.py writes them beside a RunSync; the chaos soak's `hostile`
-fault (bench/soak.py) writes them into a live run through an `Intruder`.
+fault (bench/soak.py) writes them into a running run through an `Intruder`.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class Batch:
 
 @dataclass
 class Intruder:
-    """Writes hostile entries into a live run's update stream with the Redis credential
+    """Writes hostile entries into a running run's update stream with the Redis credential
     an island holds, and watches syncd quarantine them.
 
     Every entry also names, in a `key` field, a canary key of another run (an entry

@@ -82,7 +82,7 @@ def workload(corpus: Path) -> dict[str, Any]:
 
 
 class Soak:
-    """Breaks one live run at random and keeps it healing.
+    """Breaks one running run at random and keeps it healing.
 
     Args:
         system: the running system (Redis, syncd, workers), Django set up.
@@ -284,7 +284,7 @@ class Soak:
 
 
 def set_budget(run: Any, total_tokens: int) -> None:
-    """Give the live run a new token budget (database and spec; syncd follows the spec)."""
+    """Give the running run a new token budget (database and spec; syncd follows the spec)."""
     from webapp.runs.dispatch import put_spec
     from webapp.runs.stores import run_store
 

@@ -110,7 +110,7 @@ def run_local(config: RunConfig, mode: str = "decoupled", *, step_time_s: float 
     """Train a run in this process and return its final global model and figures.
 
     Its evaluations, along the way and at the end, are on the validation split, as a
-    live run's are: a benchmark reports the final params on the test split itself.
+    real run's are: a benchmark reports the final params on the test split itself.
     The islands (and dp's one model) train on train.device ("auto": cuda when the host
     has a GPU); the synchronizer works on the host, as syncd does.
 

@@ -7,7 +7,7 @@ is simple (an 8-byte little-endian header length, a JSON header naming each
 tensor's dtype, shape and byte range, then the raw bytes), so this module writes
 tensors straight into one buffer or file, and reads them as views of the buffer
 they arrived in. Files written here are read by safetensors and the other way
-round (tests/syncd/test_tensorfile.py).
+round (tests/diloco/test_tensorfile.py).
 """
 
 from __future__ import annotations

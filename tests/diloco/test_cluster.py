@@ -137,7 +137,7 @@ def test_the_grace_window_is_sized_with_the_round_trip_of_a_fragment(make_config
 
 
 def test_a_run_evaluates_on_the_validation_split(make_config):
-    # The curve and the final eval loss are what a live run shows: never the test split.
+    # The curve and the final eval loss are what a real run shows: never the test split.
     config = make_config(sync={"inner_steps": 4, "fragments": 2})
     corpus = load_corpus(config.data.path, config.data.eval_fraction)
 

@@ -37,7 +37,7 @@ def list_islands(request: HttpRequest, run_id: int) -> dict[str, Any]:
              response=answers({201: schemas.IslandOut}, 404, 409, body=True))
 def add_island(request: HttpRequest, run_id: int, body: schemas.IslandIn) -> Status:
     """Add an island (an entry of the config's islands: name, region, speed, ...) to a
-    draft or a live run; in a live run it starts training at once."""
+    draft, or to a running or paused run, where it starts training at once."""
     run = get_run(run_id)
     index = len(run.config.get("islands", []))
     try:

@@ -2,7 +2,7 @@
 
 A scraper sends `Authorization: Bearer <settings.METRICS_TOKEN>`; a browser needs an
 operator's (or a staff member's) session. Every gauge is labelled by the run's id;
-archipelago_run_info carries its name and mode. Live runs (running, paused) read
+archipelago_run_info carries its name and mode. Running and paused runs read
 syncd's status from Redis through reports.run_summary, the others the database only.
 Archived runs are left out.
 

@@ -87,7 +87,7 @@ def update_run(request: HttpRequest, run_id: int, body: schemas.RunPatch) -> dic
 @router.delete("/{run_id}", auth=allow("delete"),
                response=answers({204: None}, 404, 409))
 def delete_run(request: HttpRequest, run_id: int) -> Status:
-    """Delete a run that is not live (409 if it is: stop it first), with its history."""
+    """Delete a draft or a final run (409 for any other: stop it first), with its history."""
     lifecycle.delete_run(get_run(run_id), request.auth)
     return Status(204, None)
 

@@ -1,4 +1,4 @@
-"""The live run websocket: /ws/runs/<id>/.
+"""The run page's live websocket: /ws/runs/<id>/.
 
 On connect a signed-in user gets the snapshot syncd keeps in Redis, with its
 sequence number, and the run's latest events. After that:

@@ -44,7 +44,7 @@ def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any
     if status is None:
         try:
             status = run_store(run).status() or {}
-        except RedisError:  # Redis down: the database's view, and say it is not live
+        except RedisError:  # Redis down: the database's view, and say why
             status = {}
             data["live_status"] = "unavailable: Redis cannot be reached"
     data["versions"] = {str(p): v for p, v in enumerate(status.get("versions", []))}

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 def resume_after_restart() -> list[Run]:
-    """After the whole system restarted: run every island of every live run again.
+    """After the whole system restarted: run every island of every running or paused run again.
 
     Each island starts its next epoch (so nothing left over from before the
     restart merges) and goes on from its data cursor; a paused run stays paused.

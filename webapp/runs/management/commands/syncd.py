@@ -13,7 +13,7 @@ password, or syncd cannot serve published fragments where SYNCD_SERVE says (or w
 the certificate and key SYNCD_SERVE_CERT and SYNCD_SERVE_KEY name).
 
 `--health` exits 0 when a syncd on this host is serving (its announcement in
-Redis is live), 1 otherwise: a container health check.
+Redis is current), 1 otherwise: a container health check.
 """
 
 from __future__ import annotations
