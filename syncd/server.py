@@ -39,8 +39,9 @@ LEASE_TTL_S = 10.0
 # its lease-keeper thread, so that another takes its runs.
 PROGRESS_DEADLINE_S = 60.0
 # A run whose tick failed is built anew after this long, doubled after each failure in a
-# row up to RETRY_MAX_S: a run that keeps failing costs syncd little, and its lease is
-# kept, so its updates are merged once it works again.
+# row up to RETRY_MAX_S: a run that keeps failing costs syncd little, and syncd keeps it
+# (under a new grant of its lease: Syncd._grant_again), so its updates are merged once
+# it works again.
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 60.0
 # A pass that found nothing to do waits this long at most for an update to arrive
@@ -155,13 +156,32 @@ class Syncd:
                     self.published.forget(run_id)
             except Exception:
                 # One broken run must not stop the others; it is built anew after a
-                # wait that grows while it keeps failing, its lease kept.
+                # wait that grows while it keeps failing, under a grant of its own.
                 wait = min(2 * self.retries[run_id][1], RETRY_MAX_S) \
                     if run_id in self.retries else RETRY_FIRST_S
                 self.retries[run_id] = (now + wait, wait)
                 log.exception("run %s failed a tick; built anew in %.0f s", run_id, wait)
                 self.runs.pop(run_id, None)
+                self._grant_again(run_id)
         return busy
+
+    def _grant_again(self, run_id: str) -> None:
+        """Take a new grant of a run whose tick failed: its open rounds and unpublished
+        merges went with the RunSync, and the islands send again what syncd has not
+        handled once they see the lease change hands (trainer/resend.py), as after a
+        restart of syncd. Should another syncd take the run meanwhile, it is theirs."""
+        held = self.leases.pop(run_id)
+        if self.published is not None:
+            self.published.forget(run_id)
+        lease.release(self.client, held)
+        got = lease.acquire(self.client, run_id, self.owner, self.lease_ttl_s)
+        if got is None:
+            self.retries.pop(run_id, None)
+            log.warning("run %s: another syncd took it as its lease was granted again", run_id)
+            return
+        self.leases[run_id] = got
+        log.warning("run %s: granted again (fencing token %d), so its islands send again "
+                    "what it had not handled", run_id, got.token)
 
     def _run_sync(self, run_id: str) -> RunSync:
         if run_id not in self.runs:

@@ -228,7 +228,35 @@ def test_a_run_that_keeps_failing_is_built_again_less_and_less_often_and_others_
     assert builds.count(broken) == 4
     assert builds.count(healthy) == 1 and ticks == 40
     assert healthy in served.runs
-    assert broken in served.leases, "its lease is kept, so its updates wait for it"
+    assert broken in served.leases, "it keeps the run, so its updates wait for it"
+
+
+def test_a_run_whose_tick_failed_is_granted_anew_so_its_islands_send_again(
+        redis_url, tmp_path, monkeypatch):
+    """A failed tick loses the run's open rounds and unpublished merges (they lived in
+    its RunSync): the islands must see syncd change hands, as after a restart, and
+    send again what it has not handled (trainer/resend.py)."""
+    broken, healthy = active_runs(redis_url, 2)
+    fail = {"now": False}
+    original = RunSync.tick
+
+    def tick(self):
+        if fail["now"] and self.store.run_id == broken:
+            raise RuntimeError("this tick fails")
+        return original(self)
+
+    monkeypatch.setattr(RunSync, "tick", tick)
+    served = Syncd(redis_url, tmp_path, web_hooks(), owner="syncd-a", lease_ttl_s=30)
+    served.tick()
+    client = connect(redis_url)
+    holders = {r: RunStore(client, r).syncd_holder() for r in (broken, healthy)}
+    fail["now"] = True
+
+    served.tick()
+
+    assert RunStore(client, broken).syncd_holder() != holders[broken]
+    assert served.leases[broken].token > int(holders[broken].split(":")[0])
+    assert RunStore(client, healthy).syncd_holder() == holders[healthy]
 
 
 def test_a_quiet_syncd_blocks_on_its_runs_update_streams_until_an_update_arrives(
