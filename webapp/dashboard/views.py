@@ -139,7 +139,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     regions = region_positions(sorted({i["region"] for i in summary["islands"]}
                                       | {settings.SYNCD_REGION}))
     page = {
-        "run": summary, "metrics": run_metrics(run)[-CHART_POINTS:],
+        "run": summary, "metrics": run_metrics(run, limit=CHART_POINTS, newest=True),
         "events": run_events(run)[-50:], "checkpoints": checkpoints,
         "timeline": run_timeline(run),
         "map": {"regions": regions, "syncd": settings.SYNCD_REGION,

@@ -79,12 +79,15 @@ def progress(run: Run) -> float:
     return min(1.0, run.tokens / budget) if budget else 0.0
 
 
-def run_metrics(run: Run, since: datetime | None = None,
-                limit: int = MAX_METRICS) -> list[dict[str, Any]]:
-    """The run's history points after `since`, oldest first, at most `limit`."""
+def run_metrics(run: Run, since: datetime | None = None, limit: int = MAX_METRICS,
+                newest: bool = False) -> list[dict[str, Any]]:
+    """The run's history points after `since`, oldest first, at most `limit`: the first
+    `limit` of them (a page to go on from), or with `newest` the last (a chart's)."""
     points = Metric.objects.filter(run=run)
     if since is not None:
         points = points.filter(time__gt=since)
+    if newest:
+        return [m.to_dict() for m in reversed(points.order_by("-time", "-id")[:limit])]
     return [m.to_dict() for m in points.order_by("time", "id")[:limit]]
 
 

@@ -1,14 +1,19 @@
+from datetime import timedelta
+
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from diloco.config_parse import parse_config
 from diloco.island import initial_model
 from diloco.shapes import parameter_count
 from syncd.checkpoint import save
+from webapp.dashboard.views import CHART_POINTS
 from webapp.runs.api_token import ApiToken
 from webapp.runs.lifecycle import create_run
 from webapp.runs.models import Checkpoint, Island, Metric, Run
 from webapp.runs.presets import preset_config
+from webapp.runs.reports import MAX_METRICS
 
 pytestmark = pytest.mark.django_db
 
@@ -352,3 +357,17 @@ def test_superusers_may_create_runs(client, django_user_model):
     client.force_login(django_user_model.objects.create_superuser("root", None, None))
 
     assert client.get("/runs/new/").status_code == 200
+
+
+def test_the_run_page_charts_the_newest_points_of_a_long_run(viewer_client):
+    """A run with more points than a page of history (MAX_METRICS) charts its newest
+    CHART_POINTS, not the last of its oldest (a frozen chart after ~2.8 h)."""
+    run = create_run(name="long", mode="decoupled", config={}, user=None)
+    start = timezone.now() - timedelta(hours=3)
+    Metric.objects.bulk_create(Metric(run=run, time=start + timedelta(seconds=i), tokens=i,
+                                      outer_steps=i) for i in range(MAX_METRICS + 100))
+
+    metrics = viewer_client.get(f"/runs/{run.pk}/").context["page"]["metrics"]
+
+    assert len(metrics) == CHART_POINTS
+    assert [p["tokens"] for p in metrics[-2:]] == [MAX_METRICS + 98, MAX_METRICS + 99]

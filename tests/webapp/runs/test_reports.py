@@ -93,6 +93,7 @@ def test_history_points_come_oldest_first_after_a_time_and_up_to_a_limit(run):
     assert [p["tokens"] for p in run_metrics(run)] == [3, 2, 1]
     assert [p["tokens"] for p in run_metrics(run, since=now - timedelta(minutes=2.5))] == [2, 1]
     assert [p["tokens"] for p in run_metrics(run, limit=1)] == [3]
+    assert [p["tokens"] for p in run_metrics(run, limit=2, newest=True)] == [2, 1]
 
 
 def test_events_come_oldest_first_after_an_id_of_a_kind_with_their_islands_names(run):
