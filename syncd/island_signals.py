@@ -11,6 +11,8 @@ import math
 import time
 from typing import Any
 
+import redis
+
 from syncd.run_keys import RunKeys
 
 LOG_TTL_S = 7 * 24 * 3600
@@ -28,7 +30,11 @@ class IslandSignals(RunKeys):
         """island -> its last heartbeat; one that is not a heartbeat (islands write this
         hash, so it is read as hostile: not JSON, not an object, a field of the wrong
         type) is left out, as if the island had sent none."""
-        raw = self.client.hgetall(self.key("heartbeats"))
+        try:
+            raw = self.client.hgetall(self.key("heartbeats"))
+        except redis.ResponseError as exc:
+            self.wrong_type(self.client, self.key("heartbeats"), exc)
+            return {}
         beats = {k.decode(errors="replace"): _heartbeat(v) for k, v in raw.items()}
         return {island: beat for island, beat in beats.items() if beat is not None}
 

@@ -16,6 +16,7 @@ publish, mark or trim anything. Chunks on the data plane are named by their writ
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import redis
@@ -24,6 +25,8 @@ from redis.client import Pipeline
 from syncd.bulk import RedisBulk, Served
 from syncd.fence import Lease, guarded_transaction
 from syncd.keys import run_prefix
+
+log = logging.getLogger("archipelago.syncd")
 
 # A backstop for chunks nobody reads (an island that died between its chunks and its
 # stream entry, a syncd that died before its publish committed): syncd deletes every
@@ -82,3 +85,13 @@ class RunKeys:
         pipe = self.client.pipeline(transaction=True)
         fill(pipe)
         return pipe.execute()
+
+    def wrong_type(self, client: redis.Redis, key: str, exc: redis.ResponseError) -> None:
+        """A key islands write held another type than syncd reads there (WRONGTYPE):
+        delete it, so that it is made anew as it should be; any other error is raised
+        again."""
+        if "WRONGTYPE" not in str(exc):
+            raise exc
+        log.warning("run %s: %s held a value of the wrong type (written by an island): "
+                    "deleted", self.run_id, key)
+        client.delete(key)

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+
+import redis
+from redis.client import Pipeline
 
 from syncd.bulk import BulkRef, RedisBulk, max_chunks
 from syncd.run_keys import BLOB_TTL_S, RunKeys
@@ -124,7 +127,11 @@ class UpdateStream(RunKeys):
         pipe = self.data.pipeline(transaction=False)
         pipe.ltrim(self.key("uploads"), 0, MAX_TICKETS - 1)
         pipe.lrange(self.key("uploads"), 0, slots - 1)
-        return pipe.execute()[1]
+        try:
+            return pipe.execute()[1]
+        except redis.ResponseError as exc:
+            self.wrong_type(self.data, self.key("uploads"), exc)
+            return []
 
     @contextlib.contextmanager
     def slot_for_publish(self, fragment: int, version: int, slots: int,
@@ -143,7 +150,12 @@ class UpdateStream(RunKeys):
         pipe = self.data.pipeline(transaction=True)
         pipe.lrange(key, 0, slots - 1)
         pipe.lpush(key, ticket)
-        held, _ = pipe.execute()
+        try:
+            held, _ = pipe.execute()
+        except redis.ResponseError as exc:  # an island made the queue another type
+            self.wrong_type(self.data, key, exc)
+            held = []
+            self.data.lpush(key, ticket)
         try:
             deadline = time.monotonic() + drain_s
             while self._written(held) >= slots and time.monotonic() < deadline:
@@ -165,12 +177,20 @@ class UpdateStream(RunKeys):
         pipe = self.data.pipeline(transaction=False)
         for ticket in tickets:
             pipe.lrem(self.key("uploads"), 0, ticket)
-        pipe.execute()
+        try:
+            pipe.execute()
+        except redis.ResponseError as exc:
+            self.wrong_type(self.data, self.key("uploads"), exc)
 
     def read_updates(self, after: bytes = b"0-0", count: int = 64, block_ms: int | None = None
                      ) -> list[UpdateRef | BadEntry]:
         """The entries after `after`, each parsed alone."""
-        reply = self.client.xread({self.key("updates"): after}, count=count, block=block_ms)
+        try:
+            reply = self.client.xread({self.key("updates"): after}, count=count,
+                                      block=block_ms)
+        except redis.ResponseError as exc:
+            self.wrong_type(self.client, self.key("updates"), exc)
+            return []
         return [self.parse_entry(stream_id, fields)
                 for _, entries in reply or [] for stream_id, fields in entries]
 
@@ -221,8 +241,8 @@ class UpdateStream(RunKeys):
         what a restart lost)."""
         refs = list(refs)
         if refs:
-            self._write(lambda pipe: pipe.xdel(self.key("updates"),
-                                               *[ref.stream_id for ref in refs]))
+            self._on_stream(lambda pipe: pipe.xdel(self.key("updates"),
+                                                   *[ref.stream_id for ref in refs]))
             self.drop_updates(refs)
 
     def forget_entries(self, stream_ids: Iterable[bytes]) -> None:
@@ -230,11 +250,19 @@ class UpdateStream(RunKeys):
         a restart or a rebuild of the run does not read them again."""
         ids = list(stream_ids)
         if ids:
-            self._write(lambda pipe: pipe.xdel(self.key("updates"), *ids))
+            self._on_stream(lambda pipe: pipe.xdel(self.key("updates"), *ids))
 
     def trim_updates(self, min_id: bytes) -> None:
         """Forget stream entries older than `min_id`: all of them are handled."""
-        self._write(lambda pipe: pipe.xtrim(self.key("updates"), minid=min_id))
+        self._on_stream(lambda pipe: pipe.xtrim(self.key("updates"), minid=min_id))
+
+    def _on_stream(self, fill: Callable[[Pipeline], object]) -> None:
+        """A fenced write to the update stream; a stream an island replaced with another
+        type is deleted instead (made anew by the next entry)."""
+        try:
+            self._write(fill)
+        except redis.ResponseError as exc:
+            self.wrong_type(self.client, self.key("updates"), exc)
 
 
 def _whole(raw: bytes) -> int:

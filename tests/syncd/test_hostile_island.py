@@ -1,0 +1,102 @@
+"""One island's own credential against its run and a bystander (issue #47): as the run's
+real island users (syncd/acl.py, both planes), every write command it holds is sent
+with hostile values to every key pattern it may write, beside a bystander run on the
+same Redis; then both runs must go on merging (three versions each), their ticks
+never failing, and no key of the bystander's may change but by its own syncd.
+
+What the island users may not do at all is tests/syncd/test_acl.py's.
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from bench.hostile import hostile_entries
+from diloco.signing import redis_password
+from syncd.acl import WRITE_COMMANDS, island_store, island_url, put_island_users
+from syncd.keys import ISLAND_WRITES
+from syncd.service import RunSync
+from tests.syncd.runs import heartbeat_all, make_run_sync, send
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
+
+ROUNDS = 3
+
+
+def merge_rounds(sync: RunSync, first_seq: int) -> None:
+    """ROUNDS merges of fragment 0 from genuine updates of both islands."""
+    for i in range(ROUNDS):
+        heartbeat_all(sync)
+        base = sync.store.versions()[0]
+        for island in ("a", "b"):
+            send(sync, island, 0, first_seq + 4 * i, base_version=base)
+        sync.tick()
+
+
+def hostile_calls(key: str) -> list[tuple]:
+    """Every write command an island holds, with hostile values, on `key`."""
+    entry = {"island": "a", "epoch": 1, "fragment": 0, "seq": 10, "chunks": 1, "bytes": 10}
+    calls = [("DEL", key), ("SET", key, "junk"), ("DEL", key), ("HSET", key, "a", "junk"),
+             ("DEL", key), ("RPUSH", key, *(f"1:0:{s}:a" for s in range(5000))),
+             ("DEL", key)]
+    calls += [("XADD", key, "*", *[str(x) for kv in fields.items() for x in kv])
+              for _, fields in hostile_entries(entry) if fields]
+    calls += [("SET", key + ":0", "x" * (1 << 20)), ("HSET", key + ":1", "a", "b")]
+    assert {c[0].lower() for c in calls} | {"ping", "lpos"} >= set(WRITE_COMMANDS)
+    return calls
+
+
+def attack(redis_url: str, sync: RunSync, *, leave: str) -> int:
+    """Send every hostile call on every key pattern the run's islands may write, on
+    both planes, as the run's island user that writes; leave each key as `leave` says
+    ("junk": of the wrong type, "flood": full of tickets, "gone"); how many calls Redis
+    took."""
+    password = redis_password(sync.spec.secret)
+    island = island_store(island_url(redis_url, sync.store.run_id, password),
+                          island_url(redis_url, sync.store.run_id, password),
+                          sync.store.run_id)
+    taken = 0
+    for part in ISLAND_WRITES:
+        key = sync.store.key(part.replace("*", "a:1:0:10"))
+        for call in hostile_calls(key):
+            try:
+                island.writer.execute_command(*call)
+                taken += 1
+            except redis.ResponseError:
+                pass  # WRONGTYPE: the key holds another type now
+        island.writer.delete(key)
+        if leave == "junk":
+            island.writer.set(key, "junk")
+        elif leave == "flood":
+            island.writer.rpush(key, *(f"1:0:{s}:b" for s in range(20_000)))
+    return taken
+
+
+@pytest.fixture
+def runs(redis_url, tmp_path) -> tuple[RunSync, RunSync]:
+    """The attacked run and a bystander on the same Redis, each with a merged version
+    and its island users."""
+    made = []
+    for name in ("attacked", "bystander"):
+        sync = make_run_sync(redis_url, tmp_path / name, "decoupled")
+        put_island_users(sync.store.client, sync.store.client, sync.store.run_id,
+                         sync.spec.secret)
+        merge_rounds(sync, 4)
+        made.append(sync)
+    return made[0], made[1]
+
+
+@pytest.mark.parametrize("leave", ["junk", "flood", "gone"])
+def test_no_write_an_island_may_send_stops_its_run_or_another_from_merging(
+        redis_url, runs, leave):
+    attacked, bystander = runs
+    before = (attacked.store.versions()[0], bystander.store.versions()[0])
+
+    assert attack(redis_url, attacked, leave=leave) > 0
+    attacked.tick()  # syncd's next pass: what it cannot read is quarantined or deleted
+    merge_rounds(bystander, 100)
+    merge_rounds(attacked, 100)
+
+    assert bystander.store.versions()[0] >= before[1] + ROUNDS
+    assert attacked.store.versions()[0] >= before[0] + ROUNDS
