@@ -1,8 +1,8 @@
 """The fixtures that more than one folder of tests uses, in one place: users of each role
 and their signed-in clients, island tasks recorded instead of sent, the data roots the
 tests' corpora live under, a data folder of one's own, the demo form's post, a manager
-of the one-command start's processes, a running run of three islands, and a whole system
-of its own.
+of the one-command start's processes, a running run of three islands, a whole system
+of its own; and `wait_until`, the one way the tests wait for something to happen.
 
 A viewer may look; an operator (a member of the "operators" group) may create, run,
 break and heal runs; an admin (a superuser) may do everything. The users have no
@@ -13,16 +13,36 @@ A folder's conftest.py imports the ones its tests use.
 
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from django.test import Client
 
-from tests.system.whole_system import ROOT, System
 from tests.webapp.runs.three_islands import THREE_ISLANDS
 from webapp.processes import ProcessManager
 from webapp.runs.models import Run
 from webapp.runs.roles import operators_group
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 10.0,
+               what: str = "the condition", process: subprocess.Popen | None = None,
+               interval: float = 0.05) -> object:
+    """Poll `condition` every `interval` seconds until it returns something true, and
+    return that; AssertionError naming `what` after `timeout` seconds, or as soon as
+    `process` (if given) has exited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"{process.args} exited ({process.returncode}) while "
+                                 f"waiting for {what}")
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
 
 
 @pytest.fixture
@@ -144,6 +164,8 @@ def system(tmp_path):
 
     The tests make their tiny run named "demo" in the system's database, so that the
     start makes no demo of its own and the run finishes in a minute or two."""
+    from tests.system.whole_system import ROOT, System  # it waits with wait_until
+
     system = System(tmp_path)
     (tmp_path / "corpus.txt").write_text("".join(
         f"line {i}: the islands train and the merge goes on.\n" for i in range(4000)))

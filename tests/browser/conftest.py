@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from bench.browser import CHROMIUM_FLAGS, chromium_path
-from tests.webapp.runs.test_runtime_processes import ROOT, Processes, database_url, wait_until
+from tests.fixtures import wait_until
+from tests.webapp.runs.test_runtime_processes import ROOT, Processes, database_url
 from trainer.launch import free_port
 
 # Playwright's sync API keeps an event loop running in the test thread; the ORM

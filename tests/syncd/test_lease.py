@@ -1,6 +1,5 @@
 """Run leases with fencing tokens (syncd/lease.py) on a real Redis of the tests' own."""
 
-import time
 
 import pytest
 
@@ -8,16 +7,9 @@ from syncd import lease
 from syncd.fence import Lease, LeaseLost
 from syncd.keys import lease_key
 from syncd.store import RunStore
+from tests.fixtures import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
 
 
 def test_a_lease_has_one_holder_and_each_grant_a_larger_fencing_token(client):

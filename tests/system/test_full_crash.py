@@ -13,7 +13,8 @@ import json
 import pytest
 import redis
 
-from tests.system.whole_system import TINY, TOKENS, alive, crash, wait_until
+from tests.fixtures import wait_until
+from tests.system.whole_system import TINY, TOKENS, alive, crash
 
 # The system under test has a database of its own: `make test-system` runs it once.
 pytestmark = [pytest.mark.integration, pytest.mark.system]

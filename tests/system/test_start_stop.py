@@ -15,7 +15,8 @@ import time
 import pytest
 import redis
 
-from tests.system.whole_system import TINY, System, alive, descendants, wait_until
+from tests.fixtures import wait_until
+from tests.system.whole_system import TINY, System, alive, descendants
 
 pytestmark = [pytest.mark.integration, pytest.mark.system]
 STOP_WITHIN_S = 10.0
@@ -40,7 +41,7 @@ run = Run.objects.get(name="demo"); start_run(run, by=None); print(json.dumps(ru
         beats = client.hvals(f"arch:{run_id}:heartbeats")
         return [json.loads(b).get("state") for b in beats] == ["training"] * len(TINY["islands"])
 
-    wait_until(all_train, 240, "every island to train", start)
+    wait_until(all_train, 240, "every island to train", process=start)
     client.close()
     return descendants(start.pid)
 

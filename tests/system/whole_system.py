@@ -13,28 +13,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.fixtures import wait_until
 from trainer.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = 40_000
-
-
-def wait_until(condition: Callable[[], object], timeout: float, what: str,
-               system: subprocess.Popen | None = None) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if system is not None and system.poll() is not None:
-            raise AssertionError(f"python -m webapp.start exited ({system.returncode}) "
-                                 f"while waiting for {what}")
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def descendants(pid: int) -> list[int]:
@@ -115,7 +101,7 @@ class System:
                                         env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
         wait_until(lambda: "Archipelago is running" in self.output(), 180,
-                   "python -m webapp.start to be up", self.process)
+                   "python -m webapp.start to be up", process=self.process)
         return self.process
 
     def output(self) -> str:

@@ -3,7 +3,6 @@ training loops in miniature, as child processes."""
 
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import redis
@@ -78,13 +77,6 @@ class FakeStore:
 def says(log: Path, line: str):
     """Whether the child wrote `line` (a whole line: the supervisor's notes quote the code)."""
     return lambda: log.exists() and line in log.read_text().splitlines()
-
-
-def wait_until(check, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def process_state(pid: int) -> str:

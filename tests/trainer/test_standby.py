@@ -18,21 +18,12 @@ import pytest
 from diloco.signing import island_key
 from syncd.connection import connect
 from syncd.store import RunStore
+from tests.fixtures import wait_until
 from trainer.pool_manager import standby_preexec
 from trainer.priority import idle_is_reversible
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_until(check, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ from supervisor_fakes import (
     python,
     says,
     supervisor,
-    wait_until,
 )
 
+from tests.fixtures import wait_until
 from trainer.supervisor import IslandSupervisor
 
 

@@ -12,10 +12,10 @@ from test_runtime_processes import (  # noqa: F401 - fixtures
     start_and_wait,
     system,
     tiny_run,
-    wait_until,
 )
 
 from diloco.chaos import PRESETS, schedule
+from tests.fixtures import wait_until
 from webapp.runs.lifecycle import stop_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

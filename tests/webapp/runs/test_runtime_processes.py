@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from django.db import connection
 from syncd.acl import island_user
 from syncd.connection import connect
 from syncd.store import RunStore
+from tests.fixtures import wait_until
 from trainer.island_logs import island_log_path
 from trainer.phases import PHASES
 from webapp.runs.faults import (
@@ -43,16 +43,6 @@ def database_url() -> str:
         return f"sqlite:///{s['NAME']}"
     auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
     return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-
-
-def wait_until(condition: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 class Processes:

@@ -20,13 +20,13 @@ from test_runtime_processes import (  # noqa: F401 - fixtures
     system,
     tiny_run,
     wait_all_training,
-    wait_until,
 )
 
 from syncd.acl import island_user
 from syncd.connection import connect
 from syncd.pool_store import PoolStore
 from syncd.store import RunStore
+from tests.fixtures import wait_until
 from trainer.island_logs import island_log_path
 from webapp.runs.faults import kill_island
 from webapp.runs.lifecycle import create_run, start_run, stop_run
