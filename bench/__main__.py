@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from bench import (
+    convergence,
     dataplane,
     docs,
     efficiency,
@@ -29,7 +30,7 @@ BENCHMARKS = {"quality": quality.main, "overhead": overhead.main, "merge": merge
               "soak": soak.main, "gpu_smoke": gpu_smoke.main, "scale": scale.main,
               "rejoin": rejoin.main, "efficiency": efficiency.main,
               "dataplane": dataplane.main, "utilization": utilization.main,
-              "signing": signing.main}
+              "signing": signing.main, "convergence": convergence.main}
 TIMED = ("soak", "scale")  # the benchmarks that take --minutes
 
 
