@@ -16,6 +16,7 @@ from diloco.shapes import parameter_count, tensor_sizes
 
 CODECS = ("none", "bf16", "int8", "int4")
 WEIGHTINGS = ("tokens", "uniform")
+STALENESS_WEIGHTINGS = ("none", "cosine")
 # decoupled: the quorum and grace window; sync: synchronous DiLoCo, every alive island's
 # update in each merge, which every island waits for (sync.min_quorum the number of
 # islands, sync.overlap_steps 0: MODE_RULES); elastic: data-parallel with whole-job
@@ -70,6 +71,10 @@ class SyncConfig:
                                      choices=CODECS)
     max_staleness: int = setting(4, "Updates based on a version older than newest minus this "
                                  "are dropped.", 0, 1000)
+    staleness_weighting: str = setting(
+        "none", "cosine: an update's weight, and its round's outer step, scaled by "
+        "(1 + cos(pi x age / (max_staleness + 1))) / 2 of its age (versions between its "
+        "anchor and the merge); none: every age alike.", choices=STALENESS_WEIGHTINGS)
     upload_slots: int = setting(2, "Update messages of all islands on the data plane at once: "
                                 "an island waits for a slot before it writes one, so Redis "
                                 "holds this many whatever the number of islands.", 1, 1024)

@@ -102,8 +102,9 @@ class RoundSum:
         return self.rda and name not in self.embedding_names
 
     @torch.no_grad()
-    def add(self, update: Update) -> Contribution:
-        """Fold one checked update in; returns its island's contribution so far.
+    def add(self, update: Update, gate: float = 1.0) -> Contribution:
+        """Fold one checked update in; returns its island's contribution so far. `gate`
+        scales its weight (diloco.staleness.age_gate; an island's first increment's).
 
         Raises:
             ValueError: its tensors are not the round's.
@@ -114,7 +115,7 @@ class RoundSum:
                              f"expected {names}")
         prev = self.contributions.get(update.island)
         if prev is None:
-            weight = update_weight(update.tokens, update.inner_steps, self.weighting)
+            weight = update_weight(update.tokens, update.inner_steps, self.weighting) * gate
             norms = ({n: _norm(update, n) for n in update.delta if self._radial(n)}
                      if self.rda else {})
             for name, n in norms.items():

@@ -14,9 +14,21 @@ feed it the ages of each merge (diloco.synchronizer.MergeResult.ages).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 WINDOW = 256  # ages kept per island
+
+
+def age_gate(age: int, max_staleness: int, weighting: str) -> float:
+    """How much of an update of this age a merge takes (sync.staleness_weighting):
+    cosine, (1 + cos(pi x age / (max_staleness + 1))) / 2, 1 at age 0 and falling to
+    near 0 at the oldest age kept; none, 1 at every age."""
+    if weighting == "none":
+        return 1.0
+    if weighting != "cosine":
+        raise ValueError(f"staleness weighting must be none or cosine, got {weighting!r}")
+    return 0.5 * (1.0 + math.cos(math.pi * max(age, 0) / (max_staleness + 1)))
 
 
 def percentile(values: list[int], q: float) -> float:

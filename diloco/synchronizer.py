@@ -28,6 +28,7 @@ from diloco.fold import Contribution, RoundSum
 from diloco.fragments import Fragment
 from diloco.merge import OuterOptimizer, Update
 from diloco.policy import Arrival, Decision, RoundStats, decide, is_stale
+from diloco.staleness import age_gate
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Pending:
 
     contribution: Contribution
     arrival_time: float
+    gate: float = 1.0  # its age's share (diloco.staleness.age_gate), fixed by its first
 
 
 class Synchronizer:
@@ -118,9 +120,12 @@ class Synchronizer:
             return (f"stale: based on version {update.base_version}, newest is "
                     f"{self._versions[fragment]}, max_staleness {self.sync.max_staleness}")
         pending = self._rounds[fragment].get(update.island)
-        contribution = self.sums[fragment].add(update)
+        gate = pending.gate if pending is not None else age_gate(
+            self._versions[fragment] - update.base_version, self.sync.max_staleness,
+            self.sync.staleness_weighting)
+        contribution = self.sums[fragment].add(update, gate)
         self._rounds[fragment][update.island] = Pending(
-            contribution, now if pending is None else pending.arrival_time)
+            contribution, now if pending is None else pending.arrival_time, gate)
         return None
 
     def settle(self, fragment: int, island: str, seq: int) -> None:
@@ -222,6 +227,7 @@ class Synchronizer:
         is empty."""
         version = self._versions[fragment]
         round_sum = self.sums[fragment]
+        gates = {i: p.gate for i, p in self._rounds[fragment].items()}
         self._rounds[fragment] = {}
         self.sums[fragment] = self._round_sum()
         updates = [round_sum.contributions[i] for i in sorted(round_sum.contributions)]
@@ -237,7 +243,9 @@ class Synchronizer:
         # kept sending increments while syncd was away, then merged at once) already
         # holds all that progress in its merged update; scaling it up again would step
         # that many times too far, and the run diverges.
-        share = min(sum(u.tokens for u in updates) / self.round_tokens, 1.0)
+        # With a staleness weighting, stale tokens count for their age's share of a step.
+        share = min(sum(u.tokens * gates.get(u.island, 1.0) for u in updates)
+                    / self.round_tokens, 1.0)
         old = self.globals[fragment]
         new = self.optimizers[fragment].step(old, outer_grad, share, consume_grad=True)
         codec = self.sync.downlink_compression

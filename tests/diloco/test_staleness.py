@@ -1,6 +1,6 @@
 import pytest
 
-from diloco.staleness import Staleness, percentile, summary
+from diloco.staleness import Staleness, age_gate, percentile, summary
 
 
 def test_percentile_interpolates_between_the_ordered_values():
@@ -37,3 +37,12 @@ def test_each_island_keeps_only_its_window_of_ages():
     assert staleness.island("a")["max"] == 1
     assert summary([])["count"] == 0
     assert staleness.island("never")["last"] == 0
+
+
+def test_the_cosine_gate_takes_a_fresh_update_whole_and_an_old_one_barely():
+    assert age_gate(0, 4, "cosine") == 1.0
+    assert age_gate(1, 4, "cosine") == pytest.approx(0.9045, abs=1e-4)
+    assert age_gate(4, 4, "cosine") == pytest.approx(0.0955, abs=1e-4)
+    assert age_gate(3, 4, "none") == 1.0
+    with pytest.raises(ValueError):
+        age_gate(1, 4, "linear")

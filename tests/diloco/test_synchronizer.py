@@ -284,3 +284,26 @@ def test_a_round_carrying_many_rounds_of_tokens_steps_no_farther_than_a_whole_ro
     sync.merge(0, now=1.0)
 
     assert torch.allclose(sync.globals[0]["w"], torch.full((4,), -0.5))
+
+
+def test_a_cosine_staleness_weighting_takes_less_of_an_older_update_and_steps_less():
+    plain, gated = synchronizer(min_quorum=1), synchronizer(
+        min_quorum=1, staleness_weighting="cosine")
+    for sync in (plain, gated):
+        sync.submit(update_for(sync, "a", base=0, tokens=ROUND_TOKENS // 2), 0, now=0.0)
+        sync.merge(0, now=0.0)
+        sync.submit(update_for(sync, "fresh", base=1, value=1.0, tokens=ROUND_TOKENS // 2),
+                    0, now=1.0)
+        sync.submit(update_for(sync, "old", base=0, value=-1.0, tokens=ROUND_TOKENS // 2),
+                    0, now=1.0)
+    before = {n: t.clone() for n, t in gated.globals[0].items()}
+
+    assert plain.merge(0, now=2.0).weights == pytest.approx({"fresh": 0.5, "old": 0.5})
+    result = gated.merge(0, now=2.0)
+
+    gate = 0.5 * (1 + math.cos(math.pi / 5))  # age 1 of max_staleness 4
+    assert result.weights == pytest.approx({"fresh": 1 / (1 + gate), "old": gate / (1 + gate)})
+    share = (1 + gate) / 2
+    step = 0.5 * share * (1 - gate) / (1 + gate)
+    for n, t in gated.globals[0].items():
+        assert torch.allclose(t, before[n] - step, atol=1e-6)
