@@ -23,6 +23,15 @@ COMMITTED = ROOT / "bench" / "results"
 # A benchmark's headline figures: (label, dotted path into its summary). A path that a
 # results file lacks leaves its cell empty.
 HEADLINES: dict[str, list[tuple[str, str]]] = {
+    "convergence": [("decoupled held-out loss", "modes.decoupled.none.eval_loss"),
+                    ("sync held-out loss", "modes.sync.none.eval_loss"),
+                    ("decoupled loss at sync's tokens", "modes.decoupled.none.eval_loss_at_tokens"),
+                    ("sync loss at its tokens", "modes.sync.none.eval_loss_at_tokens"),
+                    ("decoupled merges per H window", "modes.decoupled.none.merges_per_window"),
+                    ("decoupled update age p95", "modes.decoupled.none.staleness_p95"),
+                    ("decoupled loss under kills", "modes.decoupled.kills.eval_loss"),
+                    ("sync loss under kills", "modes.sync.kills.eval_loss"),
+                    ("load average (1 min) before", "load_before.0")],
     "dataplane": [("memcpy MB/s", "limits.memcpy_mb_s"),
                   ("transport MB/s", "limits.transport_mb_s"),
                   ("served read MB/s", "limits.served_read_mb_s"),
