@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.db.models import BigIntegerField, Max, Sum
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from webapp.runs.live import RUNS_GROUP, push_events, send_to_group
@@ -117,18 +120,7 @@ class DatabaseRecorder:
             versions: fragment -> the newest published version (RunStore.versions).
             tokens: fragment -> tokens merged (RunStore.tokens_merged).
         """
-        recorded: dict[int, int] = {}
-        counted: dict[int, int] = {}
-        for kind, detail in Event.objects.filter(
-                run_id=self.run_id, kind__in=("merge", "rollback")
-        ).values_list("kind", "detail"):
-            if kind == "rollback":  # a rollback publishes every fragment's next version
-                for p, v in enumerate(detail.get("versions") or []):
-                    recorded[p] = max(recorded.get(p, 0), int(v))
-                continue
-            p = int(detail.get("fragment", -1))
-            recorded[p] = max(recorded.get(p, 0), int(detail.get("version", 0)))
-            counted[p] = counted.get(p, 0) + int(detail.get("tokens", 0))
+        recorded, counted = _recorded_merges(self.run_id)
         recovered = []
         for p, version in sorted(versions.items()):
             if version > recorded.get(p, 0):
@@ -144,3 +136,25 @@ class DatabaseRecorder:
         run = Run.objects.get(pk=self.run_id)
         if Run.State(state) in TRANSITIONS[Run.State(run.state)]:
             run.transition(state)
+
+
+def _recorded_merges(run_id: int) -> tuple[dict[int, int], dict[int, int]]:
+    """(fragment -> newest version its merge and rollback events name, fragment -> tokens
+    its merge events count), summed by the database: a week-long run's thousands of
+    merge events are not read into syncd at each rebuild of the run, only one row per
+    fragment and the rollbacks (a few per run)."""
+    merges = list(Event.objects.filter(run_id=run_id, kind="merge")
+              .annotate(p=Cast(KT("detail__fragment"), BigIntegerField()))
+              .values("p")
+              .annotate(version=Max(Cast(KT("detail__version"), BigIntegerField())),
+                        tokens=Sum(Cast(KT("detail__tokens"), BigIntegerField())))
+                  .order_by())
+    recorded = {int(row["p"]): int(row["version"] or 0) for row in merges
+                if row["p"] is not None}
+    counted = {int(row["p"]): int(row["tokens"] or 0) for row in merges
+               if row["p"] is not None}
+    for detail in Event.objects.filter(run_id=run_id, kind="rollback").values_list(
+            "detail", flat=True):  # a rollback publishes every fragment's next version
+        for p, v in enumerate(detail.get("versions") or []):
+            recorded[p] = max(recorded.get(p, 0), int(v))
+    return recorded, counted

@@ -85,3 +85,20 @@ def test_rotation_keeps_a_checkpoint_another_run_was_created_from(run):
     assert recorder.checkpoint([2], "/ck/2", "b" * 64, 10, None, keep=1) == []
     assert recorder.checkpoint([3], "/ck/3", "c" * 64, 10, None, keep=1) == ["/ck/2"]
     assert set(Checkpoint.objects.values_list("path", flat=True)) == {"/ck/1", "/ck/3"}
+
+
+def test_recovery_sums_the_recorded_merges_in_the_database_rollbacks_included():
+    run = create_run(name="summed", mode="decoupled", config={}, user=None)
+    Event.objects.bulk_create(
+        Event(run=run, kind="merge", detail={"fragment": i % 2, "version": i // 2 + 1,
+                                             "tokens": 10, "weights": {}})
+        for i in range(400))
+    Event.objects.create(run=run, kind="rollback", detail={"versions": [250, 7]})
+    recorder = DatabaseRecorder(run.pk)
+
+    recovered = recorder.recover_merges({0: 251, 1: 200}, {0: 2500, 1: 2000})
+    recorder.flush()
+
+    assert recovered == [0]
+    [merge] = run.events.filter(kind="merge", detail__reason="recovered")
+    assert (merge.detail["after_version"], merge.detail["tokens"]) == (250, 500)
