@@ -8,6 +8,7 @@ a second, not one per merge.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.db import transaction
@@ -16,6 +17,7 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from webapp.runs.history import THIN_EVERY_S, thin_metrics
 from webapp.runs.live import RUNS_GROUP, push_events, send_to_group
 from webapp.runs.models import TRANSITIONS, Checkpoint, Event, Island, Metric, Run
 
@@ -33,6 +35,7 @@ class DatabaseRecorder:
         self.run_progress: dict[str, Any] = {}  # the Run row's live figures, not yet written
         self.metric_every_s = metric_every_s
         self.next_metric = 0.0
+        self.next_thinning = time.monotonic() + THIN_EVERY_S
 
     def event(self, kind: str, island: str | None = None, **detail: Any) -> None:
         self.events.append({"kind": kind, "island": island, "detail": detail,
@@ -65,6 +68,11 @@ class DatabaseRecorder:
                              "progress": float(progress)}
 
     def flush(self) -> None:
+        """Write what was recorded since the last flush; every THIN_EVERY_S, thin the
+        run's older history too (webapp/runs/history.py)."""
+        if time.monotonic() >= self.next_thinning:
+            self.next_thinning = time.monotonic() + THIN_EVERY_S
+            thin_metrics(self.run_id, timezone.now())
         if not self.events and not self.islands and not self.metrics and not self.run_progress:
             return
         progress = self.run_progress
