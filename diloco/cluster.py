@@ -33,9 +33,8 @@ from diloco.data import ShardSampler, load_corpus
 from diloco.device import autocast, resolve_device, to_device
 from diloco.evaluation import Evaluator
 from diloco.fragments import due_fragments, partition
-from diloco.island import Island, initial_model, inner_lr
+from diloco.island import Island, embedding_tensors, initial_model, inner_lr
 from diloco.merge import Update
-from diloco.model import embedding_tensor_names
 from diloco.policy import RoundStats
 from diloco.protocol import decode_message, encode_message
 from diloco.signing import island_key, publish_key
@@ -231,7 +230,7 @@ class _Cluster:
         config, s = self.config, self.config.sync
         islands = self._islands(config)
         sync = Synchronizer(self.init, self.fragments, s, config.optim, config.round_tokens(),
-                            embedding_tensor_names())
+                            embedding_tensors(config, list(self.init)))
         heap: list = []
         order = itertools.count()
 
@@ -324,7 +323,7 @@ class _Cluster:
                                                    max_staleness=0))
         islands = self._islands(config)
         sync = Synchronizer(self.init, self.fragments, config.sync, config.optim,
-                            config.round_tokens(), embedding_tensor_names())
+                            config.round_tokens(), embedding_tensors(config, list(self.init)))
         budget = config.budget.total_tokens
         per_step = sum(island.tokens_per_step for island in islands)
         while self.tokens < budget:

@@ -8,11 +8,12 @@ the form and the docs read the same facts.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from diloco.shapes import parameter_count, tensor_sizes
+from diloco.shapes import VOCAB_SIZE, tensor_sizes
 
 CODECS = ("none", "bf16", "int8", "int4")
 WEIGHTINGS = ("tokens", "uniform")
@@ -27,6 +28,9 @@ PRECISIONS = ("fp32", "bf16")
 # Who makes an island's wide-area link take its time: the island process (latency +
 # bytes x bytes_scale x 8 / bandwidth, diloco/wan.py) or nobody, the real network doing it.
 LINKS = ("process", "none")
+# Where a run's model comes from: the project's byte-level GPT (diloco/model.py), or a
+# causal LM of the transformers library built from model.hf_config (diloco/hf.py).
+MODEL_SOURCES = ("builtin", "hf")
 
 
 def setting(default: Any, help: str, lo: float | None = None, hi: float | None = None,
@@ -38,6 +42,13 @@ def setting(default: Any, help: str, lo: float | None = None, hi: float | None =
 
 @dataclass
 class ModelConfig:
+    source: str = setting("builtin", "builtin: the project's byte-level GPT (n_layer, n_embd, "
+                          "n_head); hf: a causal LM of the transformers library built from "
+                          "model.hf_config.", choices=MODEL_SOURCES)
+    hf_config: str = setting("", "With source hf: a local folder (inside DATA_ROOTS) holding "
+                             "config.json, or the config inline as a JSON object (model_type "
+                             "and its fields); weights drawn from the seed, nothing fetched, "
+                             "no remote code.")
     n_layer: int = setting(2, "Transformer blocks.", 1, 48)
     n_embd: int = setting(64, "Width of the residual stream.", 8, 4096)
     n_head: int = setting(4, "Attention heads.", 1, 64)
@@ -232,14 +243,43 @@ class Rule:
     problems: Callable[[RunConfig], Iterator[tuple[str, str]]]
 
 
+def _sizes(config: RunConfig) -> dict[str, int] | None:
+    """The model's tensor sizes; None when model.hf_config cannot be built (its own
+    rule says why)."""
+    try:
+        return tensor_sizes(config.model)
+    except ValueError:
+        return None
+
+
+def _hf_model_builds(config: RunConfig) -> Iterator[tuple[str, str]]:
+    m = config.model
+    if m.source != "hf":
+        if m.hf_config:
+            yield "model.hf_config", "Only with model.source hf; leave it empty."
+        return
+    from diloco.hf import HFConfigError, model_config
+
+    try:
+        built = model_config(m.hf_config, m.block_size)
+    except HFConfigError as e:
+        yield "model.hf_config", str(e)
+        return
+    vocab = json.loads(built.hf_json).get("vocab_size", 0)
+    if not isinstance(vocab, int) or vocab < VOCAB_SIZE:
+        yield "model.hf_config", (f"vocab_size must hold the tokenizer's {VOCAB_SIZE} byte "
+                                  f"values, got {vocab!r}.")
+
+
 def _heads_divide_width(config: RunConfig) -> Iterator[tuple[str, str]]:
     m = config.model
-    if m.n_embd % m.n_head:
+    if m.source == "builtin" and m.n_embd % m.n_head:
         yield "model.n_head", f"Must divide model.n_embd ({m.n_embd}), got {m.n_head}."
 
 
 def _model_fits(config: RunConfig) -> Iterator[tuple[str, str]]:
-    params = parameter_count(config.model)
+    sizes = _sizes(config)
+    params = sum(sizes.values()) if sizes else 0
     if params > MAX_PARAMS:
         yield "model", (f"The model would have {params:,} parameters; at most {MAX_PARAMS:,} "
                         "are allowed (fewer model.n_layer or a smaller model.n_embd).")
@@ -252,10 +292,12 @@ def _quorum_of_islands(config: RunConfig) -> Iterator[tuple[str, str]]:
 
 
 def _fragments_of_tensors(config: RunConfig) -> Iterator[tuple[str, str]]:
-    tensors, p = len(tensor_sizes(config.model)), config.sync.fragments
-    if p > tensors:
+    sizes = _sizes(config)
+    tensors, p = len(sizes or {}), config.sync.fragments
+    if sizes is not None and p > tensors:
+        how = "8 x model.n_layer + 5 = " if config.model.source == "builtin" else ""
         yield "sync.fragments", ("Must be at most the number of the model's tensors "
-                                 f"(8 x model.n_layer + 5 = {tensors}), got {p}.")
+                                 f"({how}{tensors}), got {p}.")
 
 
 def _fragments_of_steps(config: RunConfig) -> Iterator[tuple[str, str]]:
@@ -293,11 +335,13 @@ def _processes_divide_batch(config: RunConfig) -> Iterator[tuple[str, str]]:
 
 
 RULES = (
+    Rule("model.hf_config", "With model.source hf only: a buildable config of a causal LM "
+         "whose vocab_size holds the 256 byte values.", _hf_model_builds),
     Rule("model.n_head", "Must divide model.n_embd.", _heads_divide_width),
     Rule("model", f"At most {MAX_PARAMS:,} parameters (model.n_layer, model.n_embd).",
          _model_fits),
     Rule("sync.min_quorum", "At most the number of islands.", _quorum_of_islands),
-    Rule("sync.fragments", "At most the model's tensors (8 x model.n_layer + 5).",
+    Rule("sync.fragments", "At most the model's tensors (builtin: 8 x model.n_layer + 5).",
          _fragments_of_tensors),
     Rule("sync.fragments", "At most sync.inner_steps.", _fragments_of_steps),
     Rule("sync.overlap_steps", "Less than sync.inner_steps.", _overlap_within_steps),

@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 from diloco.config import RunConfig
 from diloco.data import Corpus, eval_batches
-from diloco.island import gpt_config
-from diloco.model import GPT
+from diloco.island import build_model, gpt_config
 
 
 class Evaluator:
@@ -28,7 +27,7 @@ class Evaluator:
     def __init__(self, config: RunConfig, corpus: Corpus, split: str, device: str = "cpu"):
         self.device = device
         with torch.device("meta"):  # no tensors of its own: each call assigns them
-            self.model = GPT(gpt_config(config), init=False)
+            self.model = build_model(gpt_config(config), init=False)
         self.batches = [(x.to(device), y.to(device)) for x, y in
                         eval_batches(corpus, split, config.eval.tokens, config.model.block_size)]
 

@@ -5,7 +5,9 @@ different inner steps, so the bytes on the wide-area link are spread over the
 outer period instead of arriving all at once (peak bandwidth / P). Fragments
 here are made of whole tensors, packed greedily so that they are of similar
 size, and named by the modules they hold ("blocks.0-1+ln_f"), which reads well
-in logs and in the control room.
+in logs and in the control room. Any module tree is cut the same way, by its tensors
+in the model's order (a transformers model's too, diloco/hf.py): each tensor is in
+exactly one fragment, and a tied weight, which the model's state dict holds once, too.
 """
 
 from __future__ import annotations
@@ -63,17 +65,19 @@ def run_fragments(config: RunConfig) -> list[Fragment]:
     return partition(tensor_sizes(config.model), config.sync.fragments)
 
 def module_label(tensor_names: Iterable[str]) -> str:
-    """A short readable name for a set of tensors: "blocks.0-2+lm_head"."""
+    """A short readable name for a set of tensors: "blocks.0-2+lm_head", a repeated
+    block by its list's path and numbers, any other tensor by its module's path (a
+    transformers model's "lm.model.layers.0-3+lm.model.norm")."""
     indexed: dict[str, list[int]] = {}
     plain: list[str] = []
     for name in tensor_names:
-        match = re.match(r"^([A-Za-z_]+)\.(\d+)\.", name)
+        match = re.match(r"^(.+?)\.(\d+)\.", name)
         if match:
             indexed.setdefault(match.group(1), []).append(int(match.group(2)))
         else:
-            top = name.split(".")[0]
-            if top not in plain:
-                plain.append(top)
+            module = name.rpartition(".")[0] or name
+            if module not in plain:
+                plain.append(module)
     parts = []
     for prefix, numbers in indexed.items():
         parts.append(f"{prefix}.{_ranges(sorted(set(numbers)))}")

@@ -28,12 +28,13 @@ from typing import Protocol
 
 import torch
 
-from diloco import codecs
-from diloco.config import RunConfig
+from diloco import codecs, hf
+from diloco.config import ModelConfig, RunConfig
 from diloco.data import Corpus, ShardSampler
 from diloco.device import HostStaging, autocast, to_device
 from diloco.fragments import Fragment
-from diloco.model import GPT, GPTConfig
+from diloco.hf import CausalLM, HFModelConfig
+from diloco.model import GPT, GPTConfig, embedding_tensor_names
 from diloco.synchronizer import Published, apply_published
 
 
@@ -60,16 +61,45 @@ class FragmentState:
     sent_seq: int = -1  # the island's inner step at its last send
 
 
-def gpt_config(config: RunConfig) -> GPTConfig:
-    m = config.model
+# A run's model: the builtin GPT, or a transformers causal LM (model.source hf); both
+# take (idx, targets) and give (logits, loss), and carry what they were built from as
+# their `config`.
+Model = GPT | CausalLM
+
+
+def gpt_config(config: RunConfig) -> GPTConfig | HFModelConfig:
+    """What the run's model is built from: equal ones build the same tensors."""
+    return model_shape(config.model)
+
+
+def model_shape(m: ModelConfig) -> GPTConfig | HFModelConfig:
+    """What a model of these settings is built from (raises HFConfigError for an hf
+    model that cannot be built)."""
+    if m.source == "hf":
+        return hf.model_config(m.hf_config, m.block_size)
     return GPTConfig(n_layer=m.n_layer, n_embd=m.n_embd, n_head=m.n_head,
                      block_size=m.block_size)
 
 
-def initial_model(config: RunConfig) -> GPT:
+def build_model(shape: GPTConfig | HFModelConfig, init: bool = True) -> Model:
+    """The model of `shape`; with `init`, its weights drawn from torch's generator."""
+    if isinstance(shape, HFModelConfig):
+        return CausalLM(shape, init=init)
+    return GPT(shape, init=init)
+
+
+def initial_model(config: RunConfig) -> Model:
     """The model every island and the synchronizer start from, made from the seed."""
+    shape = gpt_config(config)
     torch.manual_seed(config.seed)
-    return GPT(gpt_config(config))
+    return build_model(shape)
+
+
+def embedding_tensors(config: RunConfig, names: list[str]) -> tuple[str, ...]:
+    """Of the model's tensor `names`, those RDA leaves alone: the embeddings."""
+    if config.model.source == "hf":
+        return hf.embedding_names(names)
+    return embedding_tensor_names()
 
 
 def inner_lr(step: int, peak: float, warmup_steps: int) -> float:
@@ -98,7 +128,7 @@ class Island:
 
     def __init__(self, index: int, config: RunConfig, corpus: Corpus, fragments: list[Fragment],
                  init_state: dict[str, torch.Tensor] | None, device: str = "cpu",
-                 group: Group | None = None, model: GPT | None = None):
+                 group: Group | None = None, model: Model | None = None):
         if not 0 <= index < len(config.islands):
             raise ValueError(f"island index must be between 0 and {len(config.islands) - 1}, "
                              f"got {index}")
@@ -112,8 +142,9 @@ class Island:
                              f"processes in the run config, but its group has "
                              f"{group.world_size}")
         self.group = group
-        reuse = model is not None and model.config == gpt_config(config)
-        self.model = (model if reuse else GPT(gpt_config(config))).to(device)
+        shape = gpt_config(config)
+        reuse = model is not None and model.config == shape
+        self.model = (model if reuse else build_model(shape)).to(device)
         if init_state is not None:
             self.model.load_state_dict(init_state)
         # DDP averages the gradients over the group's ranks during backward.

@@ -1,6 +1,7 @@
 """The shapes of diloco/model.py's GPT as arithmetic: the name and size of each of its
 tensors, without torch.
 
+A model of source hf (diloco/hf.py) has the shapes of the transformers model it is.
 The config's limits (the largest model a run may ask for, a fragment per tensor at
 most), the memory sizing and the fragment plan need them before any model is built,
 in processes (the web app's form and API) that never import torch. A test builds the
@@ -17,6 +18,8 @@ VOCAB_SIZE = 256  # byte-level: the 256 byte values, no tokenizer
 class ModelShape(Protocol):
     """The settings the shapes depend on (diloco.config.ModelConfig has them)."""
 
+    source: str
+    hf_config: str
     n_layer: int
     n_embd: int
     block_size: int
@@ -25,7 +28,16 @@ class ModelShape(Protocol):
 def tensor_sizes(model: ModelShape) -> dict[str, int]:
     """Name -> values of each tensor of diloco.model.GPT with these settings, in its
     order (untied embeddings, no biases in the linear layers, two LayerNorms per block
-    and one at the end)."""
+    and one at the end). A model of source hf is the library's own, built on the meta
+    device (diloco.hf.tensor_sizes; imports torch and transformers).
+
+    Raises:
+        diloco.hf.HFConfigError (a ValueError): an hf model that cannot be built.
+    """
+    if model.source == "hf":
+        from diloco import hf
+
+        return hf.tensor_sizes(model.hf_config, model.block_size)
     n = model.n_embd
     sizes = {"tok_emb.weight": VOCAB_SIZE * n, "pos_emb.weight": model.block_size * n}
     for i in range(model.n_layer):

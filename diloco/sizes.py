@@ -52,7 +52,10 @@ Activations are an estimate, after Korthikanti et al. 2022 ("Reducing
 Activation Recomputation in Large Transformer Models", section 4.1): per layer
 s x b x h x (34 + 5 x a x s / h) bytes with 16-bit activations, for b the
 sequences of one process (batch_size / processes), s = block_size,
-h = n_embd, a = n_head; twice that for train.precision fp32. It counts
+h = n_embd, a = n_head (an hf model's layers, width and heads from its library
+config, and its logits besides: 8 bytes a value of its vocabulary, float32 and their
+gradient, which its large vocabulary makes a large part); twice that for
+train.precision fp32. It counts
 dropout masks this model does not have and attention scores that a fused
 attention kernel does not keep, so it is on the high side.
 
@@ -136,6 +139,21 @@ def activation_bytes(batch: int, block_size: int, n_layer: int, n_embd: int, n_h
     return n_layer * per_layer_16bit * (2 if precision == "fp32" else 1)
 
 
+def _activations(config: RunConfig, batch: int) -> dict[str, int]:
+    """An island process's activations by the model's layers (an hf model's from its
+    library config), and an hf model's logits: float32, and their gradient."""
+    m, precision = config.model, config.train.precision
+    if m.source != "hf":
+        return {"activations": activation_bytes(batch, m.block_size, m.n_layer, m.n_embd,
+                                                m.n_head, precision)}
+    from diloco.hf import layer_shape
+
+    layers, width, heads, vocab = layer_shape(m.hf_config, m.block_size)
+    return {"activations": activation_bytes(batch, m.block_size, layers, width, heads,
+                                            precision),
+            "logits": 2 * 4 * batch * m.block_size * vocab}
+
+
 @dataclass(frozen=True)
 class Need:
     """The bytes one part of the system holds, by what holds them."""
@@ -202,10 +220,7 @@ def estimate(config: RunConfig, standbys: int = 0, served: bool = True) -> Estim
             "send queue": (2 * s.fragments + 1) * largest_up,
             "kept until handled": kept_sends(s.compression, len(config.islands)) * up,
             "fragment being pulled": 2 * largest,
-            "activations": activation_bytes(
-                island.batch_size // island.processes, config.model.block_size,
-                config.model.n_layer, config.model.n_embd, config.model.n_head,
-                config.train.precision)}
+            **_activations(config, island.batch_size // island.processes)}
         host = {k: v * island.processes for k, v in per_process.items()}
         if standbys:
             host["warm standbys"] = standbys * (STANDBY_BASE_BYTES + model)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from diloco.fragments import Fragment
-from diloco.model import embedding_tensor_names
+from diloco.island import embedding_tensors
 from diloco.policy import Decision, RoundStats
 from diloco.protocol import ProtocolError, decode_message
 from diloco.synchronizer import Synchronizer
@@ -86,7 +86,7 @@ class Rounds:
         config = spec.config
         self.fragments = fragments
         self.sync = Synchronizer(params, fragments, config.sync, config.optim,
-                                 config.round_tokens(), embedding_tensor_names())
+                                 config.round_tokens(), embedding_tensors(config, list(params)))
         self.publisher = Publisher(store, recorder, spec, accounting, self.sync, clock,
                                    keepalive, files)
         self.ingester = Ingester(store, recorder, spec, accounting, self.sync, keepalive,

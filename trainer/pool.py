@@ -142,8 +142,8 @@ def warm_for(spec: dict[str, Any]) -> dict[str, Any]:
     data = config.get("data", {})
     model = config.get("model", {})
     return {"data": {"path": data.get("path"), "eval_fraction": data.get("eval_fraction", 0.05)},
-            "model": {k: model[k] for k in ("n_layer", "n_embd", "n_head", "block_size")
-                      if k in model}}
+            "model": {k: model[k] for k in ("source", "hf_config", "n_layer", "n_embd",
+                                            "n_head", "block_size") if k in model}}
 
 
 def wanted_size(specs: dict[str, dict[str, Any]], region: str, memory_bytes: int,

@@ -35,8 +35,7 @@ from diloco.config_parse import config_from_spec
 from diloco.data import Corpus, load_corpus
 from diloco.device import resolve_device
 from diloco.fragments import due_fragments, run_fragments
-from diloco.island import Island
-from diloco.model import GPT
+from diloco.island import Island, Model
 from diloco.signing import load_verify_key
 from syncd.acl import island_store
 from syncd.malloc import return_large_frees
@@ -91,7 +90,7 @@ class ProcessIsland:
                  group: IslandGroup | None = None, idle_rss: int | None = None,
                  clock: StartClock | None = None,
                  corpora: dict[tuple[str | None, float], Corpus] | None = None,
-                 model: GPT | None = None, warm: bool = False, key: bytes | None = None):
+                 model: Model | None = None, warm: bool = False, key: bytes | None = None):
         self.store = store
         self.idle_rss = idle_rss  # bytes, after imports and before the spec is read
         self.name = name

@@ -37,7 +37,9 @@ import time
 
 import torch
 
+from diloco.config import ModelConfig
 from diloco.data import Corpus, load_corpus
+from diloco.island import Model, build_model, model_shape
 from diloco.model import GPT, GPTConfig
 from syncd.acl import island_store
 from syncd.malloc import give_back_heap, return_large_frees
@@ -52,21 +54,22 @@ READY_LINE = "ready"
 STALE_EXIT = 3
 
 
-def prepare(warm: dict) -> tuple[dict[tuple[str, float], Corpus], GPT | None]:
+def prepare(warm: dict) -> tuple[dict[tuple[str, float], Corpus], Model | None]:
     """Open the corpus and build the model a standby was asked to have ready."""
     corpora = {}
     data = warm.get("data")
     if data is not None:
         key = (data.get("path") or "", float(data.get("eval_fraction", 0.05)))
         corpora[key] = load_corpus(*key)
-    model = GPT(GPTConfig(**warm["model"])) if warm.get("model") else None
+    # The run's model class and shape: a transformers model for a run of source hf.
+    model = build_model(model_shape(ModelConfig(**warm["model"]))) if warm.get("model") else None
     warm_up(model if model is not None else GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2,
                                                            block_size=16)))
     give_back_heap()  # the step's gradients and moments: an idle standby holds its model
     return corpora, model
 
 
-def warm_up(model: GPT) -> None:
+def warm_up(model: Model) -> None:
     """One throwaway training step: torch imports much of itself lazily on the first
     optimizer and the first backward (most of a claimed standby's model phase before
     this), so a standby pays that before its claim. The step's changes

@@ -33,7 +33,8 @@ from webapp.runs.models import (
 from webapp.runs.stores import pool_store, run_store
 from webapp.runs.validation import (
     admitted_configs,
-    check_data_path,
+    check_corpus_path,
+    check_model_folder,
     checkpoint_misfit,
     memory_misfits,
 )
@@ -79,6 +80,9 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
         errors["name"] = [f"Must be at most {RUN_NAME_MAX_LENGTH} characters, got {len(name)}."]
     if mode not in RUN_MODES:
         errors["mode"] = [f"Must be one of {', '.join(RUN_MODES)}, got {mode!r}."]
+    folder = check_model_folder(config) if user is not None else ""
+    if folder:  # refused before parse_config reads its config.json
+        raise ConfigError({**errors, "model.hf_config": [folder]})
     try:
         run_config = parse_config(config, settings.REGIONS)
     except ConfigError as e:
@@ -92,12 +96,9 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
                       **{path: [problem] for path, problem in mode_problems(mode, run_config)})
     # What a user names must stay inside the data folders; the system's own runs (user
     # None: the demo, benchmarks, tests) may read their own corpora.
-    data = config.get("data") if isinstance(config, dict) else None
-    path = data.get("path") if isinstance(data, dict) else None
-    if user is not None and isinstance(path, str) and "data.path" not in errors:
-        message = check_data_path(path)
-        if message:
-            errors["data.path"] = [message]
+    message = check_corpus_path(config) if user is not None and "data.path" not in errors else ""
+    if message:
+        errors["data.path"] = [message]
     if initial_checkpoint is not None and "model" not in errors:
         message = checkpoint_misfit(initial_checkpoint, config)
         if message:

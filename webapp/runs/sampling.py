@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from diloco.island import initial_model
-from diloco.model import GPT
+from diloco.island import Model, initial_model
+from diloco.shapes import VOCAB_SIZE
 from syncd.checkpoint import load
 from webapp.runs.models import Checkpoint
 
@@ -46,7 +46,7 @@ class Sampler:
                              f"and {concurrent}.")
         self.cached = cached
         self.concurrent = concurrent
-        self._models: OrderedDict[tuple[int, str], GPT] = OrderedDict()
+        self._models: OrderedDict[tuple[int, str], Model] = OrderedDict()
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(concurrent)
 
@@ -65,7 +65,7 @@ class Sampler:
         finally:
             self._slots.release()
 
-    def model(self, checkpoint: Checkpoint) -> GPT:
+    def model(self, checkpoint: Checkpoint) -> Model:
         """The checkpoint's model in eval mode, read and built once while it is cached.
 
         Raises:
@@ -85,7 +85,7 @@ class Sampler:
                 self._models.popitem(last=False)
         return model
 
-    def _build(self, checkpoint: Checkpoint) -> GPT:
+    def _build(self, checkpoint: Checkpoint) -> Model:
         if checkpoint.run is None:
             raise ValueError("This checkpoint's run was deleted; its model shape is unknown.")
         model = initial_model(checkpoint.run.run_config())
@@ -136,4 +136,6 @@ def sample(checkpoint: Checkpoint, prompt: str, tokens: int = 200, temperature: 
                            dtype=torch.long)
         generator = torch.Generator().manual_seed(seed)
         out = model.generate(idx, tokens, temperature=temperature, generator=generator)
-    return bytes(out[0, idx.shape[1]:].tolist()).decode("utf-8", errors="replace")
+    # An hf model's vocabulary may be larger than the 256 byte values it was trained on.
+    new = [i for i in out[0, idx.shape[1]:].tolist() if i < VOCAB_SIZE]
+    return bytes(new).decode("utf-8", errors="replace")

@@ -41,6 +41,24 @@ def check_data_path(path: str) -> str:
             f"DATA_ROOTS); {path!r} resolves to {resolved}.")
 
 
+def check_corpus_path(config: Any) -> str:
+    """Why a run may not read the corpus `data.path` names ("" when it may)."""
+    data = config.get("data") if isinstance(config, dict) else None
+    path = data.get("path") if isinstance(data, dict) else None
+    return check_data_path(path) if isinstance(path, str) else ""
+
+
+def check_model_folder(config: Any) -> str:
+    """Why a run may not build its model from the folder `model.hf_config` names (""
+    when it may, or names none: empty, or the config inline): the folder must lie inside
+    DATA_ROOTS, as data.path must."""
+    model = config.get("model") if isinstance(config, dict) else None
+    folder = model.get("hf_config") if isinstance(model, dict) else None
+    if not isinstance(folder, str) or not folder.strip() or folder.strip().startswith("{"):
+        return ""
+    return check_data_path(folder.strip())
+
+
 def checkpoint_misfit(checkpoint: Checkpoint, config: Any) -> str:
     """Why a run with `config` cannot start from `checkpoint` ("" when it can)."""
     if not Path(checkpoint.path).is_file():

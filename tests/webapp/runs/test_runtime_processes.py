@@ -6,6 +6,7 @@ Every wait polls a condition with a deadline; none sleeps and hopes.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,11 +16,15 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+import torch
 from django.db import connection
 
+from diloco.island import initial_model
+from syncd import checkpoint as checkpoints
 from syncd.acl import island_user
 from syncd.connection import connect
 from syncd.store import RunStore
+from tests.diloco.test_hf import TINY_LLAMA
 from tests.fixtures import wait_until
 from trainer.island_logs import island_log_path
 from trainer.phases import PHASES
@@ -87,9 +92,9 @@ def system(redis_url, tmp_path, settings):
     processes.stop_all()
 
 
-def tiny_run(corpus_file: Path, total_tokens: int) -> Run:
+def tiny_run(corpus_file: Path, total_tokens: int, model: dict | None = None) -> Run:
     config = {
-        "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
+        "model": model or {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
         "data": {"path": str(corpus_file)},
         "sync": {"inner_steps": 4, "fragments": 2, "overlap_steps": 1, "min_quorum": 2,
                  "max_staleness": 8},
@@ -171,6 +176,27 @@ def test_islands_on_a_real_worker_merge_through_syncd_survive_a_kill_and_rejoin(
                "the run to be stopped")
     kinds = set(run.events.values_list("kind", flat=True))
     assert {"merge", "island_lost", "rejoin"} <= kinds
+
+
+def test_a_transformers_llama_trains_merges_and_checkpoints_through_syncd_and_islands(
+        system, corpus_file, redis_url):
+    model = {"source": "hf", "hf_config": json.dumps(TINY_LLAMA), "block_size": 16}
+    run = tiny_run(corpus_file, total_tokens=10**9, model=model)
+    store = start_and_wait(run, redis_url, 2)
+    wait_all_training(store)
+    stop_run(run, by=None)
+    wait_until(lambda: Run.objects.get(pk=run.pk).state == Run.State.STOPPED, 90,
+               "the run to be stopped")
+
+    newest = run.checkpoints.order_by("-created_at").first()
+    params = checkpoints.load(Path(newest.path), newest.sha256)[0]
+    init = initial_model(run.run_config()).state_dict()
+    assert params.keys() == init.keys()
+    assert any(name.startswith("lm.model.layers.1.") for name in params)
+    # The islands' merged progress, in every fragment.
+    assert all(not torch.equal(params[f"lm.model.layers.{i}.mlp.up_proj.weight"],
+                               init[f"lm.model.layers.{i}.mlp.up_proj.weight"]) for i in (0, 1))
+    assert all(torch.isfinite(t).all() for t in params.values())
 
 
 def test_in_mode_sync_every_merge_holds_every_island_and_each_waits_for_it(
