@@ -267,37 +267,10 @@ class _Cluster:
         while heap:
             self.now, _, kind, data = heapq.heappop(heap)
             if kind == "step" and self.tokens >= config.budget.total_tokens:
-                # The budget is spent: the island sends what it has not sent yet.
-                island = islands[data]
-                for p in range(len(self.fragments)):
-                    if island.state[p].inner_steps:
-                        blob = self._send(island, p, final=True)
-                        push(self.now + _link_time(island.island_config, len(blob),
-                                                      config.emulation.bytes_scale),
-                             "arrive", blob)
+                self._send_what_is_left(islands[data], push)
                 continue
             if kind == "step":
-                i, island = data, islands[data]
-                island.inner_step()
-                self.tokens += island.tokens_per_step
-                ready = self.now
-                for p, (step, seq) in list(mix_at[i].items()):
-                    if island.step >= step and sync.has_handled(p, island.name, seq):
-                        del mix_at[i][p]
-                        ready = max(ready, self._pull(sync, island, p, self.now))
-                for p in due_fragments(island.step, s.inner_steps, s.fragments):
-                    blob = self._send(island, p)
-                    scale = config.emulation.bytes_scale
-                    push(ready + _link_time(island.island_config, len(blob), scale), "arrive", blob)
-                    if s.overlap_steps == 0:
-                        waiting[i] = p
-                    else:
-                        # A second send before the mix keeps the first one's target:
-                        # waiting for the newest send could put off mixing forever.
-                        mix_at[i].setdefault(p, (island.step + s.overlap_steps, island.step))
-                if i not in waiting:
-                    push(ready + self.step_dur[i], "step", i)
-                self._maybe_eval(sync.global_params, sync.outer_steps)
+                self._step(data, islands[data], sync, mix_at[data], waiting, push)
             elif kind == "arrive":
                 name, p, reason = self._receive(sync, data, self.now)
                 i = config.island_index(name)
@@ -312,6 +285,42 @@ class _Cluster:
             if sync.open_round(p):
                 self._account(sync.merge(p, self.now))
         return self._result("decoupled", sync.global_params(), sync.outer_steps)
+
+    def _send_what_is_left(self, island: Island, push: Callable[[float, str, object], None]
+                           ) -> None:
+        """The budget is spent: the island sends what it has not sent yet."""
+        for p in range(len(self.fragments)):
+            if island.state[p].inner_steps:
+                blob = self._send(island, p, final=True)
+                push(self.now + _link_time(island.island_config, len(blob),
+                                           self.config.emulation.bytes_scale), "arrive", blob)
+
+    def _step(self, i: int, island: Island, sync: Synchronizer,
+              mix_at: dict[int, tuple[int, int]], waiting: dict[int, int],
+              push: Callable[[float, str, object], None]) -> None:
+        """Island i's next inner step: it mixes in what is due, sends the fragments due
+        (then waits for the merge with overlap_steps 0) and steps again."""
+        s = self.config.sync
+        island.inner_step()
+        self.tokens += island.tokens_per_step
+        ready = self.now
+        for p, (step, seq) in list(mix_at.items()):
+            if island.step >= step and sync.has_handled(p, island.name, seq):
+                del mix_at[p]
+                ready = max(ready, self._pull(sync, island, p, self.now))
+        for p in due_fragments(island.step, s.inner_steps, s.fragments):
+            blob = self._send(island, p)
+            scale = self.config.emulation.bytes_scale
+            push(ready + _link_time(island.island_config, len(blob), scale), "arrive", blob)
+            if s.overlap_steps == 0:
+                waiting[i] = p
+            else:
+                # A second send before the mix keeps the first one's target:
+                # waiting for the newest send could put off mixing forever.
+                mix_at.setdefault(p, (island.step + s.overlap_steps, island.step))
+        if i not in waiting:
+            push(ready + self.step_dur[i], "step", i)
+        self._maybe_eval(sync.global_params, sync.outer_steps)
 
     # -- plain DiLoCo --------------------------------------------------------
 
