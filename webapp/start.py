@@ -229,14 +229,9 @@ def var_dir() -> Path:
     return Path(value).resolve() if value else DEFAULT_VAR
 
 
-def run(manager: ProcessManager) -> None:
-    """Everything between the first process and Ctrl-C."""
-    port = _env_int("PORT", DEFAULT_PORT)
-    islands_per_worker = _env_int("ISLANDS_PER_WORKER", DEFAULT_ISLANDS_PER_WORKER)
-    host = os.environ.get("HOST", "").strip() or DEFAULT_HOST
-    if not port_is_free(port, host):
-        raise StartError(f"port {port} is in use on {host}; stop what listens there or set "
-                         "PORT")
+def start_redis(manager: ProcessManager) -> None:
+    """The control plane's and the data plane's Redis: those of REDIS_URL and
+    DATAPLANE_REDIS_URL, checked, or embedded ones under var/ (whose URLs it sets)."""
     embedded = not os.environ.get("REDIS_URL")
     if embedded:
         os.environ["REDIS_URL"] = start_embedded_redis(manager, var_dir() / "redis")
@@ -258,6 +253,17 @@ def run(manager: ProcessManager) -> None:
               f"{redact_url(os.environ['DATAPLANE_REDIS_URL'])}")
     else:
         print("Data plane: the Redis of REDIS_URL (DATAPLANE_REDIS_URL is not set)")
+
+
+def run(manager: ProcessManager) -> None:
+    """Everything between the first process and Ctrl-C."""
+    port = _env_int("PORT", DEFAULT_PORT)
+    islands_per_worker = _env_int("ISLANDS_PER_WORKER", DEFAULT_ISLANDS_PER_WORKER)
+    host = os.environ.get("HOST", "").strip() or DEFAULT_HOST
+    if not port_is_free(port, host):
+        raise StartError(f"port {port} is in use on {host}; stop what listens there or set "
+                         "PORT")
+    start_redis(manager)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
     os.environ["PYTHONUNBUFFERED"] = "1"
 
