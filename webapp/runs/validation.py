@@ -17,6 +17,7 @@ from diloco.sizes import (
     MIB,
     REDIS_BASE_BYTES,
     STANDBY_BASE_BYTES,
+    Estimate,
     Need,
     estimate,
     wire_per_outer_step,
@@ -143,6 +144,14 @@ def memory_misfits(config: RunConfig, others: Sequence[RunConfig] = ()) -> dict[
     sized = estimate(config, standbys, served=served())
     taken = Taken.of(others)
     errors: dict[str, list[str]] = {}
+    _shared_misfits(sized, taken, errors)
+    alone_too_large = _island_misfits(config, sized, errors)
+    _region_misfits(config, sized, taken, standbys, alone_too_large, errors)
+    return errors
+
+
+def _shared_misfits(sized: Estimate, taken: Taken, errors: dict[str, list[str]]) -> None:
+    """Redis and syncd, each summed over this run and the other admitted runs."""
     redis_mb = settings.REDIS_MAXMEMORY_MB
     if sized.redis.total + taken.redis > redis_mb * MIB:
         errors["model"] = [
@@ -157,6 +166,11 @@ def memory_misfits(config: RunConfig, others: Sequence[RunConfig] = ()) -> dict[
             f"({_parts(sized.syncd)}){_others(taken.syncd, taken.runs)}, more than "
             f"SYNCD_HOST_MEMORY_MB allows ({syncd_mb:,} MiB): a smaller model or fewer "
             "islands would fit" + _later(taken.syncd) + ".")
+
+
+def _island_misfits(config: RunConfig, sized: Estimate, errors: dict[str, list[str]]
+                    ) -> set[str]:
+    """Each island alone against its host; returns the regions of those that do not fit."""
     host_mb = settings.ISLAND_HOST_MEMORY_MB
     model_too_large = False
     alone_too_large: set[str] = set()
@@ -180,8 +194,15 @@ def memory_misfits(config: RunConfig, others: Sequence[RunConfig] = ()) -> dict[
                 f"{_shown(state.total)} of it without activations ({_parts(state)}), more "
                 f"than ISLAND_HOST_MEMORY_MB allows ({host_mb:,} MiB): a smaller model "
                 "would fit.")
+    return alone_too_large
+
+
+def _region_misfits(config: RunConfig, sized: Estimate, taken: Taken, standbys: int,
+                    said: set[str], errors: dict[str, list[str]]) -> None:
+    """Each region's islands together, of every admitted run, against one island host;
+    `said`: the regions whose host is already said not to fit (once each)."""
+    host_mb = settings.ISLAND_HOST_MEMORY_MB
     mine: Counter[str] = Counter()  # this run's islands by region, standbys left out
-    said = alone_too_large  # a region whose host is said not to fit, once
     for i, island in enumerate(config.islands):
         region, need = island.region, sized.islands[island.name]
         mine[region] += need.total - need.parts.get("warm standbys", 0)
@@ -199,7 +220,6 @@ def memory_misfits(config: RunConfig, others: Sequence[RunConfig] = ()) -> dict[
             + _others(there, taken.host_runs.get(region, 0), f" in {region}")
             + f", more than ISLAND_HOST_MEMORY_MB allows ({host_mb:,} MiB): another "
             "region, a smaller batch_size or model would fit" + _later(there) + "."]
-    return errors
 
 
 def size_report(config: Any) -> dict[str, Any]:
