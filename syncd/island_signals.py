@@ -82,14 +82,23 @@ class IslandSignals(RunKeys):
         self.writer.set(self.key("cursor", island), json.dumps(cursor))
 
     def cursor(self, island: str) -> dict[str, Any] | None:
-        raw = self.client.get(self.key("cursor", island))
-        return json.loads(raw) if raw else None
+        """The island's data cursor; None if it has none, or what an island wrote there is
+        not one (not a JSON object of at most MAX_SIGNAL_BYTES, or not a string)."""
+        try:
+            raw = self.client.get(self.key("cursor", island))
+        except redis.ResponseError as exc:
+            self.wrong_type(self.client, self.key("cursor", island), exc)
+            return None
+        return _json_object(raw) if raw else None
 
     def fault(self, island: str) -> dict[str, Any]:
         """The island's active fault ({kind, until, factor}), or {} if none."""
-        raw = self.client.get(self.key("fault", island))
-        fault = json.loads(raw) if raw else {}
-        return fault if fault.get("until", 0) > time.time() else {}
+        try:
+            raw = self.client.get(self.key("fault", island))
+        except redis.ResponseError:  # another type: no fault (syncd's next one replaces it)
+            return {}
+        fault = (_json_object(raw) if raw else None) or {}
+        return fault if _number(fault.get("until", 0)) > time.time() else {}
 
     def clear_fault(self, island: str) -> None:
         self.writer.delete(self.key("fault", island))
@@ -120,7 +129,7 @@ def _json_object(raw: bytes) -> dict[str, Any] | None:
         return None
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
         return None
     return value if isinstance(value, dict) else None
 

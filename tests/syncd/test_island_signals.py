@@ -97,3 +97,22 @@ def test_a_fault_that_is_not_one_is_no_fault(store, value):
     store.client.set(store.key("fault", "b"), value)
 
     assert store.faults(["a", "b"]) == {"a": "straggle"}
+
+
+@pytest.mark.parametrize("value", [b"junk", b"[1]", b"1e400", b"[" * 50_000,
+                                   b"{" * 100_000])
+def test_a_cursor_or_fault_that_is_not_one_is_none(store, value):
+    """Islands write their cursors and may clear their faults: the web app and the
+    supervisor read none from junk, and the island acts out no fault."""
+    store.client.set(store.key("cursor", "a"), value)
+    store.client.set(store.key("fault", "a"), value)
+
+    assert store.cursor("a") is None and store.fault("a") == {}
+
+
+def test_a_cursor_of_another_type_is_none_and_made_anew(store):
+    store.client.hset(store.key("cursor", "a"), "step", 3)
+
+    assert store.cursor("a") is None
+    store.save_cursor("a", {"step": 4})
+    assert store.cursor("a") == {"step": 4}
