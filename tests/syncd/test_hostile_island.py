@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bench.hostile import hostile_entries
 from diloco.signing import redis_password
@@ -100,3 +102,28 @@ def test_no_write_an_island_may_send_stops_its_run_or_another_from_merging(
 
     assert bystander.store.versions()[0] >= before[1] + ROUNDS
     assert attacked.store.versions()[0] >= before[0] + ROUNDS
+
+
+FIELD = st.one_of(st.integers(min_value=-2**70, max_value=2**70).map(str),
+                  st.binary(max_size=40), st.sampled_from(["a", "b", "0", "1", "1e400", ""]))
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(entries=st.lists(st.dictionaries(
+    st.sampled_from(["island", "epoch", "fragment", "seq", "chunks", "bytes", "key", "x"]),
+    FIELD, min_size=1), min_size=1, max_size=5))
+def test_no_stream_entry_fails_the_tick_and_the_genuine_updates_still_merge(runs, entries):
+    """A fuzzer of stream entries against a live RunSync: whatever fields an island's
+    entries hold, syncd's tick goes on, they are gone from the stream, and the genuine
+    updates written beside them merge."""
+    attacked, _ = runs
+    writer = attacked.store.writer
+    for fields in entries:
+        writer.xadd(attacked.store.key("updates"), fields)
+    before = attacked.store.versions()[0]
+
+    merge_rounds(attacked, 1000 + 4 * ROUNDS * before)
+
+    assert attacked.store.versions()[0] == before + ROUNDS
+    assert attacked.store.client.xlen(attacked.store.key("updates")) == 0
