@@ -68,7 +68,8 @@ def grace_window(gamma: float, overlap_steps: int, step_time_s: float,
 
 
 def decide(arrivals: list[Arrival], now: float, *, min_quorum: int, alive_islands: int,
-           gamma: float, overlap_steps: int, stats: RoundStats) -> Decision:
+           gamma: float, overlap_steps: int, stats: RoundStats,
+           period_ends: float | None = None) -> Decision:
     """Whether one fragment's round should merge now.
 
     Args:
@@ -79,6 +80,10 @@ def decide(arrivals: list[Arrival], now: float, *, min_quorum: int, alive_island
             longer cannot bring anyone else.
         gamma, overlap_steps: as in `grace_window`.
         stats: recent step and sync times.
+        period_ends: the end of the fragment's synchronization period (its last merge
+            plus H typical steps): with it, a round that reached its quorum merges
+            there, with what arrived by then (the paper's rule, sync.merge_each_period),
+            not before, unless every alive island is in.
     """
     if min_quorum < 1:
         raise ValueError(f"min_quorum must be at least 1, got {min_quorum}")
@@ -94,6 +99,8 @@ def decide(arrivals: list[Arrival], now: float, *, min_quorum: int, alive_island
     grace = grace_window(gamma, overlap_steps, stats.step_time_s, quorum_at - times[0],
                          stats.sync_time_s)
     deadline = quorum_at + grace
+    if period_ends is not None and period_ends > deadline:
+        deadline, grace = period_ends, period_ends - quorum_at
     if now >= deadline:
         return Decision(True, f"quorum of {min_quorum} reached and the grace window closed",
                         grace_s=grace)

@@ -193,13 +193,20 @@ class Synchronizer:
     def decide(self, fragment: int, now: float, alive_islands: int, stats: RoundStats,
                barrier: bool = False) -> Decision:
         """Whether the fragment's round merges now; `barrier` waits for every alive island
-        (the elastic baseline) instead of the quorum and grace window."""
+        (elastic and sync) instead of the quorum and grace window, which with
+        sync.merge_each_period lasts at least to the end of the fragment's period (its
+        last merge plus H steps at `stats.step_time_s`)."""
         arrivals = [Arrival(i, p.arrival_time, p.contribution.base_version)
                     for i, p in self._rounds[fragment].items()]
+        period_ends = None
+        if self.sync.merge_each_period and not barrier:
+            period_ends = (self.published_at[fragment]
+                           + self.sync.inner_steps * stats.step_time_s)
         return decide(arrivals, now,
                       min_quorum=max(alive_islands, 1) if barrier else self.sync.min_quorum,
                       alive_islands=alive_islands, gamma=0.0 if barrier else self.sync.grace_gamma,
-                      overlap_steps=self.sync.overlap_steps, stats=stats)
+                      overlap_steps=self.sync.overlap_steps, stats=stats,
+                      period_ends=period_ends)
 
     def roll_back(self, fragment: int, params: dict[str, torch.Tensor],
                   momentum: dict[str, torch.Tensor], now: float) -> list[str]:

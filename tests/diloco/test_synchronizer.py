@@ -307,3 +307,19 @@ def test_a_cosine_staleness_weighting_takes_less_of_an_older_update_and_steps_le
     step = 0.5 * share * (1 - gate) / (1 + gate)
     for n, t in gated.globals[0].items():
         assert torch.allclose(t, before[n] - step, atol=1e-6)
+
+
+def test_merging_each_period_waits_past_the_quorum_for_the_periods_end():
+    sync = synchronizer(min_quorum=2, grace_gamma=0.0, merge_each_period=True, inner_steps=10)
+    sync.submit(update_for(sync, "a"), 0, now=2.0)
+    sync.submit(update_for(sync, "b"), 0, now=3.0)
+
+    # the last merge (version 0) at 0 s, H = 10 steps of 1 s: the period ends at 10 s
+    waiting = sync.decide(0, now=4.0, alive_islands=4, stats=STATS)
+    assert not waiting.merge and waiting.deadline == 10.0
+    assert sync.decide(0, now=10.0, alive_islands=4, stats=STATS).merge
+    assert sync.decide(0, now=4.0, alive_islands=2, stats=STATS).merge  # every alive one in
+    plain = synchronizer(min_quorum=2, grace_gamma=0.0, inner_steps=10)
+    plain.submit(update_for(plain, "a"), 0, now=2.0)
+    plain.submit(update_for(plain, "b"), 0, now=3.0)
+    assert plain.decide(0, now=4.0, alive_islands=4, stats=STATS).merge
