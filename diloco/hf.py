@@ -234,3 +234,16 @@ def embedding_names(names: list[str]) -> tuple[str, ...]:
     """Tensors that RDA leaves alone: the input embeddings, whose rows are looked up."""
     return tuple(n for n in names if n.endswith("embed_tokens.weight") or
                  n.endswith(("wte.weight", "wpe.weight")))
+
+
+def export(config: HFModelConfig, params: dict[str, torch.Tensor], folder: Path,
+           readme: str) -> None:
+    """Write `params` (a CausalLM's state dict) as a folder that transformers loads as it
+    is (`AutoModelForCausalLM.from_pretrained(folder)`): config.json, model.safetensors
+    (the library's own names, each tied weight as the library saves it) and README.md."""
+    model = CausalLM(config, init=False)
+    model.load_state_dict({n: t.detach().float().cpu() for n, t in params.items()},
+                          assign=True)
+    model.lm.config.use_cache = True  # as a user of the folder generates
+    model.lm.save_pretrained(folder, safe_serialization=True)
+    (folder / "README.md").write_text(readme)

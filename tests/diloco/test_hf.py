@@ -12,7 +12,7 @@ from diloco.config_parse import ConfigError
 from diloco.data import load_corpus
 from diloco.evaluation import Evaluator
 from diloco.fragments import partition, run_fragments
-from diloco.hf import CausalLM, model_config
+from diloco.hf import CausalLM, export, model_config
 from diloco.island import initial_model
 from diloco.sizes import estimate
 
@@ -135,3 +135,29 @@ def test_a_llama_trains_and_merges_in_the_cluster(make_config):
                           "validation")
     assert result.outer_steps >= 2
     assert result.eval_loss < evaluator(initial_model(config).state_dict()) - 0.5
+
+
+@pytest.mark.parametrize("shape", [TINY_LLAMA, TINY_GPT2])
+def test_an_export_loads_in_transformers_with_the_same_logits_and_loss(make_config, tmp_path,
+                                                                       shape):
+    from transformers import AutoModelForCausalLM
+
+    config = make_config(model=hf_model(shape))
+    model = initial_model(config).eval()
+    with torch.no_grad():  # weights a run could have trained, not the initial draw
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    export(model.config, model.state_dict(), tmp_path, "readme")
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, local_files_only=True).eval()
+    evaluator = Evaluator(config, load_corpus(config.data.path, config.data.eval_fraction),
+                          "validation")
+    theirs = []
+    with torch.no_grad():
+        for x, y in evaluator.batches:
+            logits, _ = model(x)
+            assert torch.allclose(logits, loaded(input_ids=x).logits, rtol=0, atol=1e-4)
+            whole = torch.cat([x, y[:, -1:]], dim=1)  # the library shifts its labels itself
+            theirs.append(loaded(input_ids=whole, labels=whole).loss.item())
+    assert sum(theirs) / len(theirs) == pytest.approx(evaluator(model.state_dict()), abs=1e-4)
+    assert (tmp_path / "README.md").read_text() == "readme"

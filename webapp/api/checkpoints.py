@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from django.http import FileResponse, HttpRequest
+from django.http import FileResponse, HttpRequest, HttpResponse
 from ninja import Router
 
 from webapp.api import schemas
 from webapp.api.access import ApiError, allow, get_checkpoint, get_run
 from webapp.api.schemas import answers
+from webapp.runs.export import hf_folder_zip
 from webapp.runs.models import Checkpoint
 from webapp.runs.sampling import SamplerBusy, sample
 
@@ -53,6 +54,23 @@ def download_checkpoint(request: HttpRequest, run_id: int, checkpoint_id: int) -
                                      ".safetensors",
                             content_type="application/octet-stream")
     response["ETag"] = f'"{checkpoint.sha256}"'
+    return response
+
+
+@router.get("/{run_id}/checkpoints/{checkpoint_id}/download/hf", auth=allow("view"),
+            response=answers({200: None}, 404, 422))
+def download_hf_folder(request: HttpRequest, run_id: int, checkpoint_id: int) -> HttpResponse:
+    """A run of model.source hf: the checkpoint's global model as a zipped folder that
+    `transformers` loads unchanged (config.json, model.safetensors, README.md with the
+    run's config)."""
+    checkpoint = get_checkpoint(get_run(run_id), checkpoint_id)
+    try:
+        body = hf_folder_zip(checkpoint)
+    except ValueError as e:
+        raise ApiError(422, "checkpoint", str(e)) from None
+    response = HttpResponse(body, content_type="application/zip")
+    name = f"run-{run_id}-outer-step-{checkpoint.outer_step}-hf.zip"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response
 
 

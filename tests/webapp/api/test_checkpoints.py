@@ -3,10 +3,20 @@ a sample of the model."""
 
 import contextlib
 import hashlib
+import io
+import json
+import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
+from diloco.data import load_corpus
+from diloco.evaluation import Evaluator
+from diloco.island import initial_model
+from syncd.checkpoint import save
+from tests.diloco.test_hf import TINY_LLAMA
+from webapp.runs.lifecycle import create_run
 from webapp.runs.models import Checkpoint
 from webapp.runs.sampling import MAX_CONCURRENT_SAMPLES, SAMPLER
 
@@ -111,3 +121,40 @@ def test_a_sample_while_the_sampler_is_busy_is_a_503_with_retry_after(viewer_api
     assert response["Retry-After"] == "5"
     assert response.json()["errors"]["checkpoint"][0].startswith("The sampler is busy")
     assert viewer_api.post(url, {"prompt": "x", "tokens": 1}).status_code == 200
+
+
+def test_a_checkpoint_of_an_hf_run_downloads_as_a_folder_transformers_loads(
+        viewer_api, operator, tmp_path, text_path):
+    from transformers import AutoModelForCausalLM
+
+    model = {"source": "hf", "hf_config": json.dumps(TINY_LLAMA), "block_size": 16}
+    run = create_run(name="llama", mode="decoupled", user=operator, config={
+        "model": model, "data": {"path": text_path}, "eval": {"tokens": 256},
+        "islands": [{"name": "a", "region": "us-east"}, {"name": "b", "region": "us-east"}]})
+    config = run.run_config()
+    params = initial_model(config).state_dict()
+    evaluator = Evaluator(config, load_corpus(text_path, config.data.eval_fraction),
+                          "validation")
+    path = tmp_path / "checkpoint.safetensors"
+    sha256, size = save(path, params, {}, [3, 4], 1024)
+    checkpoint = Checkpoint.objects.create(run=run, versions={"0": 3, "1": 4}, outer_step=3,
+                                           path=str(path), sha256=sha256, bytes=size,
+                                           eval_loss=evaluator(params))
+
+    response = viewer_api.get(f"{checkpoints_of(run)}/{checkpoint.pk}/download/hf")
+
+    assert response.status_code == 200
+    zipfile.ZipFile(io.BytesIO(response.content)).extractall(tmp_path / "folder")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "folder", local_files_only=True)
+    losses = [loaded(input_ids=torch.cat([x, y[:, -1:]], 1),
+                     labels=torch.cat([x, y[:, -1:]], 1)).loss.item()
+              for x, y in evaluator.batches]
+    assert sum(losses) / len(losses) == pytest.approx(checkpoint.eval_loss, abs=1e-4)
+    assert '"hf_config"' in (tmp_path / "folder" / "README.md").read_text()
+
+
+def test_a_builtin_checkpoint_is_no_transformers_folder(viewer_api, running, checkpoint):
+    response = viewer_api.get(f"{checkpoints_of(running)}/{checkpoint.pk}/download/hf")
+
+    assert response.status_code == 422
+    assert "model.source hf" in response.json()["errors"]["checkpoint"][0]
