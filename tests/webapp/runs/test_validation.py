@@ -3,16 +3,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
 from diloco.config import RunConfig
 from diloco.config_parse import ConfigError, parse_config
+from tests.diloco.test_hf import TINY_LLAMA
 from webapp.runs.models import Checkpoint, Run
 from webapp.runs.validation import (
     admitted_configs,
     check_data_path,
+    check_model_folder,
     checkpoint_misfit,
     memory_misfits,
     size_report,
@@ -227,3 +230,24 @@ def test_the_admitted_runs_are_those_queued_running_paused_or_stopping(sized):
     assert len(admitted) == 3  # queued, paused, stopping: not a draft, not a final run
     assert all(c.to_dict() == config for c in admitted)
     assert len(admitted_configs()) == 4
+
+
+def test_a_users_model_folder_outside_the_data_roots_is_refused_before_it_is_read(
+        data_root, operator, monkeypatch):
+    from webapp.runs.lifecycle import create_run
+
+    outside = data_root.parent / "model"
+    outside.mkdir()
+    (outside / "config.json").write_text(json.dumps(TINY_LLAMA))
+    read = []
+    monkeypatch.setattr("diloco.hf.read_config", lambda text: read.append(text))
+    config = {"model": {"source": "hf", "hf_config": str(outside)}}
+
+    with pytest.raises(ConfigError) as e:
+        create_run(name="escape", mode="decoupled", config=config, user=operator)
+
+    assert list(e.value.errors) == ["model.hf_config"]
+    assert e.value.errors["model.hf_config"][0].startswith("Must be a file or folder inside")
+    assert read == [] and not Run.objects.exists()
+    assert check_model_folder(config) != ""
+    assert check_model_folder({"model": {"hf_config": json.dumps(TINY_LLAMA)}}) == ""
