@@ -23,6 +23,7 @@ from bench import (
     soak,
     ui_latency,
     utilization,
+    wan,
 )
 
 BENCHMARKS = {"quality": quality.main, "overhead": overhead.main, "merge": merge.main,
@@ -30,7 +31,7 @@ BENCHMARKS = {"quality": quality.main, "overhead": overhead.main, "merge": merge
               "soak": soak.main, "gpu_smoke": gpu_smoke.main, "scale": scale.main,
               "rejoin": rejoin.main, "efficiency": efficiency.main,
               "dataplane": dataplane.main, "utilization": utilization.main,
-              "signing": signing.main, "convergence": convergence.main}
+              "signing": signing.main, "convergence": convergence.main, "wan": wan.main}
 TIMED = ("soak", "scale")  # the benchmarks that take --minutes
 
 

@@ -67,6 +67,14 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
     "ui_latency": [("status p50 (ms)", "p50_ms"), ("status p95 (ms)", "p95_ms"),
                    ("floor p95 (ms)", "floor_p95_ms")],
     "utilization": [("island utilization", "utilization.value")],
+    "wan": [("kernel send (s)", "cases.0.kernel.send_s"),
+            ("emulated send (s)", "cases.0.emulated.send_s"),
+            ("kernel pull (s)", "cases.0.kernel.pull_s"),
+            ("emulated pull (s)", "cases.0.emulated.pull_s"),
+            ("kernel merges per min", "cases.0.kernel.merges_per_min"),
+            ("emulated merges per min", "cases.0.emulated.merges_per_min"),
+            ("kernel test loss", "cases.0.kernel.eval_loss"),
+            ("emulated test loss", "cases.0.emulated.eval_loss")],
 }
 
 INTRO = """\

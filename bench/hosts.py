@@ -23,18 +23,21 @@ from typing import Any
 
 from bench.netns import HUB_ADDRESS, PORTS, ROOT, Network, Probe, environment, redis_argv
 
-# The variables each kind of service is given here, as compose.yaml gives them (those
-# of x-app, which every app service has, apart): tests/test_compose.py checks that
-# compose.yaml's services say the same.
+# The variables every process is given, and those of each kind of service beside them,
+# as compose.yaml gives them; a region's host may add HOST_TRUST (a private authority's
+# certificate). tests/bench/test_hosts.py checks that compose.yaml's services and
+# docs/OPERATIONS.md ("Regions on separate hosts") say the same.
+SHARED_ENVIRONMENT = ("REDIS_URL", "DATAPLANE_REDIS_URL", "DATABASE_URL", "SECRET_KEY",
+                      "REGIONS")
 SERVICE_ENVIRONMENT = {
     "syncd": ("SYNCD_SERVE", "SYNCD_SERVE_URL", "SYNCD_SERVE_CERT", "SYNCD_SERVE_KEY",
               "CHECKPOINT_DIR"),
     "web": ("ALLOWED_HOSTS",),
-    "worker": ("SSL_CERT_FILE",),
-    "pool": ("ISLAND_POOL_SIZE", "SSL_CERT_FILE"),
+    "worker": (),
+    "pool": ("ISLAND_POOL_SIZE",),
+    "redis": (), "migrate": (), "probe": (),
 }
-SHARED_ENVIRONMENT = ("REDIS_URL", "DATAPLANE_REDIS_URL", "DATABASE_URL", "SECRET_KEY",
-                      "REGIONS")
+HOST_TRUST = ("SSL_CERT_FILE",)
 
 
 class Hosts:
@@ -67,8 +70,14 @@ class Hosts:
         self.web_url = f"http://{hub}:{PORTS['web']}"
         self.hub: Probe | None = None
 
-    def env(self, host: str, **config: str) -> dict[str, str]:
-        return environment(self.network.folder / host, **self.shared, **config)
+    def env(self, home: str, kind: str, **config: str) -> dict[str, str]:
+        """The whole environment of a process of `kind` (SERVICE_ENVIRONMENT) whose
+        home is the folder's `home`: the shared variables and its own `config`."""
+        unknown = set(config) - set(SERVICE_ENVIRONMENT[kind]) - set(HOST_TRUST)
+        if unknown:
+            raise ValueError(f"a {kind} is not configured by {sorted(unknown)} "
+                             "(bench/hosts.py SERVICE_ENVIRONMENT)")
+        return environment(self.network.folder / home, **self.shared, **config)
 
     def up(self) -> None:
         """The network, then the hub: the Redis pair, the migration, syncd, the web app,
@@ -78,13 +87,13 @@ class Hosts:
         for name in ("redis", "dataplane"):
             self.network.start(f"hub-{name}", "hub",
                                redis_argv(PORTS[name], folder / name, self.password),
-                               self.env("hub"), binds=(HUB_ADDRESS,))
-        self.hub = Probe(self.network, "hub", self.env("hub-probe"))
+                               self.env("hub", "redis"), binds=(HUB_ADDRESS,))
+        self.hub = Probe(self.network, "hub", self.env("hub-probe", "probe"))
         self.hub.ask(_WAIT_FOR_REDIS)
         migrate = subprocess.run(["ip", "netns", "exec", self.network.hub, sys.executable,
                                   "manage.py", "migrate", "--noinput"], cwd=ROOT,
-                                 env=self.env("hub"), capture_output=True, text=True,
-                                 timeout=300)
+                                 env=self.env("hub", "migrate"), capture_output=True,
+                                 text=True, timeout=300)
         if migrate.returncode:
             raise RuntimeError(f"the migration failed: {migrate.stderr[-2000:]}")
         serving = {"SYNCD_SERVE": f"{HUB_ADDRESS}:{PORTS['syncd']}",
@@ -95,11 +104,13 @@ class Hosts:
             serving |= {"SYNCD_SERVE_CERT": cert, "SYNCD_SERVE_KEY": key}
             self.trust = {"SSL_CERT_FILE": authority}
         self.network.start("hub-syncd", "hub", [sys.executable, "manage.py", "syncd"],
-                           self.env("syncd", **serving), binds=(HUB_ADDRESS,))
+                           self.env("syncd", "syncd", **serving),
+                           binds=(HUB_ADDRESS,))
         self.network.start("hub-web", "hub",
                            [sys.executable, "-m", "daphne", "-b", HUB_ADDRESS, "-p",
                             str(PORTS["web"]), "webapp.asgi:application"],
-                           self.env("web", ALLOWED_HOSTS=HUB_ADDRESS), binds=(HUB_ADDRESS,))
+                           self.env("web", "web", ALLOWED_HOSTS=HUB_ADDRESS),
+                           binds=(HUB_ADDRESS,))
         self.hub.ask(_SETUP_DJANGO)
 
     def start_region(self, region: str) -> None:
@@ -108,11 +119,12 @@ class Hosts:
             sys.executable, "-m", "celery", "-A", "webapp", "worker", "-Q", f"region.{region}",
             "-n", f"{region}@{self.network.tag}", "--concurrency", "2", "--pool", "prefork",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "--loglevel", "WARNING"], self.env(f"{region}-worker", **self.trust))
+            "--loglevel", "WARNING"],
+            self.env(f"{region}-worker", "worker", **self.trust))
         self.network.start(f"{region}-pool", region,
                            [sys.executable, "manage.py", "pool_manager", "--region", region],
-                           self.env(f"{region}-pool", ISLAND_POOL_SIZE=self.pool_size,
-                                    **self.trust))
+                           self.env(f"{region}-pool", "pool",
+                                    ISLAND_POOL_SIZE=self.pool_size, **self.trust))
 
     def ask(self, code: str) -> Any:
         """Run `code` in the hub's probe (Django set up, the run services imported)."""

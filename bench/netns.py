@@ -204,6 +204,13 @@ class Network:
                             str(burst_bytes(rate_mbit)), "latency", "200ms"],
                            check=True, capture_output=True, timeout=30)
 
+    def unshape(self, region: str) -> None:
+        """The region's link at the veth's own speed: no queue discipline of the harness."""
+        r = self.regions[region]
+        for namespace, end in ((self.hub, r.hub_end), (r.namespace, r.own_end)):
+            subprocess.run(["tc", "-n", namespace, "qdisc", "del", "dev", end, "root"],
+                           capture_output=True, timeout=30)
+
     def cut(self, region: str) -> None:
         """The region's link down at the kernel, both ends: nothing crosses it."""
         r = self.regions[region]
@@ -237,6 +244,7 @@ class Network:
         for address in binds:
             self.check_address(address)
         self.check_environment(env)
+        Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
         log = open(self.folder / f"{name}.log", "ab")  # noqa: SIM115 - closed with it
         self.processes[name] = subprocess.Popen(
             ["ip", "netns", "exec", self.namespace(host), *argv], cwd=ROOT, env=env,
@@ -277,8 +285,7 @@ class Network:
 
 def environment(home: Path, **config: str) -> dict[str, str]:
     """A process's whole environment on a host of its own: the basics and its config
-    (documented variables only)."""
-    home.mkdir(parents=True, exist_ok=True)
+    (documented variables only); `home` is made when a process starts with it."""
     return {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8",
             "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "LOG_DIR": str(home / "logs"),
             "DATA_DIR": str(home / "data"), **config}
@@ -299,6 +306,7 @@ class Probe:
 
     def __init__(self, network: Network, host: str, env: dict[str, str]):
         network.check_environment(env)
+        Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             ["ip", "netns", "exec", network.namespace(host), sys.executable, "-c", _PROBE],
             cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

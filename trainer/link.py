@@ -63,6 +63,8 @@ class Link:
         self.wait_while_partitioned = wait_while_partitioned
         self.queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self.bytes_up = 0
+        self.sends = 0  # messages delivered
+        self.busy_s = 0.0  # seconds from taking each of them to its delivery, in all
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True, name="link")
         self.thread.start()
@@ -87,8 +89,11 @@ class Link:
             while True:
                 fragment, seq, blob = self.queue.get()
                 self.wait_while_partitioned()
+                taken = time.monotonic()
                 time.sleep(self.transfer_time(len(blob)))
                 self.deliver(fragment, seq, blob)
+                self.busy_s += time.monotonic() - taken
+                self.sends += 1
                 self.bytes_up += len(blob)
                 self.queue.task_done()
         except redis.OutOfMemoryError as exc:

@@ -82,6 +82,7 @@ class Pulling:
         self.island: Island | None = None  # built during pull_all
         self.bytes_down = 0
         self.pulls = 0
+        self.pull_link_s = 0.0  # the pulls' transfers, the emulated link's hold included
         self.pull_s = 0.0  # reading, checking and mixing pulled fragments, in all
         self.pull_wait_s = 0.0  # of it, on the training thread (mixes, blocking waits)
         self.late_globals = 0  # merged fragments mixed after their tau overlap steps
@@ -188,6 +189,7 @@ class Pulling:
             self.bytes_down += download.nbytes
             self.pulls += 1
             self.pull_s += download.read_s + time.monotonic() - mixing
+            self.pull_link_s += download.seconds
             self.share(p)
         self.pull_wait_s += time.monotonic() - started
         return True

@@ -156,6 +156,8 @@ class ProcessIsland:
                              bytes_down=pulling.bytes_down, startup_s=self.startup_s,
                              pid=os.getpid(), idle_rss=self.idle_rss, pulls=pulling.pulls,
                              pull_s=round(pulling.pull_s, 4),
+                             pull_link_s=round(pulling.pull_link_s, 4),
+                             sends=sending.sends, send_link_s=round(sending.send_link_s, 4),
                              pull_wait_s=round(pulling.pull_wait_s, 4),
                              late_globals=pulling.late_globals,
                              backpressure_wait_s=round(sending.backpressure_wait_s, 4),

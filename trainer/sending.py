@@ -67,6 +67,17 @@ class Sending:
         """Bytes the link delivered so far."""
         return self.link.bytes_up
 
+    @property
+    def sends(self) -> int:
+        """Update messages the link delivered so far (0 before it opens)."""
+        return self.link.sends if self.link else 0
+
+    @property
+    def send_link_s(self) -> float:
+        """Seconds the sends took on the link so far: the emulated link's hold and the
+        write to the data plane (across the network), the waits for upload slots apart."""
+        return self.link.busy_s - self.slot_wait_s if self.link else 0.0
+
     def deliver(self, fragment: int, seq: int, message: bytes | bytearray) -> None:
         """Write an update message to the data plane once it holds one of the run's upload
         slots (syncd/upload_slots.py), on the link's thread. One written as the run

@@ -60,12 +60,14 @@ import subprocess, sys
 from bench.netns import Network
 network = Network(["us-east"], 40.0)
 network.up()
-network.start("sleeper", "us-east", ["sleep", "600"], {"PATH": "/usr/bin:/bin"})
+network.start("sleeper", "us-east", ["sleep", "600"],
+              {"PATH": "/usr/bin:/bin", "HOME": str(network.folder / "sleeper")})
 print(network.tag, network.processes["sleeper"].pid, flush=True)
 sys.stdin.read()
 """
 
 
+@pytest.mark.integration
 @pytest.mark.system
 def test_a_start_clears_what_an_owner_killed_with_sigkill_left_and_nothing_of_a_live_one():
     missing = capability_missing()

@@ -215,7 +215,7 @@ def test_two_regions_across_shaped_links_train_survive_a_kill_and_a_cut_link_and
     wait_until(lambda: training("east-0", 2), 90, "east-0's second epoch to train")
 
     # us-west's link cut at the kernel: syncd and the page see a partition, us-east trains on.
-    viewer = Probe(network, "us-east", hosts.env("viewer"))
+    viewer = Probe(network, "us-east", hosts.env("viewer", "probe"))
     viewer.ask(_VIEWER.format(base=hosts.web_url))
     network.cut("us-west")
     wait_until(lambda: islands()["west-0"]["link"] == "partitioned", 30,

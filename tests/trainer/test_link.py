@@ -118,3 +118,16 @@ def test_a_partition_holds_at_most_max_pending_sends_and_one_on_the_wire():
     thread.join(5)
     link.drain(5)
     assert sent == delivered == [1, 2, 3, 4, 5]
+
+
+def test_the_link_counts_its_sends_and_their_seconds_from_hold_to_delivery_not_a_partition():
+    healed = threading.Event()
+    link = Link(lambda fragment, seq, blob: time.sleep(0.05), lambda nbytes: nbytes / 100,
+                lambda: healed.wait(10), max_pending=2)
+    link.send(0, 1, bytearray(10))  # held 0.1 s, delivered in 0.05 s
+    time.sleep(0.3)  # the partition's wait is not the link's time
+    healed.set()
+    link.drain(5)
+
+    assert link.sends == 1
+    assert 0.15 <= link.busy_s < 0.3
