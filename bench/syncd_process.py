@@ -7,12 +7,12 @@ recorder); and what the benchmarks read of a process from /proc.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from syncd.connection import connect
@@ -68,15 +68,13 @@ def rss_of(pid: int | str = "self") -> tuple[int, int]:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def disk_written(pid: int) -> int:
     """Bytes the process (and the children it reaped: Redis's rewrites) sent to storage."""
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/io").read_text()
-                  .splitlines() if ":" in line)
-    return int(fields["write_bytes"])
+    return psutil.Process(pid).io_counters().write_bytes
 
 
 def syncd_main(url: str, data_url: str, checkpoint_dir: str, stop: Any, busy_s: Any,

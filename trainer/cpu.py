@@ -1,6 +1,6 @@
 """An island process's share of its host's CPU, sent in its heartbeat.
 
-The process reads its own CPU time (utime + stime of /proc/self/stat) and divides
+The process reads its own CPU time (utime + stime, with psutil) and divides
 what it used over a window of wall time by the wall time and the host's cores: 1.0
 is every core of the host; an island of one thread that has a core to itself shows
 1 / C. One that shows much less than its threads / C is starved: the host has more
@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
+
+import psutil
 
 # CPU shares are over at least this much wall time: /proc's clock ticks are 10 ms.
 WINDOW_S = 2.0
@@ -20,13 +21,8 @@ WINDOW_S = 2.0
 
 def process_cpu_s() -> float:
     """This process's CPU seconds so far, user and system (utime + stime)."""
-    try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        times = os.times()
-        return times.user + times.system
-    # After the name: state is field 3 of stat(5), utime 14 and stime 15.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
 
 
 class CpuMeter:

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+import psutil
 import redis
 
 from syncd.connection import redact_url, redis_problem
@@ -120,8 +121,8 @@ def start_embedded_redis(manager: ProcessManager, data_dir: Path, name: str = "r
 
 def _is_redis_server(pid: int) -> bool:
     try:
-        return b"redis-server" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+        return any("redis-server" in arg for arg in psutil.Process(pid).cmdline())
+    except psutil.Error:
         return False
 
 

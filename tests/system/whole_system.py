@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 from tests.fixtures import wait_until
 from trainer.launch import free_port
 
@@ -24,19 +26,11 @@ TOKENS = 40_000
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, from /proc (Celery pools, island processes...)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    """Every process below `pid` (Celery pools, island processes...)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def alive(pid: int) -> bool:
