@@ -4,6 +4,7 @@ as plain data that `bench quality --preset` trains as well."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from diloco.demo import DEMO
@@ -29,6 +30,10 @@ PAPER_BANDWIDTH_GBPS = 2.0
 # fragment; no rule between fields constrains these codecs.
 REAL_SIZE_CODECS: dict[str, str] = {"compression": "int4", "downlink_compression": "int8"}
 
+LLAMA_20M = {"model_type": "llama", "vocab_size": 256, "hidden_size": 512,
+             "intermediate_size": 1408, "num_hidden_layers": 6, "num_attention_heads": 8,
+             "num_key_value_heads": 8, "max_position_embeddings": 256}
+
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "demo": ("demo: 4 islands, 2 regions", DEMO),
     "paper": ("four US regions like the paper", {
@@ -50,6 +55,16 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
         "islands": [{"name": f"{region}-a", "region": region, "batch_size": 8,
                      "bandwidth_gbps": PAPER_BANDWIDTH_GBPS,
                      "latency_ms": PAPER_LATENCY_MS[region]}
+                    for region in ("us-east", "us-west")],
+    }),
+    # A Llama of the transformers library (model.source hf, diloco/hf.py): 6 layers, 512
+    # wide, 8 heads, an MLP of 1,408, the byte vocabulary, context 256: 19.5M parameters,
+    # small enough to train here in minutes.
+    "llama_20m": ("a Llama of transformers: 20M parameters, 2 islands", {
+        **DEMO,
+        "model": {"source": "hf", "hf_config": json.dumps(LLAMA_20M), "block_size": 256},
+        "optim": {"inner_lr": 6e-4, "warmup_steps": 100},
+        "islands": [{"name": f"{region}-a", "region": region, "batch_size": 8}
                     for region in ("us-east", "us-west")],
     }),
     "custom": ("custom: the defaults", {}),

@@ -161,3 +161,14 @@ def test_an_export_loads_in_transformers_with_the_same_logits_and_loss(make_conf
             theirs.append(loaded(input_ids=whole, labels=whole).loss.item())
     assert sum(theirs) / len(theirs) == pytest.approx(evaluator(model.state_dict()), abs=1e-4)
     assert (tmp_path / "README.md").read_text() == "readme"
+
+
+def test_the_llama_preset_has_about_20m_parameters_by_its_library_model():
+    from diloco.config_parse import parse_config
+    from diloco.presets import PRESETS
+    from diloco.shapes import parameter_count
+
+    config = parse_config(PRESETS["llama_20m"][1], ["us-east", "us-west"])
+
+    assert 19_000_000 < parameter_count(config.model) < 21_000_000
+    assert estimate(config).params == parameter_count(config.model)
