@@ -209,13 +209,17 @@ def test_in_mode_sync_every_merge_holds_every_island_and_each_waits_for_it(
     store = start_and_wait(run, redis_url, 1)
     wait_all_training(store)
     since = max(newest_versions(store)) + 1
-    wait_until(lambda: min(newest_versions(store)) >= since + 4, 90, "four more merges each")
+    # a busy machine: the slow island sets the pace of every merge
+    wait_until(lambda: min(newest_versions(store)) >= since + 3, 180, "three more merges each")
     stop_run(run, by=None)
 
     merges = [e.detail for e in run.events.filter(kind="merge")
               if e.detail["version"] > since]
     islands = {"island-0", "island-1", "island-2"}
     assert merges and all(set(m["seqs"]) == islands for m in merges), merges
+    # Every island waited for each merge: each update's anchor is at most one version
+    # behind the merge it entered (diloco/staleness.py), the slow island's too.
+    assert {age for m in merges for age in m["ages"].values()} <= {0, 1}, merges
     # Each island waited for the merge of each update before it trained on: its merged
     # updates of a fragment are H inner steps apart, never two in one round.
     h = run.config["sync"]["inner_steps"]
