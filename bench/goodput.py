@@ -172,7 +172,7 @@ def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any])
         if status and (not series or status["time"] > series[-1]["time"]):
             series.append({"time": status["time"], "goodput": status.get("goodput"),
                            "outer_steps": status.get("outer_steps", 0),
-                           "alive": status.get("live_islands", 0),
+                           "alive": status.get("alive_islands", 0),
                            "tokens": status.get("tokens_merged", 0),
                            "eval_loss": status.get("eval_loss"),
                            "eval_tokens": status.get("eval_tokens")})

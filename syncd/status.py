@@ -84,7 +84,7 @@ def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, livene
     before = (previous or {}).get("islands", {})
     for name, island in islands.items():
         island["link"] = link(island, before.get(name), unheard=name in liveness.unheard)
-    return {"run": run_id, "time": now, "live_islands": alive,
+    return {"run": run_id, "time": now, "alive_islands": alive,
             "goodput": figures["goodput"], "overcredited": figures["overcredited"],
             "uptime": figures["uptime"],
             "train_loss": median([i["loss"] for i in islands.values()

@@ -39,7 +39,7 @@ RUN_GAUGES = {
     "archipelago_run_uptime": ("1 - long merge gaps / wall time.", "uptime"),
     "archipelago_run_train_loss": ("The islands' recent training loss.", "train_loss"),
     "archipelago_run_eval_loss": ("The global model's latest evaluation loss.", "eval_loss"),
-    "archipelago_run_live_islands": ("Islands syncd hears from.", "live_islands"),
+    "archipelago_run_alive_islands": ("Islands syncd hears from.", "alive_islands"),
 }
 ISLAND_GAUGES = {
     "archipelago_island_tokens": ("Tokens the island trained on.", "tokens"),

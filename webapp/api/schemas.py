@@ -166,7 +166,7 @@ class RunOut(Schema):
                                                 "first merge; not counted as down time.")
     train_loss: float | None
     eval_loss: float | None
-    live_islands: int | None
+    alive_islands: int | None
     progress: float = Field(description="Tokens merged against the token budget, 0 to 1.")
 
 
@@ -374,7 +374,7 @@ class MetricOut(Schema):
     uptime: float | None
     train_loss: float | None
     eval_loss: float | None
-    live_islands: int
+    alive_islands: int
     islands: dict[str, Any]
 
 

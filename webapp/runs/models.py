@@ -357,7 +357,7 @@ class Metric(models.Model):
     uptime = models.FloatField(null=True, blank=True)
     train_loss = models.FloatField(null=True, blank=True)
     eval_loss = models.FloatField(null=True, blank=True)
-    live_islands = models.PositiveIntegerField(default=0)
+    alive_islands = models.PositiveIntegerField(default=0)
     islands = models.JSONField(default=dict, blank=True,
                                help_text="Island -> state, tokens_per_s, bytes_up, bytes_down.")
 
@@ -372,7 +372,7 @@ class Metric(models.Model):
                 "outer_steps": self.outer_steps, "versions": self.versions,
                 "goodput": self.goodput, "uptime": self.uptime,
                 "train_loss": self.train_loss, "eval_loss": self.eval_loss,
-                "live_islands": self.live_islands, "islands": self.islands}
+                "alive_islands": self.alive_islands, "islands": self.islands}
 
 
 class Simulation(models.Model):

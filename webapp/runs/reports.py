@@ -28,7 +28,7 @@ TIMELINE_ROWS = 20000
 OUTAGE_KINDS = (Event.Kind.FAULT, Event.Kind.ISLAND_LOST, Event.Kind.ISLAND_REVIVED,
                 Event.Kind.REJOIN)
 # Tokens merged and outer steps are the Run row's, which syncd keeps current.
-LIVE_FIELDS = ("goodput", "uptime", "startup_s", "train_loss", "eval_loss", "live_islands",
+LIVE_FIELDS = ("goodput", "uptime", "startup_s", "train_loss", "eval_loss", "alive_islands",
                "max_stall_s")
 
 

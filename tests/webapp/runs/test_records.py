@@ -13,7 +13,7 @@ from webapp.runs.records import DatabaseRecorder
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 STATUS = {"tokens_merged": 4096, "outer_steps": 3, "versions": [3, 4], "goodput": 0.9,
-          "uptime": 1.0, "train_loss": 2.5, "eval_loss": None, "live_islands": 2,
+          "uptime": 1.0, "train_loss": 2.5, "eval_loss": None, "alive_islands": 2,
           "islands": {"a": {"state": "training", "fault": "none", "tokens": 2048,
                             "tokens_per_s": 900.0, "bytes_up": 10, "bytes_down": 20,
                             "emulated_bytes_up": 10, "emulated_bytes_down": 20,

@@ -221,15 +221,15 @@ function showFigures(status) {
   $("eval-loss").textContent = arch.fmt(status.eval_loss, 3);
   $("outer-steps").textContent = arch.fmt(status.outer_steps);
   $("versions").textContent = (status.versions || []).join(", ");
-  $("islands-alive").textContent = arch.fmt(status.live_islands);
+  $("islands-alive").textContent = arch.fmt(status.alive_islands);
   const budget = ((run.config.budget || {}).total_tokens) || 0;
   const share = budget ? Math.min(1, status.tokens_merged / budget) : 0;
   $("progress-bar").style.width = (100 * share).toFixed(1) + "%";
   $("progress-text").textContent = `${arch.fmt(status.tokens_merged)} of ${arch.fmt(budget)} tokens`;
   const k = run.mode === "elastic" ? 1 : run.config.sync.min_quorum;
   const waiting = $("banner-waiting");
-  if ((runState === "running") && status.live_islands < k) {
-    waiting.textContent = `Waiting: ${status.live_islands} of the ${k} islands a merge needs are alive; ` +
+  if ((runState === "running") && status.alive_islands < k) {
+    waiting.textContent = `Waiting: ${status.alive_islands} of the ${k} islands a merge needs are alive; ` +
       "the global model does not move until more come back.";
     waiting.hidden = false;
   } else {
