@@ -46,10 +46,11 @@ from syncd.ingest import message_limit
 from syncd.liveness import Liveness
 from syncd.pool_store import PoolStore
 from syncd.published_files import PublishedFiles
+from syncd.records import RunStatus
 from syncd.recovery import Recovery
 from syncd.rounds import Rounds
 from syncd.spec import RunSpec
-from syncd.status import run_status
+from syncd.status import StatusSources, run_status
 from syncd.store import RunStore
 
 log = logging.getLogger("archipelago.syncd")
@@ -159,7 +160,7 @@ class RunSync:
         self.eval_tokens: int | None = None  # tokens merged into the model eval_loss is of
         self.evaluating_tokens = 0
         self.next_status = self.next_flush = self.next_control = 0.0
-        self.last_status: dict[str, Any] = {}  # links count their bytes from it
+        self.last_status: RunStatus | None = None  # links count their bytes from it
         self.passes = PassTimes()
         self.completed = False
         self.stop_seen: float | None = None  # when this syncd saw the user's stop
@@ -322,15 +323,14 @@ class RunSync:
 
     # -- status ----------------------------------------------------------------
 
-    def status(self, now: float) -> dict[str, Any]:
+    def status(self, now: float) -> RunStatus:
         """The run's status snapshot at `now` (its links against the last one kept)."""
         regions = {island.region for island in self.spec.config.islands}
-        return run_status(now, run_id=self.store.run_id, spec=self.spec, rounds=self.rounds,
-                          liveness=self.liveness, accounting=self.accounting,
-                          tokens_merged=self.rounds.tokens_merged(), eval_loss=self.eval_loss,
-                          eval_tokens=self.eval_tokens, previous=self.last_status,
-                          tick_s=self.passes.tick_s,
-                          standbys={region: self.pools.ready(region) for region in regions})
+        return run_status(now, StatusSources(
+            self.store.run_id, self.spec, self.rounds, self.liveness, self.accounting,
+            eval_loss=self.eval_loss, eval_tokens=self.eval_tokens, tick_s=self.passes.tick_s,
+            standbys={region: self.pools.ready(region) for region in regions}),
+            previous=self.last_status)
 
     def _put_status(self, now: float) -> None:
         """Keep a status snapshot in Redis and in the history, and push it."""
@@ -343,7 +343,7 @@ class RunSync:
         if self.notify:
             self.notify(self.store.run_id, seq, status)
 
-    def _warn_overcredited(self, status: dict[str, Any]) -> None:
+    def _warn_overcredited(self, status: RunStatus) -> None:
         """An island credited above its allocation is a bug in the figures: logged once
         per island, and the status says so (`overcredited`)."""
         new = set(status["overcredited"]) - self.overcredited
@@ -353,7 +353,7 @@ class RunSync:
                         ", ".join(sorted(new)))
             self.overcredited |= new
 
-    def _record_progress(self, status: dict[str, Any]) -> None:
+    def _record_progress(self, status: RunStatus) -> None:
         """Tokens merged, outer steps and progress (tokens / budget, at most 1) of a
         status snapshot, for the Run row."""
         tokens = status["tokens_merged"]

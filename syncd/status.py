@@ -6,95 +6,119 @@ A read-only view: `run_status` reads the parts of a RunSync and changes none.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from statistics import median as _median
 from typing import TYPE_CHECKING, Any
 
 from diloco.uptime import fragment_cadence, uptime_theta
+from syncd.records import FragmentStatus, IslandStatus, LinkStatus, RunStatus
 
 if TYPE_CHECKING:
     from diloco.accounting import RunAccounting
+    from diloco.config import IslandConfig
     from syncd.liveness import Liveness
     from syncd.rounds import Rounds
     from syncd.spec import RunSpec
 
 
-def run_status(now: float, *, run_id: str, spec: RunSpec, rounds: Rounds, liveness: Liveness,
-               accounting: RunAccounting, tokens_merged: int, eval_loss: float | None,
-               eval_tokens: int | None, previous: dict[str, Any] | None = None,
-               tick_s: float = 0.0,
-               standbys: dict[str, int] | None = None) -> dict[str, Any]:
-    """Per island state, active fault, tokens, tokens/s, seconds per inner step, its
-    process's share of its host's CPU (from its heartbeat: trainer/cpu.py), the seconds
-    it waited for syncd to merge before sending (`backpressure_wait_s`) and its link
-    for an upload slot before writing an update (`slot_wait_s`), version lag, the ages
-    of its updates merged (`staleness`: last, p50, p95, max; diloco/staleness.py), bytes
-    (real and as emulated) and its WAN link to syncd (see `link`, against the
-    `previous` status); per fragment arrivals/K, grace left and the last merge; the
-    run's versions, goodput (with `overcredited`: the islands credited above their
-    allocation, a bug shown, not clipped), uptime, train and eval loss (`eval_loss`, of
-    the model with `eval_tokens` merged); and per island whether a rejoin now would
-    start warm (`rejoin_warm`: a standby of its region is ready, `standbys` region ->
-    ready, and the island is of one process). Uptime's theta (`theta`) is floored by a
-    fragment's round trip and syncd's measured `tick_s`."""
-    config, sync, alive = spec.config, rounds.sync, liveness.alive
-    newest = max(sync.versions())
-    scale = config.emulation.bytes_scale
-    islands = {}
-    for island in config.islands:
-        beat = liveness.heartbeats.get(island.name, {})
-        bases = [pending.contribution.base_version for p in range(len(rounds.fragments))
-                 if (pending := sync.open_round(p).get(island.name)) is not None]
-        islands[island.name] = {
-            "region": island.region, "epoch": liveness.epochs.get(island.name, 0),
-            "state": "lost" if island.name in liveness.lost else beat.get("state", "pending"),
-            "heartbeat_age_s": round(now - beat["time"], 2) if beat else None,
-            "tokens": beat.get("tokens", 0), "inner_steps": beat.get("step", 0),
-            "loss": beat.get("loss"), "bytes_up": beat.get("bytes_up", 0),
-            "bytes_down": beat.get("bytes_down", 0),
-            "emulated_bytes_up": beat.get("bytes_up", 0) * scale,
-            "emulated_bytes_down": beat.get("bytes_down", 0) * scale,
-            "tokens_per_s": round(liveness.tokens_per_s.get(island.name, 0.0), 1),
-            "step_time_s": _rounded(liveness.step_time_s.get(island.name), 4),
-            "cpu_share": beat.get("cpu_share"),
-            "backpressure_wait_s": beat.get("backpressure_wait_s", 0.0),
-            "slot_wait_s": beat.get("slot_wait_s", 0.0),
-            "version_lag": newest - min(bases) if bases else 0,
-            "staleness": rounds.publisher.staleness.island(island.name),
-            "rejoin_warm": island.processes == 1
-            and (standbys or {}).get(island.region, 0) >= 1,
-            "rejections": rounds.ingester.rejections[island.name]}
-    fragments = []
-    for p, f in enumerate(rounds.fragments):
-        decision = rounds.decide(p, now, alive)
-        fragments.append({"index": p, "name": f.name, "version": sync.version(p),
-                          "arrivals": len(sync.open_round(p)),
-                          "min_quorum": rounds.barrier_size(p, alive) if spec.barrier
-                          else config.sync.min_quorum,
-                          "grace_left_s": round(decision.deadline - now, 2)
-                          if decision.deadline else None,
-                          "waiting": decision.reason, "last_merge": rounds.publisher.last_merge[p]})
+@dataclass(frozen=True)
+class StatusSources:
+    """What a run's status is read from: the parts of its RunSync, and what its service
+    keeps beside them: the eval loss of the model with `eval_tokens` merged, syncd's
+    measured `tick_s`, and `standbys` (region -> warm standbys ready)."""
+
+    run_id: int | str
+    spec: RunSpec
+    rounds: Rounds
+    liveness: Liveness
+    accounting: RunAccounting
+    eval_loss: float | None = None
+    eval_tokens: int | None = None
+    tick_s: float = 0.0
+    standbys: Mapping[str, int] = field(default_factory=dict)
+
+
+def run_status(now: float, sources: StatusSources,
+               previous: RunStatus | None = None) -> RunStatus:
+    """The run's status at `now` (syncd.records.RunStatus says what each field is): per
+    island (island_status), per fragment (fragment_status), and the run's figures from
+    its accounting, goodput with `overcredited` (the islands credited above their
+    allocation, a bug shown, not clipped). Uptime's theta (`theta`) is floored by a
+    fragment's round trip and syncd's measured `tick_s`; each island's link counts its
+    bytes against the `previous` status."""
+    spec, rounds, accounting = sources.spec, sources.rounds, sources.accounting
     figures = accounting.snapshot(now, theta(
-        accounting, spec, pace=pace(spec, liveness.tokens_per_s),
-        round_trip_s=rounds.round_stats().sync_time_s, tick_s=tick_s))
-    for name, island_figures in figures["islands"].items():
-        if name in islands:
-            islands[name]["goodput"] = island_figures["goodput"]
-            islands[name]["overcredited"] = island_figures["overcredited"]
-            islands[name]["fault"] = liveness.faults.get(name, "none")
+        accounting, spec, pace=pace(spec, sources.liveness.tokens_per_s),
+        round_trip_s=rounds.round_stats().sync_time_s, tick_s=sources.tick_s))
     before = (previous or {}).get("islands", {})
-    for name, island in islands.items():
-        island["link"] = link(island, before.get(name), unheard=name in liveness.unheard)
-    return {"run": run_id, "time": now, "alive_islands": alive,
-            "goodput": figures["goodput"], "overcredited": figures["overcredited"],
-            "uptime": figures["uptime"],
-            "train_loss": median([i["loss"] for i in islands.values()
-                                  if i["loss"] is not None and i["state"] == "training"]),
-            "startup_s": figures["startup_s"], "theta_s": figures["theta_s"],
-            "max_stall_s": figures["max_stall_s"], "lost_s": figures["lost_s"],
-            "versions": sync.versions(), "outer_steps": sync.outer_steps,
-            "tokens_merged": tokens_merged, "eval_loss": eval_loss,
-            "eval_tokens": eval_tokens, "staleness": rounds.publisher.staleness.run(),
-            "islands": islands, "fragments": fragments}
+    islands = {i.name: island_status(now, sources, i, figures["islands"].get(i.name, {}),
+                                     before.get(i.name))
+               for i in spec.config.islands}
+    return RunStatus(
+        run=sources.run_id, time=now, alive_islands=sources.liveness.alive,
+        goodput=figures["goodput"], overcredited=figures["overcredited"],
+        uptime=figures["uptime"],
+        train_loss=median([i["loss"] for i in islands.values()
+                           if i["loss"] is not None and i["state"] == "training"]),
+        startup_s=figures["startup_s"], theta_s=figures["theta_s"],
+        max_stall_s=figures["max_stall_s"], lost_s=figures["lost_s"],
+        versions=rounds.sync.versions(), outer_steps=rounds.sync.outer_steps,
+        tokens_merged=rounds.tokens_merged(), eval_loss=sources.eval_loss,
+        eval_tokens=sources.eval_tokens, staleness=rounds.publisher.staleness.run(),
+        islands=islands,
+        fragments=[fragment_status(now, sources, p) for p in range(len(rounds.fragments))])
+
+
+def island_status(now: float, sources: StatusSources, island: IslandConfig,
+                  figures: Mapping[str, Any], before: IslandStatus | None) -> IslandStatus:
+    """One island: from its heartbeat (tokens, steps, loss, bytes real and as emulated,
+    its process's share of its host's CPU: trainer/cpu.py, its backpressure and upload
+    slot waits), from syncd's watch over it (state, fault, tokens/s, step time), its
+    version lag over its updates in the rounds, the ages of its updates merged
+    (diloco/staleness.py), its accounting `figures` (goodput), and
+    whether a rejoin now would start warm (a standby of its region is ready and the
+    island is of one process)."""
+    liveness, sync, name = sources.liveness, sources.rounds.sync, island.name
+    beat = liveness.heartbeats.get(name, {})
+    bases = [pending.contribution.base_version for p in range(len(sources.rounds.fragments))
+             if (pending := sync.open_round(p).get(name)) is not None]
+    scale = sources.spec.config.emulation.bytes_scale
+    up, down = beat.get("bytes_up", 0), beat.get("bytes_down", 0)
+    state = "lost" if name in liveness.lost else beat.get("state", "pending")
+    fault = liveness.faults.get(name, "none")
+    return IslandStatus(
+        region=island.region, epoch=liveness.epochs.get(name, 0), state=state, fault=fault,
+        heartbeat_age_s=round(now - beat["time"], 2) if beat else None,
+        tokens=beat.get("tokens", 0), inner_steps=beat.get("step", 0),
+        loss=beat.get("loss"), bytes_up=up, bytes_down=down,
+        emulated_bytes_up=up * scale, emulated_bytes_down=down * scale,
+        tokens_per_s=round(liveness.tokens_per_s.get(name, 0.0), 1),
+        step_time_s=_rounded(liveness.step_time_s.get(name), 4),
+        cpu_share=beat.get("cpu_share"),
+        backpressure_wait_s=beat.get("backpressure_wait_s", 0.0),
+        slot_wait_s=beat.get("slot_wait_s", 0.0),
+        version_lag=max(sync.versions()) - min(bases) if bases else 0,
+        rejoin_warm=island.processes == 1 and sources.standbys.get(island.region, 0) >= 1,
+        rejections=sources.rounds.ingester.rejections[name],
+        staleness=sources.rounds.publisher.staleness.island(name),
+        goodput=figures.get("goodput"), overcredited=figures.get("overcredited", False),
+        link=link({"state": state, "fault": fault, "emulated_bytes_up": up * scale,
+                   "emulated_bytes_down": down * scale}, before,
+                  unheard=name in liveness.unheard))
+
+
+def fragment_status(now: float, sources: StatusSources, p: int) -> FragmentStatus:
+    """Fragment p's round: its arrivals against its quorum (a barrier run: over the
+    alive islands), the grace left and what it waits for, and its last merge."""
+    rounds, alive = sources.rounds, sources.liveness.alive
+    decision = rounds.decide(p, now, alive)
+    return FragmentStatus(
+        index=p, name=rounds.fragments[p].name, version=rounds.sync.version(p),
+        arrivals=len(rounds.sync.open_round(p)),
+        min_quorum=rounds.barrier_size(p, alive) if sources.spec.barrier
+        else sources.spec.config.sync.min_quorum,
+        grace_left_s=round(decision.deadline - now, 2) if decision.deadline else None,
+        waiting=decision.reason, last_merge=rounds.publisher.last_merge[p])
 
 
 def link_state(state: str, fault: str, unheard: bool = False) -> str:
@@ -110,8 +134,8 @@ def link_state(state: str, fault: str, unheard: bool = False) -> str:
     return "degraded" if fault == "degrade" else "up"
 
 
-def link(island: dict[str, Any], before: dict[str, Any] | None,
-         unheard: bool = False) -> dict[str, Any]:
+def link(island: Mapping[str, Any], before: Mapping[str, Any] | None,
+         unheard: bool = False) -> LinkStatus:
     """The island's link: its state (`link_state`), and the emulated bytes it carried
     each way since the status `before` (the island's entry in the previous status;
     None, as in the first status: nothing carried yet)."""
@@ -121,8 +145,8 @@ def link(island: dict[str, Any], before: dict[str, Any] | None,
         earlier = total if before is None else before.get(f"emulated_bytes_{way}", 0)
         # A new epoch counts its bytes from 0 again.
         carried[f"bytes_{way}"] = total - earlier if total >= earlier else total
-    return {"state": link_state(island["state"], island.get("fault", "none"), unheard),
-            **carried}
+    return LinkStatus(state=link_state(island["state"], island.get("fault", "none"), unheard),
+                      **carried)
 
 
 def pace(spec: RunSpec, tokens_per_s: Mapping[str, float]) -> dict[str, float]:
