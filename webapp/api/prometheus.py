@@ -24,37 +24,26 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, gener
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from syncd.records import IslandStatus, RunStatus
+from webapp.api.status_schema import gauges
 from webapp.runs import reports, roles
 from webapp.runs.models import Island, Run
 
 # generate_latest writes version 0.0.4 of the text format (CONTENT_TYPE_LATEST names 1.0.0).
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
-# name -> (help, the run_summary field it reads)
+# name -> (help, the run_summary field it reads): the Run row's, and syncd's status's
+# (syncd.records.RunStatus, IslandStatus: the gauges take their names and help).
 RUN_GAUGES = {
     "archipelago_run_tokens": ("Tokens merged into the global model.", "tokens"),
     "archipelago_run_progress": ("Tokens merged against the token budget, 0 to 1.", "progress"),
     "archipelago_run_outer_steps": ("The smallest fragment version.", "outer_steps"),
-    "archipelago_run_goodput": ("Useful island-seconds / allocated island-seconds.", "goodput"),
-    "archipelago_run_uptime": ("1 - long merge gaps / wall time.", "uptime"),
-    "archipelago_run_train_loss": ("The islands' recent training loss.", "train_loss"),
-    "archipelago_run_eval_loss": ("The global model's latest evaluation loss.", "eval_loss"),
-    "archipelago_run_alive_islands": ("Islands syncd hears from.", "alive_islands"),
+    **gauges("archipelago_run", RunStatus,
+             ("goodput", "uptime", "train_loss", "eval_loss", "alive_islands")),
 }
-ISLAND_GAUGES = {
-    "archipelago_island_tokens": ("Tokens the island trained on.", "tokens"),
-    "archipelago_island_tokens_per_second": ("The island's recent throughput.", "tokens_per_s"),
-    "archipelago_island_version_lag": (
-        "Newest version minus the base version of the island's last update.", "version_lag"),
-    "archipelago_island_epoch": ("The island's epoch.", "epoch"),
-    "archipelago_island_backpressure_wait_seconds": (
-        "Seconds the island waited before sends for syncd to merge (backpressure).",
-        "backpressure_wait_s"),
-    "archipelago_island_slot_wait_seconds": (
-        "Seconds the island's link waited for an upload slot before writing an update.",
-        "slot_wait_s"),
-}
-
+ISLAND_GAUGES = gauges("archipelago_island", IslandStatus,
+                       ("tokens", "tokens_per_s", "version_lag", "epoch",
+                        "backpressure_wait_s", "slot_wait_s"))
 
 class RunsCollector(Collector):
     """The gauges of every run that is not archived, read afresh on each collect()."""

@@ -1,5 +1,6 @@
 """What the API takes and gives, as typed schemas: the OpenAPI document at
-/api/openapi.json is made from these.
+/api/openapi.json is made from these. What syncd's status says of a run and its
+islands is described from its record (syncd/records.py, webapp/api/status_schema.py).
 
 Request bodies refuse unknown fields. A run's config, and an island added to a run,
 are described from the dataclasses of diloco/config.py (webapp/api/config_schema.py);
@@ -24,13 +25,13 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from diloco.config import RUN_MODES
+from syncd.records import ISLAND_STATES, IslandStatus, RunStatus
 from webapp.api.config_schema import NOT_BLANK, island_in, run_config_in
+from webapp.api.status_schema import from_record
+from webapp.runs import reports
 from webapp.runs.faults import FAULTS, MAX_FAULT_SECONDS, kinds_hitting
 from webapp.runs.models import RUN_NAME_MAX_LENGTH, Event, Run
 from webapp.runs.sampling import MAX_PROMPT_CHARS, MAX_SAMPLE_TOKENS
-
-ISLAND_STATES = "pending, starting, training, lost, rejoining or stopped"
-ISLAND_FAULTS = "none, straggle, partition, degrade or corrupt"
 
 
 class Body(Schema):
@@ -89,57 +90,30 @@ class RunPatch(Body):
     archived: bool = Field(description="Hide the run from the runs list, or show it again.")
 
 
-class IslandLink(Schema):
-    state: Literal["up", "degraded", "partitioned", "down"] = Field(
-        description="The island's WAN link to syncd, from its state and active fault.")
-    bytes_up: float = Field(0, description="Emulated bytes sent in the last status interval.")
-    bytes_down: float = Field(0, description="Emulated bytes received in it.")
+class Open(Schema):
+    """A schema that passes on the fields it does not declare."""
 
-
-class IslandOut(Schema):
     model_config = ConfigDict(extra="allow")
 
+
+class IslandBase(Open):
     name: str
-    region: str
-    state: str = Field(description=ISLAND_STATES)
-    fault: str = Field(description=ISLAND_FAULTS)
-    epoch: int
-    tokens: int
-    inner_steps: int
-    version_lag: int = Field(description="Newest version minus the base version of the "
-                                         "island's last update, over its fragments.")
-    staleness: dict[str, float] | None = Field(None, description="Ages of its merged "
-                                               "updates: last, p50, p95, max, count.")
-    tokens_per_s: float = 0.0
-    step_time_s: float | None = Field(None, description="Wall seconds per inner step, "
-                                                        "over its last whole steps (a "
-                                                        "second of them at least).")
-    cpu_share: float | None = Field(None, description="The island process's share of its "
-                                    "host's CPU (1 = every core) over its last 2 s: one "
-                                    "thread with a core of its own shows 1/cores; much less "
-                                    "is a starved island.")
-    backpressure_wait_s: float = Field(0.0, description="Seconds the island has waited, "
-                                       "in this epoch, before a send for syncd to merge its "
-                                       "updates: it holds at most 2 of each fragment not "
-                                       "merged (backpressure). Growing: syncd is not "
-                                       "merging (a round short of its quorum, syncd away).")
-    slot_wait_s: float = Field(0.0, description="Seconds the island's link has waited, in "
-                               "this epoch, for one of the run's upload slots "
-                               "(sync.upload_slots) before writing an update message; "
-                               "its tau overlap steps and send queue keep it training "
-                               "meanwhile.")
-    rejoin_warm: bool | None = Field(None, description="Whether a rejoin now would start "
-                                     "on a warm standby of the island's region (None: not "
-                                     "known, syncd has not said).")
-    heartbeat_age_s: float | None = None
-    link: IslandLink
 
 
+# An island's row joined with syncd's status of it (webapp.runs.reports.run_summary).
+IslandOut = from_record("IslandOut", IslandStatus, {
+    **dict.fromkeys(("region", "state", "fault", "epoch", "tokens", "inner_steps",
+                     "link"), ...),
+    **reports.ISLAND_FIELDS}, base=IslandBase, doc="An island of a run.")
 
-class RunOut(Schema):
-    """A run with syncd's live figures (None until syncd serves it)."""
 
-    model_config = ConfigDict(extra="allow")
+# The figures of syncd's latest status a run carries (None until syncd serves it).
+RunFigures = from_record("RunFigures", RunStatus, dict.fromkeys(reports.RUN_FIELDS),
+                         base=Open)
+
+
+class RunOut(RunFigures):
+    """A run with syncd's figures (None until syncd serves it)."""
 
     id: int
     name: str
@@ -159,14 +133,6 @@ class RunOut(Schema):
                                          "steps), kept current while the run trains.")
     tokens: int = Field(description="Tokens merged into the global model, kept current "
                                     "while the run trains (docs/FIGURES.md, progress).")
-    goodput: float | None
-    uptime: float | None = Field(description="Share of the time since start-up in which "
-                                             "the global model advanced (docs/FIGURES.md).")
-    startup_s: float | None = Field(description="Seconds from the run's start to its "
-                                                "first merge; not counted as down time.")
-    train_loss: float | None
-    eval_loss: float | None
-    alive_islands: int | None
     progress: float = Field(description="Tokens merged against the token budget, 0 to 1.")
 
 
@@ -363,19 +329,18 @@ class SampleOut(Schema):
     text: str = Field(description="The continuation only.")
 
 
-class MetricOut(Schema):
-    model_config = ConfigDict(extra="allow")
+MetricFigures = from_record("MetricFigures", RunStatus, dict.fromkeys(
+    ("outer_steps", "versions", "goodput", "uptime", "train_loss", "eval_loss",
+     "alive_islands"), ...), base=Open)
+
+
+class MetricOut(MetricFigures):
+    """A point of the run's history: figures of a status of syncd's."""
 
     time: datetime
-    tokens: int
-    outer_steps: int
-    versions: list[int]
-    goodput: float | None
-    uptime: float | None
-    train_loss: float | None
-    eval_loss: float | None
-    alive_islands: int
-    islands: dict[str, Any]
+    tokens: int = Field(description="Tokens merged into the global model.")
+    islands: dict[str, Any] = Field(description="Island -> its state, fault, tokens, "
+                                                "tokens_per_s, bytes and goodput.")
 
 
 class MetricList(Schema):

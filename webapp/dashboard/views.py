@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from diloco.config import field_help
 from diloco.config_parse import ConfigError
 from diloco.presets import PRESETS
+from syncd.records import RunStatus, fields
 from webapp.dashboard.forms import RunForm
 from webapp.dashboard.regions import map_view, region_positions
 from webapp.runs import roles
@@ -112,6 +113,21 @@ def new_run(request: HttpRequest) -> HttpResponse:
             k.split(".", 1)[1]: v for k, v in field_help().items() if k.startswith("islands")}})
 
 
+# The run page's figures: (label, element id, the field of syncd's status it shows); each
+# one's tooltip is the field's help (syncd.records.RunStatus), and run.js fills them in.
+FIGURES = (("Goodput", "goodput", "goodput"), ("Uptime", "uptime", "uptime"),
+           ("Start-up", "startup", "startup_s"), ("Train loss", "train-loss", "train_loss"),
+           ("Eval loss", "eval-loss", "eval_loss"), ("Outer steps", "outer-steps", "outer_steps"),
+           ("Versions", "versions", "versions"),
+           ("Islands alive", "islands-alive", "alive_islands"))
+
+
+def figures() -> list[tuple[str, str, str]]:
+    """The run page's figures: (label, element id, help), the help from the record."""
+    described = fields(RunStatus)
+    return [(label, element, described[field][1]) for label, element, field in FIGURES]
+
+
 def _vocabulary() -> dict[str, Any]:
     """The run page's states, faults and actions as the models name them, so that its
     script restates none: the actions offered in each run state, the run states under
@@ -151,7 +167,8 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
                 for action in ("operate", "fault", "edit", "delete", "admin")},
     }
     return render(request, "dashboard/run_detail.html", {"run": run, "page": page,
-                                                         "summary": summary})
+                                                         "summary": summary,
+                                                         "figures": figures()})
 
 
 @require_GET

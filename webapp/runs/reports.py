@@ -27,9 +27,15 @@ TIMELINE_ROWS = 20000
 # those from then on.
 OUTAGE_KINDS = (Event.Kind.FAULT, Event.Kind.ISLAND_LOST, Event.Kind.ISLAND_REVIVED,
                 Event.Kind.REJOIN)
-# Tokens merged and outer steps are the Run row's, which syncd keeps current.
-LIVE_FIELDS = ("goodput", "uptime", "startup_s", "train_loss", "eval_loss", "alive_islands",
-               "max_stall_s")
+# The fields of syncd's status (syncd.records.RunStatus) a run's summary carries, and of
+# each island's (IslandStatus) with their value before syncd serves the run. Tokens merged
+# and outer steps are the Run row's, which syncd keeps current; an island's state, fault,
+# tokens and link are joined with its row's.
+RUN_FIELDS = ("goodput", "uptime", "startup_s", "train_loss", "eval_loss", "alive_islands",
+              "max_stall_s")
+ISLAND_FIELDS = {"version_lag": 0, "tokens_per_s": 0.0, "step_time_s": None,
+                 "cpu_share": None, "backpressure_wait_s": 0.0, "slot_wait_s": 0.0,
+                 "rejoin_warm": None, "heartbeat_age_s": None, "staleness": None}
 
 
 def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -48,21 +54,14 @@ def run_summary(run: Run, status: dict[str, Any] | None = None) -> dict[str, Any
             status = {}
             data["live_status"] = "unavailable: Redis cannot be reached"
     data["versions"] = {str(p): v for p, v in enumerate(status.get("versions", []))}
-    for field in LIVE_FIELDS:
+    for field in RUN_FIELDS:
         data[field] = status.get(field)
     data["progress"] = progress(run)
     live = status.get("islands", {})
     for island in data["islands"]:
         now = live.get(island["name"], {})
         island["fault"] = now.get("fault", island["fault"])  # syncd's, when it has one
-        island["version_lag"] = now.get("version_lag", 0)
-        island["tokens_per_s"] = now.get("tokens_per_s", 0.0)
-        island["step_time_s"] = now.get("step_time_s")
-        island["cpu_share"] = now.get("cpu_share")
-        island["backpressure_wait_s"] = now.get("backpressure_wait_s", 0.0)
-        island["slot_wait_s"] = now.get("slot_wait_s", 0.0)
-        island["rejoin_warm"] = now.get("rejoin_warm")
-        island["heartbeat_age_s"] = now.get("heartbeat_age_s")
+        island.update({field: now.get(field, default) for field, default in ISLAND_FIELDS.items()})
         running = run.is_running_or_paused
         if running and "state" in now:
             island["state"] = now["state"]

@@ -8,7 +8,8 @@ from diloco.config_parse import parse_config
 from diloco.island import initial_model
 from diloco.shapes import parameter_count
 from syncd.checkpoint import save
-from webapp.dashboard.views import CHART_POINTS
+from syncd.records import RunStatus, fields
+from webapp.dashboard.views import CHART_POINTS, FIGURES
 from webapp.runs.api_token import ApiToken
 from webapp.runs.lifecycle import create_run
 from webapp.runs.models import Checkpoint, Island, Metric, Run
@@ -311,6 +312,20 @@ def test_a_run_name_with_html_is_shown_as_text(viewer_client):
 
     assert "<script>alert(1)</script>" not in content
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in content
+
+
+def test_the_run_page_shows_each_figure_with_the_help_of_its_status_field(viewer_client):
+    run = create_run(name="shown", mode="decoupled", config={}, user=None)
+
+    response = viewer_client.get(f"/runs/{run.pk}/")
+
+    described = fields(RunStatus)
+    assert [field for _, _, field in FIGURES] == [
+        "goodput", "uptime", "startup_s", "train_loss", "eval_loss", "outer_steps", "versions",
+        "alive_islands"]
+    for label, element, field in FIGURES:
+        assert f'<dt>{label}</dt><dd id="{element}" title="{described[field][1]}">'.replace(
+            "'", "&#x27;") in response.content.decode()
 
 
 def test_the_run_page_answers_404_for_a_missing_run(viewer_client):

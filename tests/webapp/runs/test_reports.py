@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from webapp.runs.models import Event, Island, Metric, Run
 from webapp.runs.reports import (
-    LIVE_FIELDS,
+    RUN_FIELDS,
     progress,
     run_events,
     run_metrics,
@@ -44,7 +44,7 @@ def test_a_run_syncd_has_not_served_yet_has_no_versions_and_no_live_figures(run)
     summary = run_summary(run, status={})
 
     assert summary["versions"] == {} and summary["progress"] == 0.25
-    assert all(summary[field] is None for field in LIVE_FIELDS)
+    assert all(summary[field] is None for field in RUN_FIELDS)
     a = summary["islands"][0]
     assert (a["fault"], a["version_lag"], a["tokens"]) == ("none", 0, 40)
     assert a["link"]["bytes_up"] == 0

@@ -109,8 +109,8 @@ $("log-close").addEventListener("click", () => { $("log-panel").hidden = true; }
 
 function lastWeights(status) {
   const weights = {};
-  for (const f of status.fragments || []) {
-    for (const [island, w] of Object.entries((f.last_merge || {}).weights || {})) weights[island] = w;
+  for (const fragment of status.fragments || []) {
+    for (const [island, w] of Object.entries((fragment.last_merge || {}).weights || {})) weights[island] = w;
   }
   return weights;
 }
@@ -199,16 +199,16 @@ function showQuorum(status) {
   const fragments = status.fragments || Array.from({length: count}, (_, p) => ({
     name: `fragment ${p}`, version: "—", arrivals: 0, min_quorum: run.mode === "elastic" ? "—" : run.config.sync.min_quorum,
     grace_left_s: null, waiting: ""}));
-  body.replaceChildren(...fragments.map((f) => {
-    const last = f.last_merge || {};
+  body.replaceChildren(...fragments.map((fragment) => {
+    const last = fragment.last_merge || {};
     const weights = Object.entries(last.weights || {}).map(([i, w]) => `${i} ${w.toFixed(2)}`).join(", ");
     return arch.el("tr", {},
       // A line may break after each "+" of a long name (blocks.0+pos_emb+ln_f+lm_head).
-      arch.el("td", {}, ...f.name.split("+").flatMap((part, i) => (i ? ["+", arch.el("wbr"), part] : [part]))),
-      arch.el("td", {class: "num"}, f.version),
-      arch.el("td", {class: "num"}, `${f.arrivals} / ${f.min_quorum}`),
-      arch.el("td", {class: "num"}, f.grace_left_s === null ? "—" : f.grace_left_s.toFixed(1) + " s"),
-      arch.el("td", {}, f.waiting || ""),
+      arch.el("td", {}, ...fragment.name.split("+").flatMap((part, i) => (i ? ["+", arch.el("wbr"), part] : [part]))),
+      arch.el("td", {class: "num"}, fragment.version),
+      arch.el("td", {class: "num"}, `${fragment.arrivals} / ${fragment.min_quorum}`),
+      arch.el("td", {class: "num"}, fragment.grace_left_s === null ? "—" : fragment.grace_left_s.toFixed(1) + " s"),
+      arch.el("td", {}, fragment.waiting || ""),
       arch.el("td", {}, last.version === undefined ? "—" : `v${last.version}: ${weights}`));
   }));
 }
@@ -408,14 +408,16 @@ function onStatus(status) {
 
 showRunState(run.state, run.failure_reason);
 const shownIslands = {};
-for (const island of run.islands) {
-  const {cells} = islandRow(island.name);
-  cells.region.textContent = island.region;
-  cells.state.replaceChildren(arch.el("span", {class: "state " + island.state}, island.state));
-  cells.fault.textContent = island.fault || "none";
-  showLink(cells.link, island.link);
-  shownIslands[island.name] = {region: island.region, state: island.state, fault: island.fault,
-                               link: island.link};
+// The run's islands as the API lists them (webapp/api/schemas.py IslandOut), until syncd's
+// status comes.
+for (const listed of run.islands) {
+  const {cells} = islandRow(listed.name);
+  cells.region.textContent = listed.region;
+  cells.state.replaceChildren(arch.el("span", {class: "state " + listed.state}, listed.state));
+  cells.fault.textContent = listed.fault || "none";
+  showLink(cells.link, listed.link);
+  shownIslands[listed.name] = {region: listed.region, state: listed.state, fault: listed.fault,
+                               link: listed.link};
 }
 map.draw(shownIslands);
 showRegions({islands: shownIslands});
