@@ -382,6 +382,22 @@ def mode_problems(mode: str, config: RunConfig) -> Iterator[tuple[str, str]]:
         yield from rule.problems(config)
 
 
+def with_mode_values(mode: str, config: RunConfig, given: Any) -> RunConfig:
+    """The config with what its run mode fixes filled in where the user gave nothing:
+    in mode sync, sync.min_quorum (every island) and sync.overlap_steps (0) that the
+    decoded JSON `given` leaves out. A value the user gave stays, for mode_problems to
+    judge."""
+    if mode != "sync":
+        return config
+    sync = given.get("sync") if isinstance(given, dict) else None
+    named = set(sync) if isinstance(sync, dict) else set()
+    made = synchronous(config).sync
+    return replace(config, sync=replace(
+        config.sync,
+        min_quorum=config.sync.min_quorum if "min_quorum" in named else made.min_quorum,
+        overlap_steps=config.sync.overlap_steps if "overlap_steps" in named else 0))
+
+
 def synchronous(config: RunConfig) -> RunConfig:
     """The config as mode sync runs it: every island in each merge, each island waiting
     for it (min_quorum M, overlap_steps 0), the rest the config's own."""

@@ -1,6 +1,6 @@
 import json
 
-from diloco.config import RunConfig, field_help, mode_problems, synchronous
+from diloco.config import RunConfig, field_help, mode_problems, synchronous, with_mode_values
 from diloco.config_parse import parse_config
 
 REGIONS = ["us-east", "us-west"]
@@ -49,3 +49,15 @@ def test_mode_sync_has_every_island_in_each_merge_and_waits_for_it():
     assert (made.sync.min_quorum, made.sync.overlap_steps) == (len(config.islands), 0)
     assert dict(mode_problems("sync", made)) == {}
     assert "mode sync" in field_help()["sync.overlap_steps"]
+
+
+def test_mode_sync_fills_in_the_quorum_and_overlap_a_user_left_out_and_keeps_what_they_gave():
+    given = {"sync": {"min_quorum": 1}}
+    config = parse_config(given, REGIONS)
+
+    filled = with_mode_values("sync", config, given)
+
+    assert (filled.sync.min_quorum, filled.sync.overlap_steps) == (1, 0)
+    assert set(dict(mode_problems("sync", filled))) == {"sync.min_quorum"}
+    assert with_mode_values("decoupled", config, given) == config
+    assert dict(mode_problems("sync", with_mode_values("sync", config, {}))) == {}

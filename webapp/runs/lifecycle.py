@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from diloco.config import RUN_MODES, RunConfig, mode_problems
+from diloco.config import RUN_MODES, RunConfig, mode_problems, with_mode_values
 from diloco.config_parse import ConfigError, parse_config
 from syncd.acl import delete_island_users
 from syncd.keys import run_prefix
@@ -84,7 +84,7 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
     if folder:  # refused before parse_config reads its config.json
         raise ConfigError({**errors, "model.hf_config": [folder]})
     try:
-        run_config = parse_config(config, settings.REGIONS)
+        run_config = with_mode_values(mode, parse_config(config, settings.REGIONS), config)
     except ConfigError as e:
         for path, messages in e.errors.items():
             # An unknown top-level config key "name" or "mode" must not read as a

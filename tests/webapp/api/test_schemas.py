@@ -46,6 +46,9 @@ RELATIONS = re.compile("|".join((
     r"The island host of .* would need",
     r"Must be a file or folder inside one of the data folders",
     r"Must be a path that can be resolved",
+    r"Must be 1 with emulation\.link none",
+    r"Must be the number of islands in mode sync",
+    r"Must be 0 in mode sync",
 )))
 
 
