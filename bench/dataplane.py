@@ -17,9 +17,9 @@ size and M islands) it starts, under var/bench-dataplane:
   profile runs every config with both, one after the other, side by side;
 - M island processes, each with its messages signed before the window
   (`diloco.protocol.encode_message` of one int4 payload, `codecs.encode`'d once
-  for the size; the run's codec), sent with `RunStore.wait_for_slot` and
-  `RunStore.push_update` (trainer/runner.py's `deliver`) and pulled
-  with `RunStore.full` and `decode_message`, as trainer/runner.py does.
+  for the size; the run's codec), sent with `UpdateStream.wait_for_slot` and
+  `UpdateStream.push_update` (trainer/runner.py's `deliver`) and pulled
+  with `GlobalsStore.full` and `decode_message`, as trainer/runner.py does.
 
 Each run's model is one fragment (P = 1), so that syncd holds no fragments the
 measurement does not move; the "1B fragment" size is a model of the parameters
@@ -312,22 +312,22 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, i
                 "inner_steps": H, "compute_s": 1.0, "codec": CODEC}
         return encode_message("update", meta, tensors, key)
 
-    store.heartbeat(name, 1, 0, 0, state="training")
+    store.signals.heartbeat(name, 1, 0, 0, state="training")
     ready.put(len(update(0)))
     go.wait()
-    kept = SentUpdates(lambda p: store.handled_seq(p, name), lambda: None,
+    kept = SentUpdates(lambda p: store.globals.handled_seq(p, name), lambda: None,
                        kept_sends(CODEC, islands))
     sent: dict[int, float] = {}
     handled: dict[int, float] = {}
 
     def note_handled() -> None:
-        done, now = store.handled_seq(0, name), time.time()
+        done, now = store.globals.handled_seq(0, name), time.time()
         for seq in sent:
             if seq <= done:
                 handled.setdefault(seq, now)
 
     r = 0
-    with beating(lambda: store.heartbeat(name, 1, r * H, 0, state="training")):
+    with beating(lambda: store.signals.heartbeat(name, 1, r * H, 0, state="training")):
         while not enough.is_set():
             if kept.must_wait(0):
                 note_handled()
@@ -335,8 +335,8 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, i
                 continue
             seq, message = (r + 1) * H, update(r)
             sent[seq] = time.time()
-            store.wait_for_slot(name, 1, 0, seq, UPLOAD_SLOTS)
-            store.push_update(name, 1, 0, seq, message)
+            store.updates.wait_for_slot(name, 1, 0, seq, UPLOAD_SLOTS)
+            store.updates.push_update(name, 1, 0, seq, message)
             kept.add(0, seq, message)
             r += 1
     note_handled()
@@ -345,7 +345,7 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, i
     pulled = []
     for _ in range(pulls):
         started = time.time()
-        blob = store.full(0)
+        blob = store.globals.full(0)
         if blob is None:
             raise RuntimeError("the published fragment is missing")
         decode_message(blob, verify_key)
@@ -414,7 +414,7 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
                                                      transport == "served"), name="syncd")
         syncd.start()
         processes.append(syncd)
-        wait_for(lambda: 0 in store.versions() or not syncd.is_alive(), 600,
+        wait_for(lambda: 0 in store.globals.versions() or not syncd.is_alive(), 600,
                  "syncd publishing version 0")
         if not syncd.is_alive():
             raise RuntimeError(f"syncd ended with code {syncd.exitcode}")
@@ -434,11 +434,11 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
         # handled `rounds` updates of every island (the faster ones sent more).
         rounds = max(profile["rounds"], -(-profile.get("min_updates", 0) // m))
         last = rounds * H
-        wait_for(lambda: all(store.handled_seq(0, n) >= last for n in island_names(m))
+        wait_for(lambda: all(store.globals.handled_seq(0, n) >= last for n in island_names(m))
                  or not syncd.is_alive(), 1800, f"{rounds} updates of each merged")
         ingest_end = time.time()
         enough.set()
-        updates = sum(store.handled_seq(0, n) for n in island_names(m)) // H
+        updates = sum(store.globals.handled_seq(0, n) for n in island_names(m)) // H
         disk = [disk_written(pid) - before for pid, before in zip(writers, disk_before,
                                                                  strict=True)]
         cpu_ingest = cpu_seconds(syncd.pid) - cpu_before

@@ -278,7 +278,7 @@ def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[s
     warm = profile["warmup_outer_steps"] * INNER_STEPS
 
     def warmed() -> bool:
-        beats = store.heartbeats()
+        beats = store.signals.heartbeats()
         return len(beats) == len(REGIONS) and all(
             b.get("state") == "training" and b["step"] >= warm for b in beats.values())
 
@@ -286,10 +286,10 @@ def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[s
     meter = CpuMeter(system.pid)
     beats: dict[str, dict[float, tuple[int, float]]] = {n: {} for n in REGIONS}
     window = profile["outer_steps"][name] * INNER_STEPS
-    started, first = time.time(), store.heartbeats()
+    started, first = time.time(), store.signals.heartbeats()
     while True:
         system.check()
-        now = store.heartbeats()
+        now = store.signals.heartbeats()
         meter.sample({int(b["pid"]) for b in now.values()})
         for island, b in now.items():
             if b["time"] >= started:

@@ -184,7 +184,7 @@ def run_once(system: BenchSystem, label: str, mode: str, config: dict[str, Any])
         time.sleep(0.2)
     out = status["outcome"]
     wait_islands_stopped(store, [i["name"] for i in config["islands"]])
-    chaos = store.chaos_progress()
+    chaos = store.control.chaos_progress()
     start = out["start"]
     for point in series:
         point["t"] = point["time"] - start
@@ -267,7 +267,7 @@ def wait_islands_stopped(store: Any, islands: list[str], timeout: float = 60.0) 
     from webapp.processes import wait_for
 
     def stopped() -> bool:
-        beats = store.heartbeats()
+        beats = store.signals.heartbeats()
         return all(beats.get(n, {}).get("state") == "stopped"
                    or time.time() - beats.get(n, {}).get("time", 0) > 3.0 for n in islands)
 

@@ -136,7 +136,7 @@ def create_and_train(label: str, config: dict[str, Any]) -> tuple[Any, Any, floa
     first: dict[str, float] = {}
 
     def all_training() -> bool:
-        for name, beat in store.heartbeats().items():
+        for name, beat in store.signals.heartbeats().items():
             if beat.get("state") == "training" and beat.get("epoch") == 1:
                 first.setdefault(name, float(beat["time"]))
         return len(first) == len(config["islands"])
@@ -164,15 +164,15 @@ def cycle(run: Any, store: Any, island: str, kind: str, operator: Any) -> dict[s
     """One kill and rejoin of `island`; its figures from the run's records."""
     from webapp.runs.membership import rejoin_island
 
-    beat = store.heartbeats()[island]
+    beat = store.signals.heartbeats()[island]
     epoch, pid = int(beat["epoch"]), int(beat["pid"])
     if kind == "operator":
         killed = time.time()
         os.kill(pid, signal.SIGKILL)
     else:
-        store.send_command(island, "kill", epoch=epoch, report=True)
-        death = wait(lambda: (store.deaths().get(island) or {}).get("epoch") == epoch
-                     and store.deaths()[island], f"{island}'s death report")
+        store.signals.send_command(island, "kill", epoch=epoch, report=True)
+        death = wait(lambda: (store.signals.deaths().get(island) or {}).get("epoch") == epoch
+                     and store.signals.deaths()[island], f"{island}'s death report")
         killed = float(death["time"])
     lost = wait(lambda: run.events.filter(kind="island_lost", island__name=island,
                                           time__gte=_when(killed - 1)).order_by("id").last(),
@@ -352,7 +352,7 @@ def real_size(preset: str) -> int:
         wait(lambda: pools_ready(system), "every region's pool ready", 600, 0.2)
         run, store, create_s = create_and_train(f"{preset} run", config)
         full = RunStore(connect(os.environ["REDIS_URL"]), run.pk)
-        fragment_bytes = [len(full.full(p) or b"") for p in sorted(full.versions())]
+        fragment_bytes = [len(full.globals.full(p) or b"") for p in sorted(full.globals.versions())]
         wire_s = pull_wire_s(config, fragment_bytes)
         results.say(f"  pull of {sum(fragment_bytes) / 1e6:.0f} MB: {wire_s:.2f} s of "
                     "emulated wire")
@@ -392,16 +392,16 @@ def real_size(preset: str) -> int:
     return results.exit_code(out["checks"])
 
 
-def step_time_before(store: Any, island: str, span_s: float = STEP_SPAN_S) -> float:
+def step_time_before(signals: Any, island: str, span_s: float = STEP_SPAN_S) -> float:
     """`island`'s seconds per inner step now: from the first heartbeat that shows a new
     step to the first that shows a later one at least `span_s` after, over the steps
     between (each end a heartbeat's lag after its step, alike: an average of whole
     steps, whatever the heartbeats' pace against the step's)."""
     def new_step(after: int) -> dict[str, Any]:
-        return wait(lambda: (beat := store.heartbeats()[island])["step"] > after and beat,
+        return wait(lambda: (beat := signals.heartbeats()[island])["step"] > after and beat,
                     f"{island}'s step after {after}")
 
-    start = new_step(int(store.heartbeats()[island]["step"]))
+    start = new_step(int(signals.heartbeats()[island]["step"]))
     end = start
     while end["time"] < start["time"] + span_s:
         end = new_step(int(end["step"]))
@@ -412,9 +412,9 @@ def real_size_cycle(run: Any, store: Any, island: str, operator: Any) -> dict[st
     """One SIGKILL and an operator's rejoin of `island`, timed to its first step."""
     from webapp.runs.membership import rejoin_island
 
-    beat = store.heartbeats()[island]
+    beat = store.signals.heartbeats()[island]
     epoch, pid = int(beat["epoch"]), int(beat["pid"])
-    step_s = step_time_before(store, island)
+    step_s = step_time_before(store.signals, island)
     killed = time.time()
     os.kill(pid, signal.SIGKILL)
     wait(lambda: run.events.filter(kind="island_lost", island__name=island,

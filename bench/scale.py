@@ -281,7 +281,7 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
         if died:
             raise RuntimeError("; ".join(died))
         status = store.status() or {}
-        beats = store.heartbeats()
+        beats = store.signals.heartbeats()
         memory = [r.info("memory") for r in redises]
         in_flight = message_bytes(redises[-1], store.key("blob", "*"))
         clients = sum(int(m.get("mem_clients_normal", 0)) for m in memory)
@@ -322,7 +322,7 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
     # What is left after the end is measured once the run has ended and freed its keys:
     # a stopped run first merges what its islands flush, then saves its checkpoint.
     wait_for(lambda: not store.is_active(), 600, "the run to end and free its keys", 0.5)
-    wait_for(lambda: all(rss(int(b["pid"])) is None for b in store.heartbeats().values()
+    wait_for(lambda: all(rss(int(b["pid"])) is None for b in store.signals.heartbeats().values()
                          if b.get("pid")), 120, "the islands to exit", 0.5)
     redis_peak = sum(peak_above_before(redis_before[i], [s["redis_each"][i] for s in samples],
                                        int(r.info("memory")["used_memory_peak"]),

@@ -220,7 +220,7 @@ class Soak:
         from webapp.runs.models import Event
 
         batch = self.intruder.attack(island, self.store.epochs().get(island, 1),
-                                     self.store.versions())
+                                     self.store.globals.versions())
         self.run.get_island(island).record_event(
             Event.Kind.FAULT, None, fault="hostile", entries=len(batch.stream_ids))
 
@@ -258,7 +258,7 @@ class Soak:
         """Rejoin an island that is silent with nothing planned for it (a crash); an
         island that trains again after its rejoin may be broken again."""
         planned = {island for _, island in self.rejoins}
-        beats = self.store.heartbeats()
+        beats = self.store.signals.heartbeats()
         epochs = self.store.epochs()
         for island in list(self.starting):
             beat = beats.get(island, {})
@@ -277,7 +277,7 @@ class Soak:
                 self._rejoin(island, f"silent for {silent:.0f} s")
 
     def _all_training(self) -> bool:
-        beats, epochs = self.store.heartbeats(), self.store.epochs()
+        beats, epochs = self.store.signals.heartbeats(), self.store.epochs()
         return all(beats.get(n, {}).get("state") == "training"
                    and beats[n].get("epoch") == epochs.get(n)
                    and time.time() - beats[n]["time"] < 5.0 for n in self.islands)
@@ -345,11 +345,11 @@ def main(quick: bool = False, minutes: float | None = None, home: Path | None = 
         results.say(f"soak: run {run.pk}, {chaos_s:.0f} s of chaos, system in {home}")
         soak.settle()
         results.say(f"  every island trains after {time.time() - run_start:.0f} s")
-        merged_at_start = soak.store.tokens_merged()
+        merged_at_start = soak.store.globals.tokens_merged()
         chaos_started = time.time()
         soak.chaos(chaos_s, every_kind=True)
         soak.settle()
-        merged = soak.store.tokens_merged()
+        merged = soak.store.globals.tokens_merged()
         rate = (sum(merged.values()) - sum(merged_at_start.values())) / len(merged) \
             / max(time.time() - chaos_started, 1.0)
         budget = sum(merged.values()) // len(merged) + max(int(rate * FINAL_STRETCH_S), 2000)

@@ -51,7 +51,7 @@ class Observer:
         self.samples = 0
 
     def observe(self) -> None:
-        for p, version in self.store.versions().items():
+        for p, version in self.store.globals.versions().items():
             before = self.newest.get(p, 0)
             if version < before:
                 self.went_down.append({"fragment": p, "from": before, "to": version})
@@ -67,7 +67,7 @@ def check_invariants(run: Any, store: Any, observer: Observer, intruder: Any
 
     observer.observe()
     fragments = run.config["sync"]["fragments"]
-    versions, tokens = store.versions(), store.tokens_merged()
+    versions, tokens = store.globals.versions(), store.globals.tokens_merged()
     events = list(run.events.filter(kind__in=("merge", "rollback")).order_by("id")
                   .values_list("kind", "detail"))
     merged = merge_ledger(events)

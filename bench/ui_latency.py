@@ -80,8 +80,8 @@ class SyntheticIslands(threading.Thread):
         while not self.stopping.wait(0.25):
             step += 1
             for name in self.names:
-                self.store.heartbeat(name, 1, step, step * 256, state="training", loss=3.0,
-                                     bytes_down=step * 1000, bytes_up=step * 1000)
+                self.store.signals.heartbeat(name, 1, step, step * 256, state="training", loss=3.0,
+                                             bytes_down=step * 1000, bytes_up=step * 1000)
 
 
 def send_probes(run_id: int, count: int, every_s: float, stop: threading.Event,

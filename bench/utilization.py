@@ -115,7 +115,7 @@ def window_beats(store: RunStore, island: subprocess.Popen, start: int, length: 
     beats: list[dict[str, Any]] = []
     for _ in range(2):
         step = beats[0]["step"] + length if beats else start
-        while (beat := store.heartbeats().get(ISLAND, {})).get("step", 0) < step:
+        while (beat := store.signals.heartbeats().get(ISLAND, {})).get("step", 0) < step:
             if island.poll() is not None:
                 raise RuntimeError(f"the island ended with code {island.returncode} before "
                                    f"step {step}; see {log}")
@@ -202,7 +202,8 @@ def island_utilization(setting: dict[str, Any], folder: Path) -> dict[str, Any]:
                             args=(url, data_url, str(folder / "checkpoints"), stop, busy_s,
                                   syncd_out))
         syncd.start()
-        wait_for(lambda: len(store.versions()) >= setting["fragments"] or not syncd.is_alive(),
+        wait_for(lambda: len(store.globals.versions()) >= setting["fragments"]
+                 or not syncd.is_alive(),
                  600, "syncd publishing version 0")
         if not syncd.is_alive():
             raise RuntimeError(f"syncd ended with code {syncd.exitcode}")

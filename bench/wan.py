@@ -76,7 +76,7 @@ def run_config(size: dict[str, Any], rate_mbit: float, link: str, corpus: str) -
 _FOLLOW = """
 def follow(run_id):
     s = store(run_id)
-    return {"status": s.status() or {}, "beats": s.heartbeats(), "time": time.time()}
+    return {"status": s.status() or {}, "beats": s.signals.heartbeats(), "time": time.time()}
 """
 
 

@@ -134,7 +134,7 @@ class ChaosDriver:
         self.since = since
         chaos = spec.config.chaos
         self.preset, self.seed = chaos.preset, chaos.seed
-        saved = store.chaos_progress()
+        saved = store.control.chaos_progress()
         self.start: float | None = float(saved["start"]) if "start" in saved else None
         self.done = int(saved.get("done", 0))
         islands = json.loads(saved["islands"]) if "islands" in saved else None
@@ -159,7 +159,7 @@ class ChaosDriver:
                 return
             self.start = now
             self.plan = ChaosPlan(self.preset, islands, self.seed)
-            self.store.start_chaos(now, islands)
+            self.store.control.start_chaos(now, islands)
             log.info("run %s: chaos schedule %s (seed %d) starts", self.store.run_id,
                      self.preset, self.seed)
         assert self.plan is not None
@@ -172,7 +172,7 @@ class ChaosDriver:
             except Exception:  # one action that fails must not stop the schedule or merging
                 log.exception("run %s: chaos action %s failed", self.store.run_id, action)
             self.done += 1
-            self.store.set_chaos_done(self.done)
+            self.store.control.set_chaos_done(self.done)
 
     def _detail(self, action: Action) -> dict:
         return {"chaos": {"preset": self.preset, "seed": self.seed, "at_s": action.at_s}}
@@ -189,15 +189,15 @@ class ChaosDriver:
             if fault.kind in ("kill", "region_outage"):
                 # A region that has gone dark tells no one: its supervisors hold the
                 # death back, and syncd finds out by the heartbeat timeout.
-                self.store.send_command(island, "kill", epoch=epoch,
-                                        report=fault.kind == "kill")
+                self.store.signals.send_command(island, "kill", epoch=epoch,
+                                                report=fault.kind == "kill")
                 if fault.kind == "region_outage":
                     detail["region"] = known[island]
                 self.recorder.event("fault", island, fault="kill", **detail)
                 continue
             factor = fault.factor if fault.factor is not None else DEFAULT_FACTOR[fault.kind]
             until = now + fault.duration_s
-            self.store.set_fault(island, fault.kind, until, factor, fault.duration_s)
+            self.store.signals.set_fault(island, fault.kind, until, factor, fault.duration_s)
             self.recorder.event("fault", island, fault=fault.kind, factor=factor, until=until,
                                 **detail)
 

@@ -84,7 +84,7 @@ class Ingester:
         self.round_refs: list[dict[str, list[UpdateRef]]] = [{} for _ in range(fragments)]
         self.norms = [deque(maxlen=32) for _ in range(fragments)]
         self.rejections: Counter[str] = Counter()
-        self.quarantine = Quarantine(store, recorder)
+        self.quarantine = Quarantine(store.updates, recorder)
         self.slots = SlotKeeper()
         # Elastic: islands whose update of the fragment's open round was refused; the
         # barrier does not wait for them (a skipped bad step).
@@ -139,7 +139,7 @@ class Ingester:
         read (`_release`). `until`: stop early once it is true."""
         budget_end = time.monotonic() + INGEST_BUDGET_S
         read_any = False
-        while entries := self.store.read_updates(self.after, count=READ_COUNT):
+        while entries := self.store.updates.read_updates(self.after, count=READ_COUNT):
             read_any = True
             for entry in entries:
                 self.after = entry.stream_id
@@ -161,11 +161,11 @@ class Ingester:
         makes a ticket stale changes no faster."""
         facts = RunFacts({i.name for i in self.spec.config.islands}, liveness.epochs,
                          liveness.lost, self._handled_seq, self.store.fencing_token)
-        while stale := self.slots.stale(self.store.slot_holders(self.spec.config.sync.upload_slots),
-                                        now, facts):
+        slots = self.spec.config.sync.upload_slots
+        while stale := self.slots.stale(self.store.updates.slot_holders(slots), now, facts):
             log.warning("run %s: freed %d upload slots held by %s", self.store.run_id,
                         len(stale), [raw.decode(errors="replace")[:80] for raw in stale])
-            self.store.free_slots(stale)
+            self.store.updates.free_slots(stale)
 
     def _release(self, ref: UpdateRef) -> None:
         """Delete a verified update's stream entry and message (syncd holds it now) and
@@ -176,8 +176,9 @@ class Ingester:
         (trainer/resend.py). An entry that is not verified frees nothing: it is not
         shown to speak for the island whose message and slot it names (but one that
         names an update handled already: that message and ticket are of no use)."""
-        self.store.forget_updates([ref])
-        self.store.free_slots([Ticket(ref.island, ref.epoch, ref.fragment, ref.seq).encode()])
+        self.store.updates.forget_updates([ref])
+        ticket = Ticket(ref.island, ref.epoch, ref.fragment, ref.seq)
+        self.store.updates.free_slots([ticket.encode()])
 
     def _handled_seq(self, island: str, fragment: int) -> int:
         if not 0 <= fragment < len(self.sync.fragments):
@@ -245,7 +246,7 @@ class Ingester:
         """The entry's update, verified (syncd.ingest.verify_update); None, the entry
         quarantined, if it is not."""
         try:
-            return verify_update(lambda limit: self.store.update_message(ref, limit),
+            return verify_update(lambda limit: self.store.updates.update_message(ref, limit),
                                  ref, self.spec.secret,
                                  message_limit(self.sync.shapes[ref.fragment]))
         except (Unverified, *HOSTILE_ERRORS) as exc:
@@ -289,7 +290,8 @@ class Ingester:
                 # is told with the merge), so that no island runs a round ahead.
                 self.excused[p].add(ref.island)
             elif not self.publishing(p):  # else written once that merge is published
-                self.store.mark_handled(p, {ref.island: self.sync.handled_seq(p, ref.island)})
+                self.store.globals.mark_handled(
+                    p, {ref.island: self.sync.handled_seq(p, ref.island)})
 
     def _account_lost_update(self, ref: UpdateRef, reason: str) -> None:
         """The island-seconds behind a refused update: its steps since the island's
@@ -313,4 +315,4 @@ class Ingester:
         dropped or skipped."""
         major, minor = (int(x) for x in self.after.split(b"-"))
         if (major, minor) > (0, 0):
-            self.store.trim_updates(self.after)
+            self.store.updates.trim_updates(self.after)

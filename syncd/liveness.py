@@ -3,7 +3,7 @@ death reports: lost and revived, rejoins, tokens per second, and when each was h
 up by a fault or a user's pause (the step times that may value useful steps).
 
 An island is lost as soon as its supervisor reports the death of its current
-epoch (RunStore.report_death), and otherwise after `heartbeat_timeout_s` of
+epoch (IslandSignals.report_death), and otherwise after `heartbeat_timeout_s` of
 silence: the timeout remains for hosts that vanish or are cut off (a region
 outage, a partition), which tell no one.
 
@@ -92,8 +92,8 @@ class Liveness:
 
     def read(self) -> None:
         """Read the islands' heartbeats and active faults."""
-        self.heartbeats = self.store.heartbeats()
-        self.faults = self.store.faults([i.name for i in self.spec.config.islands])
+        self.heartbeats = self.store.signals.heartbeats()
+        self.faults = self.store.signals.faults([i.name for i in self.spec.config.islands])
 
     def watch(self, now: float, paused: bool,
               membership_changed: Callable[[str, float, bool], None]) -> None:
@@ -109,7 +109,7 @@ class Liveness:
         """How many islands are alive; marks the others lost and the returning revived."""
         config = self.spec.config
         timeout = config.liveness.heartbeat_timeout_s
-        rejoins = self.store.rejoin_requests()
+        rejoins = self.store.control.rejoin_requests()
         alive = 0
         for island in config.islands:
             beat = self.heartbeats.get(island.name)
@@ -120,7 +120,7 @@ class Liveness:
                 asked = rejoins.get(island.name)
                 if asked is not None and beat.get("state") == "training" \
                         and beat["epoch"] == self.epochs.get(island.name):
-                    self.store.close_rejoin_request(island.name)
+                    self.store.control.close_rejoin_request(island.name)
                     # With where the seconds went (trainer/phases.py) and whether a warm
                     # standby took it.
                     self.recorder.event("rejoin", island.name, epoch=beat["epoch"],

@@ -3,7 +3,7 @@
 A merge made in syncd's memory (`syncd.rounds.Rounds.merge_round`) is published on a
 thread of its own while the next round's updates are read (`Publisher.begin`, then
 `Rounds.ingest_while_publishing`, then `Publisher.finish`); it is acknowledged once
-RunStore.publish has committed it. Each commit first makes the version durable in
+GlobalsStore.publish has committed it. Each commit first makes the version durable in
 syncd's files (syncd.published_files, written once per merge, with its outer
 momentum), so a data plane that restarts loses no merge. A merge the data plane
 refuses for memory stays in syncd's memory, unpublished, and is published again
@@ -138,7 +138,7 @@ class Publisher:
             self.commit_full(p, version, self.global_message(p, version),
                              self.sync.optimizers[p].state_dict())
             self.keepalive()
-        self.store.mark_dataplane()
+        self.store.globals.mark_dataplane()
 
     def publish(self, p: int, result_tokens: int, done: list[UpdateRef] = ()) -> None:
         """Commit fragment p's newest version; `done` are the updates it took in (or
@@ -175,7 +175,7 @@ class Publisher:
                 momentum: dict[str, torch.Tensor], tokens: int, handled: dict[str, int],
                 done: list[UpdateRef] = (), drain_s: float = 0.0) -> int:
         """Make fragment p's `version` durable in syncd's files, then commit it
-        (RunStore.publish): a data plane that restarts loses no merge. The file is
+        (GlobalsStore.publish): a data plane that restarts loses no merge. The file is
         written on a thread of its own while the messages go to the data plane (both
         wait on I/O, not on the interpreter), and the commit waits for it; it is this
         grant's file (its fencing token), and once committed the other grants' files
@@ -183,10 +183,10 @@ class Publisher:
         token = self.store.fencing_token
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="published-files") as pool:
             saving = pool.submit(self.files.save, p, version, token, full, momentum)
-            with self.store.slot_for_publish(p, version, self.spec.config.sync.upload_slots,
-                                             drain_s):
-                self.store.publish(p, version, full, difference, handled, tokens,
-                                   self.kept_differences, done, before_commit=saving.result)
+            with self.store.updates.slot_for_publish(p, version, self.spec.config.sync.upload_slots,
+                                                     drain_s):
+                self.store.globals.publish(p, version, full, difference, handled, tokens,
+                                           self.kept_differences, done, before_commit=saving.result)
         self.files.keep_only(p, token)
         return saving.result()
 
@@ -242,7 +242,7 @@ class Publisher:
             settled = {island: seq for island, seq in self.sync.handled(p).items()
                        if publication.handled.get(island) != seq}
             if settled:
-                self.store.mark_handled(p, settled)
+                self.store.globals.mark_handled(p, settled)
             if published:
                 self._account_merge(p, merge, now)
                 outer_steps += merge.outer_step

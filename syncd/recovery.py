@@ -123,7 +123,7 @@ class Recovery:
             [{k: v.clone() for k, v in opt.state_dict().items()}
              for opt in rounds.sync.optimizers])
         self.restore_time = now
-        self.restore_tokens = self.store.tokens_merged()
+        self.restore_tokens = self.store.globals.tokens_merged()
         self.save_checkpoint(rounds, eval_loss)
 
     def note_first_startups(self, heartbeats: dict[str, dict[str, Any]]) -> None:
@@ -177,18 +177,18 @@ class Recovery:
         island's pause. The joining island's own start-up overlaps the pause, and it
         follows the restart like the others.
         """
-        if now < self.store.restart()[1]:
+        if now < self.store.control.restart()[1]:
             return
         sync = rounds.sync
         if self.restore_point is None:
             params: list[dict[str, torch.Tensor]] = [
                 {n: t.clone() for n, t in g.items()} for g in sync.globals]
             momentum = [opt.state_dict() for opt in sync.optimizers]
-            kept = self.store.tokens_merged()
+            kept = self.store.globals.tokens_merged()
         else:
             params, momentum = self.restore_point
             kept = self.restore_tokens
-        merged = self.store.tokens_merged()
+        merged = self.store.globals.tokens_merged()
         others = [i.name for i in self.spec.config.islands if i.name != island
                   and i.name not in liveness.lost and i.name in self.accounting.islands]
         thrown = {name: unsent_steps(liveness.heartbeats.get(name), rounds.ingester.sent_seqs(name))
@@ -206,7 +206,7 @@ class Recovery:
             discarded.update(rounds.roll_back(p, params[p], momentum[p], now,
                                               kept.get(p, 0) - merged.get(p, 0)))
         delay = self.restart_delay(liveness.heartbeats)
-        restarts = self.store.restart_job(now + delay)
+        restarts = self.store.control.restart_job(now + delay)
         liveness.hold_up_run(now + delay)  # no island's step time spans the pause
         self.accounting.rollback(self.restore_time, now)
         for name in others:

@@ -9,7 +9,7 @@ message and stream entry are deleted right after: syncd holds one running sum pe
 open fragment round, whatever the number of islands. A merge is made on syncd's
 thread and published on a thread of its own while the next round's updates are read
 (`maybe_merge`, `ingest_while_publishing`, `Publisher.finish`); it is acknowledged
-once RunStore.publish has committed it. The versions and handled seqs are in the
+once GlobalsStore.publish has committed it. The versions and handled seqs are in the
 control Redis, the globals on the data plane and, durable with their outer
 momentum, in syncd's files (syncd.published_files, written once per merge); the
 open rounds are in none of them, so a restart of syncd loses them, and each
@@ -110,12 +110,12 @@ class Rounds:
         found: dict[int, tuple[bytearray, dict[str, Any], dict[str, torch.Tensor],
                                dict[str, torch.Tensor]]] = {}
         again: set[int] = set()
-        tokens = self.store.fencing_tokens()
+        tokens = self.store.globals.fencing_tokens()
         for p, version in versions.items():
             full = None
             if self.store.served is None:
                 with contextlib.suppress(BulkError):
-                    full = self.store.full(p)
+                    full = self.store.globals.full(p)
             saved = self.files.load(p, version, tokens.get(p, 0), full=full is None)
             if saved is None:
                 log.warning("run %s: fragment %d version %d is not in %s", self.store.run_id,
@@ -138,11 +138,11 @@ class Rounds:
                 continue
             full, meta, tensors, momentum = found.pop(p)
             self.sync.load(p, tensors, momentum, meta["version"])
-            self.sync.restore_handled(p, self.store.handled(p))
+            self.sync.restore_handled(p, self.store.globals.handled(p))
             if p in again:  # committed again by this grant: in this grant's file too
                 self.publisher.commit_full(p, meta["version"], [memoryview(full)], momentum)
             else:
-                self.store.keep_published(p, self.publisher.kept_versions(p))
+                self.store.globals.keep_published(p, self.publisher.kept_versions(p))
             self.keepalive()
         if versions:
             log.info("run %s restored at versions %s%s", self.store.run_id, self.sync.versions(),
@@ -151,7 +151,7 @@ class Rounds:
 
     def tokens_merged(self) -> int:
         """Tokens merged into the model: each fragment's, on average."""
-        per_fragment = self.store.tokens_merged()
+        per_fragment = self.store.globals.tokens_merged()
         return sum(per_fragment.values()) // len(self.fragments)
 
     # -- merges ----------------------------------------------------------------
@@ -198,7 +198,7 @@ class Rounds:
         if not self.sync.open_round(p):
             if self.ingester.excused[p] and len(self.ingester.excused[p]) >= alive:
                 # Elastic, every alive island's update refused: nothing to merge.
-                self.store.mark_handled(p, self.sync.handled(p))
+                self.store.globals.mark_handled(p, self.sync.handled(p))
                 self.ingester.clear_excused(p)
             return False
         decision = self.decide(p, now, alive)
@@ -219,7 +219,7 @@ class Rounds:
         result = self.sync.merge(p, now)
         done = self.ingester.take_round(p)
         if result is None:
-            self.store.mark_handled(p, self.sync.handled(p), done)
+            self.store.globals.mark_handled(p, self.sync.handled(p), done)
             return False
         if not self._finite(p):
             self._refuse_merge(p, result.version, list(result.inner_steps), done)
@@ -257,14 +257,14 @@ class Rounds:
         """A merge into `version` that made fragment p non-finite (finite updates can
         overflow together): it is not published, the fragment goes back to its
         published version, and the round's updates are dropped as refused."""
-        published = self.store.versions()[p]
-        saved = self.files.load(p, published, self.store.fencing_tokens().get(p, 0))
+        published = self.store.globals.versions()[p]
+        saved = self.files.load(p, published, self.store.globals.fencing_tokens().get(p, 0))
         if saved is None:
             raise RuntimeError(f"fragment {p} version {published} is not in {self.files.folder}")
         _, meta, tensors = decode_message(saved[0], self.spec.verify_key)
         self.sync.load(p, tensors, saved[1], meta["version"])
         self.sync.forget_published(p, version)
-        self.store.mark_handled(p, self.sync.handled(p), done)
+        self.store.globals.mark_handled(p, self.sync.handled(p), done)
         reason = (f"the merge into version {version} of fragment {p} made it non-finite; "
                   f"not published, the updates of {', '.join(sorted(islands))} dropped")
         log.warning("run %s: %s", self.store.run_id, reason)

@@ -195,8 +195,8 @@ class Syncd:
             # The merges a killed syncd (or this one, before a failed tick) published
             # but never wrote to the database get their events now.
             if not any(e["kind"] == "rollback" for e in sync.recorder.events):
-                recovered = sync.recorder.recover_merges(store.versions(),
-                                                         store.tokens_merged())
+                recovered = sync.recorder.recover_merges(store.globals.versions(),
+                                                         store.globals.tokens_merged())
                 if recovered:
                     log.warning("run %s: recorded the merges of fragments %s that were "
                                 "published but not written", run_id, recovered)

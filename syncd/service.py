@@ -143,7 +143,8 @@ class RunSync:
                               config.sync.fragments)
         # No stream entry claims a message larger than the whole model's honest update:
         # what syncd reads or deletes in an entry's name is bounded by the run's model.
-        store.max_update_bytes = message_limit({k: tuple(v.shape) for k, v in params.items()})
+        store.updates.max_update_bytes = message_limit({k: tuple(v.shape)
+                                                        for k, v in params.items()})
         # Goodput and uptime of this syncd's watch; a restart of syncd starts them anew.
         self.accounting = RunAccounting([i.name for i in config.islands], clock(),
                                         fragments=len(fragments))
@@ -164,15 +165,15 @@ class RunSync:
         self.passes = PassTimes()
         self.completed = False
         self.stop_seen: float | None = None  # when this syncd saw the user's stop
-        versions = store.versions()
+        versions = store.globals.versions()
         if not (versions and self.rounds.restore(versions)) \
                 and not self.recovery.fall_back_to_checkpoint(self.rounds):
             self.rounds.restore({})
-        store.mark_dataplane()
+        store.globals.mark_dataplane()
         self.next_dataplane = 0.0
-        self.refusals = store.dataplane_refusals()  # the data plane's, seen so far
+        self.refusals = store.globals.dataplane_refusals()  # the data plane's, seen so far
         self.next_refusal_alert = 0.0
-        self._take_over(store.heartbeats())
+        self._take_over(store.signals.heartbeats())
         self.overcredited: set[str] = set()  # islands a warning was logged for
 
     def _take_over(self, heartbeats: dict[str, dict[str, Any]]) -> None:
@@ -195,7 +196,7 @@ class RunSync:
         self.passes.mark(now)
         # Epochs every pass: they fence off old epochs before their updates count.
         # Deaths too: a death report marks its island lost on this very pass.
-        epochs, deaths = self.store.epochs_and_deaths()
+        epochs, deaths = self.store.signals.epochs_and_deaths()
         self.recovery.account_new_epochs(epochs, self.liveness, self.rounds)
         if self.liveness.follow_epochs(epochs, deaths):
             self.next_control = now
@@ -236,15 +237,15 @@ class RunSync:
         self._follow_spec()
         self.liveness.read()
         self.recovery.note_first_startups(self.liveness.heartbeats)
-        paused = self.store.paused()
+        paused = self.store.control.paused()
         if paused != self.accounting.clock.paused:
             (self.accounting.clock.pause if paused else self.accounting.clock.resume)(now)
         self.liveness.watch(now, paused, self._membership_changed)
         if self.chaos is not None and not paused:
             self.chaos.tick(now, self.liveness)
-        if self.store.take_checkpoint_request():
+        if self.store.control.take_checkpoint_request():
             self.recovery.ask_for_checkpoint()
-        if self.stop_seen is None and self.store.stop_requested() is not None:
+        if self.stop_seen is None and self.store.control.stop_requested() is not None:
             self.stop_seen = now
         self.rounds.ingester.trim()
         self.rounds.ingester.free_stale_slots(now, self.liveness)
@@ -257,20 +258,20 @@ class RunSync:
         """A data plane that restarted gets every fragment published again; one that
         refused writes for memory is an alert (at most one a minute), since updates
         and merges then wait while heartbeats, status and control go on."""
-        if self.store.dataplane_lost():
+        if self.store.globals.dataplane_lost():
             self.rounds.publisher.republish()
-            self.store.mark_dataplane()
+            self.store.globals.mark_dataplane()
             self.recorder.event("alert", None, reason=(
                 "the data-plane Redis lost the run's published fragments (it restarted or "
                 "was flushed); syncd published every fragment's newest version again, "
                 f"versions {self.rounds.sync.versions()}; updates in flight there are "
                 "lost and refused as missing"))
-        refusals = self.store.dataplane_refusals()
+        refusals = self.store.globals.dataplane_refusals()
         if refusals > self.refusals and now >= self.next_refusal_alert:
             self.next_refusal_alert = now + DATAPLANE_ALERT_EVERY_S
             self.recorder.event("alert", None, reason=(
                 f"the data-plane Redis is full: it refused {refusals - self.refusals} "
-                f"writes for memory ({self.store.dataplane_memory()}); islands' updates "
+                f"writes for memory ({self.store.globals.dataplane_memory()}); islands' updates "
                 "and syncd's merges wait until it has room, heartbeats, status and control "
                 "go on. Give it more memory (REDIS_MAXMEMORY_MB / DATAPLANE_REDIS_URL's "
                 "maxmemory) or run fewer islands"), refused=refusals - self.refusals)
@@ -397,7 +398,7 @@ class RunSync:
         syncd's host, say) is recorded as an alert and the run still ends, its training
         saved; the outcome then carries the last eval loss that was measured."""
         self.completed = True
-        self.store.mark_done()
+        self.store.control.mark_done()
         self.recovery.save_checkpoint(self.rounds, self.eval_loss)
         try:
             self.eval_loss = self.evaluation(self.rounds.sync.global_params())

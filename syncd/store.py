@@ -1,13 +1,14 @@
 """Redis as the runtime's shared memory: the front over one run's keys.
 
-`RunStore` is what a process holds for a run. It is made of the run's parts,
-each a module of one idea that a consumer can depend on alone:
-syncd.update_stream (islands -> syncd), syncd.globals_store (syncd -> islands),
-syncd.island_signals (heartbeats, deaths, logs, commands, cursors, faults); this
-module adds the run itself: its spec and membership, the control flags a user
-sets (pause, stop, checkpoint, rejoin), elastic restarts, the chaos schedule's
-progress, the status snapshot, and the release of an ended run's keys.
-syncd.keys names every key.
+`RunStore` is what a process holds for a run. It holds the run's parts as
+attributes, each a module of one idea, so that a consumer's real dependency shows
+in its calls: `store.updates` (syncd.update_stream: islands -> syncd),
+`store.globals` (syncd.globals_store: syncd -> islands), `store.signals`
+(syncd.island_signals: heartbeats, deaths, logs, commands, cursors, faults) and
+`store.control` (syncd.run_control: the control flags a user sets, pause, stop,
+checkpoint, rejoin, the budget spent, elastic restarts, the chaos schedule's
+progress). This module keeps the run itself: its spec and membership, the status
+snapshot, and the release of an ended run's keys. syncd.keys names every key.
 
 When a run ends (`release`), its keys go (on the control Redis and the data plane)
 but its status snapshot and the islands' log lines, which the control room shows for
@@ -23,21 +24,36 @@ import redis
 from redis.client import Pipeline
 
 from diloco.signing import verify_key_hex
+from syncd.bulk import Served
+from syncd.fence import Lease
 from syncd.globals_store import GlobalsStore
 from syncd.island_signals import IslandSignals
 from syncd.keys import RUNS_KEY, active_key, lease_key
+from syncd.run_control import RunControl
+from syncd.run_keys import RunKeys
 from syncd.update_stream import UpdateStream
 
 # What stays of a run that ended, for the control room: its last status and the logs.
 KEPT_AFTER_END = ("status", "status_seq", "log")
 
 
-class RunStore(UpdateStream, GlobalsStore, IslandSignals):
-    """The Redis keys of one run: its update stream, published globals and island
-    signals (the parts it is made of), and the run's own keys.
+class RunStore(RunKeys):
+    """The Redis keys of one run: its parts (`updates`, `globals`, `signals`,
+    `control`) and the run's own keys.
 
-    Args: those of syncd.run_keys.RunKeys.
+    Args: those of syncd.run_keys.RunKeys, which every part shares.
     """
+
+    def __init__(self, client: redis.Redis, run_id: int | str, fence: Lease | None = None,
+                 chunk_bytes: int | None = None, data: redis.Redis | None = None,
+                 served: Served | None = None, writer: redis.Redis | None = None,
+                 data_writer: redis.Redis | None = None):
+        keys = (client, run_id, fence, chunk_bytes, data, served, writer, data_writer)
+        super().__init__(*keys)
+        self.updates = UpdateStream(*keys)
+        self.globals = GlobalsStore(*keys)
+        self.signals = IslandSignals(*keys)
+        self.control = RunControl(*keys)
 
     # -- run spec and membership ---------------------------------------------
 
@@ -99,63 +115,7 @@ class RunStore(UpdateStream, GlobalsStore, IslandSignals):
         """The spec as stored, so that syncd sees at a glance whether it changed."""
         return self.client.get(self.key("spec"))
 
-    # -- the run's flags, restarts and status --------------------------------
-
-    def mark_done(self) -> None:
-        """The budget is spent: islands stop at their next step."""
-        self._write(lambda pipe: pipe.set(self.key("done"), 1))
-
-    def done(self) -> bool:
-        return bool(self.client.exists(self.key("done")))
-
-    def restart_job(self, until: float) -> int:
-        """Elastic: ask every island to roll back and pause until `until`; returns how
-        many restarts the run has had, this one included (the field `generation`)."""
-        def fill(pipe: Pipeline) -> None:
-            pipe.hincrby(self.key("restart"), "generation", 1)
-            pipe.hset(self.key("restart"), "until", until)
-
-        return int(self._write(fill)[0])
-
-    def restart(self) -> tuple[int, float]:
-        """(restarts so far, the pause's end) of the run's last whole-job restart."""
-        raw = self.client.hgetall(self.key("restart"))
-        return int(raw.get(b"generation", 0)), float(raw.get(b"until", 0.0))
-
-    def request_rejoin(self, island: str, at: float) -> None:
-        self.client.hset(self.key("rejoin"), island, at)
-
-    def rejoin_requests(self) -> dict[str, float]:
-        """Open rejoin requests: island -> when it was asked for."""
-        return {k.decode(): float(v) for k, v in self.client.hgetall(self.key("rejoin")).items()}
-
-    def close_rejoin_request(self, island: str) -> None:
-        self._write(lambda pipe: pipe.hdel(self.key("rejoin"), island))
-
-    def request_stop(self, at: float) -> None:
-        """A user stops the run at `at`: syncd finishes it (syncd/service.py)."""
-        self.client.set(self.key("stop"), at, nx=True)
-
-    def stop_requested(self) -> float | None:
-        """When a stop was asked for, or None."""
-        raw = self.client.get(self.key("stop"))
-        return None if raw is None else float(raw)
-
-    def request_checkpoint(self) -> None:
-        self.client.set(self.key("checkpoint_now"), 1)
-
-    def take_checkpoint_request(self) -> bool:
-        """Whether a checkpoint was asked for since the last call."""
-        return bool(self._write(lambda pipe: pipe.delete(self.key("checkpoint_now")))[0])
-
-    def set_paused(self, paused: bool) -> None:
-        if paused:
-            self.client.set(self.key("paused"), 1)
-        else:
-            self.client.delete(self.key("paused"))
-
-    def paused(self) -> bool:
-        return bool(self.client.exists(self.key("paused")))
+    # -- status ----------------------------------------------------------------
 
     def put_status(self, status: dict[str, Any]) -> int:
         """Store the status snapshot under the next sequence number; returns it."""
@@ -168,21 +128,6 @@ class RunStore(UpdateStream, GlobalsStore, IslandSignals):
     def status(self) -> dict[str, Any] | None:
         raw = self.client.get(self.key("status"))
         return json.loads(raw) if raw else None
-
-    def chaos_progress(self) -> dict[str, str]:
-        """How far syncd got with the run's chaos schedule: {start, done, islands}
-        (islands as JSON), {} before the schedule's clock started."""
-        raw = self.client.hgetall(self.key("chaos"))
-        return {k.decode(): v.decode() for k, v in raw.items()}
-
-    def start_chaos(self, start: float, islands: dict[str, str]) -> None:
-        """The schedule's clock starts at `start`, over `islands` (name -> region)."""
-        self.client.hset(self.key("chaos"), mapping={"start": start, "done": 0,
-                                                "islands": json.dumps(islands)})
-
-    def set_chaos_done(self, done: int) -> None:
-        """The first `done` actions of the chaos schedule are carried out."""
-        self.client.hset(self.key("chaos"), "done", done)
 
     def release(self, keep: tuple[str, ...] = KEPT_AFTER_END, linger_s: int = 60) -> int:
         """Free an ended run's keys; returns how many were deleted at once.

@@ -1,6 +1,6 @@
 """Elastic's whole-job restarts, as an island follows them.
 
-In elastic mode syncd restarts the whole job when an island is lost (RunStore.
+In elastic mode syncd restarts the whole job when an island is lost (RunControl.
 restart_job): every island pauses until the restart's end, takes the rolled-back
 global model whole, and starts a fresh outer step at the same step (mod H) as
 the others, or islands would wait at the barriers of different fragments for
@@ -18,7 +18,7 @@ from trainer.link import POLL_S
 
 
 class RestartStore(Protocol):
-    """What the restarts need of a syncd.store.RunStore."""
+    """What the restarts need of a syncd.store.RunStore (its `control`)."""
 
     def restart(self) -> tuple[int, float]: ...
 

@@ -26,7 +26,7 @@ FAULT_READ_S = 0.2  # an island reads its fault at most five times a second
 
 
 class FaultStore(Protocol):
-    """What the emulation needs of a syncd.store.RunStore."""
+    """What the emulation needs of a syncd.store.RunStore (its `signals`)."""
 
     def fault(self, island: str) -> dict[str, Any]: ...
 

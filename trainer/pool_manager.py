@@ -293,7 +293,7 @@ class PoolManager:
         """Check a claim and start its island: on a warm standby, or cold."""
         store = RunStore(self.client, claim.get("run", ""))
         # A run being stopped takes no new epoch, as a worker's task would not.
-        active = store.is_active() and store.stop_requested() is None
+        active = store.is_active() and store.control.stop_requested() is None
         refused = check_claim(claim, active, store.epochs().get(str(claim.get("island"))))
         if not refused and not claim_signed(claim, self.claims_key):
             refused = "the claim is not signed by the run services"

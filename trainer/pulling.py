@@ -22,8 +22,8 @@ from diloco.island import Island
 from diloco.protocol import decode_message
 from diloco.synchronizer import Published
 from syncd.bulk import BulkError
+from syncd.globals_store import GlobalsStore
 from syncd.malloc import fault_in
-from syncd.store import RunStore
 from trainer.distributed import IslandGroup
 from trainer.downloads import RETRY_S, Downloads, GlobalMissing, NotReadable
 from trainer.emulation import FaultEmulation
@@ -35,7 +35,7 @@ log = logging.getLogger("archipelago.island")
 PULL_AHEAD = 2
 
 
-def read_full(store: RunStore, p: int, stopping: Callable[[], bool]) -> bytearray | None:
+def read_full(store: GlobalsStore, p: int, stopping: Callable[[], bool]) -> bytearray | None:
     """The newest full message of fragment p, read again every RETRY_S while it cannot be
     read (the syncd whose server its reference names is gone, until the next one
     publishes it again), unless the island stops."""
@@ -53,7 +53,7 @@ class Pulling:
     """What an island pulls of the run's globals, and how much.
 
     Args:
-        store: the run's Redis keys.
+        store: the run's published globals (`RunStore.globals`).
         name: the island's name in the run config.
         verify_key: the run's publish key's verifying half: a global signed with any
             other is refused before a tensor is read.
@@ -66,7 +66,7 @@ class Pulling:
         run_ended: whether the run is over for good.
     """
 
-    def __init__(self, store: RunStore, name: str, verify_key: Ed25519PublicKey,
+    def __init__(self, store: GlobalsStore, name: str, verify_key: Ed25519PublicKey,
                  downlink_compression: str, emulation: FaultEmulation,
                  group: IslandGroup | None, stopping: Callable[[], bool],
                  stop: Callable[[], None], run_ended: Callable[[], bool]):

@@ -115,8 +115,8 @@ class ProcessIsland:
         # from its claim for a warm standby.
         self.started = self.clock.marks.get("launched", time.time())
         self.startup_s: float | None = None  # launch to first step: elastic's delay
-        self.restarts = WholeJobRestarts(store, config.sync.inner_steps)
-        self.emulation = FaultEmulation(store, name, config.islands[self.index],
+        self.restarts = WholeJobRestarts(store.control, config.sync.inner_steps)
+        self.emulation = FaultEmulation(store.signals, name, config.islands[self.index],
                                         config.emulation,
                                         lambda: self.stopping)
         self.activity = "starting"  # what the background heartbeat says the island does
@@ -130,7 +130,7 @@ class ProcessIsland:
         self.first_step_cpu_s: float | None = None
         self.warm = warm
         self.island: Island | None = None  # built by setup()
-        self.pulling = Pulling(store, name, load_verify_key(spec["verify_key"]),
+        self.pulling = Pulling(store.globals, name, load_verify_key(spec["verify_key"]),
                                config.sync.downlink_compression, self.emulation, group,
                                lambda: self.stopping, self.stop, self.run_ended)
         self.sending = Sending(store, name, epoch,
@@ -151,23 +151,23 @@ class ProcessIsland:
             return  # a cut link carries no heartbeats either
         self._last_beat = now
         island, pulling, sending = self.island, self.pulling, self.sending
-        self.store.heartbeat(self.name, self.epoch, island.step if island else 0,
-                             island.tokens if island else 0, state=state,
-                             bytes_down=pulling.bytes_down, startup_s=self.startup_s,
-                             pid=os.getpid(), idle_rss=self.idle_rss, pulls=pulling.pulls,
-                             pull_s=round(pulling.pull_s, 4),
-                             pull_link_s=round(pulling.pull_link_s, 4),
-                             sends=sending.sends, send_link_s=round(sending.send_link_s, 4),
-                             pull_wait_s=round(pulling.pull_wait_s, 4),
-                             late_globals=pulling.late_globals,
-                             backpressure_wait_s=round(sending.backpressure_wait_s, 4),
-                             slot_wait_s=round(sending.slot_wait_s, 4),
-                             phases=self.phases, first_step_cpu_s=self.first_step_cpu_s,
-                             warm=self.warm, cpu_share=cpu_share(), **extra)
+        self.store.signals.heartbeat(self.name, self.epoch, island.step if island else 0,
+                                     island.tokens if island else 0, state=state,
+                                     bytes_down=pulling.bytes_down, startup_s=self.startup_s,
+                                     pid=os.getpid(), idle_rss=self.idle_rss, pulls=pulling.pulls,
+                                     pull_s=round(pulling.pull_s, 4),
+                                     pull_link_s=round(pulling.pull_link_s, 4),
+                                     sends=sending.sends, send_link_s=round(sending.send_link_s, 4),
+                                     pull_wait_s=round(pulling.pull_wait_s, 4),
+                                     late_globals=pulling.late_globals,
+                                     backpressure_wait_s=round(sending.backpressure_wait_s, 4),
+                                     slot_wait_s=round(sending.slot_wait_s, 4),
+                                     phases=self.phases, first_step_cpu_s=self.first_step_cpu_s,
+                                     warm=self.warm, cpu_share=cpu_share(), **extra)
 
     def _wait_for_globals(self, num_fragments: int) -> dict[int, int]:
         while not self.stopping:
-            versions = self.store.versions()
+            versions = self.store.globals.versions()
             if len(versions) >= num_fragments:
                 return versions
             self.beat("starting")
@@ -272,7 +272,7 @@ class ProcessIsland:
                 return island
 
             self.island = self.pulling.pull_all(len(fragments), build, self._phase)
-        cursor = self.store.cursor(self.name)
+        cursor = self.store.signals.cursor(self.name)
         if cursor:
             self.island.move_to(cursor["step"], cursor["tokens"])
             state = torch.frombuffer(bytearray(base64.b64decode(cursor["rng"])), dtype=torch.uint8)
@@ -286,21 +286,21 @@ class ProcessIsland:
 
     def save_cursor(self) -> None:
         rng = base64.b64encode(self.island.sampler.state().numpy().tobytes()).decode()
-        self.store.save_cursor(self.name, {"step": self.island.step,
-                                           "tokens": self.island.tokens, "rng": rng})
+        self.store.signals.save_cursor(self.name, {"step": self.island.step,
+                                                   "tokens": self.island.tokens, "rng": rng})
 
     def done(self) -> bool:
         """Whether syncd marked the run done; asked at most five times a second."""
         now = time.time()
         if now - self._done_read > 0.2:
-            self._done = self.store.done()
+            self._done = self.store.control.done()
             self._done_read = now
         return self._done
 
     def run_ended(self) -> bool:
         """Whether the run is over for good (done, or no longer active: stopped or
         deleted, its state freed)."""
-        return self.store.done() or not self.store.is_active()
+        return self.store.control.done() or not self.store.is_active()
 
     def send(self, p: int, mix_at: dict | None = None) -> None:
         self.island.finish_encoding()  # the last send is kept (sending.sent) before this one
@@ -380,7 +380,7 @@ class ProcessIsland:
 
     def finish(self) -> int:
         """The loop ended: flush a user's stop, tell the other ranks, drain the link."""
-        if self.stopping and self.store.stop_requested() is not None:
+        if self.stopping and self.store.control.stop_requested() is not None:
             self.flush()
         if self.group:
             self.group.announce_stop()

@@ -53,7 +53,7 @@ class Sending:
         self.slot_wait_s = 0.0  # the link waited for upload slots (syncd/upload_slots.py)
         self.link: Link | None = None  # opened by open()
         # What syncd has not handled yet, sent again to a syncd that took the run over.
-        self.sent = SentUpdates(lambda p: self.store.handled_seq(p, self.name),
+        self.sent = SentUpdates(lambda p: self.store.globals.handled_seq(p, self.name),
                                 self.store.syncd_holder, kept_sends(compression, islands))
         self._holder_read = 0.0
 
@@ -82,11 +82,11 @@ class Sending:
         """Write an update message to the data plane once it holds one of the run's upload
         slots (syncd/upload_slots.py), on the link's thread. One written as the run
         ended, after syncd freed its keys, is deleted again with what it made anew."""
-        self.slot_wait_s += self.store.wait_for_slot(self.name, self.epoch, fragment, seq,
-                                                     self.upload_slots)
-        self.store.push_update(self.name, self.epoch, fragment, seq, message)
+        self.slot_wait_s += self.store.updates.wait_for_slot(self.name, self.epoch, fragment, seq,
+                                                             self.upload_slots)
+        self.store.updates.push_update(self.name, self.epoch, fragment, seq, message)
         if self.run_ended():
-            self.store.clear_after_end(self.name, self.epoch, fragment, seq, len(message))
+            self.store.updates.clear_after_end(self.name, self.epoch, fragment, seq, len(message))
 
     def hold_back(self, p: int, interrupted: Callable[[], bool],
                   meanwhile: Callable[[], None]) -> None:

@@ -112,7 +112,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     store = island_store(claim["redis_url"], claim.get("dataplane_url") or claim["redis_url"],
                          claim["run"])
-    active = store.is_active() and store.stop_requested() is None
+    active = store.is_active() and store.control.stop_requested() is None
     refused = check_claim(claim, active, store.epochs().get(claim["island"]))
     if refused:
         log.warning("standby %d refused its claim: %s", os.getpid(), refused)

@@ -27,7 +27,7 @@ current one (a rejoin started the next) stops itself, so a rejoin
 never leaves two copies of an island training, even if its "stop" went astray.
 
 A death (killed, or failed on its own) is reported at once to the run's store with
-its epoch and exit code (RunStore.report_death), so syncd marks the island lost as
+its epoch and exit code (IslandSignals.report_death), so syncd marks the island lost as
 it happens rather than when its heartbeat times out. The loop waits on the child
 between polls, so it sees an exit within milliseconds.
 """
@@ -73,19 +73,26 @@ STOP_GRACE_S = 30.0
 COMMANDS_PER_POLL = 16
 
 
-class ControlStore(Protocol):
-    """What the supervisor needs of a syncd.store.RunStore."""
+class SignalStore(Protocol):
+    """What the supervisor needs of a run's island signals (syncd.island_signals)."""
 
     def next_command(self, island: str) -> dict[str, Any] | None: ...
 
     def send_command(self, island: str, kind: str, **args: Any) -> None: ...
 
-    def epochs(self) -> dict[str, int]: ...
-
     def put_log(self, island: str, lines: list[str]) -> None: ...
 
     def report_death(self, island: str, epoch: int, exit_code: int | None,
                      at: float | None = None) -> None: ...
+
+
+class ControlStore(Protocol):
+    """What the supervisor needs of a syncd.store.RunStore."""
+
+    @property
+    def signals(self) -> SignalStore: ...
+
+    def epochs(self) -> dict[str, int]: ...
 
 
 class IslandSupervisor:
@@ -218,7 +225,7 @@ class IslandSupervisor:
         if not self._report:
             self._note("death not reported (a dark region tells no one)")
             return
-        self._store_call(self.store.report_death, self.island, self.epoch, code,
+        self._store_call(self.store.signals.report_death, self.island, self.epoch, code,
                          at=self._died_at)
 
     def _exit_code(self) -> int | None:
@@ -296,7 +303,7 @@ class IslandSupervisor:
             return
         current = self.log_path.stat().st_size if self.log_path.exists() else 0
         if current != size:
-            self._store_call(self.store.put_log, self.island,
+            self._store_call(self.store.signals.put_log, self.island,
                              tail_lines(self.log_path, LOG_SHIP_LINES))
         self._shipped = (current, now)
 
@@ -304,7 +311,7 @@ class IslandSupervisor:
         """Take this epoch's pending commands; drop older ones, put newer ones back."""
         mine = []
         for _ in range(COMMANDS_PER_POLL):
-            command = self._store_call(self.store.next_command, self.island)
+            command = self._store_call(self.store.signals.next_command, self.island)
             if command is None:
                 break
             epoch = command.get("epoch")
@@ -316,7 +323,8 @@ class IslandSupervisor:
                 # For the epoch that replaces us: leave it to that one, and take
                 # nothing more this round so we do not pick the same command again.
                 args = {k: v for k, v in command.items() if k != "kind"}
-                self._store_call(self.store.send_command, self.island, command["kind"], **args)
+                self._store_call(self.store.signals.send_command, self.island, command["kind"],
+                                 **args)
                 break
         return mine
 
@@ -388,7 +396,7 @@ def supervise_island(run_id: int, island: str, epoch: int, redis_url: str, islan
     from syncd.store import RunStore
 
     store = RunStore(connect(redis_url), run_id)
-    if not store.is_active() or store.stop_requested() is not None:
+    if not store.is_active() or store.control.stop_requested() is not None:
         return {"island": island, "epoch": epoch, "exit_code": None, "ended": "inactive"}
     env = {**island_env(dict(os.environ)),
            REDIS_URL_ENV: island_url(redis_url, run_id, redis_password),

@@ -19,7 +19,7 @@ def test_the_intruders_entries_are_quarantined_in_few_events_and_its_canaries_ke
     heartbeat_all(sync)
     run_id = int(sync.store.run_id)
     intruder = Intruder(connect(redis_url), run_id, other_run_id=run_id + 1)
-    batch = intruder.attack("a", 1, sync.store.versions())
+    batch = intruder.attack("a", 1, sync.store.globals.versions())
     intruder.watch()
     assert batch.quarantined_after_s is None, "still in the stream before syncd reads it"
     for island in ("a", "b"):
@@ -30,7 +30,8 @@ def test_the_intruders_entries_are_quarantined_in_few_events_and_its_canaries_ke
 
     assert batch.quarantined_after_s is not None and batch.canary_kept
     assert intruder.other_canary_kept()
-    assert sync.store.versions()[0] == 1 and sync.store.handled(0) == {"a": 4, "b": 4}
+    assert sync.store.globals.versions()[0] == 1
+    assert sync.store.globals.handled(0) == {"a": 4, "b": 4}
     sync.recorder.flush()
     counts = [e.detail["quarantined"] for e in Event.objects.filter(run_id=run_id,
                                                                      kind="rejection")]

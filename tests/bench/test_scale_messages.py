@@ -17,10 +17,10 @@ def test_the_messages_in_flight_are_the_bytes_of_the_runs_update_chunks(redis_ur
     pattern = store.key("blob", "*")
     assert message_bytes(store.data, pattern) == 0
 
-    store.push_update("a", 1, 0, 4, b"u" * 20_000)
-    store.push_update("b", 1, 2, 9, b"v" * 5_000)
-    other.push_update("a", 1, 0, 4, b"w" * 7_000)
+    store.updates.push_update("a", 1, 0, 4, b"u" * 20_000)
+    store.updates.push_update("b", 1, 2, 9, b"v" * 5_000)
+    other.updates.push_update("a", 1, 0, 4, b"w" * 7_000)
 
     assert message_bytes(store.data, pattern) == 25_000
-    store.forget_updates(store.read_updates())
+    store.updates.forget_updates(store.updates.read_updates())
     assert message_bytes(store.data, pattern) == 0

@@ -70,12 +70,12 @@ def send(sync: RunSync, island: str, fragment: int, seq: int, *, epoch: int = 1,
             "inner_steps": steps, "compute_s": 1.0, "codec": codec}
     blob = encode_message("update", meta, codecs.encode(delta, codec),
                           key or island_key(sync.spec.secret, island, epoch))
-    sync.store.push_update(island, epoch, fragment, seq, blob)
+    sync.store.updates.push_update(island, epoch, fragment, seq, blob)
 
 
 def heartbeat_all(sync: RunSync) -> None:
     for island in ("a", "b"):
-        sync.store.heartbeat(island, 1, 4, 128, state="training")
+        sync.store.signals.heartbeat(island, 1, 4, 128, state="training")
 
 
 def merge_once(sync: RunSync) -> None:
@@ -84,7 +84,7 @@ def merge_once(sync: RunSync) -> None:
     send(sync, "a", 0, 4)
     send(sync, "b", 0, 4)
     sync.tick()
-    assert sync.store.versions()[0] == 1
+    assert sync.store.globals.versions()[0] == 1
 
 
 def beat_at(sync: RunSync, island: str, time: float, *, epoch: int = 1,

@@ -58,19 +58,19 @@ def test_an_island_user_reads_and_writes_its_runs_keys_as_an_island_does(
     assert island.writer is not island.client
     assert island.spec()["mode"] == "decoupled"
     assert island.is_active() and island.epochs() == {"a": 1}
-    island.wait_for_slot("a", 1, 0, 3, slots=2)
-    island.push_update("a", 1, 0, 3, b"x" * 100)
-    island.heartbeat("a", 1, step=3, tokens=12)
-    island.save_cursor("a", {"step": 3})
-    assert island.cursor("a") == {"step": 3}
-    assert island.handled_seq(0, "a") == -1 and island.versions() == {}
-    assert not island.done() and island.stop_requested() is None
-    island.clear_fault("a")
-    assert RunStore(client, 7).heartbeats()["a"]["step"] == 3
+    island.updates.wait_for_slot("a", 1, 0, 3, slots=2)
+    island.updates.push_update("a", 1, 0, 3, b"x" * 100)
+    island.signals.heartbeat("a", 1, step=3, tokens=12)
+    island.signals.save_cursor("a", {"step": 3})
+    assert island.signals.cursor("a") == {"step": 3}
+    assert island.globals.handled_seq(0, "a") == -1 and island.globals.versions() == {}
+    assert not island.control.done() and island.control.stop_requested() is None
+    island.signals.clear_fault("a")
+    assert RunStore(client, 7).signals.heartbeats()["a"]["step"] == 3
     assert client.xlen(RunStore(client, 7).key("updates")) == 1
-    island.clear_after_end("a", 1, 0, 3, 100)  # what it wrote as its run ended
+    island.updates.clear_after_end("a", 1, 0, 3, 100)  # what it wrote as its run ended
     assert not client.exists(island.key("updates"), island.key("uploads"),
-                             island.update_key("a", 1, 0, 3) + ":0")
+                             island.updates.update_key("a", 1, 0, 3) + ":0")
 
 
 SHARED_AND_READ_ONLY = [
@@ -176,13 +176,13 @@ def data_users(client, dataplane_url, two_runs):
 def test_an_island_user_on_the_data_plane_writes_its_runs_messages_and_no_others(
         redis_url, dataplane_url, client, data_users):
     other = RunStore(client, 8, data=data_users)
-    other.push_update("a", 1, 0, 3, b"y" * 100)
+    other.updates.push_update("a", 1, 0, 3, b"y" * 100)
     password = redis_password(SECRET)
     island = island_store(island_url(redis_url, 7, password),
                           island_url(dataplane_url, 7, password), 7)
-    island.push_update("a", 1, 0, 3, b"x" * 100)
-    assert data_users.get(island.update_key("a", 1, 0, 3) + ":0") == b"x" * 100
-    theirs = other.update_key("a", 1, 0, 3) + ":0"
+    island.updates.push_update("a", 1, 0, 3, b"x" * 100)
+    assert data_users.get(island.updates.update_key("a", 1, 0, 3) + ":0") == b"x" * 100
+    theirs = other.updates.update_key("a", 1, 0, 3) + ":0"
     data_users.set("arch:7:full:0:1:1:0", b"published")
     for command in [("GET", theirs), ("DEL", theirs), ("SET", theirs, "z"), ("KEYS", "*"),
                     ("FLUSHALL",), ("CONFIG", "GET", "maxmemory"),

@@ -82,6 +82,7 @@ class FakeStore:
         self.chaos: dict[str, str] = {}
         self.faults: dict[str, tuple[str, float, float, float]] = {}
         self.commands: list[tuple[str, str, dict]] = []
+        self.control = self.signals = self  # the parts of a RunStore it stands in for
 
     def chaos_progress(self):
         return dict(self.chaos)

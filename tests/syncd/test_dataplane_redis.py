@@ -35,12 +35,12 @@ def test_an_updates_message_lies_on_the_data_plane_and_its_entry_on_the_control_
         redis_url, dataplane_url):
     store = RunStore(connect(redis_url), 7, data=connect(dataplane_url))
 
-    store.push_update("a", 1, 0, 4, b"u" * 20_000)
+    store.updates.push_update("a", 1, 0, 4, b"u" * 20_000)
 
     assert keys(dataplane_url, "blob") and not keys(redis_url, "blob")
     assert keys(redis_url, "updates") and not keys(dataplane_url, "updates")
-    [entry] = store.read_updates()
-    assert store.update_message(entry, 1 << 20) == b"u" * 20_000
+    [entry] = store.updates.read_updates()
+    assert store.updates.update_message(entry, 1 << 20) == b"u" * 20_000
 
 
 def test_a_merge_publishes_its_messages_on_the_data_plane_and_commits_on_the_control_redis(
@@ -56,9 +56,9 @@ def test_a_merge_publishes_its_messages_on_the_data_plane_and_commits_on_the_con
     with redis.Redis.from_url(dataplane_url) as data:
         assert not data.exists(sync.store.key("versions"), sync.store.key("handled", 0),
                                sync.store.key("status"), sync.store.key("heartbeats"))
-    _, meta, _ = decode_message(sync.store.full(0), sync.spec.verify_key)
+    _, meta, _ = decode_message(sync.store.globals.full(0), sync.spec.verify_key)
     assert meta["version"] == 1
-    token = sync.store.fencing_tokens()[0]
+    token = sync.store.globals.fencing_tokens()[0]
     assert token == sync.store.fencing_token  # this syncd's grant (0: no lease here)
     assert (tmp_path / f"run-{sync.store.run_id}" / "published"
             / f"0-{token}-odd.published").exists()
@@ -76,14 +76,14 @@ def test_a_full_data_plane_refuses_tensor_writes_while_heartbeats_and_status_go_
 
     with pytest.raises(redis.OutOfMemoryError):
         send(sync, "a", 1, 4)
-    sync.store.heartbeat("a", 1, 8, 256, state="training")
+    sync.store.signals.heartbeat("a", 1, 8, 256, state="training")
     sync.tick()
     sync.clock_state["now"] += 1.5
     sync.tick()
 
     assert not keys(dataplane_url, "blob:a:1:1:")  # the refused update holds no memory
-    assert sync.store.versions()[0] == 0  # the merge waits; nothing half-published
-    assert sync.store.heartbeats()["a"]["step"] == 8
+    assert sync.store.globals.versions()[0] == 0  # the merge waits; nothing half-published
+    assert sync.store.signals.heartbeats()["a"]["step"] == 8
     assert sync.store.status()["seq"] > status_before
     [alert] = alerts(sync, "data-plane Redis is full")
     assert alert["refused"] >= 1
@@ -91,7 +91,7 @@ def test_a_full_data_plane_refuses_tensor_writes_while_heartbeats_and_status_go_
     data.config_set("maxmemory", 0)  # room again: the merge goes through
     sync.clock_state["now"] += 1.5
     sync.tick()
-    assert sync.store.versions()[0] == 1
+    assert sync.store.globals.versions()[0] == 1
     data.close()
 
 
@@ -118,13 +118,13 @@ def test_a_restart_of_the_data_plane_while_syncd_runs_is_published_again(
     url, restart = own_dataplane
     sync = make_run_sync(redis_url, tmp_path, "decoupled", dataplane_url=url)
     merge_once(sync)
-    merged = sync.store.full(0)
+    merged = sync.store.globals.full(0)
 
     restart()
     sync.clock_state["now"] += 1.5
     sync.tick()
 
-    assert sync.store.full(0) == merged
+    assert sync.store.globals.full(0) == merged
     assert alerts(sync, "lost the run's published")
 
 
@@ -136,7 +136,7 @@ def test_a_restart_of_the_data_plane_and_of_syncd_loses_no_published_global(
     url, restart = own_dataplane
     sync = make_run_sync(redis_url, tmp_path, "decoupled", dataplane_url=url)
     merge_once(sync)
-    merged = sync.store.full(0)
+    merged = sync.store.globals.full(0)
     globals_before = {n: t.clone() for n, t in sync.rounds.sync.globals[0].items()}
     momentum_before = sync.rounds.sync.optimizers[0].state_dict()
 
@@ -148,7 +148,7 @@ def test_a_restart_of_the_data_plane_and_of_syncd_loses_no_published_global(
     assert all(again.rounds.sync.globals[0][n].equal(t) for n, t in globals_before.items())
     momentum = again.rounds.sync.optimizers[0].state_dict()
     assert all(momentum[n].equal(t) for n, t in momentum_before.items())
-    assert sync.store.full(0) == merged  # published on the data plane again
+    assert sync.store.globals.full(0) == merged  # published on the data plane again
     again.recorder.flush()
     assert not Event.objects.filter(run_id=sync.recorder.run_id, kind="rollback").exists()
 
@@ -162,7 +162,7 @@ def test_a_syncd_under_a_new_grant_restores_from_the_committing_grants_file_then
     url, restart = own_dataplane
     sync = make_run_sync(redis_url, tmp_path, "decoupled", dataplane_url=url)
     merge_once(sync)  # committed by grant 0 (this helper holds no lease)
-    merged = sync.store.full(0)
+    merged = sync.store.globals.full(0)
     folder = tmp_path / f"run-{sync.store.run_id}" / "published"
     assert (folder / "0-0-odd.published").exists()
 
@@ -172,21 +172,21 @@ def test_a_syncd_under_a_new_grant_restores_from_the_committing_grants_file_then
     clock = {"now": 2000.0}
     again = RunSync(store, DatabaseRecorder(sync.recorder.run_id), tmp_path,
                     clock=lambda: clock["now"], control_every_s=0.0)
-    assert store.full(0) == merged  # published again from grant 0's file
+    assert store.globals.full(0) == merged  # published again from grant 0's file
 
     heartbeat_all(again)
     send(again, "a", 0, 8, base_version=1)
     send(again, "b", 0, 8, base_version=1)
     again.tick()
 
-    assert store.versions()[0] == 2
-    assert store.fencing_tokens()[0] == grant.token > 0
+    assert store.globals.versions()[0] == 2
+    assert store.globals.fencing_tokens()[0] == grant.token > 0
     # Version 1 published again and version 2, both in this grant's files; grant 0's gone.
     assert sorted(p.name for p in folder.glob("0-*")) == [
         f"0-{grant.token}-even.published", f"0-{grant.token}-odd.published"]
 
     # And the next grant restores from that grant's file, not grant 0's (gone).
-    merged = store.full(0)
+    merged = store.globals.full(0)
     assert lease.release(store.client, grant)
     restart()
     later = lease.acquire(store.client, store.run_id, "syncd-c", ttl_s=60)
@@ -194,7 +194,7 @@ def test_a_syncd_under_a_new_grant_restores_from_the_committing_grants_file_then
     again = RunSync(store, DatabaseRecorder(sync.recorder.run_id), tmp_path,
                     clock=lambda: clock["now"], control_every_s=0.0)
     assert again.rounds.sync.version(0) == 2
-    assert store.full(0) == merged
+    assert store.globals.full(0) == merged
 
 
 def test_a_saved_message_that_does_not_verify_sends_the_run_back_to_its_checkpoint(
@@ -211,7 +211,7 @@ def test_a_saved_message_that_does_not_verify_sends_the_run_back_to_its_checkpoi
     sync.recorder.flush()
     checkpointed = {n: t.clone() for n, t in sync.rounds.sync.globals[0].items()}
     merge_once(sync)
-    files, token = sync.rounds.files, sync.store.fencing_tokens().get(0, 0)
+    files, token = sync.rounds.files, sync.store.globals.fencing_tokens().get(0, 0)
     full, momentum = files.load(0, 1, token)
     body = bytes(full[:-SIGNATURE_BYTES])
     files.save(0, 1, token, bytearray(body + sync.spec.publish_key.sign(
@@ -223,7 +223,7 @@ def test_a_saved_message_that_does_not_verify_sends_the_run_back_to_its_checkpoi
 
     assert again.rounds.sync.versions() == [1, 1]  # the checkpoint's, published as newer
     assert all(again.rounds.sync.globals[0][n].equal(t) for n, t in checkpointed.items())
-    _, meta, _ = decode_message(sync.store.full(0), sync.spec.verify_key)
+    _, meta, _ = decode_message(sync.store.globals.full(0), sync.spec.verify_key)
     assert meta["version"] == 1
     again.recorder.flush()
     assert Event.objects.filter(run_id=sync.recorder.run_id, kind="rollback").exists()

@@ -47,7 +47,7 @@ def two_runs(redis_url, tmp_path) -> tuple[RunSync, RunSync]:
         for island in ("a", "b"):
             send(sync, island, 0, 4)
         sync.tick()
-        assert sync.store.versions()[0] == 1
+        assert sync.store.globals.versions()[0] == 1
         runs.append(sync)
     return runs[0], runs[1]
 
@@ -59,7 +59,7 @@ HOSTILE = hostile_entries(GOOD)
 def test_a_hostile_entry_changes_nothing_and_its_neighbours_merge(two_runs, fields):
     attacked, other = two_runs
     other_keys = {k: other.store.client.dump(k) for k in keys_of(other)}
-    handled = attacked.store.handled(0)
+    handled = attacked.store.globals.handled(0)
     send(attacked, "a", 0, 8)
     # The entry names another run's fragment as its message: an entry names no key.
     hostile = write_entry(attacked.store, {**fields, "key": other.store.key("full", 0, 1)})
@@ -67,8 +67,8 @@ def test_a_hostile_entry_changes_nothing_and_its_neighbours_merge(two_runs, fiel
 
     attacked.tick()
 
-    assert attacked.store.versions()[0] == 2, "a's and b's genuine updates merged"
-    assert attacked.store.handled(0) == {**handled, "a": 8, "b": 8}
+    assert attacked.store.globals.versions()[0] == 2, "a's and b's genuine updates merged"
+    assert attacked.store.globals.handled(0) == {**handled, "a": 8, "b": 8}
     assert attacked.rounds.ingester.rejections == {}
     assert all(sum(i.lost.values()) == 0.0 for i in attacked.accounting.islands.values())
     [event] = rejection_events(attacked)
@@ -76,7 +76,7 @@ def test_a_hostile_entry_changes_nothing_and_its_neighbours_merge(two_runs, fiel
     assert not in_stream(attacked, hostile), "skipped for good"
     assert {k: other.store.client.dump(k) for k in keys_of(other)} == other_keys
     other.tick()
-    assert other.store.versions()[0] == 1
+    assert other.store.globals.versions()[0] == 1
 
 
 def test_a_forged_huge_seq_never_keeps_the_island_from_merging(two_runs):
@@ -88,8 +88,8 @@ def test_a_forged_huge_seq_never_keeps_the_island_from_merging(two_runs):
 
     attacked.tick()
 
-    assert attacked.store.versions()[0] == 2
-    assert attacked.store.handled(0)["a"] == 8
+    assert attacked.store.globals.versions()[0] == 2
+    assert attacked.store.globals.handled(0)["a"] == 8
 
 
 def test_repeated_hostile_entries_make_one_event_with_their_count(two_runs):
@@ -120,7 +120,7 @@ def test_a_quarantined_entry_is_not_read_again_after_a_restart_of_syncd(two_runs
     again.tick()
 
     assert len(rejection_events(again)) == 2
-    assert again.store.versions()[0] == 1
+    assert again.store.globals.versions()[0] == 1
 
 
 def test_a_stop_of_a_run_with_poison_entries_finishes(two_runs):
@@ -128,7 +128,7 @@ def test_a_stop_of_a_run_with_poison_entries_finishes(two_runs):
     Run.objects.filter(pk=attacked.recorder.run_id).update(state=Run.State.STOPPING)
     for seq in range(5):
         write_entry(attacked.store, {"island": "a", "seq": str(seq)})  # no epoch, no fragment
-    attacked.store.request_stop(attacked.clock_state["now"])
+    attacked.store.control.request_stop(attacked.clock_state["now"])
     attacked.tick()
     attacked.clock_state["now"] += STOP_WAIT_S
 

@@ -30,7 +30,7 @@ def merge_rounds(sync: RunSync, first_seq: int) -> None:
     """ROUNDS merges of fragment 0 from genuine updates of both islands."""
     for i in range(ROUNDS):
         heartbeat_all(sync)
-        base = sync.store.versions()[0]
+        base = sync.store.globals.versions()[0]
         for island in ("a", "b"):
             send(sync, island, 0, first_seq + 4 * i, base_version=base)
         sync.tick()
@@ -93,15 +93,15 @@ def runs(redis_url, tmp_path) -> tuple[RunSync, RunSync]:
 def test_no_write_an_island_may_send_stops_its_run_or_another_from_merging(
         redis_url, runs, leave):
     attacked, bystander = runs
-    before = (attacked.store.versions()[0], bystander.store.versions()[0])
+    before = (attacked.store.globals.versions()[0], bystander.store.globals.versions()[0])
 
     assert attack(redis_url, attacked, leave=leave) > 0
     attacked.tick()  # syncd's next pass: what it cannot read is quarantined or deleted
     merge_rounds(bystander, 100)
     merge_rounds(attacked, 100)
 
-    assert bystander.store.versions()[0] >= before[1] + ROUNDS
-    assert attacked.store.versions()[0] >= before[0] + ROUNDS
+    assert bystander.store.globals.versions()[0] >= before[1] + ROUNDS
+    assert attacked.store.globals.versions()[0] >= before[0] + ROUNDS
 
 
 FIELD = st.one_of(st.integers(min_value=-2**70, max_value=2**70).map(str),
@@ -121,9 +121,9 @@ def test_no_stream_entry_fails_the_tick_and_the_genuine_updates_still_merge(runs
     writer = attacked.store.writer
     for fields in entries:
         writer.xadd(attacked.store.key("updates"), fields)
-    before = attacked.store.versions()[0]
+    before = attacked.store.globals.versions()[0]
 
     merge_rounds(attacked, 1000 + 4 * ROUNDS * before)
 
-    assert attacked.store.versions()[0] == before + ROUNDS
+    assert attacked.store.globals.versions()[0] == before + ROUNDS
     assert attacked.store.client.xlen(attacked.store.key("updates")) == 0

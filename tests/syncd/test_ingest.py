@@ -73,7 +73,7 @@ def sign(body: bytes, secret: bytes) -> bytes:
 
 
 def push(sync: RunSync, island: str, seq: int, blob: bytes) -> None:
-    sync.store.push_update(island, 1, 0, seq, blob)
+    sync.store.updates.push_update(island, 1, 0, seq, blob)
 
 
 def rejection_reasons(sync: RunSync) -> list[str]:
@@ -252,13 +252,13 @@ def assert_rejected_and_the_run_goes_on(sync: RunSync, reason: str, seq: int) ->
     assert sync.rounds.ingester.rejections == {"a": 1}
     assert sync.status(1000.0)["islands"]["a"]["rejections"] == 1
     version = sync.rounds.sync.version(0)
-    assert sync.store.versions()[0] == version
+    assert sync.store.globals.versions()[0] == version
     assert list(sync.rounds.sync.open_round(0)) == ["b"]
 
     push(sync, "a", seq + STEPS, good_blob(sync, "a", seq + STEPS))
     sync.tick()
 
-    assert sync.store.versions()[0] == version + 1
+    assert sync.store.globals.versions()[0] == version + 1
     assert all(torch.isfinite(t).all() for t in sync.rounds.sync.globals[0].values())
     assert sync.rounds.ingester.rejections == {"a": 1}
 
@@ -272,18 +272,18 @@ def assert_quarantined_and_the_run_goes_on(sync: RunSync, reason: str, seq: int)
     assert len(reasons) == 1 and reason in reasons[0], reasons
     assert sync.rounds.ingester.rejections == {}
     assert sync.status(1000.0)["islands"]["a"]["rejections"] == 0
-    assert "a" not in sync.store.handled(0)
+    assert "a" not in sync.store.globals.handled(0)
     assert sum(sync.accounting.islands["a"].lost.values()) == 0.0
     entries = sync.store.client.xrange(sync.store.key("updates"))
     assert entries == []
     version = sync.rounds.sync.version(0)
-    assert sync.store.versions()[0] == version
+    assert sync.store.globals.versions()[0] == version
     assert list(sync.rounds.sync.open_round(0)) == ["b"]
 
     push(sync, "a", seq, good_blob(sync, "a", seq))
     sync.tick()
 
-    assert sync.store.versions()[0] == version + 1
+    assert sync.store.globals.versions()[0] == version + 1
     assert sync.rounds.ingester.rejections == {}
 
 
@@ -329,7 +329,7 @@ def test_an_update_sent_again_is_the_same_update_merged_once_and_refused_nothing
     push(run_sync, "a", 4, blob)
     push(run_sync, "b", 4, good_blob(run_sync, "b", 4))
     run_sync.tick()
-    assert run_sync.store.versions()[0] == 1
+    assert run_sync.store.globals.versions()[0] == 1
 
     push(run_sync, "a", 4, blob)  # the very same signed bytes again
     push(run_sync, "b", 8, good_blob(run_sync, "b", 8))
@@ -337,7 +337,7 @@ def test_an_update_sent_again_is_the_same_update_merged_once_and_refused_nothing
 
     assert rejection_reasons(run_sync) == []
     assert run_sync.rounds.ingester.rejections == {}
-    assert run_sync.store.versions()[0] == 1
+    assert run_sync.store.globals.versions()[0] == 1
     assert list(run_sync.rounds.sync.open_round(0)) == ["b"]
     assert runs.stored_keys(run_sync.store, "blob") == []  # the copy is deleted unread
 
@@ -355,7 +355,7 @@ def test_a_restarted_syncd_reads_handled_updates_again_without_calling_them_repl
 
     assert again.rounds.ingester.rejections == {}
     assert rejection_reasons(again) == []
-    assert again.store.versions()[0] == 1
+    assert again.store.globals.versions()[0] == 1
 
 
 # -- a message in chunks (syncd.bulk), tampered with in Redis --------------------------
@@ -384,7 +384,7 @@ def drop_chunk(store: RunStore, keys: list[str]) -> None:
 def test_a_tampered_chunk_gets_its_update_quarantined_and_never_merged(run_sync, tamper,
                                                                        reason):
     push(run_sync, "a", 8, good_blob(run_sync, "a", 8))
-    [ref] = run_sync.store.read_updates()
+    [ref] = run_sync.store.updates.read_updates()
     assert ref.blob.chunks >= 2, "the tests' chunk size (tests/conftest.py) splits updates"
     tamper(run_sync.store, ref.blob.chunk_keys())
     push(run_sync, "b", 8, good_blob(run_sync, "b", 8))

@@ -37,21 +37,21 @@ def test_only_the_current_holder_renews_or_releases(client):
 def test_an_expired_lease_is_taken_over_and_the_stale_holders_publish_is_refused(client):
     stale = lease.acquire(client, 7, "syncd-a", ttl_s=0.1)
     stale_store = RunStore(client, 7, fence=stale)
-    stale_store.publish(0, 1, b"v1", None, {"a": 4}, 100, keep=16)
+    stale_store.globals.publish(0, 1, b"v1", None, {"a": 4}, 100, keep=16)
     wait_until(lambda: lease.holder(client, 7) is None, 5, "the lease to expire")
 
     fresh = lease.acquire(client, 7, "syncd-b", ttl_s=30)
     assert fresh.token > stale.token
     with pytest.raises(LeaseLost, match="fencing token"):
-        stale_store.publish(0, 2, b"stale", None, {"a": 8}, 100, keep=16)
+        stale_store.globals.publish(0, 2, b"stale", None, {"a": 8}, 100, keep=16)
     with pytest.raises(LeaseLost):
         stale_store.put_status({"versions": [9]})
     assert not lease.renew(client, stale, ttl_s=30)
 
-    assert stale_store.versions() == {0: 1}
-    assert stale_store.full(0) == b"v1"
-    RunStore(client, 7, fence=fresh).publish(0, 2, b"v2", None, {"a": 8}, 100, keep=16)
-    assert stale_store.versions() == {0: 2}
+    assert stale_store.globals.versions() == {0: 1}
+    assert stale_store.globals.full(0) == b"v1"
+    RunStore(client, 7, fence=fresh).globals.publish(0, 2, b"v2", None, {"a": 8}, 100, keep=16)
+    assert stale_store.globals.versions() == {0: 2}
 
 
 
@@ -82,13 +82,13 @@ def test_a_stale_holders_publish_never_touches_the_new_holders_chunks(client):
     wait_until(lambda: lease.holder(client, 7) is None, 5, "the lease to expire")
     fresh = lease.acquire(client, 7, "syncd-b", ttl_s=30)
     fresh_store = RunStore(client, 7, fence=fresh)
-    fresh_store.publish(0, 2, b"fresh v2", None, {"a": 8}, 100, keep=16)
+    fresh_store.globals.publish(0, 2, b"fresh v2", None, {"a": 8}, 100, keep=16)
 
     with pytest.raises(LeaseLost):
-        RunStore(client, 7, fence=stale).publish(0, 2, b"stale", None, {"a": 8},
-                                                 100, keep=16)
+        RunStore(client, 7, fence=stale).globals.publish(0, 2, b"stale", None, {"a": 8},
+                                                         100, keep=16)
 
-    assert fresh_store.full(0) == b"fresh v2"
+    assert fresh_store.globals.full(0) == b"fresh v2"
     chunks = [k for k in client.scan_iter(match="arch:7:full:0:2:*")]
     lasting = [k for k in chunks if client.ttl(k) == -1]
     assert len(lasting) == 1  # the fresh holder's; the stale chunks expire
@@ -96,8 +96,8 @@ def test_a_stale_holders_publish_never_touches_the_new_holders_chunks(client):
 
 def test_a_publish_deletes_the_message_its_reference_named_before(client):
     store = RunStore(client, 7)
-    store.publish(0, 1, b"v1", None, {}, 1, keep=16)
-    store.publish(0, 2, b"v2", None, {}, 1, keep=16)
-    assert store.full(0) == b"v2"
+    store.globals.publish(0, 1, b"v1", None, {}, 1, keep=16)
+    store.globals.publish(0, 2, b"v2", None, {}, 1, keep=16)
+    assert store.globals.full(0) == b"v2"
     assert sorted(k.decode() for k in client.scan_iter(match="arch:7:full:0:*")) == \
         ["arch:7:full:0:2:0:0"]

@@ -83,7 +83,7 @@ def test_a_reported_death_marks_the_island_lost_on_the_next_pass(run_sync):
     beat_at(run_sync, "b", 1000.0)
     run_sync.tick()
     assert run_sync.liveness.alive == 2
-    run_sync.store.report_death("a", 1, -9, at=1000.2)
+    run_sync.store.signals.report_death("a", 1, -9, at=1000.2)
     run_sync.clock_state["now"] = 1000.3  # far inside the 10 s heartbeat timeout
     run_sync.control_every_s = 60.0  # the death alone brings the watch forward
     run_sync.next_control = 2000.0
@@ -99,7 +99,7 @@ def test_a_reported_death_marks_the_island_lost_on_the_next_pass(run_sync):
     assert status["islands"]["a"]["state"] == "lost"
     # The next epoch speaks: revived.
     run_sync.store.set_epoch("a", 2)
-    run_sync.store.heartbeat("a", 2, 0, 0, state="training")
+    run_sync.store.signals.heartbeat("a", 2, 0, 0, state="training")
     run_sync.next_control = 0.0
     run_sync.tick()
     assert run_sync.liveness.lost == set()
@@ -118,10 +118,10 @@ def test_a_step_time_that_spans_a_users_pause_does_not_value_useful_steps(run_sy
         run_sync.tick()
 
     updates(1000.0, 4, 0)
-    run_sync.store.set_paused(True)
+    run_sync.store.control.set_paused(True)
     run_sync.clock_state["now"] = 1001.0
     run_sync.tick()
-    run_sync.store.set_paused(False)
+    run_sync.store.control.set_paused(False)
     run_sync.clock_state["now"] = 1003.0
     run_sync.tick()
     updates(1004.0, 8, 1)

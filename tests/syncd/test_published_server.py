@@ -119,9 +119,10 @@ def test_an_address_that_is_not_host_and_port_is_refused_with_its_setting(addres
 def test_a_served_merge_puts_no_full_message_on_the_data_plane_nor_takes_a_slot(
         redis_url, server, tmp_path):
     sync = make_run_sync(redis_url, tmp_path, "decoupled", server=server)
-    publish, slots = sync.store.publish, []
-    sync.store.publish = lambda *args, **kwargs: (slots.append(sync.store.slot_holders(2)),
-                                                  publish(*args, **kwargs))
+    store = sync.store
+    publish, slots = store.globals.publish, []
+    store.globals.publish = lambda *args, **kwargs: (slots.append(store.updates.slot_holders(2)),
+                                                     publish(*args, **kwargs))
 
     merge_once(sync)
 
@@ -129,7 +130,7 @@ def test_a_served_merge_puts_no_full_message_on_the_data_plane_nor_takes_a_slot(
     # The references only (full:<fragment>), no chunks (full:<fragment>:<version>:...).
     assert not list(sync.store.data.scan_iter(match=f"{sync.store.prefix}full:*:*"))
     island = type(sync.store)(sync.store.client, sync.store.run_id)  # no server of its own
-    _, meta, tensors = decode_message(island.full(0), sync.spec.verify_key)
+    _, meta, tensors = decode_message(island.globals.full(0), sync.spec.verify_key)
     assert meta["version"] == 1
     assert all(tensors[n].equal(t) for n, t in sync.rounds.sync.globals[0].items())
 
@@ -144,7 +145,7 @@ def test_a_restarted_syncd_serves_the_published_version_from_its_own_server(
     first = PublishedServer(tmp_path)
     sync = make_run_sync(redis_url, tmp_path, "decoupled", server=first)
     merge_once(sync)
-    merged = sync.store.full(0)
+    merged = sync.store.globals.full(0)
     first.close()  # syncd's process is gone, and its server with it
 
     second = PublishedServer(tmp_path)
@@ -155,7 +156,7 @@ def test_a_restarted_syncd_serves_the_published_version_from_its_own_server(
                         clock=lambda: 2000.0)
 
         assert again.rounds.sync.version(0) == 1
-        assert store.full(0) == merged
+        assert store.globals.full(0) == merged
         assert second.base_url in store.client.get(store.key("full", 0)).decode()
     finally:
         second.close()

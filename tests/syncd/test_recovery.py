@@ -48,7 +48,7 @@ def test_elastic_rolls_back_to_the_last_outer_step_and_pauses_every_island_on_a_
     assert sync.rounds.sync.versions() == [3, 2]  # the rollback is published as newer versions
     assert all(torch.equal(checkpointed[n], t) for n, t in sync.rounds.sync.globals[0].items())
     assert sync.rounds.sync.open_round(1) == {}  # the half-done barrier is thrown away
-    generation, until = sync.store.restart()
+    generation, until = sync.store.control.restart()
     assert generation == 1 and until == pytest.approx(1060.0 + 5.0)
     sync.recorder.flush()
     rollback = Event.objects.get(run_id=sync.recorder.run_id, kind="rollback")
@@ -64,7 +64,7 @@ def lose_b_in_elastic(redis_url, tmp_path) -> RunSync:
     sync.clock_state["now"] = 1060.0
     beat_at(sync, "a", 1060.0)
     sync.tick()
-    assert sync.store.restart() == (1, pytest.approx(1065.0))
+    assert sync.store.control.restart() == (1, pytest.approx(1065.0))
     return sync
 
 
@@ -78,7 +78,7 @@ def test_elastic_restarts_the_whole_job_again_when_a_lost_island_comes_back(
     sync.tick()
 
     assert sync.liveness.lost == set()
-    assert sync.store.restart() == (2, pytest.approx(1075.0))
+    assert sync.store.control.restart() == (2, pytest.approx(1075.0))
     lost = sync.accounting.snapshot(1070.0)["islands"]
     assert lost["a"]["lost_s"]["restart_pause"] == pytest.approx(10.0)  # out, then in
     assert lost["b"]["lost_s"]["restart_pause"] == 0.0  # its start-up overlaps the pause
@@ -98,7 +98,7 @@ def test_elastic_lets_an_island_that_comes_back_during_a_restart_join_that_resta
     sync.tick()
 
     assert sync.liveness.lost == set()
-    assert sync.store.restart() == (1, pytest.approx(1065.0))
+    assert sync.store.control.restart() == (1, pytest.approx(1065.0))
 
 
 def test_the_elastic_restart_delay_is_the_slowest_first_start_up_of_the_job(
@@ -161,12 +161,12 @@ def test_elastic_does_not_wait_at_the_barrier_for_an_update_it_refused(redis_url
     beat_at(sync, "b", 1000.0)
     send(sync, "a", 0, 4, value=math.nan)
     sync.tick()
-    assert "a" not in sync.store.handled(0)  # refused, a waits for the round like b
+    assert "a" not in sync.store.globals.handled(0)  # refused, a waits for the round like b
     send(sync, "b", 0, 4)
     sync.tick()
 
     assert sync.rounds.sync.versions() == [1, 0]
-    assert sync.store.handled(0) == {"a": 4, "b": 4}  # both told with the merge
+    assert sync.store.globals.handled(0) == {"a": 4, "b": 4}  # both told with the merge
     assert sync.rounds.publisher.last_merge[0]["weights"].keys() == {"b"}
     send(sync, "a", 0, 8, base_version=0)  # the next round waits for both again
     sync.tick()
@@ -191,7 +191,7 @@ def test_elastic_makes_one_restart_of_islands_lost_together(redis_url, tmp_path)
     sync.tick()
 
     assert sync.liveness.lost == {"b", "c"}
-    assert sync.store.restart()[0] == 1
+    assert sync.store.control.restart()[0] == 1
 
 
 def test_elastic_throws_away_an_update_sent_before_a_restart_and_read_after_it(
@@ -255,14 +255,14 @@ def test_when_redis_loses_its_data_the_run_goes_on_from_its_last_checkpoint(run_
                     clock=lambda: 2000.0)
     again.recorder.flush()
 
-    assert store.versions() == {0: 2, 1: 1}  # newer than the checkpoint's [1, 0]
+    assert store.globals.versions() == {0: 2, 1: 1}  # newer than the checkpoint's [1, 0]
     assert all(torch.equal(saved[n], t) for n, t in again.rounds.sync.globals[0].items())
     rollback = Event.objects.get(run_id=run_sync.recorder.run_id, kind="rollback")
     assert rollback.detail["reason"] == "Redis lost the run's state"
 
 
 def test_a_checkpoint_asked_for_is_written_at_the_next_pass(run_sync):
-    run_sync.store.request_checkpoint()
+    run_sync.store.control.request_checkpoint()
     run_sync.tick()
     run_sync.recorder.flush()
     checkpoints = run_sync.recorder.checkpoints()

@@ -29,19 +29,19 @@ def rejections(sync: RunSync) -> list[str]:
 
 
 def test_it_publishes_version_zero_of_every_fragment_when_a_run_starts(run_sync):
-    assert run_sync.store.versions() == {0: 0, 1: 0}
+    assert run_sync.store.globals.versions() == {0: 0, 1: 0}
 
 
 def test_syncd_frees_the_upload_slot_of_each_update_it_read_merged_or_refused(run_sync):
     heartbeat_all(run_sync)
     for island, value in (("a", 0.01), ("b", float("nan"))):
-        run_sync.store.wait_for_slot(island, 1, 0, 4, slots=2)
+        run_sync.store.updates.wait_for_slot(island, 1, 0, 4, slots=2)
         send(run_sync, island, 0, 4, value=value)
-    run_sync.store.wait_for_slot("a", 1, 1, 4, slots=3)  # in line, its update to come
+    run_sync.store.updates.wait_for_slot("a", 1, 1, 4, slots=3)  # in line, its update to come
 
     run_sync.tick()
 
-    assert rejections(run_sync) and run_sync.store.slot_holders(3) == [b"1:1:4:a"]
+    assert rejections(run_sync) and run_sync.store.updates.slot_holders(3) == [b"1:1:4:a"]
 
 
 def test_syncd_frees_the_slots_of_old_epochs_lost_islands_strangers_and_handled_updates(
@@ -50,18 +50,18 @@ def test_syncd_frees_the_slots_of_old_epochs_lost_islands_strangers_and_handled_
     store = run_sync.store
     store.client.rpush(store.key("uploads"), "0:0:4:a", "1:0:4:zed", "oops")
     run_sync.tick()
-    assert store.slot_holders(3) == []
+    assert store.updates.slot_holders(3) == []
 
-    store.wait_for_slot("b", 1, 0, 4, slots=2)
+    store.updates.wait_for_slot("b", 1, 0, 4, slots=2)
     run_sync.liveness.lost.add("b")
     run_sync.rounds.ingester.free_stale_slots(run_sync.clock(), run_sync.liveness)
-    assert store.slot_holders(2) == []
+    assert store.updates.slot_holders(2) == []
 
     # A syncd that died between a fold and freeing its slot left the ticket behind.
-    store.wait_for_slot("a", 1, 1, 4, slots=2)
+    store.updates.wait_for_slot("a", 1, 1, 4, slots=2)
     run_sync.rounds.sync.settle(1, "a", 4)
     run_sync.rounds.ingester.free_stale_slots(run_sync.clock(), run_sync.liveness)
-    assert store.slot_holders(2) == []
+    assert store.updates.slot_holders(2) == []
 
 
 def test_a_publish_on_the_data_plane_holds_an_upload_slot_at_the_head_of_the_line(
@@ -70,22 +70,22 @@ def test_a_publish_on_the_data_plane_holds_an_upload_slot_at_the_head_of_the_lin
     write into the slots the publish leaves, and the publish's ticket goes with it."""
     heartbeat_all(run_sync)
     store = run_sync.store
-    publish, seen = store.publish, []
+    publish, seen = store.globals.publish, []
 
     def publish_seeing_the_slots(*args, **kwargs):
-        seen.append(store.slot_holders(2))
+        seen.append(store.updates.slot_holders(2))
         return publish(*args, **kwargs)
 
-    monkeypatch.setattr(store, "publish", publish_seeing_the_slots)
+    monkeypatch.setattr(store.globals, "publish", publish_seeing_the_slots)
     for island in ("a", "b"):
-        store.wait_for_slot(island, 1, 1, 8, slots=2)
+        store.updates.wait_for_slot(island, 1, 1, 8, slots=2)
     send(run_sync, "a", 0, 4)
     send(run_sync, "b", 0, 4)
 
     run_sync.tick()
 
     assert seen == [[f"publish:{store.fencing_token}:0:1".encode(), b"1:1:8:a"]]
-    assert store.slot_holders(3) == [b"1:1:8:a", b"1:1:8:b"]
+    assert store.updates.slot_holders(3) == [b"1:1:8:a", b"1:1:8:b"]
 
 
 def test_two_good_updates_merge_into_version_one(run_sync):
@@ -94,8 +94,8 @@ def test_two_good_updates_merge_into_version_one(run_sync):
     send(run_sync, "a", 0, 4)
     send(run_sync, "b", 0, 4)
     run_sync.tick()
-    assert run_sync.store.versions()[0] == 1
-    assert run_sync.store.handled(0) == {"a": 4, "b": 4}
+    assert run_sync.store.globals.versions()[0] == 1
+    assert run_sync.store.globals.handled(0) == {"a": 4, "b": 4}
     moved = any(not torch.equal(before[n], t) for n, t in run_sync.rounds.sync.globals[0].items())
     assert moved
 
@@ -118,8 +118,8 @@ def test_the_next_rounds_updates_are_read_while_a_merge_is_published(run_sync, m
                     "a" in rounds.sync.open_round(0) and rounds.ingester.rejections["b"]):
                 time.sleep(0.01)
             seen["next round"] = sorted(rounds.sync.open_round(0))
-            seen["versions"] = run_sync.store.versions()
-            seen["handled"] = run_sync.store.handled(0)
+            seen["versions"] = run_sync.store.globals.versions()
+            seen["handled"] = run_sync.store.globals.handled(0)
         return save(p, version, token, full, momentum)
 
     monkeypatch.setattr(rounds.files, "save", save_once_the_next_round_is_read)
@@ -128,8 +128,8 @@ def test_the_next_rounds_updates_are_read_while_a_merge_is_published(run_sync, m
     run_sync.tick()
 
     assert seen == {"next round": ["a"], "versions": {0: 0, 1: 0}, "handled": {}}
-    assert run_sync.store.versions() == {0: 1, 1: 0}
-    assert run_sync.store.handled(0) == {"a": 4, "b": 8}
+    assert run_sync.store.globals.versions() == {0: 1, 1: 0}
+    assert run_sync.store.globals.handled(0) == {"a": 4, "b": 8}
     assert any("do not match" in r for r in rejections(run_sync))
 
 
@@ -152,12 +152,12 @@ def test_a_publish_that_fails_is_published_on_the_next_pass_and_the_others_stand
 
     with pytest.raises(OSError, match="went away"):
         run_sync.tick()
-    assert run_sync.store.versions() == {0: 0, 1: 1}
+    assert run_sync.store.globals.versions() == {0: 0, 1: 1}
 
     run_sync.tick()
 
-    assert run_sync.store.versions() == {0: 1, 1: 1}
-    assert run_sync.store.handled(0) == {"a": 4, "b": 4}
+    assert run_sync.store.globals.versions() == {0: 1, 1: 1}
+    assert run_sync.store.globals.handled(0) == {"a": 4, "b": 4}
     run_sync.recorder.flush()
     merges = Event.objects.filter(run_id=run_sync.recorder.run_id, kind="merge")
     assert sorted(e.detail["fragment"] for e in merges) == [0, 1]
@@ -194,7 +194,7 @@ def test_a_pass_whose_reading_fails_during_a_publish_ends_after_the_publish(
     order.append("the pass ended")
 
     assert order == ["saved", "the pass ended"]
-    assert run_sync.store.versions()[0] == 1
+    assert run_sync.store.globals.versions()[0] == 1
 
 
 @pytest.mark.parametrize("bad, reason", [
@@ -211,7 +211,7 @@ def test_it_rejects_a_bad_update_with_a_reason_and_never_merges_it(run_sync, bad
     run_sync.tick()
     assert any(reason in r for r in rejections(run_sync)), rejections(run_sync)
     # Only b's update is waiting; a bad one never counts towards the quorum.
-    assert run_sync.store.versions()[0] == 0
+    assert run_sync.store.globals.versions()[0] == 0
     assert list(run_sync.rounds.sync.open_round(0)) == ["b"]
 
 
@@ -229,14 +229,14 @@ def test_the_messages_of_updates_are_gone_once_folded_even_while_their_round_wai
         run_sync.tick()
         # b's update of fragment 1 has not come: a's increments wait in the open
         # round's sum, and their messages are gone already.
-        assert run_sync.store.versions()[0] == seq // 4
+        assert run_sync.store.globals.versions()[0] == seq // 4
         assert run_sync.rounds.sync.open_round(1)["a"].contribution.increments == seq // 4
         assert blob_keys(run_sync) == []
 
     send(run_sync, "b", 1, 8)
     run_sync.tick()
 
-    assert run_sync.store.versions() == {0: 2, 1: 1}
+    assert run_sync.store.globals.versions() == {0: 2, 1: 1}
     assert blob_keys(run_sync) == []
 
 
@@ -253,7 +253,7 @@ def test_the_messages_of_stale_updates_are_gone_and_forged_ones_left_to_expire(r
     assert [r.split(":")[0] for r in rejections(run_sync)] == ["stale", "bad signature"]
     # A forged entry deletes nothing, not even what lies at its key: b's own update of
     # that seq may be there. Its chunks expire.
-    forged = run_sync.store.update_key("b", 1, 0, 12)
+    forged = run_sync.store.updates.update_key("b", 1, 0, 12)
     assert {k.decode().rsplit(":", 1)[0] for k in blob_keys(run_sync)} == {forged}
     assert all(0 < run_sync.store.client.ttl(k) <= 3600 for k in blob_keys(run_sync))
 
@@ -266,7 +266,7 @@ def test_a_replayed_update_is_merged_at_most_once(run_sync):
     send(run_sync, "a", 0, 4)  # the same seq again
     send(run_sync, "b", 0, 8)
     run_sync.tick()
-    assert run_sync.store.versions()[0] == 1
+    assert run_sync.store.globals.versions()[0] == 1
     assert list(run_sync.rounds.sync.open_round(0)) == ["b"]
 
 
@@ -276,7 +276,7 @@ def test_an_update_based_on_a_version_too_old_is_dropped_as_stale(run_sync):
         send(run_sync, "a", 0, seq, base_version=seq // 4 - 1)
         send(run_sync, "b", 0, seq, base_version=seq // 4 - 1)
         run_sync.tick()
-    assert run_sync.store.versions()[0] == 2
+    assert run_sync.store.globals.versions()[0] == 2
     send(run_sync, "a", 0, 12, base_version=0)
     run_sync.tick()
     assert any("stale" in r for r in rejections(run_sync))
@@ -338,8 +338,8 @@ def test_an_update_is_freed_once_it_is_folded_into_its_round(run_sync):
     assert run_sync.store.client.xlen(run_sync.store.key("updates")) == 0
     send(run_sync, "b", 0, 4)
     run_sync.tick()
-    assert run_sync.store.versions()[0] == 1
-    assert run_sync.store.handled(0) == {"a": 4, "b": 4}
+    assert run_sync.store.globals.versions()[0] == 1
+    assert run_sync.store.globals.handled(0) == {"a": 4, "b": 4}
 
 
 def test_a_merge_of_finite_updates_that_overflows_is_not_published(run_sync):
@@ -349,7 +349,7 @@ def test_a_merge_of_finite_updates_that_overflows_is_not_published(run_sync):
         send(run_sync, island, 0, 4, value=3e38)  # finite, and no norm is known yet
     run_sync.tick()
 
-    assert run_sync.store.versions()[0] == 0
+    assert run_sync.store.globals.versions()[0] == 0
     assert run_sync.rounds.sync.version(0) == 0
     assert all(torch.equal(t, before[n]) for n, t in run_sync.rounds.sync.globals[0].items())
     assert any("non-finite" in r for r in rejections(run_sync))
@@ -359,7 +359,7 @@ def test_a_merge_of_finite_updates_that_overflows_is_not_published(run_sync):
         send(run_sync, island, 0, 8)
     run_sync.tick()
 
-    assert run_sync.store.versions()[0] == 1
+    assert run_sync.store.globals.versions()[0] == 1
     assert all(torch.isfinite(t).all() for t in run_sync.rounds.sync.globals[0].values())
 
 

@@ -177,10 +177,10 @@ def test_the_runs_of_a_dead_syncd_are_taken_over_when_their_leases_expire(redis_
         assert time.monotonic() < deadline, f"the heir serves only {sorted(heir.runs)}"
         heir.tick()
 
-    heir_versions = RunStore(connect(redis_url), runs[0]).versions()
+    heir_versions = RunStore(connect(redis_url), runs[0]).globals.versions()
     with pytest.raises(LeaseLost):
-        stale_store.publish(0, 99, b"stale", None, {}, 0, keep=16)
-    assert RunStore(connect(redis_url), runs[0]).versions() == heir_versions
+        stale_store.globals.publish(0, 99, b"stale", None, {}, 0, keep=16)
+    assert RunStore(connect(redis_url), runs[0]).globals.versions() == heir_versions
     dead.tick()  # if it ever wakes up, it finds its leases gone and lets the runs be
     assert dead.runs == {} and dead.leases == {}
 
@@ -270,7 +270,7 @@ def test_a_quiet_syncd_blocks_on_its_runs_update_streams_until_an_update_arrives
     real_xread = served.client.xread
     served.client.xread = lambda streams, **kwargs: blocked.append((streams, kwargs)) or \
         real_xread(streams, **kwargs)
-    store.push_update("a", 1, 0, 0, b"an update")
+    store.updates.push_update("a", 1, 0, 0, b"an update")
 
     served.wait_for_work(quiet_s=2.0)  # returns at once: an entry is there to read
 

@@ -24,7 +24,7 @@ def test_a_run_that_completes_at_its_budget_keeps_only_its_status_and_logs_in_re
     config = {**CONFIG, "budget": {"total_tokens": 1000}}
     sync = make_run_sync(redis_url, tmp_path, "decoupled", config)
     heartbeat_all(sync)
-    sync.store.put_log("a", ["a line"])
+    sync.store.signals.put_log("a", ["a line"])
     for p in (0, 1):
         for island in ("a", "b"):
             send(sync, island, p, 16, steps=16)  # 1,024 tokens a fragment
@@ -158,7 +158,7 @@ def test_a_stop_merges_the_open_rounds_checkpoints_and_ends_the_run_as_stopped(r
     run_sync.tick()
     assert run_sync.rounds.sync.versions() == [0, 0]
 
-    run_sync.store.request_stop(1000.0)
+    run_sync.store.control.request_stop(1000.0)
     run_sync.tick()  # b still trains: the stop waits for it
     assert Run.objects.get(pk=run.pk).state == Run.State.STOPPING
     send(run_sync, "b", 1, 6, steps=6)  # b sends what it had not sent, then stops
@@ -183,7 +183,7 @@ def test_a_stop_gives_up_waiting_for_islands_that_never_stop(run_sync):
     run = Run.objects.get(pk=run_sync.recorder.run_id)
     Run.objects.filter(pk=run.pk).update(state=Run.State.STOPPING)
     heartbeat_all(run_sync)
-    run_sync.store.request_stop(1000.0)
+    run_sync.store.control.request_stop(1000.0)
     run_sync.tick()
     assert Run.objects.get(pk=run.pk).state == Run.State.STOPPING
 
@@ -202,7 +202,7 @@ def test_a_stop_saves_and_ends_the_run_even_when_the_final_evaluation_fails(
         raise FileNotFoundError("corpus.txt is not on syncd's host")
 
     monkeypatch.setattr("diloco.data.load_corpus", missing_corpus)  # read at the final eval
-    run_sync.store.request_stop(1000.0)
+    run_sync.store.control.request_stop(1000.0)
     run_sync.tick()
     run_sync.clock_state["now"] = 1000.0 + STOP_WAIT_S
     run_sync.tick()
@@ -363,7 +363,7 @@ def test_a_run_that_merges_on_while_an_island_cold_starts_beside_the_others_read
                          base_version=sync.rounds.sync.version(0))
             beat_step(sync, island, now, steps[island])
         if now == 1020.0:
-            sync.store.report_death("c", 1, -9, at=now)
+            sync.store.signals.report_death("c", 1, -9, at=now)
         sync.tick()
         clock["now"] = round(now + 0.1, 3)
 

@@ -19,11 +19,11 @@ def store(redis_url):
 def test_an_ended_run_keeps_only_its_status_and_logs(store):
     store.put_spec("decoupled", {"islands": []}, "00")
     store.set_epoch("a", 1)
-    store.push_update("a", 1, 0, 4, b"u" * 2500)
-    store.publish(0, 1, FULL, b"d" * 10, {"a": 4}, 10, keep=2)
-    store.heartbeat("a", 1, 4, 128, state="training")
-    store.save_cursor("a", {"step": 4})
-    store.put_log("a", ["a line"])
+    store.updates.push_update("a", 1, 0, 4, b"u" * 2500)
+    store.globals.publish(0, 1, FULL, b"d" * 10, {"a": 4}, 10, keep=2)
+    store.signals.heartbeat("a", 1, 4, 128, state="training")
+    store.signals.save_cursor("a", {"step": 4})
+    store.signals.put_log("a", ["a line"])
     store.put_status({"state": "running"})
     store.client.set(store.key("lease"), "1:syncd")
 
@@ -43,7 +43,7 @@ def test_an_ended_run_keeps_only_its_status_and_logs(store):
 
 def test_a_deleted_run_keeps_nothing(store):
     store.put_status({"state": "stopped"})
-    store.publish(0, 1, FULL, None, {}, 10, keep=0)
+    store.globals.publish(0, 1, FULL, None, {}, 10, keep=0)
 
     store.release(keep=(), linger_s=1)
 
@@ -52,11 +52,11 @@ def test_a_deleted_run_keeps_nothing(store):
 
 
 def test_the_chaos_progress_is_kept_for_a_restarted_syncd(store):
-    assert store.chaos_progress() == {}
-    store.start_chaos(12.5, {"a": "us-east"})
-    store.set_chaos_done(3)
-    assert store.chaos_progress() == {"start": "12.5", "done": "3",
-                                      "islands": '{"a": "us-east"}'}
+    assert store.control.chaos_progress() == {}
+    store.control.start_chaos(12.5, {"a": "us-east"})
+    store.control.set_chaos_done(3)
+    assert store.control.chaos_progress() == {"start": "12.5", "done": "3",
+                                              "islands": '{"a": "us-east"}'}
 
 
 def test_the_raw_spec_is_the_spec_as_stored(store):

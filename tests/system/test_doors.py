@@ -285,8 +285,9 @@ def test_syncd_never_logs_the_run_secret_when_it_rejects_updates(run, redis_url,
                    control_every_s=0.0)
     meta = {"run": run.pk, "island": "a", "epoch": 1, "fragment": 0, "base_version": 0,
             "seq": 4, "tokens": 1, "inner_steps": 4, "compute_s": 1.0, "codec": "none"}
-    store.push_update("a", 1, 0, 4, encode_message("update", meta, {}, b"forged".ljust(32, b"!")))
-    store.push_update("a", 1, 0, 8, b"\x00" * 100)
+    forged = encode_message("update", meta, {}, b"forged".ljust(32, b"!"))
+    store.updates.push_update("a", 1, 0, 4, forged)
+    store.updates.push_update("a", 1, 0, 8, b"\x00" * 100)
 
     with caplog.at_level("DEBUG"):
         sync.tick()

@@ -51,6 +51,7 @@ class FakeStore:
         self.failures = 0
         self.logs = []
         self.deaths = []
+        self.signals = self  # the island signals' part of a RunStore
 
     def next_command(self, island):
         if self.failures:

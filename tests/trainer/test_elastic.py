@@ -14,7 +14,7 @@ from trainer.elastic import WholeJobRestarts
 
 class Restarts:
     """syncd's announcements of restarts (the RestartStore protocol), as
-    RunStore.restart_job makes them."""
+    RunControl.restart_job makes them."""
 
     def __init__(self, generation: int = 0):
         self.generation, self.until = generation, 0.0

@@ -38,7 +38,7 @@ def test_an_update_that_a_full_redis_refuses_stops_the_island_with_a_clear_error
     try:
         client = connect(f"redis://127.0.0.1:{port}/0")
         wait_for(lambda: port_accepts(port), 10, "the small Redis")
-        link = Link(partial(RunStore(client, 1).push_update, "a", 1), lambda nbytes: 0.0,
+        link = Link(partial(RunStore(client, 1).updates.push_update, "a", 1), lambda nbytes: 0.0,
                     lambda: None, max_pending=2)
         link.send(0, 1, bytearray(4 << 20))  # twice the Redis's memory
         wait_for(lambda: link.error is not None, 10, "the link to fail")

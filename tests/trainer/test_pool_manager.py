@@ -58,7 +58,7 @@ def test_a_stale_claim_is_refused_in_the_pool_log_and_the_islands_log(manager, r
 
 
 def test_a_claim_of_a_run_not_active_is_refused_in_the_pool_log_only(manager, run):
-    run.request_stop(at=1.0)
+    run.control.request_stop(at=1.0)
 
     manager.handle({"run": 7, "island": "a", "epoch": 2, "asked_at": 0.0})
 

@@ -30,8 +30,8 @@ def handle(store: RunStore, fragment: int, seq: int, island: str = "island-0",
            epoch: int = 1) -> None:
     """What syncd does once done with an update: mark its seq handled and free its
     upload slot."""
-    store.mark_handled(fragment, {island: seq})
-    store.free_slots([Ticket(island, epoch, fragment, seq).encode()])
+    store.globals.mark_handled(fragment, {island: seq})
+    store.updates.free_slots([Ticket(island, epoch, fragment, seq).encode()])
 
 
 def two_process_config(text_path: str) -> RunConfig:
@@ -55,7 +55,7 @@ def publish(store, config: RunConfig, secret: bytes, fragment: int, version: int
     meta = {"run": store.run_id, "fragment": fragment, "version": version,
             "base_version": version, "codec": "none"}
     full = encode_message("global", meta, tensors, publish_key(secret))
-    store.publish(fragment, version, full, None, {}, 0, keep=16)
+    store.globals.publish(fragment, version, full, None, {}, 0, keep=16)
 
 
 @pytest.mark.integration
@@ -83,7 +83,7 @@ def test_an_island_of_two_processes_trains_mixes_and_stops_under_its_supervisor(
     thread = threading.Thread(target=lambda: outcome.update(sup.run()))
     thread.start()
     try:
-        first = wait_for(lambda: next((u for u in store.read_updates() if u.fragment == 0),
+        first = wait_for(lambda: next((u for u in store.updates.read_updates() if u.fragment == 0),
                                       None))
         # syncd's answer to that update: version 1 of fragment 0, the update handled.
         publish(store, config, secret, 0, 1, {n: init[n] + 0.01 for n in
@@ -91,11 +91,11 @@ def test_an_island_of_two_processes_trains_mixes_and_stops_under_its_supervisor(
         handle(store, 0, first.seq)
 
         def base_version(update) -> int:
-            blob = store.update_message(update, 1 << 30)
+            blob = store.updates.update_message(update, 1 << 30)
             return decode_message(blob, island_key(secret, "island-0", 1))[1]["base_version"]
 
         def mixed_update():
-            updates = store.read_updates(count=10_000)
+            updates = store.updates.read_updates(count=10_000)
             for u in updates:  # syncd handles each (backpressure waits for it)
                 handle(store, u.fragment, u.seq)
             return next((u for u in updates if u.fragment == 0 and base_version(u) == 1),
@@ -103,13 +103,13 @@ def test_an_island_of_two_processes_trains_mixes_and_stops_under_its_supervisor(
 
         mixed = wait_for(mixed_update)
         if end == "done":
-            store.mark_done()
+            store.control.mark_done()
         else:
-            store.send_command("island-0", "stop")
+            store.signals.send_command("island-0", "stop")
         thread.join(timeout=60)
     finally:
         if thread.is_alive():
-            store.send_command("island-0", "kill")
+            store.signals.send_command("island-0", "kill")
             thread.join(timeout=10)
         client.close()
 
@@ -168,15 +168,16 @@ def test_an_island_trains_on_while_its_merged_fragment_downloads_and_mixes_it_la
     island, thread, init = island_in_a_thread(
         store, one_island_config(text_path, latency_ms=1500.0), secret)
     try:
-        first = wait_for(lambda: next(iter(store.read_updates()), None))
+        first = wait_for(lambda: next(iter(store.updates.read_updates()), None))
         publish(store, None, secret, 0, 1, {n: t + 0.01 for n, t in init.items()})
         handle(store, 0, first.seq)
         wait_for(lambda: island.island.state[0].version == 1 or None)
         assert island.pulling.late_globals == 1
-        assert wait_for(lambda: store.heartbeats()["island-0"].get("late_globals") or None) == 1
+        assert wait_for(lambda: store.signals.heartbeats()["island-0"].get("late_globals")
+                        or None) == 1
         assert island.pulling.pulls == 1
     finally:
-        store.mark_done()
+        store.control.mark_done()
         thread.join(timeout=30)
         client.close()
     assert not thread.is_alive()
@@ -201,19 +202,19 @@ def test_an_island_keeps_its_heartbeat_through_a_long_encode(redis_server, text_
     store = RunStore(client, 43)
     island, thread, _ = island_in_a_thread(store, one_island_config(text_path), b"beats")
     try:
-        wait_for(lambda: store.heartbeats().get("island-0", {}).get("state") == "training"
+        wait_for(lambda: store.signals.heartbeats().get("island-0", {}).get("state") == "training"
                  or None)
         times: list[float] = []
         deadline = time.monotonic() + 5.0  # past the first send, at step 40
         while time.monotonic() < deadline:
-            beat = store.heartbeats()["island-0"]["time"]
+            beat = store.signals.heartbeats()["island-0"]["time"]
             if not times or beat != times[-1]:
                 times.append(beat)
             time.sleep(0.02)
         assert island.island.step >= 40  # the long encode happened in the window
         assert max(b - a for a, b in pairwise(times)) < 1.0
     finally:
-        store.mark_done()
+        store.control.mark_done()
         thread.join(timeout=30)
         client.close()
 
@@ -277,19 +278,19 @@ def test_an_island_whose_updates_syncd_does_not_merge_stops_sending_after_the_bo
     seqs = [4 * (i + 1) for i in range(bound + 1)]
     try:
         def held_a_second() -> dict | None:
-            beat = store.heartbeats().get("island-0", {})
+            beat = store.signals.heartbeats().get("island-0", {})
             return beat if beat.get("backpressure_wait_s", 0.0) >= 1.0 else None
 
         beat = wait_for(held_a_second)
-        sent = [u.seq for u in store.read_updates(count=100)]
+        sent = [u.seq for u in store.updates.read_updates(count=100)]
         assert sent == seqs[:-1] and island.island.step == seqs[-1]  # holding the next
         assert beat["state"] == "waiting"
-        assert time.time() - store.heartbeats()["island-0"]["time"] < 1.0  # still beating
+        assert time.time() - store.signals.heartbeats()["island-0"]["time"] < 1.0  # still beating
         handle(store, 0, 4)
-        wait_for(lambda: len(store.read_updates(count=100)) == bound + 1 or None)
-        assert [u.seq for u in store.read_updates(count=100)][bound] == seqs[-1]
+        wait_for(lambda: len(store.updates.read_updates(count=100)) == bound + 1 or None)
+        assert [u.seq for u in store.updates.read_updates(count=100)][bound] == seqs[-1]
     finally:
-        store.mark_done()
+        store.control.mark_done()
         thread.join(timeout=30)
         client.close()
     assert not thread.is_alive()
@@ -298,7 +299,7 @@ def test_an_island_whose_updates_syncd_does_not_merge_stops_sending_after_the_bo
 def delivering_island(store: RunStore) -> SimpleNamespace:
     """What Sending.deliver reads of its island's sending."""
     return SimpleNamespace(store=store, name="a", epoch=1, slot_wait_s=0.0, upload_slots=2,
-                           run_ended=lambda: store.done() or not store.is_active())
+                           run_ended=lambda: store.control.done() or not store.is_active())
 
 
 @pytest.mark.integration
@@ -308,8 +309,8 @@ def test_an_update_delivered_while_its_run_goes_on_stays_for_syncd(redis_url, da
 
     Sending.deliver(delivering_island(store), 0, 8, b"u" * 5000)
 
-    [entry] = store.read_updates()
-    assert store.update_message(entry, 1 << 20) == b"u" * 5000
+    [entry] = store.updates.read_updates()
+    assert store.updates.update_message(entry, 1 << 20) == b"u" * 5000
 
 
 @pytest.mark.integration
@@ -321,6 +322,6 @@ def test_an_update_delivered_after_its_run_freed_its_keys_leaves_none_of_them(re
 
     Sending.deliver(delivering_island(store), 0, 8, b"u" * 5000)
 
-    assert store.read_updates() == []
+    assert store.updates.read_updates() == []
     assert not store.data.keys(store.key("*"))  # no chunk, no queue of upload slots
     assert not store.client.exists(store.key("updates"))

@@ -68,7 +68,7 @@ def test_a_stale_claim_from_an_old_epoch_is_refused(standby, redis_url, make_con
     claim(standby, redis_url, log, 41, epoch=1)
 
     assert standby.wait(timeout=60) == 3
-    assert store.heartbeats() == {}
+    assert store.signals.heartbeats() == {}
     assert "stale claim: epoch 1 of island 'island-0', which is at epoch 2" in log.read_text()
 
 
@@ -86,11 +86,11 @@ def test_a_standby_trains_for_the_run_it_was_claimed_for_and_no_other(
     claim(standby, redis_url, tmp_path / "island-0.log", 41, epoch=1)
 
     # No syncd publishes version 0 here: it heartbeats "starting" while it waits.
-    beat = wait_until(lambda: mine.heartbeats().get("island-0"), 60, "its first heartbeat")
+    beat = wait_until(lambda: mine.signals.heartbeats().get("island-0"), 60, "its first heartbeat")
     assert (beat["pid"], beat["epoch"], beat["warm"]) == (standby.pid, 1, True)
     assert policies(standby.pid) == {os.SCHED_OTHER}  # an island now: every thread
-    assert other.heartbeats() == {}
-    assert mine.heartbeats().keys() == {"island-0"}
+    assert other.signals.heartbeats() == {}
+    assert mine.signals.heartbeats().keys() == {"island-0"}
     standby.send_signal(signal.SIGTERM)
     assert standby.wait(timeout=60) == 0
-    assert other.heartbeats() == {}
+    assert other.signals.heartbeats() == {}

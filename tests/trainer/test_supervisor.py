@@ -186,6 +186,8 @@ def supervisor_process(tmp_path, handle_sigterm=False) -> subprocess.Popen:
         from trainer.supervisor import IslandSupervisor
 
         class Store:
+            @property
+            def signals(self): return self
             def next_command(self, island): return None
             def send_command(self, island, kind, **args): pass
             def epochs(self): return {{}}

@@ -114,7 +114,7 @@ def test_the_redis_password_is_in_no_command_line_log_event_or_api_answer(
                operator_client.get(f"/api/runs/{run.pk}/events"),
                operator_client.get(f"/api/runs/{run.pk}")]
     assert all(a.status_code == 200 for a in answers)
-    for text in [*seen, log_file, *store.log(ISLAND), json.dumps(result), *events,
+    for text in [*seen, log_file, *store.signals.log(ISLAND), json.dumps(result), *events,
                  *(a.content.decode() for a in answers)]:
         assert password not in text
 

@@ -56,7 +56,7 @@ def start_next_epoch(run: Run, island: Island, store: RunStore,
     store.set_epoch(island.name, island.epoch)
     if run.state == Run.State.PAUSED:
         # Queued first, so the new process is frozen as soon as it starts.
-        store.send_command(island.name, "pause", epoch=island.epoch)
+        store.signals.send_command(island.name, "pause", epoch=island.epoch)
     enqueue(run, island, asked_at)
     return island
 

@@ -100,7 +100,7 @@ def kill_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -> 
     """Kill an island's process with SIGKILL, mid-step, on its own host."""
     run.require_state(Run.RUNNING_OR_PAUSED, "kill an island")
     island = run.get_island(island)
-    run_store(run).send_command(island.name, "kill", epoch=island.epoch)
+    run_store(run).signals.send_command(island.name, "kill", epoch=island.epoch)
     island.record_event(Event.Kind.FAULT, by, fault="kill", epoch=island.epoch)
     return island
 
@@ -117,7 +117,7 @@ def kill_region(run: Run, region: str, by: AbstractBaseUser | None) -> list[Isla
                          f"(its regions: {', '.join(regions)})")
     store = run_store(run)
     for island in islands:
-        store.send_command(island.name, "kill", epoch=island.epoch, report=False)
+        store.signals.send_command(island.name, "kill", epoch=island.epoch, report=False)
         island.record_event(Event.Kind.FAULT, by, fault="kill", region=region,
                             epoch=island.epoch)
     return islands
@@ -149,7 +149,7 @@ def inject_fault(run: Run, island: Island | str, kind: str, seconds: float,
     run.require_state((Run.State.RUNNING,), "inject a fault")
     island = run.get_island(island)
     until = time.time() + seconds
-    run_store(run).set_fault(island.name, kind, until, factor, seconds)
+    run_store(run).signals.set_fault(island.name, kind, until, factor, seconds)
     island.record_event(Event.Kind.FAULT, by, fault=kind, seconds=seconds, factor=factor,
                         until=until, epoch=island.epoch)
     return island

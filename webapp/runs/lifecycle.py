@@ -178,8 +178,9 @@ def stop_run(run: Run, by: AbstractBaseUser | None) -> None:
     """
     run.transition(Run.State.STOPPING, by=by)
     store = run_store(run)
-    store.request_stop(time.time())
-    store.set_paused(False)  # a paused run's islands thaw to stop (the supervisor's SIGCONT)
+    store.control.request_stop(time.time())
+    # a paused run's islands thaw to stop (the supervisor's SIGCONT)
+    store.control.set_paused(False)
     _command_all(run, "stop")
 
 
@@ -192,24 +193,24 @@ def pause_run(run: Run, by: AbstractBaseUser | None) -> None:
     checkpoints the run unless it has a checkpoint newer than a minute."""
     run.transition(Run.State.PAUSED, by=by)
     store = run_store(run)
-    store.set_paused(True)  # syncd: silent islands are paused, not lost
+    store.control.set_paused(True)  # syncd: silent islands are paused, not lost
     _command_all(run, "pause")
     recent = timezone.now() - timedelta(seconds=PAUSE_CHECKPOINT_AGE_S)
     if not Checkpoint.objects.filter(run=run, created_at__gte=recent).exists():
-        store.request_checkpoint()
+        store.control.request_checkpoint()
 
 
 def resume_run(run: Run, by: AbstractBaseUser | None) -> None:
     """Let the islands of a paused run go on (SIGCONT)."""
     run.transition(Run.State.RUNNING, by=by)
     _command_all(run, "resume")
-    run_store(run).set_paused(False)
+    run_store(run).control.set_paused(False)
 
 
 def checkpoint_now(run: Run, by: AbstractBaseUser | None) -> None:
     """Ask syncd for a checkpoint of the run at its next pass."""
     run.require_state(Run.RUNNING_OR_PAUSED, "checkpoint a run")
-    run_store(run).request_checkpoint()
+    run_store(run).control.request_checkpoint()
     Event.objects.create(run=run, kind=Event.Kind.CHECKPOINT, actor=by,
                          detail={"requested": True})
 
@@ -260,4 +261,4 @@ def _free_deleted_run(run_id: int, checkpoint_paths: list[str]) -> None:
 def _command_all(run: Run, kind: str) -> None:
     store = run_store(run)
     for island in run.current_islands():
-        store.send_command(island.name, kind, epoch=island.epoch)
+        store.signals.send_command(island.name, kind, epoch=island.epoch)

@@ -85,7 +85,7 @@ def remove_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
         island.save(update_fields=["epoch", "state"])
     store = run_store(run)
     put_spec(run, store)
-    store.send_command(island.name, "stop", epoch=old_epoch)
+    store.signals.send_command(island.name, "stop", epoch=old_epoch)
     store.set_epoch(island.name, island.epoch)
 
 
@@ -99,9 +99,9 @@ def rejoin_island(run: Run, island: Island | str, by: AbstractBaseUser | None) -
     island = run.get_island(island)
     old_epoch = island.epoch
     store = run_store(run)
-    store.send_command(island.name, "stop", epoch=old_epoch)
+    store.signals.send_command(island.name, "stop", epoch=old_epoch)
     asked = time.time()
-    store.request_rejoin(island.name, asked)  # syncd reports the time to train
+    store.control.request_rejoin(island.name, asked)  # syncd reports the time to train
     island = start_next_epoch(run, island, store, asked)
     island.record_event(Event.Kind.REJOIN, by, from_epoch=old_epoch, epoch=island.epoch)
     return island

@@ -117,7 +117,7 @@ class DatabaseRecorder:
     def recover_merges(self, versions: dict[int, int], tokens: dict[int, int]) -> list[int]:
         """Record the merges a run's previous syncd published but did not live to write.
 
-        A merge is acknowledged in Redis (RunStore.publish) before its event reaches the
+        A merge is acknowledged in Redis (GlobalsStore.publish) before its event reaches the
         database in the next batch, so a syncd killed in between leaves versions that no
         event names. For each such fragment one "merge" event with reason "recovered"
         covers them: the newest version, and the tokens of Redis's counter that the
@@ -125,8 +125,8 @@ class DatabaseRecorder:
         Returns the fragments it recovered.
 
         Args:
-            versions: fragment -> the newest published version (RunStore.versions).
-            tokens: fragment -> tokens merged (RunStore.tokens_merged).
+            versions: fragment -> the newest published version (GlobalsStore.versions).
+            tokens: fragment -> tokens merged (GlobalsStore.tokens_merged).
         """
         recorded, counted = _recorded_merges(self.run_id)
         recovered = []

@@ -143,7 +143,7 @@ def island_log(run: Run, island: Island | str, lines: int = 50) -> list[str]:
     """The last lines of an island's log (its output and its tracebacks): what its
     supervisor last put in Redis, wherever it runs, else the file on this host."""
     name = island.name if isinstance(island, Island) else island
-    shipped = run_store(run).log(name)
+    shipped = run_store(run).signals.log(name)
     if shipped is not None:
         return shipped[-lines:]
     return tail_lines(island_log_path(settings.LOG_DIR, run.pk, name), lines)

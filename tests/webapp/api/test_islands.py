@@ -160,7 +160,7 @@ def test_a_kill_is_sent_to_the_islands_supervisor(operator_api, operator, runnin
 
     assert response.status_code == 202
     assert response.json() == {"kind": "kill", "islands": ["east-a"]}
-    command = RunStore(connect(redis_url), running.pk).next_command("east-a")
+    command = RunStore(connect(redis_url), running.pk).signals.next_command("east-a")
     assert command["kind"] == "kill"
     assert Event.objects.filter(run=running, kind="fault", actor=operator,
                                 detail__fault="kill").exists()
@@ -238,8 +238,8 @@ def test_a_region_outage_kills_every_island_there(operator_api, running, redis_u
     assert response.status_code == 202
     assert response.json() == {"kind": "outage", "islands": ["east-a", "east-b"]}
     store = RunStore(connect(redis_url), running.pk)
-    assert store.next_command("east-b")["kind"] == "kill"
-    assert store.next_command("west-a") is None
+    assert store.signals.next_command("east-b")["kind"] == "kill"
+    assert store.signals.next_command("west-a") is None
 
 
 def test_a_region_without_islands_is_a_404(operator_api, running):

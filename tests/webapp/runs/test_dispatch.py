@@ -96,8 +96,8 @@ def test_a_launch_makes_the_runs_island_user_on_the_data_plane_too(running, sent
     try:
         island = island_store(island_url(redis_url, running.pk, password),
                               island_url(dataplane_url, running.pk, password), running.pk)
-        island.push_update("west-a", 1, 0, 4, b"x" * 64)
-        assert connect(dataplane_url).exists(island.update_key("west-a", 1, 0, 4) + ":0")
+        island.updates.push_update("west-a", 1, 0, 4, b"x" * 64)
+        assert connect(dataplane_url).exists(island.updates.update_key("west-a", 1, 0, 4) + ":0")
     finally:
         delete_island_user(connect(dataplane_url), running.pk)
 

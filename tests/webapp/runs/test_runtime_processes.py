@@ -111,14 +111,14 @@ def tiny_run(corpus_file: Path, total_tokens: int, model: dict | None = None) ->
 def wait_all_training(store: RunStore, islands: int = 3) -> None:
     """Faults go to islands that are known to be up, not ones still starting."""
     def training() -> bool:
-        beats = store.heartbeats()
+        beats = store.signals.heartbeats()
         return len(beats) == islands and all(b.get("state") == "training" for b in beats.values())
 
     wait_until(training, 60, f"all {islands} islands to train")
 
 
 def newest_versions(store: RunStore) -> list[int]:
-    versions = store.versions()
+    versions = store.globals.versions()
     return [versions[p] for p in sorted(versions)]
 
 
@@ -148,8 +148,8 @@ def test_islands_on_a_real_worker_merge_through_syncd_survive_a_kill_and_rejoin(
                "versions to advance without island-0")
 
     rejoin_island(run, "island-0", by=None)
-    wait_until(lambda: store.heartbeats().get("island-0", {}).get("epoch") == 2
-               and store.heartbeats()["island-0"].get("state") == "training", 60,
+    wait_until(lambda: store.signals.heartbeats().get("island-0", {}).get("epoch") == 2
+               and store.signals.heartbeats()["island-0"].get("state") == "training", 60,
                "island-0's second epoch to train")
 
     def merged_again() -> bool:
@@ -286,8 +286,8 @@ def test_elastic_mode_rolls_back_and_pauses_every_island_when_one_is_lost(
     (lost,) = wait_until(lambda: island_lost_events(run, "island-0"), 10,
                          "island-0 to be lost")
     assert lost["cause"] == "died"
-    wait_until(lambda: store.restart()[0] == 1, 30, "a whole-job restart")
-    paused = wait_until(lambda: {n for n, b in store.heartbeats().items()
+    wait_until(lambda: store.control.restart()[0] == 1, 30, "a whole-job restart")
+    paused = wait_until(lambda: {n for n, b in store.signals.heartbeats().items()
                                  if b.get("state") == "restarting"}, 10,
                         "the survivors to pause for the restart delay")
     assert paused <= survivors
@@ -299,7 +299,7 @@ def test_elastic_mode_rolls_back_and_pauses_every_island_when_one_is_lost(
     wait_until(lambda: run.events.filter(kind="rollback").exists(), 10, "the rollback event")
 
     rejoin_island(run, "island-0", by=None)  # membership grows: the job restarts again
-    wait_until(lambda: store.restart()[0] == 2, 60, "a whole-job restart for the joiner")
+    wait_until(lambda: store.control.restart()[0] == 2, 60, "a whole-job restart for the joiner")
     wait_all_training(store)
     after_join = sum(newest_versions(store))
     wait_until(lambda: sum(newest_versions(store)) >= after_join + 6, 60,
@@ -320,7 +320,7 @@ def test_an_island_of_two_processes_follows_an_elastic_restart_and_stops_cleanly
     wait_all_training(store)
 
     kill_island(run, "island-1", by=None)
-    wait_until(lambda: store.restart()[0] == 1, 30, "a whole-job restart")
+    wait_until(lambda: store.control.restart()[0] == 1, 30, "a whole-job restart")
     after_restart = sum(newest_versions(store))
     # The barrier waits for island-0: merges after the restart need both its ranks.
     wait_until(lambda: sum(newest_versions(store)) >= after_restart + 4, 60,
@@ -360,8 +360,8 @@ def test_a_partitioned_island_is_lost_then_revived_and_a_rejoin_leaves_one_epoch
 
     assert runner_processes(run, "island-2", 1)  # still running when the rejoin is asked
     rejoin_island(run, "island-2", by=None)
-    wait_until(lambda: store.heartbeats().get("island-2", {}).get("epoch") == 2
-               and store.heartbeats()["island-2"].get("state") == "training", 60,
+    wait_until(lambda: store.signals.heartbeats().get("island-2", {}).get("epoch") == 2
+               and store.signals.heartbeats()["island-2"].get("state") == "training", 60,
                "island-2's second epoch to train")
     wait_until(lambda: not runner_processes(run, "island-2", 1), 30,
                "the first epoch of island-2 to be gone")
@@ -382,7 +382,7 @@ def test_a_sigkilled_island_is_lost_before_its_heartbeat_could_have_timed_out(
     store = start_and_wait(run, redis_url, 1)
     wait_all_training(store)
 
-    pid = store.heartbeats()["island-1"]["pid"]
+    pid = store.signals.heartbeats()["island-1"]["pid"]
     killed_at = time.monotonic()
     os.kill(pid, signal.SIGKILL)  # from outside: no command, the supervisor sees the exit
     wait_until(lambda: (store.status() or {}).get("islands", {}).get("island-1", {})
@@ -390,7 +390,7 @@ def test_a_sigkilled_island_is_lost_before_its_heartbeat_could_have_timed_out(
     assert time.monotonic() - killed_at < 30  # half the timeout, on a loaded machine
     (lost,) = wait_until(lambda: island_lost_events(run, "island-1"), 10, "the event")
     assert (lost["cause"], lost["epoch"], lost["signal"]) == ("died", 1, signal.SIGKILL)
-    assert store.deaths()["island-1"]["epoch"] == 1
+    assert store.signals.deaths()["island-1"]["epoch"] == 1
     stop_run(run, by=None)
 
 
@@ -410,7 +410,7 @@ def test_a_region_outage_is_still_detected_by_the_heartbeat_timeout(
                              f"island-{i} to be lost")
         assert lost["cause"] == "silent"
         assert lost["silent_s"] >= 3.0  # the run's heartbeat timeout
-    assert store.deaths() == {}  # a dark region told no one
+    assert store.signals.deaths() == {}  # a dark region told no one
     stop_run(run, by=None)
 
 

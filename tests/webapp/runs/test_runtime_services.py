@@ -133,7 +133,7 @@ def test_stop_run_stops_every_island_and_leaves_the_run_to_syncd_to_finish(
         assert commands(s, name) == [{"kind": "stop", "epoch": 1}]
     # syncd merges what arrives, checkpoints, frees the keys and makes it stopped.
     assert str(running.pk) in RunStore.active_runs(s.client)
-    assert s.stop_requested() is not None
+    assert s.control.stop_requested() is not None
     running.refresh_from_db()
     assert running.state == Run.State.STOPPING and running.finished_at is None
 
@@ -141,13 +141,13 @@ def test_stop_run_stops_every_island_and_leaves_the_run_to_syncd_to_finish(
 def test_a_pause_asks_for_a_checkpoint_unless_one_is_newer_than_a_minute(
         running, store, operator):
     pause_run(running, operator)
-    assert store(running).take_checkpoint_request()
+    assert store(running).control.take_checkpoint_request()
     resume_run(running, operator)
     Checkpoint.objects.create(run=running, versions={}, outer_step=0, path="x", sha256="0",
                               bytes=1)
 
     pause_run(running, operator)
-    assert not store(running).take_checkpoint_request()
+    assert not store(running).control.take_checkpoint_request()
 
 
 def test_pause_and_resume_freeze_and_thaw_every_island(running, store, operator):
@@ -175,14 +175,14 @@ def test_island_log_reads_the_end_of_the_islands_log(running, settings, tmp_path
 def test_island_log_prefers_what_the_supervisor_put_in_redis(running, store, settings,
                                                              tmp_path):
     settings.LOG_DIR = tmp_path  # no file here: the island runs on another host
-    store(running).put_log("east-a", ["step 1", "step 2", "step 3"])
+    store(running).signals.put_log("east-a", ["step 1", "step 2", "step 3"])
 
     assert island_log(running, "east-a", lines=2) == ["step 2", "step 3"]
 
 
 def test_checkpoint_now_asks_syncd_and_records_who_asked(running, store, operator):
     checkpoint_now(running, operator)
-    assert store(running).take_checkpoint_request() is True
+    assert store(running).control.take_checkpoint_request() is True
     assert Event.objects.filter(run=running, kind="checkpoint", actor=operator).exists()
 
 

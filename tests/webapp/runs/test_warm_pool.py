@@ -59,7 +59,7 @@ def lost(store: RunStore, island: str) -> bool:
 
 
 def trains(store: RunStore, island: str, epoch: int) -> dict | None:
-    beat = store.heartbeats().get(island, {})
+    beat = store.signals.heartbeats().get(island, {})
     return beat if beat.get("epoch") == epoch and beat.get("state") == "training" else None
 
 
@@ -133,7 +133,7 @@ def test_two_rejoins_at_once_claim_two_standbys_and_a_stale_claim_is_refused(
     wait_until(lambda: "claim refused: stale claim: epoch 1" in log.read_text(), 30,
                "the stale claim to be refused")
     assert ready <= set(pool(redis_url)["standbys"])
-    assert store.heartbeats()["island-0"]["pid"] == beats[0]["pid"]
+    assert store.signals.heartbeats()["island-0"]["pid"] == beats[0]["pid"]
     stop_run(run, by=None)
 
 
@@ -163,7 +163,7 @@ def test_a_demo_shaped_run_starts_warm_and_a_rejoin_through_the_api_trains_on_a_
     assert not run.events.filter(kind="alert", detail__has_key="cold_start").exists()
     store = RunStore(connect(redis_url), run.pk)
     wait_all_training(store, islands=4)
-    assert all(beat["warm"] for beat in store.heartbeats().values())
+    assert all(beat["warm"] for beat in store.signals.heartbeats().values())
     wait_until(lambda: pools.ready("us-east") >= 1, 60, "a standby left ready in us-east")
 
     # The islands that took standbys are filled slots: each region keeps its one

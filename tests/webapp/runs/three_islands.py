@@ -16,6 +16,6 @@ THREE_ISLANDS = {
 def commands(store: RunStore, island: str) -> list[dict]:
     """The commands waiting for the island's supervisor, taken."""
     out = []
-    while (command := store.next_command(island)) is not None:
+    while (command := store.signals.next_command(island)) is not None:
         out.append(command)
     return out
