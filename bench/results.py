@@ -76,10 +76,16 @@ def dumps(value: Any, indent: int = 0) -> str:
         return flat
     pad = " " * (indent + 2)
     if isinstance(value, dict):
-        items = [f"{pad}{json.dumps(k)}: {dumps(v, indent + 2)}" for k, v in value.items()]
+        items = [f"{pad}{_key(k)}: {dumps(v, indent + 2)}" for k, v in value.items()]
         return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
     items = [pad + dumps(v, indent + 2) for v in value]
     return "[\n" + ",\n".join(items) + "\n" + " " * indent + "]"
+
+
+def _key(key: Any) -> str:
+    """A key as a JSON object names it: json.dumps makes the keys 3, True and None the
+    strings "3", "true" and "null", which json.dumps of the key alone does not."""
+    return json.dumps({key: 0})[1:-4]
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:

@@ -43,3 +43,9 @@ def test_the_committed_results_are_summaries_under_5000_lines():
     assert lines < 5000, f"bench/results holds {lines} lines of JSON"
     for f in files:
         assert json.loads(f.read_text()) == results.summary(json.loads(f.read_text())), f.name
+
+
+def test_dumps_writes_keys_that_are_not_strings_as_json_names_them():
+    record = {"by_island": {3: 1.0, True: 2, None: [1] * 40}, "rows": [{"a": "x" * 90}]}
+
+    assert json.loads(results.dumps(record)) == json.loads(json.dumps(record))
