@@ -25,8 +25,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from diloco.model import LanguageModel
-
 # The prefix of the library model's tensors in CausalLM's names ("lm.model.layers.0...").
 PREFIX = "lm."
 
@@ -113,7 +111,7 @@ def library_config(config: HFModelConfig) -> Any:
     return made
 
 
-class CausalLM(LanguageModel):
+class CausalLM(nn.Module):
     """A transformers causal LM behind diloco.model.GPT's call and tensors.
 
     Args:
@@ -180,6 +178,17 @@ class CausalLM(LanguageModel):
             module, _, leaf = name.rpartition(".")
             self.get_submodule(module)._buffers[leaf] = self.kept_buffers[name].to(device)
 
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        for _ in range(max_new_tokens):
+            logits, _ = self(idx[:, -self.config.block_size:])
+            probs = F.softmax(logits[:, -1, :] / max(temperature, 1e-4), dim=-1)
+            idx = torch.cat((idx, torch.multinomial(probs, 1, generator=generator)), dim=1)
+        return idx
 
 
 def _library_model(config: HFModelConfig) -> nn.Module:

@@ -63,24 +63,7 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class LanguageModel(nn.Module):
-    """What every model of a run has beside its forward (idx, targets) -> (logits, loss):
-    its size and sampling. A subclass's config has block_size, its context length."""
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
-        for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -self.config.block_size:])
-            probs = F.softmax(logits[:, -1, :] / max(temperature, 1e-4), dim=-1)
-            idx = torch.cat((idx, torch.multinomial(probs, 1, generator=generator)), dim=1)
-        return idx
-
-
-class GPT(LanguageModel):
+class GPT(nn.Module):
     """Args:
         config: the model's shape.
         init: draw the initial weights. False leaves the tensors as allocated, for a
@@ -129,6 +112,17 @@ class GPT(LanguageModel):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
         return logits, loss
 
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        for _ in range(max_new_tokens):
+            logits, _ = self(idx[:, -self.config.block_size:])
+            probs = F.softmax(logits[:, -1, :] / max(temperature, 1e-4), dim=-1)
+            idx = torch.cat((idx, torch.multinomial(probs, 1, generator=generator)), dim=1)
+        return idx
 
 
 def embedding_tensor_names() -> tuple[str, ...]:
