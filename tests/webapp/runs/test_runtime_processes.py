@@ -211,10 +211,15 @@ def test_in_mode_sync_every_merge_holds_every_island_and_each_waits_for_it(
     since = max(newest_versions(store)) + 1
     # a busy machine: the slow island sets the pace of every merge
     wait_until(lambda: min(newest_versions(store)) >= since + 3, 180, "three more merges each")
+    # The merges before the stop: at the stop each island sends its last, shorter period.
+    until = newest_versions(store)
     stop_run(run, by=None)
+    # syncd writes its events in batches: the last one is written before the run is stopped
+    wait_until(lambda: Run.objects.get(pk=run.pk).state == Run.State.STOPPED, 90,
+               "the run to be stopped")
 
     merges = [e.detail for e in run.events.filter(kind="merge")
-              if e.detail["version"] > since]
+              if since < e.detail["version"] <= until[e.detail["fragment"]]]
     islands = {"island-0", "island-1", "island-2"}
     assert merges and all(set(m["seqs"]) == islands for m in merges), merges
     # Every island waited for each merge: each update's anchor is at most one version
