@@ -288,6 +288,16 @@ class ShardSampler:
         self.generator.set_state(state)
 
 
+def bytes_per_token(meta: dict[str, Any]) -> float:
+    """Bytes of source text per token of the held-out test split, from a prepared corpus'
+    manifest (`test_bytes_per_token`); absent, the bytes tokenizer: 1.0. Bits per byte
+    are a loss in nats per token / ln 2 / this."""
+    value = meta.get("test_bytes_per_token", 1.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"test_bytes_per_token must be a positive number, got {value!r}")
+    return float(value)
+
+
 def eval_batches(corpus: Corpus, split: str, tokens: int, block_size: int,
                  batch_size: int = 32) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Evenly spaced windows over the held-out `split` ("validation" for live evaluation

@@ -13,6 +13,7 @@ from diloco import data
 from diloco.data import (
     Corpus,
     ShardSampler,
+    bytes_per_token,
     default_corpus_root,
     eval_batches,
     load_corpus,
@@ -352,3 +353,15 @@ def test_opening_a_prepared_corpus_does_not_read_it(tmp_path):
     # A batch reads its windows (and what the kernel reads around them), not the shard.
     x, _ = sampler.batch(8)
     assert x.shape == (8, 64) and x.dtype == torch.long
+
+
+def test_bytes_per_token_is_one_for_the_bytes_tokenizer_and_the_manifest_figure_otherwise():
+    assert bytes_per_token({"format": 2}) == 1.0
+    assert bytes_per_token({"test_bytes_per_token": 3.75}) == 3.75
+    assert bytes_per_token({"test_bytes_per_token": 4}) == 4.0
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, "3", None, True, float("nan")])
+def test_bytes_per_token_refuses_a_figure_that_is_not_a_positive_number(bad):
+    with pytest.raises(ValueError, match="test_bytes_per_token"):
+        bytes_per_token({"test_bytes_per_token": bad})
