@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from diloco import sampling
 from diloco.shapes import VOCAB_SIZE
 
 
@@ -115,14 +116,9 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8,
                  generator: torch.Generator | None = None) -> torch.Tensor:
-        for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -self.config.block_size:])
-            probs = F.softmax(logits[:, -1, :] / max(temperature, 1e-4), dim=-1)
-            idx = torch.cat((idx, torch.multinomial(probs, 1, generator=generator)), dim=1)
-        return idx
+        return sampling.generate(self, idx, max_new_tokens, temperature, generator)
 
 
 def embedding_tensor_names() -> tuple[str, ...]:
