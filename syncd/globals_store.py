@@ -65,6 +65,29 @@ class GlobalsStore(RunKeys):
             redis.OutOfMemoryError: the data plane is full; nothing was published.
         """
         token = self.fencing_token
+        full_ref, difference_ref = self._put_messages(fragment, version, token, full,
+                                                      difference, before_commit)
+        merged = list(merged)
+        # What the reference names now: only the lease's holder changes it, and the
+        # fenced transaction below is refused if that is no longer this store. Only a
+        # reference syncd could have written is followed (`_own_ref`): of this fragment,
+        # no larger than twice the new message, so no value in the key names another.
+        limit = 2 * sum(piece.nbytes for piece in as_pieces(full)) + (1 << 20)
+        replaced = self._own_ref(self.key("full", fragment), limit)
+        old_pub = self.key("pub", fragment, version - keep)
+        dropped_pub = self._own_ref(old_pub, limit) if difference_ref is not None else None
+        self._commit(fragment, version, token, full_ref, difference_ref, old_pub, handled,
+                     tokens)
+        self._settle(full_ref, replaced, difference_ref, dropped_pub, merged)
+
+    def _put_messages(self, fragment: int, version: int, token: int,
+                      full: bytes | bytearray | list[memoryview],
+                      difference: bytes | bytearray | None,
+                      before_commit: Callable[[], object] | None,
+                      ) -> tuple[BulkRef | ServedRef, BulkRef | None]:
+        """publish's first step: the messages on the data plane with a TTL (the full one
+        named by syncd's file instead when it serves it), then `before_commit`; what
+        raises takes back what was written."""
         written: list[BulkRef] = []
         full_ref: BulkRef | ServedRef | None = None
         if self.served is not None:
@@ -85,15 +108,13 @@ class GlobalsStore(RunKeys):
             if written:
                 self.data.delete(*(key for ref in written for key in ref.chunk_keys()))
             raise
-        merged = list(merged)
-        # What the reference names now: only the lease's holder changes it, and the
-        # fenced transaction below is refused if that is no longer this store. Only a
-        # reference syncd could have written is followed (`_own_ref`): of this fragment,
-        # no larger than twice the new message, so no value in the key names another.
-        limit = 2 * sum(piece.nbytes for piece in as_pieces(full)) + (1 << 20)
-        replaced = self._own_ref(self.key("full", fragment), limit)
-        old_pub = self.key("pub", fragment, version - keep)
-        dropped_pub = self._own_ref(old_pub, limit) if difference_ref is not None else None
+        return full_ref, difference_ref
+
+    def _commit(self, fragment: int, version: int, token: int, full_ref: BulkRef | ServedRef,
+                difference_ref: BulkRef | None, old_pub: str, handled: dict[str, int],
+                tokens: int) -> None:
+        """publish's second step: the fenced MULTI/EXEC on the control Redis that points
+        the references at the new messages and records the merge."""
 
         def fill(pipe: Pipeline) -> None:
             pipe.set(self.key("full", fragment), full_ref.dumps())
@@ -107,7 +128,13 @@ class GlobalsStore(RunKeys):
             pipe.hincrby(self.key("tokens_merged"), fragment, tokens)
 
         self._write(fill)
-        # Committed. PERSIST and DEL take no memory: they pass on a full data plane.
+
+    def _settle(self, full_ref: BulkRef | ServedRef, replaced: BulkRef | ServedRef | None,
+                difference_ref: BulkRef | None, dropped_pub: BulkRef | ServedRef | None,
+                merged: list[UpdateRef]) -> None:
+        """publish's last step, once committed: the new messages made persistent, the
+        ones the references named before and the merged updates' deleted. PERSIST and
+        DEL take no memory: they pass on a full data plane."""
         pipe = self.data.pipeline(transaction=False)
         if isinstance(full_ref, BulkRef):
             self.bulk.persist(pipe, full_ref)
