@@ -35,7 +35,7 @@ import re
 import sysconfig
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -60,6 +60,7 @@ class Corpus:
     validation: torch.Tensor  # live evaluation and tuning
     test: torch.Tensor  # the benchmarks' reported figures only
     source: str
+    meta: dict[str, Any] = field(default_factory=dict)  # the prepared files' manifest
 
     def held_out(self, split: str) -> torch.Tensor:
         """The held-out split named `split`: "validation" or "test"."""
@@ -157,7 +158,7 @@ def load_corpus(path: str = "", eval_fraction: float = 0.05,
             manifest = _prepare(root, files, eval_fraction, folder, current)
         splits = {s: _open(folder / manifest["splits"][s]["file"],
                            manifest["splits"][s]["bytes"]) for s in SPLITS}
-    return Corpus(**splits, source=str(root))
+    return Corpus(**splits, source=str(root), meta=manifest)
 
 
 @contextlib.contextmanager

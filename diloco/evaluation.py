@@ -1,16 +1,28 @@
 """The eval loss of a model's parameters on a held-out split: one evaluator for the
 in-process cluster, syncd's live evaluations and the benchmarks' figures, so that a
-loss means the same wherever it is read.
+loss means the same wherever it is read: in nats per token, and in bits per byte, the
+figure comparable across tokenizers (issue 48).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 
 from diloco.config import RunConfig
-from diloco.data import Corpus, eval_batches
+from diloco.data import Corpus, bytes_per_token, eval_batches
 from diloco.island import build_model, gpt_config
+
+
+def bits_per_byte(loss: float, per_token: float) -> float:
+    """A held-out loss in nats per token as bits per byte of the text, for `per_token`
+    bytes of text per token (diloco.data.bytes_per_token: 1.0 for the bytes tokenizer,
+    where it is the loss in bits)."""
+    if not per_token > 0:
+        raise ValueError(f"bytes per token must be above 0, got {per_token}")
+    return loss / math.log(2) / per_token
 
 
 class Evaluator:
@@ -26,6 +38,8 @@ class Evaluator:
 
     def __init__(self, config: RunConfig, corpus: Corpus, split: str, device: str = "cpu"):
         self.device = device
+        # Bytes of text per token of the held-out text: bits per byte divide by it.
+        self.bytes_per_token = bytes_per_token(corpus.meta)
         with torch.device("meta"):  # no tensors of its own: each call assigns them
             self.model = build_model(gpt_config(config), init=False)
         self.batches = [(x.to(device), y.to(device)) for x, y in

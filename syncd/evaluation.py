@@ -13,7 +13,9 @@ the fragments merged during the evaluation are held twice), so merges never wait
 behind it; the loss is picked up on a later tick. The final one, at the budget, runs
 in line. The batches are read once, from the validation split: what a run shows and
 what its settings are tuned by is never the test split that the benchmarks report
-(diloco/data.py).
+(diloco/data.py). Each loss is in nats per token and in bits per byte, divided by the
+prepared corpus' bytes of text per token (diloco.data.bytes_per_token: measured on the
+test split, whose files are drawn by the same hash as validation's; 1 for bytes).
 """
 
 from __future__ import annotations
@@ -112,6 +114,13 @@ class GlobalEval:
         with self._lock:
             loss, self._result = self._result, None
         return loss
+
+    def bits_per_byte(self, loss: float) -> float:
+        """`loss`, one of this evaluator's (nats per token), in bits per byte of the text."""
+        from diloco.evaluation import bits_per_byte
+
+        evaluator = self._evaluator
+        return bits_per_byte(loss, evaluator.bytes_per_token if evaluator else 1.0)
 
     def __call__(self, params: dict[str, torch.Tensor]) -> float:
         """The eval loss of `params` on the run's validation split; waits for an

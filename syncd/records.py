@@ -124,8 +124,12 @@ class RunStatus(TypedDict):
     versions: Annotated[list[int], "Global version per fragment."]
     outer_steps: Annotated[int, "The smallest fragment version."]
     tokens_merged: Annotated[int, "Tokens merged into the global model."]
-    eval_loss: Annotated[float | None, "The global model's latest evaluation loss."]
+    eval_loss: Annotated[float | None, "The global model's latest held-out loss (nats per "
+                                       "token, on the config's validation split)."]
     eval_tokens: Annotated[int | None, "Tokens merged into the model `eval_loss` is of."]
+    eval_bpb: Annotated[float | None, "`eval_loss` in bits per byte of the held-out text: "
+                                      "eval_loss / ln 2 / bytes per token (1 for the bytes "
+                                      "tokenizer), comparable across tokenizers."]
     staleness: Annotated[dict[str, float], "The ages of the updates merged, every "
                                            "island's together: p50, p95, max and count."]
     islands: Annotated[dict[str, IslandStatus], "Island name -> its status."]

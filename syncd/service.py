@@ -159,6 +159,7 @@ class RunSync:
         self.evaluation = GlobalEval(config, cpu_share=eval_cpu_share)
         self.eval_loss: float | None = None
         self.eval_tokens: int | None = None  # tokens merged into the model eval_loss is of
+        self.eval_bpb: float | None = None  # eval_loss in bits per byte
         self.evaluating_tokens = 0
         self.next_status = self.next_flush = self.next_control = 0.0
         self.last_status: RunStatus | None = None  # links count their bytes from it
@@ -316,7 +317,13 @@ class RunSync:
             self.evaluating_tokens = self.rounds.tokens_merged()
         if (loss := self.evaluation.result()) is not None:
             # The loss is the model's of when the evaluation started: those tokens.
-            self.eval_loss, self.eval_tokens = loss, self.evaluating_tokens
+            self._evaluated(loss, self.evaluating_tokens)
+
+    def _evaluated(self, loss: float, tokens: int) -> None:
+        """Keep an evaluation's loss, the tokens merged into the model it is of, and the
+        loss in bits per byte."""
+        self.eval_loss, self.eval_tokens = loss, tokens
+        self.eval_bpb = self.evaluation.bits_per_byte(loss)
 
     def waiting_on(self) -> tuple[str, bytes]:
         """The update stream's key and the last entry read: what a quiet syncd blocks on."""
@@ -329,7 +336,8 @@ class RunSync:
         regions = {island.region for island in self.spec.config.islands}
         return run_status(now, StatusSources(
             self.store.run_id, self.spec, self.rounds, self.liveness, self.accounting,
-            eval_loss=self.eval_loss, eval_tokens=self.eval_tokens, tick_s=self.passes.tick_s,
+            eval_loss=self.eval_loss, eval_tokens=self.eval_tokens, eval_bpb=self.eval_bpb,
+            tick_s=self.passes.tick_s,
             standbys={region: self.pools.ready(region) for region in regions}),
             previous=self.last_status)
 
@@ -401,8 +409,8 @@ class RunSync:
         self.store.control.mark_done()
         self.recovery.save_checkpoint(self.rounds, self.eval_loss)
         try:
-            self.eval_loss = self.evaluation(self.rounds.sync.global_params())
-            self.eval_tokens = self.rounds.tokens_merged()
+            self._evaluated(self.evaluation(self.rounds.sync.global_params()),
+                            self.rounds.tokens_merged())
         except Exception as exc:
             log.exception("run %s: the final evaluation failed", self.store.run_id)
             error = f"{type(exc).__name__}: {exc}"

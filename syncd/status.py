@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class StatusSources:
     """What a run's status is read from: the parts of its RunSync, and what its service
-    keeps beside them: the eval loss of the model with `eval_tokens` merged, syncd's
-    measured `tick_s`, and `standbys` (region -> warm standbys ready)."""
+    keeps beside them: the eval loss of the model with `eval_tokens` merged (and in bits
+    per byte, `eval_bpb`), syncd's measured `tick_s`, and `standbys` (region -> warm
+    standbys ready)."""
 
     run_id: int | str
     spec: RunSpec
@@ -34,6 +35,7 @@ class StatusSources:
     accounting: RunAccounting
     eval_loss: float | None = None
     eval_tokens: int | None = None
+    eval_bpb: float | None = None
     tick_s: float = 0.0
     standbys: Mapping[str, int] = field(default_factory=dict)
 
@@ -64,8 +66,8 @@ def run_status(now: float, sources: StatusSources,
         max_stall_s=figures["max_stall_s"], lost_s=figures["lost_s"],
         versions=rounds.sync.versions(), outer_steps=rounds.sync.outer_steps,
         tokens_merged=rounds.tokens_merged(), eval_loss=sources.eval_loss,
-        eval_tokens=sources.eval_tokens, staleness=rounds.publisher.staleness.run(),
-        islands=islands,
+        eval_tokens=sources.eval_tokens, eval_bpb=sources.eval_bpb,
+        staleness=rounds.publisher.staleness.run(), islands=islands,
         fragments=[fragment_status(now, sources, p) for p in range(len(rounds.fragments))])
 
 

@@ -93,3 +93,20 @@ def test_the_next_evaluation_waits_until_the_last_ones_cpu_time_fits_its_share(t
 def test_an_evaluation_cpu_share_outside_0_to_1_is_refused(tmp_path):
     with pytest.raises(ValueError, match="cpu_share"):
         GlobalEval(config(tmp_path), cpu_share=0.0)
+
+
+def test_its_bits_per_byte_divide_by_the_bytes_per_token_of_the_corpus_it_read(
+        tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from diloco import data
+
+    run_config = config(tmp_path)
+    real = data.load_corpus
+    monkeypatch.setattr(data, "load_corpus", lambda *a, **k: replace(
+        real(*a, **k), meta={"test_bytes_per_token": 4.0}))
+    evaluation = GlobalEval(run_config)
+
+    loss = evaluation(dict(initial_model(run_config).state_dict()))
+
+    assert evaluation.bits_per_byte(loss) == pytest.approx(loss / math.log(2) / 4.0)

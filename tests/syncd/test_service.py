@@ -7,6 +7,7 @@ them (or as an attacker could), and each tick is one pass of the live loop.
 """
 
 import json
+import math
 
 import pytest
 
@@ -76,6 +77,8 @@ def test_the_eval_loss_comes_with_the_tokens_of_the_model_it_evaluated(redis_url
     status = sync.store.status()
     assert status["tokens_merged"] > evaluated
     assert status["eval_loss"] is not None and status["eval_tokens"] == evaluated
+    # the bytes tokenizer: a byte per token, the loss in bits
+    assert status["eval_bpb"] == pytest.approx(status["eval_loss"] / math.log(2))
 
 
 def test_the_status_carries_goodput_once_step_times_are_known(run_sync):

@@ -39,7 +39,8 @@ RUN_GAUGES = {
     "archipelago_run_progress": ("Tokens merged against the token budget, 0 to 1.", "progress"),
     "archipelago_run_outer_steps": ("The smallest fragment version.", "outer_steps"),
     **gauges("archipelago_run", RunStatus,
-             ("goodput", "uptime", "train_loss", "eval_loss", "alive_islands")),
+             ("goodput", "uptime", "train_loss", "eval_loss", "eval_tokens", "eval_bpb",
+              "alive_islands")),
 }
 ISLAND_GAUGES = gauges("archipelago_island", IslandStatus,
                        ("tokens", "tokens_per_s", "version_lag", "epoch",

@@ -331,7 +331,7 @@ class SampleOut(Schema):
 
 MetricFigures = from_record("MetricFigures", RunStatus, dict.fromkeys(
     ("outer_steps", "versions", "goodput", "uptime", "train_loss", "eval_loss",
-     "alive_islands"), ...), base=Open)
+     "eval_tokens", "eval_bpb", "alive_islands"), ...), base=Open)
 
 
 class MetricOut(MetricFigures):

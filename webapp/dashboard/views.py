@@ -117,7 +117,8 @@ def new_run(request: HttpRequest) -> HttpResponse:
 # one's tooltip is the field's help (syncd.records.RunStatus), and run.js fills them in.
 FIGURES = (("Goodput", "goodput", "goodput"), ("Uptime", "uptime", "uptime"),
            ("Start-up", "startup", "startup_s"), ("Train loss", "train-loss", "train_loss"),
-           ("Eval loss", "eval-loss", "eval_loss"), ("Outer steps", "outer-steps", "outer_steps"),
+           ("Eval loss", "eval-loss", "eval_loss"), ("Bits per byte", "eval-bpb", "eval_bpb"),
+           ("Outer steps", "outer-steps", "outer_steps"),
            ("Versions", "versions", "versions"),
            ("Islands alive", "islands-alive", "alive_islands"))
 

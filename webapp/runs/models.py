@@ -357,6 +357,10 @@ class Metric(models.Model):
     uptime = models.FloatField(null=True, blank=True)
     train_loss = models.FloatField(null=True, blank=True)
     eval_loss = models.FloatField(null=True, blank=True)
+    eval_tokens = models.BigIntegerField(
+        null=True, blank=True, help_text="Tokens merged into the model eval_loss is of.")
+    eval_bpb = models.FloatField(null=True, blank=True,
+                                 help_text="eval_loss in bits per byte of the held-out text.")
     alive_islands = models.PositiveIntegerField(default=0)
     islands = models.JSONField(default=dict, blank=True,
                                help_text="Island -> state, tokens_per_s, bytes_up, bytes_down.")
@@ -372,6 +376,7 @@ class Metric(models.Model):
                 "outer_steps": self.outer_steps, "versions": self.versions,
                 "goodput": self.goodput, "uptime": self.uptime,
                 "train_loss": self.train_loss, "eval_loss": self.eval_loss,
+                "eval_tokens": self.eval_tokens, "eval_bpb": self.eval_bpb,
                 "alive_islands": self.alive_islands, "islands": self.islands}
 
 

@@ -59,6 +59,7 @@ class DatabaseRecorder:
             outer_steps=status.get("outer_steps", 0), versions=status.get("versions", []),
             goodput=status.get("goodput"), uptime=status.get("uptime"),
             train_loss=status.get("train_loss"), eval_loss=status.get("eval_loss"),
+            eval_tokens=status.get("eval_tokens"), eval_bpb=status.get("eval_bpb"),
             alive_islands=status.get("alive_islands", 0), islands=islands))
 
     def progress(self, tokens: int, outer_steps: int, progress: float) -> None:

@@ -31,8 +31,8 @@ OUTAGE_KINDS = (Event.Kind.FAULT, Event.Kind.ISLAND_LOST, Event.Kind.ISLAND_REVI
 # each island's (IslandStatus) with their value before syncd serves the run. Tokens merged
 # and outer steps are the Run row's, which syncd keeps current; an island's state, fault,
 # tokens and link are joined with its row's.
-RUN_FIELDS = ("goodput", "uptime", "startup_s", "train_loss", "eval_loss", "alive_islands",
-              "max_stall_s")
+RUN_FIELDS = ("goodput", "uptime", "startup_s", "train_loss", "eval_loss", "eval_tokens",
+              "eval_bpb", "alive_islands", "max_stall_s")
 ISLAND_FIELDS = {"version_lag": 0, "tokens_per_s": 0.0, "step_time_s": None,
                  "cpu_share": None, "backpressure_wait_s": 0.0, "slot_wait_s": 0.0,
                  "rejoin_warm": None, "heartbeat_age_s": None, "staleness": None}

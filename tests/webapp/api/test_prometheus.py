@@ -65,7 +65,7 @@ def test_the_scraper_reads_the_runs_and_their_alive_islands(client, metrics_toke
     store = RunStore(connect(redis_url), running.pk)
     store.client.set(store.key("status"), json.dumps({
         "versions": [5, 4], "outer_steps": 4, "goodput": 0.75, "uptime": 0.5,
-        "alive_islands": 1,
+        "alive_islands": 1, "eval_loss": 2.0, "eval_tokens": 6144, "eval_bpb": 2.885,
         "islands": {"east-a": {"state": "lost", "fault": "partition", "version_lag": 3,
                                "tokens": 4096}}}))
     Run.objects.filter(pk=running.pk).update(tokens=8192, outer_steps=4)  # as syncd keeps it
@@ -81,6 +81,9 @@ def test_the_scraper_reads_the_runs_and_their_alive_islands(client, metrics_toke
     assert found[sample("archipelago_run_uptime", run=r)] == 0.5
     assert found[sample("archipelago_run_outer_steps", run=r)] == 4
     assert found[sample("archipelago_run_alive_islands", run=r)] == 1
+    assert found[sample("archipelago_run_eval_loss", run=r)] == 2.0
+    assert found[sample("archipelago_run_eval_tokens", run=r)] == 6144
+    assert found[sample("archipelago_run_eval_bpb", run=r)] == 2.885
     assert found[sample("archipelago_run_state", run=r, state="running")] == 1
     assert found[sample("archipelago_run_state", run=r, state="paused")] == 0
     assert found[sample("archipelago_run_info", run=r, name="running", mode="decoupled")] == 1

@@ -321,8 +321,8 @@ def test_the_run_page_shows_each_figure_with_the_help_of_its_status_field(viewer
 
     described = fields(RunStatus)
     assert [field for _, _, field in FIGURES] == [
-        "goodput", "uptime", "startup_s", "train_loss", "eval_loss", "outer_steps", "versions",
-        "alive_islands"]
+        "goodput", "uptime", "startup_s", "train_loss", "eval_loss", "eval_bpb", "outer_steps",
+        "versions", "alive_islands"]
     for label, element, field in FIGURES:
         assert f'<dt>{label}</dt><dd id="{element}" title="{described[field][1]}">'.replace(
             "'", "&#x27;") in response.content.decode()
@@ -386,3 +386,21 @@ def test_the_run_page_charts_the_newest_points_of_a_long_run(viewer_client):
 
     assert len(metrics) == CHART_POINTS
     assert [p["tokens"] for p in metrics[-2:]] == [MAX_METRICS + 98, MAX_METRICS + 99]
+
+
+def test_the_run_page_charts_held_out_loss_against_merged_tokens_from_its_history(
+        viewer_client):
+    """A reload redraws the chart: the history keeps each evaluation with its tokens."""
+    run = create_run(name="learning", mode="decoupled", config={}, user=None)
+    start = timezone.now() - timedelta(minutes=1)
+    Metric.objects.bulk_create([
+        Metric(run=run, time=start, tokens=900, outer_steps=1),
+        Metric(run=run, time=start + timedelta(seconds=2), tokens=2000, outer_steps=2,
+               eval_loss=3.0, eval_tokens=1024, eval_bpb=4.328)])
+
+    response = viewer_client.get(f"/runs/{run.pk}/")
+
+    assert b'id="chart-eval"' in response.content
+    evaluated = [(p["eval_tokens"], p["eval_loss"], p["eval_bpb"])
+                 for p in response.context["page"]["metrics"] if p["eval_loss"] is not None]
+    assert evaluated == [(1024, 3.0, 4.328)]

@@ -41,6 +41,16 @@ def test_it_keeps_one_metric_point_per_interval_of_its_clock(run):
     assert "loss" not in point.islands["a"]
 
 
+def test_a_metric_point_keeps_the_evaluation_with_the_tokens_of_its_model(run):
+    recorder = DatabaseRecorder(run.pk)
+    recorder.metric({**STATUS, "eval_loss": 2.0, "eval_tokens": 3072, "eval_bpb": 2.885}, 1.0)
+    recorder.flush()
+
+    point = Metric.objects.get(run=run)
+    assert (point.eval_loss, point.eval_tokens, point.eval_bpb) == (2.0, 3072, 2.885)
+    assert point.to_dict()["eval_tokens"] == 3072 and point.to_dict()["eval_bpb"] == 2.885
+
+
 def test_flushed_events_are_pushed_to_the_runs_live_pages(run, channel_layer):
     channel = async_to_sync(channel_layer.new_channel)()
     async_to_sync(channel_layer.group_add)(status_group(run.pk), channel)

@@ -7,6 +7,7 @@ Every wait polls a condition with a deadline; none sleeps and hopes.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -459,6 +460,35 @@ def test_tokens_and_progress_rise_in_the_api_while_a_run_trains_and_uptime_falls
         inject_fault(run, island, "partition", max(4 * theta, 2.0))
     wait_until(lambda: (store.status() or {}).get("uptime", 1.0) < 0.99, 60,
                "uptime to fall during the outage")
+    stop_run(run, by=None)
+
+
+def test_held_out_loss_is_evaluated_live_against_rising_merged_tokens_in_the_api_and_history(
+        system, corpus_file, redis_url, django_user_model, client):
+    client.force_login(django_user_model.objects.create_superuser("root", password=None))
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    run.config["eval"]["interval_steps"] = 4  # due at every outer step, at most every 5 s
+    run.save(update_fields=["config"])
+    start_and_wait(run, redis_url, 1)
+
+    def history() -> list[dict]:
+        response = client.get(f"/api/runs/{run.pk}/metrics")
+        assert response.status_code == 200, response.content
+        return response.json()["metrics"]
+
+    def evaluated() -> list[dict]:
+        points = [p for p in history() if p["eval_loss"] is not None]
+        return points if len({p["eval_tokens"] for p in points}) >= 2 else []
+
+    # two evaluations of models with more tokens merged, each kept in the run's history
+    points = wait_until(evaluated, 120, "two evaluations in the history", interval=0.5)
+    assert all(0 < p["eval_tokens"] <= p["tokens"] for p in points), points
+    assert points[-1]["eval_tokens"] > points[0]["eval_tokens"]
+    # the bytes tokenizer: a byte per token, bits per byte the loss in bits
+    assert all(p["eval_bpb"] == pytest.approx(p["eval_loss"] / math.log(2)) for p in points)
+    detail = api_run(client, run)
+    assert detail["eval_tokens"] >= points[-1]["eval_tokens"]
+    assert detail["eval_bpb"] == pytest.approx(detail["eval_loss"] / math.log(2))
     stop_run(run, by=None)
 
 

@@ -219,6 +219,7 @@ function showFigures(status) {
   $("startup").textContent = status.startup_s == null ? "—" : `${arch.fmt(status.startup_s, 1)} s`;
   $("train-loss").textContent = arch.fmt(status.train_loss, 3);
   $("eval-loss").textContent = arch.fmt(status.eval_loss, 3);
+  $("eval-bpb").textContent = arch.fmt(status.eval_bpb, 3);
   $("outer-steps").textContent = arch.fmt(status.outer_steps);
   $("versions").textContent = (status.versions || []).join(", ");
   $("islands-alive").textContent = arch.fmt(status.alive_islands);
@@ -286,8 +287,21 @@ function versionsOf(versions) {
   return out;
 }
 
+// Held-out loss against merged tokens, a point per evaluation (of the model with
+// eval_tokens merged; statuses and history repeat it until the next): beside the
+// goodput, it shows whether the tokens merged teach.
+let lastEvalTokens = null;
+
+function plotEval(point) {
+  if (point.eval_loss == null || point.eval_tokens == null || point.eval_tokens === lastEvalTokens) return;
+  lastEvalTokens = point.eval_tokens;
+  Plotly.extendTraces("chart-eval", {x: [[point.eval_tokens]], y: [[point.eval_loss]],
+    text: [[`${arch.fmt(point.eval_bpb, 3)} bits per byte`]]}, [0], page.chart_points);
+}
+
 function plotPoint(time, point) {
   extend("chart-goodput", time, {goodput: point.goodput, uptime: point.uptime});
+  plotEval(point);
   extend("chart-loss", time, {train: point.train_loss, eval: point.eval_loss});
   extend("chart-rate", time, islandValues(point.islands, "tokens_per_s"));
   extend("chart-bytes", time, bytesByLink(point.islands));
@@ -295,6 +309,9 @@ function plotPoint(time, point) {
 }
 
 chart("chart-goodput", "Goodput and uptime", ["goodput", "uptime"]);
+Plotly.newPlot("chart-eval", [{x: [], y: [], text: [], name: "held-out loss", mode: "lines+markers", type: "scatter"}],
+  {title: {text: "Held-out loss against merged tokens", font: {size: 14}}, margin: {l: 50, r: 10, t: 35, b: 35},
+   xaxis: {title: {text: "tokens merged"}}, yaxis: {title: {text: "nats per token"}}}, plotConfig());
 chart("chart-loss", "Loss", ["train", "eval"]);
 chart("chart-rate", "Tokens/s per island", []);
 chart("chart-bytes", "Bytes per link (emulated, cumulative)", []);
