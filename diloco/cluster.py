@@ -29,7 +29,7 @@ import torch
 
 from diloco import codecs
 from diloco.config import IslandConfig, RunConfig
-from diloco.data import ShardSampler, load_corpus
+from diloco.data import ShardSampler, run_corpus
 from diloco.device import autocast, resolve_device, to_device
 from diloco.evaluation import Evaluator
 from diloco.fragments import due_fragments, partition
@@ -135,7 +135,7 @@ class _Cluster:
                  window_steps: int | None, progress: Callable[[dict], None] | None):
         self.config = config
         self.device = resolve_device(config.train.device)
-        self.corpus = load_corpus(config.data.path, config.data.eval_fraction)
+        self.corpus = run_corpus(config.data)
         self.init = {k: v.detach().clone() for k, v in initial_model(config).state_dict().items()}
         shapes = {k: v.numel() for k, v in self.init.items()}
         self.fragments = partition(shapes, config.sync.fragments)

@@ -8,12 +8,12 @@ the form and the docs read the same facts.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from diloco.shapes import VOCAB_SIZE, tensor_sizes
+from diloco import tokenizer as tokenizers
+from diloco.shapes import tensor_sizes
 
 CODECS = ("none", "bf16", "int8", "int4")
 WEIGHTINGS = ("tokens", "uniform")
@@ -57,11 +57,18 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    path: str = setting("", "A text file or folder of text files; empty: the Python standard "
-                         "library's own sources.")
+    path: str = setting("", "A text, JSON Lines (.jsonl) or Parquet (.parquet) file, or a "
+                         "folder of them; empty: the Python standard library's own sources.")
     eval_fraction: float = setting(0.05, "Share of the files in each held-out split: "
                                       "validation (live eval loss, tuning) and test (benchmark "
                                       "figures); train keeps the rest.", 0.01, 0.45)
+    tokenizer: str = setting("bytes", "bytes: a token per byte (256 ids); train: a byte-level "
+                             "BPE of data.vocab_size ids trained on the corpus once; or a "
+                             "local folder (inside DATA_ROOTS) holding a tokenizer.json.")
+    vocab_size: int = setting(8192, "With data.tokenizer train: the ids of the trained BPE "
+                              "(the 256 bytes, an EOS and merges).", 257, 1 << 20)
+    text_field: str = setting("text", "The field of a JSON Lines record (the column of a "
+                              "Parquet file) that holds its text.")
 
 
 @dataclass
@@ -247,13 +254,48 @@ class Rule:
     problems: Callable[[RunConfig], Iterator[tuple[str, str]]]
 
 
+def tokenizer_vocab(config: RunConfig) -> int:
+    """The ids of the run's tokenizer (diloco.tokenizer.vocab_of), which the builtin
+    model's embedding has and an hf config names where it names no vocab_size; 256 (the
+    bytes') for a tokenizer that cannot be read, which its own rule reports."""
+    try:
+        return tokenizers.vocab_of(config.data)
+    except tokenizers.TokenizerError:
+        return tokenizers.BYTE_VOCAB
+
+
 def _sizes(config: RunConfig) -> dict[str, int] | None:
     """The model's tensor sizes; None when model.hf_config cannot be built (its own
     rule says why)."""
     try:
-        return tensor_sizes(config.model)
+        return tensor_sizes(config.model, tokenizer_vocab(config))
     except ValueError:
         return None
+
+
+def _tokenizer_fits(config: RunConfig) -> Iterator[tuple[str, str]]:
+    d = config.data
+    try:
+        vocab = tokenizers.vocab_of(d)
+    except tokenizers.TokenizerError as e:
+        yield "data.tokenizer", str(e)
+        return
+    if vocab > tokenizers.MAX_VOCAB:
+        yield "data.tokenizer", f"Has {vocab:,} ids; at most {tokenizers.MAX_VOCAB:,}."
+    if not d.text_field.strip():
+        yield "data.text_field", "This field is required."
+    if config.model.source != "hf":
+        return
+    from diloco.hf import HFConfigError, read_config
+
+    try:
+        rows = read_config(config.model.hf_config).get("vocab_size", vocab)
+    except HFConfigError:
+        return  # model.hf_config's own rule says why
+    if not isinstance(rows, int) or rows < vocab:
+        yield "data.tokenizer", (f"The tokenizer's {vocab:,} ids do not fit the model's "
+                                 f"embedding of {rows!r} (model.hf_config vocab_size): "
+                                 "leave vocab_size out to take the tokenizer's.")
 
 
 def _hf_model_builds(config: RunConfig) -> Iterator[tuple[str, str]]:
@@ -265,14 +307,9 @@ def _hf_model_builds(config: RunConfig) -> Iterator[tuple[str, str]]:
     from diloco.hf import HFConfigError, model_config
 
     try:
-        built = model_config(m.hf_config, m.block_size)
+        model_config(m.hf_config, m.block_size)
     except HFConfigError as e:
         yield "model.hf_config", str(e)
-        return
-    vocab = json.loads(built.hf_json).get("vocab_size", 0)
-    if not isinstance(vocab, int) or vocab < VOCAB_SIZE:
-        yield "model.hf_config", (f"vocab_size must hold the tokenizer's {VOCAB_SIZE} byte "
-                                  f"values, got {vocab!r}.")
 
 
 def _heads_divide_width(config: RunConfig) -> Iterator[tuple[str, str]]:
@@ -339,8 +376,11 @@ def _processes_divide_batch(config: RunConfig) -> Iterator[tuple[str, str]]:
 
 
 RULES = (
-    Rule("model.hf_config", "With model.source hf only: a buildable config of a causal LM "
-         "whose vocab_size holds the 256 byte values.", _hf_model_builds),
+    Rule("model.hf_config", "With model.source hf only: a buildable config of a causal LM.",
+         _hf_model_builds),
+    Rule("data.tokenizer", "A tokenizer that can be read, whose ids fit the model's "
+         "embedding (an hf config's vocab_size, where it names one; the builtin model and "
+         "an hf config naming none take the tokenizer's).", _tokenizer_fits),
     Rule("model.n_head", "Must divide model.n_embd.", _heads_divide_width),
     Rule("model", f"At most {MAX_PARAMS:,} parameters (model.n_layer, model.n_embd).",
          _model_fits),

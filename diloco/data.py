@@ -22,6 +22,15 @@ The two held-out splits have two readers that must not mix. Validation is what
 the running system evaluates (syncd's live eval loss, the in-process cluster's
 curve) and what any tuning compares; test is read only for the figures a
 benchmark reports, so that no setting was chosen by looking at them.
+
+Under a tokenizer other than bytes (`data.tokenizer`, diloco/tokenizer.py), or with
+JSON Lines or Parquet files among the corpus' (diloco/documents.py), the splits hold
+token ids instead (uint8 for bytes, uint16 below 65,536 ids, else uint32), each
+document followed by the tokenizer's EOS (diloco/prepare.py), and the folder's key
+holds the tokenizer (its kind and size, or its file's sha256) and data.text_field.
+The manifest then names the tokenizer (its sha256, a `train` one's file beside the
+splits), the records skipped, and `test_bytes_per_token`: the UTF-8 bytes of the
+test split's text per token, which bits per byte divides by.
 """
 
 from __future__ import annotations
@@ -33,7 +42,6 @@ import json
 import os
 import re
 import sysconfig
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,26 +49,35 @@ from typing import Any, BinaryIO
 
 import torch
 
-TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".json", ".csv", ".html", ".c", ".h", ""}
+from diloco import tokenizer as tokenizers
+from diloco.documents import RECORD_SUFFIXES, is_record_file
+from diloco.prepare import CHUNK, HELD_OUT, SPLITS, Source, prepare_tokens, split_of
+from diloco.prepare import move_tail as _move_tail
+
+TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".json", ".csv", ".html", ".c", ".h", "",
+                 *RECORD_SUFFIXES}
 SKIPPED_FOLDERS = {"site-packages", "__pycache__"}
 # The layout of the prepared files; part of the folder's key, so a change of it
 # builds every corpus again in a folder of its own (2: validation and test, where
 # 1 had one eval split).
 FORMAT = 2
-HELD_OUT = ("validation", "test")
-SPLITS = ("train", *HELD_OUT)
 MANIFEST = "manifest.json"
-CHUNK = 8 * 1024 * 1024  # bytes read or copied at a time while preparing
+TORCH_DTYPES = {"uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32}
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent / "var" / "data"
 
 
 @dataclass(frozen=True)
 class Corpus:
-    train: torch.Tensor  # uint8, 1-D, like the other two
+    train: torch.Tensor  # token ids (uint8, uint16 or uint32), 1-D, like the other two
     validation: torch.Tensor  # live evaluation and tuning
     test: torch.Tensor  # the benchmarks' reported figures only
     source: str
     meta: dict[str, Any] = field(default_factory=dict)  # the prepared files' manifest
+
+    @property
+    def tokenizer_sha256(self) -> str:
+        """The sha256 of the tokenizer's tokenizer.json; `bytes` for the bytes one."""
+        return (self.meta.get("tokenizer") or {}).get("sha256", tokenizers.BYTES)
 
     def held_out(self, split: str) -> torch.Tensor:
         """The held-out split named `split`: "validation" or "test"."""
@@ -111,54 +128,91 @@ def fingerprint(files: list[tuple[str, Path]]) -> str:
     return digest.hexdigest()
 
 
-def prepared_folder(root: Path, eval_fraction: float, under: Path) -> Path:
+def prepared_folder(root: Path, eval_fraction: float, under: Path, tokens: str = "") -> Path:
     """Where the prepared files of `root` split with `eval_fraction` live. The key holds
     FORMAT, so that a folder of another layout (the two splits of format 1) is never
-    read as this one's, nor rebuilt under a process that still reads it."""
-    key = hashlib.sha256(f"{root.resolve()}\0{eval_fraction!r}\0{FORMAT}".encode()
+    read as this one's, nor rebuilt under a process that still reads it, and `tokens`,
+    what the token ids are made with ("" for the bytes of text files)."""
+    extra = f"\0{tokens}" if tokens else ""
+    key = hashlib.sha256(f"{root.resolve()}\0{eval_fraction!r}\0{FORMAT}{extra}".encode()
                          ).hexdigest()[:16]
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", root.name)[:40] or "corpus"
     return under / "prepared" / f"{name}-{key}"
 
 
-def split_of(rel: str, eval_fraction: float) -> str:
-    """The split of the file at relative path `rel`, by a hash of the path: validation
-    for a hash in the first eval_fraction (the files format 1 held out as eval, which
-    earlier tuning read), test for the next eval_fraction (files that were train then,
-    so never evaluated on), train for the rest."""
-    bucket = zlib.crc32(rel.encode()) % 1000
-    if bucket < eval_fraction * 1000:
-        return "validation"
-    return "test" if bucket < 2 * eval_fraction * 1000 else "train"
-
-
 def load_corpus(path: str = "", eval_fraction: float = 0.05,
-                directory: Path | None = None) -> Corpus:
-    """A corpus split by file into train, validation and test, prepared once and
-    memory-mapped.
+                directory: Path | None = None, tokenizer: str = tokenizers.BYTES,
+                vocab_size: int = tokenizers.BYTE_VOCAB, text_field: str = "text") -> Corpus:
+    """A corpus split by file (or by record) into train, validation and test, prepared
+    once and memory-mapped.
 
     Args:
-        path: a text file or a folder of text files; empty for the default corpus.
-        eval_fraction: share of files (chosen by a hash of their path) in each held-out
-            split: validation and test hold eval_fraction each, train the rest.
+        path: a text file, a JSON Lines or Parquet file, or a folder of them; empty for
+            the default corpus.
+        eval_fraction: share of files (chosen by a hash of their path; records by a hash
+            of their path and line or row) in each held-out split: validation and test
+            hold eval_fraction each, train the rest.
         directory: the data directory; default data_dir().
+        tokenizer, vocab_size, text_field: data.tokenizer, data.vocab_size (of a `train`
+            tokenizer) and data.text_field (of a record's text).
+
+    Raises:
+        ValueError: the corpus is too small, or a Parquet file has no such column;
+            diloco.tokenizer.TokenizerError (a ValueError): no tokenizer in the folder.
     """
     if not 0.0 < eval_fraction < 0.5:
         raise ValueError(f"eval_fraction must be between 0 and 0.5, got {eval_fraction}")
     root = Path(path) if path else default_corpus_root()
     under = directory or data_dir()
-    folder = prepared_folder(root, eval_fraction, under)
     files = text_files(root, skip=(under / "prepared").resolve())
+    source = Source(root, files, eval_fraction, text_field, tokenizer, vocab_size)
+    as_bytes = tokenizer == tokenizers.BYTES and not any(is_record_file(p) for _, p in files)
+    folder = prepared_folder(root, eval_fraction, under,
+                             "" if as_bytes else _tokens_key(source))
     current = fingerprint(files)
     folder.mkdir(parents=True, exist_ok=True)
     # The files are opened under the lock too, so no rebuild renames them mid-open.
     with _locked(folder / ".lock"):
         manifest = _manifest(folder)
         if not _is_current(manifest, folder, current):
-            manifest = _prepare(root, files, eval_fraction, folder, current)
+            manifest = _prepare(source, folder, current, as_bytes)
+        dtype = TORCH_DTYPES[manifest.get("dtype", "uint8")]
         splits = {s: _open(folder / manifest["splits"][s]["file"],
-                           manifest["splits"][s]["bytes"]) for s in SPLITS}
+                           manifest["splits"][s]["bytes"], dtype) for s in SPLITS}
     return Corpus(**splits, source=str(root), meta=manifest)
+
+
+def run_corpus(data: Any) -> Corpus:
+    """The corpus of a run's `data` section (diloco.config.DataConfig)."""
+    return load_corpus(data.path, data.eval_fraction, tokenizer=data.tokenizer,
+                       vocab_size=data.vocab_size, text_field=data.text_field)
+
+
+def batch_shortfall(corpus_bytes: int, eval_fraction: float, islands: int, block_size: int,
+                    batch_size: int) -> str:
+    """Why a corpus of `corpus_bytes` holds less than one batch (batch_size windows of
+    block_size + 1 tokens) in each of `islands` shards of its train split ("" when it
+    holds one). A token is at least about a byte, so the bytes bound the tokens."""
+    shard = int(corpus_bytes * (1 - 2 * eval_fraction)) // islands
+    need = batch_size * (block_size + 1)
+    if shard >= need:
+        return ""
+    return (f"The corpus holds {corpus_bytes:,} bytes: each of the {islands} islands' shards "
+            f"of its train split about {shard:,} tokens at most, fewer than one batch of "
+            f"{need:,} (batch_size x (model.block_size + 1)); give a larger corpus.")
+
+
+def _tokens_key(source: Source) -> str:
+    """What the token ids are made with: the tokenizer (a folder's by the sha256 of its
+    tokenizer.json, so an edited one prepares anew) and the records' text field."""
+    kind = source.tokenizer
+    if kind == tokenizers.TRAIN:
+        kind = f"train:{source.vocab_size}"
+    elif kind != tokenizers.BYTES:
+        tokenizers.read_json(kind)  # a folder without one says so here
+        file = Path(kind.strip()).expanduser() / tokenizers.TOKENIZER_FILE
+        kind = "folder:" + hashlib.sha256(file.read_bytes()).hexdigest()
+    return f"{kind}\0{source.text_field}"
 
 
 @contextlib.contextmanager
@@ -190,35 +244,15 @@ def _is_current(manifest: dict[str, Any] | None, folder: Path, current: str) -> 
         return False
 
 
-def _prepare(root: Path, files: list[tuple[str, Path]], eval_fraction: float, folder: Path,
-             current: str) -> dict[str, Any]:
+def _prepare(source: Source, folder: Path, current: str, as_bytes: bool) -> dict[str, Any]:
     """Write the splits and then the manifest, each to a temporary file renamed into place."""
     temps = {s: folder / f".{s}.bin.tmp" for s in SPLITS}
-    used = 0
     try:
-        with contextlib.ExitStack() as stack:
-            out = {s: stack.enter_context(open(temps[s], "w+b")) for s in SPLITS}
-            for rel, file in files:
-                split = split_of(rel, eval_fraction) if root.is_dir() else "train"
-                used += _append_text(file, out[split])
-            # One file, or too few files to hold some out: a held-out split left empty
-            # takes eval_fraction of the bytes from the end of train instead. Validation
-            # takes the very end, which format 1 held out as eval, and test the share
-            # before it, which was train: a single file reads train, test, validation.
-            share = int(out["train"].tell() * eval_fraction)
-            for split in HELD_OUT:
-                if out[split].tell() == 0:
-                    _move_tail(out["train"], out[split], out["train"].tell() - share)
-            sizes = {s: f.tell() for s, f in out.items()}
-            if sizes["train"] < 1024 or min(sizes[s] for s in HELD_OUT) < 256:
-                raise ValueError(f"corpus at {str(root)!r} is too small: " + ", ".join(
-                    f"{sizes[s]} {s}" for s in SPLITS) + " bytes")
-            for f in out.values():
-                f.flush()
-                os.fsync(f.fileno())
-        manifest = {"format": FORMAT, "source": str(root), "eval_fraction": eval_fraction,
-                    "fingerprint": current, "files": used, "skipped": len(files) - used,
-                    "splits": {s: {"file": f"{s}.bin", "bytes": sizes[s]} for s in SPLITS}}
+        facts = _copy_bytes(source, temps) if as_bytes else prepare_tokens(source, folder, temps)
+        manifest = {"format": FORMAT, "source": str(source.root),
+                    "eval_fraction": source.eval_fraction, "fingerprint": current, **facts,
+                    "splits": {s: {"file": f"{s}.bin", "bytes": temps[s].stat().st_size}
+                               for s in SPLITS}}
         for s in SPLITS:
             temps[s].replace(folder / f"{s}.bin")
         temp = folder / f".{MANIFEST}.tmp"
@@ -228,6 +262,32 @@ def _prepare(root: Path, files: list[tuple[str, Path]], eval_fraction: float, fo
     finally:
         for temp in temps.values():
             temp.unlink(missing_ok=True)
+
+
+def _copy_bytes(source: Source, temps: dict[str, Path]) -> dict[str, Any]:
+    """The bytes of text files, each file whole in its split, copied as they are."""
+    used = 0
+    with contextlib.ExitStack() as stack:
+        out = {s: stack.enter_context(open(temps[s], "w+b")) for s in SPLITS}
+        for rel, file in source.files:
+            split = split_of(rel, source.eval_fraction) if source.root.is_dir() else "train"
+            used += _append_text(file, out[split])
+        # One file, or too few files to hold some out: a held-out split left empty
+        # takes eval_fraction of the bytes from the end of train instead. Validation
+        # takes the very end, which format 1 held out as eval, and test the share
+        # before it, which was train: a single file reads train, test, validation.
+        share = int(out["train"].tell() * source.eval_fraction)
+        for split in HELD_OUT:
+            if out[split].tell() == 0:
+                _move_tail(out["train"], out[split], out["train"].tell() - share)
+        sizes = {s: f.tell() for s, f in out.items()}
+        if sizes["train"] < 1024 or min(sizes[s] for s in HELD_OUT) < 256:
+            raise ValueError(f"corpus at {str(source.root)!r} is too small: " + ", ".join(
+                f"{sizes[s]} {s}" for s in SPLITS) + " bytes")
+        for f in out.values():
+            f.flush()
+            os.fsync(f.fileno())
+    return {"files": used, "skipped": len(source.files) - used}
 
 
 def _append_text(file: Path, out: BinaryIO) -> int:
@@ -244,20 +304,10 @@ def _append_text(file: Path, out: BinaryIO) -> int:
     return 1
 
 
-def _move_tail(source: BinaryIO, dest: BinaryIO, cut: int) -> None:
-    """Move the bytes of `source` from `cut` on to the end of `dest`."""
-    end = source.tell()
-    source.seek(cut)
-    while chunk := source.read(min(CHUNK, end - source.tell())):
-        dest.write(chunk)
-    source.seek(cut)
-    source.truncate()
-
-
-def _open(path: Path, size: int) -> torch.Tensor:
-    """A split as a uint8 tensor over a private memory map of its file: opening reads
-    nothing; what a slice touches is read then."""
-    return torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+def _open(path: Path, size: int, dtype: torch.dtype) -> torch.Tensor:
+    """A split of `size` bytes as a tensor of `dtype` over a private memory map of its
+    file: opening reads nothing; what a slice touches is read then."""
+    return torch.from_file(str(path), shared=False, size=size // dtype.itemsize, dtype=dtype)
 
 
 class ShardSampler:

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from diloco.config import RunConfig
+from diloco.config import RunConfig, tokenizer_vocab
 from diloco.shapes import tensor_sizes
 
 
@@ -62,7 +62,7 @@ def partition(shapes: dict[str, int], num_fragments: int) -> list[Fragment]:
 def run_fragments(config: RunConfig) -> list[Fragment]:
     """The partition of a run's model that syncd and its islands use, from the model's
     shapes (computed, not built)."""
-    return partition(tensor_sizes(config.model), config.sync.fragments)
+    return partition(tensor_sizes(config.model, tokenizer_vocab(config)), config.sync.fragments)
 
 def module_label(tensor_names: Iterable[str]) -> str:
     """A short readable name for a set of tensors: "blocks.0-2+lm_head", a repeated

@@ -94,10 +94,14 @@ def check_architecture(data: dict[str, Any]) -> None:
                             f"causal LM of it (known ones include {known}).")
 
 
-def model_config(hf_config: str, block_size: int) -> HFModelConfig:
-    """The checked, canonical form of `model.hf_config` (raises HFConfigError)."""
+def model_config(hf_config: str, block_size: int, vocab_size: int | None = None
+                 ) -> HFModelConfig:
+    """The checked, canonical form of `model.hf_config` (raises HFConfigError), its
+    vocab_size the tokenizer's `vocab_size` where it names none."""
     data = read_config(hf_config)
     check_architecture(data)
+    if vocab_size is not None:
+        data.setdefault("vocab_size", vocab_size)
     return HFModelConfig(json.dumps(data, sort_keys=True), block_size)
 
 
@@ -209,20 +213,22 @@ def _tied_aliases(model: nn.Module) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=16)
-def tensor_sizes(hf_config: str, block_size: int) -> dict[str, int]:
+def tensor_sizes(hf_config: str, block_size: int, vocab_size: int | None = None
+                 ) -> dict[str, int]:
     """Name -> values of each tensor of the model, in its order, each tied weight once:
     the model built on the meta device (no memory, no draw)."""
-    config = model_config(hf_config, block_size)
+    config = model_config(hf_config, block_size, vocab_size)
     with torch.device("meta"):
         model = CausalLM(config, init=False)
     return {name: t.numel() for name, t in model.state_dict().items()}
 
 
 @functools.lru_cache(maxsize=16)
-def layer_shape(hf_config: str, block_size: int) -> tuple[int, int, int, int]:
+def layer_shape(hf_config: str, block_size: int, vocab_size: int | None = None
+                ) -> tuple[int, int, int, int]:
     """The model's layers, width, attention heads and vocabulary, for the activations'
     estimate (diloco/sizes.py)."""
-    made = library_config(model_config(hf_config, block_size))
+    made = library_config(model_config(hf_config, block_size, vocab_size))
     return (made.num_hidden_layers, made.hidden_size, made.num_attention_heads,
             made.vocab_size)
 

@@ -29,12 +29,13 @@ from typing import Protocol
 import torch
 
 from diloco import codecs, hf
-from diloco.config import ModelConfig, RunConfig
+from diloco.config import ModelConfig, RunConfig, tokenizer_vocab
 from diloco.data import Corpus, ShardSampler
 from diloco.device import HostStaging, autocast, to_device
 from diloco.fragments import Fragment
 from diloco.hf import CausalLM, HFModelConfig
 from diloco.model import GPT, GPTConfig, embedding_tensor_names
+from diloco.shapes import VOCAB_SIZE
 from diloco.synchronizer import Published, apply_published
 
 
@@ -69,16 +70,16 @@ Model = GPT | CausalLM
 
 def gpt_config(config: RunConfig) -> GPTConfig | HFModelConfig:
     """What the run's model is built from: equal ones build the same tensors."""
-    return model_shape(config.model)
+    return model_shape(config.model, tokenizer_vocab(config))
 
 
-def model_shape(m: ModelConfig) -> GPTConfig | HFModelConfig:
-    """What a model of these settings is built from (raises HFConfigError for an hf
-    model that cannot be built)."""
+def model_shape(m: ModelConfig, vocab_size: int = VOCAB_SIZE) -> GPTConfig | HFModelConfig:
+    """What a model of these settings and the tokenizer's `vocab_size` is built from
+    (raises HFConfigError for an hf model that cannot be built)."""
     if m.source == "hf":
-        return hf.model_config(m.hf_config, m.block_size)
+        return hf.model_config(m.hf_config, m.block_size, vocab_size)
     return GPTConfig(n_layer=m.n_layer, n_embd=m.n_embd, n_head=m.n_head,
-                     block_size=m.block_size)
+                     block_size=m.block_size, vocab_size=vocab_size)
 
 
 def build_model(shape: GPTConfig | HFModelConfig, init: bool = True) -> Model:

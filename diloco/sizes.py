@@ -75,7 +75,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diloco.codecs import BLOCK
-from diloco.config import CODECS, RunConfig
+from diloco.config import CODECS, RunConfig, tokenizer_vocab
 from diloco.fragments import partition
 from diloco.shapes import tensor_sizes
 from diloco.wan import transfer_time
@@ -148,7 +148,8 @@ def _activations(config: RunConfig, batch: int) -> dict[str, int]:
                                                 m.n_head, precision)}
     from diloco.hf import layer_shape
 
-    layers, width, heads, vocab = layer_shape(m.hf_config, m.block_size)
+    layers, width, heads, vocab = layer_shape(m.hf_config, m.block_size,
+                                              tokenizer_vocab(config))
     return {"activations": activation_bytes(batch, m.block_size, layers, width, heads,
                                             precision),
             "logits": 2 * 4 * batch * m.block_size * vocab}
@@ -191,7 +192,7 @@ def estimate(config: RunConfig, standbys: int = 0, served: bool = True) -> Estim
     Raises:
         ValueError: when sync.fragments is more than the model's tensors.
     """
-    sizes = tensor_sizes(config.model)
+    sizes = tensor_sizes(config.model, tokenizer_vocab(config))
     s = config.sync
     params = sum(sizes.values())
     model = 4 * params
@@ -263,7 +264,7 @@ def wire_per_outer_step(config: RunConfig) -> dict[str, Wire]:
     Raises:
         ValueError: when sync.fragments is more than the model's tensors.
     """
-    sizes = tensor_sizes(config.model)
+    sizes = tensor_sizes(config.model, tokenizer_vocab(config))
     s = config.sync
     up = fragment_bytes(sizes, s.fragments, s.compression)
     # A lossy downlink publishes encoded differences; none the fp32 fragment, which is

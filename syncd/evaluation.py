@@ -127,9 +127,9 @@ class GlobalEval:
         evaluation still running in the background."""
         with self._evaluating:
             if self._evaluator is None:
-                from diloco.data import load_corpus
+                from diloco.data import run_corpus
                 from diloco.evaluation import Evaluator
 
-                corpus = load_corpus(self.config.data.path, self.config.data.eval_fraction)
+                corpus = run_corpus(self.config.data)
                 self._evaluator = Evaluator(self.config, corpus, "validation")
             return self._evaluator(params)

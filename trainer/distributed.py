@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from diloco.config_parse import config_from_spec
-from diloco.data import load_corpus
+from diloco.data import run_corpus
 from diloco.device import resolve_device
 from diloco.fragments import run_fragments
 from diloco.island import Island, initial_model
@@ -183,7 +183,7 @@ def follow_rank(group: IslandGroup, name: str) -> int:
         group.close()
         return 0
     config = config_from_spec(spec)
-    corpus = load_corpus(config.data.path, config.data.eval_fraction)
+    corpus = run_corpus(config.data)
     # The parameters come from rank 0: DDP broadcasts them, then share_start does.
     island = Island(config.island_index(name), config, corpus, run_fragments(config),
                     initial_model(config).state_dict(), group.device, group)

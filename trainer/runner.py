@@ -30,13 +30,14 @@ from typing import Any
 
 import torch
 
-from diloco.config import DEVICES
+from diloco.config import DEVICES, DataConfig
 from diloco.config_parse import config_from_spec
-from diloco.data import Corpus, load_corpus
+from diloco.data import Corpus, run_corpus
 from diloco.device import resolve_device
 from diloco.fragments import due_fragments, run_fragments
 from diloco.island import Island, Model
 from diloco.signing import load_verify_key
+from diloco.tokenizer import BYTES
 from syncd.acl import island_store
 from syncd.malloc import return_large_frees
 from syncd.store import RunStore
@@ -244,10 +245,11 @@ class ProcessIsland:
                  "" if seconds is None else f" in {seconds:.3f} s")
 
     def _corpus(self) -> Corpus:
-        """The run's corpus: one a standby already opened, or opened now."""
+        """The run's corpus: one a standby already opened (of bytes), or opened now."""
         data = self.config.data
         corpus = self.corpora.get((data.path, data.eval_fraction))
-        return corpus if corpus is not None else load_corpus(data.path, data.eval_fraction)
+        warm = data.tokenizer == BYTES and data.text_field == DataConfig().text_field
+        return corpus if corpus is not None and warm else run_corpus(data)
 
     def setup(self) -> None:
         self.beat("starting", force=True)  # syncd knows this epoch from now on

@@ -34,7 +34,9 @@ from webapp.runs.stores import pool_store, run_store
 from webapp.runs.validation import (
     admitted_configs,
     check_corpus_path,
+    check_corpus_size,
     check_model_folder,
+    check_tokenizer_folder,
     checkpoint_misfit,
     memory_misfits,
 )
@@ -80,9 +82,11 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
         errors["name"] = [f"Must be at most {RUN_NAME_MAX_LENGTH} characters, got {len(name)}."]
     if mode not in RUN_MODES:
         errors["mode"] = [f"Must be one of {', '.join(RUN_MODES)}, got {mode!r}."]
-    folder = check_model_folder(config) if user is not None else ""
-    if folder:  # refused before parse_config reads its config.json
-        raise ConfigError({**errors, "model.hf_config": [folder]})
+    folders = {field: [message] for field, message in (
+        ("model.hf_config", check_model_folder(config)),
+        ("data.tokenizer", check_tokenizer_folder(config))) if message and user is not None}
+    if folders:  # refused before parse_config reads their config.json, tokenizer.json
+        raise ConfigError({**errors, **folders})
     try:
         run_config = with_mode_values(mode, parse_config(config, settings.REGIONS), config)
     except ConfigError as e:
@@ -97,6 +101,8 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
     # What a user names must stay inside the data folders; the system's own runs (user
     # None: the demo, benchmarks, tests) may read their own corpora.
     message = check_corpus_path(config) if user is not None and "data.path" not in errors else ""
+    if not message and user is not None and "data.path" not in errors and not errors:
+        message = check_corpus_size(run_config)
     if message:
         errors["data.path"] = [message]
     if initial_checkpoint is not None and "model" not in errors:

@@ -13,6 +13,7 @@ from django.conf import settings
 
 from diloco.config import RunConfig
 from diloco.config_parse import parse_config
+from diloco.data import batch_shortfall, text_files
 from diloco.sizes import (
     MIB,
     REDIS_BASE_BYTES,
@@ -22,6 +23,7 @@ from diloco.sizes import (
     estimate,
     wire_per_outer_step,
 )
+from diloco.tokenizer import BYTES, TRAIN
 from webapp.runs.models import Checkpoint, Run
 
 
@@ -58,6 +60,30 @@ def check_model_folder(config: Any) -> str:
     if not isinstance(folder, str) or not folder.strip() or folder.strip().startswith("{"):
         return ""
     return check_data_path(folder.strip())
+
+
+def check_tokenizer_folder(config: Any) -> str:
+    """Why a run may not read the tokenizer folder `data.tokenizer` names ("" when it
+    may, or names bytes or train): it must lie inside DATA_ROOTS, as data.path must."""
+    data = config.get("data") if isinstance(config, dict) else None
+    folder = data.get("tokenizer") if isinstance(data, dict) else None
+    if not isinstance(folder, str) or folder.strip() in ("", BYTES, TRAIN):
+        return ""
+    return check_data_path(folder.strip())
+
+
+def check_corpus_size(config: RunConfig) -> str:
+    """Why the corpus data.path names holds less than one batch for an island ("" when
+    it holds one, or is the default corpus)."""
+    if not config.data.path:
+        return ""
+    try:
+        files = text_files(Path(config.data.path))
+        total = sum(path.stat().st_size for _, path in files)
+    except (OSError, ValueError) as e:
+        return f"The corpus cannot be read: {e}."
+    return batch_shortfall(total, config.data.eval_fraction, len(config.islands),
+                           config.model.block_size, max(i.batch_size for i in config.islands))
 
 
 def checkpoint_misfit(checkpoint: Checkpoint, config: Any) -> str:

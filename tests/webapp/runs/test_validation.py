@@ -16,6 +16,7 @@ from webapp.runs.validation import (
     admitted_configs,
     check_data_path,
     check_model_folder,
+    check_tokenizer_folder,
     checkpoint_misfit,
     memory_misfits,
     size_report,
@@ -251,3 +252,40 @@ def test_a_users_model_folder_outside_the_data_roots_is_refused_before_it_is_rea
     assert read == [] and not Run.objects.exists()
     assert check_model_folder(config) != ""
     assert check_model_folder({"model": {"hf_config": json.dumps(TINY_LLAMA)}}) == ""
+
+
+def test_a_users_tokenizer_folder_outside_the_data_roots_is_refused_before_it_is_read(
+        data_root, operator, monkeypatch):
+    from webapp.runs.lifecycle import create_run
+
+    outside = data_root.parent / "tokenizer"
+    outside.mkdir()
+    (outside / "tokenizer.json").write_text("{}")
+    read = []
+    monkeypatch.setattr("diloco.tokenizer.read_json", lambda folder: read.append(folder))
+    config = {"data": {"tokenizer": str(outside)}}
+
+    with pytest.raises(ConfigError) as e:
+        create_run(name="escape", mode="decoupled", config=config, user=operator)
+
+    assert list(e.value.errors) == ["data.tokenizer"]
+    assert e.value.errors["data.tokenizer"][0].startswith("Must be a file or folder inside")
+    assert read == [] and not Run.objects.exists()
+    assert check_tokenizer_folder({"data": {"tokenizer": "train"}}) == ""
+
+
+def test_a_corpus_smaller_than_one_batch_is_refused_at_data_path(data_root, operator):
+    from webapp.runs.lifecycle import create_run
+
+    small = data_root / "small.jsonl"
+    small.write_text("".join(f'{{"text": "document {i}"}}\n' for i in range(40)))
+    config = {"data": {"path": str(small), "tokenizer": "train", "vocab_size": 300},
+              "model": {"block_size": 64},
+              "islands": [{"name": n, "region": "us-east", "batch_size": 8} for n in "ab"]}
+
+    with pytest.raises(ConfigError) as e:
+        create_run(name="small", mode="decoupled", config=config, user=operator)
+
+    assert list(e.value.errors) == ["data.path"]
+    assert "fewer than one batch of 520" in e.value.errors["data.path"][0]
+    assert not Run.objects.exists()

@@ -1,0 +1,112 @@
+"""Corpora prepared as token ids (diloco/prepare.py through diloco.data.load_corpus)."""
+
+import json
+
+import pytest
+import torch
+
+from diloco.data import bytes_per_token, load_corpus
+from diloco.tokenizer import TOKENIZER_FILE, Tokenizer, train_bpe
+
+
+@pytest.fixture
+def jsonl(tmp_path):
+    """A JSON Lines corpus of 3,000 documents, a bad line and a line without text."""
+    lines = [json.dumps({"text": f"Document {i}: islands train one model; every {i % 7} "
+                                 f"steps they send an update to syncd. ü{i}"})
+             for i in range(3000)]
+    lines[5], lines[9] = "{bad", json.dumps({"body": "x"})
+    path = tmp_path / "c.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def documents(corpus, split: str, tokenizer: Tokenizer) -> list[str]:
+    ids = getattr(corpus, split).tolist()
+    return tokenizer.library.decode(ids, skip_special_tokens=False).split("<|endoftext|>")
+
+
+def test_a_trained_bpe_prepares_whole_documents_each_ended_by_its_eos(jsonl, tmp_path):
+    corpus = load_corpus(str(jsonl), 0.05, tmp_path / "data", tokenizer="train",
+                         vocab_size=500)
+
+    folder = next((tmp_path / "data" / "prepared").iterdir())
+    tokenizer = Tokenizer((folder / TOKENIZER_FILE).read_text())
+    assert corpus.train.dtype == torch.uint16
+    assert corpus.tokenizer_sha256 == tokenizer.sha256 == corpus.meta["tokenizer"]["sha256"]
+    source = {json.loads(line)["text"] for line in jsonl.read_text().splitlines()
+              if line.startswith('{"text"')}
+    held_out = documents(corpus, "validation", tokenizer)
+    assert held_out[-1] == "" and set(held_out[:-1]) <= source  # whole documents
+    every = [d for s in ("train", "validation", "test") for d in documents(corpus, s, tokenizer)]
+    assert sorted(d for d in every if d) == sorted(source)
+    assert corpus.meta["skipped_records"]["bad_json"] == 1
+    assert corpus.meta["skipped_records"]["no_text"] == 1
+
+
+def test_test_bytes_per_token_is_the_test_splits_text_bytes_per_token(jsonl, tmp_path):
+    corpus = load_corpus(str(jsonl), 0.05, tmp_path / "data", tokenizer="train",
+                         vocab_size=500)
+
+    folder = next((tmp_path / "data" / "prepared").iterdir())
+    tokenizer = Tokenizer((folder / TOKENIZER_FILE).read_text())
+    text = "".join(documents(corpus, "test", tokenizer))
+    assert bytes_per_token(corpus.meta) == pytest.approx(
+        len(text.encode()) / len(corpus.test), rel=1e-12)
+    assert bytes_per_token(corpus.meta) > 2  # merges: several bytes a token
+
+
+def test_every_host_trains_the_same_tokenizer_and_ids(jsonl, tmp_path):
+    one = load_corpus(str(jsonl), 0.05, tmp_path / "a", tokenizer="train", vocab_size=500)
+    two = load_corpus(str(jsonl), 0.05, tmp_path / "b", tokenizer="train", vocab_size=500)
+
+    assert one.tokenizer_sha256 == two.tokenizer_sha256
+    assert torch.equal(one.train, two.train)
+
+
+def test_a_folder_tokenizer_prepares_its_own_ids_and_an_edited_one_prepares_anew(
+        jsonl, tmp_path):
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    made = train_bpe((line for line in jsonl.read_text().splitlines()), 300)
+    (folder / TOKENIZER_FILE).write_text(made.json_text)
+
+    corpus = load_corpus(str(jsonl), 0.05, tmp_path / "data", tokenizer=str(folder))
+    first = json.loads(jsonl.read_text().splitlines()[0])["text"]
+    assert corpus.train[:len(made.encode([first])[0])].tolist() == made.encode([first])[0]
+    assert corpus.tokenizer_sha256 == made.sha256
+
+    other = train_bpe((line for line in jsonl.read_text().splitlines()), 350)
+    (folder / TOKENIZER_FILE).write_text(other.json_text)
+    again = load_corpus(str(jsonl), 0.05, tmp_path / "data", tokenizer=str(folder))
+    assert again.tokenizer_sha256 == other.sha256
+    assert len(list((tmp_path / "data" / "prepared").iterdir())) == 2
+
+
+def test_a_text_folder_under_a_trained_bpe_ends_each_file_with_the_eos(tmp_path):
+    corpus_dir = tmp_path / "texts"
+    corpus_dir.mkdir()
+    for i in range(60):
+        (corpus_dir / f"f{i}.txt").write_text(f"file {i} says hello to island {i}\n" * 80)
+
+    corpus = load_corpus(str(corpus_dir), 0.2, tmp_path / "data", tokenizer="train",
+                         vocab_size=300)
+
+    ids = torch.cat([corpus.train, corpus.validation, corpus.test])
+    assert (ids == 0).sum().item() == 60  # the EOS, id 0, once per file
+
+
+def test_a_jsonl_corpus_under_bytes_ends_each_document_with_nul(jsonl, tmp_path):
+    corpus = load_corpus(str(jsonl), 0.05, tmp_path / "data")
+
+    assert corpus.train.dtype == torch.uint8
+    ids = torch.cat([corpus.train, corpus.validation, corpus.test])
+    assert (ids == 0).sum().item() == 2998
+
+
+def test_a_corpus_too_small_is_refused(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"text": "tiny"}) + "\n")
+
+    with pytest.raises(ValueError, match="too small"):
+        load_corpus(str(path), 0.05, tmp_path / "data", tokenizer="train", vocab_size=300)
