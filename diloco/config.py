@@ -273,31 +273,6 @@ def _sizes(config: RunConfig) -> dict[str, int] | None:
         return None
 
 
-def _tokenizer_fits(config: RunConfig) -> Iterator[tuple[str, str]]:
-    d = config.data
-    try:
-        vocab = tokenizers.vocab_of(d)
-    except tokenizers.TokenizerError as e:
-        yield "data.tokenizer", str(e)
-        return
-    if vocab > tokenizers.MAX_VOCAB:
-        yield "data.tokenizer", f"Has {vocab:,} ids; at most {tokenizers.MAX_VOCAB:,}."
-    if not d.text_field.strip():
-        yield "data.text_field", "This field is required."
-    if config.model.source != "hf":
-        return
-    from diloco.hf import HFConfigError, read_config
-
-    try:
-        rows = read_config(config.model.hf_config).get("vocab_size", vocab)
-    except HFConfigError:
-        return  # model.hf_config's own rule says why
-    if not isinstance(rows, int) or rows < vocab:
-        yield "data.tokenizer", (f"The tokenizer's {vocab:,} ids do not fit the model's "
-                                 f"embedding of {rows!r} (model.hf_config vocab_size): "
-                                 "leave vocab_size out to take the tokenizer's.")
-
-
 def _hf_model_builds(config: RunConfig) -> Iterator[tuple[str, str]]:
     m = config.model
     if m.source != "hf":
@@ -380,7 +355,8 @@ RULES = (
          _hf_model_builds),
     Rule("data.tokenizer", "A tokenizer that can be read, whose ids fit the model's "
          "embedding (an hf config's vocab_size, where it names one; the builtin model and "
-         "an hf config naming none take the tokenizer's).", _tokenizer_fits),
+         "an hf config naming none take the tokenizer's).",
+         lambda config: tokenizers.problems(config.data, config.model)),
     Rule("model.n_head", "Must divide model.n_embd.", _heads_divide_width),
     Rule("model", f"At most {MAX_PARAMS:,} parameters (model.n_layer, model.n_embd).",
          _model_fits),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,6 +43,7 @@ class TokenizerChoice(Protocol):
 
     tokenizer: str
     vocab_size: int
+    text_field: str
 
 
 def vocab_of(data: TokenizerChoice) -> int:
@@ -53,6 +54,33 @@ def vocab_of(data: TokenizerChoice) -> int:
     if data.tokenizer == TRAIN:
         return data.vocab_size
     return _json_vocab(read_json(data.tokenizer))
+
+
+def problems(data: TokenizerChoice, model: Any) -> Iterator[tuple[str, str]]:
+    """(dotted path, message) for each problem of the run's tokenizer: one that cannot be
+    read, too many ids, no text field, or more ids than the rows of an hf model's
+    embedding (`model`: diloco.config.ModelConfig; the builtin one takes the ids)."""
+    try:
+        vocab = vocab_of(data)
+    except TokenizerError as e:
+        yield "data.tokenizer", str(e)
+        return
+    if vocab > MAX_VOCAB:
+        yield "data.tokenizer", f"Has {vocab:,} ids; at most {MAX_VOCAB:,}."
+    if not data.text_field.strip():
+        yield "data.text_field", "This field is required."
+    if model.source != "hf":
+        return
+    from diloco.hf import HFConfigError, read_config
+
+    try:
+        rows = read_config(model.hf_config).get("vocab_size", vocab)
+    except HFConfigError:
+        return  # model.hf_config's own rule says why
+    if not isinstance(rows, int) or rows < vocab:
+        yield "data.tokenizer", (f"The tokenizer's {vocab:,} ids do not fit the model's "
+                                 f"embedding of {rows!r} (model.hf_config vocab_size): "
+                                 "leave vocab_size out to take the tokenizer's.")
 
 
 def read_json(folder: str) -> dict[str, Any]:

@@ -82,11 +82,9 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
         errors["name"] = [f"Must be at most {RUN_NAME_MAX_LENGTH} characters, got {len(name)}."]
     if mode not in RUN_MODES:
         errors["mode"] = [f"Must be one of {', '.join(RUN_MODES)}, got {mode!r}."]
-    folders = {field: [message] for field, message in (
-        ("model.hf_config", check_model_folder(config)),
-        ("data.tokenizer", check_tokenizer_folder(config))) if message and user is not None}
-    if folders:  # refused before parse_config reads their config.json, tokenizer.json
-        raise ConfigError({**errors, **folders})
+    if user is not None and (folders := _folder_errors(config)):
+        raise ConfigError({**errors, **folders})  # before their config.json is read
+    run_config = None
     try:
         run_config = with_mode_values(mode, parse_config(config, settings.REGIONS), config)
     except ConfigError as e:
@@ -100,9 +98,7 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
                       **{path: [problem] for path, problem in mode_problems(mode, run_config)})
     # What a user names must stay inside the data folders; the system's own runs (user
     # None: the demo, benchmarks, tests) may read their own corpora.
-    message = check_corpus_path(config) if user is not None and "data.path" not in errors else ""
-    if not message and user is not None and "data.path" not in errors and not errors:
-        message = check_corpus_size(run_config)
+    message = _corpus_error(config, run_config, errors) if user is not None else ""
     if message:
         errors["data.path"] = [message]
     if initial_checkpoint is not None and "model" not in errors:
@@ -121,6 +117,23 @@ def create_run(*, name: Any, mode: Any, config: Any, user: AbstractBaseUser | No
                    latency_ms=island.latency_ms)
             for island in run_config.islands)
     return run
+
+
+def _corpus_error(config: Any, run_config: RunConfig | None,
+                  errors: dict[str, list[str]]) -> str:
+    """Why a user's run may not read its corpus: outside DATA_ROOTS, or (once the rest
+    of the config is sound) smaller than one batch."""
+    if "data.path" in errors:
+        return ""
+    return check_corpus_path(config) or ("" if errors else check_corpus_size(run_config))
+
+
+def _folder_errors(config: Any) -> dict[str, list[str]]:
+    """The folders a user's config names outside DATA_ROOTS, by field: refused before
+    parse_config reads their config.json and tokenizer.json."""
+    return {field: [message] for field, message in (
+        ("model.hf_config", check_model_folder(config)),
+        ("data.tokenizer", check_tokenizer_folder(config))) if message}
 
 
 def start_run(run: Run, by: AbstractBaseUser | None) -> None:

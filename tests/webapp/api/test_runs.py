@@ -147,6 +147,38 @@ def test_it_rejects_min_quorum_above_island_count_keyed_by_dotted_path(operator_
     assert not Run.objects.exists()
 
 
+def test_it_creates_a_run_of_a_trained_tokenizer_on_a_json_lines_corpus(operator_api,
+                                                                        data_root):
+    corpus = data_root / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"body": f"document {i} " * 20}) + "\n"
+                              for i in range(500)))
+    data = {"path": str(corpus), "tokenizer": "train", "vocab_size": 512,
+            "text_field": "body"}
+    body = {"name": "bpe", "mode": "decoupled", "config": {"data": data}}
+
+    response = operator_api.post(RUNS, body)
+
+    assert response.status_code == 201
+    assert response.json()["config"]["data"] == {**data, "eval_fraction": 0.05}
+
+
+@pytest.mark.parametrize(("data", "key"), [
+    ({"tokenizer": "missing-folder"}, "data.tokenizer"),
+    ({"tokenizer": "train", "vocab_size": 10}, "data.vocab_size"),
+    ({"text_field": 3}, "data.text_field"),
+])
+def test_it_refuses_a_bad_tokenizer_setting_at_its_field(operator_api, data_root, data, key):
+    folder = data_root / "missing-folder"
+    data = {**data, "tokenizer": str(folder)} if data.get("tokenizer") == folder.name else data
+    body = {"name": "r", "mode": "decoupled", "config": {"data": data}}
+
+    response = operator_api.post(RUNS, body)
+
+    assert response.status_code == 422
+    assert list(response.json()["errors"]) == [key]
+    assert not Run.objects.exists()
+
+
 def test_it_reports_name_and_mode_errors_beside_config_errors(operator_api):
     body = {"name": "", "mode": "x", "config": {"islands": [{"name": "a", "region": "mars"}]}}
 
