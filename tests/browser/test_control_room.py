@@ -226,3 +226,67 @@ def test_the_map_the_islands_and_the_quorum_fit_one_screen_with_eight_islands(
     assert page.evaluate("document.documentElement.scrollWidth") <= 1024  # no sideways scroll
     kill = page.locator("#islands tbody tr:first-child button[data-fault=kill]").bounding_box()
     assert kill["x"] + kill["width"] <= 1024  # every island's actions still in view
+
+
+def island_status(region: str, version_lag: int, ages: dict) -> dict:
+    """A whole island of syncd's status (syncd.records.IslandStatus), training."""
+    return {"region": region, "epoch": 1, "state": "training", "fault": "none",
+            "heartbeat_age_s": 0.4, "tokens": 4096, "inner_steps": 64, "loss": 3.1,
+            "bytes_up": 1000, "bytes_down": 1000, "emulated_bytes_up": 1000.0,
+            "emulated_bytes_down": 1000.0, "tokens_per_s": 900.0, "step_time_s": 0.02,
+            "cpu_share": 0.2, "backpressure_wait_s": 0.0, "slot_wait_s": 0.0,
+            "version_lag": version_lag, "rejoin_warm": False, "rejections": 0,
+            "staleness": ages, "goodput": 0.9, "overcredited": False,
+            "link": {"state": "up", "bytes_up": 0.0, "bytes_down": 0.0}}
+
+
+def test_the_run_page_shows_each_islands_staleness_and_held_out_loss_against_tokens(
+        page, control_room, operator, redis_url, artifacts):
+    from django.utils import timezone
+
+    from syncd.connection import connect
+    from syncd.records import IslandStatus, fields
+    from syncd.store import RunStore
+    from webapp.runs.models import Metric
+
+    run = create_run(name="ages", mode="decoupled", user=operator, config={
+        "sync": {"min_quorum": 2}, "islands": [
+            {"name": "waits", "region": "us-east"}, {"name": "keeps-up", "region": "us-east"},
+            {"name": "straggler", "region": "us-west"}]})
+    # Two evaluations in the history, a third in the status: the chart has all three.
+    Metric.objects.bulk_create([Metric(run=run, time=timezone.now(), tokens=t, outer_steps=1,
+                                       eval_loss=loss, eval_tokens=t, eval_bpb=loss / 0.693)
+                                for t, loss in ((1000, 4.0), (2000, 3.5))])
+    islands = {"waits": island_status("us-east", 1, {"last": 1, "p50": 0.0, "p95": 1.0,
+                                                      "max": 1, "count": 40}),
+               "keeps-up": island_status("us-east", 0, {"last": 0, "p50": 0.0, "p95": 1.0,
+                                                         "max": 1, "count": 40}),
+               "straggler": island_status("us-west", 19, {"last": 19, "p50": 18.0,
+                                                          "p95": 19.9, "max": 20,
+                                                          "count": 3})}
+    assert all(island.keys() == fields(IslandStatus).keys() for island in islands.values())
+    RunStore(connect(redis_url), run.pk).put_status({
+        "run": run.pk, "time": timezone.now().timestamp(), "alive_islands": 3, "goodput": 0.9,
+        "overcredited": [], "uptime": 1.0, "train_loss": 3.1, "startup_s": 2.0,
+        "theta_s": 1.0, "max_stall_s": 0.5, "lost_s": {}, "versions": [40, 40],
+        "outer_steps": 40, "tokens_merged": 4000, "eval_loss": 3.25, "eval_tokens": 3000,
+        "eval_bpb": 4.689, "staleness": {"p50": 0.0, "p95": 2.0, "max": 20, "count": 83},
+        "islands": islands, "fragments": []})
+    sign_in(page, control_room, "olga")
+    page.goto(f"{control_room}/runs/{run.pk}/")
+
+    def lag(island: str):
+        return page.locator(f"#islands tr[data-island='{island}'] td").nth(7)
+
+    page.wait_for_function("document.querySelector(\"#islands tr[data-island='straggler'] "
+                           "td:nth-child(8)\").textContent.includes('·')")
+    # version lag · p95 of the ages of its merged updates; the rest in its tooltip
+    assert lag("straggler").inner_text() == "19 · 19.9"
+    assert "max 20 over 3 merges" in lag("straggler").get_attribute("title")
+    assert lag("waits").inner_text() == "1 · 1.0"
+    assert "max 1 over 40 merges" in lag("waits").get_attribute("title")
+    assert page.locator("#eval-bpb").inner_text() == "4.689"
+    chart = "document.getElementById('chart-eval').data[0]"
+    page.wait_for_function(f"{chart}.x.length === 3")
+    assert page.evaluate(f"[{chart}.x, {chart}.y]") == [[1000, 2000, 3000], [4.0, 3.5, 3.25]]
+    page.screenshot(path=artifacts / "ages-and-eval.png", full_page=True)

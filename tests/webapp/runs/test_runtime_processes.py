@@ -201,7 +201,8 @@ def test_a_transformers_llama_trains_merges_and_checkpoints_through_syncd_and_is
 
 
 def test_in_mode_sync_every_merge_holds_every_island_and_each_waits_for_it(
-        system, corpus_file, redis_url):
+        system, corpus_file, redis_url, django_user_model, client):
+    client.force_login(django_user_model.objects.create_superuser("root", password=None))
     run = tiny_run(corpus_file, total_tokens=10**9)
     run.mode = Run.Mode.SYNC
     run.config["sync"].update(min_quorum=3, overlap_steps=0)
@@ -214,6 +215,10 @@ def test_in_mode_sync_every_merge_holds_every_island_and_each_waits_for_it(
     wait_until(lambda: min(newest_versions(store)) >= since + 3, 180, "three more merges each")
     # The merges before the stop: at the stop each island sends its last, shorter period.
     until = newest_versions(store)
+    # The API says it per island: every island waits (K = M), so each reads age 0 or 1.
+    for island in api_run(client, run)["islands"]:
+        ages = island["staleness"]
+        assert ages["count"] >= 3 and ages["max"] <= 1 and ages["last"] <= 1, island
     stop_run(run, by=None)
     # syncd writes its events in batches: the last one is written before the run is stopped
     wait_until(lambda: Run.objects.get(pk=run.pk).state == Run.State.STOPPED, 90,
@@ -233,6 +238,33 @@ def test_in_mode_sync_every_merge_holds_every_island_and_each_waits_for_it(
         for island in islands:
             seqs = sorted(m["seqs"][island] for m in merges if m["fragment"] == p)
             assert all(b - a == h for a, b in pairwise(seqs)), (p, island, seqs)
+
+
+def test_a_straggler_reads_its_lag_in_the_ages_of_its_merged_updates_in_the_api(
+        system, corpus_file, redis_url, django_user_model, client):
+    client.force_login(django_user_model.objects.create_superuser("root", password=None))
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    # The tiny model's step is mostly the loop's own overhead: a straggler must sleep many
+    # times its compute to lag, and its updates must not be dropped for their age.
+    run.config["islands"][2]["speed"] = 0.03
+    run.config["sync"]["max_staleness"] = 64
+    run.save(update_fields=["config"])
+    start_and_wait(run, redis_url, 1)
+
+    def straggler_merged() -> dict | None:
+        islands = {i["name"]: i for i in api_run(client, run)["islands"]}
+        return islands if (islands["island-2"]["staleness"] or {}).get("count", 0) >= 3 \
+            else None
+
+    # K = 2 of 3: the two fast islands merge without it, so each of its updates enters a
+    # merge several versions after its anchor; theirs, a version or none.
+    islands = wait_until(straggler_merged, 180, "three merged updates of the straggler",
+                         interval=0.5)
+    slow = islands["island-2"]["staleness"]
+    fast = [islands[f"island-{i}"]["staleness"] for i in (0, 1)]
+    assert slow["p50"] >= 2, (slow, fast)
+    assert all(slow["p50"] > ages["p50"] for ages in fast), (slow, fast)
+    stop_run(run, by=None)
 
 
 def test_a_kill_9_of_syncd_loses_no_version_and_the_run_completes(
