@@ -339,6 +339,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 CELERY_TASK_REJECT_ON_WORKER_LOST = False
 # Tasks not routed elsewhere are short jobs: the control queue and its worker.
 CELERY_TASK_DEFAULT_QUEUE = "control"
+# Task modules beside each app's tasks.py, which cannot import them (its run services
+# import it): the rest of a run's start (runs.finish_start).
+CELERY_IMPORTS = ["webapp.runs.starting"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_SERIALIZER = "json"

@@ -94,7 +94,7 @@ def control_room(redis_url, tmp_path, settings, transactional_db):
                     "webapp.asgi:application")
     processes.start("syncd", "manage.py", "syncd")
     processes.start("worker", "-m", "celery", "-A", "webapp", "worker",
-                    "-Q", "region.us-east,region.us-west", "--concurrency", "4",
+                    "-Q", "control,region.us-east,region.us-west", "--concurrency", "4",
                     "--pool", "prefork", "-n", "browser@test", "--without-gossip",
                     "--without-mingle", "--loglevel", "WARNING")
     url = f"http://127.0.0.1:{port}"

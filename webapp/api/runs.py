@@ -99,10 +99,16 @@ def _act(request: HttpRequest, run_id: int, service: Any) -> dict[str, Any]:
 
 
 @router.post("/{run_id}/start", auth=allow("operate"),
-             response=answers(schemas.RunOut, 404, 409))
-def start_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
-    """Start a draft: every island is enqueued on its region's worker."""
-    return _act(request, run_id, lifecycle.start_run)
+             response=answers({202: schemas.RunOut}, 404, 409))
+def start_run(request: HttpRequest, run_id: int, response: HttpResponse) -> Status:
+    """Start a draft; answers at once, the run `queued`. The control worker then waits
+    a bounded time for the regions' pools to fill (ISLAND_POOL_FILL_WAIT_S), starts
+    every island on a warm standby or its region's worker and makes the run `running`;
+    `start_progress` says where it is (queued, filling_pools, starting_islands,
+    started) and Location where to read it."""
+    answer = _act(request, run_id, lifecycle.request_start)
+    response["Location"] = f"/api/runs/{run_id}"
+    return Status(202, answer)
 
 
 @router.post("/{run_id}/stop", auth=allow("operate"),

@@ -125,6 +125,10 @@ class RunOut(RunFigures):
     started_at: datetime | None
     finished_at: datetime | None
     failure_reason: str
+    start_progress: Run.StartProgress = Field(description=(
+        "Where the run's start is: queued (waiting for the control worker), filling_pools "
+        "(waiting for warm standbys, at most ISLAND_POOL_FILL_WAIT_S), starting_islands, "
+        "started; empty for a draft."))
     archived: bool
     initial_checkpoint: int | None
     islands: list[IslandOut]

@@ -134,7 +134,8 @@ def _vocabulary() -> dict[str, Any]:
     script restates none: the actions offered in each run state, the run states under
     way, the island states counted alive, and the island's fault buttons in order (a
     kill, then each fault an island can carry; `lasts`: it lasts the seconds its button
-    asks for, where a kill is at once and a corrupt takes the next update)."""
+    asks for, where a kill is at once and a corrupt takes the next update), and the words
+    of a start's progress."""
     faults = [{"kind": "kill", "label": "Kill", "lasts": False}] + [
         {"kind": fault.value, "label": FAULT_LABELS.get(fault, fault.label),
          "lasts": fault != Island.Fault.CORRUPT}
@@ -142,6 +143,7 @@ def _vocabulary() -> dict[str, Any]:
     return {"actions": {state.value: [action for action, states in RUN_ACTIONS.items()
                                       if state in states] for state in Run.State},
             "under_way": [state.value for state in Run.UNDER_WAY],
+            "start_progress": {p.value: p.label for p in Run.StartProgress if p.value},
             "alive": list(ALIVE_STATES), "faults": faults}
 
 

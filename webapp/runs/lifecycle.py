@@ -22,7 +22,7 @@ from diloco.config_parse import ConfigError, parse_config
 from syncd.acl import delete_island_users
 from syncd.keys import run_prefix
 from syncd.published_files import PublishedFiles
-from webapp.runs.dispatch import enqueue, put_island_user_of, put_spec
+from webapp.runs import starting
 from webapp.runs.models import (
     RUN_NAME_MAX_LENGTH,
     Checkpoint,
@@ -30,7 +30,7 @@ from webapp.runs.models import (
     Island,
     Run,
 )
-from webapp.runs.stores import pool_store, run_store
+from webapp.runs.stores import run_store
 from webapp.runs.validation import (
     admitted_configs,
     check_corpus_path,
@@ -40,7 +40,6 @@ from webapp.runs.validation import (
     checkpoint_misfit,
     memory_misfits,
 )
-from webapp.runs.warm_start import cold_start_message, standbys_wanted, wait_for_standbys
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -137,11 +136,12 @@ def _folder_errors(config: Any) -> dict[str, list[str]]:
 
 
 def start_run(run: Run, by: AbstractBaseUser | None) -> None:
-    """Start a draft run: publish its spec, give every island epoch 1 and enqueue it.
+    """Start a draft and wait for it to be running: publish its spec, give every island
+    epoch 1, wait a bounded time for its regions' pools to fill and start its islands
+    (webapp/runs/starting.py). The system's own starts (the demo, benchmarks, tests)
+    call this; a user's start is request_start.
 
-    The start first waits a bounded time for its regions' pools to fill
-    (webapp/runs/warm_start.py; an event says which islands start cold). Each island
-    claims a warm standby of its region's pool when one is ready
+    Each island claims a warm standby of its region's pool when one is ready
     (trainer/pool_manager.py), else goes to its region's queue
     (trainer.queues.region_queue), where that region's worker runs it as one long
     task. Its islands connect as the run's own Redis user (syncd/acl.py); where Redis
@@ -152,37 +152,20 @@ def start_run(run: Run, by: AbstractBaseUser | None) -> None:
             admitted runs (webapp.runs.validation.memory_misfits).
         WrongState: when the run is not a draft.
     """
-    if run.state == Run.State.DRAFT and (
-            misfits := memory_misfits(run.run_config(), admitted_configs(run))):
-        raise ConfigError(misfits)
-    run.transition(Run.State.QUEUED, by=by)
-    try:
-        store = run_store(run)
-        put_spec(run, store)
-        _, no_user = put_island_user_of(run)
-        if no_user:
-            Event.objects.create(run=run, kind=Event.Kind.ALERT, actor=by,
-                                 detail={"message": no_user})
-        islands = list(run.current_islands())
-        with transaction.atomic():
-            for island in islands:
-                island.epoch = 1
-                island.save(update_fields=["epoch"])
-        for island in islands:
-            store.set_epoch(island.name, island.epoch)
-        wait_s = settings.ISLAND_POOL_FILL_WAIT_S
-        short = wait_for_standbys(pool_store(), standbys_wanted(
-            run.config, [island.name for island in islands], settings.ISLAND_POOL_SIZE),
-            wait_s)
-        for island in islands:
-            enqueue(run, island)
-        if short:
-            Event.objects.create(run=run, kind=Event.Kind.ALERT, actor=by, detail={
-                "message": cold_start_message(short, wait_s), "cold_start": short})
-    except Exception as e:
-        run.transition(Run.State.FAILED, by=by, reason=f"The run could not be started: {e}")
-        raise
-    run.transition(Run.State.RUNNING, by=by)
+    starting.begin_start(run, by)
+    starting.finish_start(run, by)
+
+
+def request_start(run: Run, by: AbstractBaseUser | None) -> None:
+    """Start a draft and return at once, the run `queued`: the wait for the pools and
+    the islands' start run on the control worker, and the run's `start_progress` says
+    where they are (queued, filling_pools, starting_islands, started).
+
+    Raises:
+        ConfigError, WrongState: as start_run.
+    """
+    starting.begin_start(run, by)
+    starting.finish_start_later(run, by)
 
 
 def stop_run(run: Run, by: AbstractBaseUser | None) -> None:

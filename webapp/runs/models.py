@@ -61,6 +61,15 @@ class Run(models.Model):
         FAILED = "failed"
         STOPPED = "stopped"
 
+    class StartProgress(models.TextChoices):
+        """Where a start is (webapp/runs/starting.py): the request answered, the run waits
+        for the control worker; its regions' pools fill; its islands are started; done."""
+        NONE = "", "not started"
+        QUEUED = "queued", "queued"
+        FILLING_POOLS = "filling_pools", "filling pools"
+        STARTING_ISLANDS = "starting_islands", "starting islands"
+        STARTED = "started", "started"
+
     # The named sets of run states (docs/ARCHITECTURE.md, glossary), defined here alone.
     # Admitted: its memory counts against the hosts' (webapp.runs.validation.memory_misfits).
     ADMITTED = (State.QUEUED, State.RUNNING, State.PAUSED, State.STOPPING)
@@ -81,6 +90,10 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     failure_reason = models.TextField(blank=True)
+    start_progress = models.CharField(
+        max_length=16, choices=StartProgress.choices, default=StartProgress.NONE, blank=True,
+        help_text="Where the run's start is: queued, filling_pools, starting_islands, "
+                  "started; empty for a draft.")
     secret = models.CharField(max_length=64, default=new_run_secret, editable=False)
     tokens = models.BigIntegerField(default=0, help_text="Tokens merged into the global model.")
     outer_steps = models.PositiveIntegerField(
@@ -199,6 +212,7 @@ class Run(models.Model):
             "started_at": _isoformat(self.started_at),
             "finished_at": _isoformat(self.finished_at),
             "failure_reason": self.failure_reason,
+            "start_progress": self.start_progress,
             "tokens": self.tokens,
             "outer_steps": self.outer_steps,
             "archived": self.archived,

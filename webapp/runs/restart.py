@@ -1,6 +1,6 @@
 """After the whole system restarted (`python -m webapp.start`, or an upgrade:
 docs/OPERATIONS.md, "Upgrading"): every running or paused run goes on, and its
-timeline says what the restart cost it."""
+timeline says what the restart cost it; a start that was under way goes on."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from webapp.runs.dispatch import put_spec, start_next_epoch
 from webapp.runs.models import Event, Run
+from webapp.runs.starting import finish_start_later
 from webapp.runs.stores import run_store
 
 if TYPE_CHECKING:
@@ -21,8 +22,12 @@ def resume_after_restart() -> list[Run]:
     Each island starts its next epoch (so nothing left over from before the
     restart merges) and goes on from its data cursor; a paused run stays paused.
     The interval the run lost is an "alert" event on its timeline (lost_interval).
-    Returns the runs it resumed.
+    A queued run's start is queued again on the control worker, each island at its
+    next epoch (its task may have died with its worker, or may still come: an island
+    it starts is then of an older epoch). Returns the runs it resumed.
     """
+    for queued in Run.objects.filter(state=Run.State.QUEUED).order_by("id"):
+        finish_start_later(queued, None, again=True)
     runs = list(Run.objects.running_or_paused().order_by("id"))
     for run in runs:
         store = run_store(run)

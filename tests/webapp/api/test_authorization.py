@@ -23,7 +23,7 @@ ENDPOINTS = [
     ("GET", "/api/runs/{running}", None, "view", 200),
     ("PATCH", "/api/runs/{running}", {"archived": True}, "edit", 200),
     ("DELETE", "/api/runs/{draft}", None, "delete", 204),
-    ("POST", "/api/runs/{draft}/start", None, "operate", 200),
+    ("POST", "/api/runs/{draft}/start", None, "operate", 202),
     ("POST", "/api/runs/{running}/stop", None, "operate", 200),
     ("POST", "/api/runs/{running}/pause", None, "operate", 200),
     ("POST", "/api/runs/{paused}/resume", None, "operate", 200),

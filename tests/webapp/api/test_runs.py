@@ -4,6 +4,7 @@ of each."""
 
 import json
 import math
+import time
 from datetime import timedelta
 
 import pytest
@@ -295,13 +296,58 @@ def test_it_refuses_to_delete_a_running_run_with_409(operator_api, running):
     assert Run.objects.filter(pk=running.pk).exists()
 
 
-def test_starting_a_draft_enqueues_its_islands(operator_api, draft, enqueued):
+@pytest.fixture
+def starts(monkeypatch):
+    """The rest of each start the API queues for the control worker, recorded instead
+    of sent: (run id, user id, again)."""
+    from webapp.runs.starting import finish_start_task
+
+    queued: list[dict] = []
+    monkeypatch.setattr(finish_start_task, "apply_async",
+                        lambda args=None, **options: queued.append({"args": args, **options}))
+    return queued
+
+
+def test_a_start_answers_at_once_with_202_and_the_control_worker_starts_the_islands(
+        operator_api, draft, enqueued, starts, operator, settings):
+    from syncd.pool_store import PoolStore
+    from webapp.runs.starting import finish_start_task
+
+    # A pool that never fills: the old start waited this long inside the request.
+    settings.ISLAND_POOL_FILL_WAIT_S = 30
+    PoolStore(connect(settings.REDIS_URL)).put_host("us-east", "host-1", {
+        "ready": 0, "size": 3, "time": time.time()})
+    began = time.monotonic()
     response = operator_api.post(f"{RUNS}/{draft.pk}/start")
 
-    assert response.status_code == 200
-    assert response.json()["state"] == "running"
+    assert time.monotonic() - began < 10
+    assert response.status_code == 202
+    assert response["Location"] == f"/api/runs/{draft.pk}"
+    assert response.json()["state"] == "queued"
+    assert response.json()["start_progress"] == "queued"
+    assert enqueued == []
+    assert starts == [{"args": [draft.pk, operator.pk, False], "queue": "control"}]
+
+    settings.ISLAND_POOL_FILL_WAIT_S = 0
+    finish_start_task(*starts[0]["args"])  # as the control worker does
+
+    shown = operator_api.get(f"{RUNS}/{draft.pk}").json()
+    assert shown["state"] == "running" and shown["start_progress"] == "started"
     assert [task["args"][1] for task in enqueued] == ["east-a", "east-b", "west-a"]
     assert Event.objects.filter(run=draft, kind="run_state").count() == 2
+
+
+def test_a_run_stopped_while_its_pools_fill_starts_no_island(
+        operator_api, draft, enqueued, starts, settings):
+    from webapp.runs.starting import finish_start_task
+
+    operator_api.post(f"{RUNS}/{draft.pk}/start")
+    assert operator_api.post(f"{RUNS}/{draft.pk}/stop").status_code == 200
+
+    finish_start_task(*starts[0]["args"])
+
+    draft.refresh_from_db()
+    assert draft.state == Run.State.STOPPING and enqueued == []
 
 
 def test_starting_a_running_run_is_a_409_that_says_why(operator_api, running):

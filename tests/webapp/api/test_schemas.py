@@ -49,6 +49,7 @@ RELATIONS = re.compile("|".join((
     r"Must be 1 with emulation\.link none",
     r"Must be the number of islands in mode sync",
     r"Must be 0 in mode sync",
+    r"No folder at .*: give a folder holding config\.json",  # model.source hf's hf_config
 )))
 
 

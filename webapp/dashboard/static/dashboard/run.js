@@ -17,10 +17,11 @@ let lastStatus = null;
 
 // -- run state and actions -----------------------------------------------------------
 
-function showRunState(state, reason) {
+function showRunState(state, reason, startProgress) {
   runState = state;
   $("run-state").textContent = state;
   $("run-state").className = "state " + state;
+  showStartProgress(startProgress);
   const allowed = vocabulary.actions[state] || [];
   document.querySelectorAll("#run-actions [data-action]").forEach((b) => {
     b.hidden = !allowed.includes(b.dataset.action);
@@ -31,11 +32,39 @@ function showRunState(state, reason) {
   }
 }
 
+// A queued run's start goes on on the control worker (202): the page reads the run
+// every second while it is queued and says where its start is (start_progress).
+let startTimer = null;
+let startProgress = "";
+
+function showStartProgress(progress) {
+  if (progress !== undefined) startProgress = progress;
+  const shown = runState === "queued" && startProgress
+    ? vocabulary.start_progress[startProgress] || startProgress : "";
+  $("start-progress").textContent = shown;
+  if (runState === "queued" && startTimer === null) {
+    startTimer = setInterval(readStart, 1000);
+  } else if (runState !== "queued" && startTimer !== null) {
+    clearInterval(startTimer);
+    startTimer = null;
+  }
+}
+
+async function readStart() {
+  let fresh;
+  try {
+    fresh = await arch.api("GET", RUN_API);
+  } catch (e) {
+    return;  // read again in a second; the socket's events go on meanwhile
+  }
+  if (runState === "queued") showRunState(fresh.state, fresh.failure_reason, fresh.start_progress);
+}
+
 document.querySelectorAll("#run-actions [data-action]").forEach((button) => {
   button.addEventListener("click", async () => {
     const action = button.dataset.action;
     const result = await arch.act(button, button.textContent, () => arch.api("POST", `${RUN_API}/${action}`));
-    if (result && result.state) showRunState(result.state, result.failure_reason);
+    if (result && result.state) showRunState(result.state, result.failure_reason, result.start_progress);
   });
 });
 
@@ -423,7 +452,7 @@ function onStatus(status) {
   });
 }
 
-showRunState(run.state, run.failure_reason);
+showRunState(run.state, run.failure_reason, run.start_progress);
 const shownIslands = {};
 // The run's islands as the API lists them (webapp/api/schemas.py IslandOut), until syncd's
 // status comes.
