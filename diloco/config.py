@@ -14,6 +14,7 @@ from typing import Any
 
 from diloco import tokenizer as tokenizers
 from diloco.shapes import tensor_sizes
+from diloco.tradeoffs import help_text
 
 CODECS = ("none", "bf16", "int8", "int4")
 WEIGHTINGS = ("tokens", "uniform")
@@ -76,12 +77,14 @@ class SyncConfig:
     inner_steps: int = setting(50, "H: inner steps between two syncs of one fragment.", 1, 100000)
     fragments: int = setting(4, "P: the parameters are cut into this many fragments.", 1, 64)
     overlap_steps: int = setting(1, "tau: inner steps an island trains before it mixes in the "
-                                 "global fragment it sent for (0: wait for the merge).", 0, 100000)
-    alpha: float = setting(0.0, "Mixing weight of the local fragment (0: replace with the global).",
-                        0.0, 1.0)
-    min_quorum: int = setting(2, "K: updates needed before a fragment may merge.", 1, 1024)
-    grace_gamma: float = setting(1.0, "Scales the adaptive grace window after quorum (0: none).",
-                              0.0, 100.0)
+                                 "global fragment it sent for (0: wait for the merge). "
+                                 + help_text("overlap_steps"), 0, 100000)
+    alpha: float = setting(0.0, "Mixing weight of the local fragment (0: replace with the "
+                        "global). " + help_text("alpha"), 0.0, 1.0)
+    min_quorum: int = setting(2, "K: updates needed before a fragment may merge. "
+                              + help_text("min_quorum"), 1, 1024)
+    grace_gamma: float = setting(1.0, "Scales the adaptive grace window after quorum (0: none). "
+                              + help_text("grace_gamma"), 0.0, 100.0)
     weighting: str = setting("tokens", "How updates are weighted in a merge.", choices=WEIGHTINGS)
     rda: bool = setting(False, "Radial-directional averaging for non-embedding tensors.")
     compression: str = setting("none", "Codec of updates sent up.", choices=CODECS)

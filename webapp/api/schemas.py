@@ -206,6 +206,8 @@ class EstimateOut(Schema):
                                                       "refusal of the run would be.")
     wire: dict[str, WireOut] = Field(description="Island name -> its wire bytes per outer "
                                                  "step and its link's seconds for them.")
+    tradeoffs: list[dict[str, str]] = Field(description="What K, grace, alpha and tau cost: "
+                                            "setting, value, speed, quality, source.")
 
 
 # -- faults -------------------------------------------------------------------------

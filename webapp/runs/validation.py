@@ -24,6 +24,7 @@ from diloco.sizes import (
     wire_per_outer_step,
 )
 from diloco.tokenizer import BYTES, TRAIN
+from diloco.tradeoffs import tradeoffs
 from webapp.runs.models import Checkpoint, Run
 
 
@@ -251,12 +252,14 @@ def _region_misfits(config: RunConfig, sized: Estimate, taken: Taken, standbys: 
 def size_report(config: Any) -> dict[str, Any]:
     """The parameters and memory of a run config (diloco/sizes.py), the limits the
     hosts declare, what the admitted runs already take of them, what does not fit, and
-    each island's wire bytes per outer step with its link's seconds for them.
+    each island's wire bytes per outer step with its link's seconds for them, and what
+    its K, grace, alpha and tau cost in quality and speed (diloco/tradeoffs.py).
 
     Raises:
         ConfigError: when `config` (decoded JSON) is not a valid run config.
     """
     run_config = parse_config(config, settings.REGIONS)
+    sync = run_config.sync
     others = admitted_configs()
     taken = Taken.of(others)
     return {**estimate(run_config, fixed_standbys(), served=served()).to_dict(),
@@ -267,7 +270,9 @@ def size_report(config: Any) -> dict[str, Any]:
                       "syncd_bytes": taken.syncd, "island_host_bytes": taken.hosts},
             "misfits": memory_misfits(run_config, others),
             "wire": {name: wire.to_dict()
-                     for name, wire in wire_per_outer_step(run_config).items()}}
+                     for name, wire in wire_per_outer_step(run_config).items()},
+            "tradeoffs": tradeoffs(sync.min_quorum, len(run_config.islands), sync.grace_gamma,
+                                   sync.alpha, sync.overlap_steps)}
 
 
 def _others(nbytes: int, runs: int, where: str = "") -> str:

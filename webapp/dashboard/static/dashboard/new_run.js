@@ -103,6 +103,22 @@ function figure(list, label, text, parts) {
   list.append(term, value);
 }
 
+// What the config's K, grace, alpha and tau cost in speed and quality, with the figures'
+// sources (diloco/tradeoffs.py).
+function showTradeoffs(tradeoffs) {
+  const list = document.getElementById("estimate-tradeoffs");
+  list.replaceChildren(...(tradeoffs || []).map((t) => {
+    const item = document.createElement("li");
+    const name = document.createElement("strong");
+    name.textContent = `${t.setting} = ${t.value}`;
+    const source = document.createElement("small");
+    source.className = "muted";
+    source.textContent = ` (${t.source})`;
+    item.append(name, `. Speed: ${t.speed}. Quality: ${t.quality}.`, source);
+    return item;
+  }));
+}
+
 function showEstimate(data) {
   const list = document.getElementById("estimate-figures");
   list.replaceChildren();
@@ -121,6 +137,7 @@ function showEstimate(data) {
     figure(list, `island host ${region}`, `${shown(nbytes)} taken by other runs`);
   }
   showWire(data.wire);
+  showTradeoffs(data.tradeoffs);
   const misfits = document.getElementById("estimate-misfits");
   misfits.replaceChildren(...Object.entries(data.misfits).flatMap(([key, messages]) =>
     messages.map((message) => {
@@ -142,6 +159,7 @@ async function refreshEstimate() {
     if (mine !== asked) return;
     document.getElementById("estimate-figures").replaceChildren();
     showWire({});
+    showTradeoffs([]);
     const item = document.createElement("li");
     item.textContent = `No estimate until the config is valid: ${e.message}`;
     document.getElementById("estimate-misfits").replaceChildren(item);

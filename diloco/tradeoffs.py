@@ -1,0 +1,74 @@
+"""What K, grace, alpha and tau cost in quality and in speed, with the figures measured so
+far and where each comes from: the config's help texts (diloco/config.py) say it in
+short, the estimate (POST /api/config/estimate, the new-run page's Sizes) for the
+config's own values. A setting no benchmark has measured says so; no figure here is
+made up, and each names its results file or journal entry.
+
+The figures of `bench convergence --quick` (bench/results/convergence-quick.json) ran
+on 2 shared cores at a load average of 17.8: they are indicative, and the full profile
+on an idle machine (issue 46) replaces them.
+"""
+
+from __future__ import annotations
+
+CONVERGENCE = ("bench/results/convergence-quick.json: python -m bench convergence --quick, "
+               "commit 396a21a, 4 islands of a 2-layer 64-wide byte GPT, H = 20, 60 s each, "
+               "2 cores at load 17.8 (indicative)")
+SIMULATE = ("docs/journal/benchmarks-2026.md, bench simulate: 8 islands, 1.2M chips, "
+            "'Archipelago's own choices'")
+NOT_MEASURED = "no benchmark has measured it yet"
+
+# setting -> (speed, quality): what the help text says, with its figure.
+COSTS = {
+    "min_quorum": (
+        "a lower K merges as soon as K islands sent, without waiting for the slowest: "
+        "K = 2 of 4 merged 1.77x the tokens of mode sync (K = 4, every island waits) "
+        "in 60 s",
+        "each merge then holds fewer and older updates: at K = 2 of 4 held-out loss was "
+        "0.945x sync's at equal time but 1.039x at equal tokens, with 2.044 merges per H "
+        "window against 1.115 and update age p95 2 against 0"),
+    "grace_gamma": (
+        "the window after quorum is sized to close before the senders need the result "
+        "(tau steps less the round trip): gamma 1 kept goodput at 89.4%, as gamma 0, in "
+        "the simulator; sized by the download alone it cost 6.7 points (82.7%)",
+        "it lets islands that arrive within the window into the merge (more updates per "
+        "merge, fewer stale ones); " + NOT_MEASURED),
+    "alpha": (
+        "none: the mix is one lerp per fragment",
+        "alpha > 0 keeps that share of the island's own fragment at each mix, so its last "
+        "tau steps are partly kept but the islands drift apart between merges; every "
+        "benchmark figure is at alpha 0, " + NOT_MEASURED + " for other values"),
+    "overlap_steps": (
+        "tau >= 1: an island trains on while its update travels and merges, never waiting "
+        "for the round trip; tau = 0 waits each period (mode sync, which with K = M merged "
+        "0.56x the tokens of the defaults in 60 s)",
+        "the global fragment it mixes in is tau steps late, and with alpha 0 its own "
+        "steps on that fragment since the send are replaced; tau's own share of the "
+        "equal-token gap above is not measured apart from K's"),
+}
+SOURCES = {"min_quorum": CONVERGENCE, "grace_gamma": SIMULATE, "alpha": CONVERGENCE,
+           "overlap_steps": CONVERGENCE}
+
+
+def help_text(setting: str) -> str:
+    """The cost of a sync setting, for its help text: speed, then quality."""
+    speed, quality = COSTS[setting]
+    return f"Speed: {speed}. Quality: {quality} ({SOURCES[setting].split(':')[0]})."
+
+
+def tradeoffs(min_quorum: int, islands: int, grace_gamma: float, alpha: float,
+              overlap_steps: int) -> list[dict[str, str]]:
+    """What the config's K, grace, alpha and tau cost: per setting its value as set, its
+    speed and quality costs and the source of their figures."""
+    values = {
+        "min_quorum": f"{min_quorum} of {islands} islands" + (
+            ": every merge waits for the slowest island" if min_quorum >= islands else ""),
+        "grace_gamma": f"{grace_gamma:g}" + (": no window, a merge at quorum"
+                                             if grace_gamma == 0 else ""),
+        "alpha": f"{alpha:g}" + (": the global replaces the island's fragment"
+                                 if alpha == 0 else ""),
+        "overlap_steps": f"{overlap_steps}" + (": each island waits for each merge"
+                                               if overlap_steps == 0 else ""),
+    }
+    return [{"setting": f"sync.{name}", "value": values[name], "speed": COSTS[name][0],
+             "quality": COSTS[name][1], "source": SOURCES[name]} for name in COSTS]
