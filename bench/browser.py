@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from syncd.environment import text
+
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]
@@ -29,7 +31,7 @@ MISSING = ("Chromium was not found on PATH or in the usual places: install the p
 
 def find_chromium() -> str | None:
     """CHROMIUM if set, else a Chromium on PATH, else one in the usual places."""
-    if override := os.environ.get("CHROMIUM"):
+    if override := text("CHROMIUM"):
         if not os.access(override, os.X_OK):
             raise RuntimeError(f"CHROMIUM is {override!r}, which is not an executable file.")
         return override

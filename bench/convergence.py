@@ -39,6 +39,7 @@ from bench import results
 from bench.goodput import make_corpus
 from bench.system import ROOT, BenchSystem
 from diloco.config import SyncConfig
+from syncd.environment import data_dir
 
 HOME = ROOT / "var" / "bench-convergence"
 REGIONS = ("us-east", "us-west")
@@ -159,7 +160,7 @@ def evaluate(profile: dict[str, Any], runs: dict[str, dict[str, Any]]) -> float:
     from syncd import checkpoint
 
     any_config = parse_config(next(iter(runs.values()))["config"], list(REGIONS))
-    data = load_corpus(any_config.data.path, any_config.data.eval_fraction)
+    data = load_corpus(any_config.data.path, any_config.data.eval_fraction, data_dir())
     block = any_config.model.block_size
 
     def evaluator(batches: int) -> Evaluator:

@@ -65,6 +65,7 @@ from bench.procs import processes
 from bench.system import ROOT, StartedSystem
 from diloco.config import RunConfig
 from diloco.data import load_corpus
+from syncd.environment import data_dir
 
 HOME = ROOT / "var" / "bench-efficiency"
 REGIONS = ("us-east", "us-central", "us-west", "us-south")  # the start command's default
@@ -478,7 +479,7 @@ def main(quick: bool = False, home: Path = HOME) -> int:
         system.setup_django()
         stop_demo(system)
         corpus = make_corpus(home / "data" / "corpus.txt")
-        load_corpus(str(corpus), RunConfig().data.eval_fraction)  # prepared once, here
+        load_corpus(str(corpus), RunConfig().data.eval_fraction, data_dir())  # prepared once, here
         workloads = [measure(system, name, corpus, profile) for name in WORKLOADS]
     finally:
         system.stop()
@@ -498,7 +499,7 @@ def bare_loop(spec: dict[str, Any]) -> None:
     return_large_frees(keep_heap=True)  # its allocator too: a baseline gets what the system gets
     config = parse_config(run_config(spec["model"], spec["corpus"],
                                      spec.get("batch_size", BATCH_SIZE)), list(REGIONS))
-    corpus = load_corpus(config.data.path, config.data.eval_fraction)
+    corpus = load_corpus(config.data.path, config.data.eval_fraction, data_dir())
     loop = BareLoop(config, corpus, initial_model(config).state_dict(), clip=True)
     for _ in range(3):  # warm: the allocator, AdamW's state
         loop.step()

@@ -77,6 +77,7 @@ from diloco.chaos import PRESETS, Fault, schedule
 from diloco.config_parse import parse_config
 from diloco.data import load_corpus
 from diloco.evaluation import Evaluator
+from syncd.environment import data_dir
 
 HOME = ROOT / "var" / "bench-goodput"
 REGIONS = ("us-east", "us-west")
@@ -236,7 +237,7 @@ def checkpoint_losses(run_id: int, config: dict[str, Any], every: bool = False
              f"run {run_id} completed in the database", 0.2)
     rows = list(Checkpoint.objects.filter(run_id=run_id).order_by("created_at", "id"))
     run_config = parse_config(config, list(REGIONS))
-    corpus = load_corpus(run_config.data.path, run_config.data.eval_fraction)
+    corpus = load_corpus(run_config.data.path, run_config.data.eval_fraction, data_dir())
     whole = replace(run_config, eval=replace(run_config.eval,
                                              tokens=len(corpus.held_out("test"))))
     evaluator = Evaluator(whole, corpus, "test")

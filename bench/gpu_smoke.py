@@ -38,6 +38,7 @@ from diloco.island import Island, initial_model
 from diloco.presets import REAL_SIZE_CODECS
 from diloco.protocol import encode_message
 from diloco.signing import island_key
+from syncd.environment import data_dir
 
 CODEC = REAL_SIZE_CODECS["compression"]  # what a send encodes with
 PROFILES: dict[str, dict[str, Any]] = {
@@ -70,7 +71,7 @@ def synchronize(device: str) -> None:
 def train(profile: dict[str, Any], precision: str, device: str) -> dict[str, Any]:
     """Train one island; time the steps after the warmup ones, and the fragment round trips."""
     config = make_config(profile, precision)
-    corpus = load_corpus(config.data.path, config.data.eval_fraction)
+    corpus = load_corpus(config.data.path, config.data.eval_fraction, data_dir())
     init = initial_model(config).state_dict()
     fragments = partition({n: t.numel() for n, t in init.items()}, config.sync.fragments)
     island = Island(0, config, corpus, fragments, init, device)

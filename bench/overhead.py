@@ -40,6 +40,7 @@ from diloco.island import Island, gpt_config, initial_model
 from diloco.model import GPT
 from diloco.protocol import encode_message
 from diloco.signing import island_key
+from syncd.environment import data_dir
 
 KEY = island_key(b"bench-overhead", "bench", 0)  # the key of every update
 
@@ -139,7 +140,7 @@ def main(quick: bool = False) -> int:
 def measure(profile: dict[str, Any], quick: bool) -> int:
     started = time.time()
     config = make_config(profile)
-    corpus = load_corpus(config.data.path, config.data.eval_fraction)
+    corpus = load_corpus(config.data.path, config.data.eval_fraction, data_dir())
     init = {k: v.detach().clone() for k, v in initial_model(config).state_dict().items()}
     fragments = partition({k: v.numel() for k, v in init.items()}, config.sync.fragments)
     island = Island(0, config, corpus, fragments, init)

@@ -51,6 +51,7 @@ from diloco.data import load_corpus
 from diloco.device import resolve_device
 from diloco.evaluation import Evaluator
 from diloco.presets import PRESETS
+from syncd.environment import data_dir
 
 ISLANDS = [("fast-a", 12, 1.0), ("fast-b", 8, 1.0), ("mid", 8, 0.7), ("slow", 4, 0.5)]
 
@@ -106,7 +107,8 @@ def run_one(label: str, config: RunConfig, mode: str, window_steps: int) -> Loca
         results.say(f"  {label}: {point['tokens']:>9,} tokens  validation loss "
                     f"{point['eval_loss']:.4f}  ({time.time() - started:.0f} s)")
 
-    result = run_local(config, mode, window_steps=window_steps, progress=progress)
+    result = run_local(config, mode, data_dir=data_dir(), window_steps=window_steps,
+                       progress=progress)
     results.say(f"{label}: validation loss {result.eval_loss:.4f}, {result.bytes_sent:,} bytes, "
                 f"{time.time() - started:.0f} s")
     return result
@@ -115,7 +117,7 @@ def run_one(label: str, config: RunConfig, mode: str, window_steps: int) -> Loca
 def reported_loss(config: RunConfig, result: LocalResult) -> float:
     """The reported figure: the run's final model on the test split, which no tuning
     read (the run itself evaluated on validation)."""
-    corpus = load_corpus(config.data.path, config.data.eval_fraction)
+    corpus = load_corpus(config.data.path, config.data.eval_fraction, data_dir())
     return Evaluator(config, corpus, "test", resolve_device(config.train.device))(result.params)
 
 
@@ -196,7 +198,8 @@ def main_preset(name: str, quick: bool = False) -> int:
             config = preset_run_config(name, seed, profile["tokens"], lossless)
             label = f"{name} seed {seed} {'float32' if lossless else codecs}"
             run_started = time.time()
-            result = run_local(config, "decoupled", eval_points=profile["eval_points"],
+            result = run_local(config, "decoupled", data_dir=data_dir(),
+                               eval_points=profile["eval_points"],
                                progress=lambda point, label=label: results.say(
                                    f"  {label}: {point['tokens']:>9,} tokens  validation loss "
                                    f"{point['eval_loss']:.4f}"))

@@ -58,6 +58,7 @@ from bench import results
 from bench.goodput import make_corpus, wait_islands_stopped
 from bench.system import ROOT, BenchSystem
 from diloco.uptime import fragment_cadence
+from syncd.environment import text
 
 HOME = ROOT / "var" / "bench-rejoin"
 REGIONS = ("us-east", "us-west", "eu-west", "ap-south")
@@ -132,7 +133,7 @@ def create_and_train(label: str, config: dict[str, Any]) -> tuple[Any, Any, floa
     asked = time.time()
     run = create_run(name=label, mode="decoupled", config=config, user=None)
     start_run(run, by=None)
-    store = RunStore(connect(os.environ["REDIS_URL"]), run.pk)
+    store = RunStore(connect(text("REDIS_URL")), run.pk)
     first: dict[str, float] = {}
 
     def all_training() -> bool:
@@ -351,7 +352,7 @@ def real_size(preset: str) -> int:
         config = real_size_workload(preset, make_corpus(HOME / "corpus.txt"))
         wait(lambda: pools_ready(system), "every region's pool ready", 600, 0.2)
         run, store, create_s = create_and_train(f"{preset} run", config)
-        full = RunStore(connect(os.environ["REDIS_URL"]), run.pk)
+        full = RunStore(connect(text("REDIS_URL")), run.pk)
         fragment_bytes = [len(full.globals.full(p) or b"") for p in sorted(full.globals.versions())]
         wire_s = pull_wire_s(config, fragment_bytes)
         results.say(f"  pull of {sum(fragment_bytes) / 1e6:.0f} MB: {wire_s:.2f} s of "

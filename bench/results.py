@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -13,8 +12,10 @@ from typing import Any
 
 import torch
 
+from syncd.environment import path
+
 # The web app serves the HTML reports from the same folder (its BENCH_RESULTS_DIR setting).
-RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR", Path(__file__).parent / "results"))
+RESULTS = path("BENCH_RESULTS_DIR", Path(__file__).parent / "results")
 
 
 # Keys that hold a benchmark's curves and samples, wherever they are in its record. The

@@ -24,6 +24,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
@@ -103,7 +104,8 @@ def round_trip_s(config: RunConfig, up_bytes: int, down_bytes: int) -> float:
                              + _link_time(i, down_bytes, scale) for i in config.islands)
 
 
-def run_local(config: RunConfig, mode: str = "decoupled", *, step_time_s: float = 1.0,
+def run_local(config: RunConfig, mode: str = "decoupled", *, data_dir: Path,
+              step_time_s: float = 1.0,
               eval_points: int = 4, window_steps: int | None = None,
               progress: Callable[[dict], None] | None = None) -> LocalResult:
     """Train a run in this process and return its final global model and figures.
@@ -116,6 +118,7 @@ def run_local(config: RunConfig, mode: str = "decoupled", *, step_time_s: float 
     Args:
         config: the run config (islands, sync, optim, model, budget...).
         mode: "decoupled", "sync" or "dp".
+        data_dir: the data directory the corpus is prepared in (diloco.data.load_corpus).
         step_time_s: virtual seconds of one inner step at speed 1.
         eval_points: evaluations of the global model along the way (the last at the end).
         window_steps: window for peak bytes; default H/P inner steps.
@@ -125,17 +128,18 @@ def run_local(config: RunConfig, mode: str = "decoupled", *, step_time_s: float 
         raise ValueError(f"mode must be one of {', '.join(CLUSTER_MODES)}, got {mode!r}")
     if step_time_s <= 0:
         raise ValueError(f"step_time_s must be positive, got {step_time_s}")
-    cluster = _Cluster(config, step_time_s, eval_points, window_steps, progress)
+    cluster = _Cluster(config, data_dir, step_time_s, eval_points, window_steps, progress)
     return {"decoupled": cluster.run_decoupled, "sync": cluster.run_sync,
             "dp": cluster.run_dp}[mode]()
 
 
 class _Cluster:
-    def __init__(self, config: RunConfig, step_time_s: float, eval_points: int,
-                 window_steps: int | None, progress: Callable[[dict], None] | None):
+    def __init__(self, config: RunConfig, data_dir: Path, step_time_s: float,
+                 eval_points: int, window_steps: int | None,
+                 progress: Callable[[dict], None] | None):
         self.config = config
         self.device = resolve_device(config.train.device)
-        self.corpus = run_corpus(config.data)
+        self.corpus = run_corpus(config.data, data_dir)
         self.init = {k: v.detach().clone() for k, v in initial_model(config).state_dict().items()}
         shapes = {k: v.numel() for k, v in self.init.items()}
         self.fragments = partition(shapes, config.sync.fragments)

@@ -63,7 +63,6 @@ SKIPPED_FOLDERS = {"site-packages", "__pycache__"}
 FORMAT = 2
 MANIFEST = "manifest.json"
 TORCH_DTYPES = {"uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32}
-DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent / "var" / "data"
 
 
 @dataclass(frozen=True)
@@ -84,13 +83,6 @@ class Corpus:
         if split not in HELD_OUT:
             raise ValueError(f"split must be one of {', '.join(HELD_OUT)}, got {split!r}")
         return self.validation if split == "validation" else self.test
-
-
-def data_dir() -> Path:
-    """The data directory: DATA_DIR, else var/data in the checkout. Read from the
-    environment, since island processes do not load Django."""
-    value = os.environ.get("DATA_DIR", "").strip()
-    return Path(value) if value else DEFAULT_DATA_DIR
 
 
 def default_corpus_root() -> Path:
@@ -140,8 +132,8 @@ def prepared_folder(root: Path, eval_fraction: float, under: Path, tokens: str =
     return under / "prepared" / f"{name}-{key}"
 
 
-def load_corpus(path: str = "", eval_fraction: float = 0.05,
-                directory: Path | None = None, tokenizer: str = tokenizers.BYTES,
+def load_corpus(path: str, eval_fraction: float, directory: Path,
+                tokenizer: str = tokenizers.BYTES,
                 vocab_size: int = tokenizers.BYTE_VOCAB, text_field: str = "text") -> Corpus:
     """A corpus split by file (or by record) into train, validation and test, prepared
     once and memory-mapped.
@@ -152,7 +144,8 @@ def load_corpus(path: str = "", eval_fraction: float = 0.05,
         eval_fraction: share of files (chosen by a hash of their path; records by a hash
             of their path and line or row) in each held-out split: validation and test
             hold eval_fraction each, train the rest.
-        directory: the data directory; default data_dir().
+        directory: the data directory (DATA_DIR, syncd.environment.data_dir), where
+            the corpus is prepared.
         tokenizer, vocab_size, text_field: data.tokenizer, data.vocab_size (of a `train`
             tokenizer) and data.text_field (of a record's text).
 
@@ -163,11 +156,10 @@ def load_corpus(path: str = "", eval_fraction: float = 0.05,
     if not 0.0 < eval_fraction < 0.5:
         raise ValueError(f"eval_fraction must be between 0 and 0.5, got {eval_fraction}")
     root = Path(path) if path else default_corpus_root()
-    under = directory or data_dir()
-    files = text_files(root, skip=(under / "prepared").resolve())
+    files = text_files(root, skip=(directory / "prepared").resolve())
     source = Source(root, files, eval_fraction, text_field, tokenizer, vocab_size)
     as_bytes = tokenizer == tokenizers.BYTES and not any(is_record_file(p) for _, p in files)
-    folder = prepared_folder(root, eval_fraction, under,
+    folder = prepared_folder(root, eval_fraction, directory,
                              "" if as_bytes else _tokens_key(source))
     current = fingerprint(files)
     folder.mkdir(parents=True, exist_ok=True)
@@ -182,9 +174,10 @@ def load_corpus(path: str = "", eval_fraction: float = 0.05,
     return Corpus(**splits, source=str(root), meta=manifest)
 
 
-def run_corpus(data: Any) -> Corpus:
-    """The corpus of a run's `data` section (diloco.config.DataConfig)."""
-    return load_corpus(data.path, data.eval_fraction, tokenizer=data.tokenizer,
+def run_corpus(data: Any, directory: Path) -> Corpus:
+    """The corpus of a run's `data` section (diloco.config.DataConfig), prepared in the
+    data directory `directory`."""
+    return load_corpus(data.path, data.eval_fraction, directory, tokenizer=data.tokenizer,
                        vocab_size=data.vocab_size, text_field=data.text_field)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from diloco.cluster import run_local
 from diloco.config import RunConfig
@@ -36,6 +37,8 @@ def demo_config(total_tokens: int) -> RunConfig:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=DEMO["budget"]["total_tokens"])
+    parser.add_argument("--data-dir", type=Path, default=Path("var/data"),
+                        help="the data directory, where the corpus is prepared")
     args = parser.parse_args()
     config = demo_config(args.tokens)
     started = time.time()
@@ -46,7 +49,8 @@ def main() -> None:
         print(f"  {point['tokens']:>10,} tokens  outer_steps {point['outer_steps']:>3}  "
               f"eval loss {point['eval_loss']:.3f}  ({time.time() - started:.0f} s)", flush=True)
 
-    result = run_local(config, "decoupled", eval_points=10, progress=progress)
+    result = run_local(config, "decoupled", data_dir=args.data_dir, eval_points=10,
+                       progress=progress)
     print(f"done: eval loss {result.eval_loss:.3f}, {result.merges} merges, "
           f"{result.bytes_sent / result.tokens:.1f} bytes per token on the wire", flush=True)
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,6 +46,8 @@ from urllib.parse import urlsplit
 
 import redis
 from redis.client import Pipeline
+
+from syncd.environment import whole
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 MIN_CHUNK_BYTES = 1024
@@ -218,12 +219,7 @@ def as_pieces(message: bytes | bytearray | memoryview | list[memoryview]) -> lis
 
 def chunk_bytes_setting() -> int:
     """The chunk size: `CHUNK_BYTES` in the environment, 4 MiB by default."""
-    raw = os.environ.get(CHUNK_BYTES_ENV, "")
-    value = int(raw) if raw.strip() else DEFAULT_CHUNK_BYTES
-    if value < MIN_CHUNK_BYTES:
-        raise ValueError(f"{CHUNK_BYTES_ENV} must be at least {MIN_CHUNK_BYTES} bytes, "
-                         f"got {value}")
-    return value
+    return whole(CHUNK_BYTES_ENV, DEFAULT_CHUNK_BYTES, minimum=MIN_CHUNK_BYTES)
 
 
 class RedisBulk:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 
 from diloco.config import RunConfig
+from syncd.environment import data_dir
 
 MIN_GAP_S = 5.0
 # The share of the host's CPU live evaluation may take on average (SYNCD_EVAL_CPU_SHARE).
@@ -130,6 +131,6 @@ class GlobalEval:
                 from diloco.data import run_corpus
                 from diloco.evaluation import Evaluator
 
-                corpus = run_corpus(self.config.data)
+                corpus = run_corpus(self.config.data, data_dir())
                 self._evaluator = Evaluator(self.config, corpus, "validation")
             return self._evaluator(params)

@@ -26,7 +26,7 @@ os.environ.setdefault("CHUNK_BYTES", str(8 * 1024))
 
 @pytest.fixture(scope="session", autouse=True)
 def data_dir(tmp_path_factory):
-    """DATA_DIR for this session and every process it starts (diloco.data.data_dir)."""
+    """DATA_DIR for this session and every process it starts (syncd.environment.data_dir)."""
     folder = tmp_path_factory.mktemp("data")
     before = os.environ.get("DATA_DIR")
     os.environ["DATA_DIR"] = str(folder)

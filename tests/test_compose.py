@@ -7,7 +7,6 @@ ${VAR:?message} filled in from a sample environment.
 
 from __future__ import annotations
 
-import ast
 import importlib
 import os
 import re
@@ -22,6 +21,8 @@ import dj_database_url
 import pytest
 import redis
 import yaml
+
+from syncd import environment
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_ENV = {
@@ -75,23 +76,8 @@ def regions(compose: dict[str, Any]) -> list[str]:
 
 
 def project_environment_names() -> set[str]:
-    """Every environment variable a module of the project reads, found in its source."""
-    helpers = {"env_str", "env_bool", "env_int", "env_list", "_env_int"}
-    names = set()
-    for path in [*ROOT.glob("webapp/**/*.py"), *ROOT.glob("syncd/*.py"),
-                 *ROOT.glob("trainer/*.py")]:
-        for node in ast.walk(ast.parse(path.read_text())):
-            target = None
-            if isinstance(node, ast.Call) and node.args:
-                func = ast.unparse(node.func)
-                if func in helpers or func in ("os.environ.get", "os.getenv",
-                                               "os.environ.setdefault"):
-                    target = node.args[0]
-            elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
-                target = node.slice
-            if isinstance(target, ast.Constant) and isinstance(target.value, str):
-                names.add(target.value)
-    return names
+    """Every environment variable the project reads: those syncd/environment.py names."""
+    return environment.SETTINGS | environment.HANDED
 
 
 def test_it_requires_the_secrets_instead_of_shipping_defaults():

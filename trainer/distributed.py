@@ -18,7 +18,6 @@ RANK, LOCAL_RANK, WORLD_SIZE); trainer/supervisor.py sets it.
 from __future__ import annotations
 
 import gc
-import os
 from datetime import timedelta
 from typing import Any
 
@@ -31,6 +30,7 @@ from diloco.data import run_corpus
 from diloco.device import resolve_device
 from diloco.fragments import run_fragments
 from diloco.island import Island, initial_model
+from syncd.environment import data_dir, whole
 
 # Rank 0 may wait a long time between two broadcasts (for syncd's merge with
 # tau = 0, through a pause); the others wait in the broadcast meanwhile. A dead
@@ -68,9 +68,9 @@ class IslandGroup:
     @classmethod
     def from_env(cls, device_setting: str) -> IslandGroup:
         """The group of a process started with torchrun's environment variables."""
-        rank = int(os.environ["RANK"])
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
-        return cls(rank, int(os.environ["WORLD_SIZE"]),
+        rank = whole("RANK")
+        local_rank = whole("LOCAL_RANK", rank)
+        return cls(rank, whole("WORLD_SIZE"),
                    resolve_device(device_setting, local_rank))
 
     def close(self, island: Island | None = None) -> None:
@@ -183,7 +183,7 @@ def follow_rank(group: IslandGroup, name: str) -> int:
         group.close()
         return 0
     config = config_from_spec(spec)
-    corpus = run_corpus(config.data)
+    corpus = run_corpus(config.data, data_dir())
     # The parameters come from rank 0: DDP broadcasts them, then share_start does.
     island = Island(config.island_index(name), config, corpus, run_fragments(config),
                     initial_model(config).state_dict(), group.device, group)

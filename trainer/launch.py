@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from syncd.environment import SettingError, number, text
+
 # The island's environment variable with its launch time (time.time()).
 LAUNCHED_AT_ENV = "ARCHIPELAGO_LAUNCHED_AT"
 # ... and with the time its start or rejoin was asked for (trainer/phases.py).
@@ -66,7 +68,7 @@ def island_key_from_env() -> bytes:
     Raises:
         ValueError: none there, or not hex.
     """
-    value = os.environ.get(ISLAND_KEY_ENV)
+    value = text(ISLAND_KEY_ENV)
     if not value:
         raise ValueError(f"the island's key must be in the environment variable "
                          f"{ISLAND_KEY_ENV}")
@@ -113,10 +115,9 @@ def process_started_at() -> float | None:
 
 def env_time(name: str) -> float | None:
     """A time (seconds) that the supervisor put in this process's environment."""
-    value = os.environ.get(name)
     try:
-        return float(value) if value else None
-    except ValueError:
+        return number(name)
+    except SettingError:  # none there, or not a number
         return None
 
 

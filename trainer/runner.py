@@ -39,6 +39,7 @@ from diloco.island import Island, Model
 from diloco.signing import load_verify_key
 from diloco.tokenizer import BYTES
 from syncd.acl import island_store
+from syncd.environment import data_dir, text, whole
 from syncd.malloc import return_large_frees
 from syncd.store import RunStore
 from trainer.cpu import cpu_share
@@ -249,7 +250,7 @@ class ProcessIsland:
         data = self.config.data
         corpus = self.corpora.get((data.path, data.eval_fraction))
         warm = data.tokenizer == BYTES and data.text_field == DataConfig().text_field
-        return corpus if corpus is not None and warm else run_corpus(data)
+        return corpus if corpus is not None and warm else run_corpus(data, data_dir())
 
     def setup(self) -> None:
         self.beat("starting", force=True)  # syncd knows this epoch from now on
@@ -401,21 +402,21 @@ def main() -> None:
     parser.add_argument("--device", default=None, choices=DEVICES,
                         help="default: the run's train.device")
     args = parser.parse_args()
-    redis_url = os.environ.get(REDIS_URL_ENV)
+    redis_url = text(REDIS_URL_ENV)
     if not redis_url:
         parser.error(f"the Redis URL must be in the environment variable {REDIS_URL_ENV}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     torch.set_num_threads(1)  # several islands share a host's cores
     return_large_frees(keep_heap=True)
     group = None
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if whole("WORLD_SIZE", 1) > 1:
         group = IslandGroup.from_env(args.device or "auto")
         if group.rank > 0:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # rank 0 says when to stop
             log.info("island %s rank %d of %d on %s", args.island, group.rank,
                      group.world_size, group.device)
             exit_now(follow_rank(group, args.island))
-    dataplane_url = os.environ.get(DATAPLANE_URL_ENV) or redis_url
+    dataplane_url = text(DATAPLANE_URL_ENV, redis_url)
     store = island_store(redis_url, dataplane_url, args.run)
     island = ProcessIsland(store, args.island, args.epoch, args.device, group, rss_bytes())
 

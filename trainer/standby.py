@@ -42,6 +42,7 @@ from diloco.data import Corpus, load_corpus
 from diloco.island import Model, build_model, model_shape
 from diloco.model import GPT, GPTConfig
 from syncd.acl import island_store
+from syncd.environment import data_dir
 from syncd.malloc import give_back_heap, return_large_frees
 from trainer.launch import exit_now
 from trainer.phases import StartClock
@@ -60,7 +61,7 @@ def prepare(warm: dict) -> tuple[dict[tuple[str, float], Corpus], Model | None]:
     data = warm.get("data")
     if data is not None:
         key = (data.get("path") or "", float(data.get("eval_fraction", 0.05)))
-        corpora[key] = load_corpus(*key)
+        corpora[key] = load_corpus(*key, data_dir())
     # The run's model class and shape: a transformers model for a run of source hf.
     model = build_model(model_shape(ModelConfig(**warm["model"]))) if warm.get("model") else None
     warm_up(model if model is not None else GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2,

@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from syncd.environment import whole
+
 # A process that keeps dying is started again at most this often.
 MAX_RESTART_DELAY_S = 30.0
 # Seconds a stop gives the processes after SIGTERM, then those stopped last (Redis),
@@ -117,12 +119,7 @@ def redis_maxmemory_mb() -> int:
     """The Redis memory the hosts declare, which `python -m webapp.start` gives its
     embedded Redis as maxmemory: `REDIS_MAXMEMORY_MB`, by default a quarter of this
     machine's memory."""
-    raw = os.environ.get("REDIS_MAXMEMORY_MB", "").strip()
-    try:
-        return int(raw) if raw else physical_memory_mb() // 4
-    except ValueError:
-        raise ValueError(f"REDIS_MAXMEMORY_MB must be a whole number of MiB, got {raw!r}"
-                         ) from None
+    return whole("REDIS_MAXMEMORY_MB", physical_memory_mb() // 4)
 
 
 def redis_argv(binary: str | Path, port: int, data_dir: str | Path, *,

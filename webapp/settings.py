@@ -16,61 +16,23 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from syncd.environment import data_dir, flag, items, number, path, text, whole
 from webapp.processes import physical_memory_mb, redis_maxmemory_mb
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
-def env_str(name: str, default: str = "") -> str:
-    return os.environ.get(name, default)
-
-
-def env_bool(name: str, default: bool = False) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    if not value:
-        return default
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ImproperlyConfigured(f"{name} must be 1 or 0 (or true/false), got {value!r}.")
-
-
-def env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a whole number, got {value!r}.") from None
-
-
-def env_float(name: str, default: float) -> float:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        return float(value)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}.") from None
-
-
-def env_list(name: str, default: str) -> list[str]:
-    """A comma-separated list; blank items are dropped."""
-    return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
-
-
 def read_secret_key(debug: bool, production: bool) -> str:
-    if key := env_str("SECRET_KEY"):
+    if key := text("SECRET_KEY"):
         return key
-    if path := env_str("SECRET_KEY_FILE"):
+    if key_file := text("SECRET_KEY_FILE"):
         try:
-            key = Path(path).read_text().strip()
+            key = Path(key_file).read_text().strip()
         except OSError as e:
-            raise ImproperlyConfigured(f"SECRET_KEY_FILE {path!r} cannot be read: {e}") from e
+            raise ImproperlyConfigured(f"SECRET_KEY_FILE {key_file!r} cannot be read: {e}"
+                                       ) from e
         if not key:
-            raise ImproperlyConfigured(f"SECRET_KEY_FILE {path!r} is empty.")
+            raise ImproperlyConfigured(f"SECRET_KEY_FILE {key_file!r} is empty.")
         return key
     if debug or not production:
         return "django-insecure-archipelago-development-key-never-use-in-production"
@@ -79,15 +41,15 @@ def read_secret_key(debug: bool, production: bool) -> str:
         "holds it (50 or more random characters).")
 
 
-PROFILE = env_str("ARCHIPELAGO_PROFILE", "development")
+PROFILE = text("ARCHIPELAGO_PROFILE", "development")
 if PROFILE not in ("development", "production"):
     raise ImproperlyConfigured(
         f"ARCHIPELAGO_PROFILE must be development or production, got {PROFILE!r}.")
 PRODUCTION = PROFILE == "production"
-DEBUG = env_bool("DEBUG", False)
+DEBUG = flag("DEBUG")
 SECRET_KEY = read_secret_key(DEBUG, PRODUCTION)
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
-CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
+ALLOWED_HOSTS = items("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+CSRF_TRUSTED_ORIGINS = items("CSRF_TRUSTED_ORIGINS", "")
 # API clients get their CSRF failures in JSON.
 CSRF_FAILURE_VIEW = "webapp.api.views.csrf_failure"
 
@@ -142,7 +104,7 @@ TEMPLATES = [
 
 DATABASES = {
     "default": dj_database_url.parse(
-        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}")),
+        text("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}")),
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the web app read while syncd writes; IMMEDIATE takes the write lock at
@@ -182,30 +144,26 @@ STATICFILES_DIRS = [("plotly", Path(importlib.util.find_spec("plotly").origin).p
                      / "package_data")]
 
 # Archipelago itself.
-REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = text("REDIS_URL", "redis://127.0.0.1:6379/0")
 # The data plane: a Redis that keeps nothing on disk, where update messages in flight
 # (and, with SYNCD_SERVE off, published fragments) lie (syncd/run_keys.py); empty,
 # they share REDIS_URL's
 # (webapp.runs.stores.dataplane_url).
-DATAPLANE_REDIS_URL = env_str("DATAPLANE_REDIS_URL", "")
-REGIONS = env_list("REGIONS", "us-east,us-central,us-west,us-south")
+DATAPLANE_REDIS_URL = text("DATAPLANE_REDIS_URL")
+REGIONS = items("REGIONS", "us-east,us-central,us-west,us-south")
 # The region syncd runs in: the run page's map draws each island's link to it.
-SYNCD_REGION = env_str("SYNCD_REGION", REGIONS[0] if REGIONS else "us-east")
-CHECKPOINT_DIR = Path(env_str("CHECKPOINT_DIR", str(VAR_DIR / "checkpoints")))
+SYNCD_REGION = text("SYNCD_REGION", REGIONS[0] if REGIONS else "us-east")
+CHECKPOINT_DIR = path("CHECKPOINT_DIR", VAR_DIR / "checkpoints")
 # Seconds a run's lease outlives the last renewal by the syncd serving it: when a
 # syncd dies, another takes its runs over after this long (syncd/lease.py).
-SYNCD_LEASE_TTL_S = env_int("SYNCD_LEASE_TTL_S", 10)
-if SYNCD_LEASE_TTL_S < 1:
-    raise ImproperlyConfigured(f"SYNCD_LEASE_TTL_S must be at least 1, got {SYNCD_LEASE_TTL_S}.")
+SYNCD_LEASE_TTL_S = whole("SYNCD_LEASE_TTL_S", 10, minimum=1)
 # Threads of syncd's tensor work (torch.set_num_threads). One by default: syncd shares
 # its host with islands, and torch's threads spin-waiting on oversubscribed cores make a
 # check of one update a hundred times slower. Raise it on a host of syncd's own.
-SYNCD_THREADS = env_int("SYNCD_THREADS", 1)
-if SYNCD_THREADS < 1:
-    raise ImproperlyConfigured(f"SYNCD_THREADS must be at least 1, got {SYNCD_THREADS}.")
+SYNCD_THREADS = whole("SYNCD_THREADS", 1, minimum=1)
 # The share of syncd's host's CPU that each run's live evaluation takes on average
 # (syncd/evaluation.py): the next evaluation waits until the last one's CPU time fits.
-SYNCD_EVAL_CPU_SHARE = env_float("SYNCD_EVAL_CPU_SHARE", 0.02)
+SYNCD_EVAL_CPU_SHARE = number("SYNCD_EVAL_CPU_SHARE", 0.02)
 if not 0 < SYNCD_EVAL_CPU_SHARE <= 1:
     raise ImproperlyConfigured(
         f"SYNCD_EVAL_CPU_SHARE must be above 0 and at most 1, got {SYNCD_EVAL_CPU_SHARE}.")
@@ -215,13 +173,13 @@ if not 0 < SYNCD_EVAL_CPU_SHARE <= 1:
 # how they reach it (http://host:port). With a certificate and its key (PEM files) the
 # server speaks HTTPS (SYNCD_SERVE_URL https://host:port); islands check it against
 # their host's trusted authorities, or those of the file SSL_CERT_FILE names.
-SYNCD_SERVE = env_str("SYNCD_SERVE", "127.0.0.1:0")
-SYNCD_SERVE_CERT = env_str("SYNCD_SERVE_CERT", "") or None
-SYNCD_SERVE_KEY = env_str("SYNCD_SERVE_KEY", "") or None
+SYNCD_SERVE = text("SYNCD_SERVE", "127.0.0.1:0")
+SYNCD_SERVE_CERT = text("SYNCD_SERVE_CERT") or None
+SYNCD_SERVE_KEY = text("SYNCD_SERVE_KEY") or None
 if bool(SYNCD_SERVE_CERT) != bool(SYNCD_SERVE_KEY):
     raise ImproperlyConfigured("SYNCD_SERVE_CERT and SYNCD_SERVE_KEY go together: set both "
                                "for HTTPS, or neither.")
-SYNCD_SERVE_URL = env_str("SYNCD_SERVE_URL", "") or None
+SYNCD_SERVE_URL = text("SYNCD_SERVE_URL") or None
 _SERVE_SCHEME = "https://" if SYNCD_SERVE_CERT else "http://"
 if SYNCD_SERVE_URL and not SYNCD_SERVE_URL.startswith(_SERVE_SCHEME):
     raise ImproperlyConfigured(
@@ -229,15 +187,15 @@ if SYNCD_SERVE_URL and not SYNCD_SERVE_URL.startswith(_SERVE_SCHEME):
         f"{' (SYNCD_SERVE_CERT is set)' if SYNCD_SERVE_CERT else ''}, got {SYNCD_SERVE_URL!r}.")
 # Island logs (run-<id>/<island>.log) and, under `python -m webapp.start`, one log
 # per process.
-LOG_DIR = Path(env_str("LOG_DIR", str(VAR_DIR / "logs")))
+LOG_DIR = path("LOG_DIR", VAR_DIR / "logs")
 # Where `python -m bench` writes its results and HTML reports; the dashboard serves the
 # reports from here.
-BENCH_RESULTS_DIR = Path(env_str("BENCH_RESULTS_DIR", str(BASE_DIR / "bench" / "results")))
+BENCH_RESULTS_DIR = path("BENCH_RESULTS_DIR", BASE_DIR / "bench" / "results")
 # Warm standby islands each island host keeps ready (trainer/pool_manager.py): "auto"
 # (None here) keeps as many as the largest active run has islands in the host's region
 # that the host does not run yet, plus one (a spare), within the host's memory; a
 # number keeps that many; 0 turns the pool off, and every start and rejoin is cold.
-_pool_size = env_str("ISLAND_POOL_SIZE", "auto").strip().lower() or "auto"
+_pool_size = text("ISLAND_POOL_SIZE", "auto").lower()
 if _pool_size != "auto" and not _pool_size.isdigit():
     raise ImproperlyConfigured(
         f"ISLAND_POOL_SIZE must be auto or a whole number of 0 or more, got {_pool_size!r}.")
@@ -245,24 +203,23 @@ ISLAND_POOL_SIZE: int | None = None if _pool_size == "auto" else int(_pool_size)
 # How long a start waits for its regions' pools to have a standby ready for each of its
 # islands (webapp/runs/lifecycle.py); the islands without one start cold, said in an
 # event.
-ISLAND_POOL_FILL_WAIT_S = env_float("ISLAND_POOL_FILL_WAIT_S", 30.0)
+ISLAND_POOL_FILL_WAIT_S = number("ISLAND_POOL_FILL_WAIT_S", 30.0)
 if ISLAND_POOL_FILL_WAIT_S < 0:
     raise ImproperlyConfigured(
         f"ISLAND_POOL_FILL_WAIT_S must be 0 or more, got {ISLAND_POOL_FILL_WAIT_S}.")
 # The bearer token a Prometheus scraper sends to /metrics; empty: only signed-in
 # operators (and staff) may read it.
-METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_TOKEN = text("METRICS_TOKEN")
 # The data directory: users' corpora may live here, and every corpus is prepared once
-# into byte files under its prepared/ folder (diloco/data.py reads DATA_DIR itself:
-# island processes do not load Django).
-DATA_DIR = Path(env_str("DATA_DIR", str(VAR_DIR / "data")))
+# into byte files under its prepared/ folder (island processes, which do not load Django,
+# read it through syncd.environment.data_dir too).
+DATA_DIR = data_dir()
 # The folders a run's data.path may name a file or folder in, separated by the
 # platform's path separator (":"). A path that resolves (symlinks and ".." followed)
 # outside every one is refused (webapp.runs.validation.check_data_path). Default: DATA_DIR
 # and the Python standard library's folder, which the default corpus reads.
-DATA_ROOTS = [Path(p) for p in env_str(
-    "DATA_ROOTS", os.pathsep.join([str(DATA_DIR), sysconfig.get_paths()["stdlib"]])
-).split(os.pathsep) if p.strip()]
+DATA_ROOTS = [Path(p) for p in items(
+    "DATA_ROOTS", os.pathsep.join([str(DATA_DIR), sysconfig.get_paths()["stdlib"]]), os.pathsep)]
 
 # The memory the hosts declare. A run whose estimate (diloco/sizes.py), added to what
 # the other admitted runs take, does not fit is refused when it is made, when it is
@@ -273,8 +230,8 @@ DATA_ROOTS = [Path(p) for p in env_str(
 # region's islands against ISLAND_HOST_MEMORY_MB, the memory of the host that runs a
 # region's islands (default this machine's).
 REDIS_MAXMEMORY_MB = redis_maxmemory_mb()
-SYNCD_HOST_MEMORY_MB = env_int("SYNCD_HOST_MEMORY_MB", physical_memory_mb())
-ISLAND_HOST_MEMORY_MB = env_int("ISLAND_HOST_MEMORY_MB", physical_memory_mb())
+SYNCD_HOST_MEMORY_MB = whole("SYNCD_HOST_MEMORY_MB", physical_memory_mb())
+ISLAND_HOST_MEMORY_MB = whole("ISLAND_HOST_MEMORY_MB", physical_memory_mb())
 if min(REDIS_MAXMEMORY_MB, SYNCD_HOST_MEMORY_MB, ISLAND_HOST_MEMORY_MB) < 1:
     raise ImproperlyConfigured(
         f"REDIS_MAXMEMORY_MB, SYNCD_HOST_MEMORY_MB and ISLAND_HOST_MEMORY_MB must be at "
@@ -290,8 +247,8 @@ DATA_UPLOAD_MAX_NUMBER_FIELDS = 2000
 # Sign-in (webapp/dashboard/login.py, django-axes): after this many failed sign-ins of one
 # username from one address, the sign-in forms refuse attempts until this long has
 # passed since the last failure. axes keeps the counts in the database.
-AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
-AXES_COOLOFF_TIME = timedelta(seconds=env_int("LOGIN_FAILURE_WINDOW_S", 300))
+AXES_FAILURE_LIMIT = whole("LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(seconds=whole("LOGIN_FAILURE_WINDOW_S", 300))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_USERNAME_CALLABLE = "webapp.dashboard.login.axes_username"
 AXES_RESET_ON_SUCCESS = True
@@ -302,7 +259,7 @@ AXES_DISABLE_ACCESS_LOG = True
 # proxies stand in front of the web app (each appends to X-Forwarded-For); the address
 # is then read from that header by django-ipware, strictly: a header with more entries
 # than the proxies add (a client's own, spoofed) counts as the proxy's address.
-TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0)
+TRUSTED_PROXY_COUNT = whole("TRUSTED_PROXY_COUNT", 0)
 if TRUSTED_PROXY_COUNT > 0:
     AXES_IPWARE_META_PRECEDENCE_ORDER = ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR")
     AXES_IPWARE_PROXY_COUNT = TRUSTED_PROXY_COUNT - 1  # entries after the client's
@@ -329,7 +286,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Redis hands an unacknowledged task to another worker after this many seconds; it
 # must outlast the longest island task, or one island would run twice.
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 7 * 24 * 3600),
+    "visibility_timeout": whole("CELERY_VISIBILITY_TIMEOUT", 7 * 24 * 3600),
 }
 # A worker process that dies mid-task (SIGKILL, out of memory, its host gone) loses
 # that island: the task is acknowledged as failed, not handed to another worker. On
@@ -356,11 +313,11 @@ CHANNEL_LAYERS = {
 
 SESSION_COOKIE_SECURE = PRODUCTION
 CSRF_COOKIE_SECURE = PRODUCTION
-SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", PRODUCTION)
-SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 365 * 24 * 3600 if PRODUCTION else 0)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", PRODUCTION)
-SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", PRODUCTION)
-if env_bool("TRUST_X_FORWARDED_PROTO", False):
+SECURE_SSL_REDIRECT = flag("SECURE_SSL_REDIRECT", PRODUCTION)
+SECURE_HSTS_SECONDS = whole("SECURE_HSTS_SECONDS", 365 * 24 * 3600 if PRODUCTION else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = flag("SECURE_HSTS_INCLUDE_SUBDOMAINS", PRODUCTION)
+SECURE_HSTS_PRELOAD = flag("SECURE_HSTS_PRELOAD", PRODUCTION)
+if flag("TRUST_X_FORWARDED_PROTO"):
     # Behind a proxy that ends TLS, its header tells Django the request was HTTPS;
     # without it SECURE_SSL_REDIRECT would redirect forever.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

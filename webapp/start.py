@@ -35,6 +35,7 @@ import psutil
 import redis
 
 from syncd.connection import redact_url, redis_problem
+from syncd.environment import SettingError, path, text, whole
 from trainer.launch import exit_now, free_port
 from trainer.queues import CONTROL_QUEUE, region_queue
 from webapp.processes import (
@@ -215,52 +216,40 @@ def _interrupt(signum: int, frame: object) -> NoReturn:
     raise KeyboardInterrupt
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    if not value.isdigit() or int(value) < 1:
-        raise StartError(f"{name} must be a whole number of at least 1, got {value!r}")
-    return int(value)
-
-
 def var_dir() -> Path:
     """The folder of this start's state: VAR_DIR, else var/ in the checkout."""
-    value = os.environ.get("VAR_DIR", "").strip()
-    return Path(value).resolve() if value else DEFAULT_VAR
+    return path("VAR_DIR", DEFAULT_VAR).resolve()
 
 
 def start_redis(manager: ProcessManager) -> None:
     """The control plane's and the data plane's Redis: those of REDIS_URL and
     DATAPLANE_REDIS_URL, checked, or embedded ones under var/ (whose URLs it sets)."""
-    embedded = not os.environ.get("REDIS_URL")
+    url = text("REDIS_URL")
+    embedded = not url
     if embedded:
-        os.environ["REDIS_URL"] = start_embedded_redis(manager, var_dir() / "redis")
-        print(f"Redis (embedded): {redact_url(os.environ['REDIS_URL'])}, data in "
-              f"{var_dir() / 'redis'}")
-    elif problem := redis_problem(os.environ["REDIS_URL"]):
+        os.environ["REDIS_URL"] = url = start_embedded_redis(manager, var_dir() / "redis")
+        print(f"Redis (embedded): {redact_url(url)}, data in {var_dir() / 'redis'}")
+    elif problem := redis_problem(url):
         raise StartError(problem)
     else:
-        print(f"Redis: {redact_url(os.environ['REDIS_URL'])}")
-    if os.environ.get("DATAPLANE_REDIS_URL"):
-        if problem := redis_problem(os.environ["DATAPLANE_REDIS_URL"],
-                                    setting="DATAPLANE_REDIS_URL"):
+        print(f"Redis: {redact_url(url)}")
+    if dataplane := text("DATAPLANE_REDIS_URL"):
+        if problem := redis_problem(dataplane, setting="DATAPLANE_REDIS_URL"):
             raise StartError(problem)
-        print(f"Data plane: {redact_url(os.environ['DATAPLANE_REDIS_URL'])}")
+        print(f"Data plane: {redact_url(dataplane)}")
     elif embedded:
-        os.environ["DATAPLANE_REDIS_URL"] = start_embedded_redis(
+        os.environ["DATAPLANE_REDIS_URL"] = url = start_embedded_redis(
             manager, var_dir() / "dataplane", "dataplane", appendonly=False)
-        print(f"Data plane (embedded, nothing on disk): "
-              f"{redact_url(os.environ['DATAPLANE_REDIS_URL'])}")
+        print(f"Data plane (embedded, nothing on disk): {redact_url(url)}")
     else:
         print("Data plane: the Redis of REDIS_URL (DATAPLANE_REDIS_URL is not set)")
 
 
 def run(manager: ProcessManager) -> None:
     """Everything between the first process and Ctrl-C."""
-    port = _env_int("PORT", DEFAULT_PORT)
-    islands_per_worker = _env_int("ISLANDS_PER_WORKER", DEFAULT_ISLANDS_PER_WORKER)
-    host = os.environ.get("HOST", "").strip() or DEFAULT_HOST
+    port = whole("PORT", DEFAULT_PORT, minimum=1)
+    islands_per_worker = whole("ISLANDS_PER_WORKER", DEFAULT_ISLANDS_PER_WORKER, minimum=1)
+    host = text("HOST", DEFAULT_HOST)
     if not port_is_free(port, host):
         raise StartError(f"port {port} is in use on {host}; stop what listens there or set "
                          "PORT")
@@ -327,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Archipelago is already running from {var} ({var / 'start.lock'} is held).",
               file=sys.stderr)
         return 1
-    log_dir = Path(os.environ.get("LOG_DIR") or var / "logs")
+    log_dir = path("LOG_DIR", var / "logs")
     manager = ProcessManager(log_dir, cwd=ROOT)
     # SIGINT explicitly too: a shell that starts us in the background ignores it.
     signal.signal(signal.SIGINT, _interrupt)
@@ -337,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         run(manager)
     except KeyboardInterrupt:
         pass
-    except (StartError, TimeoutError) as e:
+    except (StartError, SettingError, TimeoutError) as e:
         print(f"Cannot start: {e}", file=sys.stderr)
         code = 1
     finally:

@@ -16,6 +16,7 @@ import torch
 from bench import merge, overhead, results, signing
 from diloco.data import load_corpus
 from diloco.island import Island, initial_model
+from syncd.environment import data_dir
 
 TINY_MODEL = {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16}
 
@@ -65,7 +66,7 @@ def test_overhead_restores_the_thread_count(results_dir, tiny_overhead):
 
 def test_the_bare_loop_trains_on_the_islands_batches(tiny_overhead):
     config = overhead.make_config(tiny_overhead)
-    corpus = load_corpus(config.data.path, config.data.eval_fraction)
+    corpus = load_corpus(config.data.path, config.data.eval_fraction, data_dir())
     init = initial_model(config).state_dict()
     island = Island(0, config, corpus, [], init)
     bare = overhead.BareLoop(config, corpus, init)
@@ -226,7 +227,7 @@ def test_the_data_parallel_sweep_stops_at_its_most_runs(monkeypatch):
 
 def test_the_bare_loop_clips_the_gradient_as_an_island_when_asked(tiny_overhead):
     config = overhead.make_config(tiny_overhead)
-    corpus = load_corpus(config.data.path, config.data.eval_fraction)
+    corpus = load_corpus(config.data.path, config.data.eval_fraction, data_dir())
     init = initial_model(config).state_dict()
     for clip in (False, True):
         bare = overhead.BareLoop(config, corpus, init, clip=clip)

@@ -30,6 +30,7 @@ from bench.goodput_report import (
 )
 from bench.quality_goodput import Reference
 from diloco.chaos import PRESETS, Fault, schedule
+from syncd.environment import data_dir
 
 BASE = {"step_time_s": 0.1, "inner_steps": 10, "fragments": 2}
 
@@ -343,7 +344,7 @@ def test_checkpoints_are_evaluated_on_the_whole_test_split_window_by_window(tmp_
                                       [i], 100 * (i + 1))
         Checkpoint.objects.create(run=run, versions={"0": i}, outer_step=i, path=str(path),
                                   sha256=sha, bytes=nbytes)
-    corpus = load_corpus(text_path, run_config.data.eval_fraction)
+    corpus = load_corpus(text_path, run_config.data.eval_fraction, data_dir())
     whole = replace(run_config, eval=replace(run_config.eval,
                                              tokens=len(corpus.held_out("test"))))
     test = Evaluator(whole, corpus, "test")

@@ -9,6 +9,7 @@ from diloco.data import load_corpus
 from diloco.evaluation import Evaluator
 from diloco.island import initial_model
 from diloco.synchronizer import Synchronizer
+from syncd.environment import data_dir
 
 
 def assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float):
@@ -34,8 +35,8 @@ def test_decoupled_with_a_full_quorum_and_endless_grace_is_plain_diloco(make_con
     )
     config = replace(config, sync=replace(config.sync, grace_gamma=math.inf))
 
-    decoupled = run_local(config, "decoupled", eval_points=1)
-    sync = run_local(config, "sync", eval_points=1)
+    decoupled = run_local(config, "decoupled", data_dir=data_dir(), eval_points=1)
+    sync = run_local(config, "sync", data_dir=data_dir(), eval_points=1)
 
     assert decoupled.outer_steps == sync.outer_steps == 3
     assert decoupled.tokens == sync.tokens == config.budget.total_tokens
@@ -51,8 +52,8 @@ def test_one_island_syncing_every_step_with_outer_lr_1_is_plain_adamw(make_confi
         optim={"outer_lr": 1.0, "outer_momentum": 0.0, "inner_lr": 1e-2, "warmup_steps": 4},
     )
 
-    decoupled = run_local(config, "decoupled", eval_points=1)
-    dp = run_local(config, "dp", eval_points=1)
+    decoupled = run_local(config, "decoupled", data_dir=data_dir(), eval_points=1)
+    dp = run_local(config, "dp", data_dir=data_dir(), eval_points=1)
 
     assert decoupled.outer_steps == dp.outer_steps == 1024 // (4 * 16)
     assert moved_from_init(config, dp.params) > 1e-2
@@ -65,7 +66,7 @@ def test_it_counts_the_bytes_of_both_directions(make_config):
     config = make_config(islands=2, sync={"inner_steps": 4, "fragments": 1,
                                           "compression": "none"})
 
-    result = run_local(config, "sync", eval_points=1)
+    result = run_local(config, "sync", data_dir=data_dir(), eval_points=1)
 
     n = result.model_params
     rounds, islands = result.outer_steps, 2
@@ -78,7 +79,7 @@ def test_it_counts_the_bytes_of_both_directions(make_config):
 def test_data_parallel_bytes_follow_the_ring_all_reduce(make_config):
     config = make_config(islands=4, batch_size=2)
 
-    result = run_local(config, "dp", eval_points=1)
+    result = run_local(config, "dp", data_dir=data_dir(), eval_points=1)
 
     n, m = result.model_params, 4
     steps = result.outer_steps
@@ -91,7 +92,7 @@ def test_int4_updates_send_fewer_bytes_than_fp32(make_config):
     def bytes_with(codec: str) -> int:
         config = make_config(sync={"inner_steps": 4, "fragments": 2, "compression": codec,
                                    "min_quorum": 2})
-        result = run_local(config, "decoupled", eval_points=1)
+        result = run_local(config, "decoupled", data_dir=data_dir(), eval_points=1)
         assert result.merges > 0
         return result.bytes_sent
 
@@ -104,7 +105,8 @@ def test_a_run_reports_its_tokens_and_a_finite_loss_at_each_eval_point(make_conf
     config = make_config(sync={"inner_steps": 4, "fragments": 2})
     points = []
 
-    result = run_local(config, "decoupled", eval_points=3, progress=points.append)
+    result = run_local(config, "decoupled", data_dir=data_dir(), eval_points=3,
+                       progress=points.append)
 
     assert result.tokens >= config.budget.total_tokens
     assert 0 < result.tokens_merged <= result.tokens
@@ -129,7 +131,7 @@ def test_the_grace_window_is_sized_with_the_round_trip_of_a_fragment(make_config
         return decide(self, fragment, now, alive_islands, stats, barrier)
 
     monkeypatch.setattr(Synchronizer, "decide", spy)
-    run_local(config, "decoupled", eval_points=1)
+    run_local(config, "decoupled", data_dir=data_dir(), eval_points=1)
 
     after_a_merge = [t for t in sync_times if t > 0]
     assert after_a_merge
@@ -139,9 +141,9 @@ def test_the_grace_window_is_sized_with_the_round_trip_of_a_fragment(make_config
 def test_a_run_evaluates_on_the_validation_split(make_config):
     # The curve and the final eval loss are what a real run shows: never the test split.
     config = make_config(sync={"inner_steps": 4, "fragments": 2})
-    corpus = load_corpus(config.data.path, config.data.eval_fraction)
+    corpus = load_corpus(config.data.path, config.data.eval_fraction, data_dir())
 
-    result = run_local(config, "decoupled", eval_points=1)
+    result = run_local(config, "decoupled", data_dir=data_dir(), eval_points=1)
 
     assert result.eval_loss == Evaluator(config, corpus, "validation")(result.params)
     assert result.eval_loss != Evaluator(config, corpus, "test")(result.params)
@@ -149,9 +151,9 @@ def test_a_run_evaluates_on_the_validation_split(make_config):
 
 def test_it_rejects_an_unknown_mode(make_config):
     with pytest.raises(ValueError, match="mode must be one of decoupled, sync, dp, got 'ring'"):
-        run_local(make_config(), "ring")
+        run_local(make_config(), "ring", data_dir=data_dir())
 
 
 def test_it_rejects_a_step_time_that_is_not_positive(make_config):
     with pytest.raises(ValueError, match="step_time_s must be positive"):
-        run_local(make_config(), "dp", step_time_s=0)
+        run_local(make_config(), "dp", data_dir=data_dir(), step_time_s=0)

@@ -21,6 +21,7 @@ from diloco.data import (
     split_of,
     text_files,
 )
+from syncd.environment import data_dir
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +108,7 @@ def test_a_user_folder_is_split_into_train_validation_and_test_disjoint_by_file(
     contents = write_files(tmp_path / "texts", 30)
     (tmp_path / "texts" / "image.png").write_bytes(b"\x89PNG not text")
 
-    corpus = load_corpus(str(tmp_path / "texts"), eval_fraction=0.3)
+    corpus = load_corpus(str(tmp_path / "texts"), eval_fraction=0.3, directory=data_dir())
     splits = split_bytes(corpus)
 
     assert corpus.source == str(tmp_path / "texts")
@@ -121,7 +122,7 @@ def test_a_user_folder_is_split_into_train_validation_and_test_disjoint_by_file(
 def test_each_split_holds_its_files_whole_in_sorted_path_order(tmp_path):
     contents = write_files(tmp_path / "texts", 30)
 
-    splits = split_bytes(load_corpus(str(tmp_path / "texts"), eval_fraction=0.3))
+    splits = split_bytes(load_corpus(str(tmp_path / "texts"), 0.3, data_dir()))
 
     for split in data.SPLITS:
         assert splits[split] == b"".join(contents[n] for n in sorted(contents)
@@ -142,7 +143,7 @@ def test_validation_is_the_old_eval_split_and_test_takes_files_that_were_train()
 
 
 def test_a_single_file_is_split_by_bytes_with_validation_at_the_end_as_eval_was(text_path):
-    corpus = load_corpus(text_path, eval_fraction=0.1)
+    corpus = load_corpus(text_path, eval_fraction=0.1, directory=data_dir())
     whole = Path(text_path).read_bytes()
     share = int(len(whole) * 0.1)
     splits = split_bytes(corpus)
@@ -155,18 +156,18 @@ def test_a_path_that_does_not_exist_is_reported_with_the_path(tmp_path):
     missing = tmp_path / "no-such-corpus"
 
     with pytest.raises(ValueError, match="no-such-corpus"):
-        load_corpus(str(missing))
+        load_corpus(str(missing), 0.05, data_dir())
 
 
 def test_it_rejects_a_corpus_too_small_to_train_on(tmp_path):
     (tmp_path / "tiny.txt").write_text("too short")
 
     with pytest.raises(ValueError, match="too small"):
-        load_corpus(str(tmp_path / "tiny.txt"))
+        load_corpus(str(tmp_path / "tiny.txt"), 0.05, data_dir())
 
 
 def test_the_default_corpus_is_the_standard_library_sources():
-    corpus = load_corpus()
+    corpus = load_corpus("", 0.05, data_dir())
 
     assert corpus.source == str(default_corpus_root())
     assert len(corpus.train) > 1_000_000
@@ -217,7 +218,7 @@ def write_large_corpus(folder: Path, files: int, file_bytes: int) -> dict[str, b
 def test_a_corpus_larger_than_16_mib_is_used_whole(tmp_path):
     contents = write_large_corpus(tmp_path / "big", files=40, file_bytes=512 * 1024)
 
-    corpus = load_corpus(str(tmp_path / "big"), eval_fraction=0.1)
+    corpus = load_corpus(str(tmp_path / "big"), eval_fraction=0.1, directory=data_dir())
 
     assert sum(map(len, contents.values())) == 20 * 1024 * 1024
     assert sum(len(b) for b in split_bytes(corpus).values()) == 20 * 1024 * 1024
@@ -227,11 +228,11 @@ def test_a_corpus_larger_than_16_mib_is_used_whole(tmp_path):
 
 def test_the_prepared_files_are_reused_while_nothing_changes(tmp_path):
     write_files(tmp_path / "texts", 30)
-    load_corpus(str(tmp_path / "texts"), eval_fraction=0.3)
+    load_corpus(str(tmp_path / "texts"), eval_fraction=0.3, directory=data_dir())
     folder = prepared_folder(tmp_path / "texts", 0.3, tmp_path / "data")
     built = {p.name: p.stat().st_ino for p in folder.iterdir()}
 
-    load_corpus(str(tmp_path / "texts"), eval_fraction=0.3)
+    load_corpus(str(tmp_path / "texts"), eval_fraction=0.3, directory=data_dir())
 
     assert {p.name: p.stat().st_ino for p in folder.iterdir()} == built
     assert sorted(built) == [".lock", "manifest.json", "test.bin", "train.bin",
@@ -250,7 +251,7 @@ def test_the_prepared_folder_changes_with_the_layout(tmp_path, monkeypatch):
 def test_the_prepared_files_are_rebuilt_when_a_file_changes(tmp_path, change):
     contents = write_files(tmp_path / "texts", 30)
     name = next(n for n in contents if split_of(n, 0.3) == "train")
-    before = load_corpus(str(tmp_path / "texts"), eval_fraction=0.3)
+    before = load_corpus(str(tmp_path / "texts"), eval_fraction=0.3, directory=data_dir())
     train_file = prepared_folder(tmp_path / "texts", 0.3, tmp_path / "data") / "train.bin"
     inode = train_file.stat().st_ino
     path = tmp_path / "texts" / name
@@ -260,7 +261,7 @@ def test_the_prepared_files_are_rebuilt_when_a_file_changes(tmp_path, change):
         path.write_bytes(contents[name].replace(b"value", b"VALUE"))
         os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
 
-    after = load_corpus(str(tmp_path / "texts"), eval_fraction=0.3)
+    after = load_corpus(str(tmp_path / "texts"), eval_fraction=0.3, directory=data_dir())
 
     assert train_file.stat().st_ino != inode
     assert bytes(after.train.tolist()) != bytes(before.train.tolist())
@@ -342,10 +343,10 @@ def test_opening_a_prepared_corpus_does_not_read_it(tmp_path):
         line = b"the islands train and the merge goes on.\n"
         for _ in range(64):
             f.write(line * (1024 * 1024 // len(line)))
-    load_corpus(str(text), eval_fraction=0.1)  # prepared here
+    load_corpus(str(text), eval_fraction=0.1, directory=data_dir())  # prepared here
     before = resident_bytes()
 
-    corpus = load_corpus(str(text), eval_fraction=0.1)
+    corpus = load_corpus(str(text), eval_fraction=0.1, directory=data_dir())
     sampler = ShardSampler(corpus, 1, 2, block_size=64, seed=0)
 
     assert resident_bytes() - before < 4 * 1024 * 1024

@@ -15,6 +15,7 @@ from diloco.fragments import partition, run_fragments
 from diloco.hf import CausalLM, export, model_config
 from diloco.island import initial_model
 from diloco.sizes import estimate
+from syncd.environment import data_dir
 
 # A Llama of 2 layers, 64 wide: the shape the tests of hf runs train.
 TINY_LLAMA = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64,
@@ -128,10 +129,10 @@ def test_a_llama_trains_and_merges_in_the_cluster(make_config):
                          optim={"inner_lr": 1e-2, "warmup_steps": 0},
                          budget={"total_tokens": 2 * 4 * 16 * 8})
 
-    result = run_local(config, "decoupled", eval_points=1)
+    result = run_local(config, "decoupled", data_dir=data_dir(), eval_points=1)
 
-    evaluator = Evaluator(config, load_corpus(config.data.path, config.data.eval_fraction),
-                          "validation")
+    corpus = load_corpus(config.data.path, config.data.eval_fraction, data_dir())
+    evaluator = Evaluator(config, corpus, "validation")
     assert result.outer_steps >= 2
     assert result.eval_loss < evaluator(initial_model(config).state_dict()) - 0.5
 
@@ -149,8 +150,8 @@ def test_an_export_loads_in_transformers_with_the_same_logits_and_loss(make_conf
     export(model.config, model.state_dict(), tmp_path, "readme")
 
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path, local_files_only=True).eval()
-    evaluator = Evaluator(config, load_corpus(config.data.path, config.data.eval_fraction),
-                          "validation")
+    corpus = load_corpus(config.data.path, config.data.eval_fraction, data_dir())
+    evaluator = Evaluator(config, corpus, "validation")
     theirs = []
     with torch.no_grad():
         for x, y in evaluator.batches:

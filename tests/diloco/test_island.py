@@ -9,6 +9,7 @@ from diloco.data import load_corpus
 from diloco.fragments import partition
 from diloco.island import Island, initial_model, inner_lr
 from diloco.synchronizer import Published
+from syncd.environment import data_dir
 
 
 @pytest.fixture
@@ -20,7 +21,7 @@ def island_of(make_config):
                              optim={"inner_lr": 1e-2, "warmup_steps": 0})
         init = initial_model(config).state_dict()
         fragments = partition({n: t.numel() for n, t in init.items()}, 2)
-        corpus = load_corpus(config.data.path, config.data.eval_fraction)
+        corpus = load_corpus(config.data.path, config.data.eval_fraction, data_dir())
         return Island(index, config, corpus, fragments, init)
 
     return make

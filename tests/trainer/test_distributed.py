@@ -12,6 +12,7 @@ from diloco.config_parse import parse_config
 from diloco.data import load_corpus
 from diloco.fragments import partition
 from diloco.island import Island, initial_model
+from syncd.environment import data_dir
 from trainer.distributed import IslandGroup
 from trainer.launch import free_port, rank_env
 
@@ -41,7 +42,7 @@ def make_island(config: RunConfig, group: IslandGroup | None = None) -> Island:
     """An island that keeps, in island.inputs, the token rows of every forward pass."""
     init = initial_model(config).state_dict()
     fragments = partition({n: t.numel() for n, t in init.items()}, config.sync.fragments)
-    corpus = load_corpus(config.data.path, config.data.eval_fraction)
+    corpus = load_corpus(config.data.path, config.data.eval_fraction, data_dir())
     island = Island(0, config, corpus, fragments, init, "cpu", group)
     island.inputs = []
     island.model.register_forward_pre_hook(

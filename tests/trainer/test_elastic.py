@@ -8,6 +8,7 @@ import pytest
 from diloco.data import load_corpus
 from diloco.fragments import partition
 from diloco.island import Island, initial_model
+from syncd.environment import data_dir
 from trainer import elastic
 from trainer.elastic import WholeJobRestarts
 
@@ -45,7 +46,7 @@ def island(make_config) -> Island:
     config = make_config(sync={"fragments": 2})
     init = initial_model(config).state_dict()
     fragments = partition({n: t.numel() for n, t in init.items()}, 2)
-    return Island(0, config, load_corpus(config.data.path, config.data.eval_fraction),
+    return Island(0, config, load_corpus(config.data.path, config.data.eval_fraction, data_dir()),
                   fragments, init)
 
 

@@ -4,10 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from django.core.exceptions import ImproperlyConfigured
-
-from webapp.settings import env_bool, env_int, env_list, physical_memory_mb
+from webapp.settings import physical_memory_mb
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION_ONLY = ("DEBUG", "SECRET_KEY", "SECRET_KEY_FILE", "SECURE_SSL_REDIRECT",
@@ -48,33 +45,6 @@ def test_the_production_profile_refuses_to_start_without_a_secret_key():
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
     assert "SECRET_KEY" in result.stderr
-
-
-def test_env_bool_reads_common_spellings_and_refuses_others(monkeypatch):
-    monkeypatch.setenv("FLAG", "yes")
-    assert env_bool("FLAG") is True
-    monkeypatch.setenv("FLAG", "0")
-    assert env_bool("FLAG", True) is False
-    monkeypatch.setenv("FLAG", "")
-    assert env_bool("FLAG", True) is True
-    monkeypatch.setenv("FLAG", "maybe")
-    with pytest.raises(ImproperlyConfigured, match="FLAG must be 1 or 0"):
-        env_bool("FLAG")
-
-
-def test_env_int_refuses_a_value_that_is_not_a_whole_number(monkeypatch):
-    monkeypatch.setenv("COUNT", "12")
-    assert env_int("COUNT", 0) == 12
-    monkeypatch.setenv("COUNT", "1.5")
-    with pytest.raises(ImproperlyConfigured, match="COUNT must be a whole number"):
-        env_int("COUNT", 0)
-
-
-def test_env_list_drops_blank_items(monkeypatch):
-    monkeypatch.setenv("REGIONS_UNDER_TEST", " us-east, ,us-west,")
-    assert env_list("REGIONS_UNDER_TEST", "") == ["us-east", "us-west"]
-    monkeypatch.delenv("REGIONS_UNDER_TEST")
-    assert env_list("REGIONS_UNDER_TEST", "a,b") == ["a", "b"]
 
 
 def test_the_memory_the_hosts_declare_defaults_to_this_machines_and_is_read_from_the_env():

@@ -15,6 +15,7 @@ from diloco.data import load_corpus
 from diloco.evaluation import Evaluator
 from diloco.island import initial_model
 from syncd.checkpoint import save
+from syncd.environment import data_dir
 from tests.diloco.test_hf import TINY_LLAMA
 from webapp.runs.lifecycle import create_run
 from webapp.runs.models import Checkpoint
@@ -133,7 +134,7 @@ def test_a_checkpoint_of_an_hf_run_downloads_as_a_folder_transformers_loads(
         "islands": [{"name": "a", "region": "us-east"}, {"name": "b", "region": "us-east"}]})
     config = run.run_config()
     params = initial_model(config).state_dict()
-    evaluator = Evaluator(config, load_corpus(text_path, config.data.eval_fraction),
+    evaluator = Evaluator(config, load_corpus(text_path, config.data.eval_fraction, data_dir()),
                           "validation")
     path = tmp_path / "checkpoint.safetensors"
     sha256, size = save(path, params, {}, [3, 4], 1024)
