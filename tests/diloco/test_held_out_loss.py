@@ -6,6 +6,7 @@ import pytest
 from diloco.config_parse import parse_config
 from diloco.data import load_corpus
 from diloco.evaluation import Evaluator, bits_per_byte
+from syncd.environment import data_dir
 
 
 def test_bits_per_byte_of_the_bytes_tokenizer_is_the_loss_in_bits():
@@ -32,7 +33,7 @@ def test_the_evaluator_takes_the_bytes_per_token_of_its_prepared_corpus(tmp_path
     config = parse_config({"model": {"n_layer": 1, "n_embd": 16, "n_head": 2,
                                      "block_size": 16},
                            "eval": {"tokens": 256}, "data": {"path": str(text)}}, ["us-east"])
-    corpus = load_corpus(str(text))
+    corpus = load_corpus(str(text), 0.05, data_dir())
 
     assert Evaluator(config, corpus, "validation").bytes_per_token == 1.0  # bytes
     tokenized = replace(corpus, meta={**corpus.meta, "test_bytes_per_token": 3.5})
