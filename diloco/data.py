@@ -72,11 +72,17 @@ class Corpus:
     test: torch.Tensor  # the benchmarks' reported figures only
     source: str
     meta: dict[str, Any] = field(default_factory=dict)  # the prepared files' manifest
+    folder: str = ""  # where the prepared files lie
 
     @property
     def tokenizer_sha256(self) -> str:
         """The sha256 of the tokenizer's tokenizer.json; `bytes` for the bytes one."""
         return (self.meta.get("tokenizer") or {}).get("sha256", tokenizers.BYTES)
+
+    def tokenizer_json(self) -> str | None:
+        """The tokenizer's tokenizer.json, kept beside the prepared files; None for bytes."""
+        file = (self.meta.get("tokenizer") or {}).get("file")
+        return (Path(self.folder) / file).read_text() if file and self.folder else None
 
     def held_out(self, split: str) -> torch.Tensor:
         """The held-out split named `split`: "validation" or "test"."""
@@ -171,7 +177,7 @@ def load_corpus(path: str, eval_fraction: float, directory: Path,
         dtype = TORCH_DTYPES[manifest.get("dtype", "uint8")]
         splits = {s: _open(folder / manifest["splits"][s]["file"],
                            manifest["splits"][s]["bytes"], dtype) for s in SPLITS}
-    return Corpus(**splits, source=str(root), meta=manifest)
+    return Corpus(**splits, source=str(root), meta=manifest, folder=str(folder))
 
 
 def run_corpus(data: Any, directory: Path) -> Corpus:
@@ -179,6 +185,15 @@ def run_corpus(data: Any, directory: Path) -> Corpus:
     data directory `directory`."""
     return load_corpus(data.path, data.eval_fraction, directory, tokenizer=data.tokenizer,
                        vocab_size=data.vocab_size, text_field=data.text_field)
+
+
+def tokenizer_json(data: Any) -> str | None:
+    """The tokenizer.json of a run's tokenizer (`data`: diloco.config.DataConfig), the
+    corpus prepared for it if it is not yet (a `train` one is trained then); None for
+    bytes."""
+    if data.tokenizer == tokenizers.BYTES:
+        return None
+    return run_corpus(data).tokenizer_json()
 
 
 def batch_shortfall(corpus_bytes: int, eval_fraction: float, islands: int, block_size: int,

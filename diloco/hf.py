@@ -250,3 +250,16 @@ def export(config: HFModelConfig, params: dict[str, torch.Tensor], folder: Path,
     model.lm.config.use_cache = True  # as a user of the folder generates
     model.lm.save_pretrained(folder, safe_serialization=True)
     (folder / "README.md").write_text(readme)
+
+
+def export_tokenizer(json_text: str, eos_token: str | None, block_size: int,
+                     folder: Path) -> None:
+    """Write the tokenizer of `json_text` (a tokenizer.json) into `folder` so that
+    `AutoTokenizer.from_pretrained(folder)` loads it as it is: a PreTrainedTokenizerFast
+    with its EOS (if any) and the run's context length as its model_max_length."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    made = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json_text),
+                                   eos_token=eos_token, model_max_length=block_size)
+    made.save_pretrained(folder)

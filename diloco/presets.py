@@ -30,7 +30,9 @@ PAPER_BANDWIDTH_GBPS = 2.0
 # fragment; no rule between fields constrains these codecs.
 REAL_SIZE_CODECS: dict[str, str] = {"compression": "int4", "downlink_compression": "int8"}
 
-LLAMA_20M = {"model_type": "llama", "vocab_size": 256, "hidden_size": 512,
+# No vocab_size: the model takes the tokenizer's (256 for bytes, data.vocab_size for a
+# trained one; diloco.config.tokenizer_vocab).
+LLAMA_20M = {"model_type": "llama", "hidden_size": 512,
              "intermediate_size": 1408, "num_hidden_layers": 6, "num_attention_heads": 8,
              "num_key_value_heads": 8, "max_position_embeddings": 256}
 
@@ -58,8 +60,8 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
                     for region in ("us-east", "us-west")],
     }),
     # A Llama of the transformers library (model.source hf, diloco/hf.py): 6 layers, 512
-    # wide, 8 heads, an MLP of 1,408, the byte vocabulary, context 256: 19.5M parameters,
-    # small enough to train here in minutes.
+    # wide, 8 heads, an MLP of 1,408, the tokenizer's vocabulary (19.5M parameters with
+    # bytes), context 256: small enough to train here in minutes.
     "llama_20m": ("a Llama of transformers: 20M parameters, 2 islands", {
         **DEMO,
         "model": {"source": "hf", "hf_config": json.dumps(LLAMA_20M), "block_size": 256},

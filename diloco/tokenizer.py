@@ -153,6 +153,14 @@ class Tokenizer:
             return [list(text.encode()) for text in texts]
         return [e.ids for e in self.library.encode_batch(texts, add_special_tokens=False)]
 
+    def decode(self, ids: list[int]) -> str:
+        """The text of `ids`; those beyond the vocabulary (an hf model's spare rows) are
+        left out, bytes split mid-character replaced."""
+        kept = [i for i in ids if 0 <= i < self.vocab_size]
+        if self.library is None:
+            return bytes(kept).decode("utf-8", errors="replace")
+        return self.library.decode(kept, skip_special_tokens=False)
+
     def dtype_bytes(self) -> int:
         """Bytes per id in the prepared files: 1 for bytes, 2 below 65,536 ids, else 4."""
         if self.library is None:

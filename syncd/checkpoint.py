@@ -19,13 +19,22 @@ import torch
 
 from diloco import tensorfile
 
+TOKENIZER = "tokenizer.json"  # the tensor of the run's tokenizer, as UTF-8 bytes
+
 
 def save(path: Path, params: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],
-         versions: list[int], tokens_merged: int) -> tuple[str, int]:
-    """Write a checkpoint; returns its sha256 and size in bytes."""
+         versions: list[int], tokens_merged: int, tokenizer: str | None = None
+         ) -> tuple[str, int]:
+    """Write a checkpoint; returns its sha256 and size in bytes. `tokenizer`, the run's
+    tokenizer.json (None for bytes), goes in as the uint8 tensor TOKENIZER, its sha256 in
+    the header."""
     tensors = {f"param.{k}": v for k, v in params.items()}
     tensors.update({f"momentum.{k}": v for k, v in momentum.items()})
     metadata = {"versions": json.dumps(versions), "tokens_merged": str(tokens_merged)}
+    if tokenizer is not None:
+        raw = tokenizer.encode()
+        tensors[TOKENIZER] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        metadata["tokenizer_sha256"] = hashlib.sha256(raw).hexdigest()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     digest = hashlib.sha256()
@@ -63,6 +72,28 @@ def load(path: Path, sha256: str | None = None
     momentum = {k.removeprefix("momentum."): v for k, v in tensors.items()
                 if k.startswith("momentum.")}
     return params, momentum, json.loads(meta["versions"]), int(meta["tokens_merged"])
+
+
+def load_tokenizer(path: Path, sha256: str | None = None) -> str | None:
+    """The tokenizer.json a checkpoint carries; None for one of the bytes tokenizer.
+
+    Raises:
+        ValueError: the file does not match `sha256`, is no safetensors file, or its
+            tokenizer does not match the sha256 its header names.
+    """
+    body = Path(path).read_bytes()
+    if sha256 is not None and hashlib.sha256(body).hexdigest() != sha256:
+        raise ValueError(f"checkpoint {path} does not match its sha256")
+    try:
+        meta, tensors = tensorfile.loads(bytearray(body))
+    except tensorfile.FormatError as exc:
+        raise ValueError(f"checkpoint {path} is not a safetensors file: {exc}") from exc
+    if TOKENIZER not in tensors:
+        return None
+    raw = tensors[TOKENIZER].numpy().tobytes()
+    if hashlib.sha256(raw).hexdigest() != meta.get("tokenizer_sha256"):
+        raise ValueError(f"checkpoint {path}: its tokenizer does not match its sha256")
+    return raw.decode()
 
 
 def initial_params(spec: dict, model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from diloco.data import tokenizer_json
+from diloco.tokenizer import BYTES
 from syncd import checkpoint
 
 if TYPE_CHECKING:
@@ -57,6 +59,7 @@ class Recovery:
         self.restore_time = clock()
         self.restore_tokens: dict[int, int] = {}
         self.first_startups: dict[str, float] = {}  # island -> seconds
+        self.tokenizer: str | None = None  # the run's tokenizer.json, once read (not bytes)
 
     def fall_back_to_checkpoint(self, rounds: Rounds) -> bool:
         """Redis lost the run's published versions (its data is really gone): go on
@@ -105,11 +108,18 @@ class Recovery:
         path = self.checkpoint_dir / f"run-{self.store.run_id}" / (
             f"outer-{min(versions)}-{int(self.clock() * 1000)}.safetensors")
         sha, nbytes = checkpoint.save(path, sync.global_params(), momentum, versions,
-                                      rounds.tokens_merged())
+                                      rounds.tokens_merged(), self.run_tokenizer())
         for old in self.recorder.checkpoint(versions, str(path), sha, nbytes, eval_loss,
                                             self.spec.config.checkpoint.keep):
             Path(old).unlink(missing_ok=True)
         self.recorder.event("checkpoint", None, versions=versions, sha256=sha, bytes=nbytes)
+
+    def run_tokenizer(self) -> str | None:
+        """The run's tokenizer.json, which every checkpoint carries (None for bytes): read
+        once from the prepared corpus (prepared here if the evaluation has not yet)."""
+        if self.tokenizer is None and self.spec.config.data.tokenizer != BYTES:
+            self.tokenizer = tokenizer_json(self.spec.config.data)
+        return self.tokenizer
 
     # -- the elastic baseline ----------------------------------------------------
 

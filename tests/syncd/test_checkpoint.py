@@ -33,6 +33,28 @@ def test_a_checkpoint_reads_back_as_written_and_its_hash_is_the_files(tmp_path):
     assert not path.with_suffix(".tmp").exists()
 
 
+def test_a_checkpoint_carries_the_runs_tokenizer_beside_its_tensors(tmp_path):
+    path = tmp_path / "ckpt.safetensors"
+    text = '{"model": {"type": "BPE", "vocab": {"é": 0}}, "added_tokens": []}'
+
+    sha256, _ = checkpoint.save(path, PARAMS, MOMENTUM, [1], 10, tokenizer=text)
+
+    assert checkpoint.load_tokenizer(path, sha256) == text
+    assert checkpoint.load(path, sha256)[0].keys() == PARAMS.keys()
+    bytes_run = tmp_path / "bytes.safetensors"
+    checkpoint.save(bytes_run, PARAMS, MOMENTUM, [1], 10)
+    assert checkpoint.load_tokenizer(bytes_run) is None
+
+
+def test_a_checkpoint_whose_tokenizer_does_not_match_its_sha256_is_refused(tmp_path):
+    path = tmp_path / "ckpt.safetensors"
+    checkpoint.save(path, PARAMS, MOMENTUM, [1], 10, tokenizer='{"a": 1}')
+    path.write_bytes(path.read_bytes().replace(b'{"a": 1}', b'{"a": 2}'))
+
+    with pytest.raises(ValueError, match="does not match its sha256"):
+        checkpoint.load_tokenizer(path)
+
+
 def test_a_checkpoint_that_does_not_match_its_hash_or_format_is_refused(tmp_path):
     path = tmp_path / "ckpt.safetensors"
     sha256, _ = checkpoint.save(path, PARAMS, {}, [1], 0)

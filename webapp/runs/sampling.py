@@ -1,7 +1,8 @@
 """Sample: a checkpoint's model continuing a prompt, so people see what was learned.
 
-The model is byte-level: the prompt's UTF-8 bytes go in, bytes come out and are
-decoded with replacement for the odd split character.
+The run's tokenizer (the one its checkpoint carries, else bytes) makes the prompt's
+ids and reads the ids that come out; bytes are decoded with replacement for the odd
+split character.
 
 Any viewer may ask, so the work a request costs is bounded: the prompt and the
 output by MAX_PROMPT_CHARS and MAX_SAMPLE_TOKENS, the checkpoints read by a cache
@@ -12,6 +13,7 @@ refused (SamplerBusy), not queued.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -21,8 +23,8 @@ from pathlib import Path
 import torch
 
 from diloco.island import Model, initial_model
-from diloco.shapes import VOCAB_SIZE
-from syncd.checkpoint import load
+from diloco.tokenizer import Tokenizer
+from syncd.checkpoint import load, load_tokenizer
 from webapp.runs.models import Checkpoint
 
 MAX_PROMPT_CHARS = 2000
@@ -132,10 +134,19 @@ def sample(checkpoint: Checkpoint, prompt: str, tokens: int = 200, temperature: 
         raise ValueError(f"temperature must be above 0, got {temperature!r}.")
     with sampler.slot():
         model = sampler.model(checkpoint)
-        idx = torch.tensor([list(prompt_bytes)[-model.config.block_size:]],
-                           dtype=torch.long)
+        tokenizer = _tokenizer(checkpoint.path, checkpoint.sha256)
+        ids = tokenizer.encode([prompt_bytes.decode()])[0] or [0]
+        idx = torch.tensor([ids[-model.config.block_size:]], dtype=torch.long)
         generator = torch.Generator().manual_seed(seed)
         out = model.generate(idx, tokens, temperature=temperature, generator=generator)
-    # An hf model's vocabulary may be larger than the 256 byte values it was trained on.
-    new = [i for i in out[0, idx.shape[1]:].tolist() if i < VOCAB_SIZE]
-    return bytes(new).decode("utf-8", errors="replace")
+    return tokenizer.decode(out[0, idx.shape[1]:].tolist())
+
+
+@functools.lru_cache(maxsize=MAX_CACHED_MODELS)
+def _tokenizer(path: str, sha256: str) -> Tokenizer:
+    """The tokenizer a checkpoint carries; bytes where it carries none."""
+    try:
+        text = load_tokenizer(Path(path), sha256)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"The checkpoint's tokenizer could not be read: {e}") from None
+    return Tokenizer(text) if text is not None else Tokenizer()

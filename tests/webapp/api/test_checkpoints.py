@@ -126,7 +126,7 @@ def test_a_sample_while_the_sampler_is_busy_is_a_503_with_retry_after(viewer_api
 
 def test_a_checkpoint_of_an_hf_run_downloads_as_a_folder_transformers_loads(
         viewer_api, operator, tmp_path, text_path):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = {"source": "hf", "hf_config": json.dumps(TINY_LLAMA), "block_size": 16}
     run = create_run(name="llama", mode="decoupled", user=operator, config={
@@ -152,6 +152,9 @@ def test_a_checkpoint_of_an_hf_run_downloads_as_a_folder_transformers_loads(
               for x, y in evaluator.batches]
     assert sum(losses) / len(losses) == pytest.approx(checkpoint.eval_loss, abs=1e-4)
     assert '"hf_config"' in (tmp_path / "folder" / "README.md").read_text()
+    # A bytes run's tokenizer: each byte its value, as the run's splits hold them.
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "folder", local_files_only=True)
+    assert tokenizer("é\n x")["input_ids"] == list("é\n x".encode())
 
 
 def test_a_builtin_checkpoint_is_no_transformers_folder(viewer_api, running, checkpoint):

@@ -6,6 +6,7 @@ Every wait polls a condition with a deadline; none sleeps and hopes.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -13,14 +14,19 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
 import torch
 from django.db import connection
+from django.test import Client
 
+from diloco.data import run_corpus
+from diloco.evaluation import Evaluator
 from diloco.island import initial_model
+from diloco.tokenizer import Tokenizer
 from syncd import checkpoint as checkpoints
 from syncd.acl import island_user
 from syncd.connection import connect
@@ -93,10 +99,11 @@ def system(redis_url, tmp_path, settings):
     processes.stop_all()
 
 
-def tiny_run(corpus_file: Path, total_tokens: int, model: dict | None = None) -> Run:
+def tiny_run(corpus_file: Path, total_tokens: int, model: dict | None = None,
+             data: dict | None = None) -> Run:
     config = {
         "model": model or {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
-        "data": {"path": str(corpus_file)},
+        "data": {"path": str(corpus_file), **(data or {})},
         "sync": {"inner_steps": 4, "fragments": 2, "overlap_steps": 1, "min_quorum": 2,
                  "max_staleness": 8},
         "eval": {"tokens": 256},
@@ -198,6 +205,51 @@ def test_a_transformers_llama_trains_merges_and_checkpoints_through_syncd_and_is
     assert all(not torch.equal(params[f"lm.model.layers.{i}.mlp.up_proj.weight"],
                                init[f"lm.model.layers.{i}.mlp.up_proj.weight"]) for i in (0, 1))
     assert all(torch.isfinite(t).all() for t in params.values())
+
+
+def test_a_llama_on_a_trained_tokenizer_exports_a_folder_transformers_loads_and_scores_alike(
+        system, tmp_path, redis_url, django_user_model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"Document {i}: island {i % 5} trains "
+                                          f"the model and merges {i % 11} updates."}) + "\n"
+                              for i in range(1500)) + "{not json\n")
+    llama = {k: v for k, v in TINY_LLAMA.items() if k != "vocab_size"}
+    run = tiny_run(corpus, total_tokens=10**9, data={"tokenizer": "train", "vocab_size": 320},
+                   model={"source": "hf", "hf_config": json.dumps(llama), "block_size": 16})
+    start_and_wait(run, redis_url, 2)
+    stop_run(run, by=None)
+    wait_until(lambda: Run.objects.get(pk=run.pk).state == Run.State.STOPPED, 90,
+               "the run to be stopped")
+    newest = run.checkpoints.order_by("-created_at").first()
+    config = run.run_config()
+    prepared = run_corpus(config.data)  # as an island prepared it: the same tokenizer
+    carried = checkpoints.load_tokenizer(Path(newest.path), newest.sha256)
+    assert carried is not None and Tokenizer(carried).sha256 == prepared.tokenizer_sha256
+    client = Client()
+    client.force_login(django_user_model.objects.create_superuser("root", password=None))
+
+    response = client.get(f"/api/runs/{run.pk}/checkpoints/{newest.pk}/download/hf")
+
+    assert response.status_code == 200, response.content[:500]
+    folder = tmp_path / "export"
+    zipfile.ZipFile(io.BytesIO(response.content)).extractall(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    assert model.config.vocab_size == 320 and tokenizer.eos_token == "<|endoftext|>"
+    # The held-out text, tokenized by transformers document by document, is the split.
+    ids = prepared.validation.tolist()
+    text = tokenizer.decode(ids)
+    again = [i for doc in text.split(tokenizer.eos_token)[:-1]
+             for i in (*tokenizer(doc)["input_ids"], tokenizer.eos_token_id)]
+    assert again == ids
+    evaluator = Evaluator(config, prepared, "validation")
+    losses = [model(input_ids=torch.cat([x, y[:, -1:]], 1),
+                    labels=torch.cat([x, y[:, -1:]], 1)).loss.item()
+              for x, y in evaluator.batches]
+    params = checkpoints.load(Path(newest.path), newest.sha256)[0]
+    assert sum(losses) / len(losses) == pytest.approx(evaluator(params), abs=1e-4)
 
 
 def test_in_mode_sync_every_merge_holds_every_island_and_each_waits_for_it(

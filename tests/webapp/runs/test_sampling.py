@@ -124,3 +124,23 @@ def test_a_sample_beyond_the_concurrent_bound_is_refused_not_queued(checkpoint):
 def test_a_sampler_needs_room_for_a_model_and_a_sample():
     with pytest.raises(ValueError, match="at least 1, got 0 and 2"):
         Sampler(cached=0)
+
+
+def test_a_run_of_a_trained_tokenizer_samples_through_the_tokenizer_its_checkpoint_carries(
+        tmp_path, text_path):
+    from diloco.tokenizer import train_bpe
+
+    tokenizer = train_bpe(iter(Path(text_path).read_text().splitlines()), 300)
+    config = {**TINY, "data": {"path": text_path, "tokenizer": "train", "vocab_size": 300}}
+    run = Run.objects.create(name="bpe", mode="decoupled", config=config)
+    params = initial_model(run.run_config()).state_dict()
+    path = tmp_path / "bpe.safetensors"
+    sha256, size = save(path, params, {}, [1], 1024, tokenizer=tokenizer.json_text)
+    checkpoint = Checkpoint.objects.create(run=run, versions={"0": 1}, outer_step=1,
+                                           path=str(path), sha256=sha256, bytes=size)
+
+    text = sample(checkpoint, "the islands", tokens=20, seed=1)
+
+    assert params["tok_emb.weight"].shape[0] == 300
+    assert len(text.encode()) > 20  # 20 tokens, some of them merges of several bytes
+    assert text == sample(checkpoint, "the islands", tokens=20, seed=1)
