@@ -201,7 +201,7 @@ def test_a_stop_saves_and_ends_the_run_even_when_the_final_evaluation_fails(
     Run.objects.filter(pk=run.pk).update(state=Run.State.STOPPING)
     heartbeat_all(run_sync)
 
-    def missing_corpus(path, eval_fraction):
+    def missing_corpus(*args, **kwargs):
         raise FileNotFoundError("corpus.txt is not on syncd's host")
 
     monkeypatch.setattr("diloco.data.load_corpus", missing_corpus)  # read at the final eval
