@@ -54,6 +54,10 @@ IDLE_WAIT_S = 1.0
 # restarted) and those of ended runs deleted (syncd/acl.py): an island whose user is
 # gone rides out about 8 s of refused connections (syncd.connection.RESTART_RETRIES).
 USER_SWEEP_S = 2.0
+# At its stop (SIGTERM), syncd reads what the islands of a run being stopped still send
+# for this long at most before it stops the run (Syncd.finish_stops): with the merge
+# and the checkpoint after it, within the 7 s `python -m webapp.start` gives it.
+SHUTDOWN_STOP_WAIT_S = 3.0
 
 
 class Syncd:
@@ -295,6 +299,25 @@ class Syncd:
             return
         wait_for_updates(self.client, self.runs.values(), quiet_s)
 
+    def finish_stops(self, wait_s: float = SHUTDOWN_STOP_WAIT_S) -> None:
+        """As syncd stops: each run it serves whose stop is under way is stopped now
+        (RunSync.finish_stop: what its islands still send is read for `wait_s` at most,
+        then its final checkpoint is written and the run is `stopped`), so that a stop
+        asked just before the system stops is done before it is down, not at the next
+        start. A run that fails it is left to the next syncd, as before."""
+        for run_id, sync in list(self.runs.items()):
+            def wait(seconds: float, sync: RunSync = sync) -> None:
+                self.keep_leases()  # the lease keeper thread ended with the loop
+                wait_for_updates(self.client, [sync], seconds)
+
+            try:
+                if sync.stop_under_way():
+                    log.info("run %s: finishing its stop before syncd stops", run_id)
+                    sync.finish_stop(wait_s, wait)
+            except Exception:
+                log.exception("run %s: its stop could not be finished; the next syncd "
+                              "finishes it", run_id)
+
     def serve_forever(self) -> None:
         log.info("syncd %s serving, checkpoints in %s", self.owner, self.checkpoint_dir)
         self.keep_leases_meanwhile()
@@ -302,6 +325,7 @@ class Syncd:
             while not self.stopping:
                 if not self.tick():
                     self.wait_for_work()
+            self.finish_stops()
         finally:
             self.close()
 

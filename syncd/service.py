@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,6 +42,7 @@ from syncd.finite import finite
 from syncd.hooks import Recorder
 from syncd.ingest import message_limit
 from syncd.liveness import Liveness
+from syncd.pass_times import PassTimes
 from syncd.pool_store import PoolStore
 from syncd.published_files import PublishedFiles
 from syncd.records import RunStatus
@@ -63,43 +62,9 @@ CONTROL_EVERY_S = 0.2
 # A stopped run waits this long at most for its islands to send what they have and
 # exit (their supervisors SIGKILL an island still running 30 s after its SIGTERM).
 STOP_WAIT_S = 35.0
-TICK_WINDOW_S = 30  # seconds of passes whose typical longest is syncd's tick
 DATAPLANE_EVERY_S = 1.0  # how often the data plane is looked at (lost? refusing?)
 # The data plane's refusals for memory are an alert at most this often per run.
 DATAPLANE_ALERT_EVERY_S = 60.0
-
-
-class PassTimes:
-    """syncd's tick as a merge feels it: the time from the start of one pass over the
-    run to the next, which a merge that comes due meanwhile waits for.
-
-    `tick_s` is the median, over the last `window_s` seconds, of each second's longest
-    pass: the status, flush and evaluation work that recurs every second or so counts,
-    a one-off hang (one second's) does not, and stays down time.
-    """
-
-    def __init__(self, window_s: int = TICK_WINDOW_S):
-        self.last: float | None = None
-        self.second: int | None = None
-        self.longest = 0.0  # the current second's
-        self.maxima: deque[float] = deque(maxlen=window_s)  # the seconds before it
-
-    def mark(self, now: float) -> None:
-        """A pass starts at `now`."""
-        if self.last is not None:
-            second = math.floor(now)
-            if second != self.second:
-                if self.second is not None:
-                    self.maxima.append(self.longest)
-                self.second, self.longest = second, 0.0
-            self.longest = max(self.longest, now - self.last)
-        self.last = now
-
-    @property
-    def tick_s(self) -> float:
-        if self.second is None:
-            return 0.0
-        return statistics.median([*self.maxima, self.longest])
 
 
 class RunSync:
@@ -166,6 +131,7 @@ class RunSync:
         self.passes = PassTimes()
         self.completed = False
         self.stop_seen: float | None = None  # when this syncd saw the user's stop
+        self.evaluate_at_end = True  # not when syncd itself stops (finish_stop)
         versions = store.globals.versions()
         if not (versions and self.rounds.restore(versions)) \
                 and not self.recovery.fall_back_to_checkpoint(self.rounds):
@@ -383,6 +349,27 @@ class RunSync:
         log.info("run %s completed: %d tokens merged, eval loss %s", self.store.run_id,
                  self.rounds.tokens_merged(), self.eval_loss)
 
+    def stop_under_way(self) -> bool:
+        """Whether a user's stop of the run is under way and not yet done."""
+        if self.stop_seen is None and self.store.control.stop_requested() is not None:
+            self.stop_seen = self.clock()
+        return self.stop_seen is not None and not self.completed
+
+    def finish_stop(self, wait_s: float, wait: Callable[[float], None]) -> None:
+        """As syncd stops: a stop under way is done now rather than at the next start.
+        The run is ticked while any island still trains, `wait_s` at most (`wait`
+        blocks for updates up to the seconds it is given), then it stops as a tick
+        would stop it, its final checkpoint written, without the final evaluation (the
+        outcome carries the last one measured: syncd has seconds left, not minutes)."""
+        deadline = self.clock() + wait_s
+        self.evaluate_at_end = False
+        while not self.completed and self.clock() < deadline \
+                and not self.liveness.islands_stopped(self.clock()):
+            if not self.tick():
+                wait(min(0.1, max(deadline - self.clock(), 0.0)))
+        if not self.completed:
+            self._stop(self.clock())
+
     def _stop(self, now: float) -> None:
         """A user's stop, once the islands sent what they had and exited (or the wait ran
         out): merge every open round as it is, whatever the quorum, and end the run as
@@ -404,13 +391,15 @@ class RunSync:
 
         The checkpoint comes first: an evaluation that fails (the corpus missing on
         syncd's host, say) is recorded as an alert and the run still ends, its training
-        saved; the outcome then carries the last eval loss that was measured."""
+        saved; the outcome then carries the last eval loss that was measured, as it does
+        when syncd itself stops (finish_stop: no final evaluation)."""
         self.completed = True
         self.store.control.mark_done()
         self.recovery.save_checkpoint(self.rounds, self.eval_loss)
         try:
-            self._evaluated(self.evaluation(self.rounds.sync.global_params()),
-                            self.rounds.tokens_merged())
+            if self.evaluate_at_end:
+                self._evaluated(self.evaluation(self.rounds.sync.global_params()),
+                                self.rounds.tokens_merged())
         except Exception as exc:
             log.exception("run %s: the final evaluation failed", self.store.run_id)
             error = f"{type(exc).__name__}: {exc}"

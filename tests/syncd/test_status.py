@@ -8,7 +8,7 @@ import pytest
 
 from diloco.accounting import RunAccounting
 from diloco.config_parse import parse_config
-from syncd.service import PassTimes
+from syncd.pass_times import PassTimes
 from syncd.status import link, link_state, pace, theta
 
 SPEC = SimpleNamespace(elastic=False, barrier=False, config=parse_config({

@@ -607,6 +607,30 @@ def test_a_stop_merges_what_arrived_checkpoints_and_only_then_the_run_is_stopped
     assert "outcome" in store.status()
 
 
+def test_a_stop_asked_just_before_the_system_stops_is_done_with_its_checkpoint_first(
+        system, corpus_file, redis_url):
+    run = tiny_run(corpus_file, total_tokens=10**9)
+    run.config["checkpoint"]["interval_s"] = 3600.0  # no periodic checkpoint to lean on
+    run.save(update_fields=["config"])
+    store = start_and_wait(run, redis_url, 2)
+    wait_all_training(store)
+
+    asked = time.time()
+    stop_run(run, by=None)
+    # The system stops right after, as `python -m webapp.start` does: SIGTERM to syncd
+    # and the worker (and so the islands) at once, SIGKILL 7 s later.
+    for name in ("syncd", "worker"):
+        os.killpg(system.procs[name].pid, signal.SIGTERM)
+    system.procs["syncd"].wait(timeout=7)
+
+    run.refresh_from_db()
+    assert run.state == Run.State.STOPPED
+    newest = run.checkpoints.order_by("-created_at").first()
+    assert newest is not None and newest.created_at.timestamp() > asked
+    assert run.tokens > 0 and run.tokens == newest_tokens(newest)
+    assert str(run.pk) not in RunStore.active_runs(store.client)
+
+
 def newest_tokens(checkpoint) -> int:
     from syncd import checkpoint as checkpoints
 
