@@ -187,13 +187,13 @@ def run_corpus(data: Any, directory: Path) -> Corpus:
                        vocab_size=data.vocab_size, text_field=data.text_field)
 
 
-def tokenizer_json(data: Any) -> str | None:
+def tokenizer_json(data: Any, directory: Path) -> str | None:
     """The tokenizer.json of a run's tokenizer (`data`: diloco.config.DataConfig), the
-    corpus prepared for it if it is not yet (a `train` one is trained then); None for
-    bytes."""
+    corpus prepared for it in `directory` if it is not yet (a `train` one is trained
+    then); None for bytes."""
     if data.tokenizer == tokenizers.BYTES:
         return None
-    return run_corpus(data).tokenizer_json()
+    return run_corpus(data, directory).tokenizer_json()
 
 
 def batch_shortfall(corpus_bytes: int, eval_fraction: float, islands: int, block_size: int,

@@ -19,6 +19,7 @@ import torch
 from diloco.data import tokenizer_json
 from diloco.tokenizer import BYTES
 from syncd import checkpoint
+from syncd.environment import data_dir
 
 if TYPE_CHECKING:
     from diloco.accounting import RunAccounting
@@ -118,7 +119,7 @@ class Recovery:
         """The run's tokenizer.json, which every checkpoint carries (None for bytes): read
         once from the prepared corpus (prepared here if the evaluation has not yet)."""
         if self.tokenizer is None and self.spec.config.data.tokenizer != BYTES:
-            self.tokenizer = tokenizer_json(self.spec.config.data)
+            self.tokenizer = tokenizer_json(self.spec.config.data, data_dir())
         return self.tokenizer
 
     # -- the elastic baseline ----------------------------------------------------

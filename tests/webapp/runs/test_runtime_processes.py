@@ -30,6 +30,7 @@ from diloco.tokenizer import Tokenizer
 from syncd import checkpoint as checkpoints
 from syncd.acl import island_user
 from syncd.connection import connect
+from syncd.environment import data_dir
 from syncd.store import RunStore
 from tests.diloco.test_hf import TINY_LLAMA
 from tests.fixtures import wait_until
@@ -224,7 +225,7 @@ def test_a_llama_on_a_trained_tokenizer_exports_a_folder_transformers_loads_and_
                "the run to be stopped")
     newest = run.checkpoints.order_by("-created_at").first()
     config = run.run_config()
-    prepared = run_corpus(config.data)  # as an island prepared it: the same tokenizer
+    prepared = run_corpus(config.data, data_dir())  # as the islands did: the same tokenizer
     carried = checkpoints.load_tokenizer(Path(newest.path), newest.sha256)
     assert carried is not None and Tokenizer(carried).sha256 == prepared.tokenizer_sha256
     client = Client()
