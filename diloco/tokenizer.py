@@ -46,6 +46,14 @@ class TokenizerChoice(Protocol):
     text_field: str
 
 
+def check_tokenizer(mine: str, runs: str) -> None:
+    """Raises TokenizerError unless this process' tokenizer hash `mine` is the run's."""
+    if mine != runs:
+        raise TokenizerError(f"This host's tokenizer (sha256 {mine}) is not the run's "
+                             f"({runs}): its corpus or tokenizer folder differs from the "
+                             "other hosts'.")
+
+
 def vocab_of(data: TokenizerChoice) -> int:
     """The ids the run's tokenizer makes, without building it (a folder's tokenizer.json
     is read as JSON). Raises TokenizerError for a folder that holds none."""

@@ -142,6 +142,7 @@ KEY_USES = (
     KeyUse("lease_token", "control", ("syncd",), ("syncd",)),
     KeyUse("dataplane", "data", ("syncd",), ("syncd",)),
     KeyUse("started:*", "control", ("pool",), ("pool",)),
+    KeyUse("tokenizer", "control", (ISLAND, "syncd"), (ISLAND, "syncd")),
 )
 # What an island process reads of its run and what it writes, by the part after the
 # run's prefix (the island users' key patterns, syncd/acl.py).

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from diloco.data import tokenizer_json
-from diloco.tokenizer import BYTES
+from diloco.tokenizer import BYTES, Tokenizer, check_tokenizer
 from syncd import checkpoint
 from syncd.environment import data_dir
 
@@ -119,7 +119,10 @@ class Recovery:
         """The run's tokenizer.json, which every checkpoint carries (None for bytes): read
         once from the prepared corpus (prepared here if the evaluation has not yet)."""
         if self.tokenizer is None and self.spec.config.data.tokenizer != BYTES:
-            self.tokenizer = tokenizer_json(self.spec.config.data, data_dir())
+            text = tokenizer_json(self.spec.config.data, data_dir()) or ""
+            mine = Tokenizer(text).sha256
+            check_tokenizer(mine, self.store.claim_tokenizer(mine))
+            self.tokenizer = text
         return self.tokenizer
 
     # -- the elastic baseline ----------------------------------------------------

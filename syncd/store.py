@@ -92,6 +92,14 @@ class RunStore(RunKeys):
     def active_runs(client: redis.Redis) -> list[str]:
         return sorted(m.decode() for m in client.smembers(RUNS_KEY))
 
+    def claim_tokenizer(self, sha256: str) -> str:
+        """The run's tokenizer hash (diloco/tokenizer.py): the first claimed, by an island
+        or syncd once it has prepared the corpus (a `train` tokenizer trained); a later
+        claim leaves it and reads it back, for its claimant to compare with its own."""
+        self.writer.set(self.key("tokenizer"), sha256, nx=True)
+        raw = self.client.get(self.key("tokenizer"))
+        return raw.decode(errors="replace")[:64] if raw else sha256
+
     def set_epoch(self, island: str, epoch: int) -> None:
         self.client.hset(self.key("epochs"), island, epoch)
 

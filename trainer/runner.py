@@ -37,7 +37,7 @@ from diloco.device import resolve_device
 from diloco.fragments import due_fragments, run_fragments
 from diloco.island import Island, Model
 from diloco.signing import load_verify_key
-from diloco.tokenizer import BYTES
+from diloco.tokenizer import BYTES, check_tokenizer
 from syncd.acl import island_store
 from syncd.environment import data_dir, text, whole
 from syncd.malloc import return_large_frees
@@ -250,7 +250,13 @@ class ProcessIsland:
         data = self.config.data
         corpus = self.corpora.get((data.path, data.eval_fraction))
         warm = data.tokenizer == BYTES and data.text_field == DataConfig().text_field
-        return corpus if corpus is not None and warm else run_corpus(data, data_dir())
+        if corpus is not None and warm:
+            return corpus
+        corpus = run_corpus(data, data_dir())
+        if data.tokenizer != BYTES:  # every island and syncd tokenize alike, or none trains
+            check_tokenizer(corpus.tokenizer_sha256,
+                            self.store.claim_tokenizer(corpus.tokenizer_sha256))
+        return corpus
 
     def setup(self) -> None:
         self.beat("starting", force=True)  # syncd knows this epoch from now on

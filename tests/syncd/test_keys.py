@@ -69,6 +69,6 @@ def test_every_key_of_a_run_the_code_names_is_in_the_key_table_and_no_other():
 def test_islands_write_no_key_shared_between_runs_nor_one_syncd_alone_writes():
     assert RUNS_KEY not in island_key_patterns(7, ISLAND_READS + ISLAND_WRITES)
     assert set(ISLAND_WRITES) == {"updates", "uploads", "blob:*", "heartbeats", "cursor:*",
-                                  "fault:*"}
+                                  "fault:*", "tokenizer"}
     assert not [use.part for use in KEY_USES if ISLAND in use.writers
                 and use.part in ("spec", "epochs", "versions", "full:*", "handled:*", "lease")]

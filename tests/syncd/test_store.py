@@ -74,3 +74,13 @@ def test_a_run_is_active_from_its_spec_until_its_release(store):
 
     store.release()
     assert not store.is_active()
+
+
+def test_the_first_tokenizer_claimed_is_the_runs_and_a_later_one_reads_it_back(store):
+    from diloco.tokenizer import TokenizerError, check_tokenizer
+
+    assert store.claim_tokenizer("a" * 64) == "a" * 64
+    assert store.claim_tokenizer("b" * 64) == "a" * 64  # a host whose tokenizer differs
+    check_tokenizer("a" * 64, store.claim_tokenizer("a" * 64))
+    with pytest.raises(TokenizerError, match="is not the run's"):
+        check_tokenizer("b" * 64, store.claim_tokenizer("b" * 64))

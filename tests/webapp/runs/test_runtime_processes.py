@@ -219,7 +219,8 @@ def test_a_llama_on_a_trained_tokenizer_exports_a_folder_transformers_loads_and_
     llama = {k: v for k, v in TINY_LLAMA.items() if k != "vocab_size"}
     run = tiny_run(corpus, total_tokens=10**9, data={"tokenizer": "train", "vocab_size": 320},
                    model={"source": "hf", "hf_config": json.dumps(llama), "block_size": 16})
-    start_and_wait(run, redis_url, 2)
+    store = start_and_wait(run, redis_url, 2)
+    claimed = store.client.get(store.key("tokenizer")).decode()  # the first island's
     stop_run(run, by=None)
     wait_until(lambda: Run.objects.get(pk=run.pk).state == Run.State.STOPPED, 90,
                "the run to be stopped")
@@ -227,7 +228,8 @@ def test_a_llama_on_a_trained_tokenizer_exports_a_folder_transformers_loads_and_
     config = run.run_config()
     prepared = run_corpus(config.data, data_dir())  # as the islands did: the same tokenizer
     carried = checkpoints.load_tokenizer(Path(newest.path), newest.sha256)
-    assert carried is not None and Tokenizer(carried).sha256 == prepared.tokenizer_sha256
+    assert carried is not None
+    assert Tokenizer(carried).sha256 == prepared.tokenizer_sha256 == claimed
     client = Client()
     client.force_login(django_user_model.objects.create_superuser("root", password=None))
 
