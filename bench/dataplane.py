@@ -107,6 +107,7 @@ from syncd.bulk import RedisBulk, read_served
 from syncd.connection import connect
 from syncd.published_files import PublishedFiles
 from syncd.published_server import PublishedServer
+from syncd.records import Heartbeat
 from syncd.store import RunStore
 from trainer.link import POLL_S, beating
 from trainer.resend import SentUpdates
@@ -312,7 +313,7 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, i
                 "inner_steps": H, "compute_s": 1.0, "codec": CODEC}
         return encode_message("update", meta, tensors, key)
 
-    store.signals.heartbeat(name, 1, 0, 0, state="training")
+    store.signals.heartbeat(name, Heartbeat.bare(1, time.time(), 0, 0))
     ready.put(len(update(0)))
     go.wait()
     kept = SentUpdates(lambda p: store.globals.handled_seq(p, name), lambda: None,
@@ -327,7 +328,7 @@ def island_main(url: str, data_url: str, name: str, payload: str, secret: str, i
                 handled.setdefault(seq, now)
 
     r = 0
-    with beating(lambda: store.signals.heartbeat(name, 1, r * H, 0, state="training")):
+    with beating(lambda: store.signals.heartbeat(name, Heartbeat.bare(1, time.time(), r * H, 0))):
         while not enough.is_set():
             if kept.must_wait(0):
                 note_handled()

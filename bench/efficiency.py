@@ -255,13 +255,6 @@ def stop_demo(system: StartedSystem) -> None:
     wait_pools_ready(system)
 
 
-def training_thread_pull_s(beat: dict[str, Any]) -> float:
-    """The seconds an island's training thread has spent on pulls: pull_wait_s where
-    the heartbeat has it (downloads on a thread of their own), else pull_s (pulls on
-    the training thread, before that)."""
-    return float(beat.get("pull_wait_s", beat.get("pull_s", 0.0)))
-
-
 def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[str, Any],
                  label: str) -> dict[str, Any]:
     """One run of the workload: its merged tokens/s, island step times, pulls and CPU."""
@@ -281,7 +274,7 @@ def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[s
     def warmed() -> bool:
         beats = store.signals.heartbeats()
         return len(beats) == len(REGIONS) and all(
-            b.get("state") == "training" and b["step"] >= warm for b in beats.values())
+            b.state == "training" and b.step >= warm for b in beats.values())
 
     wait(warmed, f"{label}: every island past its warm-up", system, PHASE_TIMEOUT_S)
     meter = CpuMeter(system.pid)
@@ -291,14 +284,14 @@ def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[s
     while True:
         system.check()
         now = store.signals.heartbeats()
-        meter.sample({int(b["pid"]) for b in now.values()})
+        meter.sample({b.pid for b in now.values()})
         for island, b in now.items():
-            if b["time"] >= started:
-                beats[island][b["time"]] = (b["step"], training_thread_pull_s(b))
-        if stopped := [n for n, b in now.items() if b.get("state") == "stopped"]:
+            if b.time >= started:  # the training thread's time on pulls
+                beats[island][b.time] = (b.step, b.pull_wait_s)
+        if stopped := [n for n, b in now.items() if b.state == "stopped"]:
             raise RuntimeError(f"{label}: {', '.join(stopped)} stopped in the window; see "
                                f"{system.home / 'logs'}")
-        if all(now[n]["step"] - first[n]["step"] >= window for n in REGIONS):
+        if all(now[n].step - first[n].step >= window for n in REGIONS):
             break
         if time.time() - started > PHASE_TIMEOUT_S:
             raise TimeoutError(f"{label}: the window did not end in {PHASE_TIMEOUT_S:g} s")

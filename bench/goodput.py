@@ -269,8 +269,8 @@ def wait_islands_stopped(store: Any, islands: list[str], timeout: float = 60.0) 
 
     def stopped() -> bool:
         beats = store.signals.heartbeats()
-        return all(beats.get(n, {}).get("state") == "stopped"
-                   or time.time() - beats.get(n, {}).get("time", 0) > 3.0 for n in islands)
+        return all((beat := beats.get(n)) is None or beat.state == "stopped"
+                   or time.time() - beat.time > 3.0 for n in islands)
 
     wait_for(stopped, timeout, "the islands of the finished run to stop", 0.2)
 

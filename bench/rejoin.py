@@ -59,6 +59,7 @@ from bench.goodput import make_corpus, wait_islands_stopped
 from bench.system import ROOT, BenchSystem
 from diloco.uptime import fragment_cadence
 from syncd.environment import text
+from syncd.records import Heartbeat
 
 HOME = ROOT / "var" / "bench-rejoin"
 REGIONS = ("us-east", "us-west", "eu-west", "ap-south")
@@ -138,8 +139,8 @@ def create_and_train(label: str, config: dict[str, Any]) -> tuple[Any, Any, floa
 
     def all_training() -> bool:
         for name, beat in store.signals.heartbeats().items():
-            if beat.get("state") == "training" and beat.get("epoch") == 1:
-                first.setdefault(name, float(beat["time"]))
+            if beat.state == "training" and beat.epoch == 1:
+                first.setdefault(name, beat.time)
         return len(first) == len(config["islands"])
 
     wait(all_training, f"{label}: every island training")
@@ -166,7 +167,7 @@ def cycle(run: Any, store: Any, island: str, kind: str, operator: Any) -> dict[s
     from webapp.runs.membership import rejoin_island
 
     beat = store.signals.heartbeats()[island]
-    epoch, pid = int(beat["epoch"]), int(beat["pid"])
+    epoch, pid = beat.epoch, beat.pid
     if kind == "operator":
         killed = time.time()
         os.kill(pid, signal.SIGKILL)
@@ -398,15 +399,15 @@ def step_time_before(signals: Any, island: str, span_s: float = STEP_SPAN_S) -> 
     step to the first that shows a later one at least `span_s` after, over the steps
     between (each end a heartbeat's lag after its step, alike: an average of whole
     steps, whatever the heartbeats' pace against the step's)."""
-    def new_step(after: int) -> dict[str, Any]:
-        return wait(lambda: (beat := signals.heartbeats()[island])["step"] > after and beat,
+    def new_step(after: int) -> Heartbeat:
+        return wait(lambda: (beat := signals.heartbeats()[island]).step > after and beat,
                     f"{island}'s step after {after}")
 
-    start = new_step(int(signals.heartbeats()[island]["step"]))
+    start = new_step(signals.heartbeats()[island].step)
     end = start
-    while end["time"] < start["time"] + span_s:
-        end = new_step(int(end["step"]))
-    return (end["time"] - start["time"]) / (end["step"] - start["step"])
+    while end.time < start.time + span_s:
+        end = new_step(end.step)
+    return (end.time - start.time) / (end.step - start.step)
 
 
 def real_size_cycle(run: Any, store: Any, island: str, operator: Any) -> dict[str, Any]:
@@ -414,7 +415,7 @@ def real_size_cycle(run: Any, store: Any, island: str, operator: Any) -> dict[st
     from webapp.runs.membership import rejoin_island
 
     beat = store.signals.heartbeats()[island]
-    epoch, pid = int(beat["epoch"]), int(beat["pid"])
+    epoch, pid = beat.epoch, beat.pid
     step_s = step_time_before(store.signals, island)
     killed = time.time()
     os.kill(pid, signal.SIGKILL)

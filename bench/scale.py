@@ -300,12 +300,12 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
             sample["syncd"] = syncd_now[0]
             syncd_hwm = max(syncd_hwm, syncd_now[1])
         for name in names:
-            beat = beats.get(name, {})
-            if beat.get("idle_rss"):
-                idle.setdefault(name, int(beat["idle_rss"]))
-            if beat.get("pulls"):
-                pulls[name] = (int(beat["pulls"]), float(beat["pull_s"]))
-            now = rss(int(beat["pid"])) if beat.get("pid") else None
+            beat = beats.get(name)
+            if beat and beat.idle_rss:
+                idle.setdefault(name, beat.idle_rss)
+            if beat and beat.pulls:
+                pulls[name] = (beat.pulls, beat.pull_s)
+            now = rss(beat.pid) if beat and beat.pid else None
             if now:
                 sample[name] = now[0]
                 hwm[name] = max(hwm.get(name, 0), now[1])
@@ -322,8 +322,8 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
     # What is left after the end is measured once the run has ended and freed its keys:
     # a stopped run first merges what its islands flush, then saves its checkpoint.
     wait_for(lambda: not store.is_active(), 600, "the run to end and free its keys", 0.5)
-    wait_for(lambda: all(rss(int(b["pid"])) is None for b in store.signals.heartbeats().values()
-                         if b.get("pid")), 120, "the islands to exit", 0.5)
+    wait_for(lambda: all(rss(b.pid) is None for b in store.signals.heartbeats().values()
+                         if b.pid), 120, "the islands to exit", 0.5)
     redis_peak = sum(peak_above_before(redis_before[i], [s["redis_each"][i] for s in samples],
                                        int(r.info("memory")["used_memory_peak"]),
                                        peak_before[i]) for i, r in enumerate(redises))

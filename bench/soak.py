@@ -261,26 +261,26 @@ class Soak:
         beats = self.store.signals.heartbeats()
         epochs = self.store.epochs()
         for island in list(self.starting):
-            beat = beats.get(island, {})
-            if beat.get("epoch") == epochs.get(island) and beat.get("state") == "training" \
-                    and time.time() - float(beat.get("time", 0.0)) < 2.0:
+            beat = beats.get(island)
+            if beat and beat.epoch == epochs.get(island) and beat.state == "training" \
+                    and time.time() - beat.time < 2.0:
                 self.starting.discard(island)
                 self.busy_until[island] = now
         for island in self.islands:
             if island in planned or self.busy_until[island] > now \
                     or now - self.started[island] < STARTUP_GRACE_S:
                 continue
-            beat = beats.get(island, {})
-            silent = time.time() - float(beat.get("time", 0.0))
-            if beat.get("epoch") != epochs.get(island) or silent > SILENT_S \
-                    or beat.get("state") == "stopped":
+            beat = beats.get(island)
+            silent = time.time() - (beat.time if beat else 0.0)
+            if not beat or beat.epoch != epochs.get(island) or silent > SILENT_S \
+                    or beat.state == "stopped":
                 self._rejoin(island, f"silent for {silent:.0f} s")
 
     def _all_training(self) -> bool:
         beats, epochs = self.store.signals.heartbeats(), self.store.epochs()
-        return all(beats.get(n, {}).get("state") == "training"
-                   and beats[n].get("epoch") == epochs.get(n)
-                   and time.time() - beats[n]["time"] < 5.0 for n in self.islands)
+        return all((beat := beats.get(n)) is not None and beat.state == "training"
+                   and beat.epoch == epochs.get(n)
+                   and time.time() - beat.time < 5.0 for n in self.islands)
 
 
 def set_budget(run: Any, total_tokens: int) -> None:

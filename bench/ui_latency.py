@@ -27,6 +27,7 @@ from typing import Any
 from bench import results
 from bench.browser import CHROMIUM_FLAGS, chromium_path
 from bench.system import ROOT, BenchSystem
+from syncd.records import Heartbeat
 
 REGIONS = ["us-east", "us-central", "us-west", "us-south"]
 PROFILES = {"full": {"islands": 16, "updates": 240, "warmup": 10},
@@ -80,8 +81,9 @@ class SyntheticIslands(threading.Thread):
         while not self.stopping.wait(0.25):
             step += 1
             for name in self.names:
-                self.store.signals.heartbeat(name, 1, step, step * 256, state="training", loss=3.0,
-                                             bytes_down=step * 1000, bytes_up=step * 1000)
+                self.store.signals.heartbeat(name, Heartbeat.bare(
+                    1, time.time(), step, step * 256, loss=3.0, bytes_down=step * 1000,
+                    bytes_up=step * 1000))
 
 
 def send_probes(run_id: int, count: int, every_s: float, stop: threading.Event,

@@ -34,6 +34,7 @@ from diloco.config_parse import parse_config
 from diloco.model import GPT, GPTConfig
 from diloco.signing import island_key
 from syncd.connection import connect
+from syncd.records import Heartbeat
 from syncd.store import RunStore
 from trainer.launch import (
     DATAPLANE_URL_ENV,
@@ -108,14 +109,14 @@ def bare_step_s(model: dict[str, int], corpus: Path, seconds: float) -> float:
 
 
 def window_beats(store: RunStore, island: subprocess.Popen, start: int, length: int,
-                 timeout_s: float, log: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+                 timeout_s: float, log: Path) -> tuple[Heartbeat, Heartbeat]:
     """The island's first heartbeat that shows step `start` or later, and its first that
     shows `length` steps more than that one."""
     deadline = time.monotonic() + timeout_s
-    beats: list[dict[str, Any]] = []
+    beats: list[Heartbeat] = []
     for _ in range(2):
-        step = beats[0]["step"] + length if beats else start
-        while (beat := store.signals.heartbeats().get(ISLAND, {})).get("step", 0) < step:
+        step = beats[0].step + length if beats else start
+        while (beat := store.signals.heartbeats().get(ISLAND)) is None or beat.step < step:
             if island.poll() is not None:
                 raise RuntimeError(f"the island ended with code {island.returncode} before "
                                    f"step {step}; see {log}")
@@ -127,8 +128,7 @@ def window_beats(store: RunStore, island: subprocess.Popen, start: int, length: 
     return beats[0], beats[1]
 
 
-def utilization_between(first: dict[str, Any], last: dict[str, Any], bare_s: float
-                        ) -> dict[str, Any]:
+def utilization_between(first: Heartbeat, last: Heartbeat, bare_s: float) -> dict[str, Any]:
     """Island utilization between two heartbeats of one island: the steps between them
     times the bare step time, over the wall time between them (1.0: the island steps as
     fast as bare PyTorch, its sends, pulls and mixes hidden); with what the island's
@@ -139,17 +139,17 @@ def utilization_between(first: dict[str, Any], last: dict[str, Any], bare_s: flo
     Raises:
         ValueError: no step or no time between the heartbeats, or no bare step time.
     """
-    steps, wall_s = last["step"] - first["step"], last["time"] - first["time"]
+    steps, wall_s = last.step - first.step, last.time - first.time
     if steps <= 0 or wall_s <= 0 or bare_s <= 0:
         raise ValueError(f"utilization needs steps, wall time and a bare step time above 0, "
                          f"got {steps} steps in {wall_s:g} s at {bare_s:g} s a step")
     return {"value": round(steps * bare_s / wall_s, 4), "steps": steps,
             "wall_s": round(wall_s, 3), "island_step_s": round(wall_s / steps, 4),
-            "pull_wait_s": round(last["pull_wait_s"] - first["pull_wait_s"], 4),
-            "late_globals": last["late_globals"] - first["late_globals"],
-            "pulls": last["pulls"] - first["pulls"],
-            "backpressure_wait_s": round(last["backpressure_wait_s"]
-                                         - first["backpressure_wait_s"], 4)}
+            "pull_wait_s": round(last.pull_wait_s - first.pull_wait_s, 4),
+            "late_globals": last.late_globals - first.late_globals,
+            "pulls": last.pulls - first.pulls,
+            "backpressure_wait_s": round(last.backpressure_wait_s - first.backpressure_wait_s,
+                                         4)}
 
 
 def island_utilization(setting: dict[str, Any], folder: Path) -> dict[str, Any]:

@@ -76,7 +76,8 @@ def run_config(size: dict[str, Any], rate_mbit: float, link: str, corpus: str) -
 _FOLLOW = """
 def follow(run_id):
     s = store(run_id)
-    return {"status": s.status() or {}, "beats": s.signals.heartbeats(), "time": time.time()}
+    return {"status": s.status() or {}, "time": time.time(),
+            "beats": {n: dataclasses.asdict(b) for n, b in s.signals.heartbeats().items()}}
 """
 
 
@@ -201,7 +202,7 @@ def main(quick: bool = False) -> int:
         hosts.up()
         for region in REGIONS:
             hosts.start_region(region)
-        hosts.ask("import time\n" + _FOLLOW)
+        hosts.ask("import dataclasses\nimport time\n" + _FOLLOW)
         corpus = str(make_corpus(network.folder / "corpus.txt"))
         cases = [case(hosts, network, size, rate, corpus)
                  for size in profile["sizes"] for rate in profile["rates_mbit"]]

@@ -154,7 +154,7 @@ class ChaosDriver:
         if self.start is None:
             islands = {i.name: i.region for i in self.spec.config.islands}
             everyone = liveness.alive >= len(islands) and all(
-                liveness.heartbeats.get(n, {}).get("state") == "training" for n in islands)
+                (beat := liveness.heartbeats.get(n)) and beat.state == "training" for n in islands)
             if not everyone and now - self.since < START_AFTER_S:
                 return
             self.start = now

@@ -6,14 +6,19 @@ island, beside the data plane.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import math
 import time
 from typing import Any
 
 import redis
 
+from syncd.records import Heartbeat, HeartbeatError
 from syncd.run_keys import RunKeys
+
+log = logging.getLogger("archipelago.syncd")
 
 LOG_TTL_S = 7 * 24 * 3600
 MAX_SIGNAL_BYTES = 64 * 1024  # a heartbeat or fault longer than this is not one
@@ -22,21 +27,36 @@ MAX_SIGNAL_BYTES = 64 * 1024  # a heartbeat or fault longer than this is not one
 class IslandSignals(RunKeys):
     """A run's per-island keys other than its updates."""
 
-    def heartbeat(self, island: str, epoch: int, step: int, tokens: int, **extra: Any) -> None:
-        beat = {"epoch": epoch, "time": time.time(), "step": step, "tokens": tokens, **extra}
-        self.writer.hset(self.key("heartbeats"), island, json.dumps(beat))
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.refused: dict[str, str] = {}  # island -> why its last heartbeat read is not one
 
-    def heartbeats(self) -> dict[str, dict[str, Any]]:
-        """island -> its last heartbeat; one that is not a heartbeat (islands write this
-        hash, so it is read as hostile: not JSON, not an object, a field of the wrong
-        type) is left out, as if the island had sent none."""
+    def heartbeat(self, island: str, beat: Heartbeat) -> None:
+        self.writer.hset(self.key("heartbeats"), island, json.dumps(dataclasses.asdict(beat)))
+
+    def heartbeats(self) -> dict[str, Heartbeat]:
+        """island -> its last heartbeat. One that is not a heartbeat (islands write this
+        hash, so it is read as hostile: not JSON, not an object of at most
+        MAX_SIGNAL_BYTES, a field missing, unknown or of the wrong type or bounds:
+        Heartbeat.from_dict) is left out, as if the island had sent none, and logged
+        once until the island's heartbeat is another."""
         try:
             raw = self.client.hgetall(self.key("heartbeats"))
         except redis.ResponseError as exc:
             self.wrong_type(self.client, self.key("heartbeats"), exc)
             return {}
-        beats = {k.decode(errors="replace"): _heartbeat(v) for k, v in raw.items()}
-        return {island: beat for island, beat in beats.items() if beat is not None}
+        beats, refused = {}, {}
+        for key, value in raw.items():
+            island = key.decode(errors="replace")
+            try:
+                beats[island] = _heartbeat(value)
+            except HeartbeatError as exc:
+                refused[island] = str(exc)
+                if self.refused.get(island) != refused[island]:
+                    log.warning("run %s: island %s's heartbeat is not one (left out): %s",
+                                self.run_id, island[:64], exc)
+        self.refused = refused
+        return beats
 
     def report_death(self, island: str, epoch: int, exit_code: int | None,
                      at: float | None = None) -> None:
@@ -140,13 +160,9 @@ def _number(value: object) -> float:
     return float(value) if ok else -math.inf
 
 
-def _heartbeat(raw: bytes) -> dict[str, Any] | None:
-    """A heartbeat as syncd reads it, None unless its epoch, step and tokens are whole
-    numbers and its time a finite number."""
+def _heartbeat(raw: bytes) -> Heartbeat:
+    """The heartbeat `raw` holds, or HeartbeatError."""
     beat = _json_object(raw)
-    if beat is None or _number(beat.get("time")) == -math.inf:
-        return None
-    if not all(isinstance(beat.get(f), int) and not isinstance(beat.get(f), bool)
-               for f in ("epoch", "step", "tokens")):
-        return None
-    return beat
+    if beat is None:
+        raise HeartbeatError(f"not a JSON object of at most {MAX_SIGNAL_BYTES} bytes")
+    return Heartbeat.from_dict(beat)

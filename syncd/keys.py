@@ -38,8 +38,8 @@ Keys, for run R (built by syncd.run_keys.RunKeys.key):
                                    published its newest version
     arch:R:tokens_merged           hash fragment -> tokens behind its merged updates
     arch:R:handled:<p>             hash island -> newest seq merged or dropped
-    arch:R:heartbeats              hash island -> JSON {epoch, time, step, tokens}
-                                   (syncd.island_signals)
+    arch:R:heartbeats              hash island -> JSON of its last Heartbeat, every field
+                                   (syncd.records; syncd.island_signals)
     arch:R:deaths                  hash island -> JSON {epoch, time, exit_code, signal}: the
                                    death of an island process, from its supervisor
     arch:R:control:<island>        list of JSON commands for the island's supervisor

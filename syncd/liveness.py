@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from syncd.hooks import Recorder
+    from syncd.records import Heartbeat
     from syncd.spec import RunSpec
     from syncd.store import RunStore
 
 RATE_WINDOW_S = 1.0
 
 
-def condition(beat: dict[str, Any] | None, death: dict[str, Any] | None, epoch: int,
+def condition(beat: Heartbeat | None, death: dict[str, Any] | None, epoch: int,
               now: float, timeout: float) -> str:
     """What syncd knows of one island at `now`, from its last heartbeat, its last
     reported death and its current epoch (plain values):
@@ -38,14 +39,14 @@ def condition(beat: dict[str, Any] | None, death: dict[str, Any] | None, epoch: 
     - "silent": the current epoch was heard, but not for `timeout` seconds;
     - "stopped", or "unknown" while the current epoch has not spoken yet.
     """
-    spoke = beat["epoch"] if beat is not None else -1
+    spoke = beat.epoch if beat is not None else -1
     if death is not None and death["epoch"] >= max(epoch, spoke):
         return "dead"
     if beat is None or spoke < epoch:
         return "unknown"
-    if now - beat["time"] > timeout:
+    if now - beat.time > timeout:
         return "silent"
-    return "stopped" if beat.get("state") == "stopped" else "alive"
+    return "stopped" if beat.state == "stopped" else "alive"
 
 
 class Liveness:
@@ -61,7 +62,7 @@ class Liveness:
         self.store = store
         self.recorder = recorder
         self.spec = spec
-        self.heartbeats: dict[str, dict[str, Any]] = {}
+        self.heartbeats: dict[str, Heartbeat] = {}
         self.epochs: dict[str, int] = {}
         self.deaths: dict[str, dict[str, Any]] = {}  # island -> its supervisor's report
         self.faults: dict[str, str] = {}  # island -> the kind of its active fault
@@ -118,23 +119,23 @@ class Liveness:
             if state == "alive":
                 alive += 1
                 asked = rejoins.get(island.name)
-                if asked is not None and beat.get("state") == "training" \
-                        and beat["epoch"] == self.epochs.get(island.name):
+                if asked is not None and beat.state == "training" \
+                        and beat.epoch == self.epochs.get(island.name):
                     self.store.control.close_rejoin_request(island.name)
                     # With where the seconds went (trainer/phases.py) and whether a warm
                     # standby took it.
-                    self.recorder.event("rejoin", island.name, epoch=beat["epoch"],
-                                        seconds_to_first_step=round(beat["time"] - asked, 3),
-                                        phases=beat.get("phases") or {},
-                                        first_step_cpu_s=beat.get("first_step_cpu_s"),
-                                        warm=bool(beat.get("warm")))
+                    self.recorder.event("rejoin", island.name, epoch=beat.epoch,
+                                        seconds_to_first_step=round(beat.time - asked, 3),
+                                        phases=beat.phases or {},
+                                        first_step_cpu_s=beat.first_step_cpu_s,
+                                        warm=beat.warm)
                 if island.name in self.lost:
                     self.lost.discard(island.name)
                     self.unheard.discard(island.name)
-                    self.recorder.event("island_revived", island.name, epoch=beat["epoch"])
+                    self.recorder.event("island_revived", island.name, epoch=beat.epoch)
                     membership_changed(island.name, now, True)
-                self.recorder.island(island.name, state="training", tokens=beat["tokens"],
-                                     inner_steps=beat["step"])
+                self.recorder.island(island.name, state="training", tokens=beat.tokens,
+                                     inner_steps=beat.step)
                 self._track_rate(island.name, beat)
             elif state in ("dead", "silent") and island.name not in self.lost:
                 self.lost.add(island.name)
@@ -147,7 +148,7 @@ class Liveness:
                 else:
                     self.unheard.add(island.name)
                     self.recorder.event("island_lost", island.name, cause="silent",
-                                        silent_s=round(now - beat["time"], 1))
+                                        silent_s=round(now - beat.time, 1))
                 self.recorder.island(island.name, state="lost")
                 membership_changed(island.name, now, False)
         k = config.sync.min_quorum
@@ -157,7 +158,7 @@ class Liveness:
         self.waiting_alert = alive < k
         return alive
 
-    def _track_rate(self, island: str, beat: dict[str, Any]) -> None:
+    def _track_rate(self, island: str, beat: Heartbeat) -> None:
         """Tokens per second of an island over windows of at least RATE_WINDOW_S of its
         heartbeats, one after the other; and its seconds per inner step over at least
         RATE_WINDOW_S from the heartbeat that showed a step to one that shows a later
@@ -165,19 +166,19 @@ class Liveness:
         window would be its length, not the step's (a 2 s step read 1.0-1.5 s). A
         stalled island keeps its last step time and shows its heartbeat's age."""
         mark = self.rate_marks.get(island)
-        if mark is None or beat["tokens"] < mark[1] or beat["step"] < mark[2]:
-            self.rate_marks[island] = (beat["time"], beat["tokens"], beat["step"])
-        elif beat["time"] - mark[0] >= RATE_WINDOW_S:
-            elapsed = beat["time"] - mark[0]
-            self.tokens_per_s[island] = (beat["tokens"] - mark[1]) / elapsed
-            self.rate_marks[island] = (beat["time"], beat["tokens"], beat["step"])
+        if mark is None or beat.tokens < mark[1] or beat.step < mark[2]:
+            self.rate_marks[island] = (beat.time, beat.tokens, beat.step)
+        elif beat.time - mark[0] >= RATE_WINDOW_S:
+            elapsed = beat.time - mark[0]
+            self.tokens_per_s[island] = (beat.tokens - mark[1]) / elapsed
+            self.rate_marks[island] = (beat.time, beat.tokens, beat.step)
         step_mark = self.step_marks.get(island)
-        if step_mark is None or beat["step"] < step_mark[1]:
-            self.step_marks[island] = (beat["time"], beat["step"])
-        elif beat["step"] > step_mark[1] and beat["time"] - step_mark[0] >= RATE_WINDOW_S:
-            self.step_time_s[island] = (beat["time"] - step_mark[0]) / (beat["step"]
+        if step_mark is None or beat.step < step_mark[1]:
+            self.step_marks[island] = (beat.time, beat.step)
+        elif beat.step > step_mark[1] and beat.time - step_mark[0] >= RATE_WINDOW_S:
+            self.step_time_s[island] = (beat.time - step_mark[0]) / (beat.step
                                                                         - step_mark[1])
-            self.step_marks[island] = (beat["time"], beat["step"])
+            self.step_marks[island] = (beat.time, beat.step)
 
     def _note_disturbed(self, now: float, paused: bool) -> None:
         """Islands faulted or lost at `now` were held up, and every island while a user
@@ -213,8 +214,8 @@ class Liveness:
         timeout = config.liveness.heartbeat_timeout_s
         for island in config.islands:
             beat = self.heartbeats.get(island.name)
-            if beat and beat.get("state") != "stopped" and island.name not in self.lost \
-                    and beat["epoch"] >= self.epochs.get(island.name, 0) \
-                    and now - beat["time"] <= timeout:
+            if beat and beat.state != "stopped" and island.name not in self.lost \
+                    and beat.epoch >= self.epochs.get(island.name, 0) \
+                    and now - beat.time <= timeout:
                 return False
         return True

@@ -5,6 +5,9 @@ builds a run's `RunStatus`; the web app's API schema, its Prometheus metrics and
 page's field list are generated from it, so nothing is written out twice by hand.
 """
 
+import dataclasses
+import math
+from types import NoneType, UnionType
 from typing import (
     Annotated,
     Any,
@@ -16,6 +19,140 @@ from typing import (
     get_type_hints,
     is_typeddict,
 )
+
+# -- an island's heartbeat: what trainer/runner.py writes every HEARTBEAT_S -----------
+# Islands write the heartbeats hash, so syncd reads each as hostile input:
+# `Heartbeat.from_dict` takes exactly the record's fields, each of its type and bounds.
+
+MAX_COUNT = 2**53  # the largest whole number JSON's doubles hold exactly
+MAX_PHASES = 16  # names in a heartbeat's phases (trainer/phases.py has 8)
+MAX_NAME = 64  # characters of a phase's name
+
+
+class HeartbeatError(ValueError):
+    """A heartbeat that is not one; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Heartbeat:
+    """What an island says of itself (trainer/runner.py `ProcessIsland.heartbeat`):
+    syncd reads it for liveness, status and recovery, the web app for the time of a
+    run's last sign of life. Every count, size and time is a number from 0 to
+    MAX_COUNT. An island writes every field (`dataclasses.asdict`); `bare` is one of
+    a process that has done nothing else yet (tests, benchmarks)."""
+
+    epoch: Annotated[int, "The island's epoch."]
+    time: Annotated[float, "The island's clock when it beat (seconds since 1970)."]
+    step: Annotated[int, "Inner steps the island took."]
+    tokens: Annotated[int, "Tokens the island trained on."]
+    state: Annotated[Literal["starting", "restarting", "waiting", "training", "stopped"],
+                     "What it does: starting (up to its first step), restarting (elastic's "
+                     "whole-job restart), waiting (for a merge, or backpressure), training "
+                     "or stopped."]
+    loss: Annotated[float | None, "Its latest training loss; None before its first step "
+                                  "or while not finite."]
+    bytes_up: Annotated[int, "Bytes of update messages its link delivered."]
+    bytes_down: Annotated[int, "Bytes of global messages it pulled."]
+    startup_s: Annotated[float | None, "Seconds from its launch to its first step; None "
+                                       "before it (elastic's restart delay)."]
+    pid: Annotated[int, "Its process's id on its host (0: no process)."]
+    idle_rss: Annotated[int | None, "Its process's resident bytes after its imports, before "
+                                    "the spec."]
+    pulls: Annotated[int, "Merged fragments it pulled."]
+    pull_s: Annotated[float, "Seconds reading, checking and mixing pulled fragments."]
+    pull_link_s: Annotated[float, "Seconds of the pulls' transfers, the emulated link's "
+                                  "hold included."]
+    sends: Annotated[int, "Update messages its link delivered."]
+    send_link_s: Annotated[float, "Seconds the sends took on the link, upload slot waits "
+                                  "apart."]
+    pull_wait_s: Annotated[float, "Seconds of the pulls on the training thread (mixes, "
+                                  "blocking waits)."]
+    late_globals: Annotated[int, "Merged fragments mixed after their tau overlap steps."]
+    backpressure_wait_s: Annotated[float, "Seconds waited, in this epoch, before sends for "
+                                          "syncd to merge its updates (backpressure)."]
+    slot_wait_s: Annotated[float, "Seconds its link waited, in this epoch, for upload "
+                                  "slots."]
+    phases: Annotated[dict[str, float] | None, "Seconds per start-up phase "
+                                               "(trainer/phases.py); None before its "
+                                               "first step."]
+    first_step_cpu_s: Annotated[float | None, "CPU seconds of its first step on the "
+                                              "training thread."]
+    warm: Annotated[bool, "This epoch is a claimed warm standby."]
+    cpu_share: Annotated[float | None, "Its process's share of its host's CPU over its last "
+                                       "2 s (trainer/cpu.py)."]
+
+    @classmethod
+    def bare(cls, epoch: int, time: float, step: int, tokens: int,
+             state: str = "training", **given: Any) -> "Heartbeat":
+        """A heartbeat of `step` and `tokens` whose other counts are 0 and whose other
+        figures are not known yet, but those `given`."""
+        nothing: dict[str, Any] = {"loss": None, "startup_s": None, "idle_rss": None,
+                                   "phases": None, "first_step_cpu_s": None, "warm": False,
+                                   "cpu_share": None}
+        counts = {name: kind() for name, (kind, _) in fields(cls).items()
+                  if kind in (int, float)}
+        return cls(**{**counts, **nothing, "epoch": epoch, "time": time, "step": step,
+                      "tokens": tokens, "state": state, **given})
+
+    @classmethod
+    def from_dict(cls, data: object) -> "Heartbeat":
+        """The heartbeat `data` (an island's JSON, read as hostile) holds.
+
+        Raises:
+            HeartbeatError: not an object, a field missing or unknown, or a value not
+                of its field's type and bounds; the message names the field.
+        """
+        if not isinstance(data, dict):
+            raise HeartbeatError(f"a heartbeat is an object, not {_shown(data)}")
+        kinds = {name: kind for name, (kind, _) in fields(cls).items()}
+        if unknown := sorted(str(k) for k in data if k not in kinds):
+            raise HeartbeatError(f"{_shown(unknown[0])}: not a field of a heartbeat")
+        if missing := [name for name in kinds if name not in data]:
+            raise HeartbeatError(f"{missing[0]}: missing")
+        return cls(**{name: _checked(name, kind, data[name]) for name, kind in kinds.items()})
+
+
+def _checked(name: str, kind: Any, value: object) -> Any:
+    """`value` as field `name` of type `kind` takes it, or HeartbeatError."""
+    if get_origin(kind) is UnionType:  # X | None
+        if value is None:
+            return None
+        kind = next(arg for arg in get_args(kind) if arg is not NoneType)
+    if kind is bool and isinstance(value, bool):
+        return value
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is int and number and isinstance(value, int) and 0 <= value <= MAX_COUNT:
+        return value
+    if kind is float and number and math.isfinite(value) and 0 <= value <= MAX_COUNT:
+        return float(value)
+    if get_origin(kind) is Literal and isinstance(value, str) and value in get_args(kind):
+        return value
+    if get_origin(kind) is dict and isinstance(value, dict) and len(value) <= MAX_PHASES:
+        if bad := [key for key in value if not isinstance(key, str) or len(key) > MAX_NAME]:
+            raise HeartbeatError(f"{name}: {_shown(bad[0])} is not a name of at most "
+                                 f"{MAX_NAME} characters")
+        return {key: _checked(f"{name}.{key}", float, item) for key, item in value.items()}
+    raise HeartbeatError(f"{name}: must be {_wanted(kind)}, not {_shown(value)}")
+
+
+def _wanted(kind: Any) -> str:
+    """What a field of type `kind` takes, in words."""
+    if kind is bool:
+        return "true or false"
+    if kind is int:
+        return f"a whole number from 0 to {MAX_COUNT}"
+    if kind is float:
+        return f"a number from 0 to {MAX_COUNT}"
+    if get_origin(kind) is Literal:
+        return "one of " + ", ".join(get_args(kind))
+    return f"an object of at most {MAX_PHASES} names, each a number from 0 to {MAX_COUNT}"
+
+
+def _shown(value: object) -> str:
+    """`value` for an error message: its repr, cut short."""
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
 
 # -- a run's status: what syncd/status.py builds every status interval ----------------
 # Each field carries its help in Annotated; webapp/api/status_schema.py makes the API's

@@ -12,7 +12,7 @@ import logging
 import statistics
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from diloco.accounting import RunAccounting
     from syncd.hooks import Recorder
     from syncd.liveness import Liveness
+    from syncd.records import Heartbeat
     from syncd.rounds import Rounds
     from syncd.spec import RunSpec
     from syncd.store import RunStore
@@ -140,13 +141,13 @@ class Recovery:
         self.restore_tokens = self.store.globals.tokens_merged()
         self.save_checkpoint(rounds, eval_loss)
 
-    def note_first_startups(self, heartbeats: dict[str, dict[str, Any]]) -> None:
+    def note_first_startups(self, heartbeats: dict[str, Heartbeat]) -> None:
         """Keep the start-up each island's first epoch reported (elastic's delay)."""
         for island, beat in heartbeats.items():
-            if island not in self.first_startups and beat.get("startup_s"):
-                self.first_startups[island] = float(beat["startup_s"])
+            if island not in self.first_startups and beat.startup_s:
+                self.first_startups[island] = float(beat.startup_s)
 
-    def restart_delay(self, heartbeats: dict[str, dict[str, Any]]) -> float:
+    def restart_delay(self, heartbeats: dict[str, Heartbeat]) -> float:
         """elastic.restart_delay_s, or the measured time for the job to start: a
         whole-job restart starts every island at once, and the barrier goes on when the
         slowest is back, so it is the longest start-up (launch to first step) of the
@@ -158,7 +159,7 @@ class Recovery:
             return config.elastic.restart_delay_s
         if self.first_startups and set(self.first_startups) >= self.spec.island_names():
             return max(self.first_startups.values())
-        measured = [b["startup_s"] for b in heartbeats.values() if b.get("startup_s")]
+        measured = [b.startup_s for b in heartbeats.values() if b.startup_s]
         return statistics.median(measured) if measured else DEFAULT_RESTART_DELAY_S
 
     def account_new_epochs(self, epochs: dict[str, int], liveness: Liveness,
@@ -170,7 +171,7 @@ class Recovery:
             old = liveness.epochs.get(island)
             beat = liveness.heartbeats.get(island)
             if old is None or epoch <= old or island not in self.accounting.islands \
-                    or not beat or beat.get("epoch", 0) > old:
+                    or not beat or beat.epoch > old:
                 continue
             seconds = unsent_steps(beat, rounds.ingester.sent_seqs(island)) * (
                 self.accounting.step_time(island) or 0.0)
@@ -234,12 +235,11 @@ class Recovery:
                             discarded=sorted(discarded))
 
 
-def unsent_steps(beat: dict[str, Any] | None, sent: list[int]) -> float:
+def unsent_steps(beat: Heartbeat | None, sent: list[int]) -> float:
     """Inner steps of an island since the last update of each fragment that syncd
     received (`sent`: their seqs, Ingester.sent_seqs), as goodput counts them (a
     fragment stands for 1/P of a step), up to its last heartbeat `beat`: the work a
     death or a restart of the island throws away."""
     if not beat:
         return 0.0
-    step = int(beat.get("step", 0))
-    return sum(max(step - seq, 0) for seq in sent) / len(sent)
+    return sum(max(beat.step - seq, 0) for seq in sent) / len(sent)

@@ -30,7 +30,6 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from diloco.accounting import RunAccounting
 from diloco.fragments import partition
@@ -46,7 +45,7 @@ from syncd.liveness import Liveness
 from syncd.pass_times import PassTimes
 from syncd.pool_store import PoolStore
 from syncd.published_files import PublishedFiles
-from syncd.records import RunStatus
+from syncd.records import Heartbeat, RunStatus
 from syncd.recovery import Recovery
 from syncd.rounds import Rounds
 from syncd.spec import RunSpec
@@ -147,13 +146,13 @@ class RunSync:
         self._take_over(store.signals.heartbeats())
         self.overcredited: set[str] = set()  # islands a warning was logged for
 
-    def _take_over(self, heartbeats: dict[str, dict[str, Any]]) -> None:
+    def _take_over(self, heartbeats: dict[str, Heartbeat]) -> None:
         """This syncd's accounting starts now, and a run that was training (another
         syncd's, or this one's before a restart) has updates in flight: per island and
         fragment, the steps up to the larger of the seq handled and the island's last
         heartbeat step were trained before, and no merge credits them."""
         for island in self.accounting.islands:
-            step = int((heartbeats.get(island) or {}).get("step", 0))
+            step = beat.step if (beat := heartbeats.get(island)) else 0
             for p in range(len(self.rounds.fragments)):
                 before = max(self.rounds.sync.handled_seq(p, island, default=0), step, 0)
                 if before:

@@ -81,24 +81,24 @@ def island_status(now: float, sources: StatusSources, island: IslandConfig,
     whether a rejoin now would start warm (a standby of its region is ready and the
     island is of one process)."""
     liveness, sync, name = sources.liveness, sources.rounds.sync, island.name
-    beat = liveness.heartbeats.get(name, {})
+    beat = liveness.heartbeats.get(name)
     bases = [pending.contribution.base_version for p in range(len(sources.rounds.fragments))
              if (pending := sync.open_round(p).get(name)) is not None]
     scale = sources.spec.config.emulation.bytes_scale
-    up, down = beat.get("bytes_up", 0), beat.get("bytes_down", 0)
-    state = "lost" if name in liveness.lost else beat.get("state", "pending")
+    up, down = (beat.bytes_up, beat.bytes_down) if beat else (0, 0)
+    state = "lost" if name in liveness.lost else beat.state if beat else "pending"
     fault = liveness.faults.get(name, "none")
     return IslandStatus(
         region=island.region, epoch=liveness.epochs.get(name, 0), state=state, fault=fault,
-        heartbeat_age_s=round(now - beat["time"], 2) if beat else None,
-        tokens=beat.get("tokens", 0), inner_steps=beat.get("step", 0),
-        loss=beat.get("loss"), bytes_up=up, bytes_down=down,
+        heartbeat_age_s=round(now - beat.time, 2) if beat else None,
+        tokens=beat.tokens if beat else 0, inner_steps=beat.step if beat else 0,
+        loss=beat.loss if beat else None, bytes_up=up, bytes_down=down,
         emulated_bytes_up=up * scale, emulated_bytes_down=down * scale,
         tokens_per_s=round(liveness.tokens_per_s.get(name, 0.0), 1),
         step_time_s=_rounded(liveness.step_time_s.get(name), 4),
-        cpu_share=beat.get("cpu_share"),
-        backpressure_wait_s=beat.get("backpressure_wait_s", 0.0),
-        slot_wait_s=beat.get("slot_wait_s", 0.0),
+        cpu_share=beat.cpu_share if beat else None,
+        backpressure_wait_s=beat.backpressure_wait_s if beat else 0.0,
+        slot_wait_s=beat.slot_wait_s if beat else 0.0,
         version_lag=max(sync.versions()) - min(bases) if bases else 0,
         rejoin_warm=island.processes == 1 and sources.standbys.get(island.region, 0) >= 1,
         rejections=sources.rounds.ingester.rejections[name],

@@ -23,10 +23,10 @@ from __future__ import annotations
 import argparse
 import base64
 import logging
+import math
 import os
 import signal
 import time
-from typing import Any
 
 import torch
 
@@ -41,6 +41,7 @@ from diloco.tokenizer import BYTES, check_tokenizer
 from syncd.acl import island_store
 from syncd.environment import data_dir, text, whole
 from syncd.malloc import return_large_frees
+from syncd.records import Heartbeat
 from syncd.store import RunStore
 from trainer.cpu import cpu_share
 from trainer.distributed import IslandGroup, follow_rank
@@ -145,27 +146,34 @@ class ProcessIsland:
         supervisor, or the run's end seen by the pulling); the island's own flag."""
         self.stopping = True
 
-    def beat(self, state: str, force: bool = False, **extra: Any) -> None:
+    def heartbeat(self, state: str) -> Heartbeat:
+        """The island's heartbeat now, in `state`: its own counters and its pulling's and
+        sending's, each within the bounds syncd reads (`Heartbeat.from_dict`)."""
+        island, pulling, sending = self.island, self.pulling, self.sending
+        loss = island.last_loss if island is not None else math.nan
+        return Heartbeat(
+            epoch=self.epoch, time=time.time(), step=island.step if island else 0,
+            tokens=island.tokens if island else 0, state=state,
+            loss=loss if math.isfinite(loss) and loss >= 0 else None,
+            bytes_up=sending.bytes_up, bytes_down=pulling.bytes_down,
+            startup_s=self.startup_s, pid=os.getpid(), idle_rss=self.idle_rss,
+            pulls=pulling.pulls, pull_s=_seconds(pulling.pull_s),
+            pull_link_s=_seconds(pulling.pull_link_s), sends=sending.sends,
+            send_link_s=_seconds(sending.send_link_s), pull_wait_s=_seconds(pulling.pull_wait_s),
+            late_globals=pulling.late_globals,
+            backpressure_wait_s=_seconds(sending.backpressure_wait_s),
+            slot_wait_s=_seconds(sending.slot_wait_s), phases=self.phases,
+            first_step_cpu_s=self.first_step_cpu_s, warm=self.warm, cpu_share=cpu_share())
+
+    def beat(self, state: str, force: bool = False) -> None:
+        """Write the island's heartbeat, at most every HEARTBEAT_S unless `force`."""
         now = time.time()
         if not force and now - self._last_beat < HEARTBEAT_S:
             return
         if self.emulation.partitioned():
             return  # a cut link carries no heartbeats either
         self._last_beat = now
-        island, pulling, sending = self.island, self.pulling, self.sending
-        self.store.signals.heartbeat(self.name, self.epoch, island.step if island else 0,
-                                     island.tokens if island else 0, state=state,
-                                     bytes_down=pulling.bytes_down, startup_s=self.startup_s,
-                                     pid=os.getpid(), idle_rss=self.idle_rss, pulls=pulling.pulls,
-                                     pull_s=round(pulling.pull_s, 4),
-                                     pull_link_s=round(pulling.pull_link_s, 4),
-                                     sends=sending.sends, send_link_s=round(sending.send_link_s, 4),
-                                     pull_wait_s=round(pulling.pull_wait_s, 4),
-                                     late_globals=pulling.late_globals,
-                                     backpressure_wait_s=round(sending.backpressure_wait_s, 4),
-                                     slot_wait_s=round(sending.slot_wait_s, 4),
-                                     phases=self.phases, first_step_cpu_s=self.first_step_cpu_s,
-                                     warm=self.warm, cpu_share=cpu_share(), **extra)
+        self.store.signals.heartbeat(self.name, self.heartbeat(state))
 
     def _wait_for_globals(self, num_fragments: int) -> dict[int, int]:
         while not self.stopping:
@@ -328,14 +336,14 @@ class ProcessIsland:
         started = time.time()
         if self.group:
             self.group.announce_step(self.island)
-        loss = self.island.inner_step()
+        self.island.inner_step()
         elapsed = time.time() - started
         slow = self.emulation.slowdown()
         if slow > 1.0:
             time.sleep(elapsed * (slow - 1.0))
         self.compute_s += time.time() - started
         if self.startup_s is not None:  # the first step's beat carries the phases: run()
-            self.beat("training", loss=loss, bytes_up=self.sending.bytes_up)
+            self.beat("training")
 
     def run(self) -> int:
         self.setup()
@@ -350,10 +358,7 @@ class ProcessIsland:
         has sent none for two intervals: its step or send is long."""
         if time.time() - self._last_beat < 2 * HEARTBEAT_S or self.startup_s is None:
             return
-        if self.activity == "training":
-            self.beat("training", loss=self.island.last_loss, bytes_up=self.sending.bytes_up)
-        else:
-            self.beat(self.activity)
+        self.beat(self.activity)
 
     def train(self) -> None:
         s = self.config.sync
@@ -369,11 +374,10 @@ class ProcessIsland:
                 self.first_step_cpu_s = round(time.thread_time() - cpu, 3)
                 self.activity = "training"
                 self._phase("first_step")
-                self.startup_s = time.time() - self.started
+                self.startup_s = max(time.time() - self.started, 0.0)
                 self.phases = self.clock.breakdown()
                 # The first "training" heartbeat goes out at once, with no throttle.
-                self.beat("training", force=True, loss=self.island.last_loss,
-                          bytes_up=self.sending.bytes_up)
+                self.beat("training", force=True)
             self.sending.send_again()
             if not self.mix(mix_at):
                 continue  # a whole-job restart, followed before the next step
@@ -433,6 +437,11 @@ def main() -> None:
     log.info("island %s epoch %d of run %s starting on %s", args.island, args.epoch, args.run,
              island.device)
     exit_now(island.run())
+
+
+def _seconds(value: float) -> float:
+    """Seconds as a heartbeat carries them: to 0.1 ms, never below 0."""
+    return round(max(value, 0.0), 4)
 
 
 def rss_bytes() -> int:

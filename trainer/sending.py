@@ -64,8 +64,8 @@ class Sending:
 
     @property
     def bytes_up(self) -> int:
-        """Bytes the link delivered so far."""
-        return self.link.bytes_up
+        """Bytes the link delivered so far (0 before it opens)."""
+        return self.link.bytes_up if self.link else 0
 
     @property
     def sends(self) -> int:

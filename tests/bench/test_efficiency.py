@@ -125,7 +125,3 @@ def test_the_quick_profile_writes_a_complete_measurement():
     assert all(isinstance(c["ok"], bool) for c in data["checks"].values())
     assert data["commit"]
 
-
-def test_pulls_count_the_training_thread_s_time_on_them():
-    assert efficiency.training_thread_pull_s({"pull_s": 2.0, "pull_wait_s": 0.5}) == 0.5
-    assert efficiency.training_thread_pull_s({"pull_s": 2.0}) == 2.0

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench import rejoin, results
+from syncd.records import Heartbeat
 
 
 def sample(warm: bool, first_step: float, lost: float = 0.1, merge: float = 2.0) -> dict:
@@ -123,10 +124,10 @@ class Beating:
     def __init__(self) -> None:
         self.now = 0.0
 
-    def heartbeats(self) -> dict:
+    def heartbeats(self) -> dict[str, Heartbeat]:
         self.now += 0.1
         at = self.now - self.now % 0.5
-        return {"a": {"time": at, "step": 100 + int((at + 1.7) // 2.0)}}
+        return {"a": Heartbeat.bare(1, at, 100 + int((at + 1.7) // 2.0), 0)}
 
 
 def test_the_step_time_before_a_kill_is_whole_steps_however_heartbeats_fall(monkeypatch):

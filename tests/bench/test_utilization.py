@@ -5,11 +5,13 @@ configs)."""
 import pytest
 
 from bench import utilization
+from syncd.records import Heartbeat
 
 
-def beat(step: int, time: float, pull_wait_s: float = 0.0, late_globals: int = 0) -> dict:
-    return {"step": step, "time": time, "pull_wait_s": pull_wait_s, "late_globals": late_globals,
-            "pulls": step // 2, "backpressure_wait_s": 0.0}
+def beat(step: int, time: float, pull_wait_s: float = 0.0, late_globals: int = 0
+         ) -> Heartbeat:
+    return Heartbeat.bare(1, time, step, 0, pull_wait_s=pull_wait_s, late_globals=late_globals,
+                          pulls=step // 2)
 
 
 def test_utilization_is_the_steps_at_bare_speed_over_the_wall_time_between_two_beats():

@@ -3,7 +3,8 @@ frozen clock, updates and heartbeats written as islands write them, and the keys
 run store holds: the helpers of syncd's tests (test_service, test_rounds,
 test_liveness, test_recovery, test_store and its parts' tests)."""
 
-import json
+import time
+from typing import Any
 
 import torch
 
@@ -12,6 +13,7 @@ from diloco.protocol import encode_message
 from diloco.signing import island_key
 from syncd.connection import connect
 from syncd.published_server import PublishedServer
+from syncd.records import Heartbeat
 from syncd.run_keys import RunKeys
 from syncd.service import RunSync
 from syncd.store import RunStore
@@ -73,9 +75,15 @@ def send(sync: RunSync, island: str, fragment: int, seq: int, *, epoch: int = 1,
     sync.store.updates.push_update(island, epoch, fragment, seq, blob)
 
 
+def write_beat(sync: RunSync, island: str, **fields: Any) -> None:
+    """The island's heartbeat: `fields`' figures, the others 0 or not known yet
+    (Heartbeat.bare), as the island writes it."""
+    sync.store.signals.heartbeat(island, Heartbeat.bare(**fields))
+
+
 def heartbeat_all(sync: RunSync) -> None:
     for island in ("a", "b"):
-        sync.store.signals.heartbeat(island, 1, 4, 128, state="training")
+        write_beat(sync, island, epoch=1, time=time.time(), step=4, tokens=128)
 
 
 def merge_once(sync: RunSync) -> None:
@@ -89,9 +97,8 @@ def merge_once(sync: RunSync) -> None:
 
 def beat_at(sync: RunSync, island: str, time: float, *, epoch: int = 1,
             state: str = "training", startup_s: float | None = None) -> None:
-    beat = {"epoch": epoch, "time": time, "step": 4, "tokens": 128, "state": state,
-            "startup_s": startup_s}
-    sync.store.client.hset(sync.store.key("heartbeats"), island, json.dumps(beat))
+    write_beat(sync, island, epoch=epoch, time=time, step=4, tokens=128, state=state,
+               startup_s=startup_s)
 
 
 def stored_keys(store: RunKeys, part: str) -> list[str]:

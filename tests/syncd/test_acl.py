@@ -6,6 +6,7 @@ no keyspace-wide command."""
 from __future__ import annotations
 
 import secrets
+import time
 
 import pytest
 import redis
@@ -25,6 +26,7 @@ from syncd.acl import (
 )
 from syncd.connection import connect
 from syncd.keys import ISLAND_READS, ISLAND_WRITES, RUNS_KEY, island_key_patterns, pool_key
+from syncd.records import Heartbeat
 from syncd.store import RunStore
 
 pytestmark = pytest.mark.integration
@@ -60,13 +62,13 @@ def test_an_island_user_reads_and_writes_its_runs_keys_as_an_island_does(
     assert island.is_active() and island.epochs() == {"a": 1}
     island.updates.wait_for_slot("a", 1, 0, 3, slots=2)
     island.updates.push_update("a", 1, 0, 3, b"x" * 100)
-    island.signals.heartbeat("a", 1, step=3, tokens=12)
+    island.signals.heartbeat("a", Heartbeat.bare(1, time.time(), 3, 12))
     island.signals.save_cursor("a", {"step": 3})
     assert island.signals.cursor("a") == {"step": 3}
     assert island.globals.handled_seq(0, "a") == -1 and island.globals.versions() == {}
     assert not island.control.done() and island.control.stop_requested() is None
     island.signals.clear_fault("a")
-    assert RunStore(client, 7).signals.heartbeats()["a"]["step"] == 3
+    assert RunStore(client, 7).signals.heartbeats()["a"].step == 3
     assert client.xlen(RunStore(client, 7).key("updates")) == 1
     island.updates.clear_after_end("a", 1, 0, 3, 100)  # what it wrote as its run ended
     assert not client.exists(island.key("updates"), island.key("uploads"),

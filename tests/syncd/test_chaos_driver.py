@@ -14,6 +14,7 @@ import pytest
 
 from diloco.chaos import PRESETS, Fault, schedule
 from syncd.chaos_driver import ChaosDriver, ChaosPlan, actions_of
+from syncd.records import Heartbeat
 
 FOUR = {"east-a": "us-east", "east-b": "us-east", "west-a": "us-west", "west-b": "us-west"}
 
@@ -126,7 +127,7 @@ def driver_of(run):
 
 def everyone_trains(run):
     run.liveness.alive = len(FOUR)
-    run.liveness.heartbeats = {n: {"state": "training"} for n in FOUR}
+    run.liveness.heartbeats = {n: Heartbeat.bare(1, 0.0, 0, 0) for n in FOUR}
 
 
 def test_a_run_without_a_preset_gets_no_driver():

@@ -4,12 +4,14 @@ syncd says so in the run's events; a restart of it loses no published global, wh
 syncd's files (syncd.published_files) hold once per merge. Real Redis processes."""
 
 import hashlib
+import time
 
 import pytest
 import redis
 
 from diloco.protocol import SIGNATURE_BYTES, decode_message
 from syncd.connection import connect
+from syncd.records import Heartbeat
 from syncd.store import RunStore
 from tests.syncd.runs import heartbeat_all, make_run_sync, merge_once, send
 from trainer.launch import free_port
@@ -76,14 +78,14 @@ def test_a_full_data_plane_refuses_tensor_writes_while_heartbeats_and_status_go_
 
     with pytest.raises(redis.OutOfMemoryError):
         send(sync, "a", 1, 4)
-    sync.store.signals.heartbeat("a", 1, 8, 256, state="training")
+    sync.store.signals.heartbeat("a", Heartbeat.bare(1, time.time(), 8, 256))
     sync.tick()
     sync.clock_state["now"] += 1.5
     sync.tick()
 
     assert not keys(dataplane_url, "blob:a:1:1:")  # the refused update holds no memory
     assert sync.store.globals.versions()[0] == 0  # the merge waits; nothing half-published
-    assert sync.store.signals.heartbeats()["a"]["step"] == 8
+    assert sync.store.signals.heartbeats()["a"].step == 8
     assert sync.store.status()["seq"] > status_before
     [alert] = alerts(sync, "data-plane Redis is full")
     assert alert["refused"] >= 1

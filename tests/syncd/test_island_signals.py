@@ -1,12 +1,15 @@
 """The islands' signals (syncd.island_signals): heartbeats, deaths, logs, commands,
 data cursors and faults, against a real Redis."""
 
+import dataclasses
+import json
 import time
 
 import pytest
 
 from syncd.connection import connect
 from syncd.island_signals import LOG_TTL_S, IslandSignals
+from syncd.records import Heartbeat
 
 pytestmark = pytest.mark.integration
 
@@ -32,14 +35,11 @@ def test_an_ended_or_cleared_fault_is_no_fault(store):
     assert store.faults(["a", "b"]) == {} and store.faults([]) == {}
 
 
-def test_a_heartbeat_carries_its_epoch_step_tokens_and_what_else_the_island_says(store):
-    store.heartbeat("a", 2, 40, 1280, state="training")
+def test_a_heartbeat_reads_back_as_the_record_the_island_wrote(store):
+    sent = Heartbeat.bare(2, time.time(), 40, 1280, loss=2.5, phases={"pull": 0.5})
+    store.heartbeat("a", sent)
 
-    beat = store.heartbeats()["a"]
-
-    assert {k: beat[k] for k in ("epoch", "step", "tokens", "state")} == {
-        "epoch": 2, "step": 40, "tokens": 1280, "state": "training"}
-    assert abs(beat["time"] - time.time()) < 60
+    assert store.heartbeats() == {"a": sent}
 
 
 def test_a_death_by_a_signal_records_the_signal_and_comes_with_the_epochs(store):
@@ -75,19 +75,24 @@ def test_the_log_lasts_a_week_and_the_cursor_until_replaced(store):
     assert store.cursor("a") == {"step": 8}
 
 
-@pytest.mark.parametrize("value", [b"junk", b"[1, 2]", b'{"epoch": "x", "time": 1, "step": 1, '
-                                   b'"tokens": 1}', b'{"epoch": 1, "time": "now", "step": 1, '
-                                   b'"tokens": 1}', b'{"epoch": 1, "step": 1, "tokens": 1}',
-                                   b'{"epoch": 1, "time": 1e400, "step": 1, "tokens": 1}',
-                                   b'{"epoch": 1, "time": 1, "step": 1, "tokens": 1, "x": "'
-                                   + b"y" * 70_000 + b'"}'])
-def test_a_heartbeat_that_is_not_one_is_left_out_and_the_others_read(store, value):
+def beat_json(**fields: object) -> bytes:
+    return json.dumps({**dataclasses.asdict(Heartbeat.bare(1, 1.0, 1, 1)), **fields}).encode()
+
+
+@pytest.mark.parametrize("value", [b"junk", b"[1, 2]", beat_json(epoch="x"),
+                                   beat_json(time="now"), beat_json(time=None),
+                                   b'{"epoch": 1, "step": 1, "tokens": 1}',
+                                   beat_json(step=2**60), beat_json(state="dancing"),
+                                   beat_json(x="y" * 70_000), beat_json(x=1)])
+def test_a_heartbeat_that_is_not_one_is_left_out_and_the_others_read(store, value, caplog):
     """Islands write the heartbeats hash: whatever one writes there, syncd reads the
-    other islands' heartbeats and none from it."""
-    store.heartbeat("a", 1, step=3, tokens=12)
+    other islands' heartbeats and none from it, and says why once."""
+    store.heartbeat("a", Heartbeat.bare(1, time.time(), 3, 12))
     store.client.hset(store.key("heartbeats"), "b", value)
 
-    assert list(store.heartbeats()) == ["a"]
+    assert list(store.heartbeats()) == list(store.heartbeats()) == ["a"]
+    refused = [r.getMessage() for r in caplog.records if "heartbeat is not one" in r.getMessage()]
+    assert len(refused) == 1 and "island b" in refused[0]
 
 
 @pytest.mark.parametrize("value", [b"junk", b"[]", b'{"until": 1e400}', b'{"kind": "x", '

@@ -3,21 +3,21 @@ its epoch (syncd.liveness.condition), with plain values and a clock of the test'
 then the watch of a RunSync's islands, lost and revived, against a real Redis and the
 real database."""
 
-import json
 import time
 
 import pytest
 
 from syncd.liveness import condition
 from syncd.pool_store import PoolStore
-from tests.syncd.runs import beat_at, send
+from syncd.records import Heartbeat
+from tests.syncd.runs import beat_at, send, write_beat
 from webapp.runs.models import Event
 
 TIMEOUT = 10.0
 
 
 def beat(epoch=1, at=100.0, state="training"):
-    return {"epoch": epoch, "time": at, "state": state}
+    return Heartbeat.bare(epoch, at, 0, 0, state)
 
 
 def death(epoch=1, at=101.0, exit_code=-9):
@@ -99,7 +99,7 @@ def test_a_reported_death_marks_the_island_lost_on_the_next_pass(run_sync):
     assert status["islands"]["a"]["state"] == "lost"
     # The next epoch speaks: revived.
     run_sync.store.set_epoch("a", 2)
-    run_sync.store.signals.heartbeat("a", 2, 0, 0, state="training")
+    write_beat(run_sync, "a", epoch=2, time=time.time(), step=0, tokens=0)
     run_sync.next_control = 0.0
     run_sync.tick()
     assert run_sync.liveness.lost == set()
@@ -135,9 +135,8 @@ def test_a_step_time_that_spans_a_users_pause_does_not_value_useful_steps(run_sy
 def test_the_status_shows_each_islands_step_time_and_share_of_its_hosts_cpu(run_sync):
     def beats(at: float, steps: dict[str, int]) -> None:
         for island, step in steps.items():
-            run_sync.store.client.hset(run_sync.store.key("heartbeats"), island, json.dumps(
-                {"epoch": 1, "time": at, "step": step, "tokens": step * 32,
-                 "state": "training", "cpu_share": {"a": 0.0625, "b": 0.02}[island]}))
+            write_beat(run_sync, island, epoch=1, time=at, step=step, tokens=step * 32,
+                       cpu_share={"a": 0.0625, "b": 0.02}[island])
         run_sync.clock_state["now"] = at
         run_sync.next_control = 0.0
         run_sync.tick()
@@ -158,8 +157,7 @@ def test_a_step_longer_than_the_rate_window_is_shown_whole(run_sync):
     for i in range(20):
         at = 1000.0 + 0.5 * i
         step = 10 + int((at - 999.9) // 2.0)
-        run_sync.store.client.hset(run_sync.store.key("heartbeats"), "a", json.dumps(
-            {"epoch": 1, "time": at, "step": step, "tokens": step * 32, "state": "training"}))
+        write_beat(run_sync, "a", epoch=1, time=at, step=step, tokens=step * 32)
         run_sync.clock_state["now"] = at
         run_sync.next_control = 0.0
         run_sync.tick()
@@ -172,9 +170,8 @@ def test_a_step_longer_than_the_rate_window_is_shown_whole(run_sync):
 @pytest.mark.django_db
 def test_the_status_shows_the_seconds_each_island_waited_for_merges_and_upload_slots(
         run_sync):
-    run_sync.store.client.hset(run_sync.store.key("heartbeats"), "a", json.dumps(
-        {"epoch": 1, "time": 1000.0, "step": 4, "tokens": 128, "state": "training",
-         "backpressure_wait_s": 2.5, "slot_wait_s": 0.75}))
+    write_beat(run_sync, "a", epoch=1, time=1000.0, step=4, tokens=128,
+               backpressure_wait_s=2.5, slot_wait_s=0.75)
     beat_at(run_sync, "b", 1000.0)  # a heartbeat without either
     run_sync.tick()
 

@@ -6,14 +6,21 @@ Updates are written into the run's stream exactly as an island would write
 them (or as an attacker could), and each tick is one pass of the live loop.
 """
 
-import json
 import math
 
 import pytest
 
 from syncd.service import STATUS_CPU_SHARE, STOP_WAIT_S
 from syncd.store import RunStore
-from tests.syncd.runs import CONFIG, TOKENS_PER_STEP, beat_at, heartbeat_all, make_run_sync, send
+from tests.syncd.runs import (
+    CONFIG,
+    TOKENS_PER_STEP,
+    beat_at,
+    heartbeat_all,
+    make_run_sync,
+    send,
+    write_beat,
+)
 from webapp.runs.models import Event, Run
 from webapp.runs.reports import run_summary
 
@@ -106,7 +113,7 @@ def test_the_status_has_each_islands_tokens_per_second_and_the_train_loss(run_sy
         for island in ("a", "b"):
             beat = {"epoch": 1, "time": now, "step": tokens // 32, "tokens": tokens,
                     "state": "training", "loss": loss + (island == "b")}
-            run_sync.store.client.hset(run_sync.store.key("heartbeats"), island, json.dumps(beat))
+            write_beat(run_sync, island, **beat)
         run_sync.next_status = 0.0
         run_sync.tick()
     status = run_sync.store.status()
@@ -120,7 +127,7 @@ def test_each_islands_link_in_the_status_carries_the_bytes_of_the_last_interval(
         for name in ("a", "b"):
             beat = {"epoch": 1, "time": now, "step": 1, "tokens": 32, "state": "training",
                     "bytes_up": sent, "bytes_down": 2 * sent}
-            run_sync.store.client.hset(run_sync.store.key("heartbeats"), name, json.dumps(beat))
+            write_beat(run_sync, name, **beat)
         run_sync.next_status = 0.0
         run_sync.tick()
     scale = run_sync.spec.config.emulation.bytes_scale
@@ -220,7 +227,7 @@ def test_a_stop_saves_and_ends_the_run_even_when_the_final_evaluation_fails(
 def beat_step(sync, island: str, time: float, step: int) -> None:
     beat = {"epoch": 1, "time": time, "step": step, "tokens": step * TOKENS_PER_STEP,
             "state": "training"}
-    sync.store.client.hset(sync.store.key("heartbeats"), island, json.dumps(beat))
+    write_beat(sync, island, **beat)
 
 
 def test_a_syncd_that_takes_a_run_over_credits_only_the_steps_trained_since(

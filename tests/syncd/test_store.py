@@ -3,9 +3,11 @@ release of an ended run), against a real Redis. Its parts have tests of their ow
 test_update_stream, test_globals_store, test_island_signals, test_run_keys."""
 
 import json
+import time
 
 import pytest
 
+from syncd.records import Heartbeat
 from syncd.store import KEPT_AFTER_END, RunStore
 from tests.syncd.runs import FULL, chunk_store, stored_keys
 
@@ -21,7 +23,7 @@ def test_an_ended_run_keeps_only_its_status_and_logs(store):
     store.set_epoch("a", 1)
     store.updates.push_update("a", 1, 0, 4, b"u" * 2500)
     store.globals.publish(0, 1, FULL, b"d" * 10, {"a": 4}, 10, keep=2)
-    store.signals.heartbeat("a", 1, 4, 128, state="training")
+    store.signals.heartbeat("a", Heartbeat.bare(1, time.time(), 4, 128))
     store.signals.save_cursor("a", {"step": 4})
     store.signals.put_log("a", ["a line"])
     store.put_status({"state": "running"})

@@ -2,6 +2,8 @@
 syncd's part is played by the test, which publishes the global fragments and marks
 updates handled."""
 
+import dataclasses
+import json
 import os
 import threading
 import time
@@ -18,6 +20,7 @@ from diloco.island import initial_model
 from diloco.protocol import ProtocolError, decode_message, encode_message
 from diloco.signing import island_key, publish_key
 from syncd.connection import connect
+from syncd.records import Heartbeat
 from syncd.store import RunStore
 from syncd.upload_slots import Ticket
 from trainer.launch import ISLAND_KEY_ENV, REDIS_URL_ENV, island_command
@@ -173,7 +176,7 @@ def test_an_island_trains_on_while_its_merged_fragment_downloads_and_mixes_it_la
         handle(store, 0, first.seq)
         wait_for(lambda: island.island.state[0].version == 1 or None)
         assert island.pulling.late_globals == 1
-        assert wait_for(lambda: store.signals.heartbeats()["island-0"].get("late_globals")
+        assert wait_for(lambda: store.signals.heartbeats()["island-0"].late_globals
                         or None) == 1
         assert island.pulling.pulls == 1
     finally:
@@ -181,6 +184,39 @@ def test_an_island_trains_on_while_its_merged_fragment_downloads_and_mixes_it_la
         thread.join(timeout=30)
         client.close()
     assert not thread.is_alive()
+
+
+def training(store: RunStore) -> Heartbeat | None:
+    """island-0's heartbeat once it says it trains."""
+    beat = store.signals.heartbeats().get("island-0")
+    return beat if beat is not None and beat.state == "training" else None
+
+
+def test_the_heartbeat_record_has_no_defaults_so_the_island_names_every_field():
+    """ProcessIsland.heartbeat builds the record with every field named: a field added
+    to Heartbeat and not written there fails the island's first beat."""
+    assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+               for f in dataclasses.fields(Heartbeat))
+
+
+@pytest.mark.integration
+def test_the_island_writes_every_field_of_its_heartbeat(redis_server, text_path):
+    client = connect(redis_server)
+    client.flushall()
+    store = RunStore(client, 45)
+    _, thread, _ = island_in_a_thread(store, one_island_config(text_path), b"fields")
+    try:
+        beat = wait_for(lambda: training(store))
+        raw = json.loads(client.hget(store.key("heartbeats"), "island-0"))
+        assert set(raw) == {f.name for f in dataclasses.fields(Heartbeat)}
+        assert Heartbeat.from_dict(raw) == store.signals.heartbeats()["island-0"]
+        assert (beat.epoch, beat.pid, beat.warm) == (1, os.getpid(), False)
+        assert beat.step >= 1 and beat.tokens > 0 and beat.loss is not None
+        assert beat.startup_s > 0 and beat.phases and beat.first_step_cpu_s is not None
+    finally:
+        store.control.mark_done()
+        thread.join(timeout=30)
+        client.close()
 
 
 @pytest.mark.integration
@@ -202,12 +238,11 @@ def test_an_island_keeps_its_heartbeat_through_a_long_encode(redis_server, text_
     store = RunStore(client, 43)
     island, thread, _ = island_in_a_thread(store, one_island_config(text_path), b"beats")
     try:
-        wait_for(lambda: store.signals.heartbeats().get("island-0", {}).get("state") == "training"
-                 or None)
+        wait_for(lambda: training(store) or None)
         times: list[float] = []
         deadline = time.monotonic() + 5.0  # past the first send, at step 40
         while time.monotonic() < deadline:
-            beat = store.signals.heartbeats()["island-0"]["time"]
+            beat = store.signals.heartbeats()["island-0"].time
             if not times or beat != times[-1]:
                 times.append(beat)
             time.sleep(0.02)
@@ -277,15 +312,15 @@ def test_an_island_whose_updates_syncd_does_not_merge_stops_sending_after_the_bo
     island, thread, _ = island_in_a_thread(store, config, b"backpressure")
     seqs = [4 * (i + 1) for i in range(bound + 1)]
     try:
-        def held_a_second() -> dict | None:
-            beat = store.signals.heartbeats().get("island-0", {})
-            return beat if beat.get("backpressure_wait_s", 0.0) >= 1.0 else None
+        def held_a_second() -> Heartbeat | None:
+            beat = store.signals.heartbeats().get("island-0")
+            return beat if beat and beat.backpressure_wait_s >= 1.0 else None
 
         beat = wait_for(held_a_second)
         sent = [u.seq for u in store.updates.read_updates(count=100)]
         assert sent == seqs[:-1] and island.island.step == seqs[-1]  # holding the next
-        assert beat["state"] == "waiting"
-        assert time.time() - store.signals.heartbeats()["island-0"]["time"] < 1.0  # still beating
+        assert beat.state == "waiting"
+        assert time.time() - store.signals.heartbeats()["island-0"].time < 1.0  # still beating
         handle(store, 0, 4)
         wait_for(lambda: len(store.updates.read_updates(count=100)) == bound + 1 or None)
         assert [u.seq for u in store.updates.read_updates(count=100)][bound] == seqs[-1]

@@ -87,7 +87,7 @@ def test_a_standby_trains_for_the_run_it_was_claimed_for_and_no_other(
 
     # No syncd publishes version 0 here: it heartbeats "starting" while it waits.
     beat = wait_until(lambda: mine.signals.heartbeats().get("island-0"), 60, "its first heartbeat")
-    assert (beat["pid"], beat["epoch"], beat["warm"]) == (standby.pid, 1, True)
+    assert (beat.pid, beat.epoch, beat.warm) == (standby.pid, 1, True)
     assert policies(standby.pid) == {os.SCHED_OTHER}  # an island now: every thread
     assert other.signals.heartbeats() == {}
     assert mine.signals.heartbeats().keys() == {"island-0"}

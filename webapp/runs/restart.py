@@ -46,7 +46,7 @@ def lost_interval(store: RunStore, now: float) -> dict[str, Any]:
     islands' heartbeats, syncd's status snapshot), which the project's Redis keeps
     across a crash in its append-only file; it is back at `now`.
     """
-    marks = [float(b["time"]) for b in store.signals.heartbeats().values() if "time" in b]
+    marks = [b.time for b in store.signals.heartbeats().values()]
     status = store.status() or {}
     if isinstance(status.get("time"), int | float):
         marks.append(float(status["time"]))

@@ -43,8 +43,8 @@ def test_a_chaos_schedule_kills_an_island_records_the_fault_and_rejoins_it(
                                      "at_s": first.at_s}
     wait_until(lambda: not runner_processes(run, "island-2", 1), 30,
                "the supervisor to kill island-2's first epoch")
-    wait_until(lambda: store.signals.heartbeats().get("island-2", {}).get("epoch") == 2
-               and store.signals.heartbeats()["island-2"].get("state") == "training", 90,
+    wait_until(lambda: (b := store.signals.heartbeats().get("island-2")) is not None
+               and b.epoch == 2 and b.state == "training", 90,
                "island-2's next epoch, started by the schedule, to train")
     assert run.events.filter(kind="rejoin", island__name="island-2").exists()
     assert store.epochs()["island-2"] == 2

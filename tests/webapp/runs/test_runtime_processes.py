@@ -121,7 +121,7 @@ def wait_all_training(store: RunStore, islands: int = 3) -> None:
     """Faults go to islands that are known to be up, not ones still starting."""
     def training() -> bool:
         beats = store.signals.heartbeats()
-        return len(beats) == islands and all(b.get("state") == "training" for b in beats.values())
+        return len(beats) == islands and all(b.state == "training" for b in beats.values())
 
     wait_until(training, 60, f"all {islands} islands to train")
 
@@ -157,8 +157,8 @@ def test_islands_on_a_real_worker_merge_through_syncd_survive_a_kill_and_rejoin(
                "versions to advance without island-0")
 
     rejoin_island(run, "island-0", by=None)
-    wait_until(lambda: store.signals.heartbeats().get("island-0", {}).get("epoch") == 2
-               and store.signals.heartbeats()["island-0"].get("state") == "training", 60,
+    wait_until(lambda: (b := store.signals.heartbeats().get("island-0")) is not None
+               and b.epoch == 2 and b.state == "training", 60,
                "island-0's second epoch to train")
 
     def merged_again() -> bool:
@@ -381,7 +381,7 @@ def test_elastic_mode_rolls_back_and_pauses_every_island_when_one_is_lost(
     assert lost["cause"] == "died"
     wait_until(lambda: store.control.restart()[0] == 1, 30, "a whole-job restart")
     paused = wait_until(lambda: {n for n, b in store.signals.heartbeats().items()
-                                 if b.get("state") == "restarting"}, 10,
+                                 if b.state == "restarting"}, 10,
                         "the survivors to pause for the restart delay")
     assert paused <= survivors
     wait_until(lambda: (store.status() or {}).get("lost_s", {}).get("barrier_wait", 0) > 0,
@@ -453,8 +453,8 @@ def test_a_partitioned_island_is_lost_then_revived_and_a_rejoin_leaves_one_epoch
 
     assert runner_processes(run, "island-2", 1)  # still running when the rejoin is asked
     rejoin_island(run, "island-2", by=None)
-    wait_until(lambda: store.signals.heartbeats().get("island-2", {}).get("epoch") == 2
-               and store.signals.heartbeats()["island-2"].get("state") == "training", 60,
+    wait_until(lambda: (b := store.signals.heartbeats().get("island-2")) is not None
+               and b.epoch == 2 and b.state == "training", 60,
                "island-2's second epoch to train")
     wait_until(lambda: not runner_processes(run, "island-2", 1), 30,
                "the first epoch of island-2 to be gone")
@@ -475,7 +475,7 @@ def test_a_sigkilled_island_is_lost_before_its_heartbeat_could_have_timed_out(
     store = start_and_wait(run, redis_url, 1)
     wait_all_training(store)
 
-    pid = store.signals.heartbeats()["island-1"]["pid"]
+    pid = store.signals.heartbeats()["island-1"].pid
     killed_at = time.monotonic()
     os.kill(pid, signal.SIGKILL)  # from outside: no command, the supervisor sees the exit
     wait_until(lambda: (store.status() or {}).get("islands", {}).get("island-1", {})

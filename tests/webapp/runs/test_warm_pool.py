@@ -25,6 +25,7 @@ from test_runtime_processes import (  # noqa: F401 - fixtures
 from syncd.acl import island_user
 from syncd.connection import connect
 from syncd.pool_store import PoolStore
+from syncd.records import Heartbeat
 from syncd.store import RunStore
 from tests.fixtures import wait_until
 from trainer.island_logs import island_log_path
@@ -58,9 +59,9 @@ def lost(store: RunStore, island: str) -> bool:
     return (store.status() or {}).get("islands", {}).get(island, {}).get("state") == "lost"
 
 
-def trains(store: RunStore, island: str, epoch: int) -> dict | None:
-    beat = store.signals.heartbeats().get(island, {})
-    return beat if beat.get("epoch") == epoch and beat.get("state") == "training" else None
+def trains(store: RunStore, island: str, epoch: int) -> Heartbeat | None:
+    beat = store.signals.heartbeats().get(island)
+    return beat if beat and beat.epoch == epoch and beat.state == "training" else None
 
 
 def kill_and_wait(run: Run, store: RunStore, *islands: str) -> None:
@@ -85,7 +86,7 @@ def test_a_rejoin_claims_a_warm_standby_that_trains_and_an_empty_pool_starts_col
     before = max(int(c["id"]) for c in store.client.client_list())
     rejoin_island(run, "island-0", by=None)
     beat = wait_until(lambda: trains(store, "island-0", 2), 60, "island-0 epoch 2 to train")
-    assert (beat["pid"], beat["warm"]) == (standby, True)
+    assert (beat.pid, beat.warm) == (standby, True)
     # The claimed standby connected, since the rejoin, as the run's Redis user.
     assert [c for c in store.client.client_list()
             if c["user"] == island_user(run.pk) and int(c["id"]) > before]
@@ -103,8 +104,8 @@ def test_a_rejoin_claims_a_warm_standby_that_trains_and_an_empty_pool_starts_col
     rejoin_island(run, "island-2", by=None)
     beats = [wait_until(lambda i=i: trains(store, i, 2), 90, f"{i} epoch 2 to train")
              for i in ("island-1", "island-2")]
-    assert [b["warm"] for b in beats].count(False) >= 1
-    assert beats[0]["pid"] != beats[1]["pid"]
+    assert [b.warm for b in beats].count(False) >= 1
+    assert beats[0].pid != beats[1].pid
     stop_run(run, by=None)
 
 
@@ -122,8 +123,8 @@ def test_two_rejoins_at_once_claim_two_standbys_and_a_stale_claim_is_refused(
     rejoin_island(run, "island-1", by=None)
     beats = [wait_until(lambda i=i: trains(store, i, 2), 60, f"{i} epoch 2 to train")
              for i in ("island-0", "island-1")]
-    assert all(b["warm"] for b in beats)
-    assert {b["pid"] for b in beats} == standbys  # two different processes
+    assert all(b.warm for b in beats)
+    assert {b.pid for b in beats} == standbys  # two different processes
 
     # A claim for island-0's old epoch 1 (it is at 2): refused, and no standby is taken.
     ready = set(wait_ready(redis_url, 1))
@@ -133,7 +134,7 @@ def test_two_rejoins_at_once_claim_two_standbys_and_a_stale_claim_is_refused(
     wait_until(lambda: "claim refused: stale claim: epoch 1" in log.read_text(), 30,
                "the stale claim to be refused")
     assert ready <= set(pool(redis_url)["standbys"])
-    assert store.signals.heartbeats()["island-0"]["pid"] == beats[0]["pid"]
+    assert store.signals.heartbeats()["island-0"].pid == beats[0].pid
     stop_run(run, by=None)
 
 
@@ -163,7 +164,7 @@ def test_a_demo_shaped_run_starts_warm_and_a_rejoin_through_the_api_trains_on_a_
     assert not run.events.filter(kind="alert", detail__has_key="cold_start").exists()
     store = RunStore(connect(redis_url), run.pk)
     wait_all_training(store, islands=4)
-    assert all(beat["warm"] for beat in store.signals.heartbeats().values())
+    assert all(beat.warm for beat in store.signals.heartbeats().values())
     wait_until(lambda: pools.ready("us-east") >= 1, 60, "a standby left ready in us-east")
 
     # The islands that took standbys are filled slots: each region keeps its one
