@@ -16,7 +16,7 @@ bare]:
   the window; each island's step time is the inverse of the slope of its
   heartbeats' step against their time; its pulls the growth of the time its
   training thread spent on them (the heartbeats' pull_wait_s, or pull_s where
-  pulls ran on that thread). The CPU of every process of the start (utime + stime from /proc,
+  pulls ran on that thread). The CPU of every process of the start (user + system time, from psutil,
   sampled every second) is split by kind: islands (the processes the
   heartbeats name), standbys (the pool managers' other children), syncd,
   pool_managers, redis, celery (the workers and their prefork children), web
@@ -59,9 +59,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench import results
 from bench.goodput import make_corpus, wait_islands_stopped
-from bench.procs import processes
+from bench.procs import CLK_TCK, processes
 from bench.system import ROOT, StartedSystem
 from diloco.config import RunConfig
 from diloco.data import load_corpus
@@ -85,7 +87,6 @@ TARGETS = {"ratio": {"tiny": 0.85, "small": 0.90}, "island_step_ratio": 0.95,
 KINDS = ("islands", "standbys", "syncd", "pool_managers", "redis", "celery", "web", "start")
 SAMPLE_S = 1.0
 PHASE_TIMEOUT_S = 1800.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 COLUMNS = ("name", "ratio", "island_step_ratio", "merged_tokens_per_s", "bare_tokens_per_s",
            "island_step_ms", "bare_step_ms", "pull_ms_per_step", "pulls_of_gap",
            "non_island_share", "idle_cpu_share", "machine_busy_training")
@@ -114,12 +115,11 @@ def slope(points: list[tuple[float, float]]) -> float:
     return sum((x - mx) * (y - my) for x, y in points) / sxx
 
 
-# -- CPU from /proc ------------------------------------------------------------
+# -- CPU, from psutil ----------------------------------------------------------
 
 def process_table() -> dict[int, tuple[int, int, str]]:
     """pid -> (parent pid, utime + stime in ticks, command line) of every process."""
-    return {pid: (int(fields[1]), int(fields[11]) + int(fields[12]), cmdline)
-            for pid, fields, cmdline in processes()}
+    return {proc.pid: (proc.ppid, proc.cpu_ticks, proc.cmdline) for proc in processes()}
 
 
 def service_kind(cmdline: str) -> str:
@@ -158,9 +158,12 @@ def kinds_of(root: int, table: dict[int, tuple[int, int, str]], islands: set[int
 
 
 def machine_ticks() -> tuple[int, int]:
-    """(busy, all) ticks of the whole machine since boot (/proc/stat)."""
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
-    idle = values[3] + values[4]  # idle and iowait
+    """(busy, all) ticks of the whole machine since boot: user, nice, system, idle,
+    iowait, irq, softirq and steal, less idle and iowait for busy."""
+    times = psutil.cpu_times()
+    values = [round(getattr(times, name) * CLK_TCK) for name in
+              ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")]
+    idle = values[3] + values[4]
     return sum(values) - idle, sum(values)
 
 

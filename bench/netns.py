@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "arn"
 SUBNET = ipaddress.ip_network("10.249.0.0/24")
@@ -66,6 +68,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _running(pid: int) -> bool:
+    """Whether the process runs still: a zombie has ended."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _namespaces() -> list[str]:
     listed = _ip("netns", "list", check=False).stdout.splitlines()
     return [line.split()[0] for line in listed if line.strip()]
@@ -85,8 +95,7 @@ def _remove_namespace(name: str) -> None:
             os.kill(int(pid), signal.SIGKILL)
     deadline = time.monotonic() + 10
     while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if _alive(int(p)) and Path(f"/proc/{p}").exists()
-                and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1][:3]]
+        pids = [p for p in pids if _running(int(p))]
         time.sleep(0.05)
     _ip("netns", "delete", name, check=False)
 

@@ -241,9 +241,9 @@ def processes_left(groups: list[int], redis_port: int) -> list[str]:
     Redis, anywhere (zombies do not count: nothing is left running)."""
     left = []
     marker = f"127.0.0.1:{redis_port}"
-    for pid, fields, cmdline in processes():
-        if pid == os.getpid() or fields[0] in ("Z", "X"):
+    for proc in processes():
+        if proc.pid == os.getpid() or not proc.running:
             continue
-        if int(fields[2]) in groups or ("trainer.runner" in cmdline and marker in cmdline):
-            left.append(f"{pid}: {cmdline[:160]}")
+        if proc.pgid in groups or ("trainer.runner" in proc.cmdline and marker in proc.cmdline):
+            left.append(f"{proc.pid}: {proc.cmdline[:160]}")
     return left

@@ -2,11 +2,12 @@
 (bench/dataplane.py, bench/utilization.py): a `syncd.service.RunSync` of one run,
 ticked in a loop as `syncd.server.Syncd` ticks it (the same ingest, check, merge and
 publish code), without the lease and the web side's database (an in-memory
-recorder); and what the benchmarks read of a process from /proc.
+recorder); and what the benchmarks read of a process (psutil).
 """
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import time
 from pathlib import Path
@@ -60,11 +61,10 @@ class BenchRecorder:
         pass
 
 
-def rss_of(pid: int | str = "self") -> tuple[int, int]:
-    """(VmRSS, VmHWM) in bytes."""
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text()
-                  .splitlines() if ":" in line)
-    return (int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024)
+def rss_of() -> tuple[int, int]:
+    """(resident memory now, its peak) of this process in bytes."""
+    return (psutil.Process().memory_info().rss,
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+import psutil
+
 from syncd.environment import SettingError, number, text
 
 # The island's environment variable with its launch time (time.time()).
@@ -102,15 +104,15 @@ def end_with_parent(parent_pid: int) -> Callable[[], None] | None:
 
 
 def process_started_at() -> float | None:
-    """When this process was exec'd (time.time() seconds, to the kernel's clock tick),
-    from /proc; None where there is none."""
+    """When this process was exec'd (time.time() seconds, to the kernel's clock tick);
+    None where the system does not say. psutil's create_time counts from a boot time
+    in whole seconds; less that boot time, it is the seconds since boot to the tick,
+    which the clock since boot turns into this clock's time."""
     try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+        since_boot = psutil.Process().create_time() - psutil.boot_time()
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
+    except (psutil.Error, AttributeError):  # AttributeError: no CLOCK_BOOTTIME
         return None
-    since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
-    return time.time() - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def env_time(name: str) -> float | None:

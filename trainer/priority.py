@@ -21,6 +21,8 @@ import logging
 import os
 import threading
 
+import psutil
+
 log = logging.getLogger("archipelago.pool")
 
 
@@ -53,16 +55,18 @@ def go_idle() -> None:
 
 
 def idle_threads() -> list[int]:
-    """The ids of this process's threads at idle priority (none where there is no
-    /proc to list them)."""
-    if not os.path.isdir("/proc/self/task"):
+    """The ids of this process's threads at idle priority (none where the system does
+    not list them)."""
+    try:
+        threads = psutil.Process().threads()
+    except psutil.Error:
         return []
     idle = []
-    for tid in os.listdir("/proc/self/task"):
+    for thread in threads:
         # A thread that ended meanwhile, or a system without the call.
         with contextlib.suppress(OSError, AttributeError):
-            if os.sched_getscheduler(int(tid)) == os.SCHED_IDLE:
-                idle.append(int(tid))
+            if os.sched_getscheduler(thread.id) == os.SCHED_IDLE:
+                idle.append(thread.id)
     return idle
 
 

@@ -28,6 +28,7 @@ import os
 import signal
 import time
 
+import psutil
 import torch
 
 from diloco.config import DEVICES, DataConfig
@@ -446,8 +447,7 @@ def _seconds(value: float) -> float:
 
 def rss_bytes() -> int:
     """This process's resident memory now."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return psutil.Process().memory_info().rss
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from syncd.environment import whole
 
 # A process that keeps dying is started again at most this often.
@@ -352,27 +354,11 @@ def _live_groups(pgids: Sequence[int]) -> set[int]:
     always last the whole timeout.
     """
     wanted = set(pgids)
-    proc = Path("/proc")
-    if not proc.is_dir():
-        alive = set()
-        for pgid in wanted:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                continue
-            except PermissionError:
-                pass
-            alive.add(pgid)
-        return alive
     alive = set()
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        state, group = fields[0], int(fields[2])
-        if group in wanted and state not in ("Z", "X"):
-            alive.add(group)
+    for process in psutil.process_iter(["status"]):
+        if process.info["status"] in (None, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            continue  # ended, or gone meanwhile
+        with contextlib.suppress(ProcessLookupError):
+            if (group := os.getpgid(process.pid)) in wanted:
+                alive.add(group)
     return alive

@@ -135,7 +135,7 @@ def hosts() -> Hosts:
     finally:
         system.down()
     assert network.leftovers() == []
-    assert not [p for p in processes() if network.tag in p[2]]
+    assert not [p for p in processes() if network.tag in p.cmdline]
 
 
 _HELPERS = """

@@ -8,6 +8,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 
@@ -27,8 +28,8 @@ def python(code: str) -> list[str]:
 def gone(pid: int) -> bool:
     """No such process, or only its zombie (a process group member we do not reap)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return True
 
 
