@@ -15,6 +15,11 @@ HEARTBEAT_S = 0.25
 POLL_S = 0.05
 
 
+def heartbeat_seconds(value: float) -> float:
+    """Seconds as a heartbeat carries them: to 0.1 ms, never below 0."""
+    return round(max(value, 0.0), 4)
+
+
 @contextlib.contextmanager
 def beating(beat: Callable[[], None], every_s: float = HEARTBEAT_S) -> Iterator[None]:
     """Call `beat` from a thread every `every_s` while the body runs."""

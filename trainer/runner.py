@@ -58,7 +58,7 @@ from trainer.launch import (
     island_key_from_env,
     process_started_at,
 )
-from trainer.link import HEARTBEAT_S, POLL_S, beating
+from trainer.link import HEARTBEAT_S, POLL_S, beating, heartbeat_seconds
 from trainer.phases import StartClock
 from trainer.pulling import Pulling
 from trainer.sending import Sending
@@ -158,12 +158,12 @@ class ProcessIsland:
             loss=loss if math.isfinite(loss) and loss >= 0 else None,
             bytes_up=sending.bytes_up, bytes_down=pulling.bytes_down,
             startup_s=self.startup_s, pid=os.getpid(), idle_rss=self.idle_rss,
-            pulls=pulling.pulls, pull_s=_seconds(pulling.pull_s),
-            pull_link_s=_seconds(pulling.pull_link_s), sends=sending.sends,
-            send_link_s=_seconds(sending.send_link_s), pull_wait_s=_seconds(pulling.pull_wait_s),
-            late_globals=pulling.late_globals,
-            backpressure_wait_s=_seconds(sending.backpressure_wait_s),
-            slot_wait_s=_seconds(sending.slot_wait_s), phases=self.phases,
+            pulls=pulling.pulls, pull_s=heartbeat_seconds(pulling.pull_s),
+            pull_link_s=heartbeat_seconds(pulling.pull_link_s), sends=sending.sends,
+            send_link_s=heartbeat_seconds(sending.send_link_s),
+            pull_wait_s=heartbeat_seconds(pulling.pull_wait_s), late_globals=pulling.late_globals,
+            backpressure_wait_s=heartbeat_seconds(sending.backpressure_wait_s),
+            slot_wait_s=heartbeat_seconds(sending.slot_wait_s), phases=self.phases,
             first_step_cpu_s=self.first_step_cpu_s, warm=self.warm, cpu_share=cpu_share())
 
     def beat(self, state: str, force: bool = False) -> None:
@@ -438,11 +438,6 @@ def main() -> None:
     log.info("island %s epoch %d of run %s starting on %s", args.island, args.epoch, args.run,
              island.device)
     exit_now(island.run())
-
-
-def _seconds(value: float) -> float:
-    """Seconds as a heartbeat carries them: to 0.1 ms, never below 0."""
-    return round(max(value, 0.0), 4)
 
 
 def rss_bytes() -> int:
