@@ -29,8 +29,10 @@ token ids instead (uint8 for bytes, uint16 below 65,536 ids, else uint32), each
 document followed by the tokenizer's EOS (diloco/prepare.py), and the folder's key
 holds the tokenizer (its kind and size, or its file's sha256) and data.text_field.
 The manifest then names the tokenizer (its sha256, a `train` one's file beside the
-splits), the records skipped, and `test_bytes_per_token`: the UTF-8 bytes of the
-test split's text per token, which bits per byte divides by.
+splits), the records skipped, and `bytes_per_token`: for each held-out split, the
+UTF-8 bytes of its text per token, measured on that split, which bits per byte of a
+loss on it divides by (a manifest of ids without it, from an earlier preparation, is
+prepared again).
 """
 
 from __future__ import annotations
@@ -243,7 +245,8 @@ def _manifest(folder: Path) -> dict[str, Any] | None:
 def _is_current(manifest: dict[str, Any] | None, folder: Path, current: str) -> bool:
     """Whether the manifest is of this format and source state, with its files whole."""
     if not manifest or manifest.get("format") != FORMAT \
-            or manifest.get("fingerprint") != current:
+            or manifest.get("fingerprint") != current \
+            or ("tokenizer" in manifest and "bytes_per_token" not in manifest):
         return False
     try:
         return all((folder / manifest["splits"][s]["file"]).stat().st_size
@@ -347,13 +350,17 @@ class ShardSampler:
         self.generator.set_state(state)
 
 
-def bytes_per_token(meta: dict[str, Any]) -> float:
-    """Bytes of source text per token of the held-out test split, from a prepared corpus'
-    manifest (`test_bytes_per_token`); absent, the bytes tokenizer: 1.0. Bits per byte
-    are a loss in nats per token / ln 2 / this."""
-    value = meta.get("test_bytes_per_token", 1.0)
+def bytes_per_token(meta: dict[str, Any], split: str) -> float:
+    """Bytes of source text per token of the held-out `split` ("validation" or "test"),
+    from a prepared corpus' manifest (`bytes_per_token`, measured on that split);
+    absent, the bytes tokenizer's text files: 1.0. Bits per byte of a loss on `split`
+    are that loss in nats per token / ln 2 / this."""
+    if split not in HELD_OUT:
+        raise ValueError(f"bytes per token are of a held-out split, not {split!r}")
+    value = meta.get("bytes_per_token", {}).get(split, 1.0)
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"test_bytes_per_token must be a positive number, got {value!r}")
+        raise ValueError(f"bytes_per_token of {split} must be a positive number, "
+                         f"got {value!r}")
     return float(value)
 
 

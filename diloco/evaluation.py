@@ -38,8 +38,8 @@ class Evaluator:
 
     def __init__(self, config: RunConfig, corpus: Corpus, split: str, device: str = "cpu"):
         self.device = device
-        # Bytes of text per token of the held-out text: bits per byte divide by it.
-        self.bytes_per_token = bytes_per_token(corpus.meta)
+        # Bytes of text per token of this split's text: bits per byte divide by it.
+        self.bytes_per_token = bytes_per_token(corpus.meta, split)
         with torch.device("meta"):  # no tensors of its own: each call assigns them
             self.model = build_model(gpt_config(config), init=False)
         self.batches = [(x.to(device), y.to(device)) for x, y in

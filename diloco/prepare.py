@@ -6,7 +6,8 @@ Used for every corpus but one of text files under the bytes tokenizer, which
 diloco/data.py copies byte for byte as before. Each document goes to the split that
 a hash of its key draws (split_of: a text file's relative path, a record's path and
 line or row), so held-out text is whole documents; a held-out split left empty
-(one text file, too few documents) takes its share of the ids from the end of train.
+(one text file, too few documents) takes its share of the ids from the end of train,
+and its text bytes are measured by decoding those ids.
 A `train` tokenizer is trained first, on the train split's documents (one more
 pass), and written beside the splits. Memory holds one batch of text and its ids.
 """
@@ -106,7 +107,7 @@ def write_splits(source: Source, tokenizer: tokenizers.Tokenizer,
     for split in SPLITS:
         _flush(pending[split], tokenizer, dtype, out[split])
     width = dtype().itemsize
-    _fill_held_out(out, text_bytes, width, source.eval_fraction)
+    _fill_held_out(out, text_bytes, tokenizer, dtype, source.eval_fraction)
     tokens = {s: f.tell() // width for s, f in out.items()}
     if tokens["train"] < MIN_TRAIN or min(tokens[s] for s in HELD_OUT) < MIN_HELD_OUT:
         raise ValueError(f"corpus at {str(source.root)!r} is too small: " + ", ".join(
@@ -116,7 +117,7 @@ def write_splits(source: Source, tokenizer: tokenizers.Tokenizer,
                     "%r (%s)", source.root, skipped.bad_json, skipped.no_text,
                     source.text_field, "; ".join(skipped.examples))
     return {"dtype": np.dtype(dtype).name, "tokens": tokens, "text_bytes": text_bytes,
-            "test_bytes_per_token": text_bytes["test"] / tokens["test"],
+            "bytes_per_token": {s: text_bytes[s] / tokens[s] for s in HELD_OUT},
             "skipped_records": skipped.as_dict()}
 
 
@@ -135,18 +136,32 @@ def _flush(batch: list[Piece], tokenizer: tokenizers.Tokenizer, dtype: Any,
     batch.clear()
 
 
-def _fill_held_out(out: dict[str, BinaryIO], text_bytes: dict[str, int], width: int,
-                   eval_fraction: float) -> None:
+def _fill_held_out(out: dict[str, BinaryIO], text_bytes: dict[str, int],
+                   tokenizer: tokenizers.Tokenizer, dtype: Any, eval_fraction: float) -> None:
     """A held-out split left empty takes eval_fraction of train's ids from its end (as
-    diloco/data.py does with bytes); its text bytes are train's in proportion."""
-    train_ids = out["train"].tell() // width
-    share = int(train_ids * eval_fraction)
+    diloco/data.py does with bytes); its text bytes are measured on those ids."""
+    width = np.dtype(dtype).itemsize
+    share = int(out["train"].tell() // width * eval_fraction)
     for split in HELD_OUT:
         if out[split].tell() == 0 and share:
-            moved = text_bytes["train"] * share // max(out["train"].tell() // width, 1)
             move_tail(out["train"], out[split], out["train"].tell() - share * width)
+            moved = text_bytes_of(out[split], tokenizer, dtype)
             text_bytes[split] += moved
             text_bytes["train"] -= moved
+
+
+def text_bytes_of(ids_file: BinaryIO, tokenizer: tokenizers.Tokenizer, dtype: Any) -> int:
+    """The UTF-8 bytes of the text the ids in `ids_file` decode to, EOS left out, read
+    CHUNK bytes at a time (a character split between two reads counts as the
+    replacement character's bytes: a few bytes per CHUNK at most)."""
+    ids_file.seek(0)
+    total = 0
+    while block := ids_file.read(CHUNK):
+        ids = np.frombuffer(block, dtype=dtype)
+        if tokenizer.eos is not None:
+            ids = ids[ids != tokenizer.eos]
+        total += len(tokenizer.decode(ids.tolist()).encode())
+    return total
 
 
 def prepare_tokens(source: Source, folder: Path, temps: dict[str, Path]) -> dict[str, Any]:

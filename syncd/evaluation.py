@@ -14,8 +14,8 @@ behind it; the loss is picked up on a later tick. The final one, at the budget, 
 in line. The batches are read once, from the validation split: what a run shows and
 what its settings are tuned by is never the test split that the benchmarks report
 (diloco/data.py). Each loss is in nats per token and in bits per byte, divided by the
-prepared corpus' bytes of text per token (diloco.data.bytes_per_token: measured on the
-test split, whose files are drawn by the same hash as validation's; 1 for bytes).
+prepared corpus' bytes of text per token of the validation split it evaluates
+(diloco.data.bytes_per_token: measured on that split's text; 1 for bytes).
 """
 
 from __future__ import annotations

@@ -356,13 +356,16 @@ def test_opening_a_prepared_corpus_does_not_read_it(tmp_path):
     assert x.shape == (8, 64) and x.dtype == torch.long
 
 
-def test_bytes_per_token_is_one_for_the_bytes_tokenizer_and_the_manifest_figure_otherwise():
-    assert bytes_per_token({"format": 2}) == 1.0
-    assert bytes_per_token({"test_bytes_per_token": 3.75}) == 3.75
-    assert bytes_per_token({"test_bytes_per_token": 4}) == 4.0
+def test_bytes_per_token_is_one_for_the_bytes_tokenizer_and_the_splits_figure_otherwise():
+    meta = {"bytes_per_token": {"validation": 3.75, "test": 4}}
+    assert bytes_per_token({"format": 2}, "validation") == 1.0
+    assert bytes_per_token(meta, "validation") == 3.75
+    assert bytes_per_token(meta, "test") == 4.0
+    with pytest.raises(ValueError, match="held-out"):
+        bytes_per_token(meta, "train")
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, "3", None, True, float("nan")])
 def test_bytes_per_token_refuses_a_figure_that_is_not_a_positive_number(bad):
-    with pytest.raises(ValueError, match="test_bytes_per_token"):
-        bytes_per_token({"test_bytes_per_token": bad})
+    with pytest.raises(ValueError, match="bytes_per_token of test"):
+        bytes_per_token({"bytes_per_token": {"test": bad}}, "test")

@@ -26,7 +26,8 @@ def test_bits_per_byte_refuses_bytes_per_token_that_is_not_positive(per_token):
         bits_per_byte(2.0, per_token)
 
 
-def test_the_evaluator_takes_the_bytes_per_token_of_its_prepared_corpus(tmp_path, monkeypatch):
+def test_the_evaluator_takes_the_bytes_per_token_of_the_split_it_evaluates(tmp_path,
+                                                                          monkeypatch):
     monkeypatch.setenv("DATA_DIR", str(tmp_path / "data"))
     text = tmp_path / "corpus.txt"
     text.write_text("the islands train and the merge goes on.\n" * 400)
@@ -36,5 +37,7 @@ def test_the_evaluator_takes_the_bytes_per_token_of_its_prepared_corpus(tmp_path
     corpus = load_corpus(str(text), 0.05, data_dir())
 
     assert Evaluator(config, corpus, "validation").bytes_per_token == 1.0  # bytes
-    tokenized = replace(corpus, meta={**corpus.meta, "test_bytes_per_token": 3.5})
+    tokenized = replace(corpus, meta={**corpus.meta,
+                                      "bytes_per_token": {"validation": 3.5, "test": 4.5}})
     assert Evaluator(config, tokenized, "validation").bytes_per_token == 3.5
+    assert Evaluator(config, tokenized, "test").bytes_per_token == 4.5

@@ -44,16 +44,54 @@ def test_a_trained_bpe_prepares_whole_documents_each_ended_by_its_eos(jsonl, tmp
     assert corpus.meta["skipped_records"]["no_text"] == 1
 
 
-def test_test_bytes_per_token_is_the_test_splits_text_bytes_per_token(jsonl, tmp_path):
+def measured(corpus, split: str, tokenizer: Tokenizer) -> float:
+    """The UTF-8 bytes of the split's text (EOS left out) per token of it."""
+    return len("".join(documents(corpus, split, tokenizer)).encode()) / len(
+        getattr(corpus, split))
+
+
+@pytest.mark.parametrize("split", ["validation", "test"])
+def test_bytes_per_token_of_a_held_out_split_is_measured_on_that_splits_text(
+        jsonl, tmp_path, split):
     corpus = load_corpus(str(jsonl), 0.05, tmp_path / "data", tokenizer="train",
                          vocab_size=500)
 
     folder = next((tmp_path / "data" / "prepared").iterdir())
     tokenizer = Tokenizer((folder / TOKENIZER_FILE).read_text())
-    text = "".join(documents(corpus, "test", tokenizer))
-    assert bytes_per_token(corpus.meta) == pytest.approx(
-        len(text.encode()) / len(corpus.test), rel=1e-12)
-    assert bytes_per_token(corpus.meta) > 2  # merges: several bytes a token
+    assert bytes_per_token(corpus.meta, split) == pytest.approx(
+        measured(corpus, split, tokenizer), rel=1e-12)
+    assert bytes_per_token(corpus.meta, split) > 2  # merges: several bytes a token
+    other = "test" if split == "validation" else "validation"
+    assert bytes_per_token(corpus.meta, split) != bytes_per_token(corpus.meta, other)
+
+
+def test_a_held_out_split_taken_from_trains_end_has_its_bytes_per_token_measured(tmp_path):
+    words = ["a", "bb", "ccc", "dddd", "ü", "€€", "islands", "merge"]
+    text = " ".join(words[i % len(words)] * (1 + i % 5) for i in range(6000))
+    path = tmp_path / "one.txt"  # one text file: both held-out splits from train's end
+    path.write_text("plain ascii words only. " * 400 + text)
+    corpus = load_corpus(str(path), 0.1, tmp_path / "data", tokenizer="train",
+                         vocab_size=300)
+
+    folder = next((tmp_path / "data" / "prepared").iterdir())
+    tokenizer = Tokenizer((folder / TOKENIZER_FILE).read_text())
+    for split in ("validation", "test"):
+        assert bytes_per_token(corpus.meta, split) == pytest.approx(
+            measured(corpus, split, tokenizer), rel=1e-3)
+
+
+def test_an_earlier_manifest_without_bytes_per_token_is_prepared_again(jsonl, tmp_path):
+    load_corpus(str(jsonl), 0.05, tmp_path / "data", tokenizer="train", vocab_size=500)
+    manifest = next((tmp_path / "data" / "prepared").iterdir()) / "manifest.json"
+    earlier = json.loads(manifest.read_text())
+    del earlier["bytes_per_token"]
+    manifest.write_text(json.dumps(earlier))
+
+    corpus = load_corpus(str(jsonl), 0.05, tmp_path / "data", tokenizer="train",
+                         vocab_size=500)
+
+    assert "bytes_per_token" in json.loads(manifest.read_text())
+    assert bytes_per_token(corpus.meta, "validation") > 2
 
 
 def test_every_host_trains_the_same_tokenizer_and_ids(jsonl, tmp_path):

@@ -104,7 +104,7 @@ def test_its_bits_per_byte_divide_by_the_bytes_per_token_of_the_corpus_it_read(
     run_config = config(tmp_path)
     real = data.load_corpus
     monkeypatch.setattr(data, "load_corpus", lambda *a, **k: replace(
-        real(*a, **k), meta={"test_bytes_per_token": 4.0}))
+        real(*a, **k), meta={"bytes_per_token": {"validation": 4.0, "test": 9.0}}))
     evaluation = GlobalEval(run_config)
 
     loss = evaluation(dict(initial_model(run_config).state_dict()))
