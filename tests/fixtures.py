@@ -2,7 +2,9 @@
 and their signed-in clients, island tasks recorded instead of sent, the data roots the
 tests' corpora live under, a data folder of one's own, the demo form's post, a manager
 of the one-command start's processes, a running run of three islands, a whole system
-of its own; and `wait_until`, the one way the tests wait for something to happen.
+of its own; and `wait_until`, the one way the tests wait for something to happen, and the
+small helpers several test files share: `python` (a command line of a Python snippet),
+`tagged` (a message with its island's tag) and `redis_users` (the users a Redis has).
 
 A viewer may look; an operator (a member of the "operators" group) may create, run,
 break and heal runs; an admin (a superuser) may do everything. The users have no
@@ -13,11 +15,14 @@ A folder's conftest.py imports the ones its tests use.
 
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import blake3
 import pytest
+import redis
 from django.test import Client
 
 from tests.webapp.runs.three_islands import THREE_ISLANDS
@@ -43,6 +48,22 @@ def wait_until(condition: Callable[[], object], timeout: float = 10.0,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def python(code: str) -> list[str]:
+    """The command line that runs the Python snippet `code` (dedented) in a process."""
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def tagged(body: bytes, key: bytes) -> bytes:
+    """`body` ended by its tag: its BLAKE3 hash keyed with the island's key, as an
+    island sends an update (diloco/protocol.py)."""
+    return body + blake3.blake3(body, key=key).digest()
+
+
+def redis_users(client: redis.Redis) -> set[str]:
+    """The users a Redis has (ACL USERS): the default one and each island's."""
+    return {u.decode() for u in client.execute_command("ACL", "USERS")}
 
 
 @pytest.fixture

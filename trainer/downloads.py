@@ -5,9 +5,9 @@ steps that follow its send. So the island asks for fragment p right after it
 sends p (`request`); a thread of its own waits until syncd has handled that
 update, reads the newest published messages, checks and decodes them, and holds
 them for the emulated link's time on top: over a real link the message is checked
-and decoded once its last byte is in, so the two add up (bench wan: with the larger
-of the two instead, a pull took 16% less than over a link the kernel shapes at the
-same rate; with their sum, within the 15% the emulation must keep). At its mixing step
+and decoded once its last byte is in, so the two add up (the larger of the two alone
+makes a pull shorter than over a link the kernel shapes at the same rate, which
+`python -m bench wan` compares the emulation with). At its mixing step
 the island takes what has arrived (`take`); a global not there yet is mixed at
 a later step where it is. Modes that wait for the merge by design (tau = 0,
 elastic's barrier) `wait` for it.

@@ -24,6 +24,7 @@ from diloco.signing import (
     redis_password,
     verify_key_hex,
 )
+from tests.fixtures import tagged
 
 RUN_SECRET = b"run-7-secret"
 SECRET = island_key(RUN_SECRET, "island-1", 2)  # the key of the island UPDATE_META names
@@ -34,10 +35,6 @@ UPDATE_META = {"run": "run-7", "island": "island-1", "epoch": 2, "fragment": 3,
                "compute_s": 12.5, "codec": "int4"}
 GLOBAL_META = {"run": "run-7", "fragment": 0, "version": 12, "base_version": 11,
                "codec": "none"}
-
-
-def sign(body: bytes, secret: bytes = SECRET) -> bytes:
-    return body + blake3.blake3(body, key=secret).digest()
 
 
 def update_blob() -> bytes:
@@ -207,7 +204,7 @@ def test_it_rejects_a_message_cut_short_even_with_room_for_a_tag():
 
 
 def test_it_rejects_correctly_signed_bytes_that_are_not_safetensors():
-    garbage = sign(b"\x00" * 7 + b"\xff" + b"this is not a tensor file at all")
+    garbage = tagged(b"\x00" * 7 + b"\xff" + b"this is not a tensor file at all", SECRET)
 
     with pytest.raises(ProtocolError, match="does not fit"):
         decode_message(garbage, SECRET)
@@ -218,7 +215,7 @@ def test_it_rejects_a_correctly_signed_header_that_is_not_json():
     body = struct.pack("<Q", len(header)) + header + b"\x00" * 16
 
     with pytest.raises(ProtocolError, match="not a safetensors message"):
-        decode_message(sign(body), SECRET)
+        decode_message(tagged(body, SECRET), SECRET)
 
 
 def test_it_rejects_a_correctly_signed_header_nested_too_deep_as_a_protocol_error():
@@ -226,7 +223,7 @@ def test_it_rejects_a_correctly_signed_header_nested_too_deep_as_a_protocol_erro
     body = struct.pack("<Q", len(header)) + header
 
     with pytest.raises(ProtocolError, match="not a safetensors message"):
-        decode_message(sign(body), SECRET)
+        decode_message(tagged(body, SECRET), SECRET)
 
 
 def test_it_rejects_metadata_nested_too_deep_as_a_protocol_error():
@@ -235,7 +232,7 @@ def test_it_rejects_metadata_nested_too_deep_as_a_protocol_error():
     body = save_tensors({"x": torch.ones(2)}, metadata=header)
 
     with pytest.raises(ProtocolError, match="metadata is missing or malformed"):
-        decode_message(sign(body), SECRET)
+        decode_message(tagged(body, SECRET), SECRET)
 
 
 def test_it_rejects_another_protocol_version():
@@ -244,7 +241,7 @@ def test_it_rejects_another_protocol_version():
     body = save_tensors({"x": torch.ones(2)}, metadata=header)
 
     with pytest.raises(ProtocolError, match=f"protocol version '{PROTOCOL_VERSION + 1}'"):
-        decode_message(sign(body), SECRET)
+        decode_message(tagged(body, SECRET), SECRET)
 
 
 def test_it_rejects_a_message_of_an_unknown_kind():
@@ -252,7 +249,7 @@ def test_it_rejects_a_message_of_an_unknown_kind():
     body = save_tensors({"x": torch.ones(2)}, metadata=header)
 
     with pytest.raises(ProtocolError, match="unknown message kind 'rollback'"):
-        decode_message(sign(body), SECRET)
+        decode_message(tagged(body, SECRET), SECRET)
 
 
 def test_it_rejects_a_message_with_malformed_metadata():
@@ -261,7 +258,7 @@ def test_it_rejects_a_message_with_malformed_metadata():
     body = save_tensors({"x": torch.ones(2)}, metadata=header)
 
     with pytest.raises(ProtocolError, match="metadata is missing or malformed"):
-        decode_message(sign(body), SECRET)
+        decode_message(tagged(body, SECRET), SECRET)
 
 
 def test_it_rejects_a_message_over_the_size_limit_before_checking_it():

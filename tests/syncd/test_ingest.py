@@ -16,7 +16,6 @@ import json
 import math
 import struct
 
-import blake3
 import pytest
 import torch
 from safetensors.torch import save as save_tensors
@@ -29,6 +28,7 @@ from syncd.ingest import NORM_WARMUP, IslandFacts, all_finite, check_update, mes
 from syncd.service import RunSync
 from syncd.store import RunStore
 from syncd.update_stream import UpdateRef
+from tests.fixtures import tagged
 from tests.syncd import runs
 from webapp.runs.models import Event
 from webapp.runs.records import DatabaseRecorder
@@ -68,10 +68,6 @@ def key_of(sync: RunSync, island: str, epoch: int = 1) -> bytes:
     return island_key(sync.spec.secret, island, epoch)
 
 
-def sign(body: bytes, secret: bytes) -> bytes:
-    return body + blake3.blake3(body, key=secret).digest()
-
-
 def push(sync: RunSync, island: str, seq: int, blob: bytes) -> None:
     sync.store.updates.push_update(island, 1, 0, seq, blob)
 
@@ -94,19 +90,19 @@ def a_few_bytes(sync):
 
 
 def not_safetensors(sync):
-    return sign(b"this is not a safetensors message, whatever its length says", key_of(sync, "a"))
+    return tagged(b"this is not a safetensors message, whatever its length says", key_of(sync, "a"))
 
 
 def bad_header_json(sync):
     header = b"{not json"
-    return sign(struct.pack("<Q", len(header)) + header, key_of(sync, "a"))
+    return tagged(struct.pack("<Q", len(header)) + header, key_of(sync, "a"))
 
 
 def header_of(sync, entry: dict, meta: dict | None = None) -> bytes:
     """A signed message whose safetensors header holds `entry` as its one tensor."""
     header = json.dumps({"__metadata__": meta if meta is not None else {"x": "y"},
                          "t": entry}).encode()
-    return sign(struct.pack("<Q", len(header)) + header, key_of(sync, "a"))
+    return tagged(struct.pack("<Q", len(header)) + header, key_of(sync, "a"))
 
 
 def shape_past_any_number(sync):

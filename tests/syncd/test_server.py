@@ -12,6 +12,7 @@ from syncd.hooks import Hooks
 from syncd.server import USER_SWEEP_S, Syncd
 from syncd.service import RunSync
 from syncd.store import RunStore
+from tests.fixtures import redis_users
 from webapp.runs.lifecycle import create_run
 from webapp.runs.syncd_wiring import web_hooks
 
@@ -63,17 +64,17 @@ def test_syncd_makes_a_served_runs_lost_island_user_again_and_deletes_an_ended_r
     clock = [0.0]
     served = Syncd(redis_url, tmp_path, web_hooks(), clock=lambda: clock[0])
     served.tick()  # serves the run: its RunSync is built
-    assert island_user(run.pk) not in island_users(client)  # as after a Redis restart
+    assert island_user(run.pk) not in redis_users(client)  # as after a Redis restart
 
     clock[0] += USER_SWEEP_S
     served.tick()
-    assert island_user(run.pk) in island_users(client)
+    assert island_user(run.pk) in redis_users(client)
 
     store.release(linger_s=1)
     client.delete(store.key("spec"))  # its linger passed
     clock[0] += USER_SWEEP_S
     served.tick()
-    assert island_user(run.pk) not in island_users(client)
+    assert island_user(run.pk) not in redis_users(client)
 
 
 def test_syncd_keeps_the_island_users_on_the_data_plane_by_the_runs_on_the_control_plane(
@@ -89,19 +90,15 @@ def test_syncd_keeps_the_island_users_on_the_data_plane_by_the_runs_on_the_contr
     try:
         clock[0] += USER_SWEEP_S
         served.tick()  # the data plane restarted: it knew no user
-        assert island_user(run.pk) in island_users(data)
+        assert island_user(run.pk) in redis_users(data)
 
         store.release(linger_s=1)
         client.delete(store.key("spec"))  # the run's linger passed, on the control plane
         clock[0] += USER_SWEEP_S
         served.tick()
-        assert island_user(run.pk) not in island_users(data)
+        assert island_user(run.pk) not in redis_users(data)
     finally:
         delete_island_user(data, run.pk)
-
-
-def island_users(client) -> set[str]:
-    return {u.decode() for u in client.execute_command("ACL", "USERS")}
 
 
 def active_runs(redis_url: str, count: int) -> list[str]:

@@ -1,19 +1,14 @@
 """Fakes for the island supervisor's tests: a store that stands in for Redis and
 training loops in miniature, as child processes."""
 
-import sys
-import textwrap
 from pathlib import Path
 
 import redis
 
+from tests.fixtures import python
 from trainer.supervisor import IslandSupervisor
 
 POLL_S = 0.02
-
-
-def python(code: str) -> list[str]:
-    return [sys.executable, "-c", textwrap.dedent(code)]
 
 
 # A training loop in miniature: says it is ready, then works; on SIGTERM it finishes

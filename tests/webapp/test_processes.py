@@ -3,8 +3,6 @@ in order, kills what ignores SIGTERM and starts again what dies; and the Redis s
 it runs. When the manager itself is killed, its guard stops the rest (test_guard.py)."""
 
 import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import psutil
 import pytest
 import redis
 
+from tests.fixtures import python
 from trainer.launch import free_port
 from webapp.processes import (
     MAX_VALUE_MB,
@@ -19,10 +18,6 @@ from webapp.processes import (
     start_scratch_redis,
     wait_for,
 )
-
-
-def python(code: str) -> list[str]:
-    return [sys.executable, "-c", textwrap.dedent(code)]
 
 
 def gone(pid: int) -> bool:

@@ -15,6 +15,7 @@ from syncd.acl import island_url, island_user
 from syncd.connection import connect
 from syncd.pool_store import PoolStore
 from syncd.store import RunStore
+from tests.fixtures import redis_users
 from tests.webapp.runs.three_islands import THREE_ISLANDS, commands
 from webapp.runs.lifecycle import (
     checkpoint_now,
@@ -62,10 +63,6 @@ def test_start_run_publishes_the_spec_and_enqueues_each_island_on_its_region(
                                                          ("running", operator.pk)]
 
 
-def island_users(client) -> set[str]:
-    return {u.decode() for u in client.execute_command("ACL", "USERS")}
-
-
 def test_a_started_runs_islands_have_a_redis_user_of_their_own_until_it_is_deleted(
         running, store, operator, redis_url):
     s = store(running)
@@ -80,7 +77,7 @@ def test_a_started_runs_islands_have_a_redis_user_of_their_own_until_it_is_delet
     running.refresh_from_db()
     delete_run(running, operator)
 
-    assert island_user(running.pk) not in island_users(s.client)
+    assert island_user(running.pk) not in redis_users(s.client)
 
 
 def test_a_redis_that_makes_no_island_user_starts_the_run_and_says_so(
@@ -101,7 +98,7 @@ def test_a_redis_that_makes_no_island_user_starts_the_run_and_says_so(
     assert run.state == Run.State.RUNNING and len(enqueued) == 3
     (alert,) = run.events.filter(kind=Event.Kind.ALERT)
     assert alert.detail["message"].startswith("Redis made no island user")
-    assert island_user(run.pk) not in island_users(admin)
+    assert island_user(run.pk) not in redis_users(admin)
 
 
 def test_a_run_can_be_started_once(running, enqueued, operator):
