@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 
 from diloco.config import RunConfig
+from syncd.corpus import RunCorpus
 from syncd.environment import data_dir
 
 MIN_GAP_S = 5.0
@@ -49,13 +50,17 @@ class GlobalEval:
         min_gap_s: the least time between two evaluations on syncd's clock.
         cpu_share: the share of the host's CPU (0 to 1) live evaluation takes on average.
         cores: the host's cores; default those this process may run on.
+        corpus: the run's corpus, prepared in the background (syncd/corpus.py); default
+            one of its own, in syncd's data directory.
     """
 
     def __init__(self, config: RunConfig, min_gap_s: float = MIN_GAP_S,
-                 cpu_share: float = EVAL_CPU_SHARE, cores: int | None = None):
+                 cpu_share: float = EVAL_CPU_SHARE, cores: int | None = None,
+                 corpus: RunCorpus | None = None):
         if not 0 < cpu_share <= 1:
             raise ValueError(f"cpu_share must be above 0 and at most 1, got {cpu_share}")
         self.config = config
+        self.corpus = corpus or RunCorpus(config.data, data_dir())
         self.min_gap_s = min_gap_s
         self.cpu_per_s = cpu_share * (cores or host_cores())  # CPU seconds per second
         self.next_step = config.eval.interval_steps
@@ -128,9 +133,7 @@ class GlobalEval:
         evaluation still running in the background."""
         with self._evaluating:
             if self._evaluator is None:
-                from diloco.data import run_corpus
                 from diloco.evaluation import Evaluator
 
-                corpus = run_corpus(self.config.data, data_dir())
-                self._evaluator = Evaluator(self.config, corpus, "validation")
+                self._evaluator = Evaluator(self.config, self.corpus.get(), "validation")
             return self._evaluator(params)

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from diloco.data import tokenizer_json
 from diloco.tokenizer import BYTES, Tokenizer, check_tokenizer
 from syncd import checkpoint
+from syncd.corpus import RunCorpus
 from syncd.environment import data_dir
 
 if TYPE_CHECKING:
@@ -43,11 +43,15 @@ class Recovery:
             throws away.
         checkpoint_dir: where this run's checkpoints go.
         clock: the time source (seconds).
+        corpus: the run's corpus, prepared in the background (syncd/corpus.py); default
+            one of its own, in syncd's data directory.
     """
 
     def __init__(self, store: RunStore, recorder: Recorder, spec: RunSpec,
-                 accounting: RunAccounting, checkpoint_dir: Path, clock: Callable[[], float]):
+                 accounting: RunAccounting, checkpoint_dir: Path, clock: Callable[[], float],
+                 corpus: RunCorpus | None = None):
         self.store = store
+        self.corpus = corpus or RunCorpus(spec.config.data, data_dir())
         self.recorder = recorder
         self.spec = spec
         self.accounting = accounting
@@ -94,8 +98,9 @@ class Recovery:
         self.checkpoint_asked = True
 
     def checkpoint_if_due(self, now: float, rounds: Rounds, eval_loss: float | None) -> None:
-        """Every checkpoint.interval_s, and when one was asked for."""
-        if now >= self.next_checkpoint or self.checkpoint_asked:
+        """Every checkpoint.interval_s, and when one was asked for; deferred to a later
+        tick while the corpus whose tokenizer it carries is being prepared."""
+        if (now >= self.next_checkpoint or self.checkpoint_asked) and self.tokenizer_ready():
             self.next_checkpoint = now + self.spec.config.checkpoint.interval_s
             self.checkpoint_asked = False
             self.save_checkpoint(rounds, eval_loss)
@@ -116,11 +121,19 @@ class Recovery:
             Path(old).unlink(missing_ok=True)
         self.recorder.event("checkpoint", None, versions=versions, sha256=sha, bytes=nbytes)
 
+    def tokenizer_ready(self) -> bool:
+        """Whether a checkpoint can be written without waiting for the corpus: the run's
+        tokenizer is bytes or read, or its corpus prepared (started here if not)."""
+        if self.tokenizer is not None or self.spec.config.data.tokenizer == BYTES:
+            return True
+        self.corpus.start()
+        return self.corpus.ready()
+
     def run_tokenizer(self) -> str | None:
         """The run's tokenizer.json, which every checkpoint carries (None for bytes): read
-        once from the prepared corpus (prepared here if the evaluation has not yet)."""
+        once from the prepared corpus (waits for its preparation)."""
         if self.tokenizer is None and self.spec.config.data.tokenizer != BYTES:
-            text = tokenizer_json(self.spec.config.data, data_dir()) or ""
+            text = self.corpus.get().tokenizer_json() or ""
             mine = Tokenizer(text).sha256
             check_tokenizer(mine, self.store.claim_tokenizer(mine))
             self.tokenizer = text

@@ -34,8 +34,11 @@ from pathlib import Path
 from diloco.accounting import RunAccounting
 from diloco.fragments import partition
 from diloco.island import initial_model
+from diloco.tokenizer import BYTES
 from syncd import checkpoint, outcome
 from syncd.chaos_driver import ChaosDriver
+from syncd.corpus import RunCorpus
+from syncd.environment import data_dir
 from syncd.evaluation import EVAL_CPU_SHARE, GlobalEval
 from syncd.finite import finite
 from syncd.hooks import Recorder
@@ -122,9 +125,15 @@ class RunSync:
                              PublishedFiles.of_run(checkpoint_dir, store.run_id))
         del params
         keepalive()
-        self.recovery = Recovery(store, recorder, spec, self.accounting, checkpoint_dir, clock)
+        # The corpus, prepared in a thread (a `train` tokenizer's run's at once: its
+        # checkpoints carry the tokenizer), so that this loop never waits on it.
+        corpus = RunCorpus(config.data, data_dir())
+        if config.data.tokenizer != BYTES:
+            corpus.start()
+        self.recovery = Recovery(store, recorder, spec, self.accounting, checkpoint_dir, clock,
+                                 corpus)
         self.chaos = ChaosDriver.for_run(store, recorder, spec, rejoin, self.accounting.clock.start)
-        self.evaluation = GlobalEval(config, cpu_share=eval_cpu_share)
+        self.evaluation = GlobalEval(config, cpu_share=eval_cpu_share, corpus=corpus)
         self.eval_loss: float | None = None
         self.eval_tokens: int | None = None  # tokens merged into the model eval_loss is of
         self.eval_bpb: float | None = None  # eval_loss in bits per byte

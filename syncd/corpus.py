@@ -1,0 +1,62 @@
+"""A run's prepared corpus, as syncd reads it: prepared (a `train` tokenizer trained)
+in a thread of its own, so that the loop serving every run of this syncd never waits
+on it. The evaluation reads the corpus from it, and a checkpoint of a run whose
+tokenizer is not bytes waits for it (syncd/recovery.py defers a periodic checkpoint
+until it is ready). Islands preparing the same corpus meanwhile wait on its folder's
+lock (diloco/data.py) and find the files made.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from diloco.data import Corpus, run_corpus
+
+log = logging.getLogger(__name__)
+
+
+class RunCorpus:
+    """Args:
+        data: the run's `data` section (diloco.config.DataConfig).
+        directory: the data directory the corpus is prepared in.
+    """
+
+    def __init__(self, data: Any, directory: Path):
+        self.data = data
+        self.directory = directory
+        self._corpus: Corpus | None = None
+        self._error: Exception | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Begin preparing in the background, once."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._prepare, name="corpus",
+                                                daemon=True)
+                self._thread.start()
+
+    def _prepare(self) -> None:
+        try:
+            self._corpus = run_corpus(self.data, self.directory)
+        except Exception as exc:  # handed to whoever reads the corpus
+            log.warning("corpus %s could not be prepared: %s", self.data.path, exc)
+            self._error = exc
+
+    def ready(self) -> bool:
+        """Whether the corpus is prepared (or failed to be): reading it waits no more."""
+        return self._thread is not None and not self._thread.is_alive()
+
+    def get(self) -> Corpus:
+        """The corpus, prepared first if it is not (waits); raises what preparing raised."""
+        self.start()
+        assert self._thread is not None
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._corpus is not None
+        return self._corpus
