@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from diloco.data import Corpus, run_corpus
+from diloco.tokenizer import BYTES
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,15 @@ class RunCorpus:
         self._error: Exception | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+
+    @classmethod
+    def of_run(cls, data: Any, directory: Path) -> RunCorpus:
+        """The corpus of a run syncd takes on, begun at once when its tokenizer is not
+        bytes (its checkpoints carry the tokenizer); else at the first evaluation."""
+        corpus = cls(data, directory)
+        if data.tokenizer != BYTES:
+            corpus.start()
+        return corpus
 
     def start(self) -> None:
         """Begin preparing in the background, once."""

@@ -34,7 +34,6 @@ from pathlib import Path
 from diloco.accounting import RunAccounting
 from diloco.fragments import partition
 from diloco.island import initial_model
-from diloco.tokenizer import BYTES
 from syncd import checkpoint, outcome
 from syncd.chaos_driver import ChaosDriver
 from syncd.corpus import RunCorpus
@@ -125,11 +124,7 @@ class RunSync:
                              PublishedFiles.of_run(checkpoint_dir, store.run_id))
         del params
         keepalive()
-        # The corpus, prepared in a thread (a `train` tokenizer's run's at once: its
-        # checkpoints carry the tokenizer), so that this loop never waits on it.
-        corpus = RunCorpus(config.data, data_dir())
-        if config.data.tokenizer != BYTES:
-            corpus.start()
+        corpus = RunCorpus.of_run(config.data, data_dir())  # this loop never waits on it
         self.recovery = Recovery(store, recorder, spec, self.accounting, checkpoint_dir, clock,
                                  corpus)
         self.chaos = ChaosDriver.for_run(store, recorder, spec, rejoin, self.accounting.clock.start)
