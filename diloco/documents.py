@@ -6,13 +6,18 @@ end; a JSON Lines file (`.jsonl`) holds a document per line, its text in the fie
 read a batch of rows at a time (pyarrow). Nothing holds more than a piece, a line
 or a batch in memory. A line that is not JSON, not an object or without a string
 in the field, a row whose field is empty, and a text file with a NUL byte (binary)
-are skipped and counted (`Skipped`), the rest read.
+are skipped and counted (`Skipped`), the rest read. A pass counts the bytes of the
+files it has read (`Progress`) and logs them against the corpus' total every
+PROGRESS_EVERY_S seconds and at its end: the island's log (and syncd's) shows how far
+a long preparation is.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +27,38 @@ RECORD_SUFFIXES = JSONL_SUFFIXES | PARQUET_SUFFIXES
 PIECE = 1 << 20  # characters of a text file handed on at a time
 PARQUET_ROWS = 1024  # rows of a Parquet file read at a time
 EXAMPLES = 5  # skipped lines named in the report
+PROGRESS_EVERY_S = 5.0  # a pass logs its progress at most this often
+
+log = logging.getLogger(__name__)
+
+
+class Progress:
+    """The bytes of a corpus' files one pass (`what`) has read, against their `total`;
+    logged (INFO) at most every `every_s` seconds of `clock`, and at `done`."""
+
+    def __init__(self, root: Path | str, what: str, total: int,
+                 every_s: float = PROGRESS_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.label = f"corpus {root}: {what}"
+        self.total = total
+        self.read = 0
+        self.every_s = every_s
+        self.clock = clock
+        self.next_log = clock() + every_s
+
+    def add(self, nbytes: int) -> None:
+        self.read += nbytes
+        if self.clock() >= self.next_log:
+            self.next_log = self.clock() + self.every_s
+            self._log()
+
+    def done(self) -> None:
+        self.read = max(self.read, self.total)
+        self._log()
+
+    def _log(self) -> None:
+        log.info("%s: %d of %d bytes read (%.0f%%)", self.label, self.read, self.total,
+                 100 * min(self.read / self.total, 1.0) if self.total else 100.0)
 
 
 @dataclass
@@ -58,37 +95,47 @@ def is_record_file(path: Path) -> bool:
     return path.suffix in RECORD_SUFFIXES
 
 
-def pieces(files: list[tuple[str, Path]], text_field: str, skipped: Skipped
-           ) -> Iterator[Piece]:
-    """Every document of `files` ((relative path, path) in order) as pieces."""
+def pieces(files: list[tuple[str, Path]], text_field: str, skipped: Skipped,
+           progress: Progress | None = None) -> Iterator[Piece]:
+    """Every document of `files` ((relative path, path) in order) as pieces; the bytes
+    read counted in `progress`, done at the end."""
+    counter = progress or Progress("", "", 0, every_s=float("inf"))  # logs nothing
     for rel, path in files:
         if path.suffix in JSONL_SUFFIXES:
-            yield from _jsonl(rel, path, text_field, skipped)
+            yield from _jsonl(rel, path, text_field, skipped, counter)
         elif path.suffix in PARQUET_SUFFIXES:
             yield from _parquet(rel, path, text_field, skipped)
+            counter.add(path.stat().st_size)
         else:
-            yield from _text(rel, path, skipped)
+            yield from _text(rel, path, skipped, counter)
+    if progress is not None:
+        progress.done()
 
 
-def _text(rel: str, path: Path, skipped: Skipped) -> Iterator[Piece]:
+def _text(rel: str, path: Path, skipped: Skipped, progress: Progress) -> Iterator[Piece]:
     with open(path, "rb") as f:
         head = f.read(PIECE)
         if b"\x00" in head:
             skipped.binary_files += 1
+            progress.add(path.stat().st_size)
             return
     with open(path, encoding="utf-8", errors="replace", newline="") as f:
         buffer = ""
         for line in f:
             buffer += line
             if len(buffer) >= PIECE:
+                progress.add(len(buffer.encode()))
                 yield Piece(buffer, rel, rel, False)
                 buffer = ""
+        progress.add(len(buffer.encode()))
         yield Piece(buffer, rel, rel, True)
 
 
-def _jsonl(rel: str, path: Path, text_field: str, skipped: Skipped) -> Iterator[Piece]:
+def _jsonl(rel: str, path: Path, text_field: str, skipped: Skipped,
+           progress: Progress) -> Iterator[Piece]:
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
+            progress.add(len(line))
             if not line.strip():
                 continue
             try:

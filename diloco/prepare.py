@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from diloco import tokenizer as tokenizers
-from diloco.documents import Piece, Skipped, is_record_file, pieces
+from diloco.documents import Piece, Progress, Skipped, is_record_file, pieces
 
 HELD_OUT = ("validation", "test")
 SPLITS = ("train", *HELD_OUT)
@@ -78,14 +78,18 @@ def make_tokenizer(source: Source) -> tokenizers.Tokenizer:
         return tokenizers.Tokenizer()
     if source.tokenizer != tokenizers.TRAIN:
         return tokenizers.from_folder(source.tokenizer)
-    texts = (piece.text for piece, split in _routed(source, Skipped()) if split == "train")
+    texts = (piece.text for piece, split in _routed(source, Skipped(), "training the tokenizer")
+             if split == "train")
     return tokenizers.train_bpe(texts, source.vocab_size)
 
 
-def _routed(source: Source, skipped: Skipped) -> Iterator[Any]:
-    """(piece, split) of every document piece, in order."""
+def _routed(source: Source, skipped: Skipped, what: str) -> Iterator[Any]:
+    """(piece, split) of every document piece, in order; the pass (`what`) logs how
+    many of the files' bytes it has read."""
     one_text_file = source.root.is_file() and not is_record_file(source.root)
-    for piece in pieces(source.files, source.text_field, skipped):
+    total = sum(path.stat().st_size for _, path in source.files)
+    progress = Progress(source.root, what, total)
+    for piece in pieces(source.files, source.text_field, skipped, progress):
         yield piece, "train" if one_text_file else split_of(piece.key, source.eval_fraction)
 
 
@@ -97,7 +101,7 @@ def write_splits(source: Source, tokenizer: tokenizers.Tokenizer,
     text_bytes = dict.fromkeys(SPLITS, 0)
     pending: dict[str, list[Piece]] = {s: [] for s in SPLITS}
     chars = dict.fromkeys(SPLITS, 0)
-    for piece, split in _routed(source, skipped):
+    for piece, split in _routed(source, skipped, "tokenizing"):
         pending[split].append(piece)
         chars[split] += len(piece.text)
         text_bytes[split] += len(piece.text.encode())

@@ -32,6 +32,7 @@ class RunCorpus:
         self._error: Exception | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._reported = False
 
     @classmethod
     def of_run(cls, data: Any, directory: Path) -> RunCorpus:
@@ -60,6 +61,24 @@ class RunCorpus:
     def ready(self) -> bool:
         """Whether the corpus is prepared (or failed to be): reading it waits no more."""
         return self._thread is not None and not self._thread.is_alive()
+
+    def report(self) -> dict[str, Any] | None:
+        """Once the corpus is prepared, the first call's: the detail of an alert event
+        naming the records its preparation skipped (how many, why, the first few by
+        file and line), or None when it skipped none; None before, and after."""
+        if self._reported or not self.ready() or self._corpus is None:
+            return None
+        self._reported = True
+        skipped = self._corpus.meta.get("skipped_records") or {}
+        counts = {why: skipped.get(key, 0) for key, why in (
+            ("bad_json", "not JSON"), ("no_text", f"without text in {self.data.text_field!r}"),
+            ("binary_files", "binary files"))}
+        if not any(counts.values()):
+            return None
+        return {"message": f"corpus {self.data.path}: skipped " + ", ".join(
+                    f"{n} {why}" for why, n in counts.items() if n)
+                + " (" + "; ".join(skipped.get("examples", [])) + ")",
+                "skipped_records": skipped}
 
     def get(self) -> Corpus:
         """The corpus, prepared first if it is not (waits); raises what preparing raised."""

@@ -124,7 +124,7 @@ class RunSync:
                              PublishedFiles.of_run(checkpoint_dir, store.run_id))
         del params
         keepalive()
-        corpus = RunCorpus.of_run(config.data, data_dir())  # this loop never waits on it
+        self.corpus = corpus = RunCorpus.of_run(config.data, data_dir())  # in a thread
         self.recovery = Recovery(store, recorder, spec, self.accounting, checkpoint_dir, clock,
                                  corpus)
         self.chaos = ChaosDriver.for_run(store, recorder, spec, rejoin, self.accounting.clock.start)
@@ -284,7 +284,9 @@ class RunSync:
 
     def _evaluate(self, now: float) -> None:
         """Start an evaluation of the global model when one is due; pick up the loss of
-        one that finished."""
+        one that finished; report the records the corpus' preparation skipped."""
+        if (skipped := self.corpus.report()) is not None:
+            self.recorder.event("alert", None, **skipped)
         sync = self.rounds.sync
         if self.evaluation.due(sync.outer_steps, now) \
                 and self.evaluation.start(sync.global_params()):

@@ -148,3 +148,12 @@ def test_a_corpus_too_small_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="too small"):
         load_corpus(str(path), 0.05, tmp_path / "data", tokenizer="train", vocab_size=300)
+
+
+def test_each_pass_logs_the_bytes_it_has_read_of_the_corpus(jsonl, tmp_path, caplog):
+    caplog.set_level("INFO", logger="diloco.documents")
+    load_corpus(str(jsonl), 0.05, tmp_path / "data", tokenizer="train", vocab_size=500)
+
+    total = jsonl.stat().st_size
+    for what in ("training the tokenizer", "tokenizing"):
+        assert f"{what}: {total} of {total} bytes read (100%)" in caplog.text

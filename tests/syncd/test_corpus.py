@@ -12,7 +12,7 @@ from diloco.config_parse import parse_config
 from syncd import checkpoint
 from syncd.corpus import RunCorpus
 from tests.syncd.runs import CONFIG, heartbeat_all, make_run_sync
-from webapp.runs.models import Checkpoint
+from webapp.runs.models import Checkpoint, Event
 
 
 def jsonl(tmp_path: Path) -> Path:
@@ -83,3 +83,52 @@ def test_syncd_ticks_on_while_a_train_tokenizers_corpus_is_prepared_and_checkpoi
     saved = Checkpoint.objects.get(run_id=run)
     tokenizer = checkpoint.load_tokenizer(Path(saved.path), saved.sha256)
     assert tokenizer == sync.recovery.corpus.get().tokenizer_json()
+
+
+def test_the_records_a_preparation_skipped_are_reported_once_with_their_lines(tmp_path):
+    path = jsonl(tmp_path)
+    lines = path.read_text().splitlines()
+    lines[5], lines[9] = "{bad", json.dumps({"body": "x"})
+    path.write_text("\n".join(lines) + "\n")
+    config = parse_config({"data": {"path": str(path), "tokenizer": "train",
+                                    "vocab_size": 300}}, ["us-east"])
+    corpus = RunCorpus(config.data, tmp_path / "data")
+    assert corpus.report() is None  # not prepared yet
+    corpus.get()
+
+    report = corpus.report()
+
+    assert "skipped 1 not JSON, 1 without text in 'text'" in report["message"]
+    assert "c.jsonl:6: not JSON" in report["message"]
+    assert "c.jsonl:10: no text in field 'text'" in report["message"]
+    assert report["skipped_records"]["bad_json"] == 1
+    assert corpus.report() is None  # once
+
+
+def test_a_corpus_that_skipped_nothing_reports_nothing(tmp_path):
+    config = parse_config({"data": {"path": str(jsonl(tmp_path)), "tokenizer": "train",
+                                    "vocab_size": 300}}, ["us-east"])
+    corpus = RunCorpus(config.data, tmp_path / "data")
+    corpus.get()
+
+    assert corpus.report() is None
+
+
+@pytest.mark.integration
+@pytest.mark.django_db
+def test_syncd_records_the_skipped_lines_as_an_alert_event_of_the_run(
+        redis_url, tmp_path, monkeypatch):
+    monkeypatch.setenv("DATA_DIR", str(tmp_path / "data"))
+    path = jsonl(tmp_path)
+    path.write_text(path.read_text() + "{bad\n")
+    config = {**CONFIG, "data": {"path": str(path), "tokenizer": "train", "vocab_size": 300}}
+    sync = make_run_sync(redis_url, tmp_path, "decoupled", config)
+    heartbeat_all(sync)
+    sync.corpus.get()
+
+    sync.tick()
+    sync.recorder.flush()
+
+    alert = Event.objects.get(run_id=sync.recorder.run_id, kind="alert")
+    assert "c.jsonl:2001: not JSON" in alert.detail["message"]
+    assert alert.detail["skipped_records"]["bad_json"] == 1
