@@ -9,7 +9,7 @@ The bystander run keeps merging (3 versions more within 90 s) and syncd's RSS gr
 by no more than the syncd estimate of the two runs (diloco.sizes.estimate, what the
 admission counts) and SLACK_MB of the interpreter's own heap, which the estimate
 leaves out. The attacked run's own merges are not asserted: it stopped merging for
-the whole window in two tries of three (docs/RELIABILITY.md, "Bounds on what islands
+the whole window in four tries of six (docs/RELIABILITY.md, "Bounds on what islands
 write"); the test prints its versions.
 """
 
