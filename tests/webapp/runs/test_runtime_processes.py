@@ -638,3 +638,83 @@ def newest_tokens(checkpoint) -> int:
     from syncd import checkpoint as checkpoints
 
     return checkpoints.load(Path(checkpoint.path), checkpoint.sha256)[3]
+
+
+def held_out_loss_by_transformers(folder: Path, prepared: Path, tokens: int,
+                                  block_size: int) -> float:
+    """The held-out loss as the export's README says it is computed, by transformers,
+    numpy and torch alone: windows of block_size evenly spaced over the prepared
+    validation split, each window's mean next-token cross-entropy, their mean, fp32."""
+    import numpy as np
+    from transformers import AutoModelForCausalLM
+
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    ids = np.fromfile(prepared / manifest["splits"]["validation"]["file"],
+                      dtype=manifest["dtype"]).astype(np.int64)
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
+                                                 dtype=torch.float32).eval()
+    starts = torch.linspace(0, len(ids) - block_size - 1, max(1, tokens // block_size)).long()
+    windows = torch.stack([torch.from_numpy(ids[s:s + block_size + 1]) for s in starts])
+    with torch.no_grad():
+        logits = model(input_ids=windows[:, :-1]).logits.float()
+    losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten(),
+                                               reduction="none").view(len(windows), -1)
+    return losses.mean(dim=1).mean().item()
+
+
+def test_through_the_api_a_llama_from_a_config_folder_on_a_trained_bpe_survives_a_kill_and_exports_its_loss(  # noqa: E501
+        system, tmp_path, redis_url, django_user_model):
+    # The API's start goes to the control queue: its worker starts the islands.
+    system.start("control", "-m", "celery", "-A", "webapp", "worker", "-Q", "control",
+                 "--concurrency", "1", "--pool", "solo", "-n", "control@test",
+                 "--without-gossip", "--without-mingle", "--loglevel", "WARNING")
+    client = Client()
+    client.force_login(django_user_model.objects.create_superuser("root", password=None))
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"Document {i}: island {i % 5} trains "
+                                          f"the model and merges {i % 11} updates."}) + "\n"
+                              for i in range(1500)))
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps(
+        {**{k: v for k, v in TINY_LLAMA.items() if k != "vocab_size"},
+         "architectures": ["LlamaForCausalLM"]}))
+    config = tiny_run(corpus, total_tokens=10**9).config
+    config["model"] = {"source": "hf", "hf_config": str(llama), "block_size": 16}
+    config["data"].update(tokenizer="train", vocab_size=320)
+    created = client.post("/api/runs", {"name": "llama", "mode": "decoupled", "config": config},
+                          content_type="application/json")
+    assert created.status_code == 201, created.content
+    run = Run.objects.get(pk=created.json()["id"])
+    assert client.post(f"/api/runs/{run.pk}/start").status_code == 202
+    store = RunStore(connect(redis_url), run.pk)
+    wait_until(lambda: min(newest_versions(store) or [0]) >= 2, 120, "2 global versions")
+    wait_all_training(store)
+
+    killed = client.post(f"/api/runs/{run.pk}/islands/island-0/faults", {"kind": "kill"},
+                         content_type="application/json")
+    assert killed.status_code == 202, killed.content
+    wait_until(lambda: api_run(client, run)["islands"][0]["state"] == "lost", 30,
+               "island-0 to be lost")
+    assert client.post(f"/api/runs/{run.pk}/islands/island-0/rejoin").status_code == 202
+    wait_until(lambda: (b := store.signals.heartbeats().get("island-0")) is not None
+               and b.epoch == 2 and b.state == "training", 60, "island-0's second epoch")
+    assert client.post(f"/api/runs/{run.pk}/stop").status_code in (200, 202)
+    wait_until(lambda: api_run(client, run)["state"] == "stopped", 90, "the run to be stopped")
+
+    shown = api_run(client, run)["eval_loss"]  # the final model's, evaluated by syncd
+    newest = client.get(f"/api/runs/{run.pk}/checkpoints").json()["checkpoints"][-1]  # the final
+    response = client.get(f"/api/runs/{run.pk}/checkpoints/{newest['id']}/download/hf")
+    assert response.status_code == 200, response.content[:500]
+    folder = tmp_path / "export"
+    zipfile.ZipFile(io.BytesIO(response.content)).extractall(folder)
+    prepared = Path(run_corpus(run.run_config().data, data_dir()).folder)
+    loss = held_out_loss_by_transformers(folder, prepared, 256, 16)
+    assert loss == pytest.approx(shown, abs=1e-4)
+    # Bits per byte: over the bytes of the same split's text, as transformers decodes it.
+    from transformers import AutoTokenizer
+
+    ids = run_corpus(run.run_config().data, data_dir()).validation.tolist()
+    text = AutoTokenizer.from_pretrained(folder).decode(ids, skip_special_tokens=True)
+    assert api_run(client, run)["eval_bpb"] == pytest.approx(
+        shown / math.log(2) / (len(text.encode()) / len(ids)), rel=1e-6)
