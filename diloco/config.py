@@ -145,7 +145,8 @@ class EmulationConfig:
                         "process, the island process holds it for latency + bytes x 8 / "
                         "bandwidth; none, the network between the hosts does (a real "
                         "deployment), bandwidth_gbps and latency_ms then only size syncd's "
-                        "grace window.", choices=LINKS)
+                        "grace window until the islands have measured their sends and "
+                        "pulls.", choices=LINKS)
     bytes_scale: float = setting(1.0, "The link emulator treats each fragment as this many times "
                                    "larger.", 1.0, 1e9)
 

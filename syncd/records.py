@@ -258,6 +258,12 @@ class RunStatus(TypedDict):
     theta_s: Annotated[float | None, "Uptime's theta: a merge gap longer is down time."]
     max_stall_s: Annotated[float | None, "The longest gap between merges."]
     lost_s: Annotated[dict[str, float], "Island-seconds lost, by cause."]
+    round_trip_s: Annotated[float, "t_sync of the grace window: a fragment's round trip "
+                                   "(send plus pull) on a typical island's link."]
+    round_trip_source: Annotated[Literal["measured", "configured"], "What sized "
+                                 "round_trip_s: the islands' measured sends and pulls, or "
+                                 "the config's bandwidth and latency until both are "
+                                 "measured."]
     versions: Annotated[list[int], "Global version per fragment."]
     outer_steps: Annotated[int, "The smallest fragment version."]
     tokens_merged: Annotated[int, "Tokens merged into the global model."]

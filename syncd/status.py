@@ -45,13 +45,15 @@ def run_status(now: float, sources: StatusSources,
     """The run's status at `now` (syncd.records.RunStatus says what each field is): per
     island (island_status), per fragment (fragment_status), and the run's figures from
     its accounting, goodput with `overcredited` (the islands credited above their
-    allocation, a bug shown, not clipped). Uptime's theta (`theta`) is floored by a
-    fragment's round trip and syncd's measured `tick_s`; each island's link counts its
-    bytes against the `previous` status."""
+    allocation, a bug shown, not clipped), and t_sync, the round trip that sizes the
+    grace window, with its source (measured or configured: Rounds.sync_time).
+    Uptime's theta (`theta`) is floored by that round trip and syncd's measured
+    `tick_s`; each island's link counts its bytes against the `previous` status."""
     spec, rounds, accounting = sources.spec, sources.rounds, sources.accounting
+    sync = rounds.sync_time()
     figures = accounting.snapshot(now, theta(
         accounting, spec, pace=pace(spec, sources.liveness.tokens_per_s),
-        round_trip_s=rounds.round_stats().sync_time_s, tick_s=sources.tick_s))
+        round_trip_s=sync.seconds, tick_s=sources.tick_s))
     before = (previous or {}).get("islands", {})
     islands = {i.name: island_status(now, sources, i, figures["islands"].get(i.name, {}),
                                      before.get(i.name))
@@ -64,6 +66,7 @@ def run_status(now: float, sources: StatusSources,
                            if i["loss"] is not None and i["state"] == "training"]),
         startup_s=figures["startup_s"], theta_s=figures["theta_s"],
         max_stall_s=figures["max_stall_s"], lost_s=figures["lost_s"],
+        round_trip_s=round(sync.seconds, 4), round_trip_source=sync.source,
         versions=rounds.sync.versions(), outer_steps=rounds.sync.outer_steps,
         tokens_merged=rounds.tokens_merged(), eval_loss=sources.eval_loss,
         eval_tokens=sources.eval_tokens, eval_bpb=sources.eval_bpb,

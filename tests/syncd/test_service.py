@@ -393,3 +393,26 @@ def test_a_status_that_took_long_to_make_defers_the_next_within_its_cpu_share(
     run_sync.tick()
 
     assert run_sync.next_status == 1000.0 + 0.5 / STATUS_CPU_SHARE  # not 0.5 s later
+
+
+def test_the_grace_windows_round_trip_follows_the_islands_measured_link_not_the_config(
+        run_sync):
+    """The config's link gives t_sync until the islands' heartbeats measure sends and
+    pulls; then their median send plus pull does, whatever the config says."""
+    configured = None
+    for now, messages in ((1000.0, 2), (1000.5, 2), (1001.0, 6)):
+        run_sync.clock_state["now"] = now
+        for name, slow in (("a", 1.0), ("b", 3.0)):
+            beat = {"epoch": 1, "time": now, "step": 1, "tokens": 32, "state": "training",
+                    "sends": messages, "send_link_s": messages * 0.5 * slow,
+                    "pulls": messages, "pull_link_s": messages * 0.25 * slow}
+            write_beat(run_sync, name, **beat)
+        run_sync.next_status = 0.0
+        run_sync.tick()
+        status = run_sync.store.status()
+        configured = configured or status["round_trip_s"]
+        assert status["round_trip_source"] == ("measured" if messages == 6 else "configured")
+    # Islands a and b: 0.75 s and 2.25 s a round trip; the median is their mean.
+    assert status["round_trip_s"] == pytest.approx(1.5)
+    assert configured < 0.1
+    assert run_sync.rounds.round_stats().sync_time_s == pytest.approx(1.5)

@@ -115,6 +115,9 @@ def test_tls_urls_reach_redis_celery_and_postgresql_as_tls_settings():
 
 RATE_MBIT = 40.0  # each region's link, each way: 2 Gb/s scaled down 50 times
 ISLANDS = [("east-0", "us-east"), ("east-1", "us-east"), ("west-0", "us-west")]
+# What the config claims of each island's link: far faster than the kernel's, so that
+# syncd's grace window shows it follows the link the islands measured.
+CONFIGURED_GBPS = 100.0
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +158,10 @@ def merged_from(run_id, since):
 
 def newest(run_id):
     return min((store(run_id).status() or {}).get("versions") or [0])
+
+def round_trip(run_id):
+    status = store(run_id).status() or {}
+    return status.get("round_trip_source"), status.get("round_trip_s")
 """
 
 
@@ -167,7 +174,7 @@ def run_config(corpus: str) -> dict:
         "eval": {"tokens": 256}, "liveness": {"heartbeat_timeout_s": 4.0},
         "emulation": {"link": "none"}, "budget": {"total_tokens": 10**9},
         "islands": [{"name": name, "region": region, "batch_size": 2, "speed": 0.5,
-                     "bandwidth_gbps": RATE_MBIT / 1000, "latency_ms": 0.0}
+                     "bandwidth_gbps": CONFIGURED_GBPS, "latency_ms": 0.0}
                     for name, region in ISLANDS]}
 
 
@@ -203,6 +210,12 @@ def test_two_regions_across_shaped_links_train_survive_a_kill_and_a_cut_link_and
     wait_until(lambda: {"east-0", "west-0"} <= set(
         hosts.ask(f"result = merged_from({run_id}, 0)")), 60,
                "a merge of updates from both regions")
+    # t_sync is the round trip the islands measured on the 40 Mbit/s links (a
+    # fragment's kilobytes: milliseconds each way), not the config's 100 Gb/s (micro-
+    # seconds).
+    wait_until(lambda: hosts.ask(f"result = round_trip({run_id})")[0] == "measured", 30,
+               "syncd to size t_sync from the measured links")
+    assert hosts.ask(f"result = round_trip({run_id})")[1] > 0.002
     # The islands read the fragments from syncd's server at SYNCD_SERVE_URL, over HTTPS.
     assert hosts.ask(f"result = sorted({{json.loads(connect(os.environ['REDIS_URL']).get(k))"
                      f"['url'].rsplit(':', 1)[0] for k in connect(os.environ['REDIS_URL'])"
