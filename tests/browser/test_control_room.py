@@ -290,3 +290,72 @@ def test_the_run_page_shows_each_islands_staleness_and_held_out_loss_against_tok
     page.wait_for_function(f"{chart}.x.length === 3")
     assert page.evaluate(f"[{chart}.x, {chart}.y]") == [[1000, 2000, 3000], [4.0, 3.5, 3.25]]
     page.screenshot(path=artifacts / "ages-and-eval.png", full_page=True)
+
+
+def fill_field(page, field: str, value: str) -> None:
+    element = page.locator(f"[name='{field}']")
+    if element.evaluate("(e) => e.tagName") == "SELECT":
+        element.select_option(value)
+    else:
+        element.fill(value)
+
+
+def test_a_llama_from_a_config_folder_on_a_trained_bpe_from_the_browser_exports_the_loss_shown(
+        page, control_room, operator, tmp_path, artifacts):
+    import io
+    import json
+    import zipfile
+
+    from diloco.data import run_corpus
+    from syncd.environment import data_dir
+    from tests.diloco.test_hf import TINY_LLAMA
+    from tests.webapp.runs.test_runtime_processes import held_out_loss_by_transformers
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"Document {i}: island {i % 5} trains "
+                                          f"the model and merges {i % 11} updates."}) + "\n"
+                              for i in range(1500)) + "{not json\n")
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps(
+        {**{k: v for k, v in TINY_LLAMA.items() if k != "vocab_size"},
+         "architectures": ["LlamaForCausalLM"]}))
+    sign_in(page, control_room, "olga")
+    page.goto(f"{control_room}/runs/new/")
+    page.fill("input[name=name]", "llama")
+    for field, value in {**TINY, "model.source": "hf", "model.hf_config": str(llama),
+                         "data.path": str(corpus), "data.tokenizer": "train",
+                         "data.vocab_size": "320"}.items():
+        fill_field(page, field, value)
+    page.locator("tr.island-row").last.get_by_role("button", name="Remove").click()
+    for n in range(3):
+        page.fill(f"[name='islands-{n}-batch_size']", "2")
+        page.fill(f"[name='islands-{n}-speed']", "0.5")
+    with page.expect_navigation():
+        page.get_by_role("button", name="Create run").click()
+    run = Run.objects.get(name="llama")
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Start").click()
+    for island in ("us-east-a", "us-east-b", "us-west-a"):
+        page.locator(f"#islands tr[data-island='{island}'] .state.training").wait_for(
+            timeout=120000)
+    row = page.locator("#islands tr[data-island='us-east-a']")
+    row.locator("button[data-fault=kill]").click()
+    row.locator(".state.lost").wait_for(timeout=30000)
+    row.locator("button[data-rejoin]").click()
+    row.locator(".state.training").wait_for(timeout=90000)
+    page.locator("#events li[data-kind='alert']", has_text="1 not JSON").wait_for()
+    page.get_by_role("button", name="Stop").click()
+    page.locator("#run-state", has_text="stopped").wait_for(timeout=90000)
+    page.reload()  # the stopped run's page: its final evaluation and checkpoint
+    page.wait_for_function("document.getElementById('eval-loss').title !== ''")
+    shown = float(page.locator("#eval-loss").get_attribute("title"))
+    page.screenshot(path=artifacts / "llama-stopped.png", full_page=True)
+
+    with page.expect_download() as download:
+        page.locator("#checkpoints tbody tr").last.locator("a[data-hf]").click()
+    folder = tmp_path / "export"
+    zipfile.ZipFile(io.BytesIO(Path(download.value.path()).read_bytes())).extractall(folder)
+    prepared = Path(run_corpus(run.run_config().data, data_dir()).folder)
+    assert held_out_loss_by_transformers(folder, prepared, 256, 16) == pytest.approx(
+        shown, abs=1e-4)

@@ -248,6 +248,7 @@ function showFigures(status) {
   $("startup").textContent = status.startup_s == null ? "—" : `${arch.fmt(status.startup_s, 1)} s`;
   $("train-loss").textContent = arch.fmt(status.train_loss, 3);
   $("eval-loss").textContent = arch.fmt(status.eval_loss, 3);
+  $("eval-loss").title = status.eval_loss == null ? "" : String(status.eval_loss);  // in full
   $("eval-bpb").textContent = arch.fmt(status.eval_bpb, 3);
   $("outer-steps").textContent = arch.fmt(status.outer_steps);
   $("versions").textContent = (status.versions || []).join(", ");
@@ -395,6 +396,7 @@ function showCheckpoints(checkpoints) {
     arch.el("td", {class: "num"}, arch.bytes(c.bytes)), arch.el("td", {}, new Date(c.created_at).toLocaleString()),
     arch.el("td", {class: "actions"},
       arch.el("a", {href: `${RUN_API}/checkpoints/${c.id}/download`}, "Download"),
+      arch.el("a", {href: `${RUN_API}/checkpoints/${c.id}/download/hf`, "data-hf": ""}, "HF folder"),
       arch.el("a", {href: `/runs/new/?from=${c.id}`}, "New run from here"),
       arch.el("button", {class: "small quiet", onclick: () => openSample(c)}, "Sample")))));
 }
