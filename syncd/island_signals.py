@@ -32,7 +32,8 @@ class IslandSignals(RunKeys):
         self.refused: dict[str, str] = {}  # island -> why its last heartbeat read is not one
 
     def heartbeat(self, island: str, beat: Heartbeat) -> None:
-        self.writer.hset(self.key("heartbeats"), island, json.dumps(dataclasses.asdict(beat)))
+        key, value = self.key("heartbeats"), json.dumps(dataclasses.asdict(beat))
+        self.own_write(self.writer, key, lambda: self.writer.hset(key, island, value))
 
     def heartbeats(self) -> dict[str, Heartbeat]:
         """island -> its last heartbeat. One that is not a heartbeat (islands write this

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TypeVar
 
 import redis
 from redis.client import Pipeline
@@ -32,6 +33,10 @@ log = logging.getLogger("archipelago.syncd")
 # stream entry, a syncd that died before its publish committed): syncd deletes every
 # update message it is done with and persists what it publishes.
 BLOB_TTL_S = 3600
+# How often an island's own write is tried again over a key an island (with the run's
+# credential) keeps making another type; then the error is the island's.
+OWN_WRITE_TRIES = 5
+T = TypeVar("T")
 
 
 class RunKeys:
@@ -95,3 +100,16 @@ class RunKeys:
         log.warning("run %s: %s held a value of the wrong type (written by an island): "
                     "deleted", self.run_id, key)
         client.delete(key)
+
+    def own_write(self, client: redis.Redis, key: str, write: Callable[[], T]) -> T:
+        """An island's write to a key of its run that islands write (`client`: its
+        writing user): where another island left a value of another type there
+        (WRONGTYPE), the key is deleted (wrong_type) and the write made again, so that
+        no value written with the run's credential kills the island; after
+        OWN_WRITE_TRIES the error is raised."""
+        for _ in range(OWN_WRITE_TRIES - 1):
+            try:
+                return write()
+            except redis.ResponseError as exc:
+                self.wrong_type(client, key, exc)
+        return write()

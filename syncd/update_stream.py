@@ -84,11 +84,11 @@ class UpdateStream(RunKeys):
         """
         ref = RedisBulk(self.data_writer, self.bulk.chunk_bytes).put(
             self.update_key(island, epoch, fragment, seq), blob, BLOB_TTL_S)
-        pipe = self.writer.pipeline(transaction=False)
-        pipe.xadd(self.key("updates"), {"island": island, "epoch": epoch, "fragment": fragment,
-                                        "seq": seq, "chunks": ref.chunks, "bytes": ref.size},
-                  maxlen=STREAM_MAXLEN, approximate=True)
-        pipe.execute()
+        entry = {"island": island, "epoch": epoch, "fragment": fragment, "seq": seq,
+                 "chunks": ref.chunks, "bytes": ref.size}
+        key = self.key("updates")
+        self.own_write(self.writer, key, lambda: self.writer.xadd(
+            key, entry, maxlen=STREAM_MAXLEN, approximate=True))
 
     def clear_after_end(self, island: str, epoch: int, fragment: int, seq: int,
                         size: int) -> None:
@@ -107,15 +107,17 @@ class UpdateStream(RunKeys):
                       slots: int) -> float:
         """Queue for an upload slot for this update and return once it holds one (its
         ticket is among the first `slots` of the run's queue); the seconds waited. A
-        ticket syncd took off (stale: the island was taken for lost) is queued again."""
+        ticket syncd took off (stale: the island was taken for lost, or an island deleted
+        the queue) is queued again; a queue left of another type is made anew (own_write)."""
         ticket = Ticket(island, epoch, fragment, seq).encode()
         key = self.key("uploads")
         started = time.monotonic()
-        self.data_writer.rpush(key, ticket)
+        writer = self.data_writer
+        self.own_write(writer, key, lambda: writer.rpush(key, ticket))
         while True:
-            place = self.data_writer.lpos(key, ticket)
+            place = self.own_write(writer, key, lambda: writer.lpos(key, ticket))
             if place is None:
-                self.data_writer.rpush(key, ticket)
+                self.own_write(writer, key, lambda: writer.rpush(key, ticket))
             elif place < slots:
                 return time.monotonic() - started
             else:

@@ -62,8 +62,8 @@ def make_run_sync(redis_url: str, tmp_path, mode: str, config: dict | None = Non
 
 def send(sync: RunSync, island: str, fragment: int, seq: int, *, epoch: int = 1,
          base_version: int = 0, steps: int = 4, value: float = 0.01, codec: str = "none",
-         key: bytes | None = None, shapes: dict | None = None, tokens: int | None = None
-         ) -> None:
+         key: bytes | None = None, shapes: dict | None = None, tokens: int | None = None,
+         store: RunStore | None = None) -> None:
     shapes = shapes or sync.rounds.sync.shapes[fragment]
     delta = {n: torch.full(s, value) for n, s in shapes.items()}
     meta = {"run": sync.store.run_id, "island": island, "epoch": epoch, "fragment": fragment,
@@ -72,7 +72,7 @@ def send(sync: RunSync, island: str, fragment: int, seq: int, *, epoch: int = 1,
             "inner_steps": steps, "compute_s": 1.0, "codec": codec}
     blob = encode_message("update", meta, codecs.encode(delta, codec),
                           key or island_key(sync.spec.secret, island, epoch))
-    sync.store.updates.push_update(island, epoch, fragment, seq, blob)
+    (store or sync.store).updates.push_update(island, epoch, fragment, seq, blob)
 
 
 def write_beat(sync: RunSync, island: str, **fields: Any) -> None:

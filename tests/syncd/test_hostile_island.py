@@ -9,6 +9,8 @@ What the island users may not do at all is tests/syncd/test_acl.py's.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
@@ -18,6 +20,7 @@ from bench.hostile import hostile_entries
 from diloco.signing import redis_password
 from syncd.acl import WRITE_COMMANDS, island_store, island_url, put_island_users
 from syncd.keys import ISLAND_WRITES
+from syncd.records import Heartbeat
 from syncd.service import RunSync
 from tests.syncd.runs import heartbeat_all, make_run_sync, send
 
@@ -127,3 +130,26 @@ def test_no_stream_entry_fails_the_tick_and_the_genuine_updates_still_merge(runs
 
     assert attacked.store.globals.versions()[0] == before + ROUNDS
     assert attacked.store.client.xlen(attacked.store.key("updates")) == 0
+
+
+def test_an_islands_own_writes_go_on_over_keys_left_of_another_type(redis_url, runs):
+    """The keys an island writes (heartbeats, updates, uploads) left as strings by its
+    run's credential, before syncd's next pass repairs them: a genuine island's
+    heartbeat, upload slot and update still go through (each key is deleted and made
+    anew), so the island lives on and its run merges."""
+    attacked, _ = runs
+    attack(redis_url, attacked, leave="junk")
+    password = redis_password(attacked.spec.secret)
+    url = island_url(redis_url, attacked.store.run_id, password)
+    island = island_store(url, url, attacked.store.run_id)
+    before = attacked.store.globals.versions()[0]
+
+    for name in ("a", "b"):
+        island.signals.heartbeat(name, Heartbeat.bare(epoch=1, time=time.time(), step=4,
+                                                      tokens=128))
+        island.updates.wait_for_slot(name, 1, 0, 200, slots=4)
+    for name in ("a", "b"):
+        send(attacked, name, 0, 200, base_version=before, store=island)
+    attacked.tick()
+
+    assert attacked.store.globals.versions()[0] == before + 1
