@@ -25,6 +25,7 @@ from syncd.update_stream import UpdateStream
 # the entries never meet a genuine update, so every entry is quarantined.
 CLAIMED_SEQ = 10**12
 UNSIGNED = b"\x00" * 64  # bytes where a signed update message should be
+CANARY_TTL_S = 3600
 
 
 def hostile_entries(claim: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -105,7 +106,8 @@ class Intruder:
         claim = {"island": island, "epoch": epoch, "fragment": 0, "seq": CLAIMED_SEQ,
                  "chunks": 1, "bytes": len(UNSIGNED)}
         canary = self.stream.update_key(island, epoch, 1, CLAIMED_SEQ) + ":0"
-        self.client.set(canary, self.canary_value)
+        # with a TTL as every honest chunk has: syncd's key bounds delete one without
+        self.client.set(canary, self.canary_value, ex=CANARY_TTL_S)
         ids = [write_entry(self.stream, {**fields, "key": self.other_canary})
                for _, fields in hostile_entries(claim)]
         unsigned = {**claim, "seq": CLAIMED_SEQ + 1}
