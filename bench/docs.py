@@ -74,7 +74,10 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
             ("kernel merges per min", "cases.0.kernel.merges_per_min"),
             ("emulated merges per min", "cases.0.emulated.merges_per_min"),
             ("kernel test loss", "cases.0.kernel.eval_loss"),
-            ("emulated test loss", "cases.0.emulated.eval_loss")],
+            ("emulated test loss", "cases.0.emulated.eval_loss"),
+            ("kernel: link's round trip (s)", "cases.0.kernel.link_round_trip_s"),
+            ("kernel: syncd's t_sync (s)", "cases.0.kernel.grace_round_trip_s"),
+            ("kernel: t_sync from", "cases.0.kernel.grace_round_trip_source")],
 }
 
 INTRO = """\

@@ -106,8 +106,13 @@ def one_run(hosts: Hosts, size: dict[str, Any], rate_mbit: float, link: str,
 
     outcome = wait_until(done, size["timeout_s"], f"the {link} run to spend its budget")
     began = min(b["time"] for b in first.values())
-    return figures(first, last, outcome, end["time"] - began,
-                   [(t - began, loss) for t, loss in evals])
+    out = figures(first, last, outcome, end["time"] - began,
+                  [(t - began, loss) for t, loss in evals])
+    # What the link did (a send plus a pull) against the t_sync syncd sized the grace
+    # window with at the end, and from what (measured or configured).
+    return {**out, "link_round_trip_s": round(out["send_s"] + out["pull_s"], 4),
+            "grace_round_trip_s": end.get("round_trip_s"),
+            "grace_round_trip_source": end.get("round_trip_source")}
 
 
 def figures(first: dict[str, dict], last: dict[str, dict], outcome: dict[str, Any],
