@@ -1,4 +1,5 @@
-"""python -m bench NAME [--quick] [--minutes N] [--device D] [--preset P]: run one benchmark.
+"""python -m bench NAME [--quick] [--minutes N] [--device D] [--preset P] [--in-process]:
+run one benchmark.
 
 python -m bench docs: write docs/BENCHMARKS.md from the committed results (bench/docs.py)."""
 
@@ -8,6 +9,7 @@ import argparse
 
 from bench import (
     convergence,
+    convergence_inprocess,
     dataplane,
     docs,
     efficiency,
@@ -49,6 +51,9 @@ def main() -> None:
                         help="quality: check this preset's codecs at its own size "
                              "(e.g. gpt2_small) instead of the profiles' small models; "
                              "rejoin: time a warm rejoin of this preset's run at its size")
+    parser.add_argument("--in-process", action="store_true",
+                        help="convergence only: the merge timing variants in the in-process "
+                             "cluster, on a virtual clock (bench/convergence_inprocess.py)")
     args = parser.parse_args()
     if args.name == "docs":
         raise SystemExit(docs.main())
@@ -67,6 +72,10 @@ def main() -> None:
         if args.name not in ("quality", "rejoin"):
             parser.error("--preset is an option of quality and rejoin alone")
         options["preset"] = args.preset
+    if args.in_process:
+        if args.name != "convergence":
+            parser.error("--in-process is an option of convergence alone")
+        raise SystemExit(convergence_inprocess.main(**options))
     raise SystemExit(BENCHMARKS[args.name](**options))
 
 if __name__ == "__main__":

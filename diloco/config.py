@@ -93,9 +93,10 @@ class SyncConfig:
     max_staleness: int = setting(4, "Updates based on a version older than newest minus this "
                                  "are dropped.", 0, 1000)
     merge_each_period: bool = setting(
-        False, "Merge a fragment at most once per synchronization period (H inner steps "
+        True, "Merge a fragment at most once per synchronization period (H inner steps "
         "at the median step time after its last merge), with what arrived from the "
-        "quorum by then, as the paper does; false: as soon as quorum and grace allow.")
+        "quorum by then, as the paper does; false: as soon as quorum and grace allow. "
+        + help_text("merge_each_period"))
     staleness_weighting: str = setting(
         "none", "cosine: an update's weight, and its round's outer step, scaled by "
         "(1 + cos(pi x age / (max_staleness + 1))) / 2 of its age (versions between its "

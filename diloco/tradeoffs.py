@@ -1,12 +1,15 @@
-"""What K, grace, alpha and tau cost in quality and in speed, with the figures measured so
-far and where each comes from: the config's help texts (diloco/config.py) say it in
-short, the estimate (POST /api/config/estimate, the new-run page's Sizes) for the
-config's own values. A setting no benchmark has measured says so; no figure here is
-made up, and each names its results file or journal entry.
+"""What K, grace, alpha, tau and the merge timing cost in quality and in speed, with the
+figures measured so far and where each comes from: the config's help texts
+(diloco/config.py) say it in short, the estimate (POST /api/config/estimate, the
+new-run page's Sizes) for the config's own values. A setting no benchmark has
+measured says so; no figure here is made up, and each names its results file or
+journal entry.
 
 The figures of `bench convergence --quick` (bench/results/convergence-quick.json) ran
-on 2 shared cores at a load average of 17.8: they are indicative, and the full profile
-on an idle machine (issue 46) replaces them.
+on 2 shared cores at a load average of 17.8, with sync.merge_each_period false: they are
+indicative, and the full profile on an idle machine (issue 46) replaces them. Those of
+`bench convergence --in-process` (bench/results/convergence-inprocess.json) are on a
+virtual clock, which the load does not move.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from __future__ import annotations
 CONVERGENCE = ("bench/results/convergence-quick.json: python -m bench convergence --quick, "
                "commit 396a21a, 4 islands of a 2-layer 64-wide byte GPT, H = 20, 60 s each, "
                "2 cores at load 17.8 (indicative)")
+INPROCESS = ("bench/results/convergence-inprocess.json: python -m bench convergence "
+             "--in-process, the same workload in the in-process cluster on a virtual clock, "
+             "islands out of phase (speeds 0.50 to 0.38), 275,456 tokens, seeds 1234 and 7")
 SIMULATE = ("docs/journal/benchmarks-2026.md, bench simulate: 8 islands, 1.2M chips, "
             "'Archipelago's own choices'")
 NOT_MEASURED = "no benchmark has measured it yet"
@@ -26,7 +32,8 @@ COSTS = {
         "in 60 s",
         "each merge then holds fewer and older updates: at K = 2 of 4 held-out loss was "
         "0.945x sync's at equal time but 1.039x at equal tokens, with 2.044 merges per H "
-        "window against 1.115 and update age p95 2 against 0"),
+        "window against 1.115 and update age p95 2 against 0, all with "
+        "sync.merge_each_period false (see it)"),
     "grace_gamma": (
         "the window after quorum is sized to close before the senders need the result "
         "(tau steps less the round trip): gamma 1 kept goodput at 89.4%, as gamma 0, in "
@@ -45,9 +52,18 @@ COSTS = {
         "the global fragment it mixes in is tau steps late, and with alpha 0 its own "
         "steps on that fragment since the send are replaced; tau's own share of the "
         "equal-token gap above is not measured apart from K's"),
+    "merge_each_period": (
+        "islands with tau >= 1 train on while a round waits for its period's end, at "
+        "the same pace as without (241,152 tokens at 268.4 virtual s either way); only "
+        "a run's last merges wait for their period after the budget is spent (349.9 s "
+        "against 310.2 s to the end)",
+        "the islands that arrive within a period land in one merge instead of K merging "
+        "at once and the rest spilling a version stale into a second: 1.190 merges per H "
+        "window against 2.156 off, held-out loss 0.972x off's at equal tokens (1.006x "
+        "mode sync's, off: 1.035x) and 0.995x off's at equal time"),
 }
 SOURCES = {"min_quorum": CONVERGENCE, "grace_gamma": SIMULATE, "alpha": CONVERGENCE,
-           "overlap_steps": CONVERGENCE}
+           "overlap_steps": CONVERGENCE, "merge_each_period": INPROCESS}
 
 
 def help_text(setting: str) -> str:
@@ -57,9 +73,9 @@ def help_text(setting: str) -> str:
 
 
 def tradeoffs(min_quorum: int, islands: int, grace_gamma: float, alpha: float,
-              overlap_steps: int) -> list[dict[str, str]]:
-    """What the config's K, grace, alpha and tau cost: per setting its value as set, its
-    speed and quality costs and the source of their figures."""
+              overlap_steps: int, merge_each_period: bool) -> list[dict[str, str]]:
+    """What the config's K, grace, alpha, tau and merge timing cost: per setting its value
+    as set, its speed and quality costs and the source of their figures."""
     values = {
         "min_quorum": f"{min_quorum} of {islands} islands" + (
             ": every merge waits for the slowest island" if min_quorum >= islands else ""),
@@ -69,6 +85,8 @@ def tradeoffs(min_quorum: int, islands: int, grace_gamma: float, alpha: float,
                                  if alpha == 0 else ""),
         "overlap_steps": f"{overlap_steps}" + (": each island waits for each merge"
                                                if overlap_steps == 0 else ""),
+        "merge_each_period": ("true: a round merges once per period" if merge_each_period
+                              else "false: a round merges at quorum and grace"),
     }
     return [{"setting": f"sync.{name}", "value": values[name], "speed": COSTS[name][0],
              "quality": COSTS[name][1], "source": SOURCES[name]} for name in COSTS]

@@ -17,8 +17,9 @@ STATS = RoundStats(step_time_s=1.0, sync_time_s=0.5)
 
 
 def synchronizer(fragments: int = 1, **sync) -> Synchronizer:
+    # Merging at quorum and grace (merge_each_period false) unless a test says otherwise.
     settings = {"min_quorum": 2, "overlap_steps": 5, "grace_gamma": 1.0,
-                "weighting": "tokens", "max_staleness": 4, **sync}
+                "weighting": "tokens", "max_staleness": 4, "merge_each_period": False, **sync}
     parts = partition({n: t.numel() for n, t in PARAMS.items()}, fragments)
     return Synchronizer(PARAMS, parts, SyncConfig(**settings),
                         OptimConfig(outer_lr=0.5, outer_momentum=0.0), ROUND_TOKENS)

@@ -36,17 +36,21 @@ def test_the_help_of_each_setting_says_its_speed_and_quality_with_the_source():
     for name in COSTS:
         text = described[f"sync.{name}"]
         assert "Speed: " in text and "Quality: " in text, name
-        assert "bench/results/convergence-quick.json" in text or "bench simulate" in text, name
+        assert any(source in text for source in ("bench/results/convergence-quick.json",
+                                                 "bench/results/convergence-inprocess.json",
+                                                 "bench simulate")), name
 
 
 def test_the_estimate_says_the_costs_of_the_configs_own_values():
     sync = RunConfig().sync
     at_defaults = {t["setting"]: t for t in tradeoffs(
-        sync.min_quorum, 4, sync.grace_gamma, sync.alpha, sync.overlap_steps)}
-    waiting = {t["setting"]: t["value"] for t in tradeoffs(4, 4, 0.0, 0.5, 0)}
+        sync.min_quorum, 4, sync.grace_gamma, sync.alpha, sync.overlap_steps,
+        sync.merge_each_period)}
+    waiting = {t["setting"]: t["value"] for t in tradeoffs(4, 4, 0.0, 0.5, 0, False)}
 
     assert list(at_defaults) == ["sync.min_quorum", "sync.grace_gamma", "sync.alpha",
-                                 "sync.overlap_steps"]
+                                 "sync.overlap_steps", "sync.merge_each_period"]
+    assert at_defaults["sync.merge_each_period"]["value"].startswith("true: ")
     assert at_defaults["sync.min_quorum"]["value"] == "2 of 4 islands"
     assert at_defaults["sync.alpha"]["value"].startswith("0: the global replaces")
     assert all(t["speed"] and t["quality"] and t["source"] for t in at_defaults.values())
@@ -54,4 +58,23 @@ def test_the_estimate_says_the_costs_of_the_configs_own_values():
                                           "island",
                        "sync.grace_gamma": "0: no window, a merge at quorum",
                        "sync.alpha": "0.5",
-                       "sync.overlap_steps": "0: each island waits for each merge"}
+                       "sync.overlap_steps": "0: each island waits for each merge",
+                       "sync.merge_each_period": "false: a round merges at quorum and grace"}
+
+
+def test_the_cost_of_merge_each_period_quotes_the_in_process_results():
+    result = json.loads((ROOT / "bench/results/convergence-inprocess.json").read_text())
+    at_quorum, each_period = (result["seeds"]["1234"][v] for v in ("at_quorum", "each_period"))
+    ratios = result["ratios"]
+    speed, quality = COSTS["merge_each_period"]
+
+    assert at_quorum["pace"] == each_period["pace"]
+    assert f"({each_period['pace'][0]:,} tokens at {each_period['pace'][1]:.1f} virtual s " \
+           "either way)" in speed
+    assert f"({each_period['virtual_s']} s against {at_quorum['virtual_s']} s" in speed
+    assert f"{each_period['merges_per_window']:.3f} merges per H window against " \
+           f"{at_quorum['merges_per_window']:.3f} off" in quality
+    assert f"{ratios['each_period_vs_at_quorum_tokens']:.3f}x off's at equal tokens" in quality
+    assert f"({ratios['each_period_vs_sync_tokens']:.3f}x mode sync's, off: " \
+           f"{ratios['at_quorum_vs_sync_tokens']:.3f}x)" in quality
+    assert f"{ratios['each_period_vs_at_quorum_time']:.3f}x off's at equal time" in quality
