@@ -91,7 +91,8 @@ class Ingester:
         self.excused: list[set[str]] = [set() for _ in range(fragments)]
         self.restart_versions = [0] * fragments  # published by the last restart
         self.step_time: dict[str, float] = {}
-        self.last_update: dict[tuple[str, int], tuple[float, int, int]] = {}  # time, seq, epoch
+        # time, seq, epoch, and the backpressure wait the island's heartbeat reported then
+        self.last_update: dict[tuple[str, int], tuple[float, int, int, float]] = {}
         # Elastic: each island's barrier waits booked as lost so far, and their total at
         # its last update of each fragment: a step time counts them once, as lost.
         self.waited: Counter[str] = Counter()
@@ -255,22 +256,29 @@ class Ingester:
             return None
 
     def _measure(self, ref: UpdateRef, now: float, liveness: Liveness) -> None:
-        """The island's step time from the gap since its last update of the fragment."""
+        """The island's step time from the gap since its last update of the fragment.
+        The step time that sizes rounds (a period's end, the grace window) leaves out
+        the backpressure the island's heartbeats report meanwhile: a period sized by
+        waits would hold the next merge later, which holds the islands back longer, and
+        the period never shrinks back to the training pace."""
         p = ref.fragment
         previous = self.last_update.get((ref.island, p))
+        beat = liveness.heartbeats.get(ref.island)
+        held = beat.backpressure_wait_s if beat is not None and beat.epoch == ref.epoch else 0.0
         # Within one epoch only: the gap across a kill and rejoin is down time.
         if previous is not None and previous[2] == ref.epoch and ref.seq > previous[1] \
                 and now > previous[0]:
             steps = ref.seq - previous[1]
-            self.step_time[ref.island] = (now - previous[0]) / steps
             training = now - previous[0] - (self.waited[ref.island]
                                             - self.waited_at.get((ref.island, p), 0.0))
+            paced = training - max(held - previous[3], 0.0)
+            self.step_time[ref.island] = (paced if paced > 0 else now - previous[0]) / steps
             if training > 0:
                 self.accounting.observe_step_time(ref.island, training / steps,
                                                   faulted=liveness.disturbed_since(
                                                       ref.island, previous[0]),
                                                   steps=steps)
-        self.last_update[(ref.island, p)] = (now, ref.seq, ref.epoch)
+        self.last_update[(ref.island, p)] = (now, ref.seq, ref.epoch, held)
         self.waited_at[(ref.island, p)] = self.waited[ref.island]
 
     def _reject(self, ref: UpdateRef, reason: str) -> None:

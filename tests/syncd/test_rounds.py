@@ -15,7 +15,7 @@ import torch
 
 from diloco.signing import island_key
 from syncd.service import RunSync
-from tests.syncd.runs import heartbeat_all, send, stored_keys
+from tests.syncd.runs import heartbeat_all, send, stored_keys, write_beat
 from webapp.runs.models import Event
 from webapp.runs.records import DatabaseRecorder
 
@@ -383,3 +383,20 @@ def test_each_merge_records_the_age_of_each_update_and_the_status_shows_it_per_i
     assert status["islands"]["b"]["staleness"] == {"last": 1, "p50": 0.5, "p95": 0.95,
                                                    "max": 1, "count": 2}
     assert status["staleness"]["max"] == 1
+
+
+def test_the_step_time_that_sizes_rounds_leaves_out_what_backpressure_held_back(run_sync):
+    # a's 4 steps take 3 s on the clock, of which its heartbeat reports 2 s held back
+    # before the send: 0.25 s a step, its training pace, sizes the period, not 0.75 s.
+    def update(now: float, seq: int, held: float) -> None:
+        run_sync.clock_state["now"] = now
+        write_beat(run_sync, "a", epoch=1, time=now, step=seq, tokens=128,
+                   backpressure_wait_s=held)
+        send(run_sync, "a", 0, seq)
+        run_sync.tick()
+
+    update(1000.0, 4, 0.0)
+    update(1003.0, 8, 2.0)
+    assert run_sync.rounds.round_stats().step_time_s == pytest.approx(0.25)
+    update(1004.0, 12, 2.0)  # no wait since: 4 steps in 1 s
+    assert run_sync.rounds.round_stats().step_time_s == pytest.approx(0.25)
