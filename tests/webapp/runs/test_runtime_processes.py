@@ -579,15 +579,21 @@ def test_held_out_loss_is_evaluated_live_against_rising_merged_tokens_in_the_api
     stop_run(run, by=None)
 
 
-def test_a_stop_merges_what_arrived_checkpoints_and_only_then_the_run_is_stopped(
-        system, corpus_file, redis_url, django_user_model, client):
-    client.force_login(django_user_model.objects.create_superuser("root", password=None))
+def training_without_periodic_checkpoints(corpus_file: Path, redis_url: str
+                                          ) -> tuple[Run, RunStore]:
+    """A run started and training whose only checkpoints will be the ones a stop makes."""
     run = tiny_run(corpus_file, total_tokens=10**9)
-    run.config["checkpoint"]["interval_s"] = 3600.0  # no periodic checkpoint to lean on
+    run.config["checkpoint"]["interval_s"] = 3600.0
     run.save(update_fields=["config"])
     store = start_and_wait(run, redis_url, 2)
     wait_all_training(store)
+    return run, store
 
+
+def test_a_stop_merges_what_arrived_checkpoints_and_only_then_the_run_is_stopped(
+        system, corpus_file, redis_url, django_user_model, client):
+    client.force_login(django_user_model.objects.create_superuser("root", password=None))
+    run, store = training_without_periodic_checkpoints(corpus_file, redis_url)
     asked = time.time()
     stop_run(run, by=None)
     run.refresh_from_db()
@@ -612,12 +618,7 @@ def test_a_stop_merges_what_arrived_checkpoints_and_only_then_the_run_is_stopped
 
 def test_a_stop_asked_just_before_the_system_stops_is_done_with_its_checkpoint_first(
         system, corpus_file, redis_url):
-    run = tiny_run(corpus_file, total_tokens=10**9)
-    run.config["checkpoint"]["interval_s"] = 3600.0  # no periodic checkpoint to lean on
-    run.save(update_fields=["config"])
-    store = start_and_wait(run, redis_url, 2)
-    wait_all_training(store)
-
+    run, store = training_without_periodic_checkpoints(corpus_file, redis_url)
     asked = time.time()
     stop_run(run, by=None)
     # The system stops right after, as `python -m webapp.start` does: SIGTERM to syncd
