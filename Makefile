@@ -49,15 +49,19 @@ test-unit: install-test
 		tests/bench -m "not integration" -q -p no:cacheprovider
 
 # Database tier, once per database in TEST_DATABASES: the web app and the scenarios
-# across it (tests/system: its doors, its hosts), syncd against a Redis of the tests'
-# own, and the runtime with real worker, syncd and island processes.
+# across it (tests/system: its doors, its hosts) and syncd against a Redis of the tests'
+# own; then the runtime with real worker, syncd and island processes (marked
+# `processes`) once, on the last database of TEST_DATABASES (PostgreSQL by default): the
+# processes are what it tests, and a second pass doubled the tier's time.
 # tests/databases.py makes sure each database answers: a local PostgreSQL where
 # nothing listens is replaced by a throwaway one under var/, stopped afterwards.
 test-db: install-test
 	mkdir -p var
 	$(PY) -m tests.databases $(TEST_DATABASES) -- sh -c '\
-		$(VENV)/bin/pytest tests/webapp tests/system -m "not system" -q -p no:cacheprovider && \
+		$(VENV)/bin/pytest tests/webapp tests/system -m "not system and not processes" -q -p no:cacheprovider && \
 		$(VENV)/bin/pytest tests/trainer tests/syncd -m integration -q -p no:cacheprovider'
+	$(PY) -m tests.databases $(lastword $(TEST_DATABASES)) -- \
+		$(VENV)/bin/pytest tests/webapp -m processes -q -p no:cacheprovider
 
 # System tier, once: whole systems with a database and Redis of their own: the chaos
 # soak's CI tier (every kind of fault at least once, then every invariant), a kill -9

@@ -45,7 +45,8 @@ from webapp.runs.lifecycle import create_run, start_run, stop_run
 from webapp.runs.membership import rejoin_island
 from webapp.runs.models import Run
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.processes,
+              pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parents[3]
 
 
