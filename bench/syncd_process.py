@@ -51,6 +51,9 @@ class BenchRecorder:
                    eval_loss: float | None, keep: int) -> list[str]:
         return []
 
+    def checkpoint_evaluated(self, path: str, eval_loss: float) -> None:
+        pass
+
     def checkpoints(self) -> list[tuple[str, str]]:
         return []
 

@@ -105,9 +105,10 @@ class Recovery:
             self.checkpoint_asked = False
             self.save_checkpoint(rounds, eval_loss)
 
-    def save_checkpoint(self, rounds: Rounds, eval_loss: float | None) -> None:
+    def save_checkpoint(self, rounds: Rounds, eval_loss: float | None) -> str:
         """Write the global model, its outer momentum and versions (with the eval loss
-        of the model, for the Checkpoint row), and forget the oldest beyond `keep`."""
+        of the model, for the Checkpoint row), and forget the oldest beyond `keep`;
+        returns the checkpoint's path."""
         sync = rounds.sync
         versions = sync.versions()
         momentum = {f"{p}.{k}": v for p, opt in enumerate(sync.optimizers)
@@ -120,6 +121,7 @@ class Recovery:
                                             self.spec.config.checkpoint.keep):
             Path(old).unlink(missing_ok=True)
         self.recorder.event("checkpoint", None, versions=versions, sha256=sha, bytes=nbytes)
+        return str(path)
 
     def tokenizer_ready(self) -> bool:
         """Whether a checkpoint can be written without waiting for the corpus: the run's

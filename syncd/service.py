@@ -403,14 +403,16 @@ class RunSync:
         The checkpoint comes first: an evaluation that fails (the corpus missing on
         syncd's host, say) is recorded as an alert and the run still ends, its training
         saved; the outcome then carries the last eval loss that was measured, as it does
-        when syncd itself stops (finish_stop: no final evaluation)."""
+        when syncd itself stops (finish_stop: no final evaluation). The final
+        evaluation's loss is the final checkpoint's, whose row takes it once measured."""
         self.completed = True
         self.store.control.mark_done()
-        self.recovery.save_checkpoint(self.rounds, self.eval_loss)
+        final = self.recovery.save_checkpoint(self.rounds, self.eval_loss)
         try:
             if self.evaluate_at_end:
                 self._evaluated(self.evaluation(self.rounds.sync.global_params()),
                                 self.rounds.tokens_merged())
+                self.recorder.checkpoint_evaluated(final, self.eval_loss)
         except Exception as exc:
             log.exception("run %s: the final evaluation failed", self.store.run_id)
             error = f"{type(exc).__name__}: {exc}"

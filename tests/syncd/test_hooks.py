@@ -16,7 +16,7 @@ CALLS = [name for name, value in vars(Recorder).items()
 
 def test_the_protocol_names_the_calls_syncd_makes():
     assert CALLS == ["event", "island", "metric", "progress", "flush", "checkpoint",
-                     "checkpoints", "recover_merges", "end"]
+                     "checkpoint_evaluated", "checkpoints", "recover_merges", "end"]
 
 
 @pytest.mark.parametrize("name", CALLS)

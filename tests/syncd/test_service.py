@@ -224,6 +224,22 @@ def test_a_stop_saves_and_ends_the_run_even_when_the_final_evaluation_fails(
     assert "corpus.txt is not on syncd's host" in failed.detail["evaluation_failed"]
 
 
+def test_the_final_checkpoint_shows_the_final_evaluations_loss_not_the_one_before(run_sync):
+    run = Run.objects.get(pk=run_sync.recorder.run_id)
+    Run.objects.filter(pk=run.pk).update(state=Run.State.STOPPING)
+    heartbeat_all(run_sync)
+    run_sync.eval_loss = 9.0  # an evaluation of an earlier model
+    run_sync.store.control.request_stop(1000.0)
+    run_sync.tick()
+    run_sync.clock_state["now"] = 1000.0 + STOP_WAIT_S
+    run_sync.tick()
+
+    final = run_sync.store.status()["eval_loss"]
+    assert final is not None and final != 9.0
+    [checkpoint] = Run.objects.get(pk=run.pk).checkpoints.all()
+    assert checkpoint.eval_loss == final
+
+
 def beat_step(sync, island: str, time: float, step: int) -> None:
     beat = {"epoch": 1, "time": time, "step": step, "tokens": step * TOKENS_PER_STEP,
             "state": "training"}

@@ -110,6 +110,11 @@ class DatabaseRecorder:
         Checkpoint.objects.filter(pk__in=[c.pk for c in old]).delete()
         return [c.path for c in old]
 
+    def checkpoint_evaluated(self, path: str, eval_loss: float) -> None:
+        """The eval loss of a checkpoint's model, measured after it was recorded: the
+        final checkpoint is written before the final evaluation, and its row shows that."""
+        Checkpoint.objects.filter(run_id=self.run_id, path=path).update(eval_loss=eval_loss)
+
     def checkpoints(self) -> list[tuple[str, str]]:
         """(path, sha256) of this run's checkpoints, newest first."""
         return list(Checkpoint.objects.filter(run_id=self.run_id)
