@@ -4,7 +4,8 @@ same ones compose.yaml gives its services (`SERVICE_ENVIRONMENT`, checked agains
 compose.yaml by tests/test_compose.py).
 
 The hub runs the control Redis and the data plane (each wanting the password, on the
-hub's address), the database's migration, syncd (serving the published fragments on
+hub's address), the database (a SQLite file, or PostgreSQL on the hub's address wanting
+the password) and its migration, syncd (serving the published fragments on
 the hub's address, SYNCD_SERVE and SYNCD_SERVE_URL) and the web app (Daphne on the
 hub's address); each region its Celery worker and its pool manager, whose islands run
 in the region's namespace and reach the hub only across the region's shaped link.
@@ -21,7 +22,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.netns import HUB_ADDRESS, PORTS, ROOT, Network, Probe, environment, redis_argv
+from bench.netns import (
+    HUB_ADDRESS,
+    PORTS,
+    ROOT,
+    Network,
+    Probe,
+    environment,
+    redis_argv,
+    wait_until,
+)
+from bench.postgres import Server
 
 # The variables every process is given, and those of each kind of service beside them,
 # as compose.yaml gives them; a region's host may add HOST_TRUST (a private authority's
@@ -35,7 +46,7 @@ SERVICE_ENVIRONMENT = {
     "web": ("ALLOWED_HOSTS",),
     "worker": (),
     "pool": ("ISLAND_POOL_SIZE",),
-    "redis": (), "migrate": (), "probe": (),
+    "redis": (), "postgres": (), "migrate": (), "probe": (),
 }
 HOST_TRUST = ("SSL_CERT_FILE",)
 
@@ -50,10 +61,14 @@ class Hosts:
         certificates: with it, syncd serves over HTTPS: called with a folder and the
             hub's address, it makes (an authority's file, a certificate for the address,
             its key), and the regions trust the authority (SSL_CERT_FILE).
+        database: "sqlite" (a file of the folder) or "postgresql": a server in the hub,
+            on its address, wanting the password (bench/postgres.py; a test
+            dependency), which the regions' workers reach across their links.
     """
 
     def __init__(self, network: Network, pool_size: str = "1",
-                 certificates: Callable[[Path, str], tuple[str, str, str]] | None = None):
+                 certificates: Callable[[Path, str], tuple[str, str, str]] | None = None,
+                 database: str = "sqlite"):
         self.network = network
         self.certificates = certificates
         self.trust: dict[str, str] = {}  # the regions' SSL_CERT_FILE, with certificates
@@ -63,7 +78,9 @@ class Hosts:
         self.shared = {
             "REDIS_URL": f"redis://:{self.password}@{hub}:{PORTS['redis']}/0",
             "DATAPLANE_REDIS_URL": f"redis://:{self.password}@{hub}:{PORTS['dataplane']}/0",
-            "DATABASE_URL": f"sqlite:///{network.folder / 'db.sqlite3'}",
+            "DATABASE_URL": (f"postgres://archipelago:{self.password}@{hub}:"
+                             f"{PORTS['postgres']}/archipelago" if database == "postgresql"
+                             else f"sqlite:///{network.folder / 'db.sqlite3'}"),
             "SECRET_KEY": secrets.token_urlsafe(50),
             "REGIONS": ",".join(network.regions)}
         self.serve_url = f"{'https' if certificates else 'http'}://{hub}:{PORTS['syncd']}"
@@ -88,6 +105,8 @@ class Hosts:
             self.network.start(f"hub-{name}", "hub",
                                redis_argv(PORTS[name], folder / name, self.password),
                                self.env("hub", "redis"), binds=(HUB_ADDRESS,))
+        if self.shared["DATABASE_URL"].startswith("postgres"):
+            self._start_postgres()
         self.hub = Probe(self.network, "hub", self.env("hub-probe", "probe"))
         self.hub.ask(_WAIT_FOR_REDIS)
         migrate = subprocess.run(["ip", "netns", "exec", self.network.hub, sys.executable,
@@ -112,6 +131,17 @@ class Hosts:
                            self.env("web", "web", ALLOWED_HOSTS=HUB_ADDRESS),
                            binds=(HUB_ADDRESS,))
         self.hub.ask(_SETUP_DJANGO)
+
+    def _start_postgres(self) -> None:
+        """PostgreSQL in the hub, on its address only, its database made."""
+        url = self.shared["DATABASE_URL"]
+        server = Server.make(self.network.folder)
+        server.initdb("archipelago", self.password)
+        self.network.start("hub-postgres", "hub", server.argv(HUB_ADDRESS, PORTS["postgres"]),
+                           self.env("hub-postgres", "postgres"), binds=(HUB_ADDRESS,))
+        inside = ("ip", "netns", "exec", self.network.hub)
+        wait_until(lambda: server.answers(url, inside), 60, "the hub's PostgreSQL answering")
+        server.createdb(url, inside)
 
     def start_region(self, region: str) -> None:
         """The region's Celery worker and pool manager, in its namespace."""

@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "arn"
 SUBNET = ipaddress.ip_network("10.249.0.0/24")
 HUB_ADDRESS = str(SUBNET[1])
-PORTS = {"redis": 6379, "dataplane": 6380, "web": 8000, "syncd": 8765}
+PORTS = {"redis": 6379, "dataplane": 6380, "postgres": 5432, "web": 8000, "syncd": 8765}
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
@@ -274,10 +274,11 @@ class Network:
             process.wait(timeout=10)
 
     def down(self) -> None:
-        """Stop every process (regions first), delete the namespaces (the links go with
-        them) and the folder."""
+        """Stop every process (regions first, then the hub's, the last started first:
+        a service before what it uses), delete the namespaces (the links go with them)
+        and the folder."""
         for name in [n for n in self.processes if not n.startswith("hub")] + \
-                [n for n in self.processes if n.startswith("hub")]:
+                [n for n in reversed(self.processes) if n.startswith("hub")]:
             self.stop(name)
         for r in self.regions.values():
             _remove_namespace(r.namespace)

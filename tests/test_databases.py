@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import databases
+from bench import postgres
 from tests.databases import ROOT, main, throwaway_postgres
 from trainer.launch import free_port
 from webapp.processes import port_accepts
@@ -88,7 +88,7 @@ def test_the_command_runs_once_per_database_and_its_failure_is_the_result(var, t
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root runs the server as nobody")
 def test_a_checkout_nobody_may_enter_gets_its_throwaway_server_from_the_temporary_folder(
         var, monkeypatch, tmp_path):
-    monkeypatch.setattr(databases, "others_can_enter", lambda path: False)  # under /root
+    monkeypatch.setattr(postgres, "others_can_enter", lambda path: False)  # under /root
     seen = tmp_path / "seen"
 
     with throwaway_postgres(f"postgres://postgres@127.0.0.1:{free_port()}/runs", var) as url:

@@ -3,7 +3,7 @@
 Redis wants a password, given in the URL as it would be across a wide-area link;
 TLS is a rediss:// URL (and sslmode for PostgreSQL): the first tests check those
 URLs reach the clients. The scenario (marked system) runs the hub (Redis, the data
-plane, syncd serving over HTTPS, the web app) and two regions (a worker and a pool
+plane, PostgreSQL, syncd serving over HTTPS, the web app) and two regions (a worker and a pool
 manager each, and their islands) on hosts of their own, network namespaces joined
 by links the kernel shapes (bench/netns.py, bench/hosts.py), each process with a
 bare environment joined only by REDIS_URL, DATAPLANE_REDIS_URL and DATABASE_URL; it
@@ -128,7 +128,7 @@ def hosts() -> Hosts:
     if missing:
         pytest.skip(f"{missing}.")
     network = Network(["us-east", "us-west"], RATE_MBIT)
-    system = Hosts(network, certificates=certificates)
+    system = Hosts(network, certificates=certificates, database="postgresql")
     try:
         system.up()
         for region in network.regions:
@@ -230,6 +230,9 @@ def test_two_regions_across_shaped_links_train_survive_a_kill_and_a_cut_link_and
     # us-west's link cut at the kernel: syncd and the page see a partition, us-east trains on.
     viewer = Probe(network, "us-east", hosts.env("viewer", "probe"))
     viewer.ask(_VIEWER.format(base=hosts.web_url))
+    # The region reaches the hub's PostgreSQL across its link, with the password only.
+    assert viewer.ask(_DATABASE.format(run_id=run_id)) == [
+        "postgresql", "10.249.0.1", "two regions", "refused"]
     network.cut("us-west")
     wait_until(lambda: islands()["west-0"]["link"] == "partitioned", 30,
                "syncd to see us-west's island partitioned")
@@ -253,6 +256,24 @@ def test_two_regions_across_shaped_links_train_survive_a_kill_and_a_cut_link_and
     hosts.ask(f"stop_run(Run.objects.get(pk={run_id}), by=None)")
     logs = "".join(p.read_text(errors="replace") for p in network.folder.glob("*.log"))
     assert hosts.password not in logs
+
+
+_DATABASE = """
+import os, urllib.parse, django, psycopg
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+django.setup()
+from django.db import connection
+from webapp.runs.models import Run
+name = Run.objects.get(pk={run_id}).name
+url = os.environ["DATABASE_URL"]
+try:
+    psycopg.connect(url.replace(urllib.parse.urlsplit(url).password, "wrong"),
+                    connect_timeout=10)
+    denied = "let in"
+except psycopg.OperationalError:
+    denied = "refused"
+result = [connection.vendor, connection.settings_dict["HOST"], name, denied]
+"""
 
 
 # The viewer signs in to the web app across its region's link, as a browser would.
