@@ -23,7 +23,9 @@ size and M islands) it starts, under var/bench-dataplane:
 
 Each run's model is one fragment (P = 1), so that syncd holds no fragments the
 measurement does not move; the "1B fragment" size is a model of the parameters
-of one fragment of a 1B model at P = 8.
+of one fragment of a 1B model at P = 8, and "llama-114M" a Llama of the
+transformers library (model.source hf, diloco/presets.py LLAMA_114M: its tensors,
+and syncd builds it from its config with random weights, nothing fetched).
 
 Two phases, one after the other:
 - ingest, under saturating load: every island sends its `rounds` updates (more at
@@ -74,13 +76,16 @@ real island over an emulated 2 Gb/s link with tau = 1, its steps x the bare loop
 step time over their wall time, into the same JSON as `utilization`; `python -m
 bench utilization` runs it alone.
 
-It writes bench/results/dataplane.json (dataplane-quick.json with --quick), prints a
-table, and exits non-zero when a target of a config of at least 100M parameters, or
-island utilization from 85M, is missed.
+Each config's seconds, from its Redis' start to its last process's exit, are in its
+`wall_s`, and those of each size of at least 100M parameters summed over its configs
+in `wall_s_at_100m`. It writes bench/results/dataplane.json (dataplane-quick.json with
+--quick), prints a table, and exits non-zero when a target of a config of at least
+100M parameters, or island utilization from 85M, is missed.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import shutil
@@ -99,7 +104,9 @@ from bench import results, utilization
 from bench.syncd_process import RUN_ID, cpu_seconds, disk_written, start_redis, syncd_main
 from bench.system import ROOT
 from diloco import codecs, tensorfile
-from diloco.model import GPT, GPTConfig
+from diloco.config_parse import parse_config
+from diloco.island import build_model, gpt_config
+from diloco.presets import LLAMA_114M
 from diloco.protocol import decode_message, encode_message
 from diloco.signing import island_key, load_verify_key, verify_key_hex
 from diloco.sizes import kept_sends
@@ -119,14 +126,16 @@ UPLOAD_SLOTS = 2  # the default (diloco/config.py)
 H = 8  # inner steps per update: only the metadata's
 BATCH, BLOCK = 2, 128
 MB = 1e6
-SIZES: dict[str, dict[str, int]] = {
+# Each size's model settings (the config's model section less its block_size).
+SIZES: dict[str, dict[str, Any]] = {
     "100M": {"n_layer": 15, "n_embd": 768, "n_head": 12},
     "1B/8": {"n_layer": 12, "n_embd": 928, "n_head": 8},  # one fragment of a 1B model
+    "llama-114M": {"source": "hf", "hf_config": json.dumps(LLAMA_114M)},
     "6M": {"n_layer": 4, "n_embd": 320, "n_head": 8},
     "14M": {"n_layer": 6, "n_embd": 448, "n_head": 8},
 }
 PROFILES: dict[str, dict[str, Any]] = {
-    "full": {"sizes": ["100M", "1B/8"], "islands": [2, 4, 8, 16], "rounds": 10,
+    "full": {"sizes": ["100M", "1B/8", "llama-114M"], "islands": [2, 4, 8, 16], "rounds": 10,
              "min_updates": 48, "pulls": 4, "limit_bytes": 256 << 20,
              "transports": ["served", "redis"]},
     "quick": {"sizes": ["6M", "14M"], "islands": [2, 4], "rounds": 10, "min_updates": 0,
@@ -277,9 +286,11 @@ def run_config(size: str, m: int) -> dict[str, Any]:
 
 
 def shapes_of(size: str) -> dict[str, tuple[int, ...]]:
+    """The size's tensors as its run builds them (on the meta device: no memory)."""
+    shape = gpt_config(parse_config(run_config(size, 2), ["us-east"]))
     with torch.device("meta"):
-        gpt = GPT(GPTConfig(**SIZES[size], block_size=BLOCK))
-    return {name: tuple(t.shape) for name, t in gpt.state_dict().items()}
+        model = build_model(shape, init=False)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
 def write_payload(size: str, path: Path) -> int:
@@ -390,6 +401,7 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
     where the published fragment lies (`served` or `redis`)."""
     if transport not in ("served", "redis"):
         raise ValueError(f"transport must be served or redis, got {transport!r}")
+    began = time.time()
     folder = HOME / f"{size.replace('/', '-')}-m{m}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -502,6 +514,7 @@ def run_one(size: str, m: int, payload: Path, params: int, profile: dict[str, An
         "syncd_file_mb": syncd_report["bytes_saved"] / MB,
     }
     shutil.rmtree(folder, ignore_errors=True)
+    out["wall_s"] = round(time.time() - began, 1)
     return out
 
 
@@ -597,6 +610,10 @@ def main(quick: bool = False) -> int:
     out["utilization"] = u
     out["checks"] = {**utilization.checks(u), **checks(configs, lim)}
     out["seconds"] = round(time.time() - started, 1)
+    out["wall_s_at_100m"] = {size: round(sum(c["wall_s"] for c in configs
+                                             if c["size"] == size), 1)
+                             for size in dict.fromkeys(c["size"] for c in configs
+                                                       if c["params"] >= TARGET_PARAMS)}
     path = results.write("dataplane-quick" if quick else "dataplane", out)
     print(results.table([{"limit": k, "MB_per_s": v} for k, v in lim.items()],
                         ["limit", "MB_per_s"]))

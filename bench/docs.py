@@ -49,7 +49,9 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
     "dataplane": [("memcpy MB/s", "limits.memcpy_mb_s"),
                   ("transport MB/s", "limits.transport_mb_s"),
                   ("served read MB/s", "limits.served_read_mb_s"),
-                  ("utilization", "utilization.value")],
+                  ("utilization", "utilization.value"),
+                  ("wall time at >= 100M parameters (s)", "wall_s_at_100m"),
+                  ("wall time, whole run (s)", "seconds")],
     "efficiency": [("cores", "cpus")],
     "goodput": [("decoupled goodput", "decoupled.goodput"),
                 ("elastic goodput, warm pool", "elastic_warm.goodput"),
@@ -71,7 +73,9 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
                ("cold rejoin to first step p95 (s)", "cold.rejoin_to_first_step_s.p95"),
                ("rejoin to first step p95 (s)", "rejoin_to_first_step_s.p95"),
                ("rejoin's cost p95 (s)", "rejoin_cost_s.p95")],
-    "scale": [("device", "device"), ("minutes at the top size", "minutes")],
+    "scale": [("device", "device"), ("minutes at the top size", "minutes"),
+              ("wall time at >= 100M parameters (s)", "wall_s_at_100m"),
+              ("wall time, whole run (s)", "seconds")],
     "signing": [("1 MB: BLAKE3 tag (ms)", "rows.0.tag_blake3_ms"),
                 ("1 MB: SHA-256 tag (ms)", "rows.0.tag_sha256_ms")],
     "simulate": [("reconfiguration (s)", "reconfigure_s")],
@@ -223,6 +227,9 @@ def figure(value: Any) -> str:
         return f"{value:,}"
     if isinstance(value, dict) and value and all(isinstance(v, bool) for v in value.values()):
         return f"{sum(value.values())} of {len(value)}"
+    if isinstance(value, dict) and value and all(isinstance(v, int | float)
+                                                 for v in value.values()):
+        return ", ".join(f"{key} {figure(v)}" for key, v in value.items())
     return str(value) if isinstance(value, str) else json.dumps(value)
 
 

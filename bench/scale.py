@@ -4,7 +4,9 @@ It starts the real system the way `python -m webapp.start` does (its own control
 Redis with an append-only file and its data plane with nothing on disk, each with a
 maxmemory; syncd; a Celery worker per region whose island processes train) under
 var/bench-scale, and trains one run per model size, from
-about 1M to 113M parameters, each for a fixed number of outer rounds (P = 4, H = 8,
+about 1M to 113M parameters of the builtin GPT and then a Llama of the transformers
+library of 113.7M (model.source hf, diloco/presets.py LLAMA_114M, built from its config
+with random weights, nothing fetched), each for a fixed number of outer rounds (P = 4, H = 8,
 tau = 1, K = 2, codec none, grace 0 so a round merges when its quorum is in), with
 syncd started anew for each size. Every second it samples the two Redis'
 used_memory, syncd's resident memory and each island's (the pid each island heartbeats).
@@ -38,14 +40,17 @@ Per size it reports, with B the fp32 model bytes (4 x parameters):
   every one is a false death.
 
 It writes bench/results/scale.json (scale-quick.json with --quick: the two smallest
-sizes) and scale.html (memory over time per size), prints a table, and exits
-non-zero when a target is missed. `--minutes N` instead trains the top size for N
-minutes with 4 islands and writes scale-long.json. `--device cuda` trains the
+sizes), with each size's seconds from its syncd's start to its islands' exit and
+those of the sizes of at least 100M parameters apart (`wall_s_at_100m`), and
+scale.html (memory over time per size), prints a table, and exits
+non-zero when a target is missed. `--minutes N` instead trains the top builtin size
+for N minutes with 4 islands and writes scale-long.json. `--device cuda` trains the
 islands on the GPU and adds a size of about 1.2B parameters.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from pathlib import Path
@@ -53,6 +58,7 @@ from typing import Any
 
 from bench import results
 from bench.system import ROOT, BenchSystem
+from diloco.presets import LLAMA_114M
 
 HOME = ROOT / "var" / "bench-scale"
 REGIONS = ("us-east", "us-west")
@@ -69,12 +75,18 @@ SIZES: list[dict[str, Any]] = [
     {"label": "113M", "n_layer": 16, "n_embd": 768, "n_head": 12, "islands": 4, "batch": 2,
      "block": 128},
 ]
+# The Llama of the transformers library at the top size (the same islands and batch).
+HF_SIZES: list[dict[str, Any]] = [
+    {"label": "llama-114M", "hf_config": json.dumps(LLAMA_114M), "islands": 4, "batch": 2,
+     "block": 128},
+]
 # On a GPU (--device cuda) the sizes go on to about 1.2B parameters (2 islands).
 GPU_SIZES: list[dict[str, Any]] = [
     {"label": "1.2B", "n_layer": 24, "n_embd": 2048, "n_head": 16, "islands": 2, "batch": 4,
      "block": 256},
 ]
 ROUNDS = 8  # outer rounds per size
+WALL_FROM_PARAMS = 100_000_000  # the sizes whose seconds the results state apart
 H, P = 8, 4
 TARGETS = {"redis": (3.5, 64 * MIB, 10e6), "syncd": (5.0, 0, 10e6), "island": (7.0, 0, 50e6)}
 MAX_LOWS_RISE = 0.05
@@ -86,9 +98,10 @@ def run_config(size: dict[str, Any], corpus: Path, total_tokens: int, device: st
                ) -> dict[str, Any]:
     islands = [{"name": f"{REGIONS[i % 2].split('-')[1]}-{i // 2}", "region": REGIONS[i % 2],
                 "batch_size": size["batch"]} for i in range(size["islands"])]
+    model = ({"source": "hf", "hf_config": size["hf_config"]} if "hf_config" in size else
+             {"n_layer": size["n_layer"], "n_embd": size["n_embd"], "n_head": size["n_head"]})
     return {
-        "model": {"n_layer": size["n_layer"], "n_embd": size["n_embd"],
-                  "n_head": size["n_head"], "block_size": size["block"]},
+        "model": {**model, "block_size": size["block"]},
         "data": {"path": str(corpus)},
         "sync": {"inner_steps": H, "fragments": P, "overlap_steps": 1, "min_quorum": 2,
                  "grace_gamma": 0.0, "compression": "none", "downlink_compression": "none"},
@@ -118,14 +131,14 @@ def params_of(size: dict[str, Any]) -> int:
 
 
 def estimate_of(size: dict[str, Any]) -> dict[str, int]:
-    """What diloco.sizes estimates for this size: totals per part and the activations."""
-    from diloco.sizes import activation_bytes, estimate
+    """What diloco.sizes estimates for this size: totals per part and the activations
+    (an hf model's logits and their gradient with them)."""
+    from diloco.sizes import estimate
 
     est = estimate(size_config(size))
-    return {"redis": est.redis.total, "syncd": est.syncd.total,
-            "island": max(need.total for need in est.islands.values()),
-            "activations": activation_bytes(size["batch"], size["block"], size["n_layer"],
-                                            size["n_embd"], size["n_head"], "fp32")}
+    island = max(est.islands.values(), key=lambda need: need.total)
+    return {"redis": est.redis.total, "syncd": est.syncd.total, "island": island.total,
+            "activations": island.parts["activations"] + island.parts.get("logits", 0)}
 
 
 def messages_bound(size: dict[str, Any]) -> int:
@@ -139,7 +152,8 @@ def messages_bound(size: dict[str, Any]) -> int:
 
 
 def rss(pid: int) -> tuple[int, int] | None:
-    """(VmRSS, VmHWM) of a process in bytes; None once it is gone."""
+    """(VmRSS, VmHWM) of a process in bytes; None once it is gone. From /proc, since
+    psutil (7.2) gives no peak RSS (VmHWM) on Linux."""
     try:
         fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text()
                       .splitlines() if ":" in line)
@@ -435,29 +449,36 @@ def report_html(sizes: list[dict[str, Any]]) -> str:
 def main(quick: bool = False, minutes: float | None = None, device: str = "cpu") -> int:
     from bench.goodput import make_corpus
 
-    ladder = SIZES + (GPU_SIZES if device == "cuda" else [])
-    sizes = [ladder[-1]] if minutes else ladder[:2] if quick else ladder
+    gpu = GPU_SIZES if device == "cuda" else []
+    ladder = SIZES + HF_SIZES + gpu
+    sizes = [(SIZES + gpu)[-1]] if minutes else ladder[:2] if quick else ladder
     name = "scale-long" if minutes else "scale-quick" if quick else "scale"
     from webapp.processes import redis_maxmemory_mb
 
     system = BenchSystem(HOME, list(REGIONS), appendonly=True,
                          maxmemory_mb=redis_maxmemory_mb(), dataplane=True)
     rows = []
+    started = time.monotonic()
     try:
         system.setup_django()
         corpus = make_corpus(HOME / "corpus.txt")
         system.start_workers(concurrency=max(s["islands"] for s in sizes) // len(REGIONS))
         for size in sizes:
+            began = time.monotonic()
             rows.append(run_size(system, size, corpus, ROUNDS, minutes, device))
+            rows[-1]["seconds"] = round(time.monotonic() - began, 1)
     finally:
         system.stop()
     found = checks(rows)
     path = results.write(name, {"sizes": rows, "checks": found, "h": H, "p": P,
-                                "rounds": ROUNDS, "minutes": minutes, "device": device})
+                                "rounds": ROUNDS, "minutes": minutes, "device": device,
+                                "seconds": round(time.monotonic() - started, 1),
+                                "wall_s_at_100m": {r["label"]: r["seconds"] for r in rows
+                                                   if r["params"] >= WALL_FROM_PARAMS}})
     (results.RESULTS / f"{name}.html").write_text(report_html(rows))
-    columns = ["label", "params", "islands", "rounds", "redis_peak_ratio", "syncd_peak_ratio",
-               "island_peak_ratio", "growth", "lows_rise", "ingest_to_publish_s", "pull_s",
-               "merged_fragments_per_s"]
+    columns = ["label", "params", "islands", "rounds", "seconds", "redis_peak_ratio",
+               "syncd_peak_ratio", "island_peak_ratio", "growth", "lows_rise",
+               "ingest_to_publish_s", "pull_s", "merged_fragments_per_s"]
     print(results.table(rows, columns))
     print(results.checks_table(found))
     results.say(f"wrote {path}")

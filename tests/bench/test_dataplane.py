@@ -5,6 +5,7 @@ keys docs/BENCHMARKS.md reads)."""
 import json
 
 import pytest
+import torch
 
 from bench import dataplane, results, utilization
 
@@ -72,6 +73,19 @@ def test_sustained_ingest_is_not_told_from_fewer_than_two_merges_after_the_warm_
     assert not missed["100M M=2 redis ingest MB/s"]["ok"]  # not told: missed
 
 
+def test_the_full_profile_measures_a_llama_of_at_least_100m_parameters_by_its_own_tensors():
+    from diloco import hf
+    from diloco.presets import LLAMA_114M
+
+    shapes = dataplane.shapes_of("llama-114M")
+
+    assert "llama-114M" in dataplane.PROFILES["full"]["sizes"]
+    assert dataplane.run_config("llama-114M", 2)["model"]["source"] == "hf"
+    assert {n: torch.Size(s).numel() for n, s in shapes.items()} == \
+        hf.tensor_sizes(json.dumps(LLAMA_114M), dataplane.BLOCK, 256)
+    assert sum(torch.Size(s).numel() for s in shapes.values()) >= dataplane.TARGET_PARAMS
+
+
 @pytest.mark.integration
 def test_a_tiny_profile_runs_end_to_end(monkeypatch, tmp_path):
     monkeypatch.setattr(results, "RESULTS", tmp_path / "results")
@@ -102,6 +116,7 @@ def test_a_tiny_profile_runs_end_to_end(monkeypatch, tmp_path):
         assert run[key] > 0, key
     assert run["ingest_p50_s"] <= run["ingest_p95_s"]
     assert out["checks"] == {}  # nothing of 100M: no target judged
+    assert out["wall_s_at_100m"] == {} and run["wall_s"] > 0
     assert out["store"]["hiredis"]
     assert run["dataplane"] and run["disk_per_merged_mb"] > 0
     assert run["syncd_file_mb"] > 0  # each merge's published fragment, once

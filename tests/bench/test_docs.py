@@ -46,6 +46,14 @@ def test_a_headline_figure_comes_from_its_path_and_a_missing_one_is_left_out(tmp
     assert "BLAKE3" not in page and "no checks." in page
 
 
+def test_a_headline_of_figures_by_name_reads_each_name_and_its_figure(tmp_path):
+    write(tmp_path, "scale", {"wall_s_at_100m": {"113M": 333.3, "llama-114M": 1234.5}})
+
+    page = docs.page(tmp_path)
+
+    assert "| wall time at >= 100M parameters (s) | 113M 333.3, llama-114M 1,234 |" in page
+
+
 def test_the_command_is_the_recorded_one_else_read_from_the_file_name():
     assert docs.command("scale-long", {"minutes": 10.0}) == "python -m bench scale --minutes 10"
     assert docs.command("quality-preset-gpt2_small", {"preset": "gpt2_small"}) == \

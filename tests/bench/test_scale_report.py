@@ -6,11 +6,13 @@ import pytest
 
 from bench.scale import (
     HEADER_ALLOWANCE,
+    HF_SIZES,
     MAX_LOWS_RISE,
     MIB,
     SIZES,
     P,
     checks,
+    estimate_of,
     halves_peak_ratio,
     lows_rise,
     messages_bound,
@@ -138,3 +140,14 @@ def test_an_island_marked_lost_in_a_run_without_faults_fails_its_check():
             "islands_lost": [{"island": "east-0", "time": 0.0, "cause": "silent"}], **MESSAGES_OK}
 
     assert not checks([size])["113M islands marked lost (no faults)"]["ok"]
+
+
+def test_the_ladder_ends_with_a_llama_of_at_least_100m_parameters_by_its_library_model():
+    from diloco.shapes import parameter_count
+
+    size = HF_SIZES[-1]
+    config = size_config(size)
+
+    assert config.model.source == "hf" and size["islands"] == SIZES[-1]["islands"]
+    assert params_of(size) == parameter_count(config.model) >= 100_000_000
+    assert estimate_of(size)["activations"] > estimate_of(SIZES[-1])["activations"]  # logits

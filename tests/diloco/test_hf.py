@@ -172,3 +172,14 @@ def test_the_llama_preset_has_about_20m_parameters_by_its_library_model():
 
     assert 19_000_000 < parameter_count(config.model) < 21_000_000
     assert estimate(config).params == parameter_count(config.model)
+
+
+def test_the_benchmarks_llama_preset_has_at_least_100m_parameters_by_its_library_model():
+    from diloco.config_parse import parse_config
+    from diloco.presets import PRESETS
+    from diloco.shapes import parameter_count
+
+    config = parse_config(PRESETS["llama_114m"][1], ["us-east", "us-west"])
+
+    assert 100_000_000 <= parameter_count(config.model) < 120_000_000
+    assert estimate(config).params == parameter_count(config.model)
