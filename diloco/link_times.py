@@ -7,7 +7,8 @@ its sends and pulls and their link seconds, cumulative per epoch: between two of
 heartbeats, the seconds over the count are the time of one message in that
 direction. t_sync is then the median island's recent send plus its recent pull (each
 the median over islands of an island's median over its last WINDOW figures), and the
-configured round trip until both directions are measured.
+configured round trip until both directions are measured. A lost island's figures
+are dropped: the links of the living size the window.
 """
 
 from __future__ import annotations
@@ -87,6 +88,13 @@ class LinkTimes:
             seconds = per_message_s(*pair)
             if seconds is not None:
                 figures.setdefault(island, deque(maxlen=self.window)).append(seconds)
+
+    def forget(self, island: str) -> None:
+        """Drop a lost island's figures: t_sync is what the links of the living do, and
+        the island measures its link afresh when it is back."""
+        self.last.pop(island, None)
+        self.sends.pop(island, None)
+        self.pulls.pop(island, None)
 
     def sync_time(self, configured_s: float) -> SyncTime:
         """t_sync from the figures taken (`diloco.link_times.sync_time`)."""

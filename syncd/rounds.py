@@ -159,11 +159,16 @@ class Rounds:
 
     # -- merges ----------------------------------------------------------------
 
-    def observe_links(self, heartbeats: dict[str, Heartbeat]) -> None:
-        """Take the islands' link counts from their heartbeats (t_sync follows them)."""
+    def observe_links(self, heartbeats: dict[str, Heartbeat], lost: set[str]) -> None:
+        """Take the living islands' link counts from their heartbeats (t_sync follows
+        them) and forget the lost ones'."""
+        for island in lost:
+            self.link_times.forget(island)
         for island, beat in heartbeats.items():
-            self.link_times.observe(island, LinkCounts(beat.epoch, beat.sends, beat.send_link_s,
-                                                       beat.pulls, beat.pull_link_s))
+            if island not in lost:
+                self.link_times.observe(island, LinkCounts(beat.epoch, beat.sends,
+                                                           beat.send_link_s, beat.pulls,
+                                                           beat.pull_link_s))
 
     def sync_time(self) -> SyncTime:
         """t_sync, the round trip: the islands' measured send plus pull

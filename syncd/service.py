@@ -210,7 +210,7 @@ class RunSync:
         than on every pass: the spec, heartbeats, faults, a pause, requests, the budget."""
         self._follow_spec()
         self.liveness.read()
-        self.rounds.observe_links(self.liveness.heartbeats)
+        self.rounds.observe_links(self.liveness.heartbeats, self.liveness.lost)
         self.recovery.note_first_startups(self.liveness.heartbeats)
         paused = self.store.control.paused()
         if paused != self.accounting.clock.paused:

@@ -58,3 +58,16 @@ def test_only_the_recent_window_counts():
         before = link.last["a"]
         link.observe("a", counts(1, n, before.send_s + seconds, n, before.pull_s + seconds))
     assert link.sync_time(0.1).seconds == pytest.approx(2.0)
+
+
+def test_a_forgotten_island_no_longer_sizes_t_sync_and_starts_afresh():
+    link = LinkTimes()
+    for island, seconds in (("near", 1.0), ("far", 100.0), ("lost", 100.0)):
+        link.observe(island, counts(1, 1, 0.0, 1, 0.0))
+        link.observe(island, counts(1, 2, seconds, 2, seconds))
+    assert link.sync_time(0.1).seconds == pytest.approx(200.0)  # the median: a slow one
+
+    link.forget("lost")
+    assert link.sync_time(0.1).seconds == pytest.approx(101.0)  # median of two: the mean
+    link.observe("lost", counts(2, 1, 5.0, 1, 5.0))  # back: its first reading, no figure
+    assert link.sync_time(0.1).seconds == pytest.approx(101.0)
