@@ -1,11 +1,14 @@
 """python -m bench NAME [--quick] [--minutes N] [--device D] [--preset P] [--in-process]:
 run one benchmark.
 
-python -m bench docs: write docs/BENCHMARKS.md from the committed results (bench/docs.py)."""
+python -m bench docs: write docs/BENCHMARKS.md from the committed results (bench/docs.py).
+A benchmark waits for one running on the same machine to end (bench/exclusive.py)."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 
 from bench import (
     convergence,
@@ -13,6 +16,7 @@ from bench import (
     dataplane,
     docs,
     efficiency,
+    exclusive,
     goodput,
     gpu_smoke,
     merge,
@@ -75,8 +79,12 @@ def main() -> None:
     if args.in_process:
         if args.name != "convergence":
             parser.error("--in-process is an option of convergence alone")
-        raise SystemExit(convergence_inprocess.main(**options))
-    raise SystemExit(BENCHMARKS[args.name](**options))
+        run = convergence_inprocess.main
+    else:
+        run = BENCHMARKS[args.name]
+    with exclusive.alone(shlex.join(sys.argv[1:])):
+        raise SystemExit(run(**options))
+
 
 if __name__ == "__main__":
     main()
