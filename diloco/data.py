@@ -44,7 +44,7 @@ import json
 import os
 import re
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -52,7 +52,7 @@ from typing import Any, BinaryIO
 import torch
 
 from diloco import tokenizer as tokenizers
-from diloco.documents import RECORD_SUFFIXES, is_record_file
+from diloco.documents import RECORD_SUFFIXES, Progress, Skipped, is_record_file
 from diloco.prepare import CHUNK, HELD_OUT, SPLITS, Source, prepare_tokens, split_of
 from diloco.prepare import move_tail as _move_tail
 
@@ -142,7 +142,8 @@ def prepared_folder(root: Path, eval_fraction: float, under: Path, tokens: str =
 
 def load_corpus(path: str, eval_fraction: float, directory: Path,
                 tokenizer: str = tokenizers.BYTES,
-                vocab_size: int = tokenizers.BYTE_VOCAB, text_field: str = "text") -> Corpus:
+                vocab_size: int = tokenizers.BYTE_VOCAB, text_field: str = "text",
+                watch: Callable[[Progress], None] | None = None) -> Corpus:
     """A corpus split by file (or by record) into train, validation and test, prepared
     once and memory-mapped.
 
@@ -156,6 +157,8 @@ def load_corpus(path: str, eval_fraction: float, directory: Path,
             the corpus is prepared.
         tokenizer, vocab_size, text_field: data.tokenizer, data.vocab_size (of a `train`
             tokenizer) and data.text_field (of a record's text).
+        watch: handed each preparing pass's Progress as it begins (none where the
+            prepared files are current).
 
     Raises:
         ValueError: the corpus is too small, or a Parquet file has no such column;
@@ -165,7 +168,7 @@ def load_corpus(path: str, eval_fraction: float, directory: Path,
         raise ValueError(f"eval_fraction must be between 0 and 0.5, got {eval_fraction}")
     root = Path(path) if path else default_corpus_root()
     files = text_files(root, skip=(directory / "prepared").resolve())
-    source = Source(root, files, eval_fraction, text_field, tokenizer, vocab_size)
+    source = Source(root, files, eval_fraction, text_field, tokenizer, vocab_size, watch)
     as_bytes = tokenizer == tokenizers.BYTES and not any(is_record_file(p) for _, p in files)
     folder = prepared_folder(root, eval_fraction, directory,
                              "" if as_bytes else _tokens_key(source))
@@ -182,11 +185,12 @@ def load_corpus(path: str, eval_fraction: float, directory: Path,
     return Corpus(**splits, source=str(root), meta=manifest, folder=str(folder))
 
 
-def run_corpus(data: Any, directory: Path) -> Corpus:
+def run_corpus(data: Any, directory: Path,
+               watch: Callable[[Progress], None] | None = None) -> Corpus:
     """The corpus of a run's `data` section (diloco.config.DataConfig), prepared in the
-    data directory `directory`."""
+    data directory `directory`; `watch` as load_corpus's."""
     return load_corpus(data.path, data.eval_fraction, directory, tokenizer=data.tokenizer,
-                       vocab_size=data.vocab_size, text_field=data.text_field)
+                       vocab_size=data.vocab_size, text_field=data.text_field, watch=watch)
 
 
 def tokenizer_json(data: Any, directory: Path) -> str | None:
@@ -278,11 +282,18 @@ def _prepare(source: Source, folder: Path, current: str, as_bytes: bool) -> dict
 def _copy_bytes(source: Source, temps: dict[str, Path]) -> dict[str, Any]:
     """The bytes of text files, each file whole in its split, copied as they are."""
     used = 0
+    skipped = Skipped()
+    progress = source.progress("copying", skipped)
     with contextlib.ExitStack() as stack:
         out = {s: stack.enter_context(open(temps[s], "w+b")) for s in SPLITS}
         for rel, file in source.files:
             split = split_of(rel, source.eval_fraction) if source.root.is_dir() else "train"
-            used += _append_text(file, out[split])
+            copied = _append_text(file, out[split])
+            used += copied
+            progress.documents += copied
+            skipped.binary_files += 1 - copied
+            progress.add(file.stat().st_size)
+        progress.done()
         # One file, or too few files to hold some out: a held-out split left empty
         # takes eval_fraction of the bytes from the end of train instead. Validation
         # takes the very end, which format 1 held out as eval, and test the share

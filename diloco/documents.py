@@ -7,9 +7,10 @@ read a batch of rows at a time (pyarrow). Nothing holds more than a piece, a lin
 or a batch in memory. A line that is not JSON, not an object or without a string
 in the field, a row whose field is empty, and a text file with a NUL byte (binary)
 are skipped and counted (`Skipped`), the rest read. A pass counts the bytes of the
-files it has read (`Progress`) and logs them against the corpus' total every
-PROGRESS_EVERY_S seconds and at its end: the island's log (and syncd's) shows how far
-a long preparation is.
+files it has read and the documents it has handed on (`Progress`) and logs them
+against the corpus' total, with a bar, every PROGRESS_EVERY_S seconds and at its end:
+the island's log (and syncd's) shows how far a long preparation is, and syncd's
+status (syncd/corpus.py) reads the same counts for the run page's bar.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 JSONL_SUFFIXES = {".jsonl"}
 PARQUET_SUFFIXES = {".parquet"}
@@ -28,20 +30,32 @@ PIECE = 1 << 20  # characters of a text file handed on at a time
 PARQUET_ROWS = 1024  # rows of a Parquet file read at a time
 EXAMPLES = 5  # skipped lines named in the report
 PROGRESS_EVERY_S = 5.0  # a pass logs its progress at most this often
+BAR_WIDTH = 20  # characters of the log's progress bar
 
 log = logging.getLogger(__name__)
 
 
+def bar(fraction: float, width: int = BAR_WIDTH) -> str:
+    """A text progress bar of `fraction` (clipped to 0..1): [#####---------------]."""
+    filled = round(width * min(max(fraction, 0.0), 1.0))
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
 class Progress:
-    """The bytes of a corpus' files one pass (`what`) has read, against their `total`;
-    logged (INFO) at most every `every_s` seconds of `clock`, and at `done`."""
+    """The bytes of a corpus' files one pass (`what`) has read, against their `total`,
+    the documents it has handed on, and the records its `skipped` counts; logged
+    (INFO) at most every `every_s` seconds of `clock`, and at `done`."""
 
     def __init__(self, root: Path | str, what: str, total: int,
                  every_s: float = PROGRESS_EVERY_S,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 skipped: Skipped | None = None):
         self.label = f"corpus {root}: {what}"
+        self.what = what
         self.total = total
         self.read = 0
+        self.documents = 0
+        self.skipped = skipped if skipped is not None else Skipped()
         self.every_s = every_s
         self.clock = clock
         self.next_log = clock() + every_s
@@ -56,9 +70,20 @@ class Progress:
         self.read = max(self.read, self.total)
         self._log()
 
+    @property
+    def fraction(self) -> float:
+        return min(self.read / self.total, 1.0) if self.total else 1.0
+
+    def snapshot(self) -> dict[str, Any]:
+        """The pass and its counts now: what syncd's status of the corpus shows."""
+        return {"stage": self.what, "bytes_read": min(self.read, self.total),
+                "bytes_total": self.total, "documents": self.documents,
+                "skipped": self.skipped.total}
+
     def _log(self) -> None:
-        log.info("%s: %d of %d bytes read (%.0f%%)", self.label, self.read, self.total,
-                 100 * min(self.read / self.total, 1.0) if self.total else 100.0)
+        log.info("%s: %s %d of %d bytes read (%.0f%%), %d documents, %d skipped",
+                 self.label, bar(self.fraction), self.read, self.total, 100 * self.fraction,
+                 self.documents, self.skipped.total)
 
 
 @dataclass
@@ -69,6 +94,10 @@ class Skipped:
     no_text: int = 0
     binary_files: int = 0
     examples: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return self.bad_json + self.no_text + self.binary_files
 
     def note(self, where: str, why: str) -> None:
         if len(self.examples) < EXAMPLES:
@@ -98,16 +127,20 @@ def is_record_file(path: Path) -> bool:
 def pieces(files: list[tuple[str, Path]], text_field: str, skipped: Skipped,
            progress: Progress | None = None) -> Iterator[Piece]:
     """Every document of `files` ((relative path, path) in order) as pieces; the bytes
-    read counted in `progress`, done at the end."""
+    read and the documents counted in `progress`, done at the end."""
     counter = progress or Progress("", "", 0, every_s=float("inf"))  # logs nothing
     for rel, path in files:
         if path.suffix in JSONL_SUFFIXES:
-            yield from _jsonl(rel, path, text_field, skipped, counter)
+            found = _jsonl(rel, path, text_field, skipped, counter)
         elif path.suffix in PARQUET_SUFFIXES:
-            yield from _parquet(rel, path, text_field, skipped)
-            counter.add(path.stat().st_size)
+            found = _parquet(rel, path, text_field, skipped)
         else:
-            yield from _text(rel, path, skipped, counter)
+            found = _text(rel, path, skipped, counter)
+        for piece in found:
+            counter.documents += piece.last
+            yield piece
+        if path.suffix in PARQUET_SUFFIXES:
+            counter.add(path.stat().st_size)
     if progress is not None:
         progress.done()
 

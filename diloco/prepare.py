@@ -18,8 +18,8 @@ import contextlib
 import logging
 import os
 import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -41,7 +41,9 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Source:
     """What is prepared: the corpus' root and its files, the split shares, the field of
-    a record's text and the tokenizer's kind (data.tokenizer) and size (data.vocab_size)."""
+    a record's text and the tokenizer's kind (data.tokenizer) and size (data.vocab_size);
+    and who `watch`es it, handed each pass's Progress as the pass begins (syncd's
+    status of the corpus reads it)."""
 
     root: Path
     files: list[tuple[str, Path]]
@@ -49,6 +51,15 @@ class Source:
     text_field: str
     tokenizer: str
     vocab_size: int
+    watch: Callable[[Progress], None] | None = field(default=None, compare=False)
+
+    def progress(self, what: str, skipped: Skipped) -> Progress:
+        """A pass's Progress over every file's bytes, shown to the watcher."""
+        made = Progress(self.root, what, sum(path.stat().st_size for _, path in self.files),
+                        skipped=skipped)
+        if self.watch is not None:
+            self.watch(made)
+        return made
 
 
 def split_of(rel: str, eval_fraction: float) -> str:
@@ -87,8 +98,7 @@ def _routed(source: Source, skipped: Skipped, what: str) -> Iterator[Any]:
     """(piece, split) of every document piece, in order; the pass (`what`) logs how
     many of the files' bytes it has read."""
     one_text_file = source.root.is_file() and not is_record_file(source.root)
-    total = sum(path.stat().st_size for _, path in source.files)
-    progress = Progress(source.root, what, total)
+    progress = source.progress(what, skipped)
     for piece in pieces(source.files, source.text_field, skipped, progress):
         yield piece, "train" if one_text_file else split_of(piece.key, source.eval_fraction)
 

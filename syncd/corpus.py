@@ -3,7 +3,9 @@ in a thread of its own, so that the loop serving every run of this syncd never w
 on it. The evaluation reads the corpus from it, and a checkpoint of a run whose
 tokenizer is not bytes waits for it (syncd/recovery.py defers a periodic checkpoint
 until it is ready). Islands preparing the same corpus meanwhile wait on its folder's
-lock (diloco/data.py) and find the files made.
+lock (diloco/data.py) and find the files made. How far the preparation is (the pass,
+bytes read of the corpus' bytes, documents, records skipped) is the run's status'
+`corpus` (`status`), from the pass's own counts (diloco.documents.Progress).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from diloco.data import Corpus, run_corpus
+from diloco.documents import Progress
 from diloco.tokenizer import BYTES
+from syncd.records import CorpusStatus, corpus_waiting
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,7 @@ class RunCorpus:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._reported = False
+        self._progress: Progress | None = None  # the pass under way, or the last one
 
     @classmethod
     def of_run(cls, data: Any, directory: Path) -> RunCorpus:
@@ -53,10 +58,30 @@ class RunCorpus:
 
     def _prepare(self) -> None:
         try:
-            self._corpus = run_corpus(self.data, self.directory)
+            self._corpus = run_corpus(self.data, self.directory, watch=self._watch)
         except Exception as exc:  # handed to whoever reads the corpus
             log.warning("corpus %s could not be prepared: %s", self.data.path, exc)
             self._error = exc
+
+    def _watch(self, progress: Progress) -> None:
+        self._progress = progress
+
+    def status(self) -> CorpusStatus:
+        """Where the corpus' preparation is: waiting (not begun), preparing, ready or
+        failed; the counts of its current (or last) pass, zeros where no pass ran (the
+        prepared files were current)."""
+        status = corpus_waiting()
+        if self._thread is None:
+            return status
+        if self._progress is not None:
+            status.update(self._progress.snapshot())
+        if not self.ready():
+            status["state"] = "preparing"
+        elif self._error is not None:
+            status.update(state="failed", error=str(self._error))
+        else:
+            status["state"] = "ready"
+        return status
 
     def ready(self) -> bool:
         """Whether the corpus is prepared (or failed to be): reading it waits no more."""

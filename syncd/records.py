@@ -240,6 +240,29 @@ class FragmentStatus(TypedDict):
     last_merge: Annotated[LastMerge, "Its last merge."]
 
 
+class CorpusStatus(TypedDict):
+    """The preparation of the run's corpus by syncd (syncd/corpus.py): its state and
+    the counts of its pass under way (or its last)."""
+
+    state: Annotated[Literal["waiting", "preparing", "ready", "failed"],
+                     "waiting: not begun (a bytes run's begins at its first evaluation); "
+                     "preparing; ready; failed (`error` says why)."]
+    stage: Annotated[str, "The pass: training the tokenizer, tokenizing or copying; empty "
+                          "where the prepared files were current."]
+    bytes_read: Annotated[int, "Bytes of the corpus' files the pass has read."]
+    bytes_total: Annotated[int, "Bytes of the corpus' files."]
+    documents: Annotated[int, "Documents the pass has read."]
+    skipped: Annotated[int, "Records the pass skipped (lines not JSON or without the text "
+                            "field, empty rows, binary files)."]
+    error: Annotated[str | None, "Why the preparation failed; None unless it did."]
+
+
+def corpus_waiting() -> CorpusStatus:
+    """A corpus whose preparation has not begun: no pass, no counts."""
+    return CorpusStatus(state="waiting", stage="", bytes_read=0, bytes_total=0, documents=0,
+                        skipped=0, error=None)
+
+
 class RunStatus(TypedDict):
     """A run's status: per island and per fragment, and the run's figures
     (docs/FIGURES.md). syncd keeps the newest in Redis and pushes it to open pages."""
@@ -275,6 +298,7 @@ class RunStatus(TypedDict):
                                       "tokenizer), comparable across tokenizers."]
     staleness: Annotated[dict[str, float], "The ages of the updates merged, every "
                                            "island's together: p50, p95, max and count."]
+    corpus: Annotated[CorpusStatus, "The preparation of the run's corpus by syncd."]
     islands: Annotated[dict[str, IslandStatus], "Island name -> its status."]
     fragments: Annotated[list[FragmentStatus], "Per fragment, its round."]
     outcome: NotRequired[Annotated[dict[str, Any], "The run's final figures, in its last "

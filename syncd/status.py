@@ -11,7 +11,14 @@ from statistics import median as _median
 from typing import TYPE_CHECKING, Any
 
 from diloco.uptime import fragment_cadence, uptime_theta
-from syncd.records import FragmentStatus, IslandStatus, LinkStatus, RunStatus
+from syncd.records import (
+    CorpusStatus,
+    FragmentStatus,
+    IslandStatus,
+    LinkStatus,
+    RunStatus,
+    corpus_waiting,
+)
 
 if TYPE_CHECKING:
     from diloco.accounting import RunAccounting
@@ -25,8 +32,8 @@ if TYPE_CHECKING:
 class StatusSources:
     """What a run's status is read from: the parts of its RunSync, and what its service
     keeps beside them: the eval loss of the model with `eval_tokens` merged (and in bits
-    per byte, `eval_bpb`), syncd's measured `tick_s`, and `standbys` (region -> warm
-    standbys ready)."""
+    per byte, `eval_bpb`), syncd's measured `tick_s`, `standbys` (region -> warm
+    standbys ready) and the preparation of the run's `corpus`."""
 
     run_id: int | str
     spec: RunSpec
@@ -38,6 +45,7 @@ class StatusSources:
     eval_bpb: float | None = None
     tick_s: float = 0.0
     standbys: Mapping[str, int] = field(default_factory=dict)
+    corpus: CorpusStatus = field(default_factory=corpus_waiting)
 
 
 def run_status(now: float, sources: StatusSources,
@@ -70,7 +78,7 @@ def run_status(now: float, sources: StatusSources,
         versions=rounds.sync.versions(), outer_steps=rounds.sync.outer_steps,
         tokens_merged=rounds.tokens_merged(), eval_loss=sources.eval_loss,
         eval_tokens=sources.eval_tokens, eval_bpb=sources.eval_bpb,
-        staleness=rounds.publisher.staleness.run(), islands=islands,
+        staleness=rounds.publisher.staleness.run(), corpus=sources.corpus, islands=islands,
         fragments=[fragment_status(now, sources, p) for p in range(len(rounds.fragments))])
 
 

@@ -152,8 +152,16 @@ def test_a_corpus_too_small_is_refused(tmp_path):
 
 def test_each_pass_logs_the_bytes_it_has_read_of_the_corpus(jsonl, tmp_path, caplog):
     caplog.set_level("INFO", logger="diloco.documents")
-    load_corpus(str(jsonl), 0.05, tmp_path / "data", tokenizer="train", vocab_size=500)
+    watched = []
+    load_corpus(str(jsonl), 0.05, tmp_path / "data", tokenizer="train", vocab_size=500,
+                watch=watched.append)
 
     total = jsonl.stat().st_size
     for what in ("training the tokenizer", "tokenizing"):
-        assert f"{what}: {total} of {total} bytes read (100%)" in caplog.text
+        assert f"{what}: [{'#' * 20}] {total} of {total} bytes read (100%)" in caplog.text
+    # The watcher was handed each pass as it began, and reads its counts at the end.
+    assert [p.what for p in watched] == ["training the tokenizer", "tokenizing"]
+    assert watched[-1].snapshot()["bytes_read"] == total
+    counts = watched[-1].snapshot()
+    assert counts["documents"] + counts["skipped"] == len(jsonl.read_text().splitlines())
+    assert counts["skipped"] == 2

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from diloco import data
+from diloco import data, tokenizer
 from diloco.config_parse import parse_config
 from syncd import checkpoint
 from syncd.corpus import RunCorpus
 from tests.syncd.runs import CONFIG, heartbeat_all, make_run_sync
-from webapp.runs.models import Checkpoint, Event
+from webapp.runs.models import Checkpoint, Event, Run
+from webapp.runs.reports import run_summary
 
 
 def jsonl(tmp_path: Path) -> Path:
@@ -132,3 +133,68 @@ def test_syncd_records_the_skipped_lines_as_an_alert_event_of_the_run(
     alert = Event.objects.get(run_id=sync.recorder.run_id, kind="alert")
     assert "c.jsonl:2001: not JSON" in alert.detail["message"]
     assert alert.detail["skipped_records"]["bad_json"] == 1
+
+
+@pytest.fixture
+def trained_after_its_pass(monkeypatch):
+    """A `train` tokenizer's training that, its pass over the corpus read, waits until
+    `release` is set, having set `preparing`."""
+    gate = {"preparing": threading.Event(), "release": threading.Event()}
+    real = tokenizer.train_bpe
+
+    def paused(texts, vocab_size):
+        read = list(texts)
+        gate["preparing"].set()
+        assert gate["release"].wait(60)
+        return real(iter(read), vocab_size)
+
+    monkeypatch.setattr("diloco.tokenizer.train_bpe", paused)
+    return gate
+
+
+def test_a_corpus_not_begun_reads_waiting_with_no_counts(tmp_path):
+    config = parse_config({"data": {"path": str(jsonl(tmp_path))}}, ["us-east"])
+
+    status = RunCorpus(config.data, tmp_path / "data").status()
+
+    assert status == {"state": "waiting", "stage": "", "bytes_read": 0, "bytes_total": 0,
+                      "documents": 0, "skipped": 0, "error": None}
+
+
+def test_a_failed_corpus_reads_failed_with_its_error(tmp_path):
+    config = parse_config({"data": {"path": str(tmp_path / "missing.jsonl"),
+                                    "tokenizer": "train"}}, ["us-east"])
+    corpus = RunCorpus(config.data, tmp_path / "data")
+    with pytest.raises(Exception, match=r"missing\.jsonl"):
+        corpus.get()
+
+    assert corpus.status()["state"] == "failed"
+    assert "missing.jsonl" in corpus.status()["error"]
+
+
+@pytest.mark.integration
+@pytest.mark.django_db
+def test_the_status_and_the_api_show_the_corpus_preparation_while_it_is_under_way(
+        redis_url, tmp_path, monkeypatch, trained_after_its_pass):
+    monkeypatch.setenv("DATA_DIR", str(tmp_path / "data"))
+    path = jsonl(tmp_path)
+    path.write_text(path.read_text() + "{bad\n")
+    config = {**CONFIG, "data": {"path": str(path), "tokenizer": "train", "vocab_size": 300}}
+    sync = make_run_sync(redis_url, tmp_path, "decoupled", config)
+    heartbeat_all(sync)
+    assert trained_after_its_pass["preparing"].wait(30)
+
+    sync.tick()
+
+    corpus = sync.store.status()["corpus"]
+    size = path.stat().st_size
+    assert corpus == {"state": "preparing", "stage": "training the tokenizer",
+                      "bytes_read": size, "bytes_total": size, "documents": 2000,
+                      "skipped": 1, "error": None}
+    assert run_summary(Run.objects.get(pk=sync.recorder.run_id))["corpus"] == corpus
+    trained_after_its_pass["release"].set()
+    sync.corpus.get()
+    sync.clock_state["now"] += 60
+    sync.tick()
+    ready = sync.store.status()["corpus"]
+    assert (ready["state"], ready["stage"], ready["documents"]) == ("ready", "tokenizing", 2000)

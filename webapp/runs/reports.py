@@ -32,7 +32,7 @@ OUTAGE_KINDS = (Event.Kind.FAULT, Event.Kind.ISLAND_LOST, Event.Kind.ISLAND_REVI
 # and outer steps are the Run row's, which syncd keeps current; an island's state, fault,
 # tokens and link are joined with its row's.
 RUN_FIELDS = ("goodput", "uptime", "startup_s", "train_loss", "eval_loss", "eval_tokens",
-              "eval_bpb", "alive_islands", "max_stall_s")
+              "eval_bpb", "alive_islands", "max_stall_s", "corpus")
 ISLAND_FIELDS = {"version_lag": 0, "tokens_per_s": 0.0, "step_time_s": None,
                  "cpu_share": None, "backpressure_wait_s": 0.0, "slot_wait_s": 0.0,
                  "rejoin_warm": None, "heartbeat_age_s": None, "staleness": None}

@@ -16,7 +16,7 @@ RUN_JS = STATIC / "run.js"
 # What the script's variables of these names hold: a place in the status (RunStatus)...
 STATUS_NAMES = {"status": "", "lastStatus": "", "point": "", "island": "islands.*.",
                 "fragment": "fragments.*.", "last": "fragments.*.last_merge.",
-                "link": "islands.*.link."}
+                "link": "islands.*.link.", "corpus": "corpus."}
 # ... or in the API's run: the run, and an island it lists.
 API_NAMES = {"run": RunOut, "listed": IslandOut}
 # What run_map.js's variables hold: an island of the status or of the API's run, its link.

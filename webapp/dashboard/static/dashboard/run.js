@@ -242,6 +242,19 @@ function showQuorum(status) {
   }));
 }
 
+// The corpus' preparation by syncd (syncd/corpus.py): a bar while it is under way, and
+// why it failed; hidden once it is ready (or before it begins).
+function showCorpus(corpus) {
+  const shown = Boolean(corpus) && (corpus.state === "preparing" || corpus.state === "failed");
+  $("corpus-figure").hidden = !shown;
+  if (!shown) return;
+  const share = corpus.bytes_total ? Math.min(1, corpus.bytes_read / corpus.bytes_total) : 0;
+  $("corpus-bar").style.width = (100 * share).toFixed(1) + "%";
+  $("corpus-text").textContent = corpus.state === "failed" ? `failed: ${corpus.error}`
+    : `${corpus.stage || "opening"}: ${arch.fmt(corpus.bytes_read)} of ${arch.fmt(corpus.bytes_total)} bytes, ` +
+      `${arch.fmt(corpus.documents)} documents, ${arch.fmt(corpus.skipped)} skipped`;
+}
+
 function showFigures(status) {
   $("goodput").textContent = arch.fmt(status.goodput, 3);
   $("uptime").textContent = arch.fmt(status.uptime, 3);
@@ -257,6 +270,7 @@ function showFigures(status) {
   const share = budget ? Math.min(1, status.tokens_merged / budget) : 0;
   $("progress-bar").style.width = (100 * share).toFixed(1) + "%";
   $("progress-text").textContent = `${arch.fmt(status.tokens_merged)} of ${arch.fmt(budget)} tokens`;
+  showCorpus(status.corpus);
   const k = run.mode === "elastic" ? 1 : run.config.sync.min_quorum;
   const waiting = $("banner-waiting");
   if ((runState === "running") && status.alive_islands < k) {
