@@ -39,6 +39,9 @@ Per size it reports, with B the fp32 model bytes (4 x parameters):
 - the islands syncd marked lost (its `island_lost` events): the run has no faults, so
   every one is a false death.
 
+A sample whose Redis reads time out (the client's 5 s, on a loaded machine) is left
+out and counted (`samples_timed_out`).
+
 It writes bench/results/scale.json (scale-quick.json with --quick: the two smallest
 sizes), with each size's seconds from its syncd's start to its islands' exit and
 those of the sizes of at least 100M parameters apart (`wall_s_at_100m`), and
@@ -55,6 +58,8 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from bench import results
 from bench.system import ROOT, BenchSystem
@@ -290,14 +295,21 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
     started = time.monotonic()
     deadline = started + (minutes * 60 if minutes else 3600)
     syncd_hwm = 0
+    timed_out = 0
     while True:
         died = system.processes.check() + failed_islands(system.home / "logs" / f"run-{run.pk}")
         if died:
             raise RuntimeError("; ".join(died))
-        status = store.status() or {}
-        beats = store.signals.heartbeats()
-        memory = [r.info("memory") for r in redises]
-        in_flight = message_bytes(redises[-1], store.key("blob", "*"))
+        try:
+            status = store.status() or {}
+            beats = store.signals.heartbeats()
+            memory = [r.info("memory") for r in redises]
+            in_flight = message_bytes(redises[-1], store.key("blob", "*"))
+        except RedisTimeout:  # a Redis slow to answer on a loaded machine: no sample
+            timed_out += 1
+            if time.monotonic() > deadline:
+                raise
+            continue
         clients = sum(int(m.get("mem_clients_normal", 0)) for m in memory)
         sample = {"t": round(time.monotonic() - started, 2), "time": time.time(),
                   "round": status.get("outer_steps", 0),
@@ -388,6 +400,7 @@ def run_size(system: BenchSystem, size: dict[str, Any], corpus: Path, rounds: in
         "merged_fragments_per_s": round((len(merge_times) - 1) / (merge_times[-1]
                                         - merge_times[0]), 3) if len(merge_times) > 2 else None,
         "islands_lost": lost,
+        "samples_timed_out": timed_out,
         "dataplane": system.dataplane_url is not None,
         "aof_bytes": folder_bytes(system.home / "redis"),
         "system_folder_bytes": folder_bytes(system.home),
