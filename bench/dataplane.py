@@ -135,7 +135,7 @@ SIZES: dict[str, dict[str, Any]] = {
     "14M": {"n_layer": 6, "n_embd": 448, "n_head": 8},
 }
 PROFILES: dict[str, dict[str, Any]] = {
-    "full": {"sizes": ["100M", "1B/8", "llama-114M"], "islands": [2, 4, 8, 16], "rounds": 10,
+    "full": {"sizes": ["100M", "llama-114M", "1B/8"], "islands": [2, 4, 8, 16], "rounds": 10,
              "min_updates": 48, "pulls": 4, "limit_bytes": 256 << 20,
              "transports": ["served", "redis"]},
     "quick": {"sizes": ["6M", "14M"], "islands": [2, 4], "rounds": 10, "min_updates": 0,
