@@ -28,8 +28,11 @@ temporaries 2F (the merged update and the new fragment) + the message
 being published F (the new fragment signed, as it goes to the data plane and
 syncd's file) + D + evaluation
 B (syncd/evaluation.py reads the globals in place, so the versions that merges
-replace while it runs stay alive until it ends). Checkpoints are written tensor
-by tensor (syncd/checkpoint.py) and add nothing that counts.
+replace while it runs stay alive until it ends) + its process's base, counted once
+however many runs it serves (SYNCD_BASE_BYTES, 512 MiB: the interpreter with torch,
+Django and the project imported, measured at 344-374 MiB serving no run, and the
+heap that serving runs adds past these parts, measured at up to 98 MiB). Checkpoints
+are written tensor by tensor (syncd/checkpoint.py) and add nothing that counts.
 
 Island, per process (diloco/island.py, trainer/runner.py, trainer/link.py):
 parameters B + gradients B + AdamW moments 2B + anchors B (the global version of
@@ -82,6 +85,12 @@ from diloco.wan import transfer_time
 
 MIB = 1024 * 1024
 REDIS_BASE_BYTES = 64 * MIB
+# syncd's RSS before any run's parts: an idle `manage.py syncd` (no run) read 344 MiB
+# (psutil, after 20 s) and bench scale's syncd_idle_bytes 369-374 MiB; serving a run
+# adds up to 98 MiB past the run's parts (bench scale --quick at 1M parameters: 117 MiB
+# above idle against 19 MiB of parts; malloc arenas, Redis replies, the evaluation's
+# batch), once, not per run (two tiny runs: 12-16 MiB). 374 + 98 rounded up.
+SYNCD_BASE_BYTES = 512 * MIB
 STANDBY_BASE_BYTES = 256 * MIB
 # Messages per fragment an island keeps until handled, and the most of a fragment it
 # has not seen handled before its next send waits (trainer/resend.py): see kept_sends.
@@ -210,7 +219,8 @@ def estimate(config: RunConfig, standbys: int = 0, served: bool = True) -> Estim
     syncd = Need({"global fragments": model, "outer momentum": momentum,
                   "round sums": model, "update being folded": largest,
                   "merge temporaries": 2 * largest, "message being published": largest,
-                  "downlink differences": differences, "evaluation": model})
+                  "downlink differences": differences, "evaluation": model,
+                  "base": SYNCD_BASE_BYTES})
     islands = {}
     for island in config.islands:
         per_process = {

@@ -67,8 +67,9 @@ def test_each_total_is_the_sum_of_its_parts_as_the_formulas_give_them(make_confi
 
     # The outer momentum is syncd's alone (its files), not Redis's; two upload slots.
     assert sized.redis.total == b + f + 2 * f + 64 * MIB
-    # One round sum per fragment (b in all) whatever the three islands, one update folding.
-    assert sized.syncd.total == 2 * b + b + f + 2 * f + f + b
+    # One round sum per fragment (b in all) whatever the three islands, one update folding,
+    # and syncd's process base.
+    assert sized.syncd.total == 2 * b + b + f + 2 * f + f + b + 512 * MIB
     island = sized.islands["island-0"]
     assert island.total == 6 * b + 2 * f + 2 * f + (2 * 4 + 1) * f + 2 * b + 2 * f + act
     assert island.total == sum(island.parts.values())

@@ -18,6 +18,7 @@ from diloco.sizes import (
     MIB,
     REDIS_BASE_BYTES,
     STANDBY_BASE_BYTES,
+    SYNCD_BASE_BYTES,
     Estimate,
     Need,
     estimate,
@@ -126,9 +127,10 @@ def admitted_configs(excluding: Run | None = None) -> list[RunConfig]:
 
 @dataclass(frozen=True)
 class Taken:
-    """What other admitted runs already take: Redis's bytes (its base counted once, by
-    the run admitted), syncd's, and each region's island host's (its islands', without
-    the warm standbys, which a host keeps once whatever runs), by region."""
+    """What other admitted runs already take: Redis's bytes and syncd's (the base of
+    each counted once, by the run admitted), and each region's island host's (its
+    islands', without the warm standbys, which a host keeps once whatever runs), by
+    region."""
 
     runs: int
     redis: int
@@ -146,7 +148,7 @@ class Taken:
         for config in configs:
             sized = estimate(config, served=served())
             redis += sized.redis.total - REDIS_BASE_BYTES
-            syncd += sized.syncd.total
+            syncd += sized.syncd.total - SYNCD_BASE_BYTES
             for island in config.islands:
                 hosts[island.region] += sized.islands[island.name].total
                 models[island.region] = max(models.get(island.region, 0), sized.model_bytes)

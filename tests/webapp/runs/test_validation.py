@@ -25,7 +25,7 @@ from webapp.runs.validation import (
 REGIONS = ["us-east", "us-west"]
 # 2,148 MiB for island a (1,728 MiB of it activations at batch size 64), 447 MiB for
 # island b, each with one warm standby of 269 MiB; about 87 MiB of Redis (64 MiB of it
-# its base, which runs share), 64 MiB of syncd.
+# its base, which runs share), 576 MiB of syncd (512 MiB of it its base, shared too).
 MODEL = {"n_layer": 4, "n_embd": 256, "n_head": 4, "block_size": 256}
 ISLANDS = [{"name": "a", "region": "us-east", "batch_size": 64},
            {"name": "b", "region": "us-east", "batch_size": 1}]
@@ -126,17 +126,18 @@ def test_redis_is_summed_over_the_admitted_runs_its_base_once(sized):
         "end.")
 
 
-def test_syncd_is_summed_over_the_admitted_runs_against_its_hosts_memory(sized):
-    config = sized(redis_mb=10**6, host_mb=10**6, syncd_mb=100)
+def test_syncd_is_summed_over_the_admitted_runs_its_base_once(sized):
+    config = sized(redis_mb=10**6, host_mb=10**6, syncd_mb=620)
 
-    assert memory_misfits(config) == {}  # 64 MiB
-    misfits = memory_misfits(config, [config])
+    assert memory_misfits(config) == {}  # 576 MiB
+    misfits = memory_misfits(config, [config])  # 576 + 64 MiB
 
     assert list(misfits) == ["model"]
-    assert misfits["model"][0].startswith("syncd would need about 64 MiB for this run (")
+    assert misfits["model"][0].startswith("syncd would need about 576 MiB for this run "
+                                          "(base 512 MiB, ")
     assert misfits["model"][0].endswith(
         "and the other admitted run takes 64 MiB already, more than SYNCD_HOST_MEMORY_MB "
-        "allows (100 MiB): a smaller model or fewer islands would fit, or this run once "
+        "allows (620 MiB): a smaller model or fewer islands would fit, or this run once "
         "others end.")
 
 
