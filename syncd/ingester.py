@@ -29,10 +29,10 @@ from syncd.ingest import (
     message_limit,
     verify_update,
 )
-from syncd.quarantine import Quarantine
+from syncd.quarantine import AGGREGATE_S, Quarantine
 from syncd.store import RunStore
 from syncd.update_stream import BadEntry, UpdateRef
-from syncd.upload_slots import RunFacts, SlotKeeper, Ticket
+from syncd.upload_slots import RunFacts, SlotKeeper, Ticket, crowded
 
 # What parsing a hostile message may raise besides what its checks raise (a value of
 # the wrong type, past any number, a tensor torch refuses): the entry's fault, never
@@ -86,6 +86,8 @@ class Ingester:
         self.rejections: Counter[str] = Counter()
         self.quarantine = Quarantine(store.updates, recorder)
         self.slots = SlotKeeper()
+        self.crowding: Counter[str] = Counter()  # island -> tickets taken off, not yet told
+        self.next_crowding_event = 0.0
         # Elastic: islands whose update of the fragment's open round was refused; the
         # barrier does not wait for them (a skipped bad step).
         self.excused: list[set[str]] = [set() for _ in range(fragments)]
@@ -162,11 +164,32 @@ class Ingester:
         makes a ticket stale changes no faster."""
         facts = RunFacts({i.name for i in self.spec.config.islands}, liveness.epochs,
                          liveness.lost, self._handled_seq, self.store.fencing_token)
+        self._free_crowded(now, facts.islands)
         slots = self.spec.config.sync.upload_slots
         while stale := self.slots.stale(self.store.updates.slot_holders(slots), now, facts):
             log.warning("run %s: freed %d upload slots held by %s", self.store.run_id,
                         len(stale), [raw.decode(errors="replace")[:80] for raw in stale])
             self.store.updates.free_slots(stale)
+
+    def _free_crowded(self, now: float, islands: set[str]) -> None:
+        """Take off the queue every ticket of an island with more than one whose update
+        is not written (syncd.upload_slots.crowded: queued in its name by another), one
+        rejection event per island at most every AGGREGATE_S with the count."""
+        queue = self.store.updates.queued()
+        for island, tickets in crowded(queue, self.store.updates.written(queue),
+                                       islands).items():
+            self.store.updates.free_slots(tickets)
+            self.crowding[island] += len(tickets)
+        if not self.crowding or now < self.next_crowding_event:
+            return
+        self.next_crowding_event = now + AGGREGATE_S
+        for island, count in self.crowding.items():
+            log.warning("run %s: took off %d upload tickets in island %s's name",
+                        self.store.run_id, count, island)
+            self.recorder.event("rejection", island, cause="tickets_crowded", deleted=count,
+                                reason="upload tickets in the island's name beyond the one "
+                                       "it may queue before its update is written")
+        self.crowding.clear()
 
     def _release(self, ref: UpdateRef) -> None:
         """Delete a verified update's stream entry and message (syncd holds it now) and

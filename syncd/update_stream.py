@@ -135,6 +135,18 @@ class UpdateStream(RunKeys):
             self.wrong_type(self.data, self.key("uploads"), exc)
             return []
 
+    def queued(self) -> list[bytes]:
+        """Every ticket in the run's queue of upload slots, in order; the queue is cut to
+        its first MAX_TICKETS on the way."""
+        pipe = self.data.pipeline(transaction=False)
+        pipe.ltrim(self.key("uploads"), 0, MAX_TICKETS - 1)
+        pipe.lrange(self.key("uploads"), 0, -1)
+        try:
+            return pipe.execute()[1]
+        except redis.ResponseError as exc:
+            self.wrong_type(self.data, self.key("uploads"), exc)
+            return []
+
     @contextlib.contextmanager
     def slot_for_publish(self, fragment: int, version: int, slots: int,
                          drain_s: float = 0.0) -> Iterator[None]:
@@ -168,10 +180,19 @@ class UpdateStream(RunKeys):
 
     def _written(self, tickets: list[bytes]) -> int:
         """How many of these tickets' update messages are on the data plane."""
-        firsts = [self.bulk.ref(self.update_key(t.island, t.epoch, t.fragment, t.seq),
-                                1).chunk_keys()[0]
-                  for raw in tickets if (t := Ticket.parse(raw)) is not None]
-        return self.data.exists(*firsts) if firsts else 0
+        return sum(self.written(tickets))
+
+    def written(self, tickets: list[bytes]) -> list[bool]:
+        """Whether each ticket's update message is on the data plane (its first chunk
+        is; False for what is no ticket)."""
+        parsed = [Ticket.parse(raw) for raw in tickets]
+        pipe = self.data.pipeline(transaction=False)
+        for t in parsed:
+            if t is not None:
+                pipe.exists(self.bulk.ref(self.update_key(t.island, t.epoch, t.fragment, t.seq),
+                                          1).chunk_keys()[0])
+        found = iter(pipe.execute())
+        return [t is not None and bool(next(found)) for t in parsed]
 
     def free_slots(self, tickets: Iterable[bytes | str]) -> None:
         """Take these tickets off the queue (syncd: it is done with their updates, or

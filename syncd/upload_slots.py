@@ -32,6 +32,14 @@ SLOT_TIMEOUT_S with no update read. An island whose ticket went (it was taken fo
 then came back) queues again. Islands only add tickets and read the queue; only syncd
 takes tickets off. An island can queue tickets in another's name, which delays the
 run's uploads and nothing else: it cannot make syncd merge or drop any update.
+
+How long: an island writes one update at a time (its link's one thread queues the next
+ticket only once the last update is written), so it has at most one ticket in the queue
+whose update is not on the data plane. Where an island of the run has more (`crowded`),
+the others were queued in its name: syncd takes all of them off at its next look,
+wherever they are in the queue, and the island queues its own again. Tickets of real
+islands' names, epochs and seqs ahead of them would otherwise hold each slot for
+SLOT_TIMEOUT_S in turn: a flood of a thousand, hours of the run's uploads.
 """
 
 from __future__ import annotations
@@ -103,6 +111,20 @@ def stale(raw: bytes, held_since: float, now: float, facts: RunFacts) -> bool:
     return (ticket.epoch < facts.epochs.get(ticket.island, 0)
             or ticket.seq <= facts.handled(ticket.island, ticket.fragment)
             or now - held_since >= SLOT_TIMEOUT_S)
+
+
+def crowded(queue: list[bytes], written: list[bool], islands: set[str]
+            ) -> dict[str, list[bytes]]:
+    """Island -> its tickets in `queue` (each `written` when its update is on the data
+    plane) whose updates are not written, for each island of `islands` that has more
+    than one such ticket; each ticket once."""
+    unwritten: dict[str, dict[bytes, None]] = {}
+    for raw, done in zip(queue, written, strict=True):
+        ticket = Ticket.parse(raw)
+        if ticket is not None and not done and ticket.island in islands:
+            unwritten.setdefault(ticket.island, {})[raw] = None
+    return {island: list(tickets) for island, tickets in unwritten.items()
+            if len(tickets) > 1}
 
 
 class SlotKeeper:

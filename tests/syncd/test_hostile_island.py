@@ -22,7 +22,9 @@ from syncd.acl import WRITE_COMMANDS, island_store, island_url, put_island_users
 from syncd.keys import ISLAND_WRITES
 from syncd.records import Heartbeat
 from syncd.service import RunSync
+from syncd.upload_slots import Ticket
 from tests.syncd.runs import heartbeat_all, make_run_sync, send
+from webapp.runs.models import Event
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
@@ -153,3 +155,37 @@ def test_an_islands_own_writes_go_on_over_keys_left_of_another_type(redis_url, r
     attacked.tick()
 
     assert attacked.store.globals.versions()[0] == before + 1
+
+
+def test_tickets_queued_in_real_islands_names_hold_no_slot_past_syncds_next_look(
+        redis_url, runs):
+    """A flood of upload tickets in the run's real islands' names, current epoch and
+    seqs to come, queued by the run's credential around the islands' own: each would
+    hold a slot for SLOT_TIMEOUT_S in turn (an hour and more of the run's uploads).
+    syncd's next look takes them all off (an island has at most one ticket of an
+    update not yet written), the islands queue again and hold a slot at once, their
+    updates merge, and a rejection event names each island with the count."""
+    attacked, _ = runs
+    password = redis_password(attacked.spec.secret)
+    url = island_url(redis_url, attacked.store.run_id, password)
+    island = island_store(url, url, attacked.store.run_id)
+    uploads = attacked.store.key("uploads")
+    forged = [Ticket(name, 1, 0, 10**6 + s).encode() for s in range(500) for name in ("a", "b")]
+    island.data_writer.rpush(uploads, *forged[:10], "1:0:200:a", "1:0:200:b", *forged[10:])
+    before = attacked.store.globals.versions()[0]
+
+    heartbeat_all(attacked)
+    attacked.tick()  # syncd's next look
+
+    assert not set(forged) & {raw.decode() for raw in attacked.store.data.lrange(uploads, 0, -1)}
+    started = time.monotonic()
+    for name in ("a", "b"):
+        island.updates.wait_for_slot(name, 1, 0, 200, slots=2)
+        send(attacked, name, 0, 200, base_version=before, store=island)
+    assert time.monotonic() - started < 1.0
+    attacked.tick()
+    assert attacked.store.globals.versions()[0] == before + 1
+    attacked.recorder.flush()
+    told = {e.island.name: e.detail["deleted"] for e in Event.objects.filter(
+        run_id=attacked.store.run_id, kind="rejection", detail__cause="tickets_crowded")}
+    assert told == {"a": 501, "b": 501}

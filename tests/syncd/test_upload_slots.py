@@ -1,6 +1,14 @@
 """Upload slots (syncd.upload_slots): tickets, and which ones syncd takes off."""
 
-from syncd.upload_slots import SLOT_TIMEOUT_S, RunFacts, SlotKeeper, Ticket, publish_ticket, stale
+from syncd.upload_slots import (
+    SLOT_TIMEOUT_S,
+    RunFacts,
+    SlotKeeper,
+    Ticket,
+    crowded,
+    publish_ticket,
+    stale,
+)
 
 
 def facts(epochs: dict[str, int], lost: frozenset[str] = frozenset(),
@@ -64,3 +72,21 @@ def test_the_keeper_times_a_slot_from_when_it_first_saw_its_ticket_hold_it():
     # A ticket that left and came back is timed afresh.
     assert keeper.stale([second], SLOT_TIMEOUT_S, alive) == []
     assert keeper.stale([first], SLOT_TIMEOUT_S + 1, alive) == []
+
+
+def test_an_island_with_two_tickets_of_unwritten_updates_loses_all_of_them():
+    """An island queues its next ticket only once its last update is written: a second
+    ticket of an unwritten update in its name was queued by another, wherever it is."""
+    def of(island: str, seq: int, epoch: int = 1) -> bytes:
+        return Ticket(island, epoch, 0, seq).encode().encode()
+
+    queue = [of("a", 8), of("a", 10**9), of("b", 8), of("a", 12), of("b", 12, epoch=9),
+             of("z", 1), of("z", 2), b"junk", publish_ticket(5, 0, 3).encode(), of("b", 16)]
+    written = [True, False, True, False, False, False, False, False, False, False]
+
+    taken = crowded(queue, written, {"a", "b"})
+
+    assert taken == {"a": [of("a", 10**9), of("a", 12)],
+                     "b": [of("b", 12, epoch=9), of("b", 16)]}
+    assert crowded(queue[:3], written[:3], {"a", "b"}) == {}  # one unwritten each at most
+    assert crowded([of("a", 8)] * 3, [False] * 3, {"a"}) == {}  # the same ticket, once

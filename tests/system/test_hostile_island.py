@@ -4,7 +4,8 @@
 both planes, the password a launcher hands its islands), every write command it holds
 is sent with hostile values to every key pattern it may write
 (tests/syncd/test_hostile_island.py's calls), then floods of what syncd bounds
-(syncd/key_bounds.py): heartbeat fields and cursors of no island, chunks without a TTL.
+(syncd/key_bounds.py): heartbeat fields and cursors of no island, chunks without a TTL,
+and upload tickets in the run's real islands' names (syncd.upload_slots.crowded).
 Both runs keep merging (3 versions more each within 90 s of the attack's end: the
 attacked run's islands survive the keys it left of another type, syncd.run_keys
 .RunKeys.own_write), and syncd's RSS, sampled every RSS_EVERY_S from before the attack
@@ -28,6 +29,7 @@ import redis
 from diloco.signing import redis_password
 from syncd.acl import island_store, island_url
 from syncd.keys import ISLAND_WRITES
+from syncd.upload_slots import Ticket
 from tests.fixtures import wait_until
 from tests.syncd.test_hostile_island import hostile_calls
 from tests.system.whole_system import TINY, descendants
@@ -55,6 +57,9 @@ def attack(control_url: str, data_url: str, run_id: int, secret: str) -> int:
             writer.delete(key)
     island.writer.hset(f"arch:{run_id}:heartbeats",
                        mapping={f"junk-{i}": "x" * 200 for i in range(20_000)})
+    island.data_writer.rpush(f"arch:{run_id}:uploads", *(
+        Ticket(name, epoch, fragment, 10**9 + i).encode() for i in range(200)
+        for name, epoch in island.epochs().items() for fragment in (0, 1)))
     for i in range(500):
         island.writer.set(f"arch:{run_id}:cursor:junk-{i}", "x" * 2000)
         island.data_writer.set(f"arch:{run_id}:blob:junk:1:0:{i}:0", "x" * 2000)
@@ -148,7 +153,7 @@ print(json.dumps(SYNCD_BASE_BYTES + Taken.of(admitted_configs()).syncd))""")
     rejections = system.django(f"""
 print(json.dumps(sorted({{e.detail.get("cause") for e in
     Event.objects.filter(run_id={runs['demo'][0]}, kind="rejection")}} - {{None}})))""")
-    assert "heartbeat_of_no_island" in rejections, rejections
+    assert {"heartbeat_of_no_island", "tickets_crowded"} <= set(rejections), rejections
     print(json.dumps({"rss_before_mb": rss[0] >> 20, "rss_peak_mb": max(rss) >> 20,
                       "rss_samples": len(rss), "syncd_estimate_mb": syncd_estimate >> 20,
                       "before": before, "after_attack": attacked, "after": seen}))
