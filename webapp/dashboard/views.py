@@ -35,6 +35,7 @@ SORTS = {"name": "name", "mode": "mode", "state": "state", "progress": "tokens",
          "goodput": "goodput", "eval_loss": "eval_loss", "started": "started_at",
          "created": "created_at"}
 CHART_POINTS = 500
+EVENT_ROWS = 50  # the run page's newest events; the live page adds what comes after
 
 # The run bar's actions, each with the states of a run it is offered in.
 RUN_ACTIONS = {"start": (Run.State.DRAFT,), "pause": (Run.State.RUNNING,),
@@ -159,7 +160,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
                                       | {settings.SYNCD_REGION}))
     page = {
         "run": summary, "metrics": run_metrics(run, limit=CHART_POINTS, newest=True),
-        "events": run_events(run)[-50:], "checkpoints": checkpoints,
+        "events": run_events(run, limit=EVENT_ROWS, newest=True), "checkpoints": checkpoints,
         "timeline": run_timeline(run),
         "map": {"regions": regions, "syncd": settings.SYNCD_REGION,
                 "view": map_view(list(regions.values())),

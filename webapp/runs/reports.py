@@ -91,12 +91,15 @@ def run_metrics(run: Run, since: datetime | None = None, limit: int = MAX_METRIC
 
 
 def run_events(run: Run, after_id: int = 0, limit: int = MAX_EVENTS,
-               kind: str | None = None) -> list[dict[str, Any]]:
-    """The run's events with an id above `after_id`, oldest first, at most `limit`."""
+               kind: str | None = None, newest: bool = False) -> list[dict[str, Any]]:
+    """The run's events with an id above `after_id`, oldest first, at most `limit`: the
+    first `limit` of them (a page to go on from), or with `newest` the last (a page's)."""
     events = Event.objects.filter(run=run, id__gt=after_id).select_related("actor")
     if kind:
         events = events.filter(kind=kind)
     names = dict(Island.objects.filter(run=run).values_list("id", "name"))
+    if newest:
+        return [e.to_dict(names) for e in reversed(events.order_by("-id")[:limit])]
     return [e.to_dict(names) for e in events.order_by("id")[:limit]]
 
 

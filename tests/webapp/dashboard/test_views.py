@@ -9,12 +9,12 @@ from diloco.island import initial_model
 from diloco.shapes import parameter_count
 from syncd.checkpoint import save
 from syncd.records import RunStatus, fields
-from webapp.dashboard.views import CHART_POINTS, FIGURES
+from webapp.dashboard.views import CHART_POINTS, EVENT_ROWS, FIGURES
 from webapp.runs.api_token import ApiToken
 from webapp.runs.lifecycle import create_run
-from webapp.runs.models import Checkpoint, Island, Metric, Run
+from webapp.runs.models import Checkpoint, Event, Island, Metric, Run
 from webapp.runs.presets import preset_config
-from webapp.runs.reports import MAX_METRICS
+from webapp.runs.reports import MAX_EVENTS, MAX_METRICS
 
 pytestmark = pytest.mark.django_db
 
@@ -386,6 +386,19 @@ def test_the_run_page_charts_the_newest_points_of_a_long_run(viewer_client):
 
     assert len(metrics) == CHART_POINTS
     assert [p["tokens"] for p in metrics[-2:]] == [MAX_METRICS + 98, MAX_METRICS + 99]
+
+
+def test_the_run_page_lists_the_newest_events_of_a_long_run(viewer_client):
+    """A run with more events than a page of them (MAX_EVENTS: a few hours of merges)
+    lists its newest EVENT_ROWS, not the last of its oldest."""
+    run = create_run(name="long", mode="decoupled", config={}, user=None)
+    Event.objects.bulk_create(Event(run=run, kind="merge", detail={"version": i})
+                              for i in range(MAX_EVENTS + 100))
+
+    events = viewer_client.get(f"/runs/{run.pk}/").context["page"]["events"]
+
+    assert len(events) == EVENT_ROWS
+    assert [e["detail"]["version"] for e in events[-2:]] == [MAX_EVENTS + 98, MAX_EVENTS + 99]
 
 
 def test_the_run_page_charts_held_out_loss_against_merged_tokens_from_its_history(
