@@ -103,5 +103,23 @@ def test_a_publish_deletes_nothing_a_pointer_it_did_not_write_names(store, point
     assert store.globals.full(0) == FULL
 
 
+@pytest.mark.parametrize("pointer", [
+    '{"key": "arch:8:full:0:1:1", "chunks": 1, "size": 10}',  # another run's message
+    '{"key": "arch:7:full:0:1:1", "chunks": 4611686018427387904, "size": 10}',
+])
+def test_keeping_a_publish_persists_nothing_a_pointer_it_did_not_write_names(store, pointer):
+    """A syncd that takes a run over keeps its predecessor's last publish
+    (`keep_published`): a pointer syncd could not have written makes it persist no
+    chunk of another run's and no more of its own than the size allows."""
+    store.data.set("arch:8:full:0:1:1:0", "x", ex=100)
+    store.data.set("arch:7:full:0:1:1:1", "x", ex=100)
+    store.client.set(store.key("full", 0), pointer)
+
+    store.globals.keep_published(0)
+
+    assert store.data.ttl("arch:8:full:0:1:1:0") > 0
+    assert store.data.ttl("arch:7:full:0:1:1:1") > 0
+
+
 def chunk_store_of(store: RunStore, run_id: int) -> RunStore:
     return RunStore(store.client, run_id, chunk_bytes=1024)

@@ -181,7 +181,7 @@ def compare(request: HttpRequest) -> HttpResponse:
     ids = [int(i) for i in request.GET.getlist("runs") if i.isascii() and i.isdecimal()][:8]
     chosen = list(Run.objects.filter(pk__in=ids))
     series = [{"id": run.pk, "name": run.name, "mode": run.mode,
-               "metrics": run_metrics(run)} for run in chosen]
+               "metrics": run_metrics(run, newest=True)} for run in chosen]
     return render(request, "dashboard/compare.html", {
         "series": series, "chosen": {run.pk for run in chosen},
         "runs": Run.objects.exclude(state=Run.State.DRAFT).order_by("-created_at")[:100]})

@@ -346,6 +346,18 @@ def test_compare_overlays_the_chosen_runs_histories(viewer_client):
         ("d", "decoupled", 1), ("e", "elastic", 1)]
 
 
+def test_compare_overlays_the_newest_history_of_a_long_run(viewer_client):
+    run = create_run(name="long", mode="decoupled", config={}, user=None)
+    start = timezone.now() - timedelta(hours=3)
+    Metric.objects.bulk_create(Metric(run=run, time=start + timedelta(seconds=i), tokens=i,
+                                      outer_steps=i) for i in range(MAX_METRICS + 100))
+
+    [series] = viewer_client.get(f"/compare/?runs={run.pk}").context["series"]
+
+    assert len(series["metrics"]) == MAX_METRICS
+    assert series["metrics"][-1]["tokens"] == MAX_METRICS + 99
+
+
 def test_a_token_made_in_the_ui_is_shown_once_and_stored_hashed(viewer_client, viewer):
     response = viewer_client.post("/account/tokens/", {"name": "laptop"})
 
