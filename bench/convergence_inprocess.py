@@ -4,26 +4,30 @@ The quick workload of `bench convergence` (bench/convergence.py: 4 islands, H = 
 P = 4, a 2-layer, 64-wide byte GPT) in the in-process cluster (diloco/cluster.py),
 whose clock is virtual, so the machine's load moves the wall time and nothing else.
 The islands run out of phase, at speeds 0.50, 0.46, 0.42 and 0.38 (a real run's
-islands drift apart so; at equal speeds the virtual clock keeps them in lockstep,
-and no merge spills). Three variants train the same token budget (mode sync's
+islands drift apart so). Four variants train the same token budget (mode sync's
 merged tokens in convergence-quick.json), each on two seeds:
 
 - sync: mode sync's settings (min_quorum = M, overlap_steps 0: every island waits);
 - at_quorum: decoupled (K = 2 of 4, tau 1, the grace window) with
   sync.merge_each_period false: a round merges as soon as quorum and grace allow;
 - each_period: the same with sync.merge_each_period true, the paper's rule: a round
-  that reached its quorum merges at the end of its fragment's synchronization period,
-  with what arrived by then.
+  that reached its quorum merges once the islands expected within its fragment's
+  synchronization period are in, with what arrived by then;
+- each_period_close: each_period with the islands at nearly one pace (0.500, 0.497,
+  0.494, 0.491), as a real run's islands of one speed are: the slowest closes each
+  merge all of them reach and is due again a hair later than a median period after it
+  (sync's loss at equal tokens does not depend on the speeds: every island waits).
 
 It reports each variant's validation loss at the end (equal tokens), at the common
-virtual time (the shortest run's end, read off each run's curve between its
-evaluations), the virtual time, the pace (trained tokens and virtual time at the
-last evaluation before the end), and merges per H window (merges per fragment per
-round of H steps of every island's tokens). Checks, on the mean over the seeds of
-each seed's ratio: each_period against sync at equal tokens, and against at_quorum
-at equal tokens and at equal time (the figures that chose the default of
-sync.merge_each_period). Writes bench/results/convergence-inprocess.json
-(--quick: the first seed alone, into convergence-inprocess-quick.json).
+virtual time of the first three (the shortest run's end, read off each run's curve
+between its evaluations), the virtual time, the pace (trained tokens and virtual time
+at the last evaluation before the end), and merges per H window (merges per fragment
+per round of H steps of every island's tokens). Checks, on the mean over the seeds of
+each seed's ratio: each_period and each_period_close against sync at equal tokens, and
+each_period against at_quorum at equal tokens and at equal time (the figures that
+chose the default of sync.merge_each_period). Writes
+bench/results/convergence-inprocess.json (--quick: the first seed alone, into
+convergence-inprocess-quick.json).
 """
 
 from __future__ import annotations
@@ -46,12 +50,14 @@ from diloco.config_parse import parse_config
 from syncd.environment import data_dir
 
 SPEEDS = (0.50, 0.46, 0.42, 0.38)  # out of phase
+CLOSE_SPEEDS = (0.500, 0.497, 0.494, 0.491)  # each_period_close: nearly one pace
 TOKENS = 275_456  # mode sync's merged tokens in bench convergence --quick (convergence-quick.json)
 SEEDS = (1234, 7)
 EVAL_POINTS = 8
-VARIANTS = ("sync", "at_quorum", "each_period")
+VARIANTS = ("sync", "at_quorum", "each_period", "each_period_close")
+TIMED = VARIANTS[:3]  # the variants at the same speeds, compared at a common virtual time
 BOUNDS = {"each_period_vs_sync_tokens": 1.01, "each_period_vs_at_quorum_tokens": 1.0,
-          "each_period_vs_at_quorum_time": 1.0}
+          "each_period_vs_at_quorum_time": 1.0, "close_vs_sync_tokens": 1.01}
 
 
 def variant_config(variant: str, corpus: str, seed: int) -> RunConfig:
@@ -60,12 +66,13 @@ def variant_config(variant: str, corpus: str, seed: int) -> RunConfig:
                     "none")
     data["seed"] = seed
     data["budget"] = {"total_tokens": TOKENS}
-    for island, speed in zip(data["islands"], SPEEDS, strict=True):
+    speeds = CLOSE_SPEEDS if variant == "each_period_close" else SPEEDS
+    for island, speed in zip(data["islands"], speeds, strict=True):
         island["speed"] = speed
     config = parse_config(data, list(REGIONS))
     if variant != "sync":
-        config = replace(config, sync=replace(config.sync,
-                                              merge_each_period=variant == "each_period"))
+        config = replace(config, sync=replace(
+            config.sync, merge_each_period=variant.startswith("each_period")))
     return config
 
 
@@ -99,9 +106,11 @@ def figures(result: LocalResult, config: RunConfig) -> dict[str, Any]:
 
 
 def at_common_time(seed_runs: dict[str, dict[str, Any]]) -> float:
-    """Adds each run's loss at the seed's common virtual time, in place; returns the time."""
-    common = min(run["virtual_s"] for run in seed_runs.values())
-    for run in seed_runs.values():
+    """Adds the loss of each run of the TIMED variants at their common virtual time, in
+    place; returns the time."""
+    timed = [run for variant, run in seed_runs.items() if variant in TIMED]
+    common = min(run["virtual_s"] for run in timed)
+    for run in timed:
         run["eval_loss_at_time"] = round(loss_at(run["curve"], common), 4)
     return common
 
@@ -117,7 +126,8 @@ def ratios(seeds: dict[str, dict[str, dict[str, Any]]]) -> dict[str, float]:
                                                   "eval_loss_at_time"),
             "at_quorum_vs_sync_tokens": mean("at_quorum", "sync", "eval_loss"),
             "at_quorum_vs_sync_time": mean("at_quorum", "sync", "eval_loss_at_time"),
-            "each_period_vs_sync_time": mean("each_period", "sync", "eval_loss_at_time")}
+            "each_period_vs_sync_time": mean("each_period", "sync", "eval_loss_at_time"),
+            "close_vs_sync_tokens": mean("each_period_close", "sync", "eval_loss")}
 
 
 def checks(ratio: dict[str, float]) -> dict[str, dict[str, Any]]:

@@ -248,7 +248,8 @@ class _Cluster:
 
         def try_merge(p: int, now: float) -> None:
             nonlocal last_sync_s
-            stats = RoundStats(statistics.median(self.step_dur), last_sync_s)
+            stats = RoundStats(statistics.median(self.step_dur), last_sync_s,
+                               {i.name: d for i, d in zip(islands, self.step_dur, strict=True)})
             decision = sync.decide(p, now, len(islands), stats)
             if not decision.merge:
                 if decision.deadline is not None and math.isfinite(decision.deadline):

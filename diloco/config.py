@@ -93,9 +93,11 @@ class SyncConfig:
     max_staleness: int = setting(4, "Updates based on a version older than newest minus this "
                                  "are dropped.", 0, 1000)
     merge_each_period: bool = setting(
-        True, "Merge a fragment at most once per synchronization period (H inner steps "
-        "at the median step time after its last merge), with what arrived from the "
-        "quorum by then, as the paper does; false: as soon as quorum and grace allow. "
+        True, "Merge a fragment once per synchronization period, with what arrived from "
+        "the quorum by then, as the paper does: a round that reached its quorum waits "
+        "for the islands expected within the period (each H of its own inner steps "
+        "after its last update), not for a straggler; false: as soon as quorum and "
+        "grace allow. "
         + help_text("merge_each_period"))
     staleness_weighting: str = setting(
         "none", "cosine: an update's weight, and its round's outer step, scaled by "

@@ -17,7 +17,8 @@ simulators pass `now` in.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,13 @@ class RoundStats:
 
     step_time_s: a typical island's inner step (the median over alive islands).
     sync_time_s: from a merge decision to the islands holding the new fragment.
+    island_step_s: each island's own inner step, where known (when each is expected
+        next: sync.merge_each_period).
     """
 
     step_time_s: float
     sync_time_s: float
+    island_step_s: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -80,10 +84,11 @@ def decide(arrivals: list[Arrival], now: float, *, min_quorum: int, alive_island
             longer cannot bring anyone else.
         gamma, overlap_steps: as in `grace_window`.
         stats: recent step and sync times.
-        period_ends: the end of the fragment's synchronization period (its last merge
-            plus H typical steps): with it, a round that reached its quorum merges
-            there, with what arrived by then (the paper's rule, sync.merge_each_period),
-            not before, unless every alive island is in.
+        period_ends: until when the round waits for the islands expected within the
+            fragment's synchronization period (Synchronizer.period_ends): with it, a
+            round that reached its quorum merges then, with what arrived by then (the
+            paper's rule, sync.merge_each_period), not before, unless every alive
+            island is in.
     """
     if min_quorum < 1:
         raise ValueError(f"min_quorum must be at least 1, got {min_quorum}")

@@ -30,6 +30,11 @@ from diloco.merge import OuterOptimizer, Update
 from diloco.policy import Arrival, Decision, RoundStats, decide, is_stale
 from diloco.staleness import age_gate
 
+# sync.merge_each_period: a round waits for the islands expected within this many periods
+# of its first arrival, up to this share of a period past when each is expected.
+PERIOD_REACH = 1.5
+EXPECTED_SLACK = 0.25
+
 
 @dataclass
 class Published:
@@ -96,6 +101,8 @@ class Synchronizer:
                                                 for _ in fragments]
         # island -> the newest seq of its updates that a merge took in or dropped
         self._handled_seqs: list[dict[str, int]] = [{} for _ in fragments]
+        # island -> when its newest update arrived (when it is expected next)
+        self.arrived: list[dict[str, float]] = [{} for _ in fragments]
 
     @property
     def outer_steps(self) -> int:
@@ -115,6 +122,7 @@ class Synchronizer:
         version moves only with a merge or a rollback, which close its round, so
         nothing in an open round goes stale.
         """
+        self.arrived[fragment][update.island] = now
         if is_stale(update.base_version, self._versions[fragment], self.sync.max_staleness):
             self.settle(fragment, update.island, update.seq)
             return (f"stale: based on version {update.base_version}, newest is "
@@ -194,19 +202,42 @@ class Synchronizer:
                barrier: bool = False) -> Decision:
         """Whether the fragment's round merges now; `barrier` waits for every alive island
         (elastic and sync) instead of the quorum and grace window, which with
-        sync.merge_each_period lasts at least to the end of the fragment's period (its
-        last merge plus H steps at `stats.step_time_s`)."""
+        sync.merge_each_period lasts until the islands expected within the period are in
+        (`period_ends`)."""
         arrivals = [Arrival(i, p.arrival_time, p.contribution.base_version)
                     for i, p in self._rounds[fragment].items()]
         period_ends = None
         if self.sync.merge_each_period and not barrier:
-            period_ends = (self.published_at[fragment]
-                           + self.sync.inner_steps * stats.step_time_s)
+            period_ends = self.period_ends(fragment, stats)
         return decide(arrivals, now,
                       min_quorum=max(alive_islands, 1) if barrier else self.sync.min_quorum,
                       alive_islands=alive_islands, gamma=0.0 if barrier else self.sync.grace_gamma,
                       overlap_steps=self.sync.overlap_steps, stats=stats,
                       period_ends=period_ends)
+
+    def period_ends(self, fragment: int, stats: RoundStats) -> float | None:
+        """Until when the fragment's open round waits for the islands expected within its
+        synchronization period (sync.merge_each_period); None: for none.
+
+        An island not in the round is expected H of its own steps after its newest
+        update arrived. The round waits for each one expected within PERIOD_REACH
+        periods (H median steps) of its first arrival, up to EXPECTED_SLACK of a period
+        past that: every island at the training pace sends once in a period, and the
+        slowest of them, which closed the last merge, is due a period of its own steps
+        after it, later than a median period (a period counted from the last merge left
+        it out by a hair, to spill, a version stale, into the next merge). A straggler
+        or a dead island, expected later or earlier, is not waited for.
+        """
+        pending = self._rounds[fragment]
+        if not pending:
+            return None
+        period = self.sync.inner_steps * stats.step_time_s
+        reach = min(p.arrival_time for p in pending.values()) + PERIOD_REACH * period
+        expected = [at + self.sync.inner_steps * stats.island_step_s.get(island,
+                                                                          stats.step_time_s)
+                    for island, at in self.arrived[fragment].items() if island not in pending]
+        return max((at + EXPECTED_SLACK * period for at in expected if at <= reach),
+                   default=None)
 
     def roll_back(self, fragment: int, params: dict[str, torch.Tensor],
                   momentum: dict[str, torch.Tensor], now: float) -> list[str]:

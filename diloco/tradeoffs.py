@@ -53,14 +53,15 @@ COSTS = {
         "steps on that fragment since the send are replaced; tau's own share of the "
         "equal-token gap above is not measured apart from K's"),
     "merge_each_period": (
-        "islands with tau >= 1 train on while a round waits for its period's end, at "
-        "the same pace as without (241,152 tokens at 268.4 virtual s either way); only "
-        "a run's last merges wait for their period after the budget is spent (349.9 s "
-        "against 310.2 s to the end)",
+        "islands with tau >= 1 train on while a round waits for the islands expected "
+        "within its period, at the same pace as without (241,152 tokens at 268.4 virtual "
+        "s either way); only a run's last merges wait for them after the budget is "
+        "spent (371.9 s against 310.2 s to the end)",
         "the islands that arrive within a period land in one merge instead of K merging "
         "at once and the rest spilling a version stale into a second: 1.190 merges per H "
-        "window against 2.156 off, held-out loss 0.972x off's at equal tokens (1.006x "
-        "mode sync's, off: 1.035x) and 0.995x off's at equal time"),
+        "window against 2.156 off, held-out loss 0.974x off's at equal tokens (1.008x "
+        "mode sync's, off: 1.035x) and 0.994x off's at equal time; islands at nearly "
+        "one pace 1.000x mode sync's"),
 }
 SOURCES = {"min_quorum": CONVERGENCE, "grace_gamma": SIMULATE, "alpha": CONVERGENCE,
            "overlap_steps": CONVERGENCE, "merge_each_period": INPROCESS}

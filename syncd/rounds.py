@@ -187,7 +187,8 @@ class Rounds:
 
     def round_stats(self) -> RoundStats:
         times = list(self.ingester.step_time.values()) or [1.0]
-        return RoundStats(statistics.median(times), self.sync_time().seconds)
+        return RoundStats(statistics.median(times), self.sync_time().seconds,
+                          dict(self.ingester.step_time))
 
     def barrier_size(self, p: int, alive: int) -> int:
         """Elastic and sync: the updates fragment p's round waits for, every alive island's

@@ -310,16 +310,41 @@ def test_a_cosine_staleness_weighting_takes_less_of_an_older_update_and_steps_le
         assert torch.allclose(t, before[n] - step, atol=1e-6)
 
 
-def test_merging_each_period_waits_past_the_quorum_for_the_periods_end():
+def each_period_after(last_round: dict[str, float]) -> Synchronizer:
+    """merge_each_period, K = 2, H = 10: a merged round of these islands at these times."""
     sync = synchronizer(min_quorum=2, grace_gamma=0.0, merge_each_period=True, inner_steps=10)
-    sync.submit(update_for(sync, "a"), 0, now=2.0)
-    sync.submit(update_for(sync, "b"), 0, now=3.0)
+    for island, at in last_round.items():
+        sync.submit(update_for(sync, island), 0, now=at)
+    sync.merge(0, now=max(last_round.values()))
+    return sync
 
-    # the last merge (version 0) at 0 s, H = 10 steps of 1 s: the period ends at 10 s
-    waiting = sync.decide(0, now=4.0, alive_islands=4, stats=STATS)
-    assert not waiting.merge and waiting.deadline == 10.0
-    assert sync.decide(0, now=10.0, alive_islands=4, stats=STATS).merge
-    assert sync.decide(0, now=4.0, alive_islands=2, stats=STATS).merge  # every alive one in
+
+def test_merging_each_period_waits_past_the_quorum_for_the_islands_expected_in_the_period():
+    sync = each_period_after({"a": 0.0, "b": 0.5, "c": 1.0, "d": 2.0})
+    stats = RoundStats(step_time_s=1.0, sync_time_s=0.5, island_step_s={"d": 1.1})
+    sync.submit(update_for(sync, "a", base=1, seq=2), 0, now=10.0)
+    sync.submit(update_for(sync, "b", base=1, seq=2), 0, now=10.5)
+
+    # c is due 10 steps of 1 s after its last update, d (the slowest, which closed the
+    # last merge) 10 of its 1.1 s: 13 s, past the last merge plus a median period
+    # (12 s); each is waited for up to a quarter of a period (2.5 s) past that
+    waiting = sync.decide(0, now=11.0, alive_islands=4, stats=stats)
+    assert not waiting.merge and waiting.deadline == pytest.approx(15.5)
+    sync.submit(update_for(sync, "c", base=1, seq=2), 0, now=11.2)
+    assert not sync.decide(0, now=12.5, alive_islands=4, stats=stats).merge
+    sync.submit(update_for(sync, "d", base=1, seq=2), 0, now=13.1)
+    assert sync.decide(0, now=13.1, alive_islands=4, stats=stats).merge  # every alive one in
+
+
+def test_merging_each_period_waits_for_no_straggler_nor_an_island_gone_quiet():
+    sync = each_period_after({"a": 0.0, "b": 0.5, "slow": 1.0, "gone": 2.0})
+    stats = RoundStats(step_time_s=1.0, sync_time_s=0.5, island_step_s={"slow": 20.0})
+    sync.submit(update_for(sync, "a", base=1, seq=2), 0, now=10.0)
+    sync.submit(update_for(sync, "b", base=1, seq=2), 0, now=10.5)
+
+    # slow is due at 201 s, beyond the reach of the period (10 + 1.5 x 10 s); gone was
+    # due at 12 s and, 2.5 s on, has not come
+    assert sync.decide(0, now=14.5, alive_islands=4, stats=stats).merge
     plain = synchronizer(min_quorum=2, grace_gamma=0.0, inner_steps=10)
     plain.submit(update_for(plain, "a"), 0, now=2.0)
     plain.submit(update_for(plain, "b"), 0, now=3.0)

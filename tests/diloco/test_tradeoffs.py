@@ -78,3 +78,5 @@ def test_the_cost_of_merge_each_period_quotes_the_in_process_results():
     assert f"({ratios['each_period_vs_sync_tokens']:.3f}x mode sync's, off: " \
            f"{ratios['at_quorum_vs_sync_tokens']:.3f}x)" in quality
     assert f"{ratios['each_period_vs_at_quorum_time']:.3f}x off's at equal time" in quality
+    assert f"islands at nearly one pace {ratios['close_vs_sync_tokens']:.3f}x mode sync's" \
+        in quality
