@@ -54,7 +54,8 @@ def main() -> None:
     parser.add_argument("--preset", default=None,
                         help="quality: check this preset's codecs at its own size "
                              "(e.g. gpt2_small) instead of the profiles' small models; "
-                             "rejoin: time a warm rejoin of this preset's run at its size")
+                             "rejoin: time a warm rejoin of this preset's run at its size; "
+                             "dataplane: this preset's model alone (e.g. llama_114m)")
     parser.add_argument("--in-process", action="store_true",
                         help="convergence only: the merge timing variants in the in-process "
                              "cluster, on a virtual clock (bench/convergence_inprocess.py)")
@@ -73,8 +74,8 @@ def main() -> None:
             parser.error("--device is an option of scale alone")
         options["device"] = args.device
     if args.preset is not None:
-        if args.name not in ("quality", "rejoin"):
-            parser.error("--preset is an option of quality and rejoin alone")
+        if args.name not in ("quality", "rejoin", "dataplane"):
+            parser.error("--preset is an option of quality, rejoin and dataplane alone")
         options["preset"] = args.preset
     if args.in_process:
         if args.name != "convergence":

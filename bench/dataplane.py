@@ -79,8 +79,10 @@ bench utilization` runs it alone.
 Each config's seconds, from its Redis' start to its last process's exit, are in its
 `wall_s`, and those of each size of at least 100M parameters summed over its configs
 in `wall_s_at_100m`. It writes bench/results/dataplane.json (dataplane-quick.json with
---quick), prints a table, and exits non-zero when a target of a config of at least
-100M parameters, or island utilization from 85M, is missed.
+--quick; `--preset NAME` measures that preset's model alone at the profile's islands
+and transports, into dataplane-preset-NAME.json), prints a table, and exits non-zero
+when a target of a config of at least 100M parameters, or island utilization from 85M,
+is missed.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ from bench.system import ROOT
 from diloco import codecs, tensorfile
 from diloco.config_parse import parse_config
 from diloco.island import build_model, gpt_config
-from diloco.presets import LLAMA_114M
+from diloco.presets import LLAMA_114M, PRESETS
 from diloco.protocol import decode_message, encode_message
 from diloco.signing import island_key, load_verify_key, verify_key_hex
 from diloco.sizes import kept_sends
@@ -549,9 +551,17 @@ def checks(configs: list[dict[str, Any]], lim: dict[str, float]) -> dict[str, di
     return out
 
 
-def main(quick: bool = False) -> int:
+def main(quick: bool = False, preset: str | None = None) -> int:
+    """The profile's sizes; with `preset` (a name of diloco/presets.py), that preset's
+    model alone at the profile's islands and transports, into dataplane-preset-NAME.json."""
     name = "quick" if quick else "full"
     profile = PROFILES[name]
+    if preset is not None:
+        if preset not in PRESETS:
+            raise SystemExit(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+        SIZES[preset] = {k: v for k, v in PRESETS[preset][1].get("model", {}).items()
+                         if k != "block_size"}
+        profile = {**profile, "sizes": [preset]}
     started, load_start = time.time(), os.getloadavg()
     HOME.mkdir(parents=True, exist_ok=True)
     redis_process, url = start_redis(HOME)
@@ -614,7 +624,8 @@ def main(quick: bool = False) -> int:
                                              if c["size"] == size), 1)
                              for size in dict.fromkeys(c["size"] for c in configs
                                                        if c["params"] >= TARGET_PARAMS)}
-    path = results.write("dataplane-quick" if quick else "dataplane", out)
+    path = results.write("dataplane" + ("-quick" if quick else "")
+                         + (f"-preset-{preset}" if preset else ""), out)
     print(results.table([{"limit": k, "MB_per_s": v} for k, v in lim.items()],
                         ["limit", "MB_per_s"]))
     print()

@@ -86,6 +86,15 @@ def test_the_full_profile_measures_a_llama_of_at_least_100m_parameters_by_its_ow
     assert sum(torch.Size(s).numel() for s in shapes.values()) >= dataplane.TARGET_PARAMS
 
 
+def test_an_unknown_preset_is_refused_before_anything_starts(monkeypatch, tmp_path):
+    monkeypatch.setattr(dataplane, "HOME", tmp_path / "home")
+
+    with pytest.raises(SystemExit, match="unknown preset 'huge'; expected one of demo"):
+        dataplane.main(preset="huge")
+
+    assert not (tmp_path / "home").exists()
+
+
 @pytest.mark.integration
 def test_a_tiny_profile_runs_end_to_end(monkeypatch, tmp_path):
     monkeypatch.setattr(results, "RESULTS", tmp_path / "results")
