@@ -20,6 +20,7 @@ from bench import (
     goodput,
     gpu_smoke,
     merge,
+    models,
     overhead,
     quality,
     rejoin,
@@ -37,7 +38,8 @@ BENCHMARKS = {"quality": quality.main, "overhead": overhead.main, "merge": merge
               "soak": soak.main, "gpu_smoke": gpu_smoke.main, "scale": scale.main,
               "rejoin": rejoin.main, "efficiency": efficiency.main,
               "dataplane": dataplane.main, "utilization": utilization.main,
-              "signing": signing.main, "convergence": convergence.main, "wan": wan.main}
+              "signing": signing.main, "convergence": convergence.main, "wan": wan.main,
+              "models": models.main}
 TIMED = ("soak", "scale")  # the benchmarks that take --minutes
 
 

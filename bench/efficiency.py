@@ -258,9 +258,13 @@ def stop_demo(system: StartedSystem) -> None:
     wait_pools_ready(system)
 
 
-def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[str, Any],
-                 label: str) -> dict[str, Any]:
-    """One run of the workload: its merged tokens/s, island step times, pulls and CPU."""
+def system_phase(system: StartedSystem, config: dict[str, Any], warm: int, window: int,
+                 label: str, before_stop: Callable[[Any, Any], dict[str, Any]] | None = None
+                 ) -> dict[str, Any]:
+    """One run of `config` (its islands, sync.fragments): once every island has trained
+    `warm` steps, a window of `window` more steps each; its merged tokens/s, island step
+    times, pulls and CPU, with what `before_stop` (of the run and its RunStore) reads
+    before the run is stopped."""
     from datetime import UTC, datetime
 
     from syncd.connection import connect
@@ -268,21 +272,20 @@ def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[s
     from webapp.runs.lifecycle import create_run, start_run, stop_run
     from webapp.runs.models import Event
 
-    run = create_run(name=label, mode="decoupled", config=run_config(WORKLOADS[name],
-                                                                     str(corpus)), user=None)
+    names = [island["name"] for island in config["islands"]]
+    fragments = config["sync"]["fragments"]
+    run = create_run(name=label, mode="decoupled", config=config, user=None)
     start_run(run, by=None)
     store = RunStore(connect(system.redis_url), run.pk)
-    warm = profile["warmup_outer_steps"] * INNER_STEPS
 
     def warmed() -> bool:
         beats = store.signals.heartbeats()
-        return len(beats) == len(REGIONS) and all(
+        return len(beats) == len(names) and all(
             b.state == "training" and b.step >= warm for b in beats.values())
 
     wait(warmed, f"{label}: every island past its warm-up", system, PHASE_TIMEOUT_S)
     meter = CpuMeter(system.pid)
-    beats: dict[str, dict[float, tuple[int, float]]] = {n: {} for n in REGIONS}
-    window = profile["outer_steps"][name] * INNER_STEPS
+    beats: dict[str, dict[float, tuple[int, float]]] = {n: {} for n in names}
     started, first = time.time(), store.signals.heartbeats()
     while True:
         system.check()
@@ -294,7 +297,7 @@ def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[s
         if stopped := [n for n, b in now.items() if b.state == "stopped"]:
             raise RuntimeError(f"{label}: {', '.join(stopped)} stopped in the window; see "
                                f"{system.home / 'logs'}")
-        if all(now[n].step - first[n].step >= window for n in REGIONS):
+        if all(now[n].step - first[n].step >= window for n in names):
             break
         if time.time() - started > PHASE_TIMEOUT_S:
             raise TimeoutError(f"{label}: the window did not end in {PHASE_TIMEOUT_S:g} s")
@@ -306,18 +309,19 @@ def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[s
     merged, points = 0, []
     for event in merges:
         merged += event.detail["tokens"]
-        points.append((event.time.timestamp(), merged / FRAGMENTS))
+        points.append((event.time.timestamp(), merged / fragments))
     islands = {}
     for island, seen in beats.items():
         samples = sorted(seen.items())
         (s0, p0), (s1, p1) = samples[0][1], samples[-1][1]
         islands[island] = {"step_s": 1 / slope([(t, s) for t, (s, _) in samples]),
                            "steps": s1 - s0, "pull_s_per_step": (p1 - p0) / max(s1 - s0, 1)}
+    read = before_stop(run, store) if before_stop else {}
     stop_run(run, by=None)
-    wait_islands_stopped(store, list(REGIONS), timeout=120.0)
+    wait_islands_stopped(store, names, timeout=120.0)
     out = {"run": run.pk, "seconds": round(ended - started, 2), "merges": len(points),
            "merged_tokens_per_s": slope(points), "islands": islands, "cpu": meter.result(),
-           "island_steps": sum(island["steps"] for island in islands.values())}
+           "island_steps": sum(island["steps"] for island in islands.values()), **read}
     results.say(f"  {label}: {out['merged_tokens_per_s']:,.0f} merged tokens/s over "
                 f"{len(points)} merges in {out['seconds']:.0f} s, island steps "
                 f"{', '.join(str(round(1000 * i['step_s'])) for i in islands.values())} ms, "
@@ -325,32 +329,34 @@ def system_phase(system: StartedSystem, name: str, corpus: Path, profile: dict[s
     return out
 
 
-def bare_phase(name: str, corpus: Path, seconds: float, label: str) -> dict[str, Any]:
-    """As many bare loops as islands, at once, for `seconds` once every one is warm.
+def bare_phase(model: dict[str, Any], corpus: Path, seconds: float, label: str,
+               loops: int = len(REGIONS), batch_size: int = BATCH_SIZE) -> dict[str, Any]:
+    """`loops` bare loops of `model` (one per island), at once, for `seconds` once every
+    one is warm.
 
     Each leads a session of its own, as every island process does: with the kernel's
     autogroup scheduling each session gets its share of a busy machine, and four loops
     in the benchmark's one session got far less CPU than the islands under load,
     which made the bare figure slower than the islands it bounds."""
-    spec = json.dumps({"model": WORKLOADS[name], "corpus": str(corpus)})
-    loops = [subprocess.Popen([sys.executable, "-m", "bench.efficiency", spec], cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)},
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
-             for _ in REGIONS]
+    spec = json.dumps({"model": model, "corpus": str(corpus), "batch_size": batch_size})
+    started = [subprocess.Popen([sys.executable, "-m", "bench.efficiency", spec], cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
+               for _ in range(loops)]
     try:
-        for loop in loops:
+        for loop in started:
             if (line := loop.stdout.readline().strip()) != "ready":
                 raise RuntimeError(f"a bare loop said {line!r}, not ready")
-        for loop in loops:
+        for loop in started:
             loop.stdin.write(f"{seconds}\n")
             loop.stdin.flush()
-        done = [json.loads(loop.stdout.readline()) for loop in loops]
+        done = [json.loads(loop.stdout.readline()) for loop in started]
     finally:
-        for loop in loops:
+        for loop in started:
             loop.kill()
             loop.wait()
-    tokens_per_step = BATCH_SIZE * WORKLOADS[name]["block_size"]
+    tokens_per_step = batch_size * model["block_size"]
     out = {"tokens_per_s": sum(d["steps"] * tokens_per_step / d["seconds"] for d in done),
            "step_s": statistics.fmean(d["seconds"] / d["steps"] for d in done),
            "tokens": sum(d["steps"] for d in done) * tokens_per_step,
@@ -376,20 +382,24 @@ def idle_phase(system: StartedSystem, seconds: float) -> dict[str, Any]:
 def measure(system: StartedSystem, name: str, corpus: Path, profile: dict[str, Any]
             ) -> dict[str, Any]:
     """A workload's phases in turn: bare, then system and bare `rounds` times, then idle."""
-    bare = [bare_phase(name, corpus, profile["bare_s"][name], f"{name} bare 1")]
+    bare = [bare_phase(WORKLOADS[name], corpus, profile["bare_s"][name], f"{name} bare 1")]
     runs = []
     for r in range(profile["rounds"]):
         wait_pools_ready(system)
-        runs.append(system_phase(system, name, corpus, profile, f"{name} system {r + 1}"))
+        runs.append(system_phase(system, run_config(WORKLOADS[name], str(corpus)),
+                                 profile["warmup_outer_steps"] * INNER_STEPS,
+                                 profile["outer_steps"][name] * INNER_STEPS,
+                                 f"{name} system {r + 1}"))
         wait_pools_ready(system)
-        bare.append(bare_phase(name, corpus, profile["bare_s"][name], f"{name} bare {r + 2}"))
+        bare.append(bare_phase(WORKLOADS[name], corpus, profile["bare_s"][name],
+                               f"{name} bare {r + 2}"))
     idle = idle_phase(system, profile["idle_s"])
     return summarize(name, runs, bare, idle)
 
 
 def summarize(name: str, runs: list[dict[str, Any]], bare: list[dict[str, Any]],
-              idle: dict[str, Any]) -> dict[str, Any]:
-    """A workload's figures from its phases."""
+              idle: dict[str, Any], model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A workload's figures from its phases; its `model` WORKLOADS[name] unless given."""
     merged = statistics.fmean(r["merged_tokens_per_s"] for r in runs)
     trained = statistics.fmean(b["tokens_per_s"] for b in bare)
     island_step = statistics.fmean(i["step_s"] for r in runs for i in r["islands"].values())
@@ -405,7 +415,7 @@ def summarize(name: str, runs: list[dict[str, Any]], bare: list[dict[str, Any]],
     island_cpu_step = sum(r["cpu"]["ticks"]["islands"] for r in runs) / CLK_TCK \
         / sum(r["island_steps"] for r in runs)
     bare_cpu_step = sum(b["cpu_s"] for b in bare) / sum(sum(b["steps"]) for b in bare)
-    return {"name": name, "islands": len(REGIONS), "model": WORKLOADS[name],
+    return {"name": name, "islands": len(runs[0]["islands"]), "model": model or WORKLOADS[name],
             "ratio": round(merged / trained, 4),
             "island_step_ratio": round(bare_step / island_step, 4),
             "cpu_share": cpu,

@@ -9,8 +9,9 @@ drift of the machine's speed and bursts of other work fall on both alike:
   warmup schedule, AdamW, gradient clipping, token accounting, loss.item();
   after each step it also sends the fragments that are due (make_update with
   the run's codec and error feedback, then encode_message), timed apart;
-- bare: the same model class (diloco.model.GPT) from the same initial weights,
-  the same batch shape, AdamW with the same settings, and nothing else.
+- bare: the same model class (diloco.model.GPT, or diloco.hf.CausalLM) from the
+  same initial weights, the same batch shape, AdamW with the same settings, and
+  nothing else.
 
 Both draw their batches with a ShardSampler of the same shard and seed, so they
 see the same data in the same order and pay the same for it; what differs is
@@ -36,8 +37,7 @@ from diloco.config import RunConfig
 from diloco.config_parse import parse_config
 from diloco.data import Corpus, ShardSampler, load_corpus
 from diloco.fragments import due_fragments, partition
-from diloco.island import Island, gpt_config, initial_model
-from diloco.model import GPT
+from diloco.island import Island, build_model, gpt_config, initial_model
 from diloco.protocol import encode_message
 from diloco.signing import island_key
 from syncd.environment import data_dir
@@ -75,7 +75,7 @@ class BareLoop:
 
     def __init__(self, config: RunConfig, corpus: Corpus, init: dict[str, torch.Tensor],
                  clip: bool = False):
-        self.model = GPT(gpt_config(config))
+        self.model = build_model(gpt_config(config))  # the island's class: GPT or CausalLM
         self.model.load_state_dict(init)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.optim.inner_lr,
                                            betas=(0.9, 0.95),

@@ -306,10 +306,10 @@ def test_a_llama_from_a_config_folder_on_a_trained_bpe_from_the_browser_exports_
     import json
     import zipfile
 
+    from bench.models import held_out_loss
     from diloco.data import run_corpus
     from syncd.environment import data_dir
     from tests.diloco.test_hf import TINY_LLAMA
-    from tests.webapp.runs.test_runtime_processes import held_out_loss_by_transformers
 
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"Document {i}: island {i % 5} trains "
@@ -357,5 +357,5 @@ def test_a_llama_from_a_config_folder_on_a_trained_bpe_from_the_browser_exports_
     folder = tmp_path / "export"
     zipfile.ZipFile(io.BytesIO(Path(download.value.path()).read_bytes())).extractall(folder)
     prepared = Path(run_corpus(run.run_config().data, data_dir()).folder)
-    assert held_out_loss_by_transformers(folder, prepared, 256, 16) == pytest.approx(
+    assert held_out_loss(folder, prepared, 256, 16) == pytest.approx(
         shown, abs=1e-4)

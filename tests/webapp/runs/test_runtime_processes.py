@@ -23,6 +23,7 @@ import torch
 from django.db import connection
 from django.test import Client
 
+from bench.models import held_out_loss
 from diloco.data import run_corpus
 from diloco.evaluation import Evaluator
 from diloco.island import initial_model
@@ -644,28 +645,6 @@ def newest_tokens(checkpoint) -> int:
     return checkpoints.load(Path(checkpoint.path), checkpoint.sha256)[3]
 
 
-def held_out_loss_by_transformers(folder: Path, prepared: Path, tokens: int,
-                                  block_size: int) -> float:
-    """The held-out loss as the export's README says it is computed, by transformers,
-    numpy and torch alone: windows of block_size evenly spaced over the prepared
-    validation split, each window's mean next-token cross-entropy, their mean, fp32."""
-    import numpy as np
-    from transformers import AutoModelForCausalLM
-
-    manifest = json.loads((prepared / "manifest.json").read_text())
-    ids = np.fromfile(prepared / manifest["splits"]["validation"]["file"],
-                      dtype=manifest["dtype"]).astype(np.int64)
-    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
-                                                 dtype=torch.float32).eval()
-    starts = torch.linspace(0, len(ids) - block_size - 1, max(1, tokens // block_size)).long()
-    windows = torch.stack([torch.from_numpy(ids[s:s + block_size + 1]) for s in starts])
-    with torch.no_grad():
-        logits = model(input_ids=windows[:, :-1]).logits.float()
-    losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten(),
-                                               reduction="none").view(len(windows), -1)
-    return losses.mean(dim=1).mean().item()
-
-
 def test_through_the_api_a_llama_from_a_config_folder_on_a_trained_bpe_survives_a_kill_and_exports_its_loss(  # noqa: E501
         system, tmp_path, redis_url, django_user_model):
     # The API's start goes to the control queue: its worker starts the islands.
@@ -713,7 +692,7 @@ def test_through_the_api_a_llama_from_a_config_folder_on_a_trained_bpe_survives_
     folder = tmp_path / "export"
     zipfile.ZipFile(io.BytesIO(response.content)).extractall(folder)
     prepared = Path(run_corpus(run.run_config().data, data_dir()).folder)
-    loss = held_out_loss_by_transformers(folder, prepared, 256, 16)
+    loss = held_out_loss(folder, prepared, 256, 16)  # transformers alone, as the README says
     assert loss == pytest.approx(shown, abs=1e-4)
     # Bits per byte: over the bytes of the same split's text, as transformers decodes it.
     from transformers import AutoTokenizer
