@@ -166,7 +166,8 @@ class Ingester:
                          liveness.lost, self._handled_seq, self.store.fencing_token)
         self._free_crowded(now, facts.islands)
         slots = self.spec.config.sync.upload_slots
-        while stale := self.slots.stale(self.store.updates.slot_holders(slots), now, facts):
+        while stale := self.slots.stale(holders := self.store.updates.slot_holders(slots),
+                                        now, facts, self.store.updates.written(holders)):
             log.warning("run %s: freed %d upload slots held by %s", self.store.run_id,
                         len(stale), [raw.decode(errors="replace")[:80] for raw in stale])
             self.store.updates.free_slots(stale)

@@ -39,7 +39,9 @@ whose update is not on the data plane. Where an island of the run has more (`cro
 the others were queued in its name: syncd takes all of them off at its next look,
 wherever they are in the queue, and the island queues its own again. Tickets of real
 islands' names, epochs and seqs ahead of them would otherwise hold each slot for
-SLOT_TIMEOUT_S in turn: a flood of a thousand, hours of the run's uploads.
+SLOT_TIMEOUT_S in turn: a flood of a thousand, hours of the run's uploads. The one
+forged ticket left of an island with none of its own in the queue holds a slot for
+SLOT_START_S at most, its update never written.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ from dataclasses import dataclass
 # A slot held this long with no update read is given to the next ticket: far more than
 # the write of the largest message at the transport's speed (bench dataplane).
 SLOT_TIMEOUT_S = 60.0
+# A slot held this long with none of its update written is given to the next ticket: an
+# island that holds a slot starts its write within a poll (SLOT_POLL_MAX_S), so its
+# ticket was queued in its name by another; the island queues again should it be its own.
+SLOT_START_S = 10.0
 PUBLISH = "publish"  # what a publish ticket starts with (`publish_ticket`)
 
 
@@ -95,10 +101,13 @@ def publish_ticket(token: int, fragment: int, version: int) -> str:
     return f"{PUBLISH}:{token}:{fragment}:{version}"
 
 
-def stale(raw: bytes, held_since: float, now: float, facts: RunFacts) -> bool:
+def stale(raw: bytes, held_since: float, now: float, facts: RunFacts,
+          written: bool = True) -> bool:
     """Whether a ticket that holds a slot since `held_since` is taken off: it names no
     island of the run or an epoch before the island's current one, its island is lost,
-    its update is handled, or it held the slot SLOT_TIMEOUT_S with no update read. A
+    its update is handled, it held the slot SLOT_START_S and its update is not
+    `written` yet (an island that holds a slot writes within a poll of its link), or
+    it held the slot SLOT_TIMEOUT_S with no update read. A
     publish ticket is stale if another grant of the lease wrote it (a syncd that died
     publishing) or it held the slot SLOT_TIMEOUT_S: one an island queued in syncd's
     name delays the uploads as a ticket in another island's name does, no longer."""
@@ -110,7 +119,7 @@ def stale(raw: bytes, held_since: float, now: float, facts: RunFacts) -> bool:
         return True
     return (ticket.epoch < facts.epochs.get(ticket.island, 0)
             or ticket.seq <= facts.handled(ticket.island, ticket.fragment)
-            or now - held_since >= SLOT_TIMEOUT_S)
+            or now - held_since >= (SLOT_TIMEOUT_S if written else SLOT_START_S))
 
 
 def crowded(queue: list[bytes], written: list[bool], islands: set[str]
@@ -134,7 +143,11 @@ class SlotKeeper:
     def __init__(self) -> None:
         self.held_since: dict[bytes, float] = {}
 
-    def stale(self, holding: list[bytes], now: float, facts: RunFacts) -> list[bytes]:
-        """The stale ones of the tickets `holding` slots now (syncd takes them off)."""
+    def stale(self, holding: list[bytes], now: float, facts: RunFacts,
+              written: list[bool] | None = None) -> list[bytes]:
+        """The stale ones of the tickets `holding` slots now (syncd takes them off), each
+        `written` when its update is on the data plane (all, if not told)."""
         self.held_since = {raw: self.held_since.get(raw, now) for raw in holding}
-        return [raw for raw in holding if stale(raw, self.held_since[raw], now, facts)]
+        return [raw for raw, done in zip(holding, written or [True] * len(holding),
+                                         strict=True)
+                if stale(raw, self.held_since[raw], now, facts, done)]

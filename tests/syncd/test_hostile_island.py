@@ -22,7 +22,7 @@ from syncd.acl import WRITE_COMMANDS, island_store, island_url, put_island_users
 from syncd.keys import ISLAND_WRITES
 from syncd.records import Heartbeat
 from syncd.service import RunSync
-from syncd.upload_slots import Ticket
+from syncd.upload_slots import SLOT_START_S, Ticket
 from tests.syncd.runs import heartbeat_all, make_run_sync, send
 from webapp.runs.models import Event
 
@@ -189,3 +189,25 @@ def test_tickets_queued_in_real_islands_names_hold_no_slot_past_syncds_next_look
     told = {e.island.name: e.detail["deleted"] for e in Event.objects.filter(
         run_id=attacked.store.run_id, kind="rejection", detail__cause="tickets_crowded")}
     assert told == {"a": 501, "b": 501}
+
+
+def test_a_ticket_in_an_islands_name_whose_update_never_comes_holds_a_slot_briefly(
+        redis_url, runs):
+    """One ticket per island, queued in its name while it has none of its own: not
+    crowded, it holds a slot only until SLOT_START_S, its update never written."""
+    attacked, _ = runs
+    password = redis_password(attacked.spec.secret)
+    island = island_store(island_url(redis_url, attacked.store.run_id, password),
+                          island_url(redis_url, attacked.store.run_id, password),
+                          attacked.store.run_id)
+    uploads = attacked.store.key("uploads")
+    forged = [Ticket(name, 1, 0, 10**6).encode().encode() for name in ("a", "b")]
+    island.data_writer.rpush(uploads, *forged)
+
+    for step in (0.0, SLOT_START_S - 1, 1.0):
+        attacked.clock_state["now"] += step
+        heartbeat_all(attacked)
+        attacked.tick()
+        assert not attacked.liveness.lost
+        held = attacked.store.data.lrange(uploads, 0, -1)
+        assert held == ([] if step == 1.0 else forged)

@@ -1,6 +1,7 @@
 """Upload slots (syncd.upload_slots): tickets, and which ones syncd takes off."""
 
 from syncd.upload_slots import (
+    SLOT_START_S,
     SLOT_TIMEOUT_S,
     RunFacts,
     SlotKeeper,
@@ -35,6 +36,17 @@ def test_a_ticket_of_an_alive_island_in_its_epoch_is_not_stale_until_its_timeout
 
     assert not stale(raw, 100.0, 100.0 + SLOT_TIMEOUT_S - 1, facts({"a": 2}))
     assert stale(raw, 100.0, 100.0 + SLOT_TIMEOUT_S, facts({"a": 2}))
+
+
+def test_a_ticket_whose_update_is_not_written_holds_its_slot_only_until_its_start():
+    raw = Ticket("a", 2, 0, 8).encode().encode()
+
+    assert not stale(raw, 100.0, 100.0 + SLOT_START_S - 1, facts({"a": 2}), written=False)
+    assert stale(raw, 100.0, 100.0 + SLOT_START_S, facts({"a": 2}), written=False)
+    assert not stale(raw, 100.0, 100.0 + SLOT_START_S, facts({"a": 2}), written=True)
+    keeper = SlotKeeper()
+    assert keeper.stale([raw], 0.0, facts({"a": 2}), [False]) == []
+    assert keeper.stale([raw], SLOT_START_S, facts({"a": 2}), [False]) == [raw]
 
 
 def test_a_ticket_of_a_lost_island_an_older_epoch_a_handled_update_or_a_stranger_is_stale():
