@@ -1,7 +1,8 @@
 """The models benchmark (bench/models.py): its run of the preset, the export's held-out
 loss by transformers against the evaluator's on a tiny Llama, its arithmetic and its
 report on figures made up here. Its quick profile on the real system takes minutes
-(two bare phases and a 20M-parameter Llama on CPU), so no test here runs it."""
+(two bare phases and a 20M-parameter Llama on CPU), so no test here runs it: the
+committed bench/results/models-quick.json is checked for what the report writes."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from diloco.hf import export
 from diloco.island import initial_model
 from diloco.presets import LLAMA_20M
 
+COMMITTED = Path(__file__).resolve().parents[2] / "bench" / "results" / "models-quick.json"
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
               "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
               "max_position_embeddings": 32}
@@ -88,3 +90,16 @@ def test_the_report_writes_the_three_checks_and_says_a_miss(tmp_path, monkeypatc
     assert data["throughput_vs_bare"] == 0.95 and data["throughput"]["ratio_per_cpu"] == 0.97
     assert "phases" not in data["throughput"]  # the samples file holds them
     assert "FAILED: estimate_memory" in capsys.readouterr().err
+def test_the_committed_quick_results_hold_the_figures_and_checks_the_report_writes():
+    data = json.loads(COMMITTED.read_text())
+
+    assert data["profile"] == "quick" and data["preset"] == models.PRESET
+    assert set(data["checks"]) == {"throughput_vs_bare", "export_loss_equal",
+                                   "estimate_memory"}
+    for check in data["checks"].values():
+        assert set(check) == {"value", "bound", "ok"} and isinstance(check["ok"], bool)
+    assert data["params"] > 10**7 and data["eval_bpb"] > 0
+    assert data["throughput"]["ratio"] == data["throughput_vs_bare"]
+    assert {"ratio_per_cpu", "island_cpu_step_ratio", "cpu_share"} <= set(data["throughput"])
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(data["export_files"])
+    assert data["seconds"] > 0 and data["load_before"]
