@@ -50,6 +50,8 @@ RELATIONS = re.compile("|".join((
     r"Must be the number of islands in mode sync",
     r"Must be 0 in mode sync",
     r"No folder at .*: give a folder holding config\.json",  # model.source hf's hf_config
+    r"Must be bytes, train or a folder holding tokenizer\.json",  # data.tokenizer's folder
+    r"The folder .* holds no tokenizer\.json",
 )))
 
 
