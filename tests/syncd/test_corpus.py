@@ -52,10 +52,18 @@ def test_the_corpus_is_prepared_in_a_thread_and_read_once_ready(tmp_path, held):
     assert corpus.ready()
 
 
-def test_reading_a_corpus_that_failed_raises_its_error(tmp_path):
+def failed_corpus(tmp_path) -> RunCorpus:
+    """A corpus whose file is missing, read once: its preparation failed."""
     config = parse_config({"data": {"path": str(tmp_path / "missing.jsonl"),
                                     "tokenizer": "train"}}, ["us-east"])
     corpus = RunCorpus(config.data, tmp_path / "data")
+    with pytest.raises(Exception, match=r"missing\.jsonl"):
+        corpus.get()
+    return corpus
+
+
+def test_reading_a_corpus_that_failed_raises_its_error(tmp_path):
+    corpus = failed_corpus(tmp_path)
 
     with pytest.raises(Exception, match=r"missing\.jsonl"):
         corpus.get()
@@ -162,11 +170,7 @@ def test_a_corpus_not_begun_reads_waiting_with_no_counts(tmp_path):
 
 
 def test_a_failed_corpus_reads_failed_with_its_error(tmp_path):
-    config = parse_config({"data": {"path": str(tmp_path / "missing.jsonl"),
-                                    "tokenizer": "train"}}, ["us-east"])
-    corpus = RunCorpus(config.data, tmp_path / "data")
-    with pytest.raises(Exception, match=r"missing\.jsonl"):
-        corpus.get()
+    corpus = failed_corpus(tmp_path)
 
     assert corpus.status()["state"] == "failed"
     assert "missing.jsonl" in corpus.status()["error"]
