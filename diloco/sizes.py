@@ -1,6 +1,8 @@
 """How much memory a run needs, from its config alone: the parameter count and the
 bytes each part holds at its peak (an upper bound, not a typical value), so that a
-user sees them before starting and a run that would not fit is refused.
+user sees them before starting and a run that would not fit is refused (admission
+uses the peak); and beside each island host's peak, its expected bytes: what an
+island holds at its typical high-water mark in steady state.
 
 Notation: B is the fp32 model (4 bytes x parameters); F the largest fragment in
 fp32; B_up, F_up and B_down the model and that fragment encoded with
@@ -50,6 +52,27 @@ number; with auto the pool fits itself into what the islands leave): each is an
 interpreter with torch and the project imported (STANDBY_BASE_BYTES, measured
 at 226 MiB on CPU) and a model built in the run's shape, B (the corpus it opens
 is memory-mapped: page cache the host's islands share, not counted).
+
+Island, expected, per process: what it holds at the backward pass of the step after
+a send, its high-water mark in steady state (its heap keeps a step's buffers below 32
+MiB from step to step, syncd/malloc.py, so every step reaches it again): parameters
+B + gradients B (made by the backward pass, freed after the optimizer's step) + AdamW
+moments 2B + anchors B + DDP gradient buckets B with processes > 1 + sent since the
+last mix, n x F (each fragment's decoded sends stay until its mix, tau =
+sync.overlap_steps steps after its send) + kept until handled, B_up (one message of
+each fragment, its last: trainer/resend.py keeps it by reference until the next send
+of that fragment finds it handled, and the link's queue holds the same objects) + a
+fragment being pulled n x F_down (the global's message, downloaded while the tau
+steps run and mixed after them, trainer/downloads.py; its payload's tensors are views
+of it with codec none) + activations. n = ceil(tau x P / H), at most P: the unmixed
+fragments (sent, not mixed yet) at once, one sent every H / P steps and each mixed tau
+steps later; 0 with tau = 0, which mixes before its next step. Left out, as from the
+peak: the interpreter and imports (a cold island's first step imports more of torch,
+which a warm standby paid before it idles), and `transformers` itself for an hf model,
+imported with its first model. Not in it, where the peak counts them: an update being made (encoded
+during the forward pass and freed before the backward pass), a send queue beyond the
+kept messages, and a second kept message of a fragment, which only a syncd that falls
+behind leaves.
 
 Activations are an estimate, after Korthikanti et al. 2022 ("Reducing
 Activation Recomputation in Large Transformer Models", section 4.1): per layer
@@ -126,6 +149,39 @@ def kept_sends(codec: str, islands: int) -> int:
     return max(KEPT_SENDS, min(KEPT_SENDS_COMPRESSED, -(-ROUND_UPDATES // islands)))
 
 
+def unmixed_fragments(inner_steps: int, fragments: int, overlap_steps: int) -> int:
+    """The unmixed fragments an island typically has at once, between their send and
+    their mix: one is sent every inner_steps / fragments steps and mixed
+    `overlap_steps` (tau) later; none with tau 0, where the island mixes before its next
+    step.
+
+    Raises:
+        ValueError: fewer than one inner step or fragment, or a negative tau.
+    """
+    if inner_steps < 1 or fragments < 1:
+        raise ValueError(f"a run has at least one inner step and one fragment, got "
+                         f"inner_steps {inner_steps} and fragments {fragments}")
+    if overlap_steps < 0:
+        raise ValueError(f"overlap_steps must be 0 or more, got {overlap_steps}")
+    return min(fragments, -(-overlap_steps * fragments // inner_steps))
+
+
+def expected_process(model: int, largest: int, largest_down: int, up: int, unmixed: int,
+                     activations: dict[str, int], ddp: bool) -> dict[str, int]:
+    """An island process's expected bytes by part, at its typical high-water mark (the
+    backward pass of the step after a send): the model `model` in float32 and its
+    gradients, AdamW moments and anchors; DDP's buckets when `ddp`; the decoded sends and
+    the pulled global messages of `unmixed` fragments, sent and not mixed yet (`largest`:
+    the largest fragment in float32, `largest_down`: its downlink message); one kept
+    message of each fragment (`up`: the model encoded for the uplink); `activations`
+    (activation bytes by part, as the peak counts them)."""
+    return {"parameters": model, "gradients": model, "AdamW moments": 2 * model,
+            "anchors": model, "sent since the last mix": unmixed * largest,
+            "DDP gradient buckets": model if ddp else 0,
+            "kept until handled": up, "fragment being pulled": unmixed * largest_down,
+            **activations}
+
+
 def encoded_bytes(numel: int, codec: str) -> int:
     """Bytes of one tensor of `numel` values encoded with `codec` (diloco/codecs.py)."""
     if codec == "none":
@@ -181,7 +237,8 @@ class Estimate:
     model_bytes: int  # B
     redis: Need
     syncd: Need
-    islands: dict[str, Need]  # per island host: every process of the island
+    islands: dict[str, Need]  # per island host, its peak: every process of the island
+    expected: dict[str, Need]  # per island host, its typical high-water mark
 
     def to_dict(self) -> dict:
         def need(n: Need) -> dict:
@@ -189,12 +246,14 @@ class Estimate:
 
         return {"params": self.params, "model_bytes": self.model_bytes,
                 "redis": need(self.redis), "syncd": need(self.syncd),
-                "islands": {name: need(n) for name, n in self.islands.items()}}
+                "islands": {name: need(n) for name, n in self.islands.items()},
+                "expected": {name: need(n) for name, n in self.expected.items()}}
 
 
 def estimate(config: RunConfig, standbys: int = 0, served: bool = True) -> Estimate:
-    """The parameters and the peak bytes of Redis, syncd and each island host of a run;
-    `standbys` is the warm standby islands each island host keeps (ISLAND_POOL_SIZE);
+    """The parameters, the peak bytes of Redis, syncd and each island host of a run,
+    and each island host's expected bytes; `standbys` is the warm standby islands each
+    island host keeps (ISLAND_POOL_SIZE);
     `served` whether syncd serves the full fragments from its files (SYNCD_SERVE) rather
     than putting them on the data plane.
 
@@ -209,6 +268,8 @@ def estimate(config: RunConfig, standbys: int = 0, served: bool = True) -> Estim
     fragments = partition(sizes, s.fragments)
     largest = 4 * max(f.numel for f in fragments)
     largest_up = max(fragment_bytes(sizes, s.fragments, s.compression))
+    largest_down = max(fragment_bytes(sizes, s.fragments, s.downlink_compression))
+    unmixed = unmixed_fragments(s.inner_steps, s.fragments, s.overlap_steps)
     differences = 0 if s.downlink_compression == "none" else s.max_staleness * sum(
         encoded_bytes(n, s.downlink_compression) for n in sizes.values())
     momentum = model if config.optim.outer_momentum > 0 else 0
@@ -221,8 +282,9 @@ def estimate(config: RunConfig, standbys: int = 0, served: bool = True) -> Estim
                   "merge temporaries": 2 * largest, "message being published": largest,
                   "downlink differences": differences, "evaluation": model,
                   "base": SYNCD_BASE_BYTES})
-    islands = {}
+    islands, expected = {}, {}
     for island in config.islands:
+        activations = _activations(config, island.batch_size // island.processes)
         per_process = {
             "parameters": model, "gradients": model, "AdamW moments": 2 * model,
             "anchors": model, "sent since the last mix": model,
@@ -230,13 +292,15 @@ def estimate(config: RunConfig, standbys: int = 0, served: bool = True) -> Estim
             "update being made": 2 * largest + 2 * largest_up,
             "send queue": (2 * s.fragments + 1) * largest_up,
             "kept until handled": kept_sends(s.compression, len(config.islands)) * up,
-            "fragment being pulled": 2 * largest,
-            **_activations(config, island.batch_size // island.processes)}
-        host = {k: v * island.processes for k, v in per_process.items()}
-        if standbys:
-            host["warm standbys"] = standbys * (STANDBY_BASE_BYTES + model)
-        islands[island.name] = Need(host)
-    return Estimate(params, model, redis, syncd, islands)
+            "fragment being pulled": 2 * largest, **activations}
+        typical = expected_process(model, largest, largest_down, up, unmixed, activations,
+                                   island.processes > 1)
+        pool = {"warm standbys": standbys * (STANDBY_BASE_BYTES + model)} if standbys else {}
+        islands[island.name] = Need({**{k: v * island.processes
+                                        for k, v in per_process.items()}, **pool})
+        expected[island.name] = Need({**{k: v * island.processes
+                                         for k, v in typical.items()}, **pool})
+    return Estimate(params, model, redis, syncd, islands, expected)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ from diloco.sizes import (
     activation_bytes,
     encoded_bytes,
     estimate,
+    expected_process,
     kept_sends,
+    unmixed_fragments,
     wire_per_outer_step,
 )
 
@@ -165,6 +167,80 @@ def test_each_warm_standby_of_an_island_host_counts_with_its_interpreter_and_a_m
         assert need.parts["warm standbys"] == 2 * (STANDBY_BASE_BYTES + warm.model_bytes)
         assert need.total == cold.islands[name].total + need.parts["warm standbys"]
     assert "warm standbys" not in cold.islands["island-0"].parts
+
+
+def test_the_expected_island_holds_its_state_one_step_and_one_fragment_unmixed(
+        make_config):
+    config = make_config(islands=2, batch_size=4, model={"n_layer": 2, "n_embd": 64},
+                         sync={"fragments": 4, "inner_steps": 8, "overlap_steps": 1,
+                               "compression": "none", "downlink_compression": "none"})
+    sized = estimate(config)
+    b = sized.model_bytes
+    f = 4 * max(f.numel for f in partition(tensor_sizes(config.model), 4))
+    act = activation_bytes(4, 16, 2, 64, config.model.n_head, "fp32")
+
+    expected = sized.expected["island-0"]
+    # Parameters, gradients, two moments, anchors; one kept message of each fragment
+    # (B in float32); one fragment's decoded send and its pulled global; one step.
+    assert expected.total == 5 * b + b + f + f + act
+    assert expected.total == sum(expected.parts.values())
+    assert expected.total < sized.islands["island-0"].total
+    assert sized.to_dict()["expected"]["island-0"]["total"] == expected.total
+
+
+def test_the_expected_island_keeps_one_encoded_message_of_each_fragment(make_config):
+    config = make_config(sync={"fragments": 2, "compression": "int4",
+                               "downlink_compression": "int8"})
+    sizes = tensor_sizes(config.model)
+    expected = estimate(config).expected["island-0"].parts
+    fragments = partition(sizes, 2)
+
+    assert expected["kept until handled"] == sum(encoded_bytes(n, "int4")
+                                                 for n in sizes.values())
+    assert expected["fragment being pulled"] == max(
+        sum(encoded_bytes(sizes[n], "int8") for n in f.tensor_names) for f in fragments)
+    assert expected["sent since the last mix"] == 4 * max(f.numel for f in fragments)
+
+
+@pytest.mark.parametrize(("h", "p", "tau", "fragments"),
+                         [(50, 4, 2, 1), (8, 4, 1, 1), (8, 4, 3, 2), (4, 4, 4, 4),
+                          (4, 4, 9, 4), (16, 2, 0, 0), (1, 1, 1, 1)])
+def test_unmixed_fragments_are_those_sent_within_tau_steps_of_each_other(h, p, tau,
+                                                                           fragments):
+    assert unmixed_fragments(h, p, tau) == fragments
+
+
+@pytest.mark.parametrize(("h", "p", "tau"), [(0, 1, 1), (8, 0, 1), (8, 2, -1)])
+def test_unmixed_fragments_need_steps_fragments_and_a_tau_of_0_or_more(h, p, tau):
+    with pytest.raises(ValueError, match=r"at least one inner step|0 or more"):
+        unmixed_fragments(h, p, tau)
+
+
+def test_an_island_that_mixes_before_its_next_step_holds_no_unmixed_fragment():
+    parts = expected_process(100, 50, 50, 100, 0, {"activations": 30}, ddp=False)
+
+    assert parts["sent since the last mix"] == parts["fragment being pulled"] == 0
+    assert sum(parts.values()) == 5 * 100 + 100 + 30
+
+
+def test_the_expected_island_of_several_processes_holds_each_ones_state(make_config):
+    config = make_config(batch_size=8)
+    one = estimate(config).expected["island-0"]
+    config.islands[0].processes = 2
+    split = estimate(config).expected["island-0"]
+
+    assert split.parts["parameters"] == 2 * one.parts["parameters"]
+    assert split.parts["DDP gradient buckets"] == 2 * one.parts["parameters"]
+    assert one.parts["DDP gradient buckets"] == 0
+    assert split.parts["activations"] == one.parts["activations"]
+
+
+def test_an_island_hosts_warm_standbys_count_alike_in_its_expected_bytes(make_config):
+    config = make_config()
+    cold, warm = estimate(config), estimate(config, standbys=1)
+
+    assert (warm.expected["island-0"].total - cold.expected["island-0"].total
+            == warm.islands["island-0"].parts["warm standbys"])
 
 
 # The tiny model of make_config (1 layer, 16 wide, context 16) by hand: tok_emb 256 x 16

@@ -168,7 +168,7 @@ class EstimateIn(Body):
 
 
 class NeedOut(Schema):
-    total: int = Field(description="Bytes at the peak: the sum of the parts.")
+    total: int = Field(description="Bytes: the sum of the parts.")
     parts: dict[str, int] = Field(description="Bytes by what holds them.")
 
 
@@ -192,16 +192,17 @@ class EstimateOut(Schema):
     model_bytes: int = Field(description="B: the model in float32.")
     redis: NeedOut
     syncd: NeedOut
-    islands: dict[str, NeedOut] = Field(description="Island name -> its host's need (every "
-                                                    "process of the island).")
+    islands: dict[str, NeedOut] = Field(description="Island name -> its host's peak need "
+                                                    "(every process), which admission uses.")
+    expected: dict[str, NeedOut] = Field(description="Island name -> its host's expected "
+                                                     "need: its typical high-water mark.")
     limits: dict[str, int] = Field(description="What the hosts declare, in bytes: "
                                                "redis_bytes (REDIS_MAXMEMORY_MB), "
                                                "syncd_host_bytes (SYNCD_HOST_MEMORY_MB) and "
                                                "island_host_bytes (ISLAND_HOST_MEMORY_MB).")
     taken: dict[str, Any] = Field(description="What the admitted runs (queued, running, "
-                                              "paused, stopping) take already: runs, "
-                                              "redis_bytes, syncd_bytes and "
-                                              "island_host_bytes (region -> bytes).")
+                                              "paused, stopping) take: runs, redis_bytes, "
+                                              "syncd_bytes, island_host_bytes (by region).")
     misfits: dict[str, list[str]] = Field(description="What does not fit, keyed as a "
                                                       "refusal of the run would be.")
     wire: dict[str, WireOut] = Field(description="Island name -> its wire bytes per outer "

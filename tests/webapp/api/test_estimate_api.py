@@ -22,9 +22,12 @@ def test_it_estimates_the_parameters_and_memory_of_a_config(viewer_api, settings
     model = GPT(gpt_config(parse_config(SMALL, settings.REGIONS)))
     assert data["params"] == model.num_params()
     assert data["model_bytes"] == 4 * model.num_params()
-    assert set(data["islands"]) == {"east-a", "west-a"}
-    for need in (data["redis"], data["syncd"], *data["islands"].values()):
+    assert set(data["islands"]) == set(data["expected"]) == {"east-a", "west-a"}
+    for need in (data["redis"], data["syncd"], *data["islands"].values(),
+                 *data["expected"].values()):
         assert need["total"] == sum(need["parts"].values())
+    for name, need in data["expected"].items():
+        assert 0 < need["total"] < data["islands"][name]["total"]
     assert data["limits"] == {"redis_bytes": settings.REDIS_MAXMEMORY_MB * MIB,
                               "syncd_host_bytes": settings.SYNCD_HOST_MEMORY_MB * MIB,
                               "island_host_bytes": settings.ISLAND_HOST_MEMORY_MB * MIB}

@@ -130,7 +130,9 @@ function showEstimate(data) {
          `${shown(data.limits.syncd_host_bytes)} (SYNCD_HOST_MEMORY_MB)` +
          taken(data.taken.syncd_bytes), data.syncd.parts);
   for (const [name, need] of Object.entries(data.islands)) {
-    figure(list, `island ${name}`, `${shown(need.total)} of ` +
+    // The peak is what admission holds to the host; the expected, what it typically holds.
+    figure(list, `island ${name}`, `${shown(need.total)} peak ` +
+           `(${shown(data.expected[name].total)} expected) of ` +
            `${shown(data.limits.island_host_bytes)} (ISLAND_HOST_MEMORY_MB)`, need.parts);
   }
   for (const [region, nbytes] of Object.entries(data.taken.island_host_bytes)) {
