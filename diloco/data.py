@@ -193,6 +193,15 @@ def run_corpus(data: Any, directory: Path,
                        vocab_size=data.vocab_size, text_field=data.text_field, watch=watch)
 
 
+def corpus_key(data: Any) -> tuple[str, float, str, int, str]:
+    """What a corpus opened ahead of its run (a warm standby's) is known by: of a run's
+    `data` section (diloco.config.DataConfig), all that its prepared files depend on,
+    the path, eval_fraction, tokenizer, vocab_size (a `train` tokenizer's; 0 for the
+    others) and text_field."""
+    vocab = data.vocab_size if data.tokenizer == tokenizers.TRAIN else 0
+    return (data.path or "", float(data.eval_fraction), data.tokenizer, vocab, data.text_field)
+
+
 def tokenizer_json(data: Any, directory: Path) -> str | None:
     """The tokenizer.json of a run's tokenizer (`data`: diloco.config.DataConfig), the
     corpus prepared for it in `directory` if it is not yet (a `train` one is trained

@@ -22,6 +22,8 @@ from diloco.sizes import STANDBY_BASE_BYTES, estimate
 
 LAUNCHING, READY = "launching", "ready"
 CLAIM_FIELDS = ("run", "island", "epoch")
+# What a run's prepared corpus depends on (diloco.data.corpus_key): a standby prepares it.
+DATA_FIELDS = ("path", "eval_fraction", "tokenizer", "vocab_size", "text_field")
 
 
 @dataclass
@@ -137,11 +139,12 @@ def check_claim(claim: Any, active: bool, current_epoch: int | None) -> str | No
 
 
 def warm_for(spec: dict[str, Any]) -> dict[str, Any]:
-    """What a standby prepares for runs like this one: its corpus and its model's shape."""
+    """What a standby prepares for runs like this one: its corpus, tokenized as the run
+    tokenizes it, and its model's shape (whose vocabulary is the tokenizer's)."""
     config = spec.get("config", {})
     data = config.get("data", {})
     model = config.get("model", {})
-    return {"data": {"path": data.get("path"), "eval_fraction": data.get("eval_fraction", 0.05)},
+    return {"data": {k: data[k] for k in DATA_FIELDS if k in data},
             "model": {k: model[k] for k in ("source", "hf_config", "n_layer", "n_embd",
                                             "n_head", "block_size") if k in model}}
 

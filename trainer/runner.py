@@ -31,9 +31,9 @@ import time
 import psutil
 import torch
 
-from diloco.config import DEVICES, DataConfig
+from diloco.config import DEVICES
 from diloco.config_parse import config_from_spec
-from diloco.data import Corpus, run_corpus
+from diloco.data import Corpus, corpus_key, run_corpus
 from diloco.device import resolve_device
 from diloco.fragments import due_fragments, run_fragments
 from diloco.island import Island, Model
@@ -79,7 +79,7 @@ class ProcessIsland:
         idle_rss: this process's resident bytes after its imports, before the spec.
         clock: the marks of this epoch's start-up so far (trainer/phases.py);
             default: from the supervisor's environment and /proc.
-        corpora: corpora already open, by (path, eval_fraction): a warm standby's.
+        corpora: corpora already open, by diloco.data.corpus_key: a warm standby's.
         model: a model already built (a warm standby's); used if its shape is the run's.
         warm: this epoch is a claimed standby (its heartbeats say so).
         key: the island's key for this epoch, which signs its updates
@@ -93,7 +93,7 @@ class ProcessIsland:
     def __init__(self, store: RunStore, name: str, epoch: int, device: str | None = None,
                  group: IslandGroup | None = None, idle_rss: int | None = None,
                  clock: StartClock | None = None,
-                 corpora: dict[tuple[str | None, float], Corpus] | None = None,
+                 corpora: dict[tuple, Corpus] | None = None,
                  model: Model | None = None, warm: bool = False, key: bytes | None = None):
         self.store = store
         self.idle_rss = idle_rss  # bytes, after imports and before the spec is read
@@ -255,13 +255,11 @@ class ProcessIsland:
                  "" if seconds is None else f" in {seconds:.3f} s")
 
     def _corpus(self) -> Corpus:
-        """The run's corpus: one a standby already opened (of bytes), or opened now."""
+        """The run's corpus: one a standby already opened as the run's, or opened now."""
         data = self.config.data
-        corpus = self.corpora.get((data.path, data.eval_fraction))
-        warm = data.tokenizer == BYTES and data.text_field == DataConfig().text_field
-        if corpus is not None and warm:
-            return corpus
-        corpus = run_corpus(data, data_dir())
+        corpus = self.corpora.get(corpus_key(data))
+        if corpus is None:
+            corpus = run_corpus(data, data_dir())
         if data.tokenizer != BYTES:  # every island and syncd tokenize alike, or none trains
             check_tokenizer(corpus.tokenizer_sha256,
                             self.store.claim_tokenizer(corpus.tokenizer_sha256))

@@ -37,10 +37,11 @@ import time
 
 import torch
 
-from diloco.config import ModelConfig
-from diloco.data import Corpus, load_corpus
+from diloco.config import DataConfig, ModelConfig
+from diloco.data import Corpus, corpus_key, run_corpus
 from diloco.island import Model, build_model, model_shape
 from diloco.model import GPT, GPTConfig
+from diloco.tokenizer import vocab_of
 from syncd.acl import island_store
 from syncd.environment import data_dir
 from syncd.malloc import give_back_heap, return_large_frees
@@ -55,15 +56,17 @@ READY_LINE = "ready"
 STALE_EXIT = 3
 
 
-def prepare(warm: dict) -> tuple[dict[tuple[str, float], Corpus], Model | None]:
-    """Open the corpus and build the model a standby was asked to have ready."""
+def prepare(warm: dict) -> tuple[dict[tuple, Corpus], Model | None]:
+    """Open the corpus (tokenized as the run tokenizes it) and build the model a standby
+    was asked to have ready."""
     corpora = {}
-    data = warm.get("data")
-    if data is not None:
-        key = (data.get("path") or "", float(data.get("eval_fraction", 0.05)))
-        corpora[key] = load_corpus(*key, data_dir())
-    # The run's model class and shape: a transformers model for a run of source hf.
-    model = build_model(model_shape(ModelConfig(**warm["model"]))) if warm.get("model") else None
+    data = DataConfig(**{k: v for k, v in warm.get("data", {}).items() if v is not None})
+    if warm.get("data") is not None:
+        corpora[corpus_key(data)] = run_corpus(data, data_dir())
+    # The run's model class and shape, a transformers model for a run of source hf, with
+    # its tokenizer's vocabulary.
+    model = (build_model(model_shape(ModelConfig(**warm["model"]), vocab_of(data)))
+             if warm.get("model") else None)
     warm_up(model if model is not None else GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2,
                                                            block_size=16)))
     give_back_heap()  # the step's gradients and moments: an idle standby holds its model

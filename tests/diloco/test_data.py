@@ -14,6 +14,7 @@ from diloco.data import (
     Corpus,
     ShardSampler,
     bytes_per_token,
+    corpus_key,
     default_corpus_root,
     eval_batches,
     load_corpus,
@@ -369,3 +370,12 @@ def test_bytes_per_token_is_one_for_the_bytes_tokenizer_and_the_splits_figure_ot
 def test_bytes_per_token_refuses_a_figure_that_is_not_a_positive_number(bad):
     with pytest.raises(ValueError, match="bytes_per_token of test"):
         bytes_per_token({"bytes_per_token": {"test": bad}}, "test")
+
+
+def test_a_corpus_is_known_by_all_its_prepared_files_depend_on(make_config):
+    bytes_, trained = make_config().data, make_config(data={"tokenizer": "train"}).data
+    wider = make_config(data={"tokenizer": "train", "vocab_size": 300}).data
+
+    assert corpus_key(bytes_) == corpus_key(make_config(data={"vocab_size": 300}).data)
+    assert len({corpus_key(bytes_), corpus_key(trained), corpus_key(wider)}) == 3
+    assert corpus_key(make_config(data={"text_field": "body"}).data) != corpus_key(bytes_)

@@ -143,3 +143,12 @@ def test_a_standby_prepares_the_corpus_and_model_shape_of_the_run_it_last_served
     assert warm_for(spec) == {"data": {"path": "/data/a.txt", "eval_fraction": 0.1},
                               "model": {"n_layer": 2, "n_embd": 32, "n_head": 2,
                                         "block_size": 16}}
+
+
+def test_a_standby_prepares_the_corpus_as_the_run_tokenizes_it():
+    data = {"path": "/data/a.jsonl", "eval_fraction": 0.1, "tokenizer": "train",
+            "vocab_size": 4096, "text_field": "body", "unknown": 1}
+
+    assert warm_for({"config": {"data": data}})["data"] == {
+        "path": "/data/a.jsonl", "eval_fraction": 0.1, "tokenizer": "train",
+        "vocab_size": 4096, "text_field": "body"}

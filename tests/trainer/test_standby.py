@@ -1,5 +1,6 @@
-"""A warm standby island (python -m trainer.standby) as a real process on the tests'
-Redis: it gets ready, then trains only for the run, island and epoch of its claim.
+"""A warm standby island (python -m trainer.standby): what it prepares for a run, and
+as a real process on the tests' Redis, it gets ready, then trains only for the run,
+island and epoch of its claim.
 
 Every wait polls with a deadline.
 """
@@ -15,15 +16,38 @@ from pathlib import Path
 
 import pytest
 
+from diloco.data import corpus_key, run_corpus
+from diloco.island import gpt_config
 from diloco.signing import island_key
 from syncd.connection import connect
+from syncd.environment import data_dir
 from syncd.store import RunStore
 from tests.fixtures import wait_until
+from trainer.pool import warm_for
 from trainer.pool_manager import standby_preexec
 from trainer.priority import idle_is_reversible
+from trainer.standby import prepare
 
-pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+              "max_position_embeddings": 16}
+
+
+@pytest.mark.parametrize("model", [{"n_layer": 1, "n_embd": 16, "n_head": 2},
+                                   {"source": "hf", "hf_config": json.dumps(TINY_LLAMA)}])
+def test_a_standby_warm_for_a_trained_tokenizer_opens_the_runs_corpus_and_model(
+        make_config, model):
+    config = make_config(model={**model, "block_size": 16},
+                         data={"tokenizer": "train", "vocab_size": 300})
+
+    corpora, built = prepare(warm_for({"config": config.to_dict()}))
+
+    # The island takes both as they are (trainer.runner's _corpus, diloco.island.Island).
+    corpus = corpora[corpus_key(config.data)]
+    assert corpus.folder == run_corpus(config.data, data_dir()).folder
+    assert corpus.tokenizer_sha256 != "bytes"
+    assert built.config == gpt_config(config)
 
 
 @pytest.fixture
@@ -60,6 +84,7 @@ def claim(process, redis_url, log_path, run_id, epoch, island="island-0"):
     process.stdin.close()
 
 
+@pytest.mark.integration
 def test_a_stale_claim_from_an_old_epoch_is_refused(standby, redis_url, make_config,
                                                    tmp_path):
     store = active_run(redis_url, 41, make_config, epoch=2)  # a rejoin moved on to 2
@@ -77,6 +102,7 @@ def policies(pid):
     return {os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
 
 
+@pytest.mark.integration
 def test_a_standby_trains_for_the_run_it_was_claimed_for_and_no_other(
         standby, redis_url, make_config, tmp_path):
     mine = active_run(redis_url, 41, make_config)
