@@ -1,4 +1,5 @@
-"""python -m bench NAME [--quick] [--minutes N] [--device D] [--preset P] [--in-process]:
+"""python -m bench NAME [--quick] [--minutes N] [--device D] [--preset P] [--in-process]
+[--modes M,..] [--cases C,..]:
 run one benchmark.
 
 python -m bench docs: write docs/BENCHMARKS.md from the committed results (bench/docs.py).
@@ -58,6 +59,12 @@ def main() -> None:
                              "(e.g. gpt2_small) instead of the profiles' small models; "
                              "rejoin: time a warm rejoin of this preset's run at its size; "
                              "dataplane: this preset's model alone (e.g. llama_114m)")
+    parser.add_argument("--modes", default=None,
+                        help="convergence only: the modes to run, comma-separated (of "
+                             f"{', '.join(convergence.MODES)}; default: the profile's)")
+    parser.add_argument("--cases", default=None,
+                        help="convergence only: the cases to run, comma-separated (of "
+                             f"{', '.join(convergence.CASES)}; default: the profile's)")
     parser.add_argument("--in-process", action="store_true",
                         help="convergence only: the merge timing variants in the in-process "
                              "cluster, on a virtual clock (bench/convergence_inprocess.py)")
@@ -79,6 +86,16 @@ def main() -> None:
         if args.name not in ("quality", "rejoin", "dataplane"):
             parser.error("--preset is an option of quality, rejoin and dataplane alone")
         options["preset"] = args.preset
+    for option in ("modes", "cases"):
+        chosen = getattr(args, option)
+        if chosen is not None:
+            if args.name != "convergence" or args.in_process:
+                parser.error(f"--{option} is an option of convergence alone")
+            names = tuple(n for n in chosen.split(",") if n)
+            known = convergence.MODES if option == "modes" else convergence.CASES
+            if not names or [n for n in names if n not in known]:
+                parser.error(f"--{option} takes names of {', '.join(known)}, got {chosen!r}")
+            options[option] = names
     if args.in_process:
         if args.name != "convergence":
             parser.error("--in-process is an option of convergence alone")

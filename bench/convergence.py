@@ -10,6 +10,9 @@ mode for the same wall time, one run after another:
 - sync: run mode sync, synchronous DiLoCo (every alive island in each merge, which
   every island waits for: diloco.config.synchronous);
 - dp: run mode elastic, the data-parallel baseline;
+- decoupled_tau0 (only when asked for, `--modes`): the defaults with overlap_steps 0,
+  each island waiting for the merge of its own update (K = 2 of 4 still): what the
+  overlap alone costs;
 
 each fault-free (none), under a seeded kill schedule (kills: SIGKILL of an island
 every 30 +- 3 s through the run services, back after 10 s, one island at a time, so
@@ -43,14 +46,16 @@ from syncd.environment import data_dir
 
 HOME = ROOT / "var" / "bench-convergence"
 REGIONS = ("us-east", "us-west")
-MODES = {"decoupled": "decoupled", "decoupled_all": "decoupled", "sync": "sync", "dp": "elastic"}
+MODES = {"decoupled": "decoupled", "decoupled_all": "decoupled", "sync": "sync", "dp": "elastic",
+         "decoupled_tau0": "decoupled"}
 CASES = ("none", "kills", "straggle")
 EVAL_BATCH = 16  # windows per held-out batch
 KILL_EVERY_S, KILL_JITTER_S, KILL_DOWN_S = 30.0, 3.0, 10.0
 PROFILES: dict[str, dict[str, Any]] = {
     # The workload of issue 46: a 4-layer, 128-wide byte GPT, batch 8 x 128, H = 20.
-    "full": {"modes": tuple(MODES), "cases": CASES, "wall_s": 240.0, "curve_batches": 10,
-             "final_batches": 40, "checkpoint_s": 10.0, "corpus": "stdlib",
+    "full": {"modes": ("decoupled", "decoupled_all", "sync", "dp"), "cases": CASES,
+             "wall_s": 240.0, "curve_batches": 10, "final_batches": 40, "checkpoint_s": 10.0,
+             "corpus": "stdlib",
              "model": {"n_layer": 4, "n_embd": 128, "n_head": 4, "block_size": 128},
              "speed": 1.0, "bounds": {"time": 1.02, "tokens": 1.01, "lower": 1.0}},
     "quick": {"modes": ("decoupled", "sync"), "cases": ("none", "kills"), "wall_s": 60.0,
@@ -79,6 +84,8 @@ def workload(profile: dict[str, Any], corpus: str, mode: str, case: str) -> dict
     }
     if mode == "sync":
         config["sync"].update(min_quorum=len(islands), overlap_steps=0)
+    if mode == "decoupled_tau0":
+        config["sync"].update(overlap_steps=0)
     return config
 
 
@@ -126,6 +133,7 @@ def run_once(system: BenchSystem, profile: dict[str, Any], mode: str, case: str,
 
     wait_for(started, 300.0, f"the islands of {mode} / {case} training", 0.2)
     t0 = time.time()
+    load = os.getloadavg()[0]
     kills = kill_schedule(SEED, profile["wall_s"], names) if case == "kills" else []
     back: list[tuple[float, str]] = []
     done = 0
@@ -148,7 +156,7 @@ def run_once(system: BenchSystem, profile: dict[str, Any], mode: str, case: str,
     checkpoints = [(row.created_at.timestamp() - t0, row.path, row.sha256)
                    for row in run.checkpoints.order_by("created_at", "id")]
     return {"run": run.pk, "config": config, "merges": merges, "checkpoints": checkpoints,
-            "kills": done}
+            "kills": done, "load": round(load, 2)}
 
 
 def evaluate(profile: dict[str, Any], runs: dict[str, dict[str, Any]]) -> float:
@@ -186,9 +194,15 @@ def evaluate(profile: dict[str, Any], runs: dict[str, dict[str, Any]]) -> float:
     return common
 
 
-def main(quick: bool = False) -> int:
+def main(quick: bool = False, modes: tuple[str, ...] = (), cases: tuple[str, ...] = ()) -> int:
+    """The profile's modes and cases, or those named (`modes`, `cases`: results then in
+    convergence[-quick]-MODES-CASES.json, beside the profile's own)."""
     name = "quick" if quick else "full"
-    profile = PROFILES[name]
+    profile = dict(PROFILES[name])
+    chosen = ""
+    if modes or cases:
+        profile.update(modes=modes or profile["modes"], cases=cases or profile["cases"])
+        chosen = "-" + "-".join([*profile["modes"], *profile["cases"]])
     system = BenchSystem(HOME, list(REGIONS), dataplane=True)
     load_before = os.getloadavg()
     try:
@@ -214,14 +228,14 @@ def main(quick: bool = False) -> int:
               "load_after": [round(x, 2) for x in os.getloadavg()],
               "workload": shared, "kill_schedule": kill_schedule(SEED, profile["wall_s"], names),
               "modes": modes, "checks": checks}
-    out = results.write(f"convergence{'-quick' if quick else ''}", record)
+    out = results.write(f"convergence{'-quick' if quick else ''}{chosen}", record)
     html = out.with_suffix(".html")
     html.write_text(report.figure_html(modes, f"bench convergence ({name})"))
     rows = [{"mode": m, "case": c, **{k: v for k, v in row.items() if k != "curve"}}
             for m, cases in modes.items() for c, row in cases.items()]
     print(results.table(rows, ["mode", "case", "eval_loss", "eval_loss_at_tokens", "tokens",
                                "outer_steps", "merges_per_window", "staleness_p95",
-                               "time_to_target_s", "kills"]))
+                               "time_to_target_s", "kills", "load"]))
     print(results.checks_table(checks))
     results.say(f"wrote {out} and {html}")
     return results.exit_code(checks)

@@ -1,6 +1,7 @@
 """bench convergence's workload, kill schedule and report, without a system (the
 benchmark itself starts the whole system: `python -m bench convergence --quick`)."""
 
+from dataclasses import replace
 from itertools import pairwise
 
 import pytest
@@ -23,6 +24,16 @@ def test_every_mode_and_case_is_a_valid_run_of_the_same_workload(mode, case):
         base.model, base.optim, base.sync.inner_steps)
     speeds = [i.speed for i in config.islands]
     assert speeds.count(profile["speed"] / 2) == (case == "straggle")
+
+
+def test_decoupled_tau0_is_the_defaults_waiting_for_each_merge():
+    profile = convergence.PROFILES["quick"]
+    tau0 = parse_config(convergence.workload(profile, "", "decoupled_tau0", "none"), REGIONS)
+    base = parse_config(convergence.workload(profile, "", "decoupled", "none"), REGIONS)
+
+    assert tau0.sync.overlap_steps == 0 and base.sync.overlap_steps == 1
+    assert replace(tau0, sync=replace(tau0.sync, overlap_steps=1)) == base
+    assert "decoupled_tau0" not in convergence.PROFILES["full"]["modes"]
 
 
 def test_the_kill_schedule_is_seeded_and_leaves_one_island_down_at_a_time():
