@@ -19,6 +19,7 @@ from diloco.evaluation import Evaluator
 from diloco.hf import export
 from diloco.island import initial_model
 from diloco.presets import LLAMA_20M
+from diloco.sizes import estimate
 
 COMMITTED = Path(__file__).resolve().parents[2] / "bench" / "results" / "models-quick.json"
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
@@ -64,19 +65,39 @@ def test_the_estimates_error_is_relative_to_what_was_measured():
         models.estimate_error(100, 0)
 
 
-def figures(ratio: float, difference: float, error: float) -> dict:
+def test_the_memory_is_held_to_the_expected_bytes_and_under_the_peak():
+    config = models.run_config(models.PROFILES["quick"], "/corpus.txt")
+    sized = estimate(parse_config(config, list(models.efficiency.REGIONS)))
+    expected = sized.expected["us-east-a"].total
+    measured = {"us-east-a": {"peak_bytes": 0, "idle_bytes": 0,
+                              "above_idle_bytes": expected * 10 // 11},
+                "us-west-a": {"peak_bytes": 0, "idle_bytes": 0,
+                              "above_idle_bytes": expected}}
+
+    memory = models.memory_figures(config, measured)
+
+    assert memory["estimate_error"] == pytest.approx(0.1, abs=1e-4)
+    assert memory["islands"]["us-west-a"]["error"] == 0
+    assert memory["of_peak"] == pytest.approx(expected / sized.islands["us-west-a"].total,
+                                              abs=1e-4)
+    assert memory["expected_parts"] == sized.expected["us-east-a"].parts
+    assert memory["peak_parts"] == sized.islands["us-east-a"].parts
+
+
+def figures(ratio: float, difference: float, error: float, of_peak: float = 0.7) -> dict:
     throughput = {"ratio": ratio, "merged_tokens_per_s": 300.0 * ratio,
                   "bare_tokens_per_s": 300.0, "ratio_per_cpu": 0.97,
                   "island_cpu_step_ratio": 0.98, "island_cpu_ms_per_step": 900.0,
                   "bare_cpu_ms_per_step": 880.0, "phases": {"system": [], "bare": []}}
     export = {"eval_loss": 2.5, "eval_bpb": 3.6, "transformers_loss": 2.5 + difference,
               "export_loss_difference": difference}
-    memory = {"params": 19_536_384, "estimate_error": error, "islands": {},
-              "estimate_parts": {"parameters": 78_145_536}}
+    memory = {"params": 19_536_384, "estimate_error": error, "of_peak": of_peak,
+              "islands": {}, "expected_parts": {"parameters": 78_145_536},
+              "peak_parts": {"parameters": 78_145_536}}
     return models.summarize(throughput, export, memory)
 
 
-def test_the_report_writes_the_three_checks_and_says_a_miss(tmp_path, monkeypatch, capsys):
+def test_the_report_writes_the_four_checks_and_says_a_miss(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(results, "RESULTS", tmp_path)
 
     code = models.report(models.PROFILES["quick"], True, figures(0.95, 2e-6, 0.3), 1.0,
@@ -87,6 +108,8 @@ def test_the_report_writes_the_three_checks_and_says_a_miss(tmp_path, monkeypatc
     assert data["checks"]["throughput_vs_bare"]["ok"]
     assert data["checks"]["export_loss_equal"]["ok"]
     assert not data["checks"]["estimate_memory"]["ok"]
+    assert data["checks"]["memory_within_peak"] == {"value": 0.7, "bound": "<= 1.0",
+                                                    "ok": True}
     assert data["throughput_vs_bare"] == 0.95 and data["throughput"]["ratio_per_cpu"] == 0.97
     assert "phases" not in data["throughput"]  # the samples file holds them
     assert "FAILED: estimate_memory" in capsys.readouterr().err
@@ -95,7 +118,7 @@ def test_the_committed_quick_results_hold_the_figures_and_checks_the_report_writ
 
     assert data["profile"] == "quick" and data["preset"] == models.PRESET
     assert set(data["checks"]) == {"throughput_vs_bare", "export_loss_equal",
-                                   "estimate_memory"}
+                                   "estimate_memory", "memory_within_peak"}
     for check in data["checks"].values():
         assert set(check) == {"value", "bound", "ok"} and isinstance(check["ok"], bool)
     assert data["params"] > 10**7 and data["eval_bpb"] > 0
