@@ -5,9 +5,11 @@ new-run page's Sizes) for the config's own values. A setting no benchmark has
 measured says so; no figure here is made up, and each names its results file or
 journal entry.
 
-The figures of `bench convergence --quick` (bench/results/convergence-quick.json) ran
-on 2 shared cores at a load average of 17.8, with sync.merge_each_period false: they are
-indicative, and the full profile on an idle machine (issue 46) replaces them. Those of
+The figures of `bench convergence --quick` (bench/results/convergence-quick.json) are one
+run on 2 shared cores at a load average of 2.7 (decoupled's loss at equal tokens moves
+by about 2% from run to run, sync's by 0.2%: docs/journal/benchmarks-2026.md gives the
+means of several): they are indicative, and the full profile on an idle machine (issue
+46) replaces them. Those of
 `bench convergence --in-process` (bench/results/convergence-inprocess.json) are on a
 virtual clock, which the load does not move.
 """
@@ -15,8 +17,8 @@ virtual clock, which the load does not move.
 from __future__ import annotations
 
 CONVERGENCE = ("bench/results/convergence-quick.json: python -m bench convergence --quick, "
-               "commit 396a21a, 4 islands of a 2-layer 64-wide byte GPT, H = 20, 60 s each, "
-               "2 cores at load 17.8 (indicative)")
+               "commit f47e1dc, 4 islands of a 2-layer 64-wide byte GPT, H = 20, 60 s each, "
+               "2 cores at load 2.7 (one run, indicative)")
 INPROCESS = ("bench/results/convergence-inprocess.json: python -m bench convergence "
              "--in-process, the same workload in the in-process cluster on a virtual clock, "
              "islands out of phase (speeds 0.50 to 0.38), 275,456 tokens, seeds 1234 and 7")
@@ -28,12 +30,15 @@ NOT_MEASURED = "no benchmark has measured it yet"
 COSTS = {
     "min_quorum": (
         "a lower K merges as soon as K islands sent, without waiting for the slowest: "
-        "K = 2 of 4 merged 1.77x the tokens of mode sync (K = 4, every island waits) "
+        "K = 2 of 4 merged 2.05x the tokens of mode sync (K = 4, every island waits) "
         "in 60 s",
-        "each merge then holds fewer and older updates: at K = 2 of 4 held-out loss was "
-        "0.945x sync's at equal time but 1.039x at equal tokens, with 2.044 merges per H "
-        "window against 1.115 and update age p95 2 against 0, all with "
-        "sync.merge_each_period false (see it)"),
+        "with sync.merge_each_period (the default) a round still waits for the islands "
+        "due within its period, so K below M holds about as many updates per merge: at "
+        "K = 2 of 4 held-out loss was 0.944x sync's at equal time and 1.007x at equal "
+        "tokens in that run (about 1.03x at 1M tokens, the mean of five), with 0.955 "
+        "merges per H window against 1.026 and update age p95 1 against 0; at merging "
+        "on quorum it was 1.039x, 2.044 merges per H window (see merge_each_period), "
+        "and what is left is tau's (see it)"),
     "grace_gamma": (
         "the window after quorum is sized to close before the senders need the result "
         "(tau steps less the round trip): gamma 1 kept goodput at 89.4%, as gamma 0, in "
@@ -48,10 +53,16 @@ COSTS = {
     "overlap_steps": (
         "tau >= 1: an island trains on while its update travels and merges, never waiting "
         "for the round trip; tau = 0 waits each period (mode sync, which with K = M merged "
-        "0.56x the tokens of the defaults in 60 s)",
-        "the global fragment it mixes in is tau steps late, and with alpha 0 its own "
-        "steps on that fragment since the send are replaced; tau's own share of the "
-        "equal-token gap above is not measured apart from K's"),
+        "0.49x the tokens of the defaults in 60 s)",
+        "an island mixes the global fragment in no sooner than tau steps after its send, "
+        "and in the real system a round trip after it (emulated latency each way, the "
+        "download's poll, syncd's pass: several of the quick workload's steps of about "
+        "30 ms), its own steps since the send kept on top of a global that lacks them: "
+        "that overlap is most of decoupled's gap at equal tokens there. Decoupled with "
+        "tau 0 (K = 2 of 4) read 2.121 and 2.132 at 1M tokens in two runs, against "
+        "2.225 for tau 1 (the mean of five) and 2.164 for mode sync (four), but merged "
+        "1.3M and 2.6M tokens in 60 s where tau 1 merged 4.1M to 4.8M at load 3 "
+        "(docs/journal/benchmarks-2026.md, 2026-12-07)"),
     "merge_each_period": (
         "islands with tau >= 1 train on while a round waits for the islands expected "
         "within its period, at the same pace as without (241,152 tokens at 268.4 virtual "

@@ -87,7 +87,7 @@ def test_the_estimate_says_what_the_configs_k_grace_alpha_tau_and_merge_rule_cos
                                 "sync.overlap_steps", "sync.merge_each_period"]
     assert by_setting["sync.min_quorum"]["value"].startswith("2 of 2 islands: every merge waits")
     assert by_setting["sync.overlap_steps"]["value"] == "0: each island waits for each merge"
-    assert "1.77x the tokens" in by_setting["sync.min_quorum"]["speed"]
+    assert "2.05x the tokens" in by_setting["sync.min_quorum"]["speed"]
     assert by_setting["sync.min_quorum"]["source"].startswith(
         "bench/results/convergence-quick.json")
 
