@@ -234,7 +234,7 @@ def main(quick: bool = False, modes: tuple[str, ...] = (), cases: tuple[str, ...
     rows = [{"mode": m, "case": c, **{k: v for k, v in row.items() if k != "curve"}}
             for m, cases in modes.items() for c, row in cases.items()]
     print(results.table(rows, ["mode", "case", "eval_loss", "eval_loss_at_tokens", "tokens",
-                               "outer_steps", "merges_per_window", "staleness_p95", "lead_p95_s",
+                               "outer_steps", "merges_per_window", "staleness_p95",
                                "time_to_target_s", "kills", "load"]))
     print(results.checks_table(checks))
     results.say(f"wrote {out} and {html}")

@@ -64,19 +64,6 @@ def staleness(merges: Sequence[dict[str, Any]]) -> dict[str, float]:
     return ages_summary([age for merge in merges for age in merge.get("ages", {}).values()])
 
 
-def leads(merges: Sequence[dict[str, Any]]) -> dict[str, float | None]:
-    """p50 and p95 of the leads in phase the merges report (seconds an island's update
-    waited for its round's latest arrival, diloco/phase.py), and the share of merged
-    updates that have one (islands at the pace of their round's latest)."""
-    values = sorted(v for merge in merges for v in merge.get("leads", {}).values())
-    merged = sum(len(merge.get("weights", {})) for merge in merges)
-    if not values:
-        return {"lead_p50_s": None, "lead_p95_s": None, "leads_share": 0.0 if merged else None}
-    return {"lead_p50_s": round(statistics.median(values), 3),
-            "lead_p95_s": round(values[min(len(values) - 1, int(0.95 * len(values)))], 3),
-            "leads_share": round(len(values) / merged, 3) if merged else None}
-
-
 def figures(run: dict[str, Any], common_s: float, fragments: int, h: int) -> dict[str, Any]:
     """One run's figures at the common wall time (the final loss is `run["final"]`, its
     checkpoint at that time evaluated on the final batches)."""
@@ -90,7 +77,7 @@ def figures(run: dict[str, Any], common_s: float, fragments: int, h: int) -> dic
             "outer_steps": min(versions.values()) if len(versions) == fragments else 0,
             "merges_per_window": merges_per_window(run["merges"], fragments, h),
             "staleness_p50": ages["p50"], "staleness_p95": ages["p95"],
-            "staleness_max": ages["max"], **leads(run["merges"]), "end_s": run["end_s"],
+            "staleness_max": ages["max"], "end_s": run["end_s"],
             "kills": run["kills"], "load": run.get("load"), "curve": run["curve"]}
 
 

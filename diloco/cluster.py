@@ -33,10 +33,9 @@ from diloco.config import IslandConfig, RunConfig
 from diloco.data import ShardSampler, run_corpus
 from diloco.device import autocast, resolve_device, to_device
 from diloco.evaluation import Evaluator
-from diloco.fragments import partition
+from diloco.fragments import due_fragments, partition
 from diloco.island import Island, embedding_tensors, initial_model, inner_lr
 from diloco.merge import Update
-from diloco.phase import Phase
 from diloco.policy import RoundStats
 from diloco.protocol import decode_message, encode_message
 from diloco.signing import island_key, publish_key
@@ -159,10 +158,6 @@ class _Cluster:
         self.merges = 0
         self.rejected = 0
         self.now = 0.0
-        # decoupled: each island's phase (diloco/phase.py), and each fragment's newest
-        # merge, whose leads in phase the islands follow
-        self.phases = [Phase.of(config.sync) for _ in config.islands]
-        self.last_merge: dict[int, MergeResult] = {}
 
     # -- shared pieces -------------------------------------------------------
 
@@ -220,7 +215,6 @@ class _Cluster:
 
     def _account(self, result: MergeResult | None) -> None:
         if result is not None:
-            self.last_merge[result.fragment] = result
             self.merges += 1
             self.tokens_merged += result.tokens / len(self.fragments)
 
@@ -262,7 +256,7 @@ class _Cluster:
                     push(decision.deadline, "deadline", p)
                 return
             before = set(sync.open_round(p))
-            result = sync.merge(p, now, stats)
+            result = sync.merge(p, now)
             self._account(result)
             if result is not None:
                 newest = sync.published_since(p, sync.version(p) - 1)[-1]
@@ -309,23 +303,17 @@ class _Cluster:
     def _step(self, i: int, island: Island, sync: Synchronizer,
               mix_at: dict[int, tuple[int, int]], waiting: dict[int, int],
               push: Callable[[float, str, object], None]) -> None:
-        """Island i's next inner step: it mixes in what is due (and follows the lead in
-        phase its merge reports, diloco/phase.py), sends the fragments due (then waits
-        for the merge with overlap_steps 0) and steps again."""
+        """Island i's next inner step: it mixes in what is due, sends the fragments due
+        (then waits for the merge with overlap_steps 0) and steps again."""
         s = self.config.sync
-        phase = self.phases[i]
         island.inner_step()
-        phase.stepped(island.step, self.now)
         self.tokens += island.tokens_per_step
         ready = self.now
         for p, (step, seq) in list(mix_at.items()):
             if island.step >= step and sync.has_handled(p, island.name, seq):
                 del mix_at[p]
                 ready = max(ready, self._pull(sync, island, p, self.now))
-                merged = self.last_merge.get(p)
-                if merged is not None and island.name in merged.leads:
-                    phase.lead(merged.seqs[island.name], merged.leads[island.name], island.step)
-        for p in phase.due(island.step):
+        for p in due_fragments(island.step, s.inner_steps, s.fragments):
             blob = self._send(island, p)
             scale = self.config.emulation.bytes_scale
             push(ready + _link_time(island.island_config, len(blob), scale), "arrive", blob)

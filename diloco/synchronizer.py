@@ -27,7 +27,6 @@ from diloco.config import OptimConfig, SyncConfig
 from diloco.fold import Contribution, RoundSum
 from diloco.fragments import Fragment
 from diloco.merge import OuterOptimizer, Update
-from diloco.phase import in_pace
 from diloco.policy import Arrival, Decision, RoundStats, decide, is_stale
 from diloco.staleness import age_gate
 
@@ -57,9 +56,6 @@ class MergeResult:
     # each update's age: versions published between its anchor and this merge's base
     # (diloco/staleness.py); an island's increments count from the oldest anchor
     ages: dict[str, int] = field(default_factory=dict)
-    # each island's lead: seconds its update waited for the round's latest arrival (an
-    # island earlier in phase; diloco/phase.py); an island's increments count from its first
-    leads: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -105,9 +101,7 @@ class Synchronizer:
                                                 for _ in fragments]
         # island -> the newest seq of its updates that a merge took in or dropped
         self._handled_seqs: list[dict[str, int]] = [{} for _ in fragments]
-        # island -> when its newest update arrived, or the latest arrival of the round
-        # that merged it (when it is expected next: it keeps the phase of that round's
-        # latest island, diloco/phase.py)
+        # island -> when its newest update arrived (when it is expected next)
         self.arrived: list[dict[str, float]] = [{} for _ in fragments]
 
     @property
@@ -226,15 +220,13 @@ class Synchronizer:
         synchronization period (sync.merge_each_period); None: for none.
 
         An island not in the round is expected H of its own steps after its newest
-        update arrived, or after the latest arrival of the round that merged it, whose
-        phase its sends follow (its lead: diloco/phase.py). The round waits for each one
-        expected within PERIOD_REACH periods (H median steps) of its first arrival, up
-        to EXPECTED_SLACK of a period past that: every island at the training pace
-        sends once in a period, and the slowest of them, which closed the last merge, is
-        due a period of its own steps after it, later than a median period (a period
-        counted from the last merge left it out by a hair, to spill, a version stale,
-        into the next merge). A straggler or a dead island, expected later or earlier,
-        is not waited for.
+        update arrived. The round waits for each one expected within PERIOD_REACH
+        periods (H median steps) of its first arrival, up to EXPECTED_SLACK of a period
+        past that: every island at the training pace sends once in a period, and the
+        slowest of them, which closed the last merge, is due a period of its own steps
+        after it, later than a median period (a period counted from the last merge left
+        it out by a hair, to spill, a version stale, into the next merge). A straggler
+        or a dead island, expected later or earlier, is not waited for.
         """
         pending = self._rounds[fragment]
         if not pending:
@@ -268,16 +260,12 @@ class Synchronizer:
         return discarded
 
     @torch.no_grad()
-    def merge(self, fragment: int, now: float, stats: RoundStats | None = None
-              ) -> MergeResult | None:
+    def merge(self, fragment: int, now: float) -> MergeResult | None:
         """Merge the round of `fragment` and publish the next version; None if the round
-        is empty. With the islands' step times (`stats`), it reports the lead in phase of
-        each island in the round at the pace of the round's latest (diloco/phase.py), and
-        expects each such island next H of its steps after that latest arrival."""
+        is empty."""
         version = self._versions[fragment]
         round_sum = self.sums[fragment]
         gates = {i: p.gate for i, p in self._rounds[fragment].items()}
-        arrivals = {i: p.arrival_time for i, p in self._rounds[fragment].items()}
         self._rounds[fragment] = {}
         self.sums[fragment] = self._round_sum()
         updates = [round_sum.contributions[i] for i in sorted(round_sum.contributions)]
@@ -285,14 +273,6 @@ class Synchronizer:
             self.settle(fragment, u.island, u.seq)
         if not updates:
             return None
-        latest = max(arrivals.values())
-        last = max(arrivals, key=arrivals.__getitem__)
-        leads = {} if stats is None else {
-            island: latest - at for island, at in arrivals.items()
-            if in_pace(stats.island_step_s.get(island), stats.island_step_s.get(last),
-                       self.sync.inner_steps)}
-        for island in leads:
-            self.arrived[fragment][island] = latest
         outer_grad, weights = round_sum.merged()
         # A merge of K of M islands carries part of a round's work; it moves the
         # global and its momentum by that share, so merging more often is not
@@ -321,8 +301,7 @@ class Synchronizer:
         return MergeResult(fragment, version + 1, now, weights, sum(u.tokens for u in updates),
                            {u.island: u.inner_steps for u in updates},
                            {u.island: u.seq for u in updates},
-                           {u.island: version - u.base_version for u in updates},
-                           leads)
+                           {u.island: version - u.base_version for u in updates})
 
     def published_since(self, fragment: int, held_version: int) -> list[Published]:
         """What an island holding `held_version` pulls to reach the newest version.

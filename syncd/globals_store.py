@@ -218,22 +218,6 @@ class GlobalsStore(RunKeys):
                 self.bulk.delete(pipe, ref.blob)
             pipe.execute()
 
-    def mark_leads(self, fragment: int, seqs: dict[str, int], leads: dict[str, float]) -> None:
-        """Record how long each island's update (its `seqs`) waited in the merge of
-        `fragment` for the round's latest arrival: its lead in phase (diloco/phase.py)."""
-        if leads:
-            mapping = {island: f"{seqs[island]} {lead:.4f}" for island, lead in leads.items()}
-            self._write(lambda pipe: pipe.hset(self.key("leads", fragment), mapping=mapping))
-
-    def lead(self, fragment: int, island: str) -> tuple[int, float] | None:
-        """(seq, seconds) of the island's newest update of `fragment` a merge took in:
-        how long it waited there for the round's latest arrival; None before any."""
-        raw = self.client.hget(self.key("leads", fragment), island)
-        if raw is None:
-            return None
-        seq, seconds = raw.split()
-        return int(seq), float(seconds)
-
     def versions(self) -> dict[int, int]:
         return {int(k): int(v) for k, v in self.client.hgetall(self.key("versions")).items()}
 

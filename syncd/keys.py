@@ -38,9 +38,6 @@ Keys, for run R (built by syncd.run_keys.RunKeys.key):
                                    published its newest version
     arch:R:tokens_merged           hash fragment -> tokens behind its merged updates
     arch:R:handled:<p>             hash island -> newest seq merged or dropped
-    arch:R:leads:<p>               hash island -> "<seq> <seconds>": how long its update
-                                   seq waited in its merge for the round's latest
-                                   arrival (the island's lead in phase, diloco/phase.py)
     arch:R:heartbeats              hash island -> JSON of its last Heartbeat, every field
                                    (syncd.records; syncd.island_signals)
     arch:R:deaths                  hash island -> JSON {epoch, time, exit_code, signal}: the
@@ -126,7 +123,6 @@ KEY_USES = (
     KeyUse("fencing_tokens", "control", ("syncd",), ("syncd",)),
     KeyUse("tokens_merged", "control", ("syncd",), ("syncd",)),
     KeyUse("handled:*", "control", ("syncd",), (ISLAND, "syncd")),
-    KeyUse("leads:*", "control", ("syncd",), (ISLAND,)),
     KeyUse("heartbeats", "control", (ISLAND,), ("syncd", "web")),
     KeyUse("deaths", "control", ("supervisor",), ("syncd", "web")),
     KeyUse("control:*", "control", ("web", "syncd"), ("supervisor",)),

@@ -266,5 +266,4 @@ class Publisher:
                             epochs={r.island: r.epoch for r in merge.done
                                     if r.island in result.weights},
                             seqs=result.seqs, ages=result.ages, reason=merge.reason,
-                            leads={i: round(s, 3) for i, s in result.leads.items()},
                             latency_s=latency)

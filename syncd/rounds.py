@@ -237,7 +237,7 @@ class Rounds:
                     self.accounting.lost(island, seconds, "barrier_wait")
         outer_steps = self.sync.outer_steps
         closed_at = max(pending.arrival_time for pending in self.sync.open_round(p).values())
-        result = self.sync.merge(p, now, self.round_stats())
+        result = self.sync.merge(p, now)
         done = self.ingester.take_round(p)
         if result is None:
             self.store.globals.mark_handled(p, self.sync.handled(p), done)
@@ -245,8 +245,6 @@ class Rounds:
         if not self._finite(p):
             self._refuse_merge(p, result.version, list(result.inner_steps), done)
             return False
-        # Before the commit that marks the updates handled: an island reads its lead then.
-        self.store.globals.mark_leads(p, result.seqs, result.leads)
         merge = Unpublished(result, done, reason, closed_at, self.sync.outer_steps > outer_steps)
         self.publisher.begin(p, merge)
         return merge.outer_step

@@ -18,9 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from diloco.config import SyncConfig
 from diloco.island import Island
-from diloco.phase import Phase
 from diloco.protocol import decode_message
 from diloco.synchronizer import Published
 from syncd.bulk import BulkError
@@ -59,9 +57,8 @@ class Pulling:
         name: the island's name in the run config.
         verify_key: the run's publish key's verifying half: a global signed with any
             other is refused before a tensor is read.
-        sync: the run's sync settings: its downlink_compression ("none": whole fragments
-            only, no differences), and H, P and tau of the island's `phase`.
-        barrier: the island waits at each merge by its mode (elastic): its phase stays.
+        downlink_compression: the run's sync.downlink_compression ("none": whole
+            fragments only, no differences).
         emulation: the island's faults and emulated link.
         group: the island's processes, when it has several; this is rank 0.
         stopping: whether the island stops.
@@ -70,24 +67,18 @@ class Pulling:
     """
 
     def __init__(self, store: GlobalsStore, name: str, verify_key: Ed25519PublicKey,
-                 sync: SyncConfig, barrier: bool, emulation: FaultEmulation,
+                 downlink_compression: str, emulation: FaultEmulation,
                  group: IslandGroup | None, stopping: Callable[[], bool],
                  stop: Callable[[], None], run_ended: Callable[[], bool]):
         self.store = store
         self.name = name
         self.verify_key = verify_key
-        self.downlink_compression = sync.downlink_compression
+        self.downlink_compression = downlink_compression
         self.emulation = emulation
         self.group = group
         self.stopping = stopping
         self.stop = stop
         self.run_ended = run_ended
-        # when the island sends each fragment, following the lead in phase each merge
-        # reports for it (diloco/phase.py)
-        self.phase = Phase.of(sync, barrier)
-        # fragment -> (seq, seconds) of the island's newest lead syncd recorded, read on
-        # the downloads thread before its download is handed over
-        self._leads: dict[int, tuple[int, float] | None] = {}
         self.island: Island | None = None  # built during pull_all
         self.bytes_down = 0
         self.pulls = 0
@@ -129,7 +120,6 @@ class Pulling:
             NotReadable: its message cannot be read now (syncd's server is gone).
         """
         try:
-            self._leads[p] = self.store.lead(p, self.name)
             return self._fetch(p, version)
         except BulkError as exc:
             log.warning("fragment %d could not be read (%s); trying again", p, exc)
@@ -201,9 +191,6 @@ class Pulling:
             self.pull_s += download.read_s + time.monotonic() - mixing
             self.pull_link_s += download.seconds
             self.share(p)
-        lead = self._leads.pop(p, None)
-        if lead is not None:
-            self.phase.lead(*lead, self.island.step)
         self.pull_wait_s += time.monotonic() - started
         return True
 
@@ -213,7 +200,6 @@ class Pulling:
         reached (one that has not is mixed at a later step, and counted late). With a
         `barrier` (elastic) it waits for the merge and the download; False if the
         barrier says a whole-job restart or the run's end came first."""
-        self.phase.stepped(self.island.step, time.monotonic())
         for p, (at, seq) in list(mix_at.items()):
             if self.island.step < at:
                 continue

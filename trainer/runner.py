@@ -35,7 +35,7 @@ from diloco.config import DEVICES
 from diloco.config_parse import config_from_spec
 from diloco.data import Corpus, corpus_key, run_corpus
 from diloco.device import resolve_device
-from diloco.fragments import run_fragments
+from diloco.fragments import due_fragments, run_fragments
 from diloco.island import Island, Model
 from diloco.signing import load_verify_key
 from diloco.tokenizer import BYTES, check_tokenizer
@@ -135,7 +135,7 @@ class ProcessIsland:
         self.warm = warm
         self.island: Island | None = None  # built by setup()
         self.pulling = Pulling(store.globals, name, load_verify_key(spec["verify_key"]),
-                               config.sync, self.elastic, self.emulation, group,
+                               config.sync.downlink_compression, self.emulation, group,
                                lambda: self.stopping, self.stop, self.run_ended)
         self.sending = Sending(store, name, epoch,
                                key if key is not None else island_key_from_env(),
@@ -380,7 +380,7 @@ class ProcessIsland:
             self.sending.send_again()
             if not self.mix(mix_at):
                 continue  # a whole-job restart, followed before the next step
-            for p in self.pulling.phase.due(self.island.step):
+            for p in due_fragments(self.island.step, s.inner_steps, s.fragments):
                 self.send(p, mix_at)
                 seq = self.island.step
                 self.pulling.request(p, seq)

@@ -86,14 +86,3 @@ def test_loss_at_tokens_interpolates_and_says_none_outside_the_curve():
     points = curve([3.0, 2.0])
     assert convergence_report.loss_at_tokens(points, 15000) == pytest.approx(2.5)
     assert convergence_report.loss_at_tokens(points, 50000) is None
-
-
-def test_the_leads_in_phase_are_summed_up_over_every_merged_update():
-    merges = [{"weights": {"a": 0.5, "b": 0.5}, "leads": {"a": 0.2, "b": 0.0}},
-              {"weights": {"a": 0.3, "b": 0.3, "c": 0.4}, "leads": {"a": 0.0, "b": 0.6}},
-              {"weights": {"a": 1.0}}]  # before merges reported leads
-
-    assert convergence_report.leads(merges) == {"lead_p50_s": 0.1, "lead_p95_s": 0.6,
-                                                "leads_share": 0.667}
-    assert convergence_report.leads(merges[2:])["leads_share"] == 0.0
-    assert convergence_report.leads([])["lead_p95_s"] is None

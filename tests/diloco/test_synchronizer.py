@@ -349,36 +349,3 @@ def test_merging_each_period_waits_for_no_straggler_nor_an_island_gone_quiet():
     plain.submit(update_for(plain, "a"), 0, now=2.0)
     plain.submit(update_for(plain, "b"), 0, now=3.0)
     assert plain.decide(0, now=4.0, alive_islands=4, stats=STATS).merge
-
-
-def test_a_merge_reports_the_lead_of_each_island_at_the_pace_of_the_rounds_latest():
-    sync = synchronizer(min_quorum=4, inner_steps=10)
-    stats = RoundStats(step_time_s=1.0, sync_time_s=0.5,
-                       island_step_s={"a": 1.0, "b": 1.05, "c": 1.1, "slow": 2.0})
-    for island, at in {"a": 1.0, "b": 4.0, "slow": 5.0, "c": 6.5}.items():
-        sync.submit(update_for(sync, island), 0, now=at)
-
-    result = sync.merge(0, now=7.0, stats=stats)
-
-    # c arrived last; a and b drift from its pace by at most a step in a period of
-    # 10 steps (10 x 0.1 <= 1.1), slow by far more: its wait is no phase
-    assert result.leads == pytest.approx({"a": 5.5, "b": 2.5, "c": 0.0})
-    assert synchronizer().merge(0, now=1.0) is None
-    sync.submit(update_for(sync, "a", base=1, seq=2), 0, now=8.0)
-    assert sync.merge(0, now=8.0).leads == {}  # no step times: no lead
-
-
-def test_merging_each_period_expects_an_island_that_followed_its_lead_after_the_rounds_latest():
-    sync = synchronizer(min_quorum=2, grace_gamma=0.0, merge_each_period=True, inner_steps=10)
-    stats = RoundStats(step_time_s=1.0, sync_time_s=0.5,
-                       island_step_s={"a": 1.0, "b": 1.0, "c": 1.0})
-    for island, at in {"a": 0.0, "b": 6.0, "c": 6.0}.items():
-        sync.submit(update_for(sync, island), 0, now=at)
-    sync.merge(0, now=6.0, stats=stats)
-    sync.submit(update_for(sync, "b", base=1, seq=2), 0, now=16.0)
-    sync.submit(update_for(sync, "c", base=1, seq=2), 0, now=16.0)
-
-    # a led by 6 s and puts its sends off by 6 steps: it is due at 16 s, not 10 s, and
-    # waited for up to a quarter period past that
-    waiting = sync.decide(0, now=16.0, alive_islands=3, stats=stats)
-    assert not waiting.merge and waiting.deadline == pytest.approx(18.5)

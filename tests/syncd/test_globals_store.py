@@ -123,14 +123,3 @@ def test_keeping_a_publish_persists_nothing_a_pointer_it_did_not_write_names(sto
 
 def chunk_store_of(store: RunStore, run_id: int) -> RunStore:
     return RunStore(store.client, run_id, chunk_bytes=1024)
-
-
-def test_an_islands_lead_in_phase_is_read_back_with_the_seq_of_its_update(store):
-    assert store.globals.lead(0, "a") is None
-
-    store.globals.mark_leads(0, {"a": 40, "b": 42}, {"a": 0.31234, "b": 0.0})
-    store.globals.mark_leads(0, {"a": 60}, {})  # a merge that reports none writes none
-
-    assert store.globals.lead(0, "a") == (40, 0.3123)
-    assert store.globals.lead(0, "b") == (42, 0.0)
-    assert store.globals.lead(1, "a") is None
