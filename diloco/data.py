@@ -193,6 +193,11 @@ def run_corpus(data: Any, directory: Path,
                        vocab_size=data.vocab_size, text_field=data.text_field, watch=watch)
 
 
+# The fields of a run's `data` section that its prepared files depend on: a warm
+# standby is told them (trainer.pool.warm_for) and its corpus is known by them.
+CORPUS_FIELDS = ("path", "eval_fraction", "tokenizer", "vocab_size", "text_field")
+
+
 def corpus_key(data: Any) -> tuple[str, float, str, int, str]:
     """What a corpus opened ahead of its run (a warm standby's) is known by: of a run's
     `data` section (diloco.config.DataConfig), all that its prepared files depend on,

@@ -296,10 +296,8 @@ def estimate(config: RunConfig, standbys: int = 0, served: bool = True) -> Estim
         typical = expected_process(model, largest, largest_down, up, unmixed, activations,
                                    island.processes > 1)
         pool = {"warm standbys": standbys * (STANDBY_BASE_BYTES + model)} if standbys else {}
-        islands[island.name] = Need({**{k: v * island.processes
-                                        for k, v in per_process.items()}, **pool})
-        expected[island.name] = Need({**{k: v * island.processes
-                                         for k, v in typical.items()}, **pool})
+        islands[island.name] = _host(per_process, island.processes, pool)
+        expected[island.name] = _host(typical, island.processes, pool)
     return Estimate(params, model, redis, syncd, islands, expected)
 
 
@@ -349,3 +347,9 @@ def wire_per_outer_step(config: RunConfig) -> dict[str, Wire]:
                          link_seconds(up, i.bandwidth_gbps, i.latency_ms, scale),
                          link_seconds(down, i.bandwidth_gbps, i.latency_ms, scale))
             for i in config.islands}
+
+
+def _host(per_process: dict[str, int], processes: int, pool: dict[str, int]) -> Need:
+    """An island host's need: each part of one process times its processes, and its
+    warm standbys."""
+    return Need({**{k: v * processes for k, v in per_process.items()}, **pool})

@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diloco.config_parse import config_from_spec
+from diloco.data import CORPUS_FIELDS
 from diloco.sizes import STANDBY_BASE_BYTES, estimate
 
 LAUNCHING, READY = "launching", "ready"
 CLAIM_FIELDS = ("run", "island", "epoch")
-# What a run's prepared corpus depends on (diloco.data.corpus_key): a standby prepares it.
-DATA_FIELDS = ("path", "eval_fraction", "tokenizer", "vocab_size", "text_field")
 
 
 @dataclass
@@ -144,7 +143,7 @@ def warm_for(spec: dict[str, Any]) -> dict[str, Any]:
     config = spec.get("config", {})
     data = config.get("data", {})
     model = config.get("model", {})
-    return {"data": {k: data[k] for k in DATA_FIELDS if k in data},
+    return {"data": {k: data[k] for k in CORPUS_FIELDS if k in data},
             "model": {k: model[k] for k in ("source", "hf_config", "n_layer", "n_embd",
                                             "n_head", "block_size") if k in model}}
 
