@@ -236,6 +236,16 @@ class GlobalsStore(RunKeys):
         raw = self.client.hget(self.key("handled", fragment), island)
         return -1 if raw is None else int(raw)
 
+    def handled_seqs(self, fragments: Iterable[int], island: str) -> dict[int, int]:
+        """fragment -> the newest seq of the island's updates of it syncd is done with
+        (-1: none yet), each of `fragments`, in one round trip."""
+        fragments = list(fragments)
+        pipe = self.client.pipeline(transaction=False)
+        for fragment in fragments:
+            pipe.hget(self.key("handled", fragment), island)
+        return {f: -1 if raw is None else int(raw) for f, raw in zip(fragments, pipe.execute(),
+                                                                     strict=True)}
+
     def _read(self, pointer: str, max_bytes: int) -> bytearray | None:
         """The message a reference key names; None if there is none. A reference read
         just before a newer message replaced it is read again, and so is a served

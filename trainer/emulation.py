@@ -22,7 +22,10 @@ from diloco.config import EmulationConfig, IslandConfig
 from diloco.wan import transfer_time
 from trainer.link import POLL_S
 
-FAULT_READ_S = 0.2  # an island reads its fault at most five times a second
+# The fault as last read is used for up to FAULT_READ_S; the island's tend thread
+# (trainer/runner.py) reads it more often than that, so that its training loop never
+# waits for the read.
+FAULT_READ_S = 1.0
 
 
 class FaultStore(Protocol):
@@ -56,12 +59,16 @@ class FaultEmulation:
         self._fault_read = 0.0
 
     def fault(self) -> dict[str, Any]:
-        """The active fault ({kind, until, factor}), {} if none; read at most every 0.2 s."""
-        now = time.time()
-        if now - self._fault_read > FAULT_READ_S:
-            self._fault = self.store.fault(self.name)
-            self._fault_read = now
+        """The active fault ({kind, until, factor}), {} if none: as last read, read
+        again first if that was FAULT_READ_S ago or more."""
+        if time.time() - self._fault_read > FAULT_READ_S:
+            self.read()
         return self._fault
+
+    def read(self) -> None:
+        """Read the active fault from the store now."""
+        self._fault = self.store.fault(self.name)
+        self._fault_read = time.time()
 
     def partitioned(self) -> bool:
         """Whether the island's link is cut now (no sends, heartbeats or pulls)."""

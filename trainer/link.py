@@ -21,15 +21,16 @@ def heartbeat_seconds(value: float) -> float:
 
 
 @contextlib.contextmanager
-def beating(beat: Callable[[], None], every_s: float = HEARTBEAT_S) -> Iterator[None]:
-    """Call `beat` from a thread every `every_s` while the body runs."""
+def beating(beat: Callable[[], None], every_s: float = HEARTBEAT_S,
+            name: str = "heartbeat") -> Iterator[None]:
+    """Call `beat` from a thread of this `name` every `every_s` while the body runs."""
     stop = threading.Event()
 
     def loop() -> None:
         while not stop.wait(every_s):
             beat()
 
-    thread = threading.Thread(target=loop, name="heartbeat", daemon=True)
+    thread = threading.Thread(target=loop, name=name, daemon=True)
     thread.start()
     try:
         yield

@@ -53,6 +53,10 @@ class SentUpdates:
         if self.seen is None:
             self.seen = self.holder()
 
+    def fragments(self) -> list[int]:
+        """The fragments of which messages are kept."""
+        return list(self.sent)
+
     def unhandled(self, fragment: int) -> int:
         """How many of the fragment's kept messages syncd has not handled yet (forgets
         the handled ones)."""

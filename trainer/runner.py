@@ -62,6 +62,7 @@ from trainer.link import HEARTBEAT_S, POLL_S, beating, heartbeat_seconds
 from trainer.phases import StartClock
 from trainer.pulling import Pulling
 from trainer.sending import Sending
+from trainer.tending import TEND_S, Tending
 
 log = logging.getLogger("archipelago.island")
 
@@ -126,8 +127,6 @@ class ProcessIsland:
         self.activity = "starting"  # what the background heartbeat says the island does
         self.compute_s = 0.0  # stepping, slowdowns included: sent with each update
         self._last_beat = 0.0
-        self._done = False
-        self._done_read = 0.0
         self.phases: dict[str, float] | None = None  # once the first step is done
         # the first step's CPU seconds on the training thread: against its wall time
         # (phases' first_step), what it did apart from waiting for a core
@@ -141,6 +140,8 @@ class ProcessIsland:
                                key if key is not None else island_key_from_env(),
                                config.sync.compression, config.sync.upload_slots,
                                len(config.islands), self.emulation, self.run_ended)
+        self.tending = Tending(store, name, self.emulation, self.sending,
+                               lambda: self.beat(self.activity))
 
     def stop(self) -> None:
         """Finish the current step, save the cursor and exit (SIGTERM, from the
@@ -200,8 +201,12 @@ class ProcessIsland:
 
     def join_restart(self, until: float) -> None:
         """Elastic: start a fresh outer step with the other islands, at `until`."""
-        self.restarts.join(self.island, until, lambda: self.beat("restarting"),
-                           lambda: self.stopping)
+        before, self.activity = self.activity, "restarting"
+        try:
+            self.restarts.join(self.island, until, lambda: self.beat("restarting"),
+                               lambda: self.stopping)
+        finally:
+            self.activity = before
 
     def mix(self, mix_at: dict) -> bool:
         """Take each merged fragment that has arrived once its tau overlapping steps are
@@ -225,7 +230,6 @@ class ProcessIsland:
                 if self.interrupted():
                     return False
                 self.sending.send_again()
-                self.beat("waiting")
                 time.sleep(POLL_S)
             return True
         finally:
@@ -240,7 +244,6 @@ class ProcessIsland:
             if mix_at and not self.elastic:  # elastic's barrier never gets here
                 self.mix(mix_at)
             self.activity = "waiting"
-            self.beat("waiting")
 
         self.sending.hold_back(p, self.interrupted, meanwhile)
         self.activity = "training"
@@ -300,18 +303,9 @@ class ProcessIsland:
         self.sending.open(max_pending=2 * len(fragments))
         self._phase("pull")
 
-    def save_cursor(self) -> None:
-        rng = base64.b64encode(self.island.sampler.state().numpy().tobytes()).decode()
-        self.store.signals.save_cursor(self.name, {"step": self.island.step,
-                                                   "tokens": self.island.tokens, "rng": rng})
-
     def done(self) -> bool:
-        """Whether syncd marked the run done; asked at most five times a second."""
-        now = time.time()
-        if now - self._done_read > 0.2:
-            self._done = self.store.control.done()
-            self._done_read = now
-        return self._done
+        """Whether syncd marked the run done, as the tend thread last read it."""
+        return self.tending.done()
 
     def run_ended(self) -> bool:
         """Whether the run is over for good (done, or no longer active: stopped or
@@ -322,7 +316,7 @@ class ProcessIsland:
         self.island.finish_encoding()  # the last send is kept (sending.sent) before this one
         self.hold_back(p, mix_at)
         self.sending.send(self.island, p, self.compute_s)
-        self.save_cursor()
+        self.tending.keep_cursor(self.island)
 
     def flush(self) -> None:
         """A user stopped the run: send every fragment's steps not sent yet, which syncd
@@ -341,23 +335,14 @@ class ProcessIsland:
         if slow > 1.0:
             time.sleep(elapsed * (slow - 1.0))
         self.compute_s += time.time() - started
-        if self.startup_s is not None:  # the first step's beat carries the phases: run()
-            self.beat("training")
 
     def run(self) -> int:
         self.setup()
-        # A step, an encode or a mix of a big model can outlast the heartbeat timeout:
-        # a thread beats whenever the loop has not for a heartbeat's interval.
-        with beating(self.beat_for_loop):
+        # The loop's Redis reads and writes are the tend thread's (TEND_S): a step, an
+        # encode or a mix of a big model, however long, does not hold up a heartbeat.
+        with beating(self.tending.tend, TEND_S, name="tend"):
             self.train()
         return self.finish()
-
-    def beat_for_loop(self) -> None:
-        """The heartbeat the loop would send, from the heartbeat thread, when the loop
-        has sent none for two intervals: its step or send is long."""
-        if time.time() - self._last_beat < 2 * HEARTBEAT_S or self.startup_s is None:
-            return
-        self.beat(self.activity)
 
     def train(self) -> None:
         s = self.config.sync
@@ -398,6 +383,7 @@ class ProcessIsland:
             self.group.announce_stop()
             self.group.close(self.island)
         self.island.finish_encoding()
+        self.tending.write_cursor()
         self.sending.close(discard=self.done())  # done: its Redis keys are freed already
         self.beat("stopped", force=True)
         return 0

@@ -53,12 +53,17 @@ class Sending:
         self.slot_wait_s = 0.0  # the link waited for upload slots (syncd/upload_slots.py)
         self.link: Link | None = None  # opened by open()
         # What syncd has not handled yet, sent again to a syncd that took the run over.
-        self.sent = SentUpdates(lambda p: self.store.globals.handled_seq(p, self.name),
-                                self.store.syncd_holder, kept_sends(compression, islands))
-        self._holder_read = 0.0
+        # What syncd handled of the kept updates and who holds its lease, as the island's
+        # tend thread last read them (`read`): the training loop does not wait for Redis.
+        self.sent = SentUpdates(lambda p: self._handled.get(p, -1), lambda: self._holder,
+                                kept_sends(compression, islands))
+        self._handled: dict[int, int] = {}
+        self._holder: str | None = None
 
     def open(self, max_pending: int) -> None:
-        """Open the link, `max_pending` messages queued at most."""
+        """Open the link, `max_pending` messages queued at most; syncd's lease holder
+        read first."""
+        self.read()
         self.link = Link(self.deliver, self.emulation.transfer_time,
                          self.emulation.wait_while_partitioned, max_pending=max_pending)
 
@@ -125,13 +130,15 @@ class Sending:
 
         island.send_update(p, self.compression, deliver)
 
+    def read(self) -> None:
+        """Read syncd's lease holder and what it handled of the kept updates, now (the
+        island's tend thread does, every TEND_S)."""
+        self._handled = self.store.globals.handled_seqs(self.sent.fragments(), self.name)
+        self._holder = self.store.syncd_holder()
+
     def send_again(self) -> None:
-        """Send again what syncd has not handled if its lease changed hands (a restarted
-        syncd lost its open rounds: trainer/resend.py); asked at most five times a second."""
-        now = time.time()
-        if now - self._holder_read < 0.2:
-            return
-        self._holder_read = now
+        """Send again what syncd has not handled if its lease changed hands since the
+        holder read before (a restarted syncd lost its open rounds: trainer/resend.py)."""
         for p, seq, message in self.sent.to_send_again():
             log.info("island %s: syncd's lease changed hands; sending update %d of "
                      "fragment %d again", self.name, seq, p)

@@ -66,6 +66,7 @@ def test_a_publish_records_the_version_the_handled_seqs_and_the_tokens_merged(st
     assert store.globals.versions() == {0: 2, 1: 1}
     assert store.globals.handled(0) == {"a": 8, "b": 2}
     assert store.globals.handled_seq(0, "a") == 8 and store.globals.handled_seq(1, "b") == -1
+    assert store.globals.handled_seqs([0, 1, 2], "a") == {0: 8, 1: 3, 2: -1}
     assert store.globals.tokens_merged() == {0: 22, 1: 5}
 
 

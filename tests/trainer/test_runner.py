@@ -2,6 +2,7 @@
 syncd's part is played by the test, which publishes the global fragments and marks
 updates handled."""
 
+import collections
 import dataclasses
 import json
 import os
@@ -11,6 +12,7 @@ from itertools import pairwise
 from types import SimpleNamespace
 
 import pytest
+import redis
 import torch
 
 from diloco.config import RunConfig
@@ -154,7 +156,7 @@ def island_in_a_thread(store, config: RunConfig, secret: bytes):
     init = initial_model(config).state_dict()
     publish(store, config, secret, 0, 0, init)
     island = ProcessIsland(store, "island-0", 1, "cpu", key=island_key(secret, "island-0", 1))
-    thread = threading.Thread(target=island.run, daemon=True)
+    thread = threading.Thread(target=island.run, daemon=True, name="island")
     thread.start()
     return island, thread, init
 
@@ -179,6 +181,40 @@ def test_an_island_trains_on_while_its_merged_fragment_downloads_and_mixes_it_la
         assert wait_for(lambda: store.signals.heartbeats()["island-0"].late_globals
                         or None) == 1
         assert island.pulling.pulls == 1
+    finally:
+        store.control.mark_done()
+        thread.join(timeout=30)
+        client.close()
+    assert not thread.is_alive()
+
+
+@pytest.mark.integration
+def test_the_training_loop_sends_redis_no_command_while_it_trains_sends_and_mixes(
+        redis_server, text_path, monkeypatch):
+    """Over a wide-area link each round trip to Redis costs the link's latency behind
+    whatever the link carries: from its first step through two sends and their mixing
+    steps, the island's training thread sends Redis nothing; its tend thread reads and
+    writes for it (the heartbeats keep coming, the cursor of each send is written)."""
+    commands: collections.Counter[str] = collections.Counter()  # thread -> commands sent
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self, command, check_health=True):
+        commands[threading.current_thread().name] += 1
+        return send(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    client = connect(redis_server)
+    client.flushall()
+    store = RunStore(client, 46)
+    island, thread, _ = island_in_a_thread(store, one_island_config(text_path), b"tend")
+    try:
+        wait_for(lambda: training(store))
+        before = commands["island"]
+        wait_for(lambda: island.island.step >= 90 or None)  # sends at 40 and 80, mixes at 41, 81
+        assert commands["island"] == before
+        assert commands["tend"] > 0
+        wait_for(lambda: (store.signals.cursor("island-0") or {}).get("step") == 80 or None)
+        assert time.time() - store.signals.heartbeats()["island-0"].time < 1.0
     finally:
         store.control.mark_done()
         thread.join(timeout=30)
