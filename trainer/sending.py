@@ -105,8 +105,9 @@ class Sending:
         run's end or a whole-job restart): a stop's last sends go out, at most one more
         per fragment."""
         last = time.monotonic()
-        while self.sent.must_wait(p):
-            if interrupted():
+        while self.sent.must_wait(p):  # as the tend thread last read what syncd handled
+            self.read()  # waiting anyway: what it handled now
+            if not self.sent.must_wait(p) or interrupted():
                 break
             self.send_again()
             meanwhile()
