@@ -120,10 +120,12 @@ def tiny_run(corpus_file: Path, total_tokens: int, model: dict | None = None,
 
 
 def wait_all_training(store: RunStore, islands: int = 3) -> None:
-    """Faults go to islands that are known to be up, not ones still starting."""
+    """Faults go to islands that are known to be up, not ones still starting: each
+    training, or waiting (at elastic's barrier, say) between its steps."""
     def training() -> bool:
         beats = store.signals.heartbeats()
-        return len(beats) == islands and all(b.state == "training" for b in beats.values())
+        return len(beats) == islands and all(b.state in ("training", "waiting")
+                                             for b in beats.values())
 
     wait_until(training, 60, f"all {islands} islands to train")
 
