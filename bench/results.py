@@ -23,7 +23,7 @@ RESULTS = path("BENCH_RESULTS_DIR", Path(__file__).parent / "results")
 # goes to NAME-samples.json beside it (not committed, as the HTML reports are not).
 SAMPLE_KEYS = frozenset({"samples", "per_round", "raw", "phases", "fault_log", "heals", "fit",
                          "series", "curve", "curves", "goodput_table", "bandwidth_table"})
-WIDTH = 100  # a list or an object this short in JSON stays on one line of the file
+WIDTH = 120  # a list or an object this short in JSON stays on one line of the file
 
 
 def write(name: str, data: dict[str, Any]) -> Path:
