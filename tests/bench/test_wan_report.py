@@ -3,7 +3,7 @@ tests' own."""
 
 import pytest
 
-from bench.wan import SIZES, agreement, checks, figures, loss_at, run_config
+from bench.wan import SIZES, agreement, checks, figures, loss_at, median_run, run_config
 
 
 def beat(at: float, **fields) -> dict:
@@ -53,3 +53,11 @@ def test_the_kernel_run_asks_for_no_emulated_link_and_each_island_for_the_links_
     assert config["emulation"] == {"link": "none"}
     assert {i["bandwidth_gbps"] for i in config["islands"]} == {0.04}
     assert {i["region"] for i in config["islands"]} == {"us-east", "us-west"}
+
+
+def test_a_modes_figures_are_those_of_its_run_of_median_loss_with_every_loss_beside():
+    runs = [{"eval_loss": 2.1, "pull_s": 0.3}, {"eval_loss": 1.9, "pull_s": 0.1},
+            {"eval_loss": 2.0, "pull_s": 0.2}]
+
+    assert median_run(runs) == {"eval_loss": 2.0, "pull_s": 0.2, "eval_losses": [2.1, 1.9, 2.0]}
+    assert median_run(runs[:1]) == {**runs[0], "eval_losses": [2.1]}
