@@ -141,7 +141,7 @@ class ProcessIsland:
                                config.sync.compression, config.sync.upload_slots,
                                len(config.islands), self.emulation, self.run_ended)
         self.tending = Tending(store, name, self.emulation, self.sending,
-                               lambda: self.beat(self.activity))
+                               lambda: self.beat(self.activity, force=True))
 
     def stop(self) -> None:
         """Finish the current step, save the cursor and exit (SIGTERM, from the

@@ -22,10 +22,13 @@ import redis
 from diloco.island import Island
 from syncd.store import RunStore
 from trainer.emulation import FaultEmulation
+from trainer.link import HEARTBEAT_S
 from trainer.sending import Sending
 
 log = logging.getLogger("archipelago.island")
-TEND_S = 0.1
+# As often as the island heartbeats, and as it read its fault and the run's end before:
+# the tend thread asks Redis no more often than the loop did.
+TEND_S = HEARTBEAT_S
 STALE_S = 1.0
 
 
