@@ -94,6 +94,9 @@ class Rounds:
         self.ingester = Ingester(store, recorder, spec, accounting, self.sync, keepalive,
                                  lambda p: p in self.publisher.publishing)
         self.link_times = LinkTimes()
+        # fragment -> when its open round is decided again, if it waits on the clock (its
+        # grace window, a publish to try again): a quiet syncd wakes then (`wake_at`).
+        self.deadlines: dict[int, float] = {}
 
     # -- state in Redis --------------------------------------------------------
 
@@ -208,11 +211,13 @@ class Rounds:
         fragment merged once more). A merge the data plane refused is published again
         first, once FULL_RETRY_S (syncd/publisher.py) have passed; no round of the
         fragment merges before it is."""
+        self.deadlines.pop(p, None)
         if p in self.publisher.publishing:
             return False
         merge = self.publisher.unpublished[p]
         if merge is not None:
             if now < self.publisher.merge_after[p]:
+                self.deadlines[p] = self.publisher.merge_after[p]
                 return False
             self.publisher.begin(p, merge)
             return merge.outer_step
@@ -223,7 +228,14 @@ class Rounds:
                 self.ingester.clear_excused(p)
             return False
         decision = self.decide(p, now, alive)
+        if decision.deadline is not None:
+            self.deadlines[p] = decision.deadline
         return decision.merge and self.merge_round(p, now, decision.reason)
+
+    def wake_at(self) -> float | None:
+        """The soonest time an open round is decided again on the clock, None if none
+        waits on it."""
+        return min(self.deadlines.values(), default=None)
 
     def merge_round(self, p: int, now: float, reason: str) -> bool:
         """Merge fragment p's open round now (`reason`: why) and begin its publish

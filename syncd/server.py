@@ -291,13 +291,15 @@ class Syncd:
     def wait_for_work(self, quiet_s: float = QUIET_WAIT_S, idle_s: float = IDLE_WAIT_S
                       ) -> None:
         """After a pass with nothing to do: block until an update arrives on the stream
-        of a run served (XREAD BLOCK, at most `quiet_s`), or, serving no run, sleep
-        `idle_s`. A syncd with no run costs one pass a second; a quiet run one blocking
+        of a run served (XREAD BLOCK, at most `quiet_s`, and no later than a round's
+        grace window closes: its merge is not late by a blocking read), or, serving no
+        run, sleep `idle_s`. A syncd with no run costs one pass a second; a quiet run one blocking
         read per `quiet_s` between passes, not passes back to back."""
         if not self.runs:
             time.sleep(idle_s)
             return
-        wait_for_updates(self.client, self.runs.values(), quiet_s)
+        soonest = [s for s in (sync.wake_in() for sync in self.runs.values()) if s is not None]
+        wait_for_updates(self.client, self.runs.values(), min([quiet_s, *soonest]))
 
     def finish_stops(self, wait_s: float = SHUTDOWN_STOP_WAIT_S) -> None:
         """As syncd stops: each run it serves whose stop is under way is stopped now

@@ -306,6 +306,12 @@ class RunSync:
         """The update stream's key and the last entry read: what a quiet syncd blocks on."""
         return self.store.key("updates"), self.rounds.ingester.after
 
+    def wake_in(self) -> float | None:
+        """Seconds until one of the run's open rounds is decided again on the clock (its
+        grace window closes), None if none waits on it: a quiet syncd blocks no longer."""
+        wake_at = self.rounds.wake_at()
+        return None if wake_at is None else wake_at - self.clock()
+
     # -- status ----------------------------------------------------------------
 
     def status(self, now: float) -> RunStatus:

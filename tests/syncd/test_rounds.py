@@ -15,7 +15,7 @@ import torch
 
 from diloco.signing import island_key
 from syncd.service import RunSync
-from tests.syncd.runs import heartbeat_all, send, stored_keys, write_beat
+from tests.syncd.runs import CONFIG, heartbeat_all, make_run_sync, send, stored_keys, write_beat
 from webapp.runs.models import Event
 from webapp.runs.records import DatabaseRecorder
 
@@ -400,3 +400,27 @@ def test_the_step_time_that_sizes_rounds_leaves_out_what_backpressure_held_back(
     assert run_sync.rounds.round_stats().step_time_s == pytest.approx(0.25)
     update(1004.0, 12, 2.0)  # no wait since: 4 steps in 1 s
     assert run_sync.rounds.round_stats().step_time_s == pytest.approx(0.25)
+
+
+def test_a_round_in_its_grace_window_says_when_it_is_decided_again(redis_url, tmp_path):
+    """Two of three alive islands are in (the quorum): the round waits out its grace
+    window, and a quiet syncd blocks no longer than until it closes (RunSync.wake_in)."""
+    config = {**CONFIG, "sync": {**CONFIG["sync"], "inner_steps": 16, "overlap_steps": 8},
+              "islands": [*CONFIG["islands"], {"name": "c", "region": "us-east",
+                                               "batch_size": 2}]}
+    sync = make_run_sync(redis_url, tmp_path, "decoupled", config)
+    sync.store.set_epoch("c", 1)
+    sync.tick()
+    for island in ("a", "b", "c"):
+        write_beat(sync, island, epoch=1, time=time.time(), step=4, tokens=128)
+    assert sync.wake_in() is None  # no round open
+    send(sync, "a", 0, 4)
+    send(sync, "b", 0, 4)
+    sync.tick()
+
+    assert sync.store.globals.versions()[0] == 0  # waiting for c within the grace window
+    wake_in = sync.wake_in()
+    assert wake_in is not None and 0 < wake_in < math.inf
+    sync.clock_state["now"] += wake_in
+    sync.tick()
+    assert sync.store.globals.versions()[0] == 1 and sync.wake_in() is None
