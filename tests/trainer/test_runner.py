@@ -209,10 +209,12 @@ def test_the_training_loop_sends_redis_no_command_while_it_trains_sends_and_mixe
     island, thread, _ = island_in_a_thread(store, one_island_config(text_path), b"tend")
     try:
         wait_for(lambda: training(store))
+        # From step 10: the first step's own heartbeat (forced, on the loop) is written.
+        wait_for(lambda: island.island.step >= 10 or None)
         before = commands["island"]
         wait_for(lambda: island.island.step >= 90 or None)  # sends at 40 and 80, mixes at 41, 81
         assert commands["island"] == before
-        assert commands["tend"] > 0
+        wait_for(lambda: commands["tend"] or None)  # a quarter second after the loop began
         wait_for(lambda: (store.signals.cursor("island-0") or {}).get("step") == 80 or None)
         assert time.time() - store.signals.heartbeats()["island-0"].time < 1.0
     finally:
