@@ -23,7 +23,7 @@ from diloco.wan import transfer_time
 from trainer.link import POLL_S
 
 # The fault as last read is used for up to FAULT_READ_S; the island's tend thread
-# (trainer/runner.py) reads it more often than that, so that its training loop never
+# (trainer/tending.py) reads it more often than that, so that its training loop never
 # waits for the read.
 FAULT_READ_S = 1.0
 
