@@ -23,9 +23,10 @@ from diloco.wan import transfer_time
 from trainer.link import POLL_S
 
 # The fault as last read is used for up to FAULT_READ_S; the island's tend thread
-# (trainer/tending.py) reads it more often than that, so that its training loop never
-# waits for the read.
-FAULT_READ_S = 1.0
+# (trainer/tending.py) reads it every quarter second, so that its training loop never
+# waits for the read. Only a tend thread stalled that long (not a read held up behind
+# a full link's bytes, which the loop would wait behind as well) has the loop read it.
+FAULT_READ_S = 5.0
 
 
 class FaultStore(Protocol):

@@ -340,6 +340,8 @@ class ProcessIsland:
         self.setup()
         # The loop's Redis reads and writes are the tend thread's (TEND_S): a step, an
         # encode or a mix of a big model, however long, does not hold up a heartbeat.
+        # Its first tend is now, so that the loop's first steps read nothing either.
+        self.tending.tend()
         with beating(self.tending.tend, TEND_S, name="tend"):
             self.train()
         return self.finish()

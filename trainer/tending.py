@@ -6,8 +6,9 @@ many-hosts harness they were a third of a kernel-shaped island's wall time). Wha
 asks often (whether the run is done, its fault, syncd's lease holder and what syncd
 handled of its kept updates) is read, and what it writes often (its data cursor, its
 heartbeat) written, by a thread of the island's every TEND_S (`Tending.tend`); the
-loop reads for itself only what that thread has not read for STALE_S (it is not
-running yet, or stalled).
+loop reads for itself only what that thread has not read for STALE_S (it is
+stalled: a read held up behind a full link's bytes is not, and the loop would wait
+behind them as well). The island tends once before its loop begins.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import redis
 
 from diloco.island import Island
 from syncd.store import RunStore
-from trainer.emulation import FaultEmulation
+from trainer.emulation import FAULT_READ_S, FaultEmulation
 from trainer.link import HEARTBEAT_S
 from trainer.sending import Sending
 
@@ -29,7 +30,7 @@ log = logging.getLogger("archipelago.island")
 # As often as the island heartbeats, and as it read its fault and the run's end before:
 # the tend thread asks Redis no more often than the loop did.
 TEND_S = HEARTBEAT_S
-STALE_S = 1.0
+STALE_S = FAULT_READ_S
 
 
 class Tending:
