@@ -120,13 +120,18 @@ def checks(modes: dict[str, dict[str, dict[str, Any]]], bounds: dict[str, float]
             bounds["time"])
         add("loss_equal_tokens", ratio(d["none"]["eval_loss_at_tokens"],
                                        s["none"]["eval_loss_at_tokens"]), bounds["tokens"])
-        kills = None
+        kills, at_most = None, False
         if "kills" in d and "kills" in s:
             kills = ratio(d["kills"]["time_to_target_s"], s["kills"]["time_to_target_s"])
+            if kills is None and d["kills"]["time_to_target_s"] is not None:
+                # sync never reached the target: its time is past its run's end, so the
+                # ratio is below decoupled's time over that end (kills_at_most)
+                kills = ratio(d["kills"]["time_to_target_s"], s["kills"]["end_s"])
+                at_most = kills is not None
         sooner = round(1 / KILLS_SOONER, 4)
         add("time_to_target", ratio(d["none"]["time_to_target_s"],
                                     s["none"]["time_to_target_s"]), 1.0,
-            kills_value=None if kills is None else round(kills, 4))
+            kills_value=None if kills is None else round(kills, 4), kills_at_most=at_most)
         if "kills" in d and "kills" in s:
             # fault-free no later than sync, and under kills at least 1.3x sooner
             held = out["time_to_target"]["ok"] and kills is not None and kills <= sooner

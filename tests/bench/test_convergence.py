@@ -75,11 +75,29 @@ def test_the_report_compares_decoupled_with_sync_at_equal_time_tokens_and_target
     assert modes["sync"]["kills"]["time_to_target_s"] is None
     assert checks["loss_equal_time"] == {"value": 1.01, "bound": "<= 1.02", "ok": True}
     assert checks["kills_lower"]["ok"] and "straggle_lower" not in checks
-    # as soon fault-free, but sync never reached the target under kills: no ratio there
+    # as soon fault-free; under kills sync never reached the target in its 30 s and
+    # decoupled reached it at 30 s: at most 1.0, not 1.3x sooner
     assert checks["time_to_target"]["value"] == 1.0 and not checks["time_to_target"]["ok"]
+    assert (checks["time_to_target"]["kills_value"], checks["time_to_target"]["kills_at_most"]
+            ) == (1.0, True)
     assert set(checks) == {"loss_equal_time", "loss_equal_tokens", "time_to_target",
                            "kills_lower"}
     assert "case kills" in convergence_report.figure_html(modes, "t")
+
+
+def test_a_target_sync_never_reached_under_kills_bounds_the_ratio_by_its_run_s_end():
+    """Sync's time to the target is past its run's end: decoupled's time over that end
+    bounds the ratio from above, and holds the check if it is 1.3x sooner still."""
+    runs = {"sync": {"none": run([3.0, 2.5, 2.0], 2.0), "kills": run([3.0, 2.8, 2.6], 2.6)},
+            "decoupled": {"none": run([2.9, 2.3, 2.0], 2.0),
+                          "kills": run([2.9, 2.05, 2.0], 2.0)}}
+    modes = {m: {c: convergence_report.figures(r, 30.0, 2, 20) for c, r in cases.items()}
+             for m, cases in runs.items()}
+    convergence_report.finish(modes)
+    check = convergence_report.checks(modes, {"time": 1.02, "tokens": 1.01,
+                                              "lower": 1.0})["time_to_target"]
+
+    assert (check["kills_value"], check["kills_at_most"], check["ok"]) == (0.6667, True, True)
 
 
 def test_loss_at_tokens_interpolates_and_says_none_outside_the_curve():
