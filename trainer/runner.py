@@ -296,6 +296,14 @@ class ProcessIsland:
             self.island.move_to(cursor["step"], cursor["tokens"])
             state = torch.frombuffer(bytearray(base64.b64decode(cursor["rng"])), dtype=torch.uint8)
             self.island.sampler.set_state(state)
+        # The tend thread writes the cursor up to a quarter second after its send: an
+        # epoch killed in between left one older than what syncd handled of its
+        # updates. syncd refuses an update whose seq it handled (a duplicate), and
+        # elastic's barrier would wait for it for ever: so the island starts past the
+        # newest seq syncd handled of it, its data cursor that much behind.
+        handled = self.store.globals.handled_seqs(range(len(fragments)), self.name)
+        if max(handled.values()) >= self.island.step:
+            self.island.move_to(max(handled.values()), self.island.tokens)
         if self.elastic:
             self.join_restart(self.restarts.until())
         if self.group:

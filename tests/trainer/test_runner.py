@@ -189,6 +189,27 @@ def test_an_island_trains_on_while_its_merged_fragment_downloads_and_mixes_it_la
 
 
 @pytest.mark.integration
+def test_an_epoch_whose_cursor_lags_what_syncd_handled_sends_seqs_past_it(
+        redis_server, text_path):
+    """The epoch before was killed after syncd handled its update of step 40 and before
+    its tend thread wrote the cursor of that send: this one starts past seq 40, so its
+    first update (due every 40 steps) is seq 80, not a duplicate syncd would refuse."""
+    client = connect(redis_server)
+    client.flushall()
+    store = RunStore(client, 47)
+    store.globals.mark_handled(0, {"island-0": 40})
+    _, thread, _ = island_in_a_thread(store, one_island_config(text_path), b"lag")
+    try:
+        first = wait_for(lambda: next(iter(store.updates.read_updates()), None))
+        assert first.seq == 80
+    finally:
+        store.control.mark_done()
+        thread.join(timeout=30)
+        client.close()
+    assert not thread.is_alive()
+
+
+@pytest.mark.integration
 def test_the_training_loop_sends_redis_no_command_while_it_trains_sends_and_mixes(
         redis_server, text_path, monkeypatch):
     """Over a wide-area link each round trip to Redis costs the link's latency behind
