@@ -95,7 +95,7 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
             return f"{v:.4g}"
         return str(v)
     cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join(lines)

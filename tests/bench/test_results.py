@@ -49,3 +49,8 @@ def test_dumps_writes_keys_that_are_not_strings_as_json_names_them():
     record = {"by_island": {3: 1.0, True: 2, None: [1] * 40}, "rows": [{"a": "x" * 90}]}
 
     assert json.loads(results.dumps(record)) == json.loads(json.dumps(record))
+
+
+def test_a_table_of_no_rows_is_its_header():
+    """A run of some modes only has no checks to print: the table is its header."""
+    assert results.table([], ["check", "value"]) == "check  value"
