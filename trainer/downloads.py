@@ -38,10 +38,6 @@ class NotReadable(RuntimeError):
 
 
 RETRY_S = 1.0  # between two tries of a fragment that could not be read
-# Between two reads of whether syncd handled the update a download waits for: the
-# wait is part of the round trip that tau overlapping steps must cover, and each read
-# is one HGET, while the island waits for a merge only (a fifth of the link's POLL_S).
-HANDLED_POLL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -158,7 +154,7 @@ class Downloads:
                 while not self.handled(fragment, seq):
                     if self.stopping() or not self._current(generation):
                         break
-                    time.sleep(HANDLED_POLL_S)
+                    time.sleep(POLL_S)
                 else:
                     self._download(generation, fragment, version)
         except BaseException as exc:  # surfaced on the next take or wait
