@@ -66,9 +66,10 @@ def attack(control_url: str, data_url: str, run_id: int, secret: str) -> int:
     return taken
 
 
-def command_line(process: psutil.Process) -> list[str]:
+def command_line(pid: int) -> list[str]:
+    """Process `pid`'s command line; empty if it is gone (a short-lived descendant)."""
     try:
-        return process.cmdline()
+        return psutil.Process(pid).cmdline()
     except psutil.Error:  # gone meanwhile
         return []
 
@@ -123,8 +124,8 @@ print(json.dumps(found))""")
 
     wait_until(lambda: version("demo") >= 1 and version("bystander") >= 1, 240,
                "a version of each fragment of both runs", process=start)
-    [syncd] = [process for process in map(psutil.Process, descendants(start.pid))
-               if "syncd" in " ".join(command_line(process))]
+    [syncd] = [psutil.Process(pid) for pid in descendants(start.pid)
+               if "syncd" in " ".join(command_line(pid))]
     syncd_estimate = system.django("""
 from diloco.sizes import SYNCD_BASE_BYTES
 from webapp.runs.validation import Taken, admitted_configs
