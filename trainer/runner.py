@@ -301,9 +301,9 @@ class ProcessIsland:
         # updates. syncd refuses an update whose seq it handled (a duplicate), and
         # elastic's barrier would wait for it for ever: so the island starts past the
         # newest seq syncd handled of it, its data cursor that much behind.
-        handled = self.store.globals.handled_seqs(range(len(fragments)), self.name)
-        if max(handled.values()) >= self.island.step:
-            self.island.move_to(max(handled.values()), self.island.tokens)
+        newest = max(self.store.globals.handled_seqs(range(len(fragments)), self.name).values())
+        if newest >= self.island.step:
+            self.island.move_to(newest, self.island.tokens)
         if self.elastic:
             self.join_restart(self.restarts.until())
         if self.group:
