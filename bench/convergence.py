@@ -13,6 +13,8 @@ mode for the same wall time, one run after another:
 - decoupled_tau0 (only when asked for, `--modes`): the defaults with overlap_steps 0,
   each island waiting for the merge of its own update (K = 2 of 4 still): what the
   overlap alone costs;
+- decoupled_alpha (only when asked for): the defaults with alpha 0.5, the mix of Streaming
+  DiLoCo (arXiv 2501.18512), half the island's own fragment and half the global;
 
 each fault-free (none), under a seeded kill schedule (kills: SIGKILL of an island
 every 30 +- 3 s through the run services, back after 10 s, one island at a time, so
@@ -47,7 +49,7 @@ from syncd.environment import data_dir
 HOME = ROOT / "var" / "bench-convergence"
 REGIONS = ("us-east", "us-west")
 MODES = {"decoupled": "decoupled", "decoupled_all": "decoupled", "sync": "sync", "dp": "elastic",
-         "decoupled_tau0": "decoupled"}
+         "decoupled_tau0": "decoupled", "decoupled_alpha": "decoupled"}
 CASES = ("none", "kills", "straggle")
 EVAL_BATCH = 16  # windows per held-out batch
 KILL_EVERY_S, KILL_JITTER_S, KILL_DOWN_S = 30.0, 3.0, 10.0
@@ -86,6 +88,8 @@ def workload(profile: dict[str, Any], corpus: str, mode: str, case: str) -> dict
         config["sync"].update(min_quorum=len(islands), overlap_steps=0)
     if mode == "decoupled_tau0":
         config["sync"].update(overlap_steps=0)
+    if mode == "decoupled_alpha":
+        config["sync"].update(alpha=0.5)
     return config
 
 
@@ -221,11 +225,11 @@ def main(quick: bool = False, modes: tuple[str, ...] = (), cases: tuple[str, ...
     for (mode, case), run in runs.items():
         modes.setdefault(mode, {})[case] = report.figures(
             run, common, SyncConfig().fragments, shared["sync"]["inner_steps"])
-    report.finish(modes)
+    target = report.finish(modes)
     checks = report.checks(modes, profile["bounds"])
     record = {"profile": name, "wall_s": profile["wall_s"], "common_s": common,
               "load_before": [round(x, 2) for x in load_before],
-              "load_after": [round(x, 2) for x in os.getloadavg()],
+              "load_after": [round(x, 2) for x in os.getloadavg()], "target_loss": target,
               "workload": shared, "kill_schedule": kill_schedule(SEED, profile["wall_s"], names),
               "modes": modes, "checks": checks}
     out = results.write(f"convergence{'-quick' if quick else ''}{chosen}", record)

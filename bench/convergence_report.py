@@ -72,8 +72,7 @@ def figures(run: dict[str, Any], common_s: float, fragments: int, h: int) -> dic
     versions: dict[int, int] = {}
     for merge in run["merges"]:
         versions[merge["fragment"]] = max(merge["version"], versions.get(merge["fragment"], 0))
-    return {"eval_loss": run.get("final"), "curve_loss": point["loss"],
-            "tokens": point["tokens"],
+    return {"eval_loss": run.get("final"), "tokens": point["tokens"],
             "outer_steps": min(versions.values()) if len(versions) == fragments else 0,
             "merges_per_window": merges_per_window(run["merges"], fragments, h),
             "staleness_p50": ages["p50"], "staleness_p95": ages["p95"],
@@ -81,10 +80,10 @@ def figures(run: dict[str, Any], common_s: float, fragments: int, h: int) -> dic
             "kills": run["kills"], "load": run.get("load"), "curve": run["curve"]}
 
 
-def finish(modes: dict[str, dict[str, dict[str, Any]]]) -> None:
+def finish(modes: dict[str, dict[str, dict[str, Any]]]) -> float | None:
     """Per case, each mode's loss at sync's merged tokens (`eval_loss_at_tokens`, on the
-    curve's batches, as sync's own) and the time to the target: 1.05 x sync's
-    fault-free loss. In place."""
+    curve's batches, as sync's own) and the time to the target, in place; returns the
+    target: 1.05 x sync's fault-free loss (None without that run)."""
     sync = modes.get("sync", {})
     target = None
     if sync.get("none", {}).get("eval_loss") is not None:
@@ -92,11 +91,11 @@ def finish(modes: dict[str, dict[str, dict[str, Any]]]) -> None:
     for cases in modes.values():
         for case, row in cases.items():
             sync_tokens = sync.get(case, {}).get("tokens")
-            row["eval_loss_at_tokens"] = (loss_at_tokens(row["curve"], sync_tokens)
-                                          if sync_tokens else None)
-            row["target_loss"] = target
+            at_tokens = loss_at_tokens(row["curve"], sync_tokens) if sync_tokens else None
+            row["eval_loss_at_tokens"] = None if at_tokens is None else round(at_tokens, 4)
             row["time_to_target_s"] = (time_to_target(row["curve"], target)
                                        if target is not None else None)
+    return None if target is None else round(target, 4)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

@@ -36,6 +36,16 @@ def test_decoupled_tau0_is_the_defaults_waiting_for_each_merge():
     assert "decoupled_tau0" not in convergence.PROFILES["full"]["modes"]
 
 
+def test_decoupled_alpha_is_the_defaults_keeping_half_the_islands_fragment():
+    profile = convergence.PROFILES["full"]
+    half = parse_config(convergence.workload(profile, "", "decoupled_alpha", "none"), REGIONS)
+    base = parse_config(convergence.workload(profile, "", "decoupled", "none"), REGIONS)
+
+    assert half.sync.alpha == 0.5 and base.sync.alpha == 0.0
+    assert replace(half, sync=replace(half.sync, alpha=0.0)) == base
+    assert "decoupled_alpha" not in convergence.PROFILES["full"]["modes"]
+
+
 def test_the_kill_schedule_is_seeded_and_leaves_one_island_down_at_a_time():
     islands = ["east-0", "east-1", "west-0", "west-1"]
     schedule = convergence.kill_schedule(7, 240.0, islands)
@@ -64,13 +74,13 @@ def test_the_report_compares_decoupled_with_sync_at_equal_time_tokens_and_target
                           "kills": run([2.9, 2.4, 2.1], 2.1)}}
     modes = {m: {c: convergence_report.figures(r, 30.0, 2, 20) for c, r in cases.items()}
              for m, cases in runs.items()}
-    convergence_report.finish(modes)
+    target = convergence_report.finish(modes)
     checks = convergence_report.checks(modes, {"time": 1.02, "tokens": 1.01, "lower": 1.0})
 
     d = modes["decoupled"]["none"]
     assert (d["outer_steps"], d["merges_per_window"]) == (5, 1.0)
     assert (d["staleness_max"], modes["sync"]["none"]["staleness_max"]) == (2, 0)
-    assert d["target_loss"] == pytest.approx(2.1)
+    assert target == pytest.approx(2.1)
     assert d["time_to_target_s"] == modes["sync"]["none"]["time_to_target_s"] == 30.0
     assert modes["sync"]["kills"]["time_to_target_s"] is None
     assert checks["loss_equal_time"] == {"value": 1.01, "bound": "<= 1.02", "ok": True}
