@@ -8,8 +8,10 @@ journal entry.
 The figures of `bench convergence --quick` (bench/results/convergence-quick.json) are one
 run on 2 shared cores at a load average of 2.7 (decoupled's loss at equal tokens moves
 by about 2% from run to run, sync's by 0.2%: docs/journal/benchmarks-2026.md gives the
-means of several): they are indicative, and the full profile on an idle machine (issue
-46) replaces them. Those of
+means of several): they are indicative. Those of the full profile
+(bench/results/convergence.json, 240 s a run on an idle machine, steps about eight
+times longer) say what tau and alpha cost where the round trip is short against a
+step. Those of
 `bench convergence --in-process` (bench/results/convergence-inprocess.json) are on a
 virtual clock, which the load does not move.
 """
@@ -19,6 +21,10 @@ from __future__ import annotations
 CONVERGENCE = ("bench/results/convergence-quick.json: python -m bench convergence --quick, "
                "commit f47e1dc, 4 islands of a 2-layer 64-wide byte GPT, H = 20, 60 s each, "
                "2 cores at load 2.7 (one run, indicative)")
+FULL = ("bench/results/convergence.json: python -m bench convergence, commit 65a78cb, 4 "
+        "islands of a 4-layer 128-wide byte GPT, batch 8 x 128, H = 20, 240 s each, an idle "
+        "machine; tau 0 and alpha 0.5 beside mode sync in docs/journal/benchmarks-2026.md "
+        "(2026-12-07, evening)")
 INPROCESS = ("bench/results/convergence-inprocess.json: python -m bench convergence "
              "--in-process, the same workload in the in-process cluster on a virtual clock, "
              "islands out of phase (speeds 0.50 to 0.38), 275,456 tokens, seeds 1234 and 7")
@@ -47,22 +53,26 @@ COSTS = {
         "merge, fewer stale ones); " + NOT_MEASURED),
     "alpha": (
         "none: the mix is one lerp per fragment",
-        "alpha > 0 keeps that share of the island's own fragment at each mix, so its last "
-        "tau steps are partly kept but the islands drift apart between merges; every "
-        "benchmark figure is at alpha 0, " + NOT_MEASURED + " for other values"),
+        "alpha > 0 keeps that share of the island's own fragment at each mix, so the "
+        "islands drift apart between merges: at the full profile alpha 0.5 read 1.822 at "
+        "240 s against mode sync's 1.737 beside it (1.049x; alpha 0 1.033x), and 1.917 at "
+        "3.5M tokens against alpha 0's 1.853; other values " + NOT_MEASURED),
     "overlap_steps": (
         "tau >= 1: an island trains on while its update travels and merges, never waiting "
-        "for the round trip; tau = 0 waits each period (mode sync, which with K = M merged "
-        "0.49x the tokens of the defaults in 60 s)",
+        "for the round trip; tau = 0 waits each period. That pays where the round trip is "
+        "long against a step: at the quick profile's 30 ms steps mode sync (K = M, tau 0) "
+        "merged 0.49x the tokens of the defaults in 60 s, and tau 0 with K = 2 of 4 1.3M "
+        "and 2.6M tokens where tau 1 merged 4.1M to 4.8M. Where it is short it buys "
+        "nothing: at the full profile's steps of about 0.25 s the defaults merged "
+        "3,880,960 tokens in 240 s, mode sync 3,858,432 and tau 0 3,823,616",
         "an island mixes the global fragment in no sooner than tau steps after its send, "
-        "and in the real system a round trip after it (emulated latency each way, the "
-        "download's poll, syncd's pass: several of the quick workload's steps of about "
-        "30 ms), its own steps since the send kept on top of a global that lacks them: "
-        "that overlap is most of decoupled's gap at equal tokens there. Decoupled with "
-        "tau 0 (K = 2 of 4) read 2.121 and 2.132 at 1M tokens in two runs, against "
-        "2.225 for tau 1 (the mean of five) and 2.164 for mode sync (four), but merged "
-        "1.3M and 2.6M tokens in 60 s where tau 1 merged 4.1M to 4.8M at load 3 "
-        "(docs/journal/benchmarks-2026.md, 2026-12-07)"),
+        "and in the real system a round trip after it (latency each way, the download's "
+        "poll, syncd's pass), its own steps since the send kept on top of a global that "
+        "lacks them. At the full profile that cost the defaults 1.040x mode sync's loss "
+        "at equal tokens, with K = M as much, where tau 0 with K = 2 of 4 read 0.990x at "
+        "equal tokens and 0.995x at equal time; at the quick profile tau 0 read 2.121 and "
+        "2.132 at 1M tokens against 2.225 for tau 1 (the mean of five) and 2.164 for mode "
+        "sync (four; docs/journal/benchmarks-2026.md, 2026-12-07)"),
     "merge_each_period": (
         "islands with tau >= 1 train on while a round waits for the islands expected "
         "within its period, at the same pace as without (241,152 tokens at 268.4 virtual "
@@ -74,8 +84,8 @@ COSTS = {
         "mode sync's, off: 1.035x) and 0.994x off's at equal time; islands at nearly "
         "one pace 1.000x mode sync's"),
 }
-SOURCES = {"min_quorum": CONVERGENCE, "grace_gamma": SIMULATE, "alpha": CONVERGENCE,
-           "overlap_steps": CONVERGENCE, "merge_each_period": INPROCESS}
+SOURCES = {"min_quorum": CONVERGENCE, "grace_gamma": SIMULATE, "alpha": FULL,
+           "overlap_steps": FULL, "merge_each_period": INPROCESS}
 
 
 def help_text(setting: str) -> str:

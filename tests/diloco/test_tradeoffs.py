@@ -31,12 +31,26 @@ def test_the_costs_of_k_and_tau_quote_the_quick_convergence_results():
         in COSTS["overlap_steps"][0]
 
 
+def test_the_costs_of_tau_and_alpha_quote_the_full_convergence_results():
+    result = json.loads((ROOT / "bench/results/convergence.json").read_text())
+    decoupled, sync = result["modes"]["decoupled"]["none"], result["modes"]["sync"]["none"]
+    assert result["machine"]["commit"] == "65a78cb" and result["profile"] == "full"
+    tau_speed, tau_quality = COSTS["overlap_steps"]
+
+    assert f"the defaults merged {decoupled['tokens']:,} tokens in 240 s, mode sync " \
+           f"{sync['tokens']:,}" in tau_speed
+    assert f"{result['checks']['loss_equal_tokens']['value']:.3f}x mode sync's loss at " \
+           "equal tokens" in tau_quality
+    assert f"alpha 0 {result['checks']['loss_equal_time']['value']:.3f}x" in COSTS["alpha"][1]
+
+
 def test_the_help_of_each_setting_says_its_speed_and_quality_with_the_source():
     described = field_help()
     for name in COSTS:
         text = described[f"sync.{name}"]
         assert "Speed: " in text and "Quality: " in text, name
         assert any(source in text for source in ("bench/results/convergence-quick.json",
+                                                 "bench/results/convergence.json",
                                                  "bench/results/convergence-inprocess.json",
                                                  "bench simulate")), name
 
