@@ -118,8 +118,12 @@ def slope(points: list[tuple[float, float]]) -> float:
 # -- CPU, from psutil ----------------------------------------------------------
 
 def process_table() -> dict[int, tuple[int, int, str]]:
-    """pid -> (parent pid, utime + stime in ticks, command line) of every process."""
-    return {proc.pid: (proc.ppid, proc.cpu_ticks, proc.cmdline) for proc in processes()}
+    """pid -> (parent pid, utime + stime in ticks, command line) of every running process.
+    One that has exited and awaits its parent (a zombie) is left out: its command line
+    reads empty, so nothing tells its kind, and its CPU up to the last sample that saw
+    it running is counted already."""
+    return {proc.pid: (proc.ppid, proc.cpu_ticks, proc.cmdline) for proc in processes()
+            if proc.running}
 
 
 def service_kind(cmdline: str) -> str:

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bench import efficiency, results
@@ -48,6 +49,21 @@ def test_every_process_of_the_start_gets_the_kind_of_the_service_it_descends_fro
                      10: "web", 11: "start"}
     with pytest.raises(ValueError, match="no known kind"):
         efficiency.kinds_of(1, {**table, 13: (1, 0, "sh -c true")}, set())
+
+
+def test_the_process_table_leaves_out_an_exited_child_its_parent_has_not_reaped():
+    child = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.01)
+
+        table = efficiency.process_table()
+
+        assert child.pid not in table and os.getpid() in table
+    finally:
+        child.wait()
 
 
 def meter(ticks: dict[str, int], seconds: float = 10.0) -> dict:
