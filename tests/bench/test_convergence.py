@@ -26,24 +26,18 @@ def test_every_mode_and_case_is_a_valid_run_of_the_same_workload(mode, case):
     assert speeds.count(profile["speed"] / 2) == (case == "straggle")
 
 
-def test_decoupled_tau0_is_the_defaults_waiting_for_each_merge():
-    profile = convergence.PROFILES["quick"]
-    tau0 = parse_config(convergence.workload(profile, "", "decoupled_tau0", "none"), REGIONS)
-    base = parse_config(convergence.workload(profile, "", "decoupled", "none"), REGIONS)
-
-    assert tau0.sync.overlap_steps == 0 and base.sync.overlap_steps == 1
-    assert replace(tau0, sync=replace(tau0.sync, overlap_steps=1)) == base
-    assert "decoupled_tau0" not in convergence.PROFILES["full"]["modes"]
-
-
-def test_decoupled_alpha_is_the_defaults_keeping_half_the_islands_fragment():
+@pytest.mark.parametrize(("mode", "setting", "value", "default"),
+                         [("decoupled_tau0", "overlap_steps", 0, 1),
+                          ("decoupled_alpha", "alpha", 0.5, 0.0)])
+def test_each_mode_asked_for_alone_is_the_defaults_with_one_sync_setting_changed(
+        mode, setting, value, default):
     profile = convergence.PROFILES["full"]
-    half = parse_config(convergence.workload(profile, "", "decoupled_alpha", "none"), REGIONS)
+    varied = parse_config(convergence.workload(profile, "", mode, "none"), REGIONS)
     base = parse_config(convergence.workload(profile, "", "decoupled", "none"), REGIONS)
 
-    assert half.sync.alpha == 0.5 and base.sync.alpha == 0.0
-    assert replace(half, sync=replace(half.sync, alpha=0.0)) == base
-    assert "decoupled_alpha" not in convergence.PROFILES["full"]["modes"]
+    assert (getattr(varied.sync, setting), getattr(base.sync, setting)) == (value, default)
+    assert replace(varied, sync=replace(varied.sync, **{setting: default})) == base
+    assert mode not in convergence.PROFILES["full"]["modes"]
 
 
 def test_the_kill_schedule_is_seeded_and_leaves_one_island_down_at_a_time():
