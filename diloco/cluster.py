@@ -36,6 +36,7 @@ from diloco.evaluation import Evaluator
 from diloco.fragments import due_fragments, partition
 from diloco.island import Island, embedding_tensors, initial_model, inner_lr
 from diloco.merge import Update
+from diloco.overlap import Overlap, window_seconds
 from diloco.policy import RoundStats
 from diloco.protocol import decode_message, encode_message
 from diloco.signing import island_key, publish_key
@@ -244,6 +245,8 @@ class _Cluster:
         # fragment -> (inner step to mix at, seq of the send that must be handled first)
         mix_at: list[dict[int, tuple[int, int]]] = [{} for _ in islands]
         waiting: dict[int, int] = {}  # island -> fragment it waits for (tau = 0)
+        # The run's tau from its pace either way, as syncd chooses it (syncd/waiting.py).
+        overlap = Overlap(s.overlap_steps, s.wait_share)
         last_sync_s = 0.0
 
         def try_merge(p: int, now: float) -> None:
@@ -275,7 +278,7 @@ class _Cluster:
                 self._send_what_is_left(islands[data], push)
                 continue
             if kind == "step":
-                self._step(data, islands[data], sync, mix_at[data], waiting, push)
+                self._step(data, islands[data], sync, mix_at[data], waiting, overlap, push)
             elif kind == "arrive":
                 name, p, reason = self._receive(sync, data, self.now)
                 i = config.island_index(name)
@@ -302,9 +305,9 @@ class _Cluster:
 
     def _step(self, i: int, island: Island, sync: Synchronizer,
               mix_at: dict[int, tuple[int, int]], waiting: dict[int, int],
-              push: Callable[[float, str, object], None]) -> None:
+              overlap: Overlap, push: Callable[[float, str, object], None]) -> None:
         """Island i's next inner step: it mixes in what is due, sends the fragments due
-        (then waits for the merge with overlap_steps 0) and steps again."""
+        (then waits for the merge while the run's `overlap` says tau 0) and steps again."""
         s = self.config.sync
         island.inner_step()
         self.tokens += island.tokens_per_step
@@ -317,12 +320,15 @@ class _Cluster:
             blob = self._send(island, p)
             scale = self.config.emulation.bytes_scale
             push(ready + _link_time(island.island_config, len(blob), scale), "arrive", blob)
-            if s.overlap_steps == 0:
+            window_s = window_seconds(s.inner_steps / s.fragments
+                                      * statistics.median(self.step_dur))
+            tau = overlap.observe(self.now, self.tokens, window_s)
+            if tau == 0:
                 waiting[i] = p
             else:
                 # A second send before the mix keeps the first one's target:
                 # waiting for the newest send could put off mixing forever.
-                mix_at.setdefault(p, (island.step + s.overlap_steps, island.step))
+                mix_at.setdefault(p, (island.step + tau, island.step))
         if i not in waiting:
             push(ready + self.step_dur[i], "step", i)
         self._maybe_eval(sync.global_params, sync.outer_steps)

@@ -73,6 +73,19 @@ COSTS = {
         "equal tokens and 0.995x at equal time; at the quick profile tau 0 read 2.121 and "
         "2.132 at 1M tokens against 2.225 for tau 1 (the mean of five) and 2.164 for mode "
         "sync (four; docs/journal/benchmarks-2026.md, 2026-12-07)"),
+    "wait_share": (
+        "with tau >= 1 syncd measures the run's pace (tokens trained per second) with "
+        "the islands waiting for each merge and overlapping, and they wait only while "
+        "that slows it by at most this share: where islands share cores one's wait is "
+        "another's compute "
+        "(at the full profile's 0.25 s steps, 4 islands on 2 cores, tau 0 merged "
+        "3,823,616 tokens in 240 s against 3,880,960 at tau 1), and where the turnaround "
+        "is long against the training it overlaps (at the quick profile's 30 ms steps "
+        "waiting halved the tokens)",
+        "waiting makes each merge synchronous DiLoCo's: at the full profile tau 0 with "
+        "K = 2 of 4 read 0.990x mode sync's loss at equal tokens where tau 1 read 1.040x, "
+        "so the default, 0.05, waits where waiting costs less pace than overlap costs "
+        "learning per token"),
     "merge_each_period": (
         "islands with tau >= 1 train on while a round waits for the islands expected "
         "within its period, at the same pace as without (241,152 tokens at 268.4 virtual "
@@ -85,7 +98,7 @@ COSTS = {
         "one pace 1.000x mode sync's"),
 }
 SOURCES = {"min_quorum": CONVERGENCE, "grace_gamma": SIMULATE, "alpha": FULL,
-           "overlap_steps": FULL, "merge_each_period": INPROCESS}
+           "overlap_steps": FULL, "wait_share": FULL, "merge_each_period": INPROCESS}
 
 
 def help_text(setting: str) -> str:
@@ -95,9 +108,11 @@ def help_text(setting: str) -> str:
 
 
 def tradeoffs(min_quorum: int, islands: int, grace_gamma: float, alpha: float,
-              overlap_steps: int, merge_each_period: bool) -> list[dict[str, str]]:
-    """What the config's K, grace, alpha, tau and merge timing cost: per setting its value
-    as set, its speed and quality costs and the source of their figures."""
+              overlap_steps: int, wait_share: float,
+              merge_each_period: bool) -> list[dict[str, str]]:
+    """What the config's K, grace, alpha, tau, wait share and merge timing cost: per
+    setting its value as set, its speed and quality costs and the source of their
+    figures."""
     values = {
         "min_quorum": f"{min_quorum} of {islands} islands" + (
             ": every merge waits for the slowest island" if min_quorum >= islands else ""),
@@ -107,6 +122,10 @@ def tradeoffs(min_quorum: int, islands: int, grace_gamma: float, alpha: float,
                                  if alpha == 0 else ""),
         "overlap_steps": f"{overlap_steps}" + (": each island waits for each merge"
                                                if overlap_steps == 0 else ""),
+        "wait_share": f"{wait_share:g}" + (
+            ": islands never wait" if wait_share == 0 and overlap_steps else
+            ": tau is 0, islands always wait" if overlap_steps == 0 else
+            ": waits while that slows the run's pace by at most that share"),
         "merge_each_period": ("true: a round merges once per period" if merge_each_period
                               else "false: a round merges at quorum and grace"),
     }

@@ -51,6 +51,9 @@ Keys, for run R (built by syncd.run_keys.RunKeys.key):
     arch:R:stop                    when a user asked to stop the run: syncd merges what
                                    arrives, checkpoints, and ends the run
     arch:R:restart                 hash {generation, until}: elastic whole-job restarts
+    arch:R:tau                     the tau the run's islands use now (0: each waits for
+                                   the merge of its update), syncd's choice
+                                   (diloco/overlap.py); absent, the config's
     arch:R:rejoin                  hash island -> when a rejoin was asked for
     arch:R:checkpoint_now          set when a user asks for a checkpoint
     arch:R:chaos                   hash {start, done, islands}: how far syncd carried out
@@ -133,6 +136,7 @@ KEY_USES = (
     KeyUse("done", "control", ("syncd",), (ISLAND, "syncd")),
     KeyUse("stop", "control", ("web", "supervisor", "pool"), ("syncd", ISLAND, "supervisor")),
     KeyUse("restart", "control", ("syncd",), (ISLAND,)),
+    KeyUse("tau", "control", ("syncd",), (ISLAND,)),
     KeyUse("rejoin", "control", ("web", "syncd"), ("syncd",)),
     KeyUse("checkpoint_now", "control", ("web", "syncd"), ("syncd",)),
     KeyUse("chaos", "control", ("syncd",), ("syncd",)),

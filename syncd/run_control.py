@@ -2,7 +2,8 @@
 obey.
 
 The flags a user sets (pause, stop, a checkpoint now, a rejoin), the budget spent
-(`done`), elastic whole-job restarts, and how far syncd got with the chaos schedule.
+(`done`), elastic whole-job restarts, the tau syncd chose for the islands, and how far
+syncd got with the chaos schedule.
 A part of syncd.store.RunStore (`store.control`).
 """
 
@@ -41,6 +42,21 @@ class RunControl(RunKeys):
         """(restarts so far, the pause's end) of the run's last whole-job restart."""
         raw = self.client.hgetall(self.key("restart"))
         return int(raw.get(b"generation", 0)), float(raw.get(b"until", 0.0))
+
+    def set_tau(self, tau: int) -> None:
+        """The run's islands use `tau` from their next send (syncd's choice,
+        diloco/overlap.py)."""
+        self._write(lambda pipe: pipe.set(self.key("tau"), tau))
+
+    def tau(self) -> int | None:
+        """The tau syncd chose for the run's islands; None before it chose, or if the
+        key holds no whole number of 0 or more."""
+        raw = self.client.get(self.key("tau"))
+        try:
+            tau = int(raw) if raw is not None else None
+        except ValueError:
+            return None
+        return tau if tau is not None and tau >= 0 else None
 
     def request_rejoin(self, island: str, at: float) -> None:
         self.client.hset(self.key("rejoin"), island, at)

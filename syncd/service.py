@@ -53,6 +53,7 @@ from syncd.rounds import Rounds
 from syncd.spec import RunSpec
 from syncd.status import StatusSources, run_status
 from syncd.store import RunStore
+from syncd.waiting import RunWaiting
 
 log = logging.getLogger("archipelago.syncd")
 STATUS_EVERY_S = 0.5
@@ -116,6 +117,7 @@ class RunSync:
         self.accounting = RunAccounting([i.name for i in config.islands], clock(),
                                         fragments=len(fragments))
         self.liveness = Liveness(store, recorder, spec)
+        self.waiting = RunWaiting(store, spec)
         # An island removed from the run keeps its epoch, and its cursor for its return.
         self.bounds = KeyBounds(store, recorder, lambda: [
             *(i.name for i in self.spec.config.islands), *self.liveness.epochs])
@@ -211,6 +213,9 @@ class RunSync:
         self._follow_spec()
         self.liveness.read()
         self.rounds.observe_links(self.liveness.heartbeats, self.liveness.lost)
+        sync = self.spec.config.sync
+        self.waiting.observe(now, self.liveness.heartbeats, self.rounds.ingester.step_time,
+                             sync.inner_steps / sync.fragments)
         self.recovery.note_first_startups(self.liveness.heartbeats)
         paused = self.store.control.paused()
         if paused != self.accounting.clock.paused:

@@ -126,6 +126,8 @@ class ProcessIsland:
                                         lambda: self.stopping)
         self.activity = "starting"  # what the background heartbeat says the island does
         self.compute_s = 0.0  # stepping, slowdowns included: sent with each update
+        self.tau = config.sync.overlap_steps  # the last tau the loop used, for its log
+        self.trained_at_send = 0.0  # compute_s at the island's last send
         self._last_beat = 0.0
         self.phases: dict[str, float] | None = None  # once the first step is done
         # the first step's CPU seconds on the training thread: against its wall time
@@ -208,6 +210,17 @@ class ProcessIsland:
         finally:
             self.activity = before
 
+    def wait(self, p: int, seq: int, mix_at: dict, limit: float | None) -> None:
+        """tau 0: wait for the merge of update `seq` of fragment p and mix it in, for at
+        most `limit` seconds (None: as long as it takes): a merge that takes longer (a
+        cut link, a syncd gone) is mixed when it arrives, as with tau >= 1, so a cut-off
+        island trains on."""
+        until = None if limit is None else time.monotonic() + limit
+        if self.wait_for_merge(p, seq, until):
+            self.pulling.pull(p, block=True)
+        elif not self.interrupted():
+            mix_at.setdefault(p, (seq, seq))
+
     def mix(self, mix_at: dict) -> bool:
         """Take each merged fragment that has arrived once its tau overlapping steps are
         done (one that has not is mixed at a later step, and counted late); elastic
@@ -219,15 +232,15 @@ class ProcessIsland:
         """Whether a wait of the loop ends: a stop, the run's end or a whole-job restart."""
         return self.stopping or self.done() or self.restarts.pending()
 
-    def wait_for_merge(self, p: int, seq: int) -> bool:
+    def wait_for_merge(self, p: int, seq: int, until: float | None = None) -> bool:
         """Wait until syncd handled (merged or refused) update `seq` of fragment p: with
-        tau = 0, and in elastic, where the outer step is a barrier over every live
-        island, after the tau overlapping steps. False when a whole-job restart or the
-        run's end comes first."""
+        tau = 0 (until `until`, on time.monotonic, if given), and in elastic, where the
+        outer step is a barrier over every alive island, after the tau overlapping steps.
+        False when a whole-job restart, the run's end or `until` comes first."""
         self.activity = "waiting"
         try:
             while not self.pulling.handled(p, seq):
-                if self.interrupted():
+                if self.interrupted() or (until is not None and time.monotonic() >= until):
                     return False
                 self.sending.send_again()
                 time.sleep(POLL_S)
@@ -379,11 +392,18 @@ class ProcessIsland:
                 self.send(p, mix_at)
                 seq = self.island.step
                 self.pulling.request(p, seq)
-                if s.overlap_steps == 0:
-                    if self.wait_for_merge(p, seq):
-                        self.pulling.pull(p, block=True)
+                # syncd's choice for the run (elastic's outer step is a barrier whatever tau)
+                tau = s.overlap_steps if self.elastic else self.tending.tau(s.overlap_steps)
+                if tau != self.tau:
+                    log.info("island %s: tau %d from now", self.name, tau)
+                    self.tau = tau
+                # a wait lasts at most the island's training since its send before
+                limit = self.compute_s - self.trained_at_send if self.trained_at_send else None
+                self.trained_at_send = self.compute_s
+                if tau == 0:
+                    self.wait(p, seq, mix_at, limit)
                 else:
-                    mix_at.setdefault(p, (seq + s.overlap_steps, seq))
+                    mix_at.setdefault(p, (seq + tau, seq))
 
     def finish(self) -> int:
         """The loop ended: flush a user's stop, tell the other ranks, drain the link."""

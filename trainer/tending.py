@@ -3,12 +3,12 @@
 The training loop waits for no round trip to Redis while it trains: over a wide-area
 link each costs the link's latency, behind whatever the link carries (on the
 many-hosts harness they were a third of a kernel-shaped island's wall time). What it
-asks often (whether the run is done, its fault, syncd's lease holder and what syncd
-handled of its kept updates) is read, and what it writes often (its data cursor, its
-heartbeat) written, by a thread of the island's every TEND_S (`Tending.tend`); the
-loop reads for itself only what that thread has not read for STALE_S (it is
-stalled: a read held up behind a full link's bytes is not, and the loop would wait
-behind them as well). The island tends once before its loop begins.
+asks often (whether the run is done, the tau syncd chose, its fault, syncd's lease
+holder and what syncd handled of its kept updates) is read, and what it writes often
+(its data cursor, its heartbeat) written, by a thread of the island's every TEND_S
+(`Tending.tend`); the loop reads for itself only what that thread has not read for
+STALE_S (it is stalled: a read held up behind a full link's bytes is not, and the
+loop would wait behind them as well). The island tends once before its loop begins.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class Tending:
         self.beat = beat
         self._done = False
         self._done_read = 0.0
+        self._tau: int | None = None  # syncd's choice for the run, as last read
         self._cursor: dict | None = None  # the cursor of the last send, until written
         self._failing = False
 
@@ -61,6 +62,11 @@ class Tending:
         if time.time() - self._done_read > STALE_S:
             self.read_done()
         return self._done
+
+    def tau(self, configured: int) -> int:
+        """The tau the island uses now: syncd's choice for the run as last read
+        (diloco/overlap.py), or the config's until syncd chose."""
+        return configured if self._tau is None else self._tau
 
     def read_done(self) -> None:
         self._done = self.store.control.done()
@@ -86,6 +92,7 @@ class Tending:
         again on the next call."""
         try:
             self.read_done()
+            self._tau = self.store.control.tau()
             self.emulation.read()
             self.sending.read()
             self.write_cursor()

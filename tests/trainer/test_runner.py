@@ -41,11 +41,12 @@ def handle(store: RunStore, fragment: int, seq: int, island: str = "island-0",
 
 def two_process_config(text_path: str) -> RunConfig:
     """A tiny run of one island of two processes on the CPU: a fragment due every two
-    steps, merged one step after its send."""
+    steps, merged one step after its send (it never waits for the merge)."""
     return parse_config({
         "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
         "data": {"path": text_path},
-        "sync": {"inner_steps": 4, "fragments": 2, "overlap_steps": 1, "min_quorum": 1},
+        "sync": {"inner_steps": 4, "fragments": 2, "overlap_steps": 1, "min_quorum": 1,
+                 "wait_share": 0.0},
         "optim": {"inner_lr": 1e-2, "warmup_steps": 20},
         "eval": {"tokens": 256},
         "train": {"device": "cpu"},
@@ -135,13 +136,15 @@ def wait_for(find, timeout: float = 60.0):
     raise AssertionError(f"timed out after {timeout} s")
 
 
-def one_island_config(text_path: str, **island) -> RunConfig:
-    """One island of one process, one fragment sent every 40 steps and mixed one step
-    after its send."""
+def one_island_config(text_path: str, wait_share: float = 0.0, inner_steps: int = 40,
+                      **island) -> RunConfig:
+    """One island of one process, one fragment sent every `inner_steps` steps and mixed
+    one step after its send (with wait_share 0, it never waits for the merge)."""
     return parse_config({
         "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
         "data": {"path": text_path},
-        "sync": {"inner_steps": 40, "fragments": 1, "overlap_steps": 1, "min_quorum": 1},
+        "sync": {"inner_steps": inner_steps, "fragments": 1, "overlap_steps": 1,
+                 "min_quorum": 1, "wait_share": wait_share},
         "optim": {"inner_lr": 1e-2, "warmup_steps": 20},
         "train": {"device": "cpu"},
         "islands": [{"name": "island-0", "region": "us-east", "batch_size": 4, **island}],
@@ -181,6 +184,64 @@ def test_an_island_trains_on_while_its_merged_fragment_downloads_and_mixes_it_la
         assert wait_for(lambda: store.signals.heartbeats()["island-0"].late_globals
                         or None) == 1
         assert island.pulling.pulls == 1
+    finally:
+        store.control.mark_done()
+        thread.join(timeout=30)
+        client.close()
+    assert not thread.is_alive()
+
+
+@pytest.mark.integration
+def test_an_island_waits_for_each_merge_while_syncd_says_tau_0_and_overlaps_once_it_says_1(
+        redis_server, text_path):
+    """syncd chooses the run's tau (syncd/waiting.py): at tau 0 the island waits at its
+    first send until the test, playing syncd, merges it (a first wait has no limit); at
+    tau 1 it trains past a send that nobody merges."""
+    client = connect(redis_server)
+    client.flushall()
+    store = RunStore(client, 48)
+    store.control.set_tau(0)
+    secret = b"tau"
+    island, thread, init = island_in_a_thread(
+        store, one_island_config(text_path, wait_share=0.05, inner_steps=4), secret)
+    try:
+        wait_for(lambda: island.activity == "waiting" or None)
+        assert island.island.step == 4 and island.tau == 0
+        store.control.set_tau(1)
+        wait_for(lambda: island.tending.tau(0) == 1 or None)  # its tend thread read it
+        publish(store, None, secret, 0, 1, init)
+        handle(store, 0, 4)
+        wait_for(lambda: island.island.step >= 14 or None)  # past sends nobody merged
+        assert island.tau == 1 and island.island.state[0].version == 1
+    finally:
+        store.control.mark_done()
+        thread.join(timeout=30)
+        client.close()
+    assert not thread.is_alive()
+
+
+@pytest.mark.integration
+def test_an_island_that_waits_trains_on_once_a_merge_takes_longer_than_its_training(
+        redis_server, text_path):
+    """A merge that does not come (a cut link, a syncd gone) holds a waiting island for
+    at most its training since its send before, then it trains on and mixes the merge
+    in when it arrives."""
+    client = connect(redis_server)
+    client.flushall()
+    store = RunStore(client, 49)
+    store.control.set_tau(0)
+    secret = b"cut"
+    island, thread, init = island_in_a_thread(
+        store, one_island_config(text_path, wait_share=0.05, inner_steps=4), secret)
+    try:
+        wait_for(lambda: island.activity == "waiting" or None)  # its first send: no limit
+        publish(store, None, secret, 0, 1, init)
+        handle(store, 0, 4)
+        wait_for(lambda: island.island.step >= 10 or None)  # nobody merges 8: it trains on
+        publish(store, None, secret, 0, 2, init)
+        handle(store, 0, 8)
+        wait_for(lambda: island.island.state[0].version == 2 or None)
+        assert island.pulling.late_globals >= 1
     finally:
         store.control.mark_done()
         thread.join(timeout=30)
@@ -364,7 +425,8 @@ def test_an_island_whose_updates_syncd_does_not_merge_stops_sending_after_the_bo
         "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
         "data": {"path": text_path},
         "sync": {"inner_steps": 4, "fragments": 1, "overlap_steps": 1, "min_quorum": 1,
-                 "compression": codec, "upload_slots": 8},  # slots are not the bound
+                 "wait_share": 0.0, "compression": codec,
+                 "upload_slots": 8},  # slots are not the bound
         "train": {"device": "cpu"},
         "islands": [{"name": "island-0", "region": "us-east", "batch_size": 4}],
     }, ["us-east"])

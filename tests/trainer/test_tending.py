@@ -20,7 +20,8 @@ class FakeStore:
         self.failing = False
         self.cursors: list[dict] = []
         self.done_reads = 0
-        self.control = SimpleNamespace(done=self._done)
+        self.tau = None  # syncd's choice, as the control key holds it
+        self.control = SimpleNamespace(done=self._done, tau=lambda: self.tau)
         self.signals = SimpleNamespace(save_cursor=self._save_cursor)
 
     def _done(self) -> bool:
@@ -61,6 +62,16 @@ def test_redis_out_of_reach_is_logged_once_and_the_kept_cursor_is_written_later(
     store.failing = False
     t.tend()
     assert store.cursors == [CURSOR] and beats == [1]
+
+
+def test_a_tend_reads_the_tau_syncd_chose_and_the_island_uses_the_configs_until_then():
+    store = FakeStore()
+    t = tending(store, [])
+    t.tend()
+    assert t.tau(1) == 1
+    store.tau = 0
+    t.tend()
+    assert t.tau(1) == 0
 
 
 def test_the_loop_reads_the_runs_end_itself_when_the_tend_thread_has_not_for_a_while():

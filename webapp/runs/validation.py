@@ -274,7 +274,8 @@ def size_report(config: Any) -> dict[str, Any]:
             "wire": {name: wire.to_dict()
                      for name, wire in wire_per_outer_step(run_config).items()},
             "tradeoffs": tradeoffs(sync.min_quorum, len(run_config.islands), sync.grace_gamma,
-                                   sync.alpha, sync.overlap_steps, sync.merge_each_period)}
+                                   sync.alpha, sync.overlap_steps, sync.wait_share,
+                                   sync.merge_each_period)}
 
 
 def _others(nbytes: int, runs: int, where: str = "") -> str:

@@ -1,0 +1,123 @@
+"""How many steps a run's islands train past a send before they mix the merge in: tau,
+from the pace measured either way.
+
+tau >= 1 overlaps the turnaround of an update (its upload, the round, the download)
+with training: an island never waits for it, but mixes the merged fragment in with
+its own steps since the send kept on top, which the merge lacks. tau = 0 waits for
+the merge of its own update, synchronous DiLoCo's semantics, at the cost of the wait.
+bench convergence measured both ends (docs/ARCHITECTURE.md "Mixing"): 4 islands on 2
+cores at 0.25 s steps, tau 0 merged 1.5% fewer tokens than tau 1 and its loss at
+equal tokens was 4% lower; at 30 ms steps waiting halved the tokens.
+
+What a wait costs is not its turnaround alone: where islands share cores one's wait
+is another's compute, and a wait is short only when every island waits, in one phase
+(one island waiting for a round of islands that do not wait waits for the slowest).
+So the choice is the run's, made by syncd, and measured on the run's **pace**, the
+tokens its islands train per second: the run waits for `window` seconds, overlaps for
+as long, and from then on waits while its pace waiting is at least its pace
+overlapping over (1 + wait_share). A window's first half lets the islands settle into
+its mode; its second half is measured. The mode in use is measured all along; the
+other is probed again for a window REPROBE windows after the decision, twice as long
+after each probe that changed nothing (at most BACKOFF times REPROBE) and REPROBE
+after one that did. Pure: the caller passes the time and the tokens in.
+"""
+
+from __future__ import annotations
+
+WAIT, OVERLAP = "wait", "overlap"
+OTHER = {WAIT: OVERLAP, OVERLAP: WAIT}
+WINDOW_SENDS = 16  # a window: this many of an island's sends
+MIN_WINDOW_S = 2.0  # and at least this long
+REPROBE = 4  # windows from a decision to the next probe of the mode not in use
+BACKOFF = 16  # at most this many times REPROBE windows between two probes
+
+
+def window_seconds(send_interval_s: float) -> float:
+    """A window's length: WINDOW_SENDS of an island's sends (its seconds from one send
+    to the next), at least MIN_WINDOW_S."""
+    return max(MIN_WINDOW_S, WINDOW_SENDS * send_interval_s)
+
+
+class Overlap:
+    """A run's tau, from its pace waiting and overlapping.
+
+    Args:
+        tau: the config's sync.overlap_steps (0: always wait for the merge).
+        wait_share: the config's sync.wait_share: wait while waiting slows the run's
+            pace by at most this share; 0: always overlap tau steps.
+        reprobe: windows from a decision to the first probe of the mode not in use.
+    """
+
+    def __init__(self, tau: int, wait_share: float, reprobe: int = REPROBE):
+        if tau < 0:
+            raise ValueError(f"tau must be at least 0, got {tau}")
+        if not 0.0 <= wait_share <= 1.0:
+            raise ValueError(f"wait_share must be within 0 and 1, got {wait_share}")
+        if reprobe < 1:
+            raise ValueError(f"reprobe must be at least 1, got {reprobe}")
+        self.tau = tau
+        self.wait_share = wait_share
+        self.reprobe = reprobe
+        self.adaptive = tau > 0 and wait_share > 0
+        self.mode = WAIT if tau == 0 or self.adaptive else OVERLAP
+        self.paces: dict[str, float] = {}  # mode -> tokens per second, its last window
+        self._ends: float | None = None  # when the window going on ends
+        self._halfway: float | None = None  # when its measured half begins
+        self._measured: tuple[float, int] | None = None  # (time, tokens) as that half began
+        self._probed_from: str | None = None  # the mode in use before the probe going on
+        self._every = reprobe  # windows between two probes, doubled while they change nothing
+        self._until_probe = reprobe
+
+    def steps(self) -> int:
+        """tau now: 0 while the run waits for each merge, the config's tau otherwise."""
+        return 0 if self.mode == WAIT else self.tau
+
+    def observe(self, now: float, tokens: int, window_s: float) -> int:
+        """The run's islands trained `tokens` in all by `now`; a window lasts `window_s`
+        (`window_seconds`): tau from now."""
+        if not self.adaptive:
+            return self.steps()
+        if self._ends is None:
+            self._begin(now, window_s)
+        if self._measured is None and now >= self._halfway:
+            self._measured = (now, tokens)
+        elif self._measured is not None and now >= self._ends:
+            began, before = self._measured
+            if now > began:
+                self.paces[self.mode] = max(0, tokens - before) / (now - began)
+            self.mode = self._next_mode()
+            self._begin(now, window_s)
+        return self.steps()
+
+    def _begin(self, now: float, window_s: float) -> None:
+        self._ends, self._halfway, self._measured = now + window_s, now + window_s / 2, None
+
+    def _next_mode(self) -> str:
+        for mode in (WAIT, OVERLAP):  # first each mode's pace is measured
+            if mode not in self.paces:
+                return mode
+        best = self.best()
+        if self._probed_from is not None:  # the probe's window just ended
+            same = best == self._probed_from
+            self._every = min(self._every * 2, BACKOFF * self.reprobe) if same else self.reprobe
+            self._until_probe = self._every
+            self._probed_from = None
+        self._until_probe -= 1
+        if self._until_probe > 0:
+            return best
+        self._probed_from = best
+        return OTHER[best]
+
+    def slowdown(self) -> float | None:
+        """How much waiting slows the run's pace: the pace overlapping over the pace
+        waiting, less 1; None until both are measured."""
+        wait, overlap = self.paces.get(WAIT), self.paces.get(OVERLAP)
+        if wait is None or overlap is None:
+            return None
+        return overlap / wait - 1.0 if wait > 0 else float("inf")
+
+    def best(self) -> str:
+        """WAIT while waiting slows the run's pace by at most wait_share (or before both
+        are measured), OVERLAP otherwise."""
+        slowdown = self.slowdown()
+        return WAIT if slowdown is None or slowdown <= self.wait_share else OVERLAP

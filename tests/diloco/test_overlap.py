@@ -1,0 +1,109 @@
+"""A run's tau from its pace (tokens per second) waiting and overlapping."""
+
+from itertools import pairwise
+
+import pytest
+
+from diloco.overlap import MIN_WINDOW_S, OVERLAP, WAIT, WINDOW_SENDS, Overlap, window_seconds
+
+
+class Run:
+    """A run's islands: they train `pace` tokens a second overlapping and `pace` /
+    (1 + `slowdown`) waiting; its clock moves a second at a time."""
+
+    def __init__(self, overlap: Overlap, pace: float, slowdown: float):
+        self.overlap, self.pace, self.slowdown = overlap, pace, slowdown
+        self.now = self.tokens = 0.0
+        self.taus: list[int] = []
+
+    def seconds(self, n: int, window_s: float = 10.0) -> list[int]:
+        """The tau of each of the next n seconds."""
+        for _ in range(n):
+            tau = self.overlap.observe(self.now, int(self.tokens), window_s)
+            self.taus.append(tau)
+            self.tokens += self.pace / (1 + self.slowdown) if tau == 0 else self.pace
+            self.now += 1.0
+        return self.taus[-n:]
+
+
+def test_a_run_measures_waiting_then_overlapping_before_it_decides():
+    run = Run(Overlap(tau=2, wait_share=0.05), pace=1000.0, slowdown=0.5)
+
+    assert run.seconds(10) == [0] * 10
+    assert run.overlap.slowdown() is None
+    assert run.seconds(10) == [2] * 10
+    assert run.seconds(10) == [2] * 10
+    assert run.overlap.slowdown() == pytest.approx(0.5, abs=0.01)
+
+
+def test_each_window_measures_its_second_half_after_the_islands_settle():
+    overlap = Overlap(tau=1, wait_share=0.05)
+    for now, tokens in [(0.0, 0), (5.0, 50_000), (10.0, 51_000)]:  # a burst, then steady
+        overlap.observe(now, tokens, 10.0)
+
+    assert overlap.paces == {WAIT: pytest.approx(200.0)}
+
+
+def test_a_run_overlaps_where_waiting_slows_its_pace_more_than_the_share():
+    run = Run(Overlap(tau=1, wait_share=0.05), pace=1000.0, slowdown=0.2)
+    run.seconds(20)
+
+    assert run.seconds(30) == [1] * 30
+    assert run.overlap.best() == OVERLAP
+
+
+def test_a_run_waits_where_waiting_costs_its_pace_little():
+    run = Run(Overlap(tau=1, wait_share=0.05), pace=1000.0, slowdown=0.02)
+    run.seconds(20)
+
+    assert run.seconds(30) == [0] * 30
+    assert run.overlap.best() == WAIT
+
+
+def test_a_run_leaves_waiting_after_one_slow_window():
+    run = Run(Overlap(tau=1, wait_share=0.05), pace=1000.0, slowdown=0.0)
+    assert run.seconds(21)[-1] == 0
+
+    run.slowdown = 1.0  # the links slowed down: the window in use measures it
+    assert run.seconds(10) == [0] * 9 + [1]
+
+
+def test_a_run_probes_waiting_again_and_follows_a_faster_link():
+    run = Run(Overlap(tau=1, wait_share=0.05, reprobe=2), pace=1000.0, slowdown=1.0)
+    assert run.seconds(21)[-1] == 1
+
+    run.slowdown = 0.0
+    assert run.seconds(9) == [1] * 9  # waiting's pace measured before is still slow
+    assert run.seconds(10) == [0] * 10  # the probe: a window waiting
+    assert run.seconds(10) == [0] * 10
+    assert run.overlap.best() == WAIT
+
+
+def test_probes_that_change_nothing_come_less_and_less_often():
+    run = Run(Overlap(tau=1, wait_share=0.05, reprobe=2), pace=1000.0, slowdown=1.0)
+    taus = run.seconds(20 + 800)[20:]  # decided: overlap
+
+    probes = [i for i in range(1, len(taus)) if taus[i - 1] == 1 and taus[i] == 0]
+    gaps = [b - a for a, b in pairwise(probes)]
+    assert gaps == [40, 80, 160, 320]  # windows of 10 s: 4, 8, 16, 32 (BACKOFF x 2)
+
+
+def test_tau_0_always_waits_and_a_wait_share_of_0_never_does():
+    always = Run(Overlap(tau=0, wait_share=0.05), pace=1000.0, slowdown=5.0)
+    never = Run(Overlap(tau=3, wait_share=0.0), pace=1000.0, slowdown=0.0)
+
+    assert always.seconds(60) == [0] * 60
+    assert never.seconds(60) == [3] * 60
+    assert not always.overlap.adaptive and not never.overlap.adaptive
+
+
+def test_a_window_is_sixteen_sends_and_at_least_two_seconds():
+    assert window_seconds(1.25) == WINDOW_SENDS * 1.25
+    assert window_seconds(0.01) == MIN_WINDOW_S
+
+
+@pytest.mark.parametrize("tau, share, reprobe", [(-1, 0.05, 4), (1, 1.5, 4), (1, -0.1, 4),
+                                                 (1, 0.05, 0)])
+def test_a_bad_tau_share_or_reprobe_is_refused(tau, share, reprobe):
+    with pytest.raises(ValueError):
+        Overlap(tau=tau, wait_share=share, reprobe=reprobe)

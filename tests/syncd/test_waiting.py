@@ -1,0 +1,93 @@
+"""syncd's choice of a run's tau, from its islands' heartbeats, written for them."""
+
+import pytest
+
+from diloco.config_parse import parse_config
+from syncd.connection import connect
+from syncd.records import Heartbeat
+from syncd.spec import RunSpec
+from syncd.store import RunStore
+from syncd.waiting import RunWaiting
+
+CONFIG = {
+    "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16},
+    "sync": {"inner_steps": 4, "fragments": 2, "overlap_steps": 1, "min_quorum": 2},
+    "islands": [{"name": "a", "region": "us-east", "batch_size": 2},
+                {"name": "b", "region": "us-east", "batch_size": 2}],
+}
+STEP_TIMES = {"a": 0.5, "b": 0.5}  # a send each 2 steps: windows of 16 s
+
+
+def waiting(redis_server: str, mode: str = "decoupled", **sync) -> RunWaiting:
+    store = RunStore(connect(redis_server), 60)
+    store.client.flushall()
+    config = {**CONFIG, "sync": {**CONFIG["sync"], **sync}}
+    store.put_spec(mode, parse_config(config, ["us-east"]).to_dict(), "00" * 32)
+    return RunWaiting(store, RunSpec(store))
+
+
+def beats(tokens: int) -> dict[str, Heartbeat]:
+    return {name: Heartbeat.bare(1, 0.0, 0, tokens) for name in ("a", "b")}
+
+
+def run_for(w: RunWaiting, start: float, seconds: int, pace: float) -> float:
+    """Each island trains `pace` tokens a second for `seconds`, from `start`."""
+    for t in range(seconds):
+        now = start + t
+        w.observe(now, beats(int(pace * now)), STEP_TIMES, 2.0)
+    return start + seconds
+
+
+@pytest.mark.integration
+def test_syncd_writes_tau_0_while_it_measures_waiting_and_the_islands_pace_decides(
+        redis_server):
+    w = waiting(redis_server)
+    now = run_for(w, 0.0, 16, pace=1000.0)
+    assert w.store.control.tau() == 0  # the first window waits
+
+    now = run_for(w, now, 17, pace=1000.0)  # the overlap window: no faster
+    assert w.overlap.slowdown() == pytest.approx(0.0, abs=0.01)
+    assert w.store.control.tau() == 0
+
+
+@pytest.mark.integration
+def test_syncd_writes_the_configs_tau_where_waiting_slows_the_islands(redis_server):
+    w = waiting(redis_server)
+    run_for(w, 0.0, 16, pace=500.0)  # waiting: half the tokens a second
+    for t in range(16, 33):  # overlapping from t = 16: twice as fast
+        w.observe(float(t), beats(8000 + 1000 * (t - 16)), STEP_TIMES, 2.0)
+
+    assert w.overlap.slowdown() == pytest.approx(1.0, abs=0.05)
+    assert w.store.control.tau() == 1
+
+
+@pytest.mark.integration
+def test_a_heartbeat_whose_tokens_fall_or_that_comes_before_any_step_time_moves_nothing(
+        redis_server):
+    w = waiting(redis_server)
+    w.observe(0.0, beats(10_000), {}, 2.0)
+    w.observe(1.0, beats(5_000), {}, 2.0)  # a restarted island, or a lie: no tokens back
+    w.observe(2.0, beats(6_000), {}, 2.0)
+
+    assert w.tokens == 2_000
+    assert w.store.control.tau() is None  # no window before step times are known
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode, sync", [("sync", {"overlap_steps": 0, "min_quorum": 2}),
+                                        ("decoupled", {"wait_share": 0.0}),
+                                        ("elastic", {})])
+def test_a_run_that_does_not_choose_writes_no_tau(redis_server, mode, sync):
+    w = waiting(redis_server, mode, **sync)
+    run_for(w, 0.0, 40, pace=1000.0)
+
+    assert w.store.control.tau() is None
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("raw", [b"-1", b"one", b"1.5"])
+def test_a_tau_key_that_holds_no_whole_number_reads_as_none(redis_server, raw):
+    store = RunStore(connect(redis_server), 61)
+    store.client.set(store.key("tau"), raw)
+
+    assert store.control.tau() is None
