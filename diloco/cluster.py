@@ -322,7 +322,7 @@ class _Cluster:
             push(ready + _link_time(island.island_config, len(blob), scale), "arrive", blob)
             window_s = window_seconds(s.inner_steps / s.fragments
                                       * statistics.median(self.step_dur))
-            tau = overlap.observe(self.now, self.tokens, window_s)
+            tau = overlap.observe(self.now, {"run": (self.now, self.tokens)}, window_s)
             if tau == 0:
                 waiting[i] = p
             else:

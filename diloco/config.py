@@ -80,7 +80,7 @@ class SyncConfig:
                                  "global fragment it sent for (0: wait for the merge). "
                                  + help_text("overlap_steps"), 0, 100000)
     wait_share: float = setting(
-        0.05, "With tau >= 1, in mode decoupled: the islands wait for the merge of each "
+        0.15, "With tau >= 1, in mode decoupled: the islands wait for the merge of each "
         "update (tau 0) while waiting slows the run's pace (tokens trained per second, "
         "which syncd measures either way) by at most this share, and overlap tau steps "
         "otherwise (diloco/overlap.py); 0: always overlap. "

@@ -13,23 +13,46 @@ What a wait costs is not its turnaround alone: where islands share cores one's w
 is another's compute, and a wait is short only when every island waits, in one phase
 (one island waiting for a round of islands that do not wait waits for the slowest).
 So the choice is the run's, made by syncd, and measured on the run's **pace**, the
-tokens its islands train per second: the run waits for `window` seconds, overlaps for
-as long, and from then on waits while its pace waiting is at least its pace
-overlapping over (1 + wait_share). A window's first half lets the islands settle into
-its mode; its second half is measured. The mode in use is measured all along; the
-other is probed again for a window REPROBE windows after the decision, twice as long
-after each probe that changed nothing (at most BACKOFF times REPROBE) and REPROBE
-after one that did. Pure: the caller passes the time and the tokens in.
+tokens its islands train per second (each island's tokens over its own clock, from
+its heartbeats, summed): the run waits for a window, overlaps for a window, and from
+then on waits while its pace waiting is at least its pace overlapping over
+(1 + wait_share), each the mean of its last PACES windows. A window's first half lets
+the islands settle into its mode; its second half is measured. A mode is chosen only
+on paces measured one after the other, as the load on shared cores drifts: the other
+mode is measured again (a probe of PACES windows) REPROBE windows after a choice,
+twice as long after each probe that changed nothing (at most BACKOFF times REPROBE)
+and REPROBE after one that did, and at once when the mode in use measures slower than
+the other did when it was last measured. Pure: the caller passes the times and the
+tokens in.
 """
 
 from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from statistics import fmean
 
 WAIT, OVERLAP = "wait", "overlap"
 OTHER = {WAIT: OVERLAP, OVERLAP: WAIT}
 WINDOW_SENDS = 16  # a window: this many of an island's sends
 MIN_WINDOW_S = 2.0  # and at least this long
+PACES = 2  # windows of a mode whose mean pace counts
 REPROBE = 4  # windows from a decision to the next probe of the mode not in use
 BACKOFF = 16  # at most this many times REPROBE windows between two probes
+
+
+Marks = Mapping[str, tuple[float, int]]  # island -> (its time, its tokens then)
+
+
+def pace(before: Marks, after: Marks) -> float:
+    """The islands' tokens per second from `before` to `after`: each island's tokens
+    over its own clock, summed over those in both whose clock moved; tokens that fell
+    (a restart) count as none."""
+    total = 0.0
+    for island, (then, tokens) in after.items():
+        if island in before and then > before[island][0]:
+            total += max(0, tokens - before[island][1]) / (then - before[island][0])
+    return total
 
 
 def window_seconds(send_interval_s: float) -> float:
@@ -60,11 +83,14 @@ class Overlap:
         self.reprobe = reprobe
         self.adaptive = tau > 0 and wait_share > 0
         self.mode = WAIT if tau == 0 or self.adaptive else OVERLAP
-        self.paces: dict[str, float] = {}  # mode -> tokens per second, its last window
+        # mode -> tokens per second of its last PACES windows
+        self.paces: dict[str, deque[float]] = {m: deque(maxlen=PACES) for m in OTHER}
         self._ends: float | None = None  # when the window going on ends
         self._halfway: float | None = None  # when its measured half begins
-        self._measured: tuple[float, int] | None = None  # (time, tokens) as that half began
+        self._marks: Marks | None = None  # each island's (time, tokens) as that half began
         self._probed_from: str | None = None  # the mode in use before the probe going on
+        self._probe_left = 0  # windows the probe going on lasts after this one
+        self._decided = False  # whether the first choice was made
         self._every = reprobe  # windows between two probes, doubled while they change nothing
         self._until_probe = reprobe
 
@@ -72,48 +98,57 @@ class Overlap:
         """tau now: 0 while the run waits for each merge, the config's tau otherwise."""
         return 0 if self.mode == WAIT else self.tau
 
-    def observe(self, now: float, tokens: int, window_s: float) -> int:
-        """The run's islands trained `tokens` in all by `now`; a window lasts `window_s`
-        (`window_seconds`): tau from now."""
+    def observe(self, now: float, marks: Marks, window_s: float) -> int:
+        """At `now` (the caller's clock), each island had trained so many tokens at a
+        time of its own (`marks`: island -> (its time, its tokens), from its last
+        heartbeat); a window lasts `window_s` (`window_seconds`): tau from now."""
         if not self.adaptive:
             return self.steps()
         if self._ends is None:
             self._begin(now, window_s)
-        if self._measured is None and now >= self._halfway:
-            self._measured = (now, tokens)
-        elif self._measured is not None and now >= self._ends:
-            began, before = self._measured
-            if now > began:
-                self.paces[self.mode] = max(0, tokens - before) / (now - began)
+        if self._marks is None and now >= self._halfway:
+            self._marks = dict(marks)
+        elif self._marks is not None and now >= self._ends:
+            self.paces[self.mode].append(pace(self._marks, marks))
             self.mode = self._next_mode()
             self._begin(now, window_s)
         return self.steps()
 
     def _begin(self, now: float, window_s: float) -> None:
-        self._ends, self._halfway, self._measured = now + window_s, now + window_s / 2, None
+        self._ends, self._halfway, self._marks = now + window_s, now + window_s / 2, None
 
     def _next_mode(self) -> str:
-        for mode in (WAIT, OVERLAP):  # first each mode's pace is measured
-            if mode not in self.paces:
+        for mode in (WAIT, OVERLAP):  # first each mode's pace is measured, one after the other
+            if not self.paces[mode]:
                 return mode
+        if self._probe_left > 0:  # a probe lasts PACES windows: its mean is all new
+            self._probe_left -= 1
+            return self.mode
         best = self.best()
-        if self._probed_from is not None:  # the probe's window just ended
+        if self._probed_from is not None:  # a probe just ended: both paces are fresh
             same = best == self._probed_from
             self._every = min(self._every * 2, BACKOFF * self.reprobe) if same else self.reprobe
             self._until_probe = self._every
             self._probed_from = None
-        self._until_probe -= 1
-        if self._until_probe > 0:
             return best
-        self._probed_from = best
-        return OTHER[best]
+        if not self._decided:  # the first two windows, one after the other
+            self._decided = True
+            return best
+        self._until_probe -= 1
+        if best == self.mode and self._until_probe > 0:
+            return self.mode
+        # A probe is due, or the mode in use measured slower than the other did when it
+        # was last measured: the load may have moved since, so the other is measured now.
+        self._probed_from = self.mode
+        self._probe_left = PACES - 1
+        return OTHER[self.mode]
 
     def slowdown(self) -> float | None:
         """How much waiting slows the run's pace: the pace overlapping over the pace
         waiting, less 1; None until both are measured."""
-        wait, overlap = self.paces.get(WAIT), self.paces.get(OVERLAP)
-        if wait is None or overlap is None:
+        if not self.paces[WAIT] or not self.paces[OVERLAP]:
             return None
+        wait, overlap = fmean(self.paces[WAIT]), fmean(self.paces[OVERLAP])
         return overlap / wait - 1.0 if wait > 0 else float("inf")
 
     def best(self) -> str:

@@ -83,9 +83,10 @@ COSTS = {
         "is long against the training it overlaps (at the quick profile's 30 ms steps "
         "waiting halved the tokens)",
         "waiting makes each merge synchronous DiLoCo's: at the full profile tau 0 with "
-        "K = 2 of 4 read 0.990x mode sync's loss at equal tokens where tau 1 read 1.040x, "
-        "so the default, 0.05, waits where waiting costs less pace than overlap costs "
-        "learning per token"),
+        "K = 2 of 4 read 0.990x mode sync's loss at equal tokens where tau 1 read 1.040x; "
+        "on tau 1's curve (2.135 at 2M tokens, 1.853 at 3.5M) that gap takes about 19% "
+        "more tokens, so the default, 0.15, waits while waiting costs less pace than "
+        "that, with a margin for the noise of a window's pace"),
     "merge_each_period": (
         "islands with tau >= 1 train on while a round waits for the islands expected "
         "within its period, at the same pace as without (241,152 tokens at 268.4 virtual "

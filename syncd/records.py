@@ -287,6 +287,14 @@ class RunStatus(TypedDict):
                                  "round_trip_s: the islands' measured sends and pulls, or "
                                  "the config's bandwidth and latency until both are "
                                  "measured."]
+    tau: Annotated[int, "The tau the islands use now (0: each waits for the merge of its "
+                        "update): in mode decoupled syncd's choice from the run's pace "
+                        "(sync.wait_share, diloco/overlap.py), else the config's."]
+    wait_slowdown: Annotated[float | None, "How much waiting for each merge slowed the "
+                                           "run's pace (tokens per second) against "
+                                           "overlapping, as syncd last measured either way; "
+                                           "None until both are measured, and where tau is "
+                                           "not chosen."]
     versions: Annotated[list[int], "Global version per fragment."]
     outer_steps: Annotated[int, "The smallest fragment version."]
     tokens_merged: Annotated[int, "Tokens merged into the global model."]

@@ -325,7 +325,8 @@ class RunSync:
         return run_status(now, StatusSources(
             self.store.run_id, self.spec, self.rounds, self.liveness, self.accounting,
             eval_loss=self.eval_loss, eval_tokens=self.eval_tokens, eval_bpb=self.eval_bpb,
-            tick_s=self.passes.tick_s, corpus=self.corpus.status(),
+            tick_s=self.passes.tick_s, tau=self.waiting.tau(),
+            wait_slowdown=self.waiting.overlap.slowdown(), corpus=self.corpus.status(),
             standbys={region: self.pools.ready(region) for region in regions}),
             previous=self.last_status)
 

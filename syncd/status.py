@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 class StatusSources:
     """What a run's status is read from: the parts of its RunSync, and what its service
     keeps beside them: the eval loss of the model with `eval_tokens` merged (and in bits
-    per byte, `eval_bpb`), syncd's measured `tick_s`, `standbys` (region -> warm
+    per byte, `eval_bpb`), syncd's measured `tick_s`, the islands' `tau` and what
+    waiting costs the run's pace (`wait_slowdown`, syncd/waiting.py), `standbys` (region -> warm
     standbys ready) and the preparation of the run's `corpus`."""
 
     run_id: int | str
@@ -44,6 +45,8 @@ class StatusSources:
     eval_tokens: int | None = None
     eval_bpb: float | None = None
     tick_s: float = 0.0
+    tau: int = 0
+    wait_slowdown: float | None = None
     standbys: Mapping[str, int] = field(default_factory=dict)
     corpus: CorpusStatus = field(default_factory=corpus_waiting)
 
@@ -75,6 +78,7 @@ def run_status(now: float, sources: StatusSources,
         startup_s=figures["startup_s"], theta_s=figures["theta_s"],
         max_stall_s=figures["max_stall_s"], lost_s=figures["lost_s"],
         round_trip_s=round(sync.seconds, 4), round_trip_source=sync.source,
+        tau=sources.tau, wait_slowdown=_rounded(sources.wait_slowdown, 4),
         versions=rounds.sync.versions(), outer_steps=rounds.sync.outer_steps,
         tokens_merged=rounds.tokens_merged(), eval_loss=sources.eval_loss,
         eval_tokens=sources.eval_tokens, eval_bpb=sources.eval_bpb,

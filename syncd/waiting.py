@@ -5,9 +5,9 @@ the tokens its islands trained per second from their heartbeats, each way, and
 writes the tau it chooses to arch:R:tau, which each island's tend thread reads
 (trainer/tending.py) and its loop uses from its next send. Only a decoupled run
 with sync.overlap_steps >= 1 and sync.wait_share > 0 chooses; the others keep their
-config's tau and write nothing. A heartbeat's tokens count only as they grow, so an
-island that restarts or lies about its tokens moves the pace by its own training at
-most.
+config's tau and write nothing. Each island's pace is its tokens over its own clock
+(its heartbeats' time), so a heartbeat read late moves nothing, and tokens that fell
+(a restart) count as none.
 """
 
 from __future__ import annotations
@@ -36,25 +36,21 @@ class RunWaiting:
         self.overlap = Overlap(s.overlap_steps,
                                s.wait_share if spec.initial["mode"] == "decoupled" else 0.0)
         self.written: int | None = None
-        self.tokens = 0  # the islands' training, as far as their heartbeats grew
-        self._last: dict[str, int] = {}  # island -> tokens of its last heartbeat
+
+    def tau(self) -> int:
+        """The tau the islands use now: the one written, the config's before."""
+        return self.overlap.tau if self.written is None else self.written
 
     def observe(self, now: float, heartbeats: dict[str, Heartbeat],
                 step_times: dict[str, float], send_steps: float) -> None:
         """The islands' last heartbeats at `now`, their step times and the inner steps
         between two sends of an island (H / P): tau chosen, and written if it changed.
         Nothing is measured before an island's step time is known."""
-        if not self.overlap.adaptive:
-            return
-        for island, beat in heartbeats.items():
-            before = self._last.get(island)
-            if before is not None and beat.tokens > before:
-                self.tokens += beat.tokens - before
-            self._last[island] = beat.tokens
-        if not step_times:
+        if not self.overlap.adaptive or not step_times:
             return
         step_s = sorted(step_times.values())[len(step_times) // 2]
-        tau = self.overlap.observe(now, self.tokens, window_seconds(send_steps * step_s))
+        marks = {island: (beat.time, beat.tokens) for island, beat in heartbeats.items()}
+        tau = self.overlap.observe(now, marks, window_seconds(send_steps * step_s))
         if tau != self.written:
             self.store.control.set_tau(tau)
             self.written = tau

@@ -4,7 +4,15 @@ from itertools import pairwise
 
 import pytest
 
-from diloco.overlap import MIN_WINDOW_S, OVERLAP, WAIT, WINDOW_SENDS, Overlap, window_seconds
+from diloco.overlap import (
+    MIN_WINDOW_S,
+    OVERLAP,
+    WAIT,
+    WINDOW_SENDS,
+    Overlap,
+    pace,
+    window_seconds,
+)
 
 
 class Run:
@@ -19,7 +27,8 @@ class Run:
     def seconds(self, n: int, window_s: float = 10.0) -> list[int]:
         """The tau of each of the next n seconds."""
         for _ in range(n):
-            tau = self.overlap.observe(self.now, int(self.tokens), window_s)
+            tau = self.overlap.observe(self.now, {"run": (self.now, int(self.tokens))},
+                                       window_s)
             self.taus.append(tau)
             self.tokens += self.pace / (1 + self.slowdown) if tau == 0 else self.pace
             self.now += 1.0
@@ -39,9 +48,17 @@ def test_a_run_measures_waiting_then_overlapping_before_it_decides():
 def test_each_window_measures_its_second_half_after_the_islands_settle():
     overlap = Overlap(tau=1, wait_share=0.05)
     for now, tokens in [(0.0, 0), (5.0, 50_000), (10.0, 51_000)]:  # a burst, then steady
-        overlap.observe(now, tokens, 10.0)
+        overlap.observe(now, {"a": (now, tokens)}, 10.0)
 
-    assert overlap.paces == {WAIT: pytest.approx(200.0)}
+    assert list(overlap.paces[WAIT]) == [pytest.approx(200.0)]
+
+
+def test_the_pace_sums_each_islands_tokens_over_its_own_clock():
+    before = {"a": (100.0, 1000), "b": (50.0, 500), "c": (10.0, 9000), "gone": (1.0, 5)}
+    after = {"a": (110.0, 2000), "b": (54.0, 900), "c": (12.0, 100), "new": (9.0, 7)}
+
+    # a: 100/s; b: 100/s over its own 4 s; c restarted: none; gone and new: not in both
+    assert pace(before, after) == pytest.approx(200.0)
 
 
 def test_a_run_overlaps_where_waiting_slows_its_pace_more_than_the_share():
@@ -73,8 +90,8 @@ def test_a_run_probes_waiting_again_and_follows_a_faster_link():
     assert run.seconds(21)[-1] == 1
 
     run.slowdown = 0.0
-    assert run.seconds(9) == [1] * 9  # waiting's pace measured before is still slow
-    assert run.seconds(10) == [0] * 10  # the probe: a window waiting
+    assert run.seconds(19) == [1] * 19  # waiting's pace measured before is still slow
+    assert run.seconds(20) == [0] * 20  # the probe, 2 windows after the choice: 2 waiting
     assert run.seconds(10) == [0] * 10
     assert run.overlap.best() == WAIT
 
@@ -85,7 +102,18 @@ def test_probes_that_change_nothing_come_less_and_less_often():
 
     probes = [i for i in range(1, len(taus)) if taus[i - 1] == 1 and taus[i] == 0]
     gaps = [b - a for a, b in pairwise(probes)]
-    assert gaps == [40, 80, 160, 320]  # windows of 10 s: 4, 8, 16, 32 (BACKOFF x 2)
+    # windows of 10 s: the probe's 2, then 4, 8, 16 and 32 (BACKOFF x 2) overlapping
+    assert gaps == [60, 100, 180, 340]
+
+
+def test_a_mode_in_use_that_measures_slower_than_the_other_once_did_measures_it_again():
+    run = Run(Overlap(tau=1, wait_share=0.05, reprobe=100), pace=1000.0, slowdown=0.0)
+    assert run.seconds(21)[-1] == 0  # chosen: waiting costs nothing
+
+    run.pace = 500.0  # the host got busier: waiting now measures slower than overlapping
+    taus = run.seconds(40)  # did before, so overlapping is measured again, and is as slow
+    assert taus == [0] * 9 + [1] * 20 + [0] * 11
+    assert run.overlap.best() == WAIT
 
 
 def test_tau_0_always_waits_and_a_wait_share_of_0_never_does():

@@ -60,7 +60,7 @@ def test_the_estimate_says_the_costs_of_the_configs_own_values():
     at_defaults = {t["setting"]: t for t in tradeoffs(
         sync.min_quorum, 4, sync.grace_gamma, sync.alpha, sync.overlap_steps,
         sync.wait_share, sync.merge_each_period)}
-    waiting = {t["setting"]: t["value"] for t in tradeoffs(4, 4, 0.0, 0.5, 0, 0.05, False)}
+    waiting = {t["setting"]: t["value"] for t in tradeoffs(4, 4, 0.0, 0.5, 0, 0.15, False)}
     never = {t["setting"]: t["value"] for t in tradeoffs(2, 4, 1.0, 0.0, 1, 0.0, True)}
 
     assert list(at_defaults) == ["sync.min_quorum", "sync.grace_gamma", "sync.alpha",
@@ -70,7 +70,7 @@ def test_the_estimate_says_the_costs_of_the_configs_own_values():
     assert at_defaults["sync.min_quorum"]["value"] == "2 of 4 islands"
     assert at_defaults["sync.alpha"]["value"].startswith("0: the global replaces")
     assert at_defaults["sync.wait_share"]["value"] == (
-        "0.05: waits while that slows the run's pace by at most that share")
+        "0.15: waits while that slows the run's pace by at most that share")
     assert never["sync.wait_share"] == "0: islands never wait"
     assert all(t["speed"] and t["quality"] and t["source"] for t in at_defaults.values())
     assert waiting == {"sync.min_quorum": "4 of 4 islands: every merge waits for the slowest "
@@ -78,7 +78,7 @@ def test_the_estimate_says_the_costs_of_the_configs_own_values():
                        "sync.grace_gamma": "0: no window, a merge at quorum",
                        "sync.alpha": "0.5",
                        "sync.overlap_steps": "0: each island waits for each merge",
-                       "sync.wait_share": "0.05: tau is 0, islands always wait",
+                       "sync.wait_share": "0.15: tau is 0, islands always wait",
                        "sync.merge_each_period": "false: a round merges at quorum and grace"}
 
 

@@ -26,15 +26,15 @@ def waiting(redis_server: str, mode: str = "decoupled", **sync) -> RunWaiting:
     return RunWaiting(store, RunSpec(store))
 
 
-def beats(tokens: int) -> dict[str, Heartbeat]:
-    return {name: Heartbeat.bare(1, 0.0, 0, tokens) for name in ("a", "b")}
+def beats(time: float, tokens: int) -> dict[str, Heartbeat]:
+    return {name: Heartbeat.bare(1, time, 0, tokens) for name in ("a", "b")}
 
 
 def run_for(w: RunWaiting, start: float, seconds: int, pace: float) -> float:
     """Each island trains `pace` tokens a second for `seconds`, from `start`."""
     for t in range(seconds):
         now = start + t
-        w.observe(now, beats(int(pace * now)), STEP_TIMES, 2.0)
+        w.observe(now, beats(now, int(pace * now)), STEP_TIMES, 2.0)
     return start + seconds
 
 
@@ -42,8 +42,9 @@ def run_for(w: RunWaiting, start: float, seconds: int, pace: float) -> float:
 def test_syncd_writes_tau_0_while_it_measures_waiting_and_the_islands_pace_decides(
         redis_server):
     w = waiting(redis_server)
+    assert w.tau() == 1  # the config's, until syncd chose
     now = run_for(w, 0.0, 16, pace=1000.0)
-    assert w.store.control.tau() == 0  # the first window waits
+    assert w.store.control.tau() == 0 == w.tau()  # the first window waits
 
     now = run_for(w, now, 17, pace=1000.0)  # the overlap window: no faster
     assert w.overlap.slowdown() == pytest.approx(0.0, abs=0.01)
@@ -55,22 +56,23 @@ def test_syncd_writes_the_configs_tau_where_waiting_slows_the_islands(redis_serv
     w = waiting(redis_server)
     run_for(w, 0.0, 16, pace=500.0)  # waiting: half the tokens a second
     for t in range(16, 33):  # overlapping from t = 16: twice as fast
-        w.observe(float(t), beats(8000 + 1000 * (t - 16)), STEP_TIMES, 2.0)
+        w.observe(float(t), beats(float(t), 8000 + 1000 * (t - 16)), STEP_TIMES, 2.0)
 
     assert w.overlap.slowdown() == pytest.approx(1.0, abs=0.05)
     assert w.store.control.tau() == 1
 
 
 @pytest.mark.integration
-def test_a_heartbeat_whose_tokens_fall_or_that_comes_before_any_step_time_moves_nothing(
+def test_a_heartbeat_read_late_moves_nothing_and_nothing_is_chosen_before_step_times(
         redis_server):
     w = waiting(redis_server)
-    w.observe(0.0, beats(10_000), {}, 2.0)
-    w.observe(1.0, beats(5_000), {}, 2.0)  # a restarted island, or a lie: no tokens back
-    w.observe(2.0, beats(6_000), {}, 2.0)
-
-    assert w.tokens == 2_000
+    w.observe(0.0, beats(0.0, 0), {}, 2.0)
     assert w.store.control.tau() is None  # no window before step times are known
+
+    for now in range(0, 17):  # syncd reads each heartbeat 0 to 0.9 s after it was written
+        beat_time = now - (now % 10) / 10
+        w.observe(float(now), beats(beat_time, int(1000 * beat_time)), STEP_TIMES, 2.0)
+    assert list(w.overlap.paces["wait"]) == [pytest.approx(2000.0)]
 
 
 @pytest.mark.integration

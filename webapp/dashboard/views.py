@@ -119,7 +119,7 @@ def new_run(request: HttpRequest) -> HttpResponse:
 FIGURES = (("Goodput", "goodput", "goodput"), ("Uptime", "uptime", "uptime"),
            ("Start-up", "startup", "startup_s"), ("Train loss", "train-loss", "train_loss"),
            ("Eval loss", "eval-loss", "eval_loss"), ("Bits per byte", "eval-bpb", "eval_bpb"),
-           ("Outer steps", "outer-steps", "outer_steps"),
+           ("Outer steps", "outer-steps", "outer_steps"), ("tau", "tau", "tau"),
            ("Versions", "versions", "versions"),
            ("Islands alive", "islands-alive", "alive_islands"))
 

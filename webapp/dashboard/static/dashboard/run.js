@@ -264,6 +264,10 @@ function showFigures(status) {
   $("eval-loss").title = status.eval_loss == null ? "" : String(status.eval_loss);  // in full
   $("eval-bpb").textContent = arch.fmt(status.eval_bpb, 3);
   $("outer-steps").textContent = arch.fmt(status.outer_steps);
+  const slowdown = status.wait_slowdown == null ? ""
+    : `; waiting slows the pace ${arch.fmt(100 * status.wait_slowdown, 1)}%`;
+  $("tau").textContent = status.tau == null ? "—"
+    : `${status.tau}${status.tau === 0 ? ": waits for each merge" : ": overlaps"}${slowdown}`;
   $("versions").textContent = (status.versions || []).join(", ");
   $("islands-alive").textContent = arch.fmt(status.alive_islands);
   const budget = ((run.config.budget || {}).total_tokens) || 0;
