@@ -19,7 +19,8 @@ then on waits while its pace waiting is at least its pace overlapping over
 (1 + wait_share), each the mean of its last PACES windows. A window's first half lets
 the islands settle into its mode; its second half is measured. A mode is chosen only
 on paces measured one after the other, as the load on shared cores drifts: the other
-mode is measured again (a probe of PACES windows) REPROBE windows after a choice,
+mode is measured again (a probe of PACES windows, one where its first reads it worse
+by more than twice the share) REPROBE windows after a choice,
 twice as long after each probe that changed nothing (at most BACKOFF times REPROBE)
 and REPROBE after one that did, and at once when the mode in use measures slower than
 the other did when it was last measured. Pure: the caller passes the times and the
@@ -37,7 +38,7 @@ OTHER = {WAIT: OVERLAP, OVERLAP: WAIT}
 WINDOW_SENDS = 16  # a window: this many of an island's sends
 MIN_WINDOW_S = 2.0  # and at least this long
 PACES = 2  # windows of a mode whose mean pace counts
-REPROBE = 4  # windows from a decision to the next probe of the mode not in use
+REPROBE = 8  # windows from a decision to the next probe of the mode not in use
 BACKOFF = 16  # at most this many times REPROBE windows between two probes
 
 
@@ -121,9 +122,12 @@ class Overlap:
         for mode in (WAIT, OVERLAP):  # first each mode's pace is measured, one after the other
             if not self.paces[mode]:
                 return mode
-        if self._probe_left > 0:  # a probe lasts PACES windows: its mean is all new
-            self._probe_left -= 1
-            return self.mode
+        if self._probe_left > 0:  # a probe lasts PACES windows: its mean is all new,
+            self._probe_left -= 1  # but one that reads the probed mode far worse ends
+            if not self._far_worse(self.mode):
+                return self.mode
+            self._probe_left = 0  # its older windows are not its pace now: dropped
+            self.paces[self.mode] = deque([self.paces[self.mode][-1]], maxlen=PACES)
         best = self.best()
         if self._probed_from is not None:  # a probe just ended: both paces are fresh
             same = best == self._probed_from
@@ -142,6 +146,16 @@ class Overlap:
         self._probed_from = self.mode
         self._probe_left = PACES - 1
         return OTHER[self.mode]
+
+    def _far_worse(self, mode: str) -> bool:
+        """Whether `mode`'s last window reads its pace worse than the other's mean by
+        more than twice the share (a probe needs no second window to say so)."""
+        last, other = self.paces[mode][-1], fmean(self.paces[OTHER[mode]])
+        wait, overlap = (last, other) if mode == WAIT else (other, last)
+        if wait <= 0:
+            return mode == WAIT
+        slowdown = overlap / wait - 1.0
+        return slowdown > 2 * self.wait_share if mode == WAIT else slowdown < -2 * self.wait_share
 
     def slowdown(self) -> float | None:
         """How much waiting slows the run's pace: the pace overlapping over the pace

@@ -102,8 +102,9 @@ def test_probes_that_change_nothing_come_less_and_less_often():
 
     probes = [i for i in range(1, len(taus)) if taus[i - 1] == 1 and taus[i] == 0]
     gaps = [b - a for a, b in pairwise(probes)]
-    # windows of 10 s: the probe's 2, then 4, 8, 16 and 32 (BACKOFF x 2) overlapping
-    assert gaps == [60, 100, 180, 340]
+    # windows of 10 s: the probe's one (its first window reads waiting far worse: it
+    # ends there), then 4, 8, 16 and 32 (BACKOFF x 2) overlapping
+    assert gaps == [50, 90, 170, 330]
 
 
 def test_a_mode_in_use_that_measures_slower_than_the_other_once_did_measures_it_again():
@@ -111,9 +112,17 @@ def test_a_mode_in_use_that_measures_slower_than_the_other_once_did_measures_it_
     assert run.seconds(21)[-1] == 0  # chosen: waiting costs nothing
 
     run.pace = 500.0  # the host got busier: waiting now measures slower than overlapping
-    taus = run.seconds(40)  # did before, so overlapping is measured again, and is as slow
-    assert taus == [0] * 9 + [1] * 20 + [0] * 11
+    taus = run.seconds(40)  # did before, so overlapping is measured again: as slow, and
+    assert taus == [0] * 9 + [1] * 10 + [0] * 21  # far worse than the two windows' mean
     assert run.overlap.best() == WAIT
+
+
+def test_a_probe_whose_first_window_is_close_takes_its_second():
+    run = Run(Overlap(tau=1, wait_share=0.05, reprobe=2), pace=1000.0, slowdown=0.2)
+    assert run.seconds(21)[-1] == 1
+
+    run.slowdown = 0.08  # waiting now within twice the share: the probe takes 2 windows
+    assert run.seconds(19 + 20) == [1] * 19 + [0] * 20
 
 
 def test_tau_0_always_waits_and_a_wait_share_of_0_never_does():
