@@ -242,11 +242,9 @@ class _Cluster:
         def push(t: float, kind: str, data: object) -> None:
             heapq.heappush(heap, (t, next(order), kind, data))
 
-        # fragment -> (inner step to mix at, seq of the send that must be handled first)
-        mix_at: list[dict[int, tuple[int, int]]] = [{} for _ in islands]
+        mix_at: list[dict[int, tuple[int, int]]] = [{} for _ in islands]  # as in _step
         waiting: dict[int, int] = {}  # island -> fragment it waits for (tau = 0)
-        # The run's tau from its pace either way, as syncd chooses it (syncd/waiting.py).
-        overlap = Overlap(s.overlap_steps, s.wait_share)
+        overlap = Overlap(s.overlap_steps, s.wait_share)  # tau, as syncd/waiting.py's
         last_sync_s = 0.0
 
         def try_merge(p: int, now: float) -> None:
@@ -306,8 +304,9 @@ class _Cluster:
     def _step(self, i: int, island: Island, sync: Synchronizer,
               mix_at: dict[int, tuple[int, int]], waiting: dict[int, int],
               overlap: Overlap, push: Callable[[float, str, object], None]) -> None:
-        """Island i's next inner step: it mixes in what is due, sends the fragments due
-        (then waits for the merge while the run's `overlap` says tau 0) and steps again."""
+        """Island i's next inner step: it mixes in what is due (`mix_at`: fragment -> (inner
+        step to mix at, seq of the send that must be handled first)), sends the fragments
+        due (then waits for the merge while the run's `overlap` says tau 0) and steps."""
         s = self.config.sync
         island.inner_step()
         self.tokens += island.tokens_per_step

@@ -9,9 +9,9 @@ The figures of `bench convergence --quick` (bench/results/convergence-quick.json
 run on 2 shared cores at a load average of 2.7 (decoupled's loss at equal tokens moves
 by about 2% from run to run, sync's by 0.2%: docs/journal/benchmarks-2026.md gives the
 means of several): they are indicative. Those of the full profile
-(bench/results/convergence.json, 240 s a run on an idle machine, steps about eight
-times longer) say what tau and alpha cost where the round trip is short against a
-step. Those of
+(240 s a run on an idle machine, steps about eight times longer: tau 1 fixed at
+65a78cb in the journal, tau chosen by the pace in bench/results/convergence.json) say
+what tau and alpha cost where the round trip is short against a step. Those of
 `bench convergence --in-process` (bench/results/convergence-inprocess.json) are on a
 virtual clock, which the load does not move.
 """
@@ -21,10 +21,13 @@ from __future__ import annotations
 CONVERGENCE = ("bench/results/convergence-quick.json: python -m bench convergence --quick, "
                "commit f47e1dc, 4 islands of a 2-layer 64-wide byte GPT, H = 20, 60 s each, "
                "2 cores at load 2.7 (one run, indicative)")
-FULL = ("bench/results/convergence.json: python -m bench convergence, commit 65a78cb, 4 "
-        "islands of a 4-layer 128-wide byte GPT, batch 8 x 128, H = 20, 240 s each, an idle "
-        "machine; tau 0 and alpha 0.5 beside mode sync in docs/journal/benchmarks-2026.md "
-        "(2026-12-07, evening)")
+FULL = ("docs/journal/benchmarks-2026.md (2026-12-07, evening): python -m bench "
+        "convergence at 65a78cb, tau 1 fixed, 4 islands of a 4-layer 128-wide byte GPT, "
+        "batch 8 x 128, H = 20, 240 s each, an idle machine; tau 0 and alpha 0.5 beside mode "
+        "sync")
+WAIT = ("bench/results/convergence.json: python -m bench convergence, commit 7040f33, the "
+        "same workload with tau chosen by the run's pace (sync.wait_share 0.15); single "
+        "runs in docs/journal/benchmarks-2026.md (2026-12-07, night)")
 INPROCESS = ("bench/results/convergence-inprocess.json: python -m bench convergence "
              "--in-process, the same workload in the in-process cluster on a virtual clock, "
              "islands out of phase (speeds 0.50 to 0.38), 275,456 tokens, seeds 1234 and 7")
@@ -77,16 +80,16 @@ COSTS = {
         "with tau >= 1 syncd measures the run's pace (tokens trained per second) with "
         "the islands waiting for each merge and overlapping, and they wait only while "
         "that slows it by at most this share: where islands share cores one's wait is "
-        "another's compute "
-        "(at the full profile's 0.25 s steps, 4 islands on 2 cores, tau 0 merged "
-        "3,823,616 tokens in 240 s against 3,880,960 at tau 1), and where the turnaround "
-        "is long against the training it overlaps (at the quick profile's 30 ms steps "
-        "waiting halved the tokens)",
-        "waiting makes each merge synchronous DiLoCo's: at the full profile tau 0 with "
-        "K = 2 of 4 read 0.990x mode sync's loss at equal tokens where tau 1 read 1.040x; "
-        "on tau 1's curve (2.135 at 2M tokens, 1.853 at 3.5M) that gap takes about 19% "
-        "more tokens, so the default, 0.15, waits while waiting costs less pace than "
-        "that, with a margin for the noise of a window's pace"),
+        "another's compute (at the full profile, 4 islands on 2 cores, the rule merged "
+        "4,208,640 tokens in 240 s against mode sync's 4,313,088), and where the turnaround "
+        "is long against the training it overlaps it overlaps (at the quick profile's 30 ms "
+        "steps waiting slowed the pace 83% to 149%)",
+        "waiting makes each merge synchronous DiLoCo's: tau 0 with K = 2 of 4 read 0.990x "
+        "mode sync's loss at equal tokens where tau 1 read 1.040x, about 19% more tokens "
+        "on tau 1's curve, hence the default 0.15; with the rule the defaults read 1.031x "
+        "mode sync's loss at 240 s and 1.029x at equal tokens in the full profile's run "
+        "(it overlapped its last minute after a probe), 1.000x and 1.003x in a single run "
+        "an hour before"),
     "merge_each_period": (
         "islands with tau >= 1 train on while a round waits for the islands expected "
         "within its period, at the same pace as without (241,152 tokens at 268.4 virtual "
@@ -99,7 +102,7 @@ COSTS = {
         "one pace 1.000x mode sync's"),
 }
 SOURCES = {"min_quorum": CONVERGENCE, "grace_gamma": SIMULATE, "alpha": FULL,
-           "overlap_steps": FULL, "wait_share": FULL, "merge_each_period": INPROCESS}
+           "overlap_steps": FULL, "wait_share": WAIT, "merge_each_period": INPROCESS}
 
 
 def help_text(setting: str) -> str:

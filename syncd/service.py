@@ -135,7 +135,7 @@ class RunSync:
         self.eval_tokens: int | None = None  # tokens merged into the model eval_loss is of
         self.eval_bpb: float | None = None  # eval_loss in bits per byte
         self.evaluating_tokens = 0
-        self.next_status = self.next_flush = self.next_control = 0.0
+        self.next_status = self.next_flush = self.next_control = self.next_dataplane = 0.0
         self.last_status: RunStatus | None = None  # links count their bytes from it
         self.passes = PassTimes()
         self.completed = False
@@ -146,7 +146,6 @@ class RunSync:
                 and not self.recovery.fall_back_to_checkpoint(self.rounds):
             self.rounds.restore({})
         store.globals.mark_dataplane()
-        self.next_dataplane = 0.0
         self.refusals = store.globals.dataplane_refusals()  # the data plane's, seen so far
         self.next_refusal_alert = 0.0
         self._take_over(store.signals.heartbeats())

@@ -2,14 +2,12 @@
 
 The supervisor (trainer/supervisor.py, inside a Celery task) starts it and can
 kill it at any instant. It needs only Redis: it reads the run's spec, takes the
-newest global fragments that syncd published, trains with diloco.island.Island,
-sends updates through an emulated wide-area link, heartbeats, and keeps its data
-cursor in Redis after each send so that a later epoch (a rejoin) goes on
-where this one was in its shard.
+newest global fragments that syncd published, trains with diloco.island.Island, sends
+updates through an emulated wide-area link, heartbeats, and keeps its data cursor in
+Redis after each send: a later epoch (a rejoin) goes on where this one was.
 
 Faults other than kill and stop, and the emulated link, are acted out by
-trainer/emulation.py; elastic's whole-job restarts are followed with
-trainer/elastic.py.
+trainer/emulation.py; elastic's whole-job restarts followed with trainer/elastic.py.
 
 An island of several processes (islands[].processes) runs this module once per
 rank, with torchrun's environment: rank 0 is the island described above, the
@@ -126,7 +124,6 @@ class ProcessIsland:
                                         lambda: self.stopping)
         self.activity = "starting"  # what the background heartbeat says the island does
         self.compute_s = 0.0  # stepping, slowdowns included: sent with each update
-        self.tau = config.sync.overlap_steps  # the last tau the loop used, for its log
         self.trained_at_send = 0.0  # compute_s at the island's last send
         self._last_beat = 0.0
         self.phases: dict[str, float] | None = None  # once the first step is done
@@ -211,21 +208,17 @@ class ProcessIsland:
             self.activity = before
 
     def wait(self, p: int, seq: int, mix_at: dict, limit: float | None) -> None:
-        """tau 0: wait for the merge of update `seq` of fragment p and mix it in, for at
-        most `limit` seconds (None: as long as it takes): a merge that takes longer (a
-        cut link, a syncd gone) is mixed when it arrives, as with tau >= 1, so a cut-off
-        island trains on."""
-        until = None if limit is None else time.monotonic() + limit
-        if self.wait_for_merge(p, seq, until):
+        """tau 0: wait for update `seq` of fragment p's merge, at most `limit` s (then, a cut
+        link or a syncd gone, it is mixed when it arrives, as with tau >= 1)."""
+        if self.wait_for_merge(p, seq, None if limit is None else time.monotonic() + limit):
             self.pulling.pull(p, block=True)
         elif not self.interrupted():
             mix_at.setdefault(p, (seq, seq))
 
     def mix(self, mix_at: dict) -> bool:
-        """Take each merged fragment that has arrived once its tau overlapping steps are
-        done (one that has not is mixed at a later step, and counted late); elastic
-        waits for it at the barrier. False if a whole-job restart or the run's end
-        came first."""
+        """Take each merged fragment in once its tau steps are done and it arrived (else at
+        a later step, counted late); elastic waits for it at the barrier. False if a
+        whole-job restart or the run's end came first."""
         return self.pulling.mix(mix_at, self.wait_for_merge if self.elastic else None)
 
     def interrupted(self) -> bool:
@@ -233,9 +226,8 @@ class ProcessIsland:
         return self.stopping or self.done() or self.restarts.pending()
 
     def wait_for_merge(self, p: int, seq: int, until: float | None = None) -> bool:
-        """Wait until syncd handled (merged or refused) update `seq` of fragment p: with
-        tau = 0 (until `until`, on time.monotonic, if given), and in elastic, where the
-        outer step is a barrier over every alive island, after the tau overlapping steps.
+        """Wait until syncd handled (merged or refused) update `seq` of fragment p: at tau 0
+        (until `until`, time.monotonic), and in elastic's barrier after its tau steps.
         False when a whole-job restart, the run's end or `until` comes first."""
         self.activity = "waiting"
         try:
@@ -392,14 +384,9 @@ class ProcessIsland:
                 self.send(p, mix_at)
                 seq = self.island.step
                 self.pulling.request(p, seq)
-                # syncd's choice for the run (elastic's outer step is a barrier whatever tau)
                 tau = s.overlap_steps if self.elastic else self.tending.tau(s.overlap_steps)
-                if tau != self.tau:
-                    log.info("island %s: tau %d from now", self.name, tau)
-                    self.tau = tau
-                # a wait lasts at most the island's training since its send before
                 limit = self.compute_s - self.trained_at_send if self.trained_at_send else None
-                self.trained_at_send = self.compute_s
+                self.trained_at_send = self.compute_s  # a wait: at most the training since
                 if tau == 0:
                     self.wait(p, seq, mix_at, limit)
                 else:

@@ -54,6 +54,7 @@ class Tending:
         self._done = False
         self._done_read = 0.0
         self._tau: int | None = None  # syncd's choice for the run, as last read
+        self.used: int | None = None  # the tau the island's loop last used
         self._cursor: dict | None = None  # the cursor of the last send, until written
         self._failing = False
 
@@ -64,9 +65,14 @@ class Tending:
         return self._done
 
     def tau(self, configured: int) -> int:
-        """The tau the island uses now: syncd's choice for the run as last read
-        (diloco/overlap.py), or the config's until syncd chose."""
-        return configured if self._tau is None else self._tau
+        """The tau the island uses now, for its next send: syncd's choice for the run as
+        last read (syncd/waiting.py), or the config's until syncd chose; each change is
+        logged."""
+        tau = configured if self._tau is None else self._tau
+        if tau != self.used:
+            log.info("island %s: tau %d from now", self.name, tau)
+            self.used = tau
+        return tau
 
     def read_done(self) -> None:
         self._done = self.store.control.done()

@@ -31,17 +31,27 @@ def test_the_costs_of_k_and_tau_quote_the_quick_convergence_results():
         in COSTS["overlap_steps"][0]
 
 
-def test_the_costs_of_tau_and_alpha_quote_the_full_convergence_results():
-    result = json.loads((ROOT / "bench/results/convergence.json").read_text())
-    decoupled, sync = result["modes"]["decoupled"]["none"], result["modes"]["sync"]["none"]
-    assert result["machine"]["commit"] == "65a78cb" and result["profile"] == "full"
+def test_the_costs_of_tau_and_alpha_quote_the_journals_tau_1_run():
+    journal = (ROOT / "docs/journal/benchmarks-2026.md").read_text()
     tau_speed, tau_quality = COSTS["overlap_steps"]
 
-    assert f"the defaults merged {decoupled['tokens']:,} tokens in 240 s, mode sync " \
-           f"{sync['tokens']:,}" in tau_speed
-    assert f"{result['checks']['loss_equal_tokens']['value']:.3f}x mode sync's loss at " \
-           "equal tokens" in tau_quality
-    assert f"alpha 0 {result['checks']['loss_equal_time']['value']:.3f}x" in COSTS["alpha"][1]
+    for figure in ("3,880,960", "3,858,432", "3,823,616"):
+        assert figure in tau_speed and figure in journal
+    assert "1.040x mode sync's loss at equal tokens" in tau_quality and "1.040" in journal
+    assert "alpha 0 1.033x" in COSTS["alpha"][1] and "1.033" in journal
+
+
+def test_the_cost_of_wait_share_quotes_the_full_convergence_results():
+    result = json.loads((ROOT / "bench/results/convergence.json").read_text())
+    decoupled, sync = result["modes"]["decoupled"]["none"], result["modes"]["sync"]["none"]
+    assert result["machine"]["commit"].startswith("7040f33") and result["profile"] == "full"
+    speed, quality = COSTS["wait_share"]
+
+    assert f"merged {decoupled['tokens']:,} tokens in 240 s against mode sync's " \
+           f"{sync['tokens']:,}" in speed
+    assert f"{result['checks']['loss_equal_time']['value']:.3f}x mode sync's loss at 240 s " \
+           f"and {result['checks']['loss_equal_tokens']['value']:.3f}x at equal tokens" \
+           in quality
 
 
 def test_the_help_of_each_setting_says_its_speed_and_quality_with_the_source():
@@ -49,7 +59,8 @@ def test_the_help_of_each_setting_says_its_speed_and_quality_with_the_source():
     for name in COSTS:
         text = described[f"sync.{name}"]
         assert "Speed: " in text and "Quality: " in text, name
-        assert any(source in text for source in ("bench/results/convergence-quick.json",
+        assert any(source in text for source in ("docs/journal/benchmarks-2026.md",
+                                                 "bench/results/convergence-quick.json",
                                                  "bench/results/convergence.json",
                                                  "bench/results/convergence-inprocess.json",
                                                  "bench simulate")), name
