@@ -77,14 +77,16 @@ def test_the_wire_follows_the_codecs(viewer_api):
     assert lossy["up_bytes"] < lossy["down_bytes"] < none["down_bytes"]
 
 
-def test_the_estimate_says_what_the_configs_k_grace_alpha_tau_and_merge_rule_cost(viewer_api):
+def test_the_estimate_says_what_the_configs_k_grace_alpha_tau_wait_and_merge_rule_cost(
+        viewer_api):
     config = {**SMALL, "sync": {"min_quorum": 2, "overlap_steps": 0}}
 
     tradeoffs = viewer_api.post("/api/config/estimate", {"config": config}).json()["tradeoffs"]
 
     by_setting = {t["setting"]: t for t in tradeoffs}
     assert list(by_setting) == ["sync.min_quorum", "sync.grace_gamma", "sync.alpha",
-                                "sync.overlap_steps", "sync.merge_each_period"]
+                                "sync.overlap_steps", "sync.wait_share",
+                                "sync.merge_each_period"]
     assert by_setting["sync.min_quorum"]["value"].startswith("2 of 2 islands: every merge waits")
     assert by_setting["sync.overlap_steps"]["value"] == "0: each island waits for each merge"
     assert "2.05x the tokens" in by_setting["sync.min_quorum"]["speed"]

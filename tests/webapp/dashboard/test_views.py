@@ -322,7 +322,7 @@ def test_the_run_page_shows_each_figure_with_the_help_of_its_status_field(viewer
     described = fields(RunStatus)
     assert [field for _, _, field in FIGURES] == [
         "goodput", "uptime", "startup_s", "train_loss", "eval_loss", "eval_bpb", "outer_steps",
-        "versions", "alive_islands"]
+        "tau", "versions", "alive_islands"]
     for label, element, field in FIGURES:
         assert f'<dt>{label}</dt><dd id="{element}" title="{described[field][1]}">'.replace(
             "'", "&#x27;") in response.content.decode()
