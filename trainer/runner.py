@@ -208,8 +208,8 @@ class ProcessIsland:
             self.activity = before
 
     def wait(self, p: int, seq: int, mix_at: dict, limit: float | None) -> None:
-        """tau 0: wait for update `seq` of fragment p's merge, at most `limit` s (then, a cut
-        link or a syncd gone, it is mixed when it arrives, as with tau >= 1)."""
+        """tau 0: wait for update `seq` of fragment p's merge, at most `limit` s where syncd
+        chose tau 0 (then it is mixed when it arrives, as with tau >= 1)."""
         if self.wait_for_merge(p, seq, None if limit is None else time.monotonic() + limit):
             self.pulling.pull(p, block=True)
         elif not self.interrupted():
@@ -385,8 +385,8 @@ class ProcessIsland:
                 seq = self.island.step
                 self.pulling.request(p, seq)
                 tau = s.overlap_steps if self.elastic else self.tending.tau(s.overlap_steps)
-                limit = self.compute_s - self.trained_at_send if self.trained_at_send else None
-                self.trained_at_send = self.compute_s  # a wait: at most the training since
+                since, self.trained_at_send = self.trained_at_send, self.compute_s
+                limit = self.compute_s - since if since and s.overlap_steps else None  # syncd's
                 if tau == 0:
                     self.wait(p, seq, mix_at, limit)
                 else:
