@@ -53,7 +53,7 @@ class Tending:
         self.beat = beat
         self._done = False
         self._done_read = 0.0
-        self._tau: int | None = None  # syncd's choice for the run, as last read
+        self.chosen: int | None = None  # syncd's choice for the run, as last read
         self.used: int | None = None  # the tau the island's loop last used
         self._cursor: dict | None = None  # the cursor of the last send, until written
         self._failing = False
@@ -68,7 +68,7 @@ class Tending:
         """The tau the island uses now, for its next send: syncd's choice for the run as
         last read (syncd/waiting.py), or the config's until syncd chose; each change is
         logged."""
-        tau = configured if self._tau is None else self._tau
+        tau = configured if self.chosen is None else self.chosen
         if tau != self.used:
             log.info("island %s: tau %d from now", self.name, tau)
             self.used = tau
@@ -98,7 +98,7 @@ class Tending:
         again on the next call."""
         try:
             self.read_done()
-            self._tau = self.store.control.tau()
+            self.chosen = self.store.control.tau()
             self.emulation.read()
             self.sending.read()
             self.write_cursor()

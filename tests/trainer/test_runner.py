@@ -208,7 +208,7 @@ def test_an_island_waits_for_each_merge_while_syncd_says_tau_0_and_overlaps_once
         wait_for(lambda: island.activity == "waiting" or None)
         assert island.island.step == 4 and island.tending.used == 0
         store.control.set_tau(1)
-        wait_for(lambda: island.tending.tau(0) == 1 or None)  # its tend thread read it
+        wait_for(lambda: island.tending.chosen == 1 or None)  # its tend thread read it
         publish(store, None, secret, 0, 1, init)
         handle(store, 0, 4)
         wait_for(lambda: island.island.step >= 14 or None)  # past sends nobody merged
