@@ -213,7 +213,9 @@ class RunSync:
         self.liveness.read()
         self.rounds.observe_links(self.liveness.heartbeats, self.liveness.lost)
         sync = self.spec.config.sync
-        self.waiting.observe(now, self.liveness.heartbeats, self.rounds.ingester.step_time,
+        step_s = self.rounds.round_stats().step_time_s if self.rounds.ingester.step_time \
+            else None
+        self.waiting.observe(now, self.liveness.heartbeats, step_s,
                              sync.inner_steps / sync.fragments)
         self.recovery.note_first_startups(self.liveness.heartbeats)
         paused = self.store.control.paused()

@@ -41,14 +41,13 @@ class RunWaiting:
         """The tau the islands use now: the one written, the config's before."""
         return self.overlap.tau if self.written is None else self.written
 
-    def observe(self, now: float, heartbeats: dict[str, Heartbeat],
-                step_times: dict[str, float], send_steps: float) -> None:
-        """The islands' last heartbeats at `now`, their step times and the inner steps
-        between two sends of an island (H / P): tau chosen, and written if it changed.
-        Nothing is measured before an island's step time is known."""
-        if not self.overlap.adaptive or not step_times:
+    def observe(self, now: float, heartbeats: dict[str, Heartbeat], step_s: float | None,
+                send_steps: float) -> None:
+        """The islands' last heartbeats at `now`, the median island step time (None before
+        one is known: nothing is measured) and the inner steps between two sends of an
+        island (H / P): tau chosen, and written if it changed."""
+        if not self.overlap.adaptive or step_s is None:
             return
-        step_s = sorted(step_times.values())[len(step_times) // 2]
         marks = {island: (beat.time, beat.tokens) for island, beat in heartbeats.items()}
         tau = self.overlap.observe(now, marks, window_seconds(send_steps * step_s))
         if tau != self.written:

@@ -15,7 +15,7 @@ CONFIG = {
     "islands": [{"name": "a", "region": "us-east", "batch_size": 2},
                 {"name": "b", "region": "us-east", "batch_size": 2}],
 }
-STEP_TIMES = {"a": 0.5, "b": 0.5}  # a send each 2 steps: windows of 16 s
+STEP_S = 0.5  # a send each 2 steps: windows of 16 s
 
 
 def waiting(redis_server: str, mode: str = "decoupled", **sync) -> RunWaiting:
@@ -34,7 +34,7 @@ def run_for(w: RunWaiting, start: float, seconds: int, pace: float) -> float:
     """Each island trains `pace` tokens a second for `seconds`, from `start`."""
     for t in range(seconds):
         now = start + t
-        w.observe(now, beats(now, int(pace * now)), STEP_TIMES, 2.0)
+        w.observe(now, beats(now, int(pace * now)), STEP_S, 2.0)
     return start + seconds
 
 
@@ -56,7 +56,7 @@ def test_syncd_writes_the_configs_tau_where_waiting_slows_the_islands(redis_serv
     w = waiting(redis_server)
     run_for(w, 0.0, 16, pace=500.0)  # waiting: half the tokens a second
     for t in range(16, 33):  # overlapping from t = 16: twice as fast
-        w.observe(float(t), beats(float(t), 8000 + 1000 * (t - 16)), STEP_TIMES, 2.0)
+        w.observe(float(t), beats(float(t), 8000 + 1000 * (t - 16)), STEP_S, 2.0)
 
     assert w.overlap.slowdown() == pytest.approx(1.0, abs=0.05)
     assert w.store.control.tau() == 1
@@ -66,12 +66,12 @@ def test_syncd_writes_the_configs_tau_where_waiting_slows_the_islands(redis_serv
 def test_a_heartbeat_read_late_moves_nothing_and_nothing_is_chosen_before_step_times(
         redis_server):
     w = waiting(redis_server)
-    w.observe(0.0, beats(0.0, 0), {}, 2.0)
+    w.observe(0.0, beats(0.0, 0), None, 2.0)
     assert w.store.control.tau() is None  # no window before step times are known
 
     for now in range(0, 17):  # syncd reads each heartbeat 0 to 0.9 s after it was written
         beat_time = now - (now % 10) / 10
-        w.observe(float(now), beats(beat_time, int(1000 * beat_time)), STEP_TIMES, 2.0)
+        w.observe(float(now), beats(beat_time, int(1000 * beat_time)), STEP_S, 2.0)
     assert list(w.overlap.paces["wait"]) == [pytest.approx(2000.0)]
 
 
