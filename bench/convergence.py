@@ -5,7 +5,8 @@ a data plane of its own, SQLite, syncd, a Celery worker per region; state under
 var/bench-convergence) and trains the same workload (4 islands in 2 regions) in each
 mode for the same wall time, one run after another:
 
-- decoupled: the config's defaults (K = 2 of 4, tau 1, the grace window);
+- decoupled: the config's defaults (K = 2 of 4, tau 1 or 0 as syncd chooses from the
+  run's pace, the grace window);
 - decoupled_all: the same with K = M;
 - sync: run mode sync, synchronous DiLoCo (every alive island in each merge, which
   every island waits for: diloco.config.synchronous);
@@ -25,8 +26,9 @@ evaluated afterwards, outside the run's budget, on the config's test split (the 
 windows for every run): the curve on `curve_batches` batches of 16 windows, and the
 checkpoint at the common wall time (the end of the shortest run) on
 `final_batches`. The merges' events give the outer steps, merges per H window and
-the age of each merged update (diloco/staleness.py). The figures and checks are
-bench/convergence_report.py's; it writes bench/results/convergence.json
+the age of each merged update (diloco/staleness.py); the run's status, read each
+second, the seconds its islands waited for each merge (`waited_s`, tau 0). The figures
+and checks are bench/convergence_report.py's; it writes bench/results/convergence.json
 (convergence-quick.json with --quick) and an HTML report of the curves beside it.
 """
 
@@ -140,8 +142,11 @@ def run_once(system: BenchSystem, profile: dict[str, Any], mode: str, case: str,
     load = os.getloadavg()[0]
     kills = kill_schedule(SEED, profile["wall_s"], names) if case == "kills" else []
     back: list[tuple[float, str]] = []
-    done = 0
+    done, waited, looked = 0, 0.0, 0.0  # waited: seconds syncd had the islands wait (tau 0)
     while (now := time.time() - t0) < profile["wall_s"]:
+        if now - looked >= 1.0:
+            waited += (now - looked) if (store.status() or {}).get("tau") == 0 else 0.0
+            looked = now
         if done < len(kills) and now >= kills[done][0]:
             kill_island(run, kills[done][1], by=None)
             back.append((kills[done][0] + KILL_DOWN_S, kills[done][1]))
@@ -160,7 +165,7 @@ def run_once(system: BenchSystem, profile: dict[str, Any], mode: str, case: str,
     checkpoints = [(row.created_at.timestamp() - t0, row.path, row.sha256)
                    for row in run.checkpoints.order_by("created_at", "id")]
     return {"run": run.pk, "config": config, "merges": merges, "checkpoints": checkpoints,
-            "kills": done, "load": round(load, 2)}
+            "kills": done, "load": round(load, 2), "waited_s": round(waited, 1)}
 
 
 def evaluate(profile: dict[str, Any], runs: dict[str, dict[str, Any]]) -> float:
@@ -239,7 +244,7 @@ def main(quick: bool = False, modes: tuple[str, ...] = (), cases: tuple[str, ...
             for m, cases in modes.items() for c, row in cases.items()]
     print(results.table(rows, ["mode", "case", "eval_loss", "eval_loss_at_tokens", "tokens",
                                "outer_steps", "merges_per_window", "staleness_p95",
-                               "time_to_target_s", "kills", "load"]))
+                               "time_to_target_s", "kills", "load", "waited_s"]))
     print(results.checks_table(checks))
     results.say(f"wrote {out} and {html}")
     return results.exit_code(checks)

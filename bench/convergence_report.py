@@ -77,7 +77,8 @@ def figures(run: dict[str, Any], common_s: float, fragments: int, h: int) -> dic
             "merges_per_window": merges_per_window(run["merges"], fragments, h),
             "staleness_p50": ages["p50"], "staleness_p95": ages["p95"],
             "staleness_max": ages["max"], "end_s": run["end_s"],
-            "kills": run["kills"], "load": run.get("load"), "curve": run["curve"]}
+            "kills": run["kills"], "load": run.get("load"), "waited_s": run.get("waited_s"),
+            "curve": run["curve"]}
 
 
 def finish(modes: dict[str, dict[str, dict[str, Any]]]) -> float | None:

@@ -29,6 +29,7 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
                     ("sync loss at its tokens", "modes.sync.none.eval_loss_at_tokens"),
                     ("decoupled merges per H window", "modes.decoupled.none.merges_per_window"),
                     ("decoupled update age p95", "modes.decoupled.none.staleness_p95"),
+                    ("decoupled seconds waiting (tau 0)", "modes.decoupled.none.waited_s"),
                     ("decoupled tokens merged", "modes.decoupled.none.tokens"),
                     ("sync tokens merged", "modes.sync.none.tokens"),
                     ("decoupled, K = M, held-out loss", "modes.decoupled_all.none.eval_loss"),
