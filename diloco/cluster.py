@@ -241,17 +241,17 @@ class _Cluster:
 
         def push(t: float, kind: str, data: object) -> None:
             heapq.heappush(heap, (t, next(order), kind, data))
-
         mix_at: list[dict[int, tuple[int, int]]] = [{} for _ in islands]  # as in _step
         waiting: dict[int, int] = {}  # island -> fragment it waits for (tau = 0)
         overlap = Overlap(s.overlap_steps, s.wait_share)  # tau, as syncd/waiting.py's
-        last_sync_s = 0.0
+        last_sync_s, everyone = 0.0, frozenset(i.name for i in islands)
 
         def try_merge(p: int, now: float) -> None:
             nonlocal last_sync_s
             stats = RoundStats(statistics.median(self.step_dur), last_sync_s,
                                {i.name: d for i, d in zip(islands, self.step_dur, strict=True)})
-            decision = sync.decide(p, now, len(islands), stats)
+            decision = sync.decide(p, now, len(islands), stats,  # syncd's tau 0, as Rounds
+                                   waiting=everyone if overlap.waits() else None)
             if not decision.merge:
                 if decision.deadline is not None and math.isfinite(decision.deadline):
                     push(decision.deadline, "deadline", p)

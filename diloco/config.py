@@ -79,7 +79,7 @@ class SyncConfig:
     overlap_steps: int = setting(1, "tau: inner steps an island trains before it mixes in the "
                                  "global fragment it sent for (0: wait for the merge). "
                                  + help_text("overlap_steps"), 0, 100000)
-    wait_share: float = setting(0.15, "tau >= 1, mode decoupled: wait for each merge while it "
+    wait_share: float = setting(0.35, "tau >= 1, mode decoupled: wait for each merge while it "
                                 "slows the run's pace at most this share (syncd/waiting.py); "
                                 "0: never. " + help_text("wait_share"), 0.0, 1.0)
     alpha: float = setting(0.0, "Mixing weight of the local fragment (0: replace with the "

@@ -14,9 +14,13 @@ is another's compute, and a wait is short only when every island waits, in one p
 (one island waiting for a round of islands that do not wait waits for the slowest).
 So the choice is the run's, made by syncd, and measured on the run's **pace**, the
 tokens its islands train per second (each island's tokens over its own clock, from
-its heartbeats, summed): the run waits for a window, overlaps for a window, and from
+its heartbeats, summed): the run overlaps for a window (its start-up settles, with the
+config's tau, the one its islands use before syncd chose), waits for a window, and from
 then on waits while its pace waiting is at least its pace overlapping over
-(1 + wait_share), each the mean of its last PACES windows. A window's first half lets
+(1 + wait_share), each the mean of its last PACES windows. A window's pace reads a few
+percent either way from one to the next where islands share cores, so the mode in use
+is left only on a clear reading: waiting when the slowdown exceeds the share by half of
+it, overlapping when it is under the share by half of it. A window's first half lets
 the islands settle into its mode; its second half is measured. A mode is chosen only
 on paces measured one after the other, as the load on shared cores drifts: the other
 mode is measured again (a probe of PACES windows, one where its first reads it worse
@@ -40,6 +44,7 @@ MIN_WINDOW_S = 2.0  # and at least this long
 PACES = 2  # windows of a mode whose mean pace counts
 REPROBE = 8  # windows from a decision to the next probe of the mode not in use
 BACKOFF = 16  # at most this many times REPROBE windows between two probes
+MARGIN = 0.5  # the mode in use is left only past the share by this much of it
 
 
 Marks = Mapping[str, tuple[float, int]]  # island -> (its time, its tokens then)
@@ -83,7 +88,7 @@ class Overlap:
         self.wait_share = wait_share
         self.reprobe = reprobe
         self.adaptive = tau > 0 and wait_share > 0
-        self.mode = WAIT if tau == 0 or self.adaptive else OVERLAP
+        self.mode = WAIT if tau == 0 else OVERLAP
         # mode -> tokens per second of its last PACES windows
         self.paces: dict[str, deque[float]] = {m: deque(maxlen=PACES) for m in OTHER}
         self._ends: float | None = None  # when the window going on ends
@@ -119,7 +124,7 @@ class Overlap:
         self._ends, self._halfway, self._marks = now + window_s, now + window_s / 2, None
 
     def _next_mode(self) -> str:
-        for mode in (WAIT, OVERLAP):  # first each mode's pace is measured, one after the other
+        for mode in (OVERLAP, WAIT):  # first each mode's pace is measured, one after the other
             if not self.paces[mode]:
                 return mode
         if self._probe_left > 0:  # a probe lasts PACES windows: its mean is all new,
@@ -128,15 +133,15 @@ class Overlap:
                 return self.mode
             self._probe_left = 0  # its older windows are not its pace now: dropped
             self.paces[self.mode] = deque([self.paces[self.mode][-1]], maxlen=PACES)
-        best = self.best()
+        if not self._decided:  # the first two windows, one after the other
+            self._decided = True
+            return self.best()
+        best = self.best(keep=self._probed_from or self.mode)
         if self._probed_from is not None:  # a probe just ended: both paces are fresh
             same = best == self._probed_from
             self._every = min(self._every * 2, BACKOFF * self.reprobe) if same else self.reprobe
             self._until_probe = self._every
             self._probed_from = None
-            return best
-        if not self._decided:  # the first two windows, one after the other
-            self._decided = True
             return best
         self._until_probe -= 1
         if best == self.mode and self._until_probe > 0:
@@ -157,6 +162,10 @@ class Overlap:
         slowdown = overlap / wait - 1.0
         return slowdown > 2 * self.wait_share if mode == WAIT else slowdown < -2 * self.wait_share
 
+    def waits(self) -> bool:
+        """Whether the run chose to wait now (tau 0 where the config's is not)."""
+        return self.adaptive and self.mode == WAIT
+
     def slowdown(self) -> float | None:
         """How much waiting slows the run's pace: the pace overlapping over the pace
         waiting, less 1; None until both are measured."""
@@ -165,8 +174,12 @@ class Overlap:
         wait, overlap = fmean(self.paces[WAIT]), fmean(self.paces[OVERLAP])
         return overlap / wait - 1.0 if wait > 0 else float("inf")
 
-    def best(self) -> str:
+    def best(self, keep: str | None = None) -> str:
         """WAIT while waiting slows the run's pace by at most wait_share (or before both
-        are measured), OVERLAP otherwise."""
+        are measured), OVERLAP otherwise; with the mode in use (`keep`), that mode unless
+        the slowdown is past the share by MARGIN of it."""
         slowdown = self.slowdown()
-        return WAIT if slowdown is None or slowdown <= self.wait_share else OVERLAP
+        if slowdown is None:
+            return WAIT
+        margin = {None: 0.0, WAIT: MARGIN, OVERLAP: -MARGIN}[keep] * self.wait_share
+        return WAIT if slowdown <= self.wait_share + margin else OVERLAP

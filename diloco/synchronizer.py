@@ -25,7 +25,7 @@ import torch
 from diloco import codecs
 from diloco.config import OptimConfig, SyncConfig
 from diloco.fold import Contribution, RoundSum
-from diloco.fragments import Fragment
+from diloco.fragments import Fragment, due_fragments
 from diloco.merge import OuterOptimizer, Update
 from diloco.policy import Arrival, Decision, RoundStats, decide, is_stale
 from diloco.staleness import age_gate
@@ -103,6 +103,7 @@ class Synchronizer:
         self._handled_seqs: list[dict[str, int]] = [{} for _ in fragments]
         # island -> when its newest update arrived (when it is expected next)
         self.arrived: list[dict[str, float]] = [{} for _ in fragments]
+        self.newest_seq: dict[str, int] = {}  # island -> the newest seq it sent, any fragment
 
     @property
     def outer_steps(self) -> int:
@@ -123,6 +124,7 @@ class Synchronizer:
         nothing in an open round goes stale.
         """
         self.arrived[fragment][update.island] = now
+        self.newest_seq[update.island] = max(update.seq, self.newest_seq.get(update.island, 0))
         if is_stale(update.base_version, self._versions[fragment], self.sync.max_staleness):
             self.settle(fragment, update.island, update.seq)
             return (f"stale: based on version {update.base_version}, newest is "
@@ -199,13 +201,27 @@ class Synchronizer:
             history.pop()
 
     def decide(self, fragment: int, now: float, alive_islands: int, stats: RoundStats,
-               barrier: bool = False) -> Decision:
+               barrier: bool = False, waiting: frozenset[str] | None = None) -> Decision:
         """Whether the fragment's round merges now; `barrier` waits for every alive island
         (elastic and sync) instead of the quorum and grace window, which with
         sync.merge_each_period lasts until the islands expected within the period are in
-        (`period_ends`)."""
+        (`period_ends`). `waiting` (syncd chose tau 0; the islands sending) waits once the
+        quorum is in, up to a period (H median steps) from the round's first arrival, for
+        each island sending whose next send is of this fragment (`sends_next`), and
+        for no other: one whose next send is of another fragment is itself waiting for
+        that fragment's merge, which may wait for the islands here."""
         arrivals = [Arrival(i, p.arrival_time, p.contribution.base_version)
                     for i, p in self._rounds[fragment].items()]
+        if waiting is not None and arrivals:
+            awaited = [island for island in waiting if island not in self._rounds[fragment]
+                       and fragment in self.sends_next(island)]
+            if len(arrivals) >= self.sync.min_quorum and not awaited:
+                return Decision(True, f"every island sending fragment {fragment} next arrived")
+            first = min(a.time for a in arrivals)
+            return decide(arrivals, now, min_quorum=self.sync.min_quorum,
+                          alive_islands=len(arrivals) + len(awaited), gamma=0.0,
+                          overlap_steps=0, stats=stats,
+                          period_ends=first + self.sync.inner_steps * stats.step_time_s)
         period_ends = None
         if self.sync.merge_each_period and not barrier:
             period_ends = self.period_ends(fragment, stats)
@@ -214,6 +230,15 @@ class Synchronizer:
                       alive_islands=alive_islands, gamma=0.0 if barrier else self.sync.grace_gamma,
                       overlap_steps=self.sync.overlap_steps, stats=stats,
                       period_ends=period_ends)
+
+    def sends_next(self, island: str) -> list[int]:
+        """The fragments of the island's next send, after the newest seq it sent (its inner
+        steps: every island sends fragment p at the same steps modulo H)."""
+        newest = self.newest_seq.get(island, 0)
+        for step in range(newest + 1, newest + self.sync.inner_steps + 1):
+            if due := due_fragments(step, self.sync.inner_steps, len(self._versions)):
+                return due
+        return []
 
     def period_ends(self, fragment: int, stats: RoundStats) -> float | None:
         """Until when the fragment's open round waits for the islands expected within its

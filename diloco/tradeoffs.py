@@ -85,8 +85,10 @@ COSTS = {
         "is long against the training it overlaps it overlaps (at the quick profile's 30 ms "
         "steps waiting slowed the pace 83% to 149%)",
         "waiting makes each merge synchronous DiLoCo's: tau 0 with K = 2 of 4 read 0.990x "
-        "mode sync's loss at equal tokens where tau 1 read 1.040x, about 19% more tokens "
-        "on tau 1's curve, hence the default 0.15; with the rule the defaults read 1.031x "
+        "mode sync's loss at equal tokens where tau 1 read 1.040x; late in a run at the "
+        "full profile mode sync took 0.92M tokens for the drop of loss that overlapping "
+        "took 1.26M for (an overlapped token taught 0.73 of a waiting one), hence the "
+        "default 0.35; with the rule the defaults read 1.031x "
         "mode sync's loss at 240 s and 1.029x at equal tokens in the full profile's run "
         "(it overlapped its last minute after a probe), 1.000x and 1.003x in a single run "
         "an hour before"),

@@ -71,6 +71,7 @@ class Liveness:
         # tell (a link down, a region gone dark), its link shown partitioned.
         self.unheard: set[str] = set()
         self.alive = 0  # islands alive at the last watch; 0 while the run is paused
+        self.sending: frozenset[str] = frozenset()  # of them, those past their start
         self.waiting_alert = False
         self.rate_marks: dict[str, tuple[float, int, int]] = {}  # island -> (time, tokens, step)
         self.step_marks: dict[str, tuple[float, int]] = {}  # island -> (time, step)
@@ -102,13 +103,17 @@ class Liveness:
         while the run is paused: a paused island is silent on purpose), and note who
         was held up. `membership_changed(island, now, joining)` is called as each is
         lost or comes back, before the next island is looked at."""
-        self.alive = 0 if paused else self._watch_islands(now, membership_changed)
+        self.alive, self.sending = 0, frozenset()
+        if not paused:
+            self.alive = self._watch_islands(now, membership_changed)
         self._note_disturbed(now, paused)
 
     def _watch_islands(self, now: float,
                        membership_changed: Callable[[str, float, bool], None]) -> int:
-        """How many islands are alive; marks the others lost and the returning revived."""
+        """How many islands are alive (and, in `sending`, which of them are past their
+        start); marks the others lost and the returning revived."""
         config = self.spec.config
+        sending = set()
         timeout = config.liveness.heartbeat_timeout_s
         rejoins = self.store.control.rejoin_requests()
         alive = 0
@@ -118,6 +123,8 @@ class Liveness:
             state = condition(beat, death, self.epochs.get(island.name, 0), now, timeout)
             if state == "alive":
                 alive += 1
+                if beat.state != "starting":
+                    sending.add(island.name)
                 asked = rejoins.get(island.name)
                 if asked is not None and beat.state == "training" \
                         and beat.epoch == self.epochs.get(island.name):
@@ -156,6 +163,7 @@ class Liveness:
             self.recorder.event("alert", None, message=f"waiting: {alive} of the {k} islands "
                                 f"needed for a merge are alive")
         self.waiting_alert = alive < k
+        self.sending = frozenset(sending)
         return alive
 
     def _track_rate(self, island: str, beat: Heartbeat) -> None:

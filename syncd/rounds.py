@@ -198,19 +198,25 @@ class Rounds:
         but the refused ones (elastic's only)."""
         return max(alive - len(self.ingester.excused[p]), 1)
 
-    def decide(self, p: int, now: float, alive: int) -> Decision:
-        """Whether fragment p's round merges now: quorum and grace, or the barrier (elastic
-        and sync: every alive island)."""
+    def decide(self, p: int, now: float, alive: int,
+               sending: frozenset[str] | None = None) -> Decision:
+        """Whether fragment p's round merges now: quorum and grace, the barrier (elastic
+        and sync: every alive island), or, where syncd chose tau 0, the islands sending
+        (`sending`, alive and past their start) that send this fragment next, up to a
+        period (Synchronizer.decide)."""
         barrier = self.spec.barrier
+        if sending is not None and not barrier:
+            return self.sync.decide(p, now, max(alive, 1), self.round_stats(), waiting=sending)
         return self.sync.decide(p, now, self.barrier_size(p, alive) if barrier
                                 else max(alive, 1), self.round_stats(), barrier)
 
-    def maybe_merge(self, p: int, now: float, alive: int) -> bool:
+    def maybe_merge(self, p: int, now: float, alive: int,
+                    sending: frozenset[str] | None = None) -> bool:
         """Merge fragment p's open round if the policy says so, its publish begun
         (Publisher.finish ends it); True if the merge begun makes an outer step (every
         fragment merged once more). A merge the data plane refused is published again
         first, once FULL_RETRY_S (syncd/publisher.py) have passed; no round of the
-        fragment merges before it is."""
+        fragment merges before it is. `sending`: as in `decide`."""
         self.deadlines.pop(p, None)
         if p in self.publisher.publishing:
             return False
@@ -227,7 +233,7 @@ class Rounds:
                 self.store.globals.mark_handled(p, self.sync.handled(p))
                 self.ingester.clear_excused(p)
             return False
-        decision = self.decide(p, now, alive)
+        decision = self.decide(p, now, alive, sending)
         if decision.deadline is not None:
             self.deadlines[p] = decision.deadline
         return decision.merge and self.merge_round(p, now, decision.reason)

@@ -12,15 +12,15 @@ order by a short tick.
 - the chaos driver (syncd/chaos_driver.py), for a run with a chaos schedule;
 - the status (syncd/status.py), a read-only view of the others.
 
-RunSync owns what ties them together: the tick's cadences, the evaluation, a
-user's stop and the run's end (the outcome, syncd/outcome.py). State survives a
-restart of syncd: the versions and handled seqs are in the control Redis, the
-globals and momentum on the data plane and in syncd's files (one write per merge,
-syncd/published_files.py). The open rounds are not (each update is folded into its
-round's sum and freed as it arrives, syncd/ingester.py): the islands send again what
-syncd has not handled when its lease changes hands (trainer/resend.py). RunSync also
-watches the data plane: a restart of it is published again at once, and its
-refusals for memory are an alert in the run's events.
+RunSync owns what ties them together: the tick's cadences, the evaluation, a user's stop
+and the run's end (the outcome, syncd/outcome.py). State survives a restart of syncd:
+the versions and handled seqs are in the control Redis, the globals and momentum on the
+data plane and in syncd's files (one write per merge, syncd/published_files.py). The
+open rounds are not (each update is folded into its round's sum and freed as it arrives,
+syncd/ingester.py): the islands send again what syncd has not handled when its lease
+changes hands (trainer/resend.py). RunSync also watches the data plane: a restart of it
+is published again at once, and its refusals for memory are an alert in the run's
+events.
 """
 
 from __future__ import annotations
@@ -107,8 +107,7 @@ class RunSync:
         config = spec.config
         params = checkpoint.initial_params(spec.initial, initial_model(config))
         keepalive()
-        fragments = partition({k: v.numel() for k, v in params.items()},
-                              config.sync.fragments)
+        fragments = partition({k: v.numel() for k, v in params.items()}, config.sync.fragments)
         # No stream entry claims a message larger than the whole model's honest update:
         # what syncd reads or deletes in an entry's name is bounded by the run's model.
         store.updates.max_update_bytes = message_limit({k: tuple(v.shape)
@@ -182,8 +181,9 @@ class RunSync:
             # The budget is spent and the run's tokens are recorded: no merge after that.
             return False
         busy, read_all = self.rounds.ingester.ingest(now, self.liveness)
+        sending = self.liveness.sending if self.waiting.waits() else None  # syncd's tau 0
         for p in range(len(self.rounds.fragments)):
-            if self.rounds.maybe_merge(p, now, self.liveness.alive) and self.spec.elastic:
+            if self.rounds.maybe_merge(p, now, self.liveness.alive, sending) and self.spec.elastic:
                 self._finish_merges(now)  # the restore point is the outer step's state
         if self.rounds.publisher.publishing:
             # The next round's updates are read while the merges are published.

@@ -35,18 +35,30 @@ class RunWaiting:
         self.store = store
         self.overlap = Overlap(s.overlap_steps,
                                s.wait_share if spec.initial["mode"] == "decoupled" else 0.0)
+        self.islands = {island.name for island in spec.config.islands}
+        self.started = False  # whether every island has trained: only then is a pace measured
         self.written: int | None = None
 
     def tau(self) -> int:
         """The tau the islands use now: the one written, the config's before."""
         return self.overlap.tau if self.written is None else self.written
 
+    def waits(self) -> bool:
+        """Whether syncd chose tau 0, so the run's rounds wait for every island sending
+        (Synchronizer.decide `waiting`); a config's tau 0 keeps its quorum and grace."""
+        return self.overlap.waits() and self.written == 0
+
     def observe(self, now: float, heartbeats: dict[str, Heartbeat], step_s: float | None,
                 send_steps: float) -> None:
         """The islands' last heartbeats at `now`, the median island step time (None before
         one is known: nothing is measured) and the inner steps between two sends of an
-        island (H / P): tau chosen, and written if it changed."""
-        if not self.overlap.adaptive or step_s is None:
+        island (H / P): tau chosen, and written if it changed. Nothing is measured before
+        every island of the run has trained (its heartbeat past "starting"): a window
+        while some start reads their start-up, not the mode."""
+        self.started = self.started or all(
+            island in heartbeats and heartbeats[island].state != "starting"
+            for island in self.islands)
+        if not self.overlap.adaptive or step_s is None or not self.started:
             return
         marks = {island: (beat.time, beat.tokens) for island, beat in heartbeats.items()}
         tau = self.overlap.observe(now, marks, window_seconds(send_steps * step_s))

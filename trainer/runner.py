@@ -209,7 +209,7 @@ class ProcessIsland:
 
     def wait(self, p: int, seq: int, mix_at: dict, limit: float | None) -> None:
         """tau 0: wait for update `seq` of fragment p's merge, at most `limit` s where syncd
-        chose tau 0 (then it is mixed when it arrives, as with tau >= 1)."""
+        chose tau 0 (a period, H steps at its pace), then mix it in as tau >= 1 does."""
         if self.wait_for_merge(p, seq, None if limit is None else time.monotonic() + limit):
             self.pulling.pull(p, block=True)
         elif not self.interrupted():
@@ -385,8 +385,8 @@ class ProcessIsland:
                 seq = self.island.step
                 self.pulling.request(p, seq)
                 tau = s.overlap_steps if self.elastic else self.tending.tau(s.overlap_steps)
-                since, self.trained_at_send = self.trained_at_send, self.compute_s
-                limit = self.compute_s - since if since and s.overlap_steps else None  # syncd's
+                last, self.trained_at_send = self.trained_at_send, self.compute_s
+                limit = (self.compute_s - last) * s.fragments if last and s.overlap_steps else None
                 if tau == 0:
                     self.wait(p, seq, mix_at, limit)
                 else:

@@ -126,9 +126,9 @@ def test_the_grace_window_is_sized_with_the_round_trip_of_a_fragment(make_config
     sync_times = []
     decide = Synchronizer.decide
 
-    def spy(self, fragment, now, alive_islands, stats, barrier=False):
+    def spy(self, fragment, now, alive_islands, stats, barrier=False, waiting=False):
         sync_times.append(stats.sync_time_s)
-        return decide(self, fragment, now, alive_islands, stats, barrier)
+        return decide(self, fragment, now, alive_islands, stats, barrier, waiting)
 
     monkeypatch.setattr(Synchronizer, "decide", spy)
     run_local(config, "decoupled", data_dir=data_dir(), eval_points=1)

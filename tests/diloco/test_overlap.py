@@ -1,6 +1,6 @@
 """A run's tau from its pace (tokens per second) waiting and overlapping."""
 
-from itertools import pairwise
+from itertools import groupby, pairwise
 
 import pytest
 
@@ -35,12 +35,12 @@ class Run:
         return self.taus[-n:]
 
 
-def test_a_run_measures_waiting_then_overlapping_before_it_decides():
+def test_a_run_measures_overlapping_then_waiting_before_it_decides():
     run = Run(Overlap(tau=2, wait_share=0.05), pace=1000.0, slowdown=0.5)
 
-    assert run.seconds(10) == [0] * 10
+    assert run.seconds(10) == [2] * 10  # the config's tau, as the islands start
     assert run.overlap.slowdown() is None
-    assert run.seconds(10) == [2] * 10
+    assert run.seconds(10) == [0] * 10
     assert run.seconds(10) == [2] * 10
     assert run.overlap.slowdown() == pytest.approx(0.5, abs=0.01)
 
@@ -50,7 +50,7 @@ def test_each_window_measures_its_second_half_after_the_islands_settle():
     for now, tokens in [(0.0, 0), (5.0, 50_000), (10.0, 51_000)]:  # a burst, then steady
         overlap.observe(now, {"a": (now, tokens)}, 10.0)
 
-    assert list(overlap.paces[WAIT]) == [pytest.approx(200.0)]
+    assert list(overlap.paces[OVERLAP]) == [pytest.approx(200.0)]
 
 
 def test_the_pace_sums_each_islands_tokens_over_its_own_clock():
@@ -123,6 +123,35 @@ def test_a_probe_whose_first_window_is_close_takes_its_second():
 
     run.slowdown = 0.08  # waiting now within twice the share: the probe takes 2 windows
     assert run.seconds(19 + 20) == [1] * 19 + [0] * 20
+
+
+def stretches(taus: list[int], tau: int) -> list[int]:
+    """The lengths of the stretches of `tau` in `taus`."""
+    return [len(list(group)) for value, group in groupby(taus) if value == tau]
+
+
+def test_a_probe_leaves_waiting_only_past_the_share_by_half_of_it():
+    run = Run(Overlap(tau=1, wait_share=0.1, reprobe=2), pace=1000.0, slowdown=0.0)
+    assert run.seconds(21)[-1] == 0
+
+    run.slowdown = 0.12  # past the share, within half of it more: each probe (2 windows
+    assert set(stretches(run.seconds(200), 1)) == {20}  # overlapping) returns to waiting
+    assert run.overlap.best() == OVERLAP and run.overlap.best(keep=WAIT) == WAIT
+
+    run.slowdown = 0.2  # past it by more: the next probe stays overlapping
+    assert run.seconds(400)[100:].count(1) > 250  # waiting only to probe it
+
+
+def test_a_probe_leaves_overlapping_only_under_the_share_by_half_of_it():
+    run = Run(Overlap(tau=1, wait_share=0.1, reprobe=2), pace=1000.0, slowdown=0.3)
+    assert run.seconds(21)[-1] == 1
+
+    run.slowdown = 0.08
+    assert set(stretches(run.seconds(200), 0)) == {20}
+    assert run.overlap.best() == WAIT and run.overlap.best(keep=OVERLAP) == OVERLAP
+
+    run.slowdown = 0.02
+    assert run.seconds(600)[300:].count(0) > 250  # the next probe came 16 windows on
 
 
 def test_tau_0_always_waits_and_a_wait_share_of_0_never_does():

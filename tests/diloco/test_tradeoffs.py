@@ -81,7 +81,7 @@ def test_the_estimate_says_the_costs_of_the_configs_own_values():
     assert at_defaults["sync.min_quorum"]["value"] == "2 of 4 islands"
     assert at_defaults["sync.alpha"]["value"].startswith("0: the global replaces")
     assert at_defaults["sync.wait_share"]["value"] == (
-        "0.15: waits while that slows the run's pace by at most that share")
+        "0.35: waits while that slows the run's pace by at most that share")
     assert never["sync.wait_share"] == "0: islands never wait"
     assert all(t["speed"] and t["quality"] and t["source"] for t in at_defaults.values())
     assert waiting == {"sync.min_quorum": "4 of 4 islands: every merge waits for the slowest "

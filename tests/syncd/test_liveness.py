@@ -82,14 +82,14 @@ def test_a_reported_death_marks_the_island_lost_on_the_next_pass(run_sync):
     beat_at(run_sync, "a", 1000.0)
     beat_at(run_sync, "b", 1000.0)
     run_sync.tick()
-    assert run_sync.liveness.alive == 2
+    assert run_sync.liveness.alive == 2 and run_sync.liveness.sending == {"a", "b"}
     run_sync.store.signals.report_death("a", 1, -9, at=1000.2)
     run_sync.clock_state["now"] = 1000.3  # far inside the 10 s heartbeat timeout
     run_sync.control_every_s = 60.0  # the death alone brings the watch forward
     run_sync.next_control = 2000.0
     run_sync.tick()
     assert run_sync.liveness.lost == {"a"} and run_sync.liveness.unheard == set()
-    assert run_sync.liveness.alive == 1
+    assert run_sync.liveness.alive == 1 and run_sync.liveness.sending == {"b"}
     status = run_sync.status(run_sync.clock())
     run_sync.recorder.flush()
     lost = Event.objects.get(run_id=run_sync.recorder.run_id, kind="island_lost")
@@ -99,10 +99,12 @@ def test_a_reported_death_marks_the_island_lost_on_the_next_pass(run_sync):
     assert status["islands"]["a"]["state"] == "lost"
     # The next epoch speaks: revived.
     run_sync.store.set_epoch("a", 2)
-    write_beat(run_sync, "a", epoch=2, time=time.time(), step=0, tokens=0)
+    write_beat(run_sync, "a", epoch=2, time=time.time(), step=0, tokens=0, state="starting")
     run_sync.next_control = 0.0
     run_sync.tick()
     assert run_sync.liveness.lost == set()
+    # Alive, but a round of a waiting run does not wait for it before it trains.
+    assert (run_sync.liveness.alive, run_sync.liveness.sending) == (2, {"b"})
 
 
 @pytest.mark.integration

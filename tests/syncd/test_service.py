@@ -367,14 +367,14 @@ def test_a_fault_free_run_of_a_tiny_model_reads_healthy_and_a_stall_reads_down(r
 def test_the_status_says_the_tau_syncd_chose_for_the_islands_and_what_waiting_costs(
         run_sync):
     """Before syncd chooses, the islands use the config's tau 1; it measures the pace
-    waiting (windows of 2 s here), then overlapping, and these islands, which train at
+    overlapping (windows of 2 s here), then waiting, and these islands, which train at
     one pace either way, wait (syncd/waiting.py)."""
     assert run_sync.status(1000.0)["tau"] == 1 and run_sync.store.control.tau() is None
 
     drive_tiny_run(run_sync, 1001.0)
-    waiting = run_sync.status(run_sync.clock_state["now"])
-    assert waiting["tau"] == 0 == run_sync.store.control.tau()
-    assert waiting["wait_slowdown"] is None  # overlapping is not measured yet
+    overlapping = run_sync.status(run_sync.clock_state["now"])
+    assert overlapping["tau"] == 1 == run_sync.store.control.tau()  # as the islands start
+    assert overlapping["wait_slowdown"] is None  # waiting is not measured yet
 
     drive_tiny_run(run_sync, 1006.5)
     chosen = run_sync.status(run_sync.clock_state["now"])

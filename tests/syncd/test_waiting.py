@@ -42,11 +42,14 @@ def run_for(w: RunWaiting, start: float, seconds: int, pace: float) -> float:
 def test_syncd_writes_tau_0_while_it_measures_waiting_and_the_islands_pace_decides(
         redis_server):
     w = waiting(redis_server)
-    assert w.tau() == 1  # the config's, until syncd chose
+    assert w.tau() == 1 and not w.waits()  # the config's, until syncd chose
     now = run_for(w, 0.0, 16, pace=1000.0)
-    assert w.store.control.tau() == 0 == w.tau()  # the first window waits
+    assert w.store.control.tau() == 1 == w.tau()  # the first window overlaps, as they start
 
-    now = run_for(w, now, 17, pace=1000.0)  # the overlap window: no faster
+    now = run_for(w, now, 1, pace=1000.0)
+    assert w.store.control.tau() == 0 == w.tau()  # the second waits
+    assert w.waits()  # and the run's rounds wait for every island sending
+    run_for(w, now, 16, pace=1000.0)  # no slower than overlapping
     assert w.overlap.slowdown() == pytest.approx(0.0, abs=0.01)
     assert w.store.control.tau() == 0
 
@@ -54,12 +57,12 @@ def test_syncd_writes_tau_0_while_it_measures_waiting_and_the_islands_pace_decid
 @pytest.mark.integration
 def test_syncd_writes_the_configs_tau_where_waiting_slows_the_islands(redis_server):
     w = waiting(redis_server)
-    run_for(w, 0.0, 16, pace=500.0)  # waiting: half the tokens a second
-    for t in range(16, 33):  # overlapping from t = 16: twice as fast
-        w.observe(float(t), beats(float(t), 8000 + 1000 * (t - 16)), STEP_S, 2.0)
+    run_for(w, 0.0, 16, pace=1000.0)  # overlapping
+    for t in range(16, 33):  # waiting from t = 16: half the tokens a second
+        w.observe(float(t), beats(float(t), 16000 + 500 * (t - 16)), STEP_S, 2.0)
 
     assert w.overlap.slowdown() == pytest.approx(1.0, abs=0.05)
-    assert w.store.control.tau() == 1
+    assert w.store.control.tau() == 1 and not w.waits()
 
 
 @pytest.mark.integration
@@ -72,7 +75,21 @@ def test_a_heartbeat_read_late_moves_nothing_and_nothing_is_chosen_before_step_t
     for now in range(0, 17):  # syncd reads each heartbeat 0 to 0.9 s after it was written
         beat_time = now - (now % 10) / 10
         w.observe(float(now), beats(beat_time, int(1000 * beat_time)), STEP_S, 2.0)
-    assert list(w.overlap.paces["wait"]) == [pytest.approx(2000.0)]
+    assert list(w.overlap.paces["overlap"]) == [pytest.approx(2000.0)]
+
+
+@pytest.mark.integration
+def test_nothing_is_measured_until_every_island_of_the_run_has_trained(redis_server):
+    w = waiting(redis_server)
+    for now in range(0, 40):  # b starts, then is gone: a window would read its start-up
+        beat = {"a": Heartbeat.bare(1, now, 0, 1000 * now)}
+        if now < 20:
+            beat["b"] = Heartbeat.bare(1, now, 0, 0, state="starting")
+        w.observe(float(now), beat, STEP_S, 2.0)
+    assert w.store.control.tau() is None and not w.started
+
+    run_for(w, 40.0, 1, pace=1000.0)  # both trained: the first window begins
+    assert w.started and w.store.control.tau() == 1
 
 
 @pytest.mark.integration
@@ -83,7 +100,7 @@ def test_a_run_that_does_not_choose_writes_no_tau(redis_server, mode, sync):
     w = waiting(redis_server, mode, **sync)
     run_for(w, 0.0, 40, pace=1000.0)
 
-    assert w.store.control.tau() is None
+    assert w.store.control.tau() is None and not w.waits()
 
 
 @pytest.mark.integration

@@ -224,8 +224,8 @@ def test_an_island_waits_for_each_merge_while_syncd_says_tau_0_and_overlaps_once
 def test_an_island_that_waits_trains_on_once_a_merge_takes_longer_than_its_training(
         redis_server, text_path):
     """A merge that does not come (a cut link, a syncd gone) holds a waiting island for
-    at most its training since its send before, then it trains on and mixes the merge
-    in when it arrives."""
+    at most a period (its training since its send before, times the fragments), then it
+    trains on and mixes the merge in when it arrives."""
     client = connect(redis_server)
     client.flushall()
     store = RunStore(client, 49)
