@@ -25,9 +25,9 @@ FULL = ("docs/journal/benchmarks-2026.md (2026-12-07, evening): python -m bench 
         "convergence at 65a78cb, tau 1 fixed, 4 islands of a 4-layer 128-wide byte GPT, "
         "batch 8 x 128, H = 20, 240 s each, an idle machine; tau 0 and alpha 0.5 beside mode "
         "sync")
-WAIT = ("bench/results/convergence.json: python -m bench convergence, commit 7040f33, the "
-        "same workload with tau chosen by the run's pace (sync.wait_share 0.15); single "
-        "runs in docs/journal/benchmarks-2026.md (2026-12-07, night)")
+WAIT = ("bench/results/convergence.json: python -m bench convergence, commit 8ef9654, the "
+        "same workload with tau chosen by the run's pace (sync.wait_share 0.35); single "
+        "runs in docs/journal/benchmarks-2026.md (2026-12-08)")
 INPROCESS = ("bench/results/convergence-inprocess.json: python -m bench convergence "
              "--in-process, the same workload in the in-process cluster on a virtual clock, "
              "islands out of phase (speeds 0.50 to 0.38), 275,456 tokens, seeds 1234 and 7")
@@ -81,17 +81,17 @@ COSTS = {
         "the islands waiting for each merge and overlapping, and they wait only while "
         "that slows it by at most this share: where islands share cores one's wait is "
         "another's compute (at the full profile, 4 islands on 2 cores, the rule merged "
-        "4,208,640 tokens in 240 s against mode sync's 4,313,088), and where the turnaround "
+        "5,068,800 tokens in 240 s against mode sync's 4,904,960), and where the turnaround "
         "is long against the training it overlaps it overlaps (at the quick profile's 30 ms "
         "steps waiting slowed the pace 83% to 149%)",
         "waiting makes each merge synchronous DiLoCo's: tau 0 with K = 2 of 4 read 0.990x "
         "mode sync's loss at equal tokens where tau 1 read 1.040x; late in a run at the "
         "full profile mode sync took 0.92M tokens for the drop of loss that overlapping "
         "took 1.26M for (an overlapped token taught 0.73 of a waiting one), hence the "
-        "default 0.35; with the rule the defaults read 1.031x "
-        "mode sync's loss at 240 s and 1.029x at equal tokens in the full profile's run "
-        "(it overlapped its last minute after a probe), 1.000x and 1.003x in a single run "
-        "an hour before"),
+        "default 0.35; in the full profile the defaults waited 195 s of 240 and read "
+        "1.047x mode sync's loss at 240 s and 1.046x at equal tokens (their last minute "
+        "merged in two groups of 2 islands a few fragments apart), K = M 1.003x; a single "
+        "run of the same code 1.014x at 240 s and 1.009x at equal tokens"),
     "merge_each_period": (
         "islands with tau >= 1 train on while a round waits for the islands expected "
         "within its period, at the same pace as without (241,152 tokens at 268.4 virtual "

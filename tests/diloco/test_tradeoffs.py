@@ -44,7 +44,7 @@ def test_the_costs_of_tau_and_alpha_quote_the_journals_tau_1_run():
 def test_the_cost_of_wait_share_quotes_the_full_convergence_results():
     result = json.loads((ROOT / "bench/results/convergence.json").read_text())
     decoupled, sync = result["modes"]["decoupled"]["none"], result["modes"]["sync"]["none"]
-    assert result["machine"]["commit"].startswith("7040f33") and result["profile"] == "full"
+    assert result["machine"]["commit"].startswith("8ef9654") and result["profile"] == "full"
     speed, quality = COSTS["wait_share"]
 
     assert f"merged {decoupled['tokens']:,} tokens in 240 s against mode sync's " \
