@@ -207,14 +207,17 @@ class Synchronizer:
         sync.merge_each_period lasts until the islands expected within the period are in
         (`period_ends`). `waiting` (syncd chose tau 0; the islands sending) waits once the
         quorum is in, up to a period (H median steps) from the round's first arrival, for
-        each island sending whose next send is of this fragment (`sends_next`), and
-        for no other: one whose next send is of another fragment is itself waiting for
-        that fragment's merge, which may wait for the islands here."""
+        each island sending that is training (no update of its in an open round) or whose
+        next send is of this fragment (`sends_next`), and for no other: one held in
+        another fragment's round waits for that merge, which may wait for the islands
+        here; one training is on its way, and waiting for it ends a split into groups
+        that each merge their own rounds a few fragments apart."""
         arrivals = [Arrival(i, p.arrival_time, p.contribution.base_version)
                     for i, p in self._rounds[fragment].items()]
         if waiting is not None and arrivals:
+            held = {island for pending in self._rounds for island in pending}
             awaited = [island for island in waiting if island not in self._rounds[fragment]
-                       and fragment in self.sends_next(island)]
+                       and (island not in held or fragment in self.sends_next(island))]
             if len(arrivals) >= self.sync.min_quorum and not awaited:
                 return Decision(True, f"every island sending fragment {fragment} next arrived")
             first = min(a.time for a in arrivals)

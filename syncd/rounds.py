@@ -202,8 +202,8 @@ class Rounds:
                sending: frozenset[str] | None = None) -> Decision:
         """Whether fragment p's round merges now: quorum and grace, the barrier (elastic
         and sync: every alive island), or, where syncd chose tau 0, the islands sending
-        (`sending`, alive and past their start) that send this fragment next, up to a
-        period (Synchronizer.decide)."""
+        (`sending`, alive and past their start) that train or send this fragment next,
+        up to a period (Synchronizer.decide)."""
         barrier = self.spec.barrier
         if sending is not None and not barrier:
             return self.sync.decide(p, now, max(alive, 1), self.round_stats(), waiting=sending)

@@ -351,22 +351,23 @@ def test_merging_each_period_waits_for_no_straggler_nor_an_island_gone_quiet():
     assert plain.decide(0, now=4.0, alive_islands=4, stats=STATS).merge
 
 
-def test_a_round_of_waiting_islands_waits_for_those_that_send_its_fragment_next():
-    sync = synchronizer(fragments=2, min_quorum=2, inner_steps=10, grace_gamma=0.0)
-    for island in ("a", "d"):  # fragment 0 is due at steps 5, 15, ...; fragment 1 at 10, 20
-        sync.submit(update_for(sync, island, 0, seq=5), 0, now=0.0)
-    sync.merge(0, now=0.0)
-    sync.submit(update_for(sync, "c", 1, seq=10), 1, now=1.0)  # c sends fragment 0 next
-    sync.submit(update_for(sync, "a", 0, base=1, seq=15), 0, now=2.0)
-    sync.submit(update_for(sync, "b", 0, base=1, seq=15), 0, now=3.0)
-    sending = frozenset("abcd")
+def test_a_round_of_waiting_islands_waits_for_those_training_or_sending_its_fragment_next():
+    sync = synchronizer(fragments=3, min_quorum=2, inner_steps=15, grace_gamma=0.0)
+    # Fragment p is due at steps 5 (p = 0), 10 and 15 (p = 2), modulo 15.
+    sync.submit(update_for(sync, "c", 2, seq=15), 2, now=1.0)  # held, its next: fragment 0
+    sync.submit(update_for(sync, "e", 1, seq=10), 1, now=1.0)  # held, its next: fragment 2
+    sync.submit(update_for(sync, "a", 0, seq=5), 0, now=2.0)
+    sync.submit(update_for(sync, "b", 0, seq=5), 0, now=3.0)
 
-    # d's next send is of fragment 1 (it may be waiting for that merge): not waited for;
-    # c is, up to H = 10 steps of 1 s from the round's first arrival
-    held = sync.decide(0, now=3.0, alive_islands=4, stats=STATS, waiting=sending)
-    assert not held.merge and held.deadline == pytest.approx(12.0)
-    assert sync.decide(0, now=12.0, alive_islands=4, stats=STATS, waiting=sending).merge
-    assert sync.decide(0, now=3.0, alive_islands=4, stats=STATS, waiting=frozenset("abd")).merge
-    sync.submit(update_for(sync, "c", 0, base=1, seq=15), 0, now=4.0)
-    assert sync.decide(0, now=4.0, alive_islands=4, stats=STATS, waiting=sending).reason == \
+    # c is on its way here, up to H = 15 steps of 1 s from the round's first arrival; e
+    # waits for fragment 1's merge, which may wait for a and b: not waited for; d, which
+    # has no update in a round, trains on its way: waited for
+    held = sync.decide(0, now=3.0, alive_islands=5, stats=STATS, waiting=frozenset("abce"))
+    assert not held.merge and held.deadline == pytest.approx(17.0)
+    assert sync.decide(0, now=3.0, alive_islands=5, stats=STATS, waiting=frozenset("abe")).merge
+    assert not sync.decide(0, now=3.0, alive_islands=5, stats=STATS,
+                           waiting=frozenset("abde")).merge
+    sync.submit(update_for(sync, "c", 0, seq=20), 0, now=4.0)
+    assert sync.decide(0, now=4.0, alive_islands=5, stats=STATS,
+                       waiting=frozenset("abce")).reason == \
         "every island sending fragment 0 next arrived"
