@@ -25,7 +25,7 @@ import torch
 from diloco import codecs
 from diloco.config import OptimConfig, SyncConfig
 from diloco.fold import Contribution, RoundSum
-from diloco.fragments import Fragment, due_fragments
+from diloco.fragments import Fragment, sync_offset
 from diloco.merge import OuterOptimizer, Update
 from diloco.policy import Arrival, Decision, RoundStats, decide, is_stale
 from diloco.staleness import age_gate
@@ -237,11 +237,10 @@ class Synchronizer:
     def sends_next(self, island: str) -> list[int]:
         """The fragments of the island's next send, after the newest seq it sent (its inner
         steps: every island sends fragment p at the same steps modulo H)."""
-        newest = self.newest_seq.get(island, 0)
-        for step in range(newest + 1, newest + self.sync.inner_steps + 1):
-            if due := due_fragments(step, self.sync.inner_steps, len(self._versions)):
-                return due
-        return []
+        newest, h, n = self.newest_seq.get(island, 0), self.sync.inner_steps, len(self._versions)
+        steps_to = {p: (sync_offset(p, h, n) - newest - 1) % h + 1 for p in range(n)}
+        soonest = min(steps_to.values())
+        return [p for p, steps in steps_to.items() if steps == soonest]
 
     def period_ends(self, fragment: int, stats: RoundStats) -> float | None:
         """Until when the fragment's open round waits for the islands expected within its

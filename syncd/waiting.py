@@ -46,7 +46,7 @@ class RunWaiting:
     def waits(self) -> bool:
         """Whether syncd chose tau 0, so the run's rounds wait for every island sending
         (Synchronizer.decide `waiting`); a config's tau 0 keeps its quorum and grace."""
-        return self.overlap.waits() and self.written == 0
+        return self.overlap.waits()
 
     def observe(self, now: float, heartbeats: dict[str, Heartbeat], step_s: float | None,
                 send_steps: float) -> None:
